@@ -1,0 +1,101 @@
+/* The run configuration: one JSON document with sections model, parallel, train, data and
+ * checkpoint (schemas/config.schema.json). Every CLI takes --config FILE and repeatable
+ * --set section.key=value; with neither it uses the embedded default (configs/default.json). */
+#ifndef MC_CKPT_CONFIG_H
+#define MC_CKPT_CONFIG_H
+
+#include <stdint.h>
+
+#define MC_MAX_LAYERS 256
+#define MC_MAX_STAGES 64
+#define MC_PATH_MAX 1024
+
+typedef enum { MC_SPLIT_EQUAL = 0, MC_SPLIT_WEIGHTED = 1, MC_SPLIT_EXPLICIT = 2 } mc_split_mode;
+
+/* Model shape (DESIGN.md section 2). Layout-independent. */
+typedef struct {
+  char pattern[MC_MAX_LAYERS + 1]; /* block letters in depth order, no pipes */
+  int n_layers;                    /* strlen(pattern) */
+  int vocab_size;                  /* V */
+  int vocab_pad;                   /* Vp = V rounded up to a multiple of vocab_pad */
+  int d_model;                     /* d */
+  int n_heads, n_kv_heads, head_dim;            /* H, KV, hd */
+  int n_experts, top_k, expert_hidden;          /* E, k, F */
+  double capacity_factor;                       /* 0 = dropless */
+  double aux_loss_coef;
+  int mamba_inner, mamba_head_dim, ssm_state, conv_width; /* Di, hdm, N, K */
+  int rec_width;                                /* Dr */
+  int seq_len;                                  /* T */
+  double rope_theta, norm_eps, init_std;
+} mc_model;
+
+/* Parallel layout (DESIGN.md section 3). */
+typedef struct {
+  int tp, pp, dp, ep;
+  int sp;   /* 0/1 */
+  int zero; /* 0, 1 or 3 */
+  mc_split_mode split;
+  /* With MC_SPLIT_EXPLICIT: the pattern with pipes, e.g. "AEME|AEMR". */
+  char split_pattern[2 * MC_MAX_LAYERS + 2];
+} mc_layout;
+
+typedef struct {
+  int steps;
+  int global_batch;  /* sequences per optimizer step */
+  int micro_batch;   /* sequences per micro-batch per DP rank */
+  double lr, min_lr;
+  int warmup_steps;
+  double beta1, beta2, adam_eps, weight_decay, grad_clip;
+  uint64_t seed;
+  char recompute[16]; /* "none" | "selective" | "full" */
+  char dtype[8];      /* "fp32" | "bf16" */
+  char device[8];     /* "cpu" | "cuda" */
+  int log_every, eval_every, eval_batches;
+  char metrics[MC_PATH_MAX]; /* metrics log path ("" = <checkpoint.dir>/metrics.jsonl) */
+} mc_train_cfg;
+
+typedef struct {
+  char path[MC_PATH_MAX]; /* HDF5 token dataset made by mcdata */
+  double val_fraction;    /* held-out share of windows */
+} mc_data_cfg;
+
+typedef struct {
+  char dir[MC_PATH_MAX];
+  int every;        /* save every N steps, 0 = only at the end */
+  int keep;         /* keep the last K committed checkpoints, 0 = all */
+  int async_save;   /* 0/1 */
+  int verify;       /* hash-verify reads, 0/1 */
+  int io_threads;   /* threads for hashing and I/O */
+} mc_ckpt_cfg;
+
+typedef struct {
+  mc_model model;
+  mc_layout parallel;
+  mc_train_cfg train;
+  mc_data_cfg data;
+  mc_ckpt_cfg checkpoint;
+} mc_config;
+
+/* Fills cfg from the embedded default configuration. */
+int mc_config_default(mc_config *cfg);
+/* Overlays the keys present in a JSON document on cfg. Unknown keys, wrong types and
+ * out-of-range values are errors naming "section.key" and `origin` (a file name). */
+int mc_config_apply_json(mc_config *cfg, const char *json, const char *origin);
+int mc_config_apply_file(mc_config *cfg, const char *path);
+/* Applies one "section.key=value" assignment (value parsed by the key's type). */
+int mc_config_set(mc_config *cfg, const char *assignment);
+/* Standard CLI handling: defaults, then every --config FILE, then every --set k=v, in
+ * order. Consumed arguments are removed from argv; *argc is updated. */
+int mc_config_from_args(mc_config *cfg, int *argc, char **argv);
+/* Canonical JSON of the whole config (malloc'd; caller frees). */
+char *mc_config_to_json(const mc_config *cfg);
+
+/* Vp: vocab rounded up to vocab_pad. */
+static inline int mc_vocab_padded(const mc_model *m) {
+  return m->vocab_pad > 0 ? (m->vocab_size + m->vocab_pad - 1) / m->vocab_pad * m->vocab_pad : m->vocab_size;
+}
+static inline int mc_mamba_heads(const mc_model *m) {
+  return m->mamba_head_dim > 0 ? m->mamba_inner / m->mamba_head_dim : 0;
+}
+
+#endif
