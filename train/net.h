@@ -1,0 +1,47 @@
+/* The hybrid network on one rank: its parameters (the families of the rank's stage, as the
+ * TP/EP-local slices given by mc_shard_of), their gradients, and the forward/backward pass
+ * over a micro-batch. All tensors live in backend memory; the math is DESIGN.md section 2. */
+#ifndef MC_TRAIN_NET_H
+#define MC_TRAIN_NET_H
+
+#include <stdint.h>
+
+#include "ckpt/ownership.h"
+
+typedef struct mc_net mc_net;
+
+/* One family's working tensors on this rank. */
+typedef struct {
+  int fam;          /* index into geo->fams */
+  mc_shard shard;   /* mc_shard_of(geo, fam, MC_STATE_PARAM, rank): local_* is what w holds */
+  int64_t numel;    /* elements of the local slice */
+  float *w;         /* fp32 working weights, local slice, row-major */
+  float *g;         /* fp32 gradient accumulator, same shape */
+} mc_net_param;
+
+typedef struct {
+  double ce_sum;     /* sum of token cross-entropies (nats) over the micro-batch */
+  int64_t n_tokens;  /* tokens scored */
+  double aux_sum;    /* sum over sequences and E layers of aux_loss_coef * E * sum_e f_e P_e */
+  int64_t n_seqs;
+  int64_t dropped;   /* (token, expert) assignments dropped by capacity */
+} mc_net_stats;
+
+/* Creates the network for `rank` of the geometry; parameters initialised from the
+ * counter-based RNG keyed by (seed, family name, global element index). */
+mc_net *mc_net_create(const mc_geometry *geo, int rank, uint64_t seed);
+void mc_net_free(mc_net *net);
+int mc_net_n_params(const mc_net *net);
+mc_net_param *mc_net_param_at(mc_net *net, int i);
+void mc_net_zero_grad(mc_net *net);
+
+/* tokens: n_seq rows of seq_len+1 token ids (inputs are [0, T), targets [1, T]).
+ * Adds to the gradients d/dθ of  ce_weight * sum(CE) + seq_weight * sum_seq(aux)
+ * (for a global batch of G sequences: ce_weight = 1/(G*T), seq_weight = 1/G).
+ * Fills stats (sums, not means). */
+int mc_net_forward_backward(mc_net *net, const int32_t *tokens, int n_seq, double ce_weight,
+                            double seq_weight, mc_net_stats *stats);
+/* Forward only (evaluation). */
+int mc_net_forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *stats);
+
+#endif

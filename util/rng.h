@@ -1,0 +1,23 @@
+/* Counter-based randomness (Philox4x32-10): a value is a pure function of
+ * (seed, stream, index), so the model, the data order and any sampling are identical under
+ * every layout and every order of evaluation (DESIGN.md section 4). */
+#ifndef MC_UTIL_RNG_H
+#define MC_UTIL_RNG_H
+
+#include <stdint.h>
+
+/* Streams name the purpose; family streams are mc_rng_stream_of(name). */
+enum { MC_RNG_STREAM_DATA = 1, MC_RNG_STREAM_DROPOUT = 2, MC_RNG_STREAM_TEST = 3 };
+
+/* Four 32-bit random words for counter `index` of (seed, stream). */
+void mc_philox(uint64_t seed, uint64_t stream, uint64_t index, uint32_t out[4]);
+/* A stable 64-bit stream id from a string (FNV-1a), e.g. a family name. */
+uint64_t mc_rng_stream_of(const char *name);
+/* Uniform in (0, 1), 53-bit. */
+double mc_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index);
+/* Standard normal (Box-Muller on one counter). */
+double mc_rng_normal(uint64_t seed, uint64_t stream, uint64_t index);
+/* Uniform integer in [0, n). */
+uint64_t mc_rng_below(uint64_t seed, uint64_t stream, uint64_t index, uint64_t n);
+
+#endif
