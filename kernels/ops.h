@@ -1,0 +1,189 @@
+/* The backend op interface: every tensor the model touches lives in backend memory and every
+ * computation on it goes through one of these function pointers, so a CUDA backend plugs in
+ * without touching the model code. The CPU backend (kernels/cpu) is the reference.
+ *
+ * Conventions (DESIGN.md section 2 fixes the numbers):
+ * - Tensors are fp32 (token ids and routing indices int32), row-major, contiguous unless a
+ *   leading dimension is given. Activations are token-major: n = n_seq * T rows, and row r is
+ *   position r % T of sequence r / T (positions restart at 0 for every sequence).
+ * - Forward ops write their outputs. Backward ops ADD into every gradient they produce (input
+ *   gradients and parameter gradients alike), so a tensor used twice simply receives two
+ *   contributions; callers zero gradient buffers with fill(). The one exception is
+ *   xent_bwd, which writes (it produces the first gradient of the pass).
+ * - Ops do not report errors one by one: a backend records the first failure and sync()
+ *   returns it (0 or -1 with mc_error set), like a sticky device error. */
+#ifndef MC_KERNELS_OPS_H
+#define MC_KERNELS_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { MC_ACT_SILU = 0, MC_ACT_GELU = 1, MC_ACT_SIGMOID = 2, MC_ACT_SOFTPLUS = 3 } mc_act;
+
+/* AdamW hyper-parameters of one update. Decoupled decay: w *= 1 - lr*weight_decay, then
+ * w -= lr * mhat / (sqrt(vhat) + eps) with mhat = m / (1 - beta1^step), vhat likewise. */
+typedef struct {
+  float lr, beta1, beta2, eps, weight_decay;
+  int64_t step;     /* 1-based, for bias correction */
+  float grad_scale; /* gradients are multiplied by this first (global-norm clipping) */
+} mc_adamw_args;
+
+typedef struct mc_backend mc_backend;
+
+struct mc_backend {
+  const char *name; /* "cpu", "cuda" */
+  void *ctx;        /* backend private state */
+
+  /* ---- memory */
+  /* Zero-filled allocation in backend memory; NULL with mc_error set on failure. */
+  void *(*alloc)(mc_backend *be, size_t bytes);
+  void (*free)(mc_backend *be, void *p);
+  void (*to_host)(mc_backend *be, void *host_dst, const void *src, size_t bytes);
+  void (*from_host)(mc_backend *be, void *dst, const void *host_src, size_t bytes);
+  /* Waits for queued work; returns 0, or -1 with the first recorded failure in mc_error. */
+  int (*sync)(mc_backend *be);
+
+  /* ---- elementwise and reductions */
+  void (*fill)(mc_backend *be, float *x, int64_t n, float value);
+  void (*copy)(mc_backend *be, float *dst, const float *src, int64_t n);
+  void (*scale)(mc_backend *be, float *x, int64_t n, float alpha);         /* x *= alpha */
+  void (*axpy)(mc_backend *be, float *y, const float *x, int64_t n, float alpha); /* y += alpha x */
+  /* Sum of squares of x, accumulated in double, returned on the host. */
+  double (*sumsq)(mc_backend *be, const float *x, int64_t n);
+  /* Fused AdamW over one tensor (w fp32 master weights, m and v its moments). */
+  void (*adamw)(mc_backend *be, float *w, const float *g, float *m, float *v, int64_t n,
+                const mc_adamw_args *a);
+
+  /* ---- matrix products: C[M,N] = alpha * op(A) op(B) + beta * C, op(X) = X or X^T.
+   * lda/ldb/ldc are the row strides of the matrices as stored. */
+  void (*gemm)(mc_backend *be, int trans_a, int trans_b, int M, int N, int K, float alpha,
+               const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+  /* Same shape for `batch` products, operand i at X + i*stride_X. */
+  void (*gemm_strided)(mc_backend *be, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                       const float *A, int lda, int64_t stride_a, const float *B, int ldb,
+                       int64_t stride_b, float beta, float *C, int ldc, int64_t stride_c,
+                       int batch);
+  /* Grouped products of different sizes (one per expert): group g multiplies M[g] x K[g] by
+   * K[g] x N[g] with operands at A + a_off[g], B + b_off[g], C + c_off[g]. Shape and offset
+   * arrays are host memory. Empty groups are fine; K[g] == 0 leaves beta * C. */
+  void (*gemm_grouped)(mc_backend *be, int trans_a, int trans_b, int groups, const int *M,
+                       const int *N, const int *K, float alpha, const float *A,
+                       const int64_t *a_off, int lda, const float *B, const int64_t *b_off,
+                       int ldb, float beta, float *C, const int64_t *c_off, int ldc);
+
+  /* ---- bias and activations (n elements, or n rows of c columns) */
+  void (*bias_fwd)(mc_backend *be, float *y, const float *b, int n, int c); /* y[r,:] += b */
+  void (*bias_bwd)(mc_backend *be, const float *dy, int n, int c, float *db); /* db += colsum */
+  void (*act_fwd)(mc_backend *be, mc_act act, const float *x, float *y, int64_t n);
+  void (*act_bwd)(mc_backend *be, mc_act act, const float *x, const float *dy, float *dx,
+                  int64_t n);
+  /* Gated unit: y = act(a) * b (SwiGLU with MC_ACT_SILU, the Mamba gate, the RG-LRU output
+   * gate with MC_ACT_GELU). */
+  void (*glu_fwd)(mc_backend *be, mc_act act, const float *a, const float *b, float *y, int64_t n);
+  void (*glu_bwd)(mc_backend *be, mc_act act, const float *a, const float *b, const float *dy,
+                  float *da, float *db, int64_t n);
+
+  /* ---- embedding: y[r,:] = W[tok[r],:]; backward scatter-adds rows into dW. */
+  void (*embed_fwd)(mc_backend *be, const int32_t *tok, int n, int d, const float *W, float *y);
+  void (*embed_bwd)(mc_backend *be, const int32_t *tok, int n, int d, const float *dy, float *dW);
+
+  /* ---- RMSNorm over groups of `group` columns (group == d: full width; group == hdm: the
+   * per-head Mamba norm): y = x / sqrt(mean_group(x^2) + eps) * w. rstd[n * d/group] is saved
+   * for the backward. */
+  void (*rmsnorm_fwd)(mc_backend *be, const float *x, const float *w, int n, int d, int group,
+                      float eps, float *y, float *rstd);
+  void (*rmsnorm_bwd)(mc_backend *be, const float *x, const float *w, const float *rstd,
+                      const float *dy, int n, int d, int group, float *dx, float *dw);
+
+  /* ---- RoPE, rotate-half: x is [n, heads*hd]; pair (i, i + hd/2), i < hd/2, at position
+   * t = r % T is rotated by t * theta^(-2i/hd). In place; the backward rotates dy back and
+   * adds it into dx (dx != dy). */
+  void (*rope_fwd)(mc_backend *be, float *x, int n, int T, int heads, int hd, double theta);
+  void (*rope_bwd)(mc_backend *be, const float *dy, float *dx, int n, int T, int heads, int hd,
+                   double theta);
+
+  /* ---- causal GQA attention within each sequence: q [n, H*hd], k and v [n, KV*hd],
+   * out [n, H*hd]; query head h reads kv head h / (H/KV); scale 1/sqrt(hd). lse [n, H] keeps
+   * the softmax log-normaliser so the backward recomputes probabilities (no T x T matrix). */
+  void (*attn_fwd)(mc_backend *be, const float *q, const float *k, const float *v, int n_seq,
+                   int T, int H, int KV, int hd, float *out, float *lse);
+  void (*attn_bwd)(mc_backend *be, const float *q, const float *k, const float *v,
+                   const float *out, const float *lse, const float *dout, int n_seq, int T,
+                   int H, int KV, int hd, float *dq, float *dk, float *dv);
+
+  /* ---- causal depthwise conv over time within each sequence, x [n, c], w [c, K], b [c]:
+   * y_t[ch] = b[ch] + sum_j w[ch, j] * x_{t-K+1+j}[ch] (zeros before the sequence start).
+   * No activation (the model applies SiLU with act_fwd). */
+  void (*conv_fwd)(mc_backend *be, const float *x, const float *w, const float *b, int n_seq,
+                   int T, int c, int K, float *y);
+  void (*conv_bwd)(mc_backend *be, const float *x, const float *w, const float *dy, int n_seq,
+                   int T, int c, int K, float *dx, float *dw, float *db);
+
+  /* ---- Mamba-2 selective scan, per sequence, head h, channel p, state n (state starts at
+   * zero): A = -exp(A_log[h]), S_t = exp(dt_t[h] A) S_{t-1} + dt_t[h] x_t[h,p] B_t[n],
+   * y_t[h,p] = sum_n C_t[n] S_t[p,n] + D[h] x_t[h,p].
+   * x [n, Hm*P], dt [n, Hm] (already softplus'd), B and C [n, N] (one group), y [n, Hm*P].
+   * The backward recomputes the states; it adds into dx, ddt, dB, dC, dA_log, dD. */
+  void (*ssm_fwd)(mc_backend *be, const float *x, const float *dt, const float *A_log,
+                  const float *B, const float *C, const float *D, int n_seq, int T, int Hm,
+                  int P, int N, float *y);
+  void (*ssm_bwd)(mc_backend *be, const float *x, const float *dt, const float *A_log,
+                  const float *B, const float *C, const float *D, const float *dy, int n_seq,
+                  int T, int Hm, int P, int N, float *dx, float *ddt, float *dA_log, float *dB,
+                  float *dC, float *dD);
+
+  /* ---- RG-LRU scan, channel-local, per sequence (h starts at zero):
+   * a_t = exp(-8 softplus(lambda) r_t), h_t = a_t h_{t-1} + sqrt(1 - a_t^2) gx_t.
+   * gx and r are [n, c] (gx = i * (u w_x^T), r the recurrence gate), lambda [c], h [n, c].
+   * The backward reads the saved h and adds into dgx, dr, dlambda. */
+  void (*rglru_fwd)(mc_backend *be, const float *gx, const float *r, const float *lambda,
+                    int n_seq, int T, int c, float *h);
+  void (*rglru_bwd)(mc_backend *be, const float *gx, const float *r, const float *lambda,
+                    const float *h, const float *dh, int n_seq, int T, int c, float *dgx,
+                    float *dr, float *dlambda);
+
+  /* ---- MoE routing, per sequence of T tokens: probs = softmax(logits) (fp32), top-k by
+   * probability with ties to the lower expert index, gates renormalised to sum 1 over the k
+   * choices. capacity > 0: the assignments to an expert beyond the first `capacity` of the
+   * sequence (in sequence order) are dropped (slot = -1, gate kept but unused); 0 = dropless.
+   * Outputs (backend memory): probs [n, E], idx [n, k], gate [n, k], slot [n, k] = row of the
+   * assignment in the expert-sorted buffer (experts in order, tokens in row order inside an
+   * expert), counts [E] rows per expert over the whole micro-batch, f [n_seq, E] = fraction
+   * of the sequence's k*T assignments (before dropping) that went to e, aux [n_seq] =
+   * E * sum_e f_e P_e with P_e the sequence's mean probability of e, dropped [1] = number of
+   * dropped assignments. */
+  void (*moe_route)(mc_backend *be, const float *logits, int n_seq, int T, int E, int k,
+                    int capacity, float *probs, int32_t *idx, float *gate, int32_t *slot,
+                    int32_t *counts, float *f, float *aux, int32_t *dropped);
+  /* dlogits += softmax backward of (gate gradients through the renormalisation, plus
+   * aux_scale * E * f_e / T on every probability of e), aux_scale = d(objective)/d(aux). */
+  void (*moe_route_bwd)(mc_backend *be, const float *probs, const int32_t *idx,
+                        const float *gate, const float *dgate, const float *f, int n_seq, int T,
+                        int E, int k, float aux_scale, float *dlogits);
+  /* xp[slot[r,j], :] = x[r, :] for every kept assignment. */
+  void (*moe_permute)(mc_backend *be, const float *x, const int32_t *slot, int n, int k, int d,
+                      float *xp);
+  /* dx[r, :] += sum over kept j of dxp[slot[r,j], :]. */
+  void (*moe_permute_bwd)(mc_backend *be, const float *dxp, const int32_t *slot, int n, int k,
+                          int d, float *dx);
+  /* y[r, :] += sum over kept j of gate[r,j] * yp[slot[r,j], :]. */
+  void (*moe_unpermute)(mc_backend *be, const float *yp, const int32_t *slot, const float *gate,
+                        int n, int k, int d, float *y);
+  /* dyp[slot, :] += gate * dy[r, :]; dgate[r,j] += dy[r, :] . yp[slot, :] (kept only). */
+  void (*moe_unpermute_bwd)(mc_backend *be, const float *dy, const float *yp,
+                            const int32_t *slot, const float *gate, int n, int k, int d,
+                            float *dyp, float *dgate);
+
+  /* ---- vocab-masked cross-entropy: logits [n, Vp], columns >= V are padding and count as
+   * -inf. loss[r] = logsumexp(logits[r, :V]) - logits[r, target[r]]; lse[r] is saved.
+   * xent_bwd WRITES dlogits = scale * (softmax - onehot), zero on padded columns. */
+  void (*xent_fwd)(mc_backend *be, const float *logits, const int32_t *target, int n, int V,
+                   int Vp, float *loss, float *lse);
+  void (*xent_bwd)(mc_backend *be, const float *logits, const int32_t *target, const float *lse,
+                   int n, int V, int Vp, float scale, float *dlogits);
+};
+
+/* The CPU reference backend (CBLAS + OpenMP). A process-wide instance; never freed. */
+mc_backend *mc_backend_cpu(void);
+
+#endif
