@@ -32,6 +32,7 @@ typedef enum {
   MC_INIT_A_LOG,      /* log(1 + h % 16) for head h (A in [-16, -1]) */
   MC_INIT_DT_BIAS,    /* softplus^-1 of dt log-uniform in [1e-3, 1e-1] */
   MC_INIT_REC_LAMBDA, /* so that a = exp(-8 softplus(lambda)) lies in [0.9, 0.999] */
+  MC_INIT_CONV,       /* N(0, 1/K) for a depthwise conv of width K = shape[1] */
   MC_INIT_COUNT
 } mc_init;
 

@@ -1,0 +1,148 @@
+#include "ckpt/families.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+static const char *const ROLE_NAMES[MC_ROLE_COUNT] = {
+    "embed.weight", "final_norm.weight", "head.weight", "norm.weight",
+    "attn.wq", "attn.wk", "attn.wv", "attn.wo",
+    "ssm.w_z", "ssm.w_x", "ssm.w_dt", "ssm.w_B", "ssm.w_C",
+    "ssm.conv_x.weight", "ssm.conv_x.bias", "ssm.conv_B.weight", "ssm.conv_B.bias",
+    "ssm.conv_C.weight", "ssm.conv_C.bias", "ssm.dt_bias", "ssm.A_log",
+    "ssm.D", "ssm.norm.weight", "ssm.w_out",
+    "moe.router", "moe.w1", "moe.w3", "moe.w2",
+    "rec.w_x", "rec.w_gate", "rec.w_r", "rec.w_i",
+    "rec.b_r", "rec.b_i", "rec.lambda", "rec.w_out",
+};
+
+const char *mc_role_name(mc_role r) { return r >= 0 && r < MC_ROLE_COUNT ? ROLE_NAMES[r] : "?"; }
+
+const char *mc_place_name(mc_place p) {
+  switch (p) {
+    case MC_PLACE_REPLICATED: return "replicated";
+    case MC_PLACE_TP: return "tp";
+    case MC_PLACE_EP: return "ep";
+  }
+  return "?";
+}
+
+typedef struct {
+  mc_family_set *set;
+  int sp;
+} builder;
+
+/* Appends one family. dims are given as up to three sizes (0 ends the list). */
+static void add(builder *b, int layer, char block, mc_role role, mc_place place, int split_dim, mc_init init,
+                int64_t d0, int64_t d1, int64_t d2) {
+  mc_family *f = &b->set->f[b->set->n++];
+  memset(f, 0, sizeof *f);
+  if (layer >= 0)
+    snprintf(f->name, sizeof f->name, "layers.%02d.%s", layer, ROLE_NAMES[role]);
+  else
+    snprintf(f->name, sizeof f->name, "%s", ROLE_NAMES[role]);
+  f->shape[0] = d0;
+  f->shape[1] = d1;
+  f->shape[2] = d2;
+  f->ndim = d2 ? 3 : d1 ? 2 : 1;
+  f->numel = d0 * (d1 ? d1 : 1) * (d2 ? d2 : 1);
+  f->place = place;
+  f->split_dim = place == MC_PLACE_REPLICATED ? -1 : split_dim;
+  f->layer = layer;
+  f->block = block;
+  f->role = role;
+  f->init = init;
+  f->decay = f->ndim >= 2; /* 2-D and 3-D weights decay; norms, biases and per-head vectors do not */
+  switch (role) {
+    case MC_ROLE_SSM_WB: case MC_ROLE_SSM_WC:
+    case MC_ROLE_SSM_CONVB_W: case MC_ROLE_SSM_CONVB_B:
+    case MC_ROLE_SSM_CONVC_W: case MC_ROLE_SSM_CONVC_B:
+      f->tp_partial_grad = 1; /* B and C feed every TP rank's heads */
+      break;
+    case MC_ROLE_NORM: case MC_ROLE_FINAL_NORM: case MC_ROLE_MOE_ROUTER:
+      f->tp_partial_grad = b->sp; /* their input is sequence-sharded under SP */
+      break;
+    default:
+      break;
+  }
+}
+
+int mc_families_build(const mc_model *m, int sp, mc_family_set *out) {
+  int64_t d = m->d_model, vp = mc_vocab_padded(m);
+  int64_t q = (int64_t)m->n_heads * m->head_dim, kv = (int64_t)m->n_kv_heads * m->head_dim;
+  int64_t di = m->mamba_inner, hm = mc_mamba_heads(m), n = m->ssm_state, k = m->conv_width;
+  int64_t e = m->n_experts, f = m->expert_hidden, dr = m->rec_width;
+  int cap = 3 + m->n_layers * 24;
+  out->n = 0;
+  out->f = calloc((size_t)cap, sizeof *out->f);
+  if (!out->f) return mc_error("out of memory building the family registry");
+  builder b = {out, sp};
+  const mc_place R = MC_PLACE_REPLICATED, T = MC_PLACE_TP, X = MC_PLACE_EP;
+  add(&b, -1, 0, MC_ROLE_EMBED, T, 0, MC_INIT_NORMAL, vp, d, 0);
+  for (int L = 0; L < m->n_layers; L++) {
+    char c = m->pattern[L];
+    add(&b, L, c, MC_ROLE_NORM, R, -1, MC_INIT_ONES, d, 0, 0);
+    switch (c) {
+      case 'A':
+        add(&b, L, c, MC_ROLE_ATTN_WQ, T, 0, MC_INIT_NORMAL, q, d, 0);
+        add(&b, L, c, MC_ROLE_ATTN_WK, T, 0, MC_INIT_NORMAL, kv, d, 0);
+        add(&b, L, c, MC_ROLE_ATTN_WV, T, 0, MC_INIT_NORMAL, kv, d, 0);
+        add(&b, L, c, MC_ROLE_ATTN_WO, T, 1, MC_INIT_NORMAL_OUT, d, q, 0);
+        break;
+      case 'M':
+        add(&b, L, c, MC_ROLE_SSM_WZ, T, 0, MC_INIT_NORMAL, di, d, 0);
+        add(&b, L, c, MC_ROLE_SSM_WX, T, 0, MC_INIT_NORMAL, di, d, 0);
+        add(&b, L, c, MC_ROLE_SSM_WDT, T, 0, MC_INIT_NORMAL, hm, d, 0);
+        add(&b, L, c, MC_ROLE_SSM_WB, R, -1, MC_INIT_NORMAL, n, d, 0);
+        add(&b, L, c, MC_ROLE_SSM_WC, R, -1, MC_INIT_NORMAL, n, d, 0);
+        add(&b, L, c, MC_ROLE_SSM_CONVX_W, T, 0, MC_INIT_CONV, di, k, 0);
+        add(&b, L, c, MC_ROLE_SSM_CONVX_B, T, 0, MC_INIT_ZEROS, di, 0, 0);
+        add(&b, L, c, MC_ROLE_SSM_CONVB_W, R, -1, MC_INIT_CONV, n, k, 0);
+        add(&b, L, c, MC_ROLE_SSM_CONVB_B, R, -1, MC_INIT_ZEROS, n, 0, 0);
+        add(&b, L, c, MC_ROLE_SSM_CONVC_W, R, -1, MC_INIT_CONV, n, k, 0);
+        add(&b, L, c, MC_ROLE_SSM_CONVC_B, R, -1, MC_INIT_ZEROS, n, 0, 0);
+        add(&b, L, c, MC_ROLE_SSM_DT_BIAS, T, 0, MC_INIT_DT_BIAS, hm, 0, 0);
+        add(&b, L, c, MC_ROLE_SSM_A_LOG, T, 0, MC_INIT_A_LOG, hm, 0, 0);
+        add(&b, L, c, MC_ROLE_SSM_D, T, 0, MC_INIT_ONES, hm, 0, 0);
+        add(&b, L, c, MC_ROLE_SSM_NORM, T, 0, MC_INIT_ONES, di, 0, 0);
+        add(&b, L, c, MC_ROLE_SSM_WOUT, T, 1, MC_INIT_NORMAL_OUT, d, di, 0);
+        break;
+      case 'E':
+        add(&b, L, c, MC_ROLE_MOE_ROUTER, R, -1, MC_INIT_NORMAL, e, d, 0);
+        add(&b, L, c, MC_ROLE_MOE_W1, X, 0, MC_INIT_NORMAL, e, f, d);
+        add(&b, L, c, MC_ROLE_MOE_W3, X, 0, MC_INIT_NORMAL, e, f, d);
+        add(&b, L, c, MC_ROLE_MOE_W2, X, 0, MC_INIT_NORMAL_OUT, e, d, f);
+        break;
+      case 'R':
+        add(&b, L, c, MC_ROLE_REC_WX, T, 0, MC_INIT_NORMAL, dr, d, 0);
+        add(&b, L, c, MC_ROLE_REC_WGATE, T, 0, MC_INIT_NORMAL, dr, d, 0);
+        add(&b, L, c, MC_ROLE_REC_WR, T, 0, MC_INIT_NORMAL, dr, d, 0);
+        add(&b, L, c, MC_ROLE_REC_WI, T, 0, MC_INIT_NORMAL, dr, d, 0);
+        add(&b, L, c, MC_ROLE_REC_BR, T, 0, MC_INIT_ZEROS, dr, 0, 0);
+        add(&b, L, c, MC_ROLE_REC_BI, T, 0, MC_INIT_ZEROS, dr, 0, 0);
+        add(&b, L, c, MC_ROLE_REC_LAMBDA, T, 0, MC_INIT_REC_LAMBDA, dr, 0, 0);
+        add(&b, L, c, MC_ROLE_REC_WOUT, T, 1, MC_INIT_NORMAL_OUT, d, dr, 0);
+        break;
+      default:
+        mc_families_free(out);
+        return mc_error("model.pattern: unknown block letter '%c' at position %d", c, L);
+    }
+  }
+  add(&b, -1, 0, MC_ROLE_FINAL_NORM, R, -1, MC_INIT_ONES, d, 0, 0);
+  add(&b, -1, 0, MC_ROLE_HEAD, T, 0, MC_INIT_NORMAL, vp, d, 0);
+  return 0;
+}
+
+void mc_families_free(mc_family_set *s) {
+  free(s->f);
+  s->f = NULL;
+  s->n = 0;
+}
+
+int mc_family_find(const mc_family_set *s, const char *name) {
+  for (int i = 0; i < s->n; i++)
+    if (!strcmp(s->f[i].name, name)) return i;
+  return -1;
+}

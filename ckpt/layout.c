@@ -1,0 +1,177 @@
+#include "ckpt/layout.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int mc_layout_world(const mc_layout *l) { return l->tp * l->dp * l->pp; }
+
+int mc_layout_rank_of(const mc_layout *l, int tp_rank, int dp_rank, int pp_rank) {
+  return tp_rank + l->tp * (dp_rank + l->dp * pp_rank);
+}
+
+void mc_layout_coords(const mc_layout *l, int rank, mc_coords *c) {
+  c->rank = rank;
+  c->tp_rank = rank % l->tp;
+  c->dp_rank = (rank / l->tp) % l->dp;
+  c->pp_rank = rank / (l->tp * l->dp);
+  c->li = c->tp_rank + l->tp * c->dp_rank;
+  int ep = l->ep > 0 ? l->ep : 1;
+  c->ep_rank = c->li % ep;
+  c->ep_group = c->li / ep;
+}
+
+/* Members of a group are the ranks whose coordinates match `rank` on everything the
+ * predicate keeps fixed; enumerating the world keeps the order ascending. */
+typedef int (*same_group_fn)(const mc_coords *a, const mc_coords *b);
+static int same_tp(const mc_coords *a, const mc_coords *b) { return a->dp_rank == b->dp_rank && a->pp_rank == b->pp_rank; }
+static int same_dp(const mc_coords *a, const mc_coords *b) { return a->tp_rank == b->tp_rank && a->pp_rank == b->pp_rank; }
+static int same_pp(const mc_coords *a, const mc_coords *b) { return a->tp_rank == b->tp_rank && a->dp_rank == b->dp_rank; }
+static int same_ep(const mc_coords *a, const mc_coords *b) { return a->pp_rank == b->pp_rank && a->ep_group == b->ep_group; }
+static int same_edp(const mc_coords *a, const mc_coords *b) { return a->pp_rank == b->pp_rank && a->ep_rank == b->ep_rank; }
+
+static int group_members(const mc_layout *l, int rank, int *out, same_group_fn same) {
+  mc_coords me, c;
+  mc_layout_coords(l, rank, &me);
+  int n = 0, world = mc_layout_world(l);
+  for (int r = 0; r < world; r++) {
+    mc_layout_coords(l, r, &c);
+    if (same(&me, &c)) out[n++] = r;
+  }
+  return n;
+}
+
+int mc_group_tp(const mc_layout *l, int rank, int *out) { return group_members(l, rank, out, same_tp); }
+int mc_group_dp(const mc_layout *l, int rank, int *out) { return group_members(l, rank, out, same_dp); }
+int mc_group_pp(const mc_layout *l, int rank, int *out) { return group_members(l, rank, out, same_pp); }
+int mc_group_ep(const mc_layout *l, int rank, int *out) { return group_members(l, rank, out, same_ep); }
+int mc_group_edp(const mc_layout *l, int rank, int *out) { return group_members(l, rank, out, same_edp); }
+
+const char *mc_split_name(mc_split_mode s) {
+  switch (s) {
+    case MC_SPLIT_EQUAL: return "equal";
+    case MC_SPLIT_WEIGHTED: return "weighted";
+    case MC_SPLIT_EXPLICIT: return "explicit";
+  }
+  return "?";
+}
+
+int mc_layout_parse_split(mc_layout *l, const char *text) {
+  if (!strcmp(text, "equal")) { l->split = MC_SPLIT_EQUAL; return 0; }
+  if (!strcmp(text, "weighted")) { l->split = MC_SPLIT_WEIGHTED; return 0; }
+  if (!strcmp(text, "explicit")) {
+    if (!strchr(l->split_pattern, '|'))
+      return mc_error("parallel.pp_split: \"explicit\" needs stage boundaries ('|') in model.pattern");
+    l->split = MC_SPLIT_EXPLICIT;
+    return 0;
+  }
+  if (!strchr(text, '|'))
+    return mc_error("parallel.pp_split: \"%s\" is not equal, weighted, explicit or a pattern with '|' stage boundaries", text);
+  if (strlen(text) >= sizeof l->split_pattern)
+    return mc_error("parallel.pp_split: pattern \"%.40s...\" is too long", text);
+  for (const char *p = text; *p; p++)
+    if (!strchr("AMER|", *p))
+      return mc_error("parallel.pp_split: unknown block letter '%c' in \"%s\"", *p, text);
+  l->split = MC_SPLIT_EXPLICIT;
+  snprintf(l->split_pattern, sizeof l->split_pattern, "%s", text);
+  return 0;
+}
+
+static int has_block(const mc_model *m, char b) { return strchr(m->pattern, b) != NULL; }
+
+int mc_model_check(const mc_model *m, mc_errlist *e) {
+  int before = e->n;
+  int n = (int)strlen(m->pattern);
+  if (n == 0) mc_errlist_add(e, "model.pattern is empty");
+  if (n != m->n_layers) mc_errlist_add(e, "model.n_layers=%d does not match pattern length %d", m->n_layers, n);
+  for (int i = 0; i < n; i++)
+    if (!strchr("AMER", m->pattern[i]))
+      mc_errlist_add(e, "model.pattern: unknown block letter '%c' at position %d (known: A, M, E, R)", m->pattern[i], i);
+  if (m->vocab_size < 1) mc_errlist_add(e, "model.vocab_size=%d must be >= 1", m->vocab_size);
+  if (m->vocab_pad < 1) mc_errlist_add(e, "model.vocab_pad=%d must be >= 1", m->vocab_pad);
+  if (m->d_model < 1) mc_errlist_add(e, "model.d_model=%d must be >= 1", m->d_model);
+  if (m->seq_len < 1) mc_errlist_add(e, "model.seq_len=%d must be >= 1", m->seq_len);
+  if (has_block(m, 'A')) {
+    if (m->n_heads < 1 || m->n_kv_heads < 1 || m->head_dim < 2)
+      mc_errlist_add(e, "attention needs n_heads>=1, n_kv_heads>=1, head_dim>=2 (got %d, %d, %d)", m->n_heads, m->n_kv_heads, m->head_dim);
+    else if (m->n_heads % m->n_kv_heads)
+      mc_errlist_add(e, "n_kv_heads=%d does not divide n_heads=%d (GQA)", m->n_kv_heads, m->n_heads);
+    if (m->head_dim % 2) mc_errlist_add(e, "head_dim=%d must be even (RoPE rotates pairs)", m->head_dim);
+  }
+  if (has_block(m, 'E')) {
+    if (m->n_experts < 1 || m->expert_hidden < 1)
+      mc_errlist_add(e, "MoE needs n_experts>=1 and expert_hidden>=1 (got %d, %d)", m->n_experts, m->expert_hidden);
+    if (m->top_k < 1 || m->top_k > m->n_experts)
+      mc_errlist_add(e, "top_k=%d must be in [1, n_experts=%d]", m->top_k, m->n_experts);
+  }
+  if (has_block(m, 'M')) {
+    if (m->mamba_inner < 1 || m->mamba_head_dim < 1 || m->ssm_state < 1 || m->conv_width < 1)
+      mc_errlist_add(e, "Mamba needs mamba_inner, mamba_head_dim, ssm_state, conv_width >= 1 (got %d, %d, %d, %d)",
+                     m->mamba_inner, m->mamba_head_dim, m->ssm_state, m->conv_width);
+    else if (m->mamba_inner % m->mamba_head_dim)
+      mc_errlist_add(e, "mamba_head_dim=%d does not divide mamba_inner=%d", m->mamba_head_dim, m->mamba_inner);
+  }
+  if (has_block(m, 'R') && m->rec_width < 1) mc_errlist_add(e, "rec_width=%d must be >= 1", m->rec_width);
+  return e->n - before;
+}
+
+static void check_divides(mc_errlist *e, const char *what, int v, const char *of, int n) {
+  if (v > 0 && n % v) mc_errlist_add(e, "%s=%d does not divide %s=%d", what, v, of, n);
+}
+
+int mc_layout_check(const mc_model *m, const mc_layout *l, const mc_train_cfg *t, int launched, mc_errlist *e) {
+  int before = e->n;
+  if (l->tp < 1) mc_errlist_add(e, "tp=%d must be >= 1", l->tp);
+  if (l->pp < 1) mc_errlist_add(e, "pp=%d must be >= 1", l->pp);
+  if (l->dp < 1) mc_errlist_add(e, "dp=%d must be >= 1", l->dp);
+  if (l->ep < 1) mc_errlist_add(e, "ep=%d must be >= 1", l->ep);
+  if (l->zero != 0 && l->zero != 1 && l->zero != 3) mc_errlist_add(e, "zero=%d is not one of 0, 1, 3", l->zero);
+  if (l->pp > MC_MAX_STAGES) mc_errlist_add(e, "pp=%d exceeds the supported maximum of %d stages", l->pp, MC_MAX_STAGES);
+  if (e->n > before) return e->n - before; /* the rules below divide by these */
+
+  if (has_block(m, 'A')) {
+    check_divides(e, "tp", l->tp, "n_heads", m->n_heads);
+    check_divides(e, "tp", l->tp, "n_kv_heads", m->n_kv_heads);
+  }
+  if (has_block(m, 'M')) check_divides(e, "tp", l->tp, "mamba_heads (mamba_inner/mamba_head_dim)", mc_mamba_heads(m));
+  check_divides(e, "tp", l->tp, "padded vocab", mc_vocab_padded(m));
+  if (has_block(m, 'R')) check_divides(e, "tp", l->tp, "rec_width", m->rec_width);
+  if (l->ep > 1 && !has_block(m, 'E')) mc_errlist_add(e, "ep=%d needs E blocks but the pattern has none", l->ep);
+  if (has_block(m, 'E')) check_divides(e, "ep", l->ep, "n_experts", m->n_experts);
+  check_divides(e, "ep", l->ep, "tp*dp", l->tp * l->dp);
+  if (l->tp > 1 && l->ep > 1 && !l->sp) mc_errlist_add(e, "tp=%d with ep=%d requires sp (sequence parallelism)", l->tp, l->ep);
+  if (l->sp && l->tp > 1) check_divides(e, "tp (sp)", l->tp, "seq_len", m->seq_len);
+  if (l->pp > m->n_layers)
+    mc_errlist_add(e, "pp=%d leaves an empty stage: the model has only %d layers", l->pp, m->n_layers);
+  if (l->split == MC_SPLIT_EXPLICIT) {
+    int pipes = 0, letters = 0, run = 0, empty = 0;
+    char flat[MC_MAX_LAYERS + 1];
+    for (const char *p = l->split_pattern; *p; p++) {
+      if (*p == '|') {
+        pipes++;
+        if (run == 0) empty = 1;
+        run = 0;
+      } else {
+        if (letters < MC_MAX_LAYERS) flat[letters] = *p;
+        letters++;
+        run++;
+      }
+    }
+    if (run == 0) empty = 1;
+    flat[letters < MC_MAX_LAYERS ? letters : MC_MAX_LAYERS] = 0;
+    if (pipes != l->pp - 1)
+      mc_errlist_add(e, "explicit split \"%s\" has %d pipes but pp=%d needs pp-1=%d", l->split_pattern, pipes, l->pp, l->pp - 1);
+    if (empty) mc_errlist_add(e, "explicit split \"%s\" has an empty stage", l->split_pattern);
+    if (strcmp(flat, m->pattern))
+      mc_errlist_add(e, "explicit split \"%s\" does not spell the model pattern \"%s\"", l->split_pattern, m->pattern);
+  }
+  if (t) {
+    int per_step = t->micro_batch * l->dp;
+    if (t->micro_batch < 1) mc_errlist_add(e, "micro_batch=%d must be >= 1", t->micro_batch);
+    else if (t->global_batch < 1 || t->global_batch % per_step)
+      mc_errlist_add(e, "global_batch=%d is not divisible by micro_batch*dp=%d*%d=%d", t->global_batch, t->micro_batch, l->dp, per_step);
+  }
+  if (launched >= 0 && launched != mc_layout_world(l))
+    mc_errlist_add(e, "world size tp*dp*pp=%d*%d*%d=%d does not equal the %d ranks launched", l->tp, l->dp, l->pp,
+                   mc_layout_world(l), launched);
+  return e->n - before;
+}

@@ -1,0 +1,311 @@
+/* Property tests of the ownership function over random valid (model, layout) pairs:
+ * primaries tile every family and state exactly once, replicas hold identical hyperslabs,
+ * the analytic primary/replica answer matches brute force, and stage splits behave. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../check.h"
+#include "ckpt/cost.h"
+#include "ckpt/ownership.h"
+#include "util/rng.h"
+
+static uint64_t ctr = 0;
+static int pick(int n) { return (int)mc_rng_below(42, MC_RNG_STREAM_TEST, ctr++, (uint64_t)n); }
+
+static void random_case(mc_model *m, mc_layout *l) {
+  static const int tps[] = {1, 1, 2, 2, 4};
+  memset(m, 0, sizeof *m);
+  memset(l, 0, sizeof *l);
+  l->tp = tps[pick(5)];
+  l->dp = 1 + pick(4);
+  int n = 1 + pick(10);
+  for (int i = 0; i < n; i++) m->pattern[i] = "AMER"[pick(4)];
+  m->pattern[n] = 0;
+  m->n_layers = n;
+  l->pp = 1 + pick(n < 4 ? n : 4);
+  m->d_model = 4 + 2 * pick(4);
+  m->vocab_size = 5 + pick(60);
+  m->vocab_pad = 4 * l->tp * (1 + pick(2));
+  m->n_kv_heads = l->tp * (1 + pick(2));
+  m->n_heads = m->n_kv_heads * (1 + pick(2));
+  m->head_dim = 2 + 2 * pick(2);
+  m->mamba_head_dim = 1 + pick(3);
+  m->mamba_inner = m->mamba_head_dim * l->tp * (1 + pick(2));
+  m->ssm_state = 1 + pick(4);
+  m->conv_width = 1 + pick(4);
+  m->rec_width = l->tp * (1 + pick(3));
+  m->seq_len = 4 * l->tp;
+  /* ep divides tp*dp and the expert count */
+  int tpdp = l->tp * l->dp, divs[16], nd = 0;
+  for (int e = 1; e <= tpdp; e++)
+    if (tpdp % e == 0) divs[nd++] = e;
+  l->ep = strchr(m->pattern, 'E') ? divs[pick(nd)] : 1;
+  m->n_experts = l->ep * (1 + pick(3));
+  m->top_k = 1 + pick(m->n_experts);
+  m->expert_hidden = 1 + pick(6);
+  l->sp = (l->tp > 1 && l->ep > 1) ? 1 : pick(2);
+  static const int zeros[] = {0, 1, 3};
+  l->zero = zeros[pick(3)];
+  l->split = (mc_split_mode)pick(3);
+  if (l->split == MC_SPLIT_EXPLICIT) {
+    /* pp-1 distinct cut points in [1, n) */
+    int cut[MC_MAX_LAYERS] = {0};
+    int placed = 0;
+    while (placed < l->pp - 1) {
+      int c = 1 + pick(n - 1);
+      if (!cut[c]) { cut[c] = 1; placed++; }
+    }
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+      if (cut[i]) l->split_pattern[k++] = '|';
+      l->split_pattern[k++] = m->pattern[i];
+    }
+    l->split_pattern[k] = 0;
+  }
+}
+
+static int64_t flat_index(const mc_family *f, const int64_t *idx) {
+  int64_t v = 0;
+  for (int i = 0; i < f->ndim; i++) v = v * f->shape[i] + idx[i];
+  return v;
+}
+
+/* Adds `delta` to cover[] for every element of the hyperslab. */
+static void mark(const mc_family *f, const mc_shard *s, int *cover) {
+  int64_t idx[3] = {0, 0, 0}, c0 = s->count[0], c1 = f->ndim > 1 ? s->count[1] : 1, c2 = f->ndim > 2 ? s->count[2] : 1;
+  for (int64_t a = 0; a < c0; a++)
+    for (int64_t b = 0; b < c1; b++)
+      for (int64_t c = 0; c < c2; c++) {
+        idx[0] = s->start[0] + a;
+        idx[1] = s->start[1] + b;
+        idx[2] = s->start[2] + c;
+        cover[flat_index(f, idx)]++;
+      }
+}
+
+static int same(const mc_shard *a, const mc_shard *b) {
+  for (int i = 0; i < a->ndim; i++)
+    if (a->start[i] != b->start[i] || a->count[i] != b->count[i]) return 0;
+  return a->held && b->held;
+}
+
+static void check_geometry(const mc_geometry *g) {
+  int world = g->world;
+  mc_shard *sh = malloc(sizeof *sh * (size_t)world);
+  int *reps = malloc(sizeof(int) * (size_t)world);
+  for (int fi = 0; fi < g->fams.n; fi++) {
+    const mc_family *f = &g->fams.f[fi];
+    int *cover = calloc((size_t)f->numel, sizeof(int));
+    for (int st = 0; st < MC_N_STATES; st++) {
+      memset(cover, 0, sizeof(int) * (size_t)f->numel);
+      for (int r = 0; r < world; r++) CHECK_OK(mc_shard_of(g, fi, (mc_state)st, r, &sh[r]));
+      for (int r = 0; r < world; r++) {
+        mc_shard *s = &sh[r];
+        if (!s->in_stage) CHECK(!s->held, "%s rank %d outside stage %d holds data", f->name, r, s->stage);
+        if (!s->held) continue;
+        /* the state hyperslab lies inside the local slice, which lies inside the family */
+        for (int i = 0; i < f->ndim; i++) {
+          CHECK(s->start[i] >= s->local_start[i] && s->start[i] + s->count[i] <= s->local_start[i] + s->local_count[i],
+                "%s rank %d dim %d: shard outside local slice", f->name, r, i);
+          CHECK(s->local_start[i] >= 0 && s->local_start[i] + s->local_count[i] <= f->shape[i], "%s local slice outside", f->name);
+        }
+        /* brute-force replicas: lowest identical holder is the primary, count matches */
+        int lowest = -1, n = 0;
+        for (int q = 0; q < world; q++)
+          if (same(s, &sh[q])) {
+            if (lowest < 0) lowest = q;
+            n++;
+          }
+        CHECK(lowest == s->primary_rank, "%s/%s rank %d: primary %d, brute force %d (layout tp%d dp%d pp%d ep%d zero%d)", f->name,
+              mc_state_name((mc_state)st), r, s->primary_rank, lowest, g->layout.tp, g->layout.dp, g->layout.pp, g->layout.ep,
+              g->layout.zero);
+        CHECK(n == s->n_replicas, "%s rank %d: %d replicas, brute force %d", f->name, r, s->n_replicas, n);
+        CHECK(s->primary == (lowest == r), "%s rank %d primary flag", f->name, r);
+        if (s->primary) mark(f, s, cover);
+      }
+      int bad = 0;
+      for (int64_t e = 0; e < f->numel; e++) bad += cover[e] != 1;
+      CHECK(bad == 0, "%s/%s: %d elements not covered exactly once by primaries (tp%d dp%d pp%d ep%d zero%d)", f->name,
+            mc_state_name((mc_state)st), bad, g->layout.tp, g->layout.dp, g->layout.pp, g->layout.ep, g->layout.zero);
+    }
+    /* mc_shard_replicas agrees with the analytic answer (sampled on one rank per family) */
+    int r = (int)(ctr++ % (uint64_t)world);
+    int nr = mc_shard_replicas(g, fi, MC_STATE_PARAM, r, reps);
+    CHECK(nr == sh[r].n_replicas || !sh[r].held, "%s replicas list %d vs %d", f->name, nr, sh[r].n_replicas);
+    if (nr > 0) CHECK(reps[0] == sh[r].primary_rank, "%s replicas list starts at %d, primary %d", f->name, reps[0], sh[r].primary_rank);
+    free(cover);
+  }
+  free(sh);
+  free(reps);
+}
+
+static void test_random_layouts(void) {
+  int valid = 0, tries = 0, zero_seen[4] = {0}, split_seen[3] = {0}, ep_multi = 0;
+  while (valid < 600 && tries < 20000) {
+    tries++;
+    mc_model m;
+    mc_layout l;
+    random_case(&m, &l);
+    mc_geometry g;
+    if (mc_geometry_build(&m, &l, NULL, -1, &g)) continue;
+    valid++;
+    zero_seen[l.zero]++;
+    split_seen[l.split]++;
+    ep_multi += l.ep > 1;
+    check_geometry(&g);
+    mc_geometry_free(&g);
+  }
+  CHECK(valid == 600, "only %d valid random cases in %d tries", valid, tries);
+  CHECK(zero_seen[0] && zero_seen[1] && zero_seen[3], "zero modes covered");
+  CHECK(split_seen[0] && split_seen[1] && split_seen[2], "split modes covered");
+  CHECK(ep_multi > 20, "ep > 1 covered (%d)", ep_multi);
+  printf("ownership property: %d valid layouts (%d tries), %d with ep>1\n", valid, tries, ep_multi);
+}
+
+static void base(mc_model *m, mc_layout *l) {
+  memset(m, 0, sizeof *m);
+  memset(l, 0, sizeof *l);
+  strcpy(m->pattern, "AEMEAEMEAEMR");
+  m->n_layers = 12;
+  m->vocab_size = 1000; m->vocab_pad = 128; m->d_model = 64;
+  m->n_heads = 8; m->n_kv_heads = 4; m->head_dim = 8;
+  m->n_experts = 8; m->top_k = 2; m->expert_hidden = 32;
+  m->mamba_inner = 128; m->mamba_head_dim = 16; m->ssm_state = 8; m->conv_width = 4;
+  m->rec_width = 64; m->seq_len = 64;
+  l->tp = l->pp = l->dp = l->ep = 1;
+}
+
+/* Each rule is rejected with its own message. */
+static void test_validation_messages(void) {
+  struct { const char *needle; void (*mut)(mc_model *, mc_layout *, mc_train_cfg *); } cases[16];
+  (void)cases;
+  mc_model m; mc_layout l; mc_train_cfg t; mc_errlist e;
+  memset(&t, 0, sizeof t);
+#define EXPECT(needle, body)                                         \
+  do {                                                               \
+    base(&m, &l);                                                    \
+    t.global_batch = 8; t.micro_batch = 2;                           \
+    body;                                                            \
+    mc_errlist_init(&e);                                             \
+    mc_model_check(&m, &e);                                          \
+    mc_layout_check(&m, &l, &t, 8, &e);                              \
+    CHECK(mc_errlist_has(&e, needle), "expected \"%s\" (%d problems, first: %s)", needle, e.n, e.n ? e.msg[0] : "-"); \
+  } while (0)
+  EXPECT("tp=3 does not divide n_heads=8", l.tp = 3);
+  EXPECT("tp=8 does not divide n_kv_heads=4", l.tp = 8);
+  EXPECT("tp=2 does not divide mamba_heads (mamba_inner/mamba_head_dim)=3", (l.tp = 2, m.mamba_inner = 48));
+  EXPECT("tp=2 does not divide padded vocab=999", (l.tp = 2, m.vocab_pad = 1, m.vocab_size = 999, m.n_heads = 8));
+  EXPECT("tp=2 does not divide rec_width=63", (l.tp = 2, m.rec_width = 63));
+  EXPECT("ep=3 does not divide n_experts=8", (l.ep = 3, l.dp = 3));
+  EXPECT("ep=4 does not divide tp*dp=2", (l.ep = 4, l.dp = 2));
+  EXPECT("tp=2 with ep=2 requires sp", (l.tp = 2, l.ep = 2, l.sp = 0));
+  EXPECT("has 1 pipes but pp=3 needs pp-1=2", (l.pp = 3, l.split = MC_SPLIT_EXPLICIT, strcpy(l.split_pattern, "AEMEAE|MEAEMR")));
+  EXPECT("does not spell the model pattern", (l.pp = 2, l.split = MC_SPLIT_EXPLICIT, strcpy(l.split_pattern, "AEMEAE|MEAEMA")));
+  EXPECT("has an empty stage", (l.pp = 3, l.split = MC_SPLIT_EXPLICIT, strcpy(l.split_pattern, "AEMEAE||MEAEMR")));
+  EXPECT("pp=13 leaves an empty stage", l.pp = 13);
+  EXPECT("global_batch=8 is not divisible by micro_batch*dp=3*1=3", t.micro_batch = 3);
+  EXPECT("does not equal the 8 ranks launched", l.dp = 2);
+  EXPECT("unknown block letter 'X' at position 3", strcpy(m.pattern, "AEMXAEMEAEMR"));
+  EXPECT("zero=2 is not one of 0, 1, 3", l.zero = 2);
+  /* several broken rules are all reported */
+  base(&m, &l);
+  l.tp = 3; l.ep = 3;
+  mc_errlist_init(&e);
+  mc_layout_check(&m, &l, NULL, -1, &e);
+  CHECK(e.n >= 3, "expected several problems, got %d", e.n);
+}
+
+static void test_stage_splits(void) {
+  mc_model m; mc_layout l; mc_stage_map s;
+  base(&m, &l);
+  l.pp = 5;
+  CHECK_OK(mc_stage_map_build(&m, &l, &s));
+  int want[5] = {3, 3, 2, 2, 2};
+  for (int i = 0; i < 5; i++) CHECK(s.count[i] == want[i], "equal stage %d has %d layers", i, s.count[i]);
+  l.pp = 3; l.split = MC_SPLIT_EXPLICIT;
+  strcpy(l.split_pattern, "A|EMEAEMEAE|MR");
+  CHECK_OK(mc_stage_map_build(&m, &l, &s));
+  CHECK(s.first[1] == 1 && s.count[1] == 9 && s.count[2] == 2, "explicit split: %d %d %d", s.count[0], s.count[1], s.count[2]);
+  CHECK(s.stage_of_layer[0] == 0 && s.stage_of_layer[5] == 1 && s.stage_of_layer[11] == 2, "stage_of_layer");
+  /* weighted: optimal against brute force over every split, for several pp */
+  l.split = MC_SPLIT_WEIGHTED;
+  for (int pp = 1; pp <= 4; pp++) {
+    l.pp = pp;
+    CHECK_OK(mc_stage_map_build(&m, &l, &s));
+    double worst = 0, total = 0;
+    for (int i = 0; i < pp; i++) {
+      worst = s.cost[i] > worst ? s.cost[i] : worst;
+      total += s.cost[i];
+      CHECK(s.count[i] >= 1, "weighted stage %d empty", i);
+    }
+    /* brute force over all cut sets (n = 12) */
+    double best = 1e300;
+    int n = m.n_layers;
+    for (int mask = 0; mask < (1 << (n - 1)); mask++) {
+      if (__builtin_popcount((unsigned)mask) != pp - 1) continue;
+      double cur = 0, mx = 0;
+      for (int i = 0; i < n; i++) {
+        cur += mc_block_fwd_flops(&m, m.pattern[i]);
+        if (i == n - 1) cur += mc_head_fwd_flops(&m);
+        if (i == n - 1 || (mask >> i) & 1) {
+          mx = cur > mx ? cur : mx;
+          cur = 0;
+        }
+      }
+      best = mx < best ? mx : best;
+    }
+    CHECK_CLOSE(worst, best, 1e-9);
+    double expect_total = 0;
+    for (int i = 0; i < n; i++) expect_total += mc_block_fwd_flops(&m, m.pattern[i]);
+    CHECK_CLOSE(total, expect_total + mc_head_fwd_flops(&m), 1e-12);
+  }
+  /* embed on the first stage, final norm and head on the last */
+  mc_geometry g;
+  l.pp = 3; l.split = MC_SPLIT_EQUAL;
+  CHECK_OK(mc_geometry_build(&m, &l, NULL, -1, &g));
+  CHECK(mc_family_stage(&g, mc_family_find(&g.fams, "embed.weight")) == 0, "embed stage");
+  CHECK(mc_family_stage(&g, mc_family_find(&g.fams, "head.weight")) == 2, "head stage");
+  CHECK(mc_family_stage(&g, mc_family_find(&g.fams, "final_norm.weight")) == 2, "final norm stage");
+  CHECK(mc_family_stage(&g, mc_family_find(&g.fams, "layers.06.ssm.w_out")) == 1, "layer 6 stage");
+  mc_geometry_free(&g);
+}
+
+static void test_registry(void) {
+  mc_model m; mc_layout l; mc_geometry g;
+  base(&m, &l);
+  l.tp = 2; l.dp = 2; l.zero = 1; l.ep = 2; l.sp = 1;
+  CHECK_OK(mc_geometry_build(&m, &l, NULL, -1, &g));
+  int wk = mc_family_find(&g.fams, "layers.04.attn.wk");
+  CHECK(wk >= 0, "layers.04.attn.wk exists");
+  if (wk >= 0) {
+    const mc_family *f = &g.fams.f[wk];
+    CHECK(f->shape[0] == 32 && f->shape[1] == 64 && f->place == MC_PLACE_TP && f->split_dim == 0 && f->decay, "wk shape/rule");
+    char rule[64];
+    mc_placement_rule(&g, wk, rule, sizeof rule);
+    CHECK(!strcmp(rule, "tp(dim=0) x zero(dim=0)"), "rule %s", rule);
+  }
+  int w2 = mc_family_find(&g.fams, "layers.01.moe.w2");
+  CHECK(w2 >= 0 && g.fams.f[w2].shape[0] == 8 && g.fams.f[w2].shape[1] == 64 && g.fams.f[w2].shape[2] == 32, "w2 shape");
+  int alog = mc_family_find(&g.fams, "layers.02.ssm.A_log");
+  CHECK(alog >= 0 && !g.fams.f[alog].decay && g.fams.f[alog].shape[0] == 8, "A_log no decay, [Hm]");
+  int wb = mc_family_find(&g.fams, "layers.02.ssm.w_B");
+  CHECK(wb >= 0 && g.fams.f[wb].tp_partial_grad && g.fams.f[wb].place == MC_PLACE_REPLICATED, "w_B partial grad");
+  int head = mc_family_find(&g.fams, "head.weight");
+  CHECK(head >= 0 && g.fams.f[head].shape[0] == 1024, "head padded to 1024 rows");
+  /* EP + ZeRO: rank 3 (tp1, dp1): li=3, ep_rank=1 owns experts [4,8); expert-DP group of
+   * size 2, index 1 -> rows [6,8) */
+  mc_shard s;
+  CHECK_OK(mc_shard_of(&g, w2, MC_STATE_EXP_AVG, 3, &s));
+  CHECK(s.local_start[0] == 4 && s.local_count[0] == 4 && s.start[0] == 6 && s.count[0] == 2 && s.primary, "ep/zero slab %lld+%lld",
+        (long long)s.start[0], (long long)s.count[0]);
+  mc_geometry_free(&g);
+}
+
+int main(void) {
+  test_validation_messages();
+  test_stage_splits();
+  test_registry();
+  test_random_layouts();
+  return mc_check_exit("test_ownership");
+}
