@@ -1,0 +1,104 @@
+/* The CPU reference backend's op implementations (kernels/ops.h documents each op). One
+ * source file per op family; cpu_backend.c assembles them into the backend table. */
+#ifndef MC_KERNELS_CPU_H
+#define MC_KERNELS_CPU_H
+
+#include <math.h>
+
+#include "kernels/ops.h"
+
+void mc_cpu_fill(mc_backend *be, float *x, int64_t n, float value);
+void mc_cpu_copy(mc_backend *be, float *dst, const float *src, int64_t n);
+void mc_cpu_scale(mc_backend *be, float *x, int64_t n, float alpha);
+void mc_cpu_axpy(mc_backend *be, float *y, const float *x, int64_t n, float alpha);
+double mc_cpu_sumsq(mc_backend *be, const float *x, int64_t n);
+void mc_cpu_adamw(mc_backend *be, float *w, const float *g, float *m, float *v, int64_t n,
+                  const mc_adamw_args *a);
+
+void mc_cpu_gemm(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                 int lda, const float *B, int ldb, float beta, float *C, int ldc);
+void mc_cpu_gemm_strided(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha,
+                         const float *A, int lda, int64_t sa, const float *B, int ldb, int64_t sb,
+                         float beta, float *C, int ldc, int64_t sc, int batch);
+void mc_cpu_gemm_grouped(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N,
+                         const int *K, float alpha, const float *A, const int64_t *a_off, int lda,
+                         const float *B, const int64_t *b_off, int ldb, float beta, float *C,
+                         const int64_t *c_off, int ldc);
+
+void mc_cpu_bias_fwd(mc_backend *be, float *y, const float *b, int n, int c);
+void mc_cpu_bias_bwd(mc_backend *be, const float *dy, int n, int c, float *db);
+void mc_cpu_act_fwd(mc_backend *be, mc_act act, const float *x, float *y, int64_t n);
+void mc_cpu_act_bwd(mc_backend *be, mc_act act, const float *x, const float *dy, float *dx,
+                    int64_t n);
+void mc_cpu_glu_fwd(mc_backend *be, mc_act act, const float *a, const float *b, float *y,
+                    int64_t n);
+void mc_cpu_glu_bwd(mc_backend *be, mc_act act, const float *a, const float *b, const float *dy,
+                    float *da, float *db, int64_t n);
+
+void mc_cpu_embed_fwd(mc_backend *be, const int32_t *tok, int n, int d, const float *W, float *y);
+void mc_cpu_embed_bwd(mc_backend *be, const int32_t *tok, int n, int d, const float *dy,
+                      float *dW);
+
+void mc_cpu_rmsnorm_fwd(mc_backend *be, const float *x, const float *w, int n, int d, int group,
+                        float eps, float *y, float *rstd);
+void mc_cpu_rmsnorm_bwd(mc_backend *be, const float *x, const float *w, const float *rstd,
+                        const float *dy, int n, int d, int group, float *dx, float *dw);
+
+void mc_cpu_rope_fwd(mc_backend *be, float *x, int n, int T, int heads, int hd, double theta);
+void mc_cpu_rope_bwd(mc_backend *be, const float *dy, float *dx, int n, int T, int heads, int hd,
+                     double theta);
+
+void mc_cpu_attn_fwd(mc_backend *be, const float *q, const float *k, const float *v, int n_seq,
+                     int T, int H, int KV, int hd, float *out, float *lse);
+void mc_cpu_attn_bwd(mc_backend *be, const float *q, const float *k, const float *v,
+                     const float *out, const float *lse, const float *dout, int n_seq, int T,
+                     int H, int KV, int hd, float *dq, float *dk, float *dv);
+
+void mc_cpu_conv_fwd(mc_backend *be, const float *x, const float *w, const float *b, int n_seq,
+                     int T, int c, int K, float *y);
+void mc_cpu_conv_bwd(mc_backend *be, const float *x, const float *w, const float *dy, int n_seq,
+                     int T, int c, int K, float *dx, float *dw, float *db);
+
+void mc_cpu_ssm_fwd(mc_backend *be, const float *x, const float *dt, const float *A_log,
+                    const float *B, const float *C, const float *D, int n_seq, int T, int Hm,
+                    int P, int N, float *y);
+void mc_cpu_ssm_bwd(mc_backend *be, const float *x, const float *dt, const float *A_log,
+                    const float *B, const float *C, const float *D, const float *dy, int n_seq,
+                    int T, int Hm, int P, int N, float *dx, float *ddt, float *dA_log, float *dB,
+                    float *dC, float *dD);
+
+void mc_cpu_rglru_fwd(mc_backend *be, const float *gx, const float *r, const float *lambda,
+                      int n_seq, int T, int c, float *h);
+void mc_cpu_rglru_bwd(mc_backend *be, const float *gx, const float *r, const float *lambda,
+                      const float *h, const float *dh, int n_seq, int T, int c, float *dgx,
+                      float *dr, float *dlambda);
+
+void mc_cpu_moe_route(mc_backend *be, const float *logits, int n_seq, int T, int E, int k,
+                      int capacity, float *probs, int32_t *idx, float *gate, int32_t *slot,
+                      int32_t *counts, float *f, float *aux, int32_t *dropped);
+void mc_cpu_moe_route_bwd(mc_backend *be, const float *probs, const int32_t *idx,
+                          const float *gate, const float *dgate, const float *f, int n_seq, int T,
+                          int E, int k, float aux_scale, float *dlogits);
+void mc_cpu_moe_permute(mc_backend *be, const float *x, const int32_t *slot, int n, int k, int d,
+                        float *xp);
+void mc_cpu_moe_permute_bwd(mc_backend *be, const float *dxp, const int32_t *slot, int n, int k,
+                            int d, float *dx);
+void mc_cpu_moe_unpermute(mc_backend *be, const float *yp, const int32_t *slot, const float *gate,
+                          int n, int k, int d, float *y);
+void mc_cpu_moe_unpermute_bwd(mc_backend *be, const float *dy, const float *yp,
+                              const int32_t *slot, const float *gate, int n, int k, int d,
+                              float *dyp, float *dgate);
+
+void mc_cpu_xent_fwd(mc_backend *be, const float *logits, const int32_t *target, int n, int V,
+                     int Vp, float *loss, float *lse);
+void mc_cpu_xent_bwd(mc_backend *be, const float *logits, const int32_t *target, const float *lse,
+                     int n, int V, int Vp, float scale, float *dlogits);
+
+/* Records a failure inside an op (any thread); the backend's sync() reports the first one. */
+void mc_cpu_fail(const char *what);
+
+/* Scalar activation math shared by the elementwise ops and the scans. */
+static inline float mc_sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
+static inline float mc_softplusf(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+#endif

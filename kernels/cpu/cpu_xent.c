@@ -1,0 +1,34 @@
+/* Cross-entropy over the real vocabulary: padded columns [V, Vp) of the head are excluded
+ * (they count as -inf logits), so they never win and get zero gradient. */
+#include <math.h>
+
+#include "kernels/cpu/cpu.h"
+
+void mc_cpu_xent_fwd(mc_backend *be, const float *logits, const int32_t *target, int n, int V,
+                     int Vp, float *loss, float *lse) {
+  (void)be;
+#pragma omp parallel for if ((int64_t)n * V > 65536)
+  for (int r = 0; r < n; r++) {
+    const float *lr = logits + (int64_t)r * Vp;
+    float m = -INFINITY;
+    for (int c = 0; c < V; c++) m = lr[c] > m ? lr[c] : m;
+    double s = 0.0;
+    for (int c = 0; c < V; c++) s += exp((double)lr[c] - m);
+    double l = m + log(s);
+    lse[r] = (float)l;
+    loss[r] = (float)(l - lr[target[r]]);
+  }
+}
+
+void mc_cpu_xent_bwd(mc_backend *be, const float *logits, const int32_t *target, const float *lse,
+                     int n, int V, int Vp, float scale, float *dlogits) {
+  (void)be;
+#pragma omp parallel for if ((int64_t)n * V > 65536)
+  for (int r = 0; r < n; r++) {
+    const float *lr = logits + (int64_t)r * Vp;
+    float *dr = dlogits + (int64_t)r * Vp;
+    for (int c = 0; c < V; c++) dr[c] = scale * expf(lr[c] - lse[r]);
+    for (int c = V; c < Vp; c++) dr[c] = 0.0f;
+    dr[target[r]] -= scale;
+  }
+}

@@ -1,0 +1,275 @@
+/* Dense ops of the CPU backend: gemm (plain, strided, grouped), bias, activations, gated
+ * units, embedding, RMSNorm, RoPE, cross-entropy, sum of squares, AdamW. Each backward is
+ * checked against central differences (tolerance in kcheck.h); a few forward values are
+ * computed by hand so a forward bug cannot hide behind a matching backward. */
+#include <string.h>
+
+#include "tests/kernels/kcheck.h"
+
+static mc_backend *be;
+
+/* ------------------------------------------------------------------ gemm */
+static void naive_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                       const float *B, int ldb, float beta, float *C, int ldc) {
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      double s = 0.0;
+      for (int p = 0; p < K; p++)
+        s += (double)(ta ? A[p * lda + i] : A[i * lda + p]) * (tb ? B[j * ldb + p] : B[p * ldb + j]);
+      C[i * ldc + j] = (float)(alpha * s + beta * C[i * ldc + j]);
+    }
+}
+
+static void test_gemm(void) {
+  const int M = 5, N = 4, K = 3;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      float *A = kc_rand(M * K, 1, 1), *B = kc_rand(K * N, 2, 1);
+      float *C = kc_rand(M * N, 3, 1), *R = malloc(M * N * sizeof(float));
+      memcpy(R, C, M * N * sizeof(float));
+      int lda = ta ? M : K, ldb = tb ? K : N;
+      be->gemm(be, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 2.0f, C, N);
+      naive_gemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 2.0f, R, N);
+      for (int i = 0; i < M * N; i++) CHECK_CLOSE(C[i], R[i], 1e-5);
+      free(A), free(B), free(C), free(R);
+    }
+  /* 2x2 by hand: [1 2; 3 4] [5 6; 7 8] = [19 22; 43 50] */
+  float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8}, c[4] = {0};
+  be->gemm(be, 0, 0, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
+  CHECK(c[0] == 19 && c[1] == 22 && c[2] == 43 && c[3] == 50, "2x2 product %g %g %g %g", c[0], c[1], c[2], c[3]);
+
+  /* grouped: three experts with 2, 0 and 3 rows; X[m,d] W[e]^T -> Y[m,F]; and the weight
+   * gradient form dW[e] = dY_e^T X_e whose K is the row count (0 for the empty group). */
+  const int d = 3, F = 2, E = 3, rows[3] = {2, 0, 3};
+  float *X = kc_rand(5 * d, 4, 1), *W = kc_rand(E * F * d, 5, 1), *Y = kc_zeros(5 * F);
+  float *Yr = kc_zeros(5 * F);
+  int Ms[3], Ns[3], Ks[3];
+  int64_t ao[3], bo[3], co[3];
+  for (int e = 0, off = 0; e < E; off += rows[e], e++) {
+    Ms[e] = rows[e], Ns[e] = F, Ks[e] = d;
+    ao[e] = (int64_t)off * d, bo[e] = (int64_t)e * F * d, co[e] = (int64_t)off * F;
+    naive_gemm(0, 1, rows[e], F, d, 1.0f, X + ao[e], d, W + bo[e], d, 0.0f, Yr + co[e], F);
+  }
+  be->gemm_grouped(be, 0, 1, E, Ms, Ns, Ks, 1.0f, X, ao, d, W, bo, d, 0.0f, Y, co, F);
+  for (int i = 0; i < 5 * F; i++) CHECK_CLOSE(Y[i], Yr[i], 1e-5);
+  float *dW = kc_rand(E * F * d, 6, 1), *dWr = malloc(E * F * d * sizeof(float));
+  memcpy(dWr, dW, E * F * d * sizeof(float));
+  for (int e = 0; e < E; e++) {
+    Ms[e] = F, Ns[e] = d, Ks[e] = rows[e];
+    int64_t t = ao[e];
+    ao[e] = co[e], co[e] = bo[e], bo[e] = t; /* A = dY rows, B = X rows, C = dW[e] */
+    naive_gemm(1, 0, F, d, rows[e], 1.0f, Y + ao[e], F, X + bo[e], d, 1.0f, dWr + co[e], d);
+  }
+  be->gemm_grouped(be, 1, 0, E, Ms, Ns, Ks, 1.0f, Y, ao, F, X, bo, d, 1.0f, dW, co, d);
+  for (int i = 0; i < E * F * d; i++) CHECK_CLOSE(dW[i], dWr[i], 1e-5);
+  /* the empty expert's gradient is untouched */
+  float *d0 = kc_rand(E * F * d, 6, 1);
+  for (int i = F * d; i < 2 * F * d; i++) CHECK(dW[i] == d0[i], "empty group changed dW[%d]", i);
+  /* strided batch equals the loop of single products */
+  float *Cs = kc_zeros(3 * M * N), *A3 = kc_rand(3 * M * K, 7, 1), *B3 = kc_rand(3 * K * N, 8, 1);
+  be->gemm_strided(be, 0, 0, M, N, K, 1.0f, A3, K, M * K, B3, N, K * N, 0.0f, Cs, N, M * N, 3);
+  for (int i = 0; i < 3; i++) {
+    float ref[20] = {0};
+    naive_gemm(0, 0, M, N, K, 1.0f, A3 + i * M * K, K, B3 + i * K * N, N, 0.0f, ref, N);
+    for (int j = 0; j < M * N; j++) CHECK_CLOSE(Cs[i * M * N + j], ref[j], 1e-5);
+  }
+  free(X), free(W), free(Y), free(Yr), free(dW), free(dWr), free(d0), free(Cs), free(A3), free(B3);
+}
+
+/* ------------------------------------------------------------------ activations, glu */
+typedef struct {
+  mc_act act;
+  int glu;
+  float *a, *b, *y, *R;
+  int64_t n;
+} act_ctx;
+
+static double act_loss(void *p) {
+  act_ctx *c = p;
+  if (c->glu) be->glu_fwd(be, c->act, c->a, c->b, c->y, c->n);
+  else be->act_fwd(be, c->act, c->a, c->y, c->n);
+  return kc_dot(c->y, c->R, c->n);
+}
+
+static void test_act(void) {
+  const char *names[4] = {"silu", "gelu", "sigmoid", "softplus"};
+  float one[2] = {1.0f, 0.0f}, out[2];
+  double want1[4] = {0.7310585786, 0.8413447461, 0.7310585786, 1.3132616875};
+  double want0[4] = {0.0, 0.0, 0.5, 0.6931471806};
+  for (int a = 0; a < 4; a++) {
+    be->act_fwd(be, (mc_act)a, one, out, 2);
+    CHECK_CLOSE(out[0], want1[a], 1e-6);
+    CHECK(fabs(out[1] - want0[a]) < 1e-7, "%s(0) = %g", names[a], out[1]);
+    for (int glu = 0; glu < 2; glu++) {
+      const int64_t n = 40;
+      act_ctx c = {(mc_act)a, glu, kc_rand(n, 10, 2), kc_rand(n, 11, 1), kc_zeros(n), kc_rand(n, 12, 1), n};
+      float *da = kc_zeros(n), *db = kc_zeros(n);
+      if (glu) be->glu_bwd(be, c.act, c.a, c.b, c.R, da, db, n);
+      else be->act_bwd(be, c.act, c.a, c.R, da, n);
+      char what[32];
+      snprintf(what, sizeof what, "%s%s.a", glu ? "glu-" : "", names[a]);
+      kc_gradcheck(what, c.a, da, n, act_loss, &c, 1000);
+      if (glu) {
+        snprintf(what, sizeof what, "glu-%s.b", names[a]);
+        kc_gradcheck(what, c.b, db, n, act_loss, &c, 1000);
+      }
+      free(c.a), free(c.b), free(c.y), free(c.R), free(da), free(db);
+    }
+  }
+  /* bias: forward adds per column, backward sums columns (and accumulates) */
+  float y[6] = {0, 0, 0, 1, 1, 1}, b[3] = {1, 2, 3}, db[3] = {10, 0, 0};
+  be->bias_fwd(be, y, b, 2, 3);
+  CHECK(y[0] == 1 && y[2] == 3 && y[3] == 2 && y[5] == 4, "bias_fwd");
+  be->bias_bwd(be, y, 2, 3, db);
+  CHECK(db[0] == 13 && db[1] == 5 && db[2] == 7, "bias_bwd %g %g %g", db[0], db[1], db[2]);
+}
+
+/* ------------------------------------------------------------------ embedding */
+static void test_embed(void) {
+  const int V = 5, d = 3, n = 4;
+  int32_t tok[4] = {2, 0, 2, 4};
+  float *W = kc_rand(V * d, 20, 1), *y = kc_zeros(n * d), *dy = kc_rand(n * d, 21, 1);
+  float *dW = kc_zeros(V * d);
+  be->embed_fwd(be, tok, n, d, W, y);
+  for (int r = 0; r < n; r++)
+    for (int j = 0; j < d; j++) CHECK(y[r * d + j] == W[tok[r] * d + j], "gather row %d", r);
+  be->embed_bwd(be, tok, n, d, dy, dW);
+  for (int j = 0; j < d; j++) {
+    CHECK_CLOSE(dW[2 * d + j], dy[0 * d + j] + dy[2 * d + j], 1e-6); /* repeated token adds */
+    CHECK(dW[1 * d + j] == 0.0f && dW[3 * d + j] == 0.0f, "unused rows stay zero");
+    CHECK(dW[4 * d + j] == dy[3 * d + j], "row 4");
+  }
+  free(W), free(y), free(dy), free(dW);
+}
+
+/* ------------------------------------------------------------------ rmsnorm */
+typedef struct {
+  float *x, *w, *y, *rstd, *R;
+  int n, d, group;
+} norm_ctx;
+
+static double norm_loss(void *p) {
+  norm_ctx *c = p;
+  be->rmsnorm_fwd(be, c->x, c->w, c->n, c->d, c->group, 1e-5f, c->y, c->rstd);
+  return kc_dot(c->y, c->R, (int64_t)c->n * c->d);
+}
+
+static void test_rmsnorm(void) {
+  /* by hand: x = (3, 4), mean square 12.5 -> y = x / sqrt(12.5 + eps) * w */
+  float x[2] = {3, 4}, w[2] = {1, 2}, y[2], rs[1];
+  be->rmsnorm_fwd(be, x, w, 1, 2, 2, 1e-5f, y, rs);
+  CHECK_CLOSE(y[0], 3.0 / sqrt(12.50001), 1e-6);
+  CHECK_CLOSE(y[1], 8.0 / sqrt(12.50001), 1e-6);
+  for (int group = 8; group >= 4; group -= 4) {
+    norm_ctx c = {kc_rand(3 * 8, 30, 1), kc_rand(8, 31, 1), kc_zeros(24), kc_zeros(24), kc_rand(24, 32, 1), 3, 8, group};
+    float *dx = kc_zeros(24), *dw = kc_zeros(8);
+    norm_loss(&c);
+    be->rmsnorm_bwd(be, c.x, c.w, c.rstd, c.R, 3, 8, group, dx, dw);
+    kc_gradcheck(group == 8 ? "rmsnorm.x" : "rmsnorm-grp.x", c.x, dx, 24, norm_loss, &c, 1000);
+    kc_gradcheck(group == 8 ? "rmsnorm.w" : "rmsnorm-grp.w", c.w, dw, 8, norm_loss, &c, 1000);
+    free(c.x), free(c.w), free(c.y), free(c.rstd), free(c.R), free(dx), free(dw);
+  }
+}
+
+/* ------------------------------------------------------------------ rope */
+typedef struct {
+  float *x, *y, *R;
+  int n, T, heads, hd;
+} rope_ctx;
+
+static double rope_loss(void *p) {
+  rope_ctx *c = p;
+  int64_t m = (int64_t)c->n * c->heads * c->hd;
+  memcpy(c->y, c->x, m * sizeof(float));
+  be->rope_fwd(be, c->y, c->n, c->T, c->heads, c->hd, 100.0);
+  return kc_dot(c->y, c->R, m);
+}
+
+static void test_rope(void) {
+  /* hd = 4, theta = 100, position 1: pair (0,2) rotated by 1 rad, pair (1,3) by 0.1 rad;
+   * row 0 is position 0 (unchanged); with T = 2 row 2 is position 0 again. */
+  float x[12] = {9, 9, 9, 9, 1, 0, 0, 1, 5, 6, 7, 8};
+  be->rope_fwd(be, x, 3, 2, 1, 4, 100.0);
+  CHECK(x[0] == 9 && x[3] == 9, "position 0 unchanged");
+  CHECK_CLOSE(x[4], cos(1.0), 1e-6);
+  CHECK_CLOSE(x[6], sin(1.0), 1e-6);
+  CHECK_CLOSE(x[5], -sin(0.1), 1e-5);
+  CHECK_CLOSE(x[7], cos(0.1), 1e-6);
+  CHECK(x[8] == 5 && x[11] == 8, "positions restart every sequence");
+  rope_ctx c = {kc_rand(6 * 2 * 8, 40, 1), kc_zeros(96), kc_rand(96, 41, 1), 6, 3, 2, 8};
+  float *dx = kc_zeros(96);
+  be->rope_bwd(be, c.R, dx, 6, 3, 2, 8, 100.0);
+  kc_gradcheck("rope.x", c.x, dx, 96, rope_loss, &c, 1000);
+  free(c.x), free(c.y), free(c.R), free(dx);
+}
+
+/* ------------------------------------------------------------------ cross-entropy */
+typedef struct {
+  float *logits, *loss, *lse;
+  int32_t *tgt;
+  int n, V, Vp;
+} xent_ctx;
+
+static double xent_loss(void *p) {
+  xent_ctx *c = p;
+  be->xent_fwd(be, c->logits, c->tgt, c->n, c->V, c->Vp, c->loss, c->lse);
+  double s = 0.0;
+  for (int r = 0; r < c->n; r++) s += 0.5 * c->loss[r];
+  return s;
+}
+
+static void test_xent(void) {
+  /* V = 3 real columns, 1 padded column holding a huge logit that must be ignored:
+   * loss = log(e^0 + e^1 + e^2) - 1 for target 1. */
+  float lg[4] = {0, 1, 2, 1000}, loss[1], lse[1], dl[4];
+  int32_t t[1] = {1};
+  be->xent_fwd(be, lg, t, 1, 3, 4, loss, lse);
+  CHECK_CLOSE(loss[0], log(1 + exp(1.0) + exp(2.0)) - 1.0, 1e-6);
+  be->xent_bwd(be, lg, t, lse, 1, 3, 4, 1.0f, dl);
+  CHECK(dl[3] == 0.0f, "padded column gradient %g", dl[3]);
+  CHECK_CLOSE(dl[1], exp(1.0) / (1 + exp(1.0) + exp(2.0)) - 1.0, 1e-6);
+  xent_ctx c = {kc_rand(4 * 8, 50, 2), kc_zeros(4), kc_zeros(4), malloc(4 * sizeof(int32_t)), 4, 6, 8};
+  for (int r = 0; r < 4; r++) c.tgt[r] = (r * 5) % 6;
+  float *d = kc_zeros(32);
+  xent_loss(&c);
+  be->xent_bwd(be, c.logits, c.tgt, c.lse, 4, 6, 8, 0.5f, d);
+  kc_gradcheck("xent.logits", c.logits, d, 32, xent_loss, &c, 1000);
+  free(c.logits), free(c.loss), free(c.lse), free(c.tgt), free(d);
+}
+
+/* ------------------------------------------------------------------ reductions, adamw */
+static void test_misc(void) {
+  const int64_t n = 200000; /* more than one reduction chunk */
+  float *x = kc_zeros(n);
+  for (int64_t i = 0; i < n; i++) x[i] = (i % 3) - 1.0f; /* -1, 0, 1, ... */
+  CHECK(be->sumsq(be, x, n) == (double)((n + 1) / 3 + n / 3), "sumsq %g", be->sumsq(be, x, n));
+  be->axpy(be, x, x, n, 1.0f);
+  be->scale(be, x, n, 0.25f);
+  CHECK(x[0] == -0.5f && x[2] == 0.5f, "axpy/scale");
+  be->fill(be, x, n, 3.0f);
+  CHECK(x[n - 1] == 3.0f, "fill");
+  free(x);
+  /* AdamW step 1 by hand: g' = g*s; m = (1-b1) g'; v = (1-b2) g'^2; mhat = g', vhat = g'^2,
+   * w = w (1 - lr wd) - lr g' / (|g'| + eps). */
+  float w[2] = {1.0f, -2.0f}, g[2] = {0.5f, -4.0f}, m[2] = {0}, v[2] = {0};
+  mc_adamw_args a = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                     .step = 1, .grad_scale = 0.5f};
+  be->adamw(be, w, g, m, v, 2, &a);
+  CHECK_CLOSE(w[0], 1.0 * 0.99 - 0.1 * 0.25 / (0.25 + 1e-8), 1e-6);
+  CHECK_CLOSE(w[1], -2.0 * 0.99 + 0.1 * 2.0 / (2.0 + 1e-8), 1e-6);
+  CHECK_CLOSE(m[1], 0.1 * -2.0, 1e-6);
+  CHECK_CLOSE(v[1], 0.05 * 4.0, 1e-6);
+  CHECK(be->sync(be) == 0, "sync: %s", mc_errmsg());
+}
+
+int main(void) {
+  be = mc_backend_cpu();
+  test_gemm();
+  test_act();
+  test_embed();
+  test_rmsnorm();
+  test_rope();
+  test_xent();
+  test_misc();
+  return mc_check_exit("test_ops_dense");
+}
