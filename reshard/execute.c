@@ -1,0 +1,266 @@
+#define _POSIX_C_SOURCE 200809L
+#include "reshard/execute.h"
+
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* A shard in the tensor's "view": the tensor seen as [D0, D1, D2]. When every shard of the
+ * tensor spans full trailing dimensions, the view is flat ([numel, 1, 1]) so that bands can
+ * be any size; otherwise 2-D tensors are [rows, 1, cols] and 3-D tensors are themselves. */
+typedef struct {
+  int64_t st[3], ct[3];
+} vbox;
+
+typedef struct {
+  const mc_rs_plan *p;
+  const mc_geometry *g;
+  const mc_rs_io *io;
+  int64_t chunk;
+  int *order; /* tensors, largest first */
+  atomic_int next;
+  atomic_int abort;
+  atomic_llong bytes_read, bytes_written;
+  atomic_int workers_done;
+  pthread_mutex_t err_lock;
+  char err[MC_ERRMSG_MAX];
+} exec_shared;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void set_error(exec_shared *x) {
+  pthread_mutex_lock(&x->err_lock);
+  if (!x->err[0]) snprintf(x->err, sizeof x->err, "%s", mc_errmsg());
+  pthread_mutex_unlock(&x->err_lock);
+  atomic_store(&x->abort, 1);
+}
+
+static int64_t tensor_bytes(const mc_rs_plan *p, int t) {
+  int64_t b = 0;
+  const mc_rs_tensor *tn = &p->tensors[t];
+  for (int i = 0; i < tn->n_src; i++) b += mc_slab_numel(&p->src[tn->first_src + i].slab) * 4;
+  return b;
+}
+
+static int full_width(const mc_slab *s, const mc_family *f) {
+  for (int d = 1; d < f->ndim; d++)
+    if (s->start[d] != 0 || s->count[d] != f->shape[d]) return 0;
+  return 1;
+}
+
+static void to_view(const mc_slab *s, const mc_family *f, int flat, vbox *v) {
+  if (flat) {
+    int64_t rowel = 1;
+    for (int d = 1; d < f->ndim; d++) rowel *= f->shape[d];
+    v->st[0] = s->start[0] * rowel, v->ct[0] = s->count[0] * rowel;
+    v->st[1] = v->st[2] = 0, v->ct[1] = v->ct[2] = 1;
+  } else if (f->ndim == 2) {
+    v->st[0] = s->start[0], v->ct[0] = s->count[0];
+    v->st[1] = 0, v->ct[1] = 1;
+    v->st[2] = s->start[1], v->ct[2] = s->count[1];
+  } else {
+    for (int d = 0; d < 3; d++) v->st[d] = s->start[d], v->ct[d] = s->count[d];
+  }
+}
+
+/* Copies rows [a, e) of a shard between its packed buffer and the band (rows [r0, ...)). */
+static void move_rows(float *band, const int64_t D[3], int64_t r0, const vbox *b, int64_t a, int64_t e,
+                      float *packed, int to_band) {
+  int64_t rowel = D[1] * D[2], srow = b->ct[1] * b->ct[2];
+  for (int64_t r = a; r < e; r++)
+    for (int64_t i = 0; i < b->ct[1]; i++) {
+      float *bp = band + (r - r0) * rowel + (b->st[1] + i) * D[2] + b->st[2];
+      float *pp = packed + (r - a) * srow + i * b->ct[2];
+      if (to_band) memcpy(bp, pp, (size_t)b->ct[2] * sizeof(float));
+      else memcpy(pp, bp, (size_t)b->ct[2] * sizeof(float));
+    }
+}
+
+static int sha_finish(EVP_MD_CTX *c, unsigned char out[32]) {
+  unsigned int len = 0;
+  if (EVP_DigestFinal_ex(c, out, &len) != 1 || len != 32) return mc_error("SHA-256 failed");
+  return 0;
+}
+
+static int run_tensor(exec_shared *x, int ti, float *band, float *tmp, EVP_MD_CTX **ctx, vbox *boxes) {
+  const mc_rs_plan *p = x->p;
+  const mc_rs_tensor *tn = &p->tensors[ti];
+  const mc_family *f = &x->g->fams.f[tn->fam];
+  int ns = tn->n_src, nt = tn->n_tgt, flat = 1;
+  for (int i = 0; i < ns; i++) flat &= full_width(&p->src[tn->first_src + i].slab, f);
+  for (int i = 0; i < nt; i++) flat &= full_width(&p->targets[tn->first_tgt + i].shard.slab, f);
+  int64_t D[3];
+  if (flat) D[0] = f->numel, D[1] = D[2] = 1;
+  else if (f->ndim == 2) D[0] = f->shape[0], D[1] = 1, D[2] = f->shape[1];
+  else D[0] = f->shape[0], D[1] = f->shape[1], D[2] = f->shape[2];
+  for (int i = 0; i < ns; i++) to_view(&p->src[tn->first_src + i].slab, f, flat, &boxes[i]);
+  for (int i = 0; i < nt; i++) to_view(&p->targets[tn->first_tgt + i].shard.slab, f, flat, &boxes[ns + i]);
+  for (int i = 0; i < ns + nt; i++)
+    if (EVP_DigestInit_ex(ctx[i], EVP_sha256(), NULL) != 1) return mc_error("SHA-256 init failed");
+  int64_t rowel = D[1] * D[2];
+  int64_t rows = x->chunk / (rowel * 4);
+  if (rows < 1) rows = 1;
+  for (int64_t r0 = 0; r0 < D[0]; r0 += rows) {
+    if (atomic_load(&x->abort)) return -2; /* another worker failed */
+    int64_t r1 = r0 + rows < D[0] ? r0 + rows : D[0];
+    for (int i = 0; i < ns + nt; i++) {
+      int is_src = i < ns;
+      const vbox *b = &boxes[i];
+      int64_t a = r0 > b->st[0] ? r0 : b->st[0], e = r1 < b->st[0] + b->ct[0] ? r1 : b->st[0] + b->ct[0];
+      if (a >= e) continue;
+      int64_t srow = b->ct[1] * b->ct[2], n = (e - a) * srow, off = (a - b->st[0]) * srow;
+      int full = b->ct[1] == D[1] && b->ct[2] == D[2];
+      float *buf = full ? band + (a - r0) * rowel : tmp;
+      if (is_src) {
+        if (x->io->read(x->io->ctx, p, tn->first_src + i, off, n, buf) != 0) return -1;
+        if (!full) move_rows(band, D, r0, b, a, e, tmp, 1);
+        atomic_fetch_add(&x->bytes_read, n * 4);
+      } else {
+        if (!full) move_rows(band, D, r0, b, a, e, tmp, 0);
+        if (x->io->write(x->io->ctx, p, tn->first_tgt + i - ns, off, n, buf) != 0) return -1;
+        atomic_fetch_add(&x->bytes_written, n * 4);
+      }
+      if (EVP_DigestUpdate(ctx[i], buf, (size_t)n * 4) != 1) return mc_error("SHA-256 update failed");
+      if (e == b->st[0] + b->ct[0]) {
+        unsigned char sha[32];
+        if (sha_finish(ctx[i], sha) != 0) return -1;
+        if (is_src && x->io->src_done && x->io->src_done(x->io->ctx, p, tn->first_src + i, sha) != 0) return -1;
+        if (!is_src && x->io->tgt_done && x->io->tgt_done(x->io->ctx, p, tn->first_tgt + i - ns, sha) != 0)
+          return -1;
+      }
+    }
+  }
+  return 0;
+}
+
+static void *worker(void *arg) {
+  exec_shared *x = arg;
+  const mc_rs_plan *p = x->p;
+  int maxn = 0;
+  for (int t = 0; t < p->n_tensors; t++)
+    if (p->tensors[t].n_src + p->tensors[t].n_tgt > maxn) maxn = p->tensors[t].n_src + p->tensors[t].n_tgt;
+  /* One row beyond the chunk: a band always holds at least one row. */
+  int64_t maxrow = 1;
+  for (int f = 0; f < x->g->fams.n; f++) {
+    const mc_family *fa = &x->g->fams.f[f];
+    int64_t r = fa->ndim > 1 ? fa->numel / fa->shape[0] : 1;
+    if (r > maxrow) maxrow = r;
+  }
+  int64_t cap = x->chunk / 4 > maxrow ? x->chunk / 4 : maxrow;
+  float *band = malloc((size_t)cap * 4), *tmp = malloc((size_t)cap * 4);
+  EVP_MD_CTX **ctx = calloc((size_t)(maxn ? maxn : 1), sizeof *ctx);
+  vbox *boxes = malloc((size_t)(maxn ? maxn : 1) * sizeof *boxes);
+  int ok = band && tmp && ctx && boxes;
+  for (int i = 0; ok && i < maxn; i++) ok = (ctx[i] = EVP_MD_CTX_new()) != NULL;
+  if (!ok) {
+    mc_error("reshard: out of memory for %lld-byte buffers", (long long)cap * 4);
+    set_error(x);
+  }
+  while (ok && !atomic_load(&x->abort)) {
+    int k = atomic_fetch_add(&x->next, 1);
+    if (k >= p->n_tensors) break;
+    int rc = run_tensor(x, x->order[k], band, tmp, ctx, boxes);
+    if (rc == -1) set_error(x);
+    if (rc != 0) break;
+  }
+  for (int i = 0; ctx && i < maxn; i++) EVP_MD_CTX_free(ctx[i]);
+  free(ctx);
+  free(boxes);
+  free(band);
+  free(tmp);
+  atomic_fetch_add(&x->workers_done, 1);
+  return NULL;
+}
+
+typedef struct {
+  int64_t bytes;
+  int idx;
+} sized;
+static int by_size_desc(const void *a, const void *b) {
+  const sized *x = a, *y = b;
+  if (x->bytes != y->bytes) return x->bytes > y->bytes ? -1 : 1;
+  return x->idx - y->idx;
+}
+
+static void progress_line(const char *label, int64_t done, int64_t total, double t0) {
+  double frac = total > 0 ? (double)done / (double)total : 1.0;
+  int w = 30, fill = (int)(frac * w);
+  char bar[64];
+  for (int i = 0; i < w; i++) bar[i] = i < fill ? '#' : '.';
+  bar[w] = 0;
+  double dt = now_s() - t0;
+  fprintf(stderr, "\r%s [%s] %5.1f%% %8.1f MiB %6.2f GB/s", label ? label : "reshard", bar, 100.0 * frac,
+          (double)done / 1048576.0, dt > 0 ? (double)done / dt / 1e9 : 0.0);
+  fflush(stderr);
+}
+
+int mc_rs_execute(const mc_rs_plan *p, const mc_geometry *g, const mc_rs_io *io, const mc_rs_exec_opts *o,
+                  mc_rs_exec_stats *st) {
+  exec_shared *x = calloc(1, sizeof *x);
+  if (!x) return mc_error("reshard: out of memory");
+  x->p = p;
+  x->g = g;
+  x->io = io;
+  x->chunk = o && o->chunk_bytes > 0 ? o->chunk_bytes : (int64_t)16 << 20;
+  int threads = o && o->threads > 0 ? o->threads : 2;
+  if (threads > p->n_tensors) threads = p->n_tensors > 0 ? p->n_tensors : 1;
+  pthread_mutex_init(&x->err_lock, NULL);
+  x->order = malloc((size_t)(p->n_tensors ? p->n_tensors : 1) * sizeof *x->order);
+  if (!x->order) {
+    free(x);
+    return mc_error("reshard: out of memory");
+  }
+  /* Largest tensors first, so the workers finish together. */
+  sized *sz = malloc((size_t)(p->n_tensors ? p->n_tensors : 1) * sizeof *sz);
+  if (!sz) {
+    free(x->order);
+    free(x);
+    return mc_error("reshard: out of memory");
+  }
+  for (int i = 0; i < p->n_tensors; i++) sz[i].bytes = tensor_bytes(p, i), sz[i].idx = i;
+  qsort(sz, (size_t)p->n_tensors, sizeof *sz, by_size_desc);
+  for (int i = 0; i < p->n_tensors; i++) x->order[i] = sz[i].idx;
+  free(sz);
+  double t0 = now_s();
+  pthread_t *th = malloc((size_t)threads * sizeof *th);
+  int started = 0;
+  for (; th && started < threads; started++)
+    if (pthread_create(&th[started], NULL, worker, x) != 0) break;
+  if (started == 0) {
+    free(th);
+    free(x->order);
+    free(x);
+    return mc_error("reshard: cannot start worker threads");
+  }
+  int64_t total = 2 * p->bytes;
+  while (o && o->progress && atomic_load(&x->workers_done) < started) {
+    progress_line(o->label, atomic_load(&x->bytes_read) + atomic_load(&x->bytes_written), total, t0);
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+  if (o && o->progress) {
+    progress_line(o->label, atomic_load(&x->bytes_read) + atomic_load(&x->bytes_written), total, t0);
+    fputc('\n', stderr);
+  }
+  int rc = 0;
+  if (x->err[0]) rc = mc_error("%s", x->err);
+  if (st) {
+    st->bytes_read = atomic_load(&x->bytes_read);
+    st->bytes_written = atomic_load(&x->bytes_written);
+    st->seconds = now_s() - t0;
+  }
+  pthread_mutex_destroy(&x->err_lock);
+  free(th);
+  free(x->order);
+  free(x);
+  return rc;
+}

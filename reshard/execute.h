@@ -1,0 +1,52 @@
+/* Streaming execution of a reshard plan with bounded memory.
+ *
+ * Each (family, state) tensor is walked in bands of its global row-major order. A band is
+ * at most `chunk_bytes`; the source pieces that fall in it are read into the band and the
+ * target pieces are cut out of it. Because every shard is a box whose rows are visited in
+ * increasing order, each source shard is read exactly once, front to back, and each target
+ * shard is written exactly once, front to back: both are hashed on the fly (SHA-256), with no
+ * second pass. Tensors run in parallel on `threads` workers (I/O and hashing overlap across
+ * workers); peak memory is about threads * 2 * chunk_bytes, whatever the checkpoint's size.
+ *
+ * Where the bytes come from and go is the caller's (mc_rs_io): HDF5 checkpoints, a
+ * safetensors file, memory in tests. */
+#ifndef MC_RESHARD_EXECUTE_H
+#define MC_RESHARD_EXECUTE_H
+
+#include <stdint.h>
+
+#include "reshard/plan.h"
+
+typedef struct {
+  void *ctx;
+  /* Reads elements [off, off+n) of source shard s (index into plan->src), counted in the
+   * shard's own row-major order. Called with increasing `off` for each shard. */
+  int (*read)(void *ctx, const mc_rs_plan *p, int s, int64_t off, int64_t n, float *buf);
+  /* Writes elements [off, off+n) of target shard t (index into plan->targets). */
+  int (*write)(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const float *buf);
+  /* After the last element of source shard s: the SHA-256 of all its bytes. Returns -1 with
+   * an error naming the shard when it does not match the recorded hash. May be NULL. */
+  int (*src_done)(void *ctx, const mc_rs_plan *p, int s, const unsigned char sha[32]);
+  /* After the last element of target shard t: the SHA-256 of all its bytes. May be NULL. */
+  int (*tgt_done)(void *ctx, const mc_rs_plan *p, int t, const unsigned char sha[32]);
+} mc_rs_io;
+
+typedef struct {
+  int64_t chunk_bytes; /* band size; default 16 MiB */
+  int threads;         /* default 2 */
+  int progress;        /* 1: a progress bar on stderr (the caller checks for a terminal) */
+  const char *label;   /* progress bar label */
+} mc_rs_exec_opts;
+
+typedef struct {
+  int64_t bytes_read, bytes_written;
+  double seconds;
+} mc_rs_exec_stats;
+
+/* `g` is the geometry the plan's family indices refer to (either side: they agree).
+ * On failure the first error is reported (naming the shard); nothing is left half-done on
+ * the caller's side beyond what its callbacks wrote, which the caller discards. */
+int mc_rs_execute(const mc_rs_plan *p, const mc_geometry *g, const mc_rs_io *io, const mc_rs_exec_opts *o,
+                  mc_rs_exec_stats *st);
+
+#endif
