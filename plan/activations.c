@@ -1,0 +1,126 @@
+/* Activation bytes per block: each term is a tensor the backward pass reads, counted where
+ * it lives. Three kinds of tensor:
+ *   seq  - width over the full model dimension, replicated over TP, split over the sequence
+ *          under SP (layer input x, norm output u): tokens_seq rows;
+ *   tp   - outputs of TP-split projections: tokens rows, width / tp;
+ *   full - computed redundantly on every TP rank over the whole sequence (Mamba B, C).
+ * Statistics (RMSNorm 1/rms, attention log-sum-exp, router probabilities, scan states) are
+ * fp32; everything else uses the activation dtype. docs/mcplan.md lists the formulas. */
+#include "plan/activations.h"
+
+#include <math.h>
+#include <string.h>
+
+/* A chunked selective scan keeps its state at every MC_SSM_CHUNK-th position and recomputes
+ * inside a chunk during backward. */
+#define MC_SSM_CHUNK 64
+
+int mc_recompute_parse(const char *name) {
+  if (!strcmp(name, "none")) return MC_RECOMPUTE_NONE;
+  if (!strcmp(name, "selective")) return MC_RECOMPUTE_SELECTIVE;
+  if (!strcmp(name, "full")) return MC_RECOMPUTE_FULL;
+  return -1;
+}
+
+const char *mc_recompute_name(mc_recompute r) {
+  switch (r) {
+    case MC_RECOMPUTE_NONE: return "none";
+    case MC_RECOMPUTE_SELECTIVE: return "selective";
+    case MC_RECOMPUTE_FULL: return "full";
+  }
+  return "?";
+}
+
+void mc_act_shape_of(const mc_model *m, const mc_layout *l, int micro_batch, int abytes,
+                     mc_act_shape *s) {
+  s->tp = l->tp > 0 ? l->tp : 1;
+  s->tokens = (int64_t)micro_batch * m->seq_len;
+  s->tokens_seq = l->sp ? s->tokens / s->tp : s->tokens;
+  s->abytes = abytes;
+}
+
+/* (token, expert) assignments the rank handles per micro-batch: balanced routing when
+ * dropless, the capacity bound cf * average with a capacity factor. */
+static int64_t moe_assignments(const mc_model *m, const mc_act_shape *s) {
+  double rf = m->capacity_factor > 0 ? m->capacity_factor : 1.0;
+  return (int64_t)ceil((double)s->tokens_seq * m->top_k * rf);
+}
+
+int64_t mc_act_block_bytes(const mc_model *m, const mc_act_shape *s, char block, mc_recompute r) {
+  const int64_t a = s->abytes, t = s->tp, d = m->d_model;
+  const int64_t Ts = s->tokens_seq, Tf = s->tokens;
+  /* Every policy keeps the layer input x; the others also keep the norm's 1/rms. */
+  int64_t bytes = Ts * d * a;
+  if (r == MC_RECOMPUTE_FULL) return bytes;
+  bytes += Ts * 4;
+  const int none = r == MC_RECOMPUTE_NONE;
+  if (none) bytes += Ts * d * a; /* u = RMSNorm(x) * w, input of every projection */
+  switch (block) {
+    case 'A': {
+      const int64_t q = (int64_t)m->n_heads * m->head_dim / t;
+      const int64_t kv = (int64_t)m->n_kv_heads * m->head_dim / t;
+      bytes += Tf * (q + 2 * kv) * a;            /* q, k, v (after RoPE) */
+      if (none) {
+        bytes += Tf * q * a;                     /* o, softmax(qk^T)v, input of wo */
+        bytes += Tf * (m->n_heads / t) * 4;      /* log-sum-exp per head (fused attention) */
+      }
+      break;
+    }
+    case 'M': {
+      const int64_t di = m->mamba_inner / t, hm = mc_mamba_heads(m) / t, n = m->ssm_state;
+      bytes += Tf * (2 * di + hm) * a;           /* z, x (before conv), dt (before softplus) */
+      bytes += Tf * 2 * n * a;                   /* B, C (before conv), on every TP rank */
+      if (none) {
+        bytes += Tf * 2 * n * a;                 /* conv outputs of B, C */
+        bytes += Tf * 4 * di * a;                /* conv output of x, y, g = y*silu(z), norm(g) */
+        bytes += Tf * hm * 4;                    /* per-head 1/rms of the gated norm */
+        bytes += Tf * di * n * 4 / MC_SSM_CHUNK; /* scan state at chunk boundaries */
+      }
+      break;
+    }
+    case 'E': {
+      const int64_t e = m->n_experts, k = m->top_k, f = m->expert_hidden;
+      const int64_t as = moe_assignments(m, s);
+      bytes += Ts * e * 4;                       /* router probabilities (fp32) */
+      bytes += Ts * k * (4 + 4);                 /* top-k expert index and gate */
+      bytes += as * (2 * d + 2 * f) * a;         /* dispatched input, expert output, u w1^T, u w3^T */
+      if (none) bytes += as * f * a;             /* silu(u w1^T) * (u w3^T), input of w2 */
+      break;
+    }
+    case 'R': {
+      const int64_t dr = m->rec_width / t;
+      bytes += Tf * 4 * dr * a;                  /* u w_x^T, u w_gate^T, u w_r^T, u w_i^T */
+      if (none) bytes += Tf * 2 * dr * a;        /* h (scan output), h * gelu(gate), input of w_out */
+      break;
+    }
+    default: break;
+  }
+  return bytes;
+}
+
+int64_t mc_act_embed_bytes(const mc_act_shape *s) { return s->tokens * 4; }
+
+int64_t mc_act_head_bytes(const mc_model *m, const mc_act_shape *s, mc_recompute r) {
+  const int64_t a = s->abytes, d = m->d_model;
+  const int64_t vp = mc_vocab_padded(m) / s->tp;
+  /* Final-norm input and 1/rms, labels, and the fp32 logits of the vocab slice (the fused
+   * cross-entropy turns them into their gradient in place). The logits are needed at once
+   * by the loss, so no policy recomputes them. */
+  int64_t bytes = s->tokens_seq * (d * a + 4) + s->tokens * 4 + s->tokens * vp * 4;
+  if (r == MC_RECOMPUTE_NONE) bytes += s->tokens_seq * d * a; /* final-norm output, head input */
+  return bytes;
+}
+
+void mc_act_moe_scratch(const mc_model *m, const mc_layout *l, const mc_act_shape *s,
+                        mc_moe_scratch *out) {
+  memset(out, 0, sizeof *out);
+  const int64_t a = s->abytes, d = m->d_model;
+  const int64_t sent = s->tokens_seq * m->top_k;
+  const int ep = l->ep > 0 ? l->ep : 1;
+  out->assignments = moe_assignments(m, s);
+  out->counts = (int64_t)m->n_experts * 4 + 2 * (int64_t)ep * 8 + sent * 4;
+  out->send = sent * d * a;
+  out->recv = out->assignments * d * a;
+  out->combine = sent * d * a;
+  out->total = out->counts + out->send + out->recv + out->combine;
+}
