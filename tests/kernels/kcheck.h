@@ -18,7 +18,9 @@
  * |analytic - numeric| <= KC_ATOL + KC_RTOL * max(|analytic|, |numeric|). With step h = 1e-2
  * (1e-3 relative truncation error for smooth ops) and fp32 rounding of O(1) losses
  * (~1e-7 / h = 1e-5), these bounds leave a margin of about 10x. */
+#ifndef KC_STEP
 #define KC_STEP 1e-2
+#endif
 #define KC_RTOL 1e-2
 #define KC_ATOL 2e-3
 
