@@ -1,0 +1,74 @@
+/* The collective interface the trainer uses: one communicator type with a backend vtable, so
+ * the MPI backend (CPU ranks, comm/comm_mpi.c) and an NCCL backend (GPU ranks) are
+ * interchangeable. Buffers are host memory for MPI and device memory for NCCL. Every call
+ * returns 0, or -1 with mc_error naming the operation and group. */
+#ifndef MC_COMM_COMM_H
+#define MC_COMM_COMM_H
+
+#include <stdint.h>
+
+#include "ckpt/layout.h"
+
+typedef enum { MC_DT_F32 = 0, MC_DT_F64 = 1, MC_DT_I32 = 2, MC_DT_I64 = 3, MC_DT_U8 = 4 } mc_dtype;
+size_t mc_dtype_size(mc_dtype t);
+
+typedef struct mc_comm mc_comm;
+
+typedef struct {
+  const char *name; /* "mpi", "nccl" */
+  int (*allreduce_sum)(mc_comm *c, void *buf, int64_t count, mc_dtype t);
+  /* Member i receives the sum over members of send[displ(i) .. displ(i)+counts[i]), where
+   * displ(i) = sum of counts[0..i). Counts may differ and may be zero (ZeRO chunks). */
+  int (*reduce_scatter_sum)(mc_comm *c, const void *send, void *recv, const int64_t *counts, mc_dtype t);
+  /* Gathers counts[i] elements from member i into recv in member order. */
+  int (*allgather)(mc_comm *c, const void *send, void *recv, const int64_t *counts, mc_dtype t);
+  int (*alltoallv)(mc_comm *c, const void *send, const int64_t *send_counts, const int64_t *send_displs,
+                   void *recv, const int64_t *recv_counts, const int64_t *recv_displs, mc_dtype t);
+  int (*send)(mc_comm *c, const void *buf, int64_t count, mc_dtype t, int peer, int tag);
+  int (*recv)(mc_comm *c, void *buf, int64_t count, mc_dtype t, int peer, int tag);
+  int (*bcast)(mc_comm *c, void *buf, int64_t count, mc_dtype t, int root);
+  int (*barrier)(mc_comm *c);
+  void (*destroy)(mc_comm *c);
+} mc_comm_ops;
+
+struct mc_comm {
+  const mc_comm_ops *ops;
+  const char *label; /* "world", "tp", "dp", "pp", "ep", "edp" */
+  int rank;          /* rank inside this communicator */
+  int size;
+  int world_rank;
+  void *impl;
+};
+
+/* The layout's groups for one rank (each a communicator over the ranks of mc_group_*). */
+typedef struct {
+  mc_comm *world, *tp, *dp, *pp, *ep, *edp;
+} mc_comm_groups;
+
+/* MPI backend. mc_comm_mpi_init calls MPI_Init (once per process); finalize calls
+ * MPI_Finalize after destroying every communicator it made. */
+int mc_comm_mpi_init(int *argc, char ***argv, mc_comm **world);
+void mc_comm_mpi_finalize(void);
+/* Splits the world into the layout's groups. Fails with a clear error when the world size
+ * differs from tp*dp*pp ("world size tp*dp*pp=4 does not equal the 2 ranks launched"). */
+int mc_comm_make_groups(mc_comm *world, const mc_layout *l, mc_comm_groups *out);
+void mc_comm_free_groups(mc_comm_groups *g);
+
+/* Convenience wrappers that dispatch through the vtable. */
+static inline int mc_allreduce_sum(mc_comm *c, void *buf, int64_t n, mc_dtype t) { return c->ops->allreduce_sum(c, buf, n, t); }
+static inline int mc_reduce_scatter_sum(mc_comm *c, const void *s, void *r, const int64_t *counts, mc_dtype t) {
+  return c->ops->reduce_scatter_sum(c, s, r, counts, t);
+}
+static inline int mc_allgather(mc_comm *c, const void *s, void *r, const int64_t *counts, mc_dtype t) {
+  return c->ops->allgather(c, s, r, counts, t);
+}
+static inline int mc_alltoallv(mc_comm *c, const void *s, const int64_t *sc, const int64_t *sd, void *r, const int64_t *rc,
+                               const int64_t *rd, mc_dtype t) {
+  return c->ops->alltoallv(c, s, sc, sd, r, rc, rd, t);
+}
+static inline int mc_send(mc_comm *c, const void *b, int64_t n, mc_dtype t, int peer, int tag) { return c->ops->send(c, b, n, t, peer, tag); }
+static inline int mc_recv(mc_comm *c, void *b, int64_t n, mc_dtype t, int peer, int tag) { return c->ops->recv(c, b, n, t, peer, tag); }
+static inline int mc_bcast(mc_comm *c, void *b, int64_t n, mc_dtype t, int root) { return c->ops->bcast(c, b, n, t, root); }
+static inline int mc_barrier(mc_comm *c) { return c->ops->barrier(c); }
+
+#endif

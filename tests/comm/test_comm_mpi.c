@@ -1,0 +1,120 @@
+/* Collectives and layout groups of the MPI backend. Run as one rank (ctest) and as four
+ * (mpirun, tests/comm/comm.cmake). Every rank checks exact integer-valued results. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../check.h"
+#include "comm/comm.h"
+
+static void fill_layout(mc_layout *l, int tp, int dp, int pp, int ep) {
+  memset(l, 0, sizeof *l);
+  l->tp = tp; l->dp = dp; l->pp = pp; l->ep = ep; l->sp = 1;
+}
+
+static void check_group(mc_comm *c, int (*members_of)(const mc_layout *, int, int *), const mc_layout *l, int world_rank) {
+  int members[64];
+  int n = members_of(l, world_rank, members);
+  CHECK(c->size == n, "%s group size %d, layout says %d", c->label, c->size, n);
+  /* gather world ranks of the group's members: must equal the layout's list, in order */
+  int64_t counts[64];
+  for (int i = 0; i < c->size; i++) counts[i] = 1;
+  int32_t mine = world_rank, got[64];
+  CHECK_OK(mc_allgather(c, &mine, got, counts, MC_DT_I32));
+  for (int i = 0; i < n; i++) CHECK(got[i] == members[i], "%s group member %d is %d, want %d", c->label, i, got[i], members[i]);
+}
+
+static void check_collectives(mc_comm *c) {
+  int n = c->size, r = c->rank;
+  /* allreduce */
+  double v[3] = {r, 1.0, (double)r * r};
+  CHECK_OK(mc_allreduce_sum(c, v, 3, MC_DT_F64));
+  CHECK(v[0] == n * (n - 1) / 2.0 && v[1] == n, "%s allreduce %g %g", c->label, v[0], v[1]);
+  /* reduce-scatter with uneven counts (member i gets i+1 elements, member 0 maybe none) */
+  int64_t counts[64], total = 0;
+  for (int i = 0; i < n; i++) total += counts[i] = (i == 0 && n > 1) ? 0 : i + 1;
+  float *send = malloc(sizeof(float) * (size_t)total), recv[80];
+  for (int64_t j = 0; j < total; j++) send[j] = (float)(j + r);
+  CHECK_OK(mc_reduce_scatter_sum(c, send, recv, counts, MC_DT_F32));
+  int64_t at = 0;
+  for (int i = 0; i < r; i++) at += counts[i];
+  for (int64_t j = 0; j < counts[r]; j++)
+    CHECK(recv[j] == (float)(n * (at + j) + n * (n - 1) / 2), "%s reduce_scatter elem %lld", c->label, (long long)j);
+  /* allgather with the same uneven counts */
+  float mine[80], all[400];
+  for (int64_t j = 0; j < counts[r]; j++) mine[j] = (float)(100 * r + j);
+  CHECK_OK(mc_allgather(c, mine, all, counts, MC_DT_F32));
+  at = 0;
+  for (int i = 0; i < n; i++)
+    for (int64_t j = 0; j < counts[i]; j++, at++) CHECK(all[at] == (float)(100 * i + j), "%s allgather", c->label);
+  /* alltoallv: member r sends r+1 copies of (10r + dest) to each dest */
+  int64_t sc[64], sd[64], rc[64], rd[64];
+  int32_t sbuf[512], rbuf[512];
+  for (int i = 0, o = 0; i < n; i++) {
+    sc[i] = r + 1; sd[i] = o;
+    for (int j = 0; j < r + 1; j++) sbuf[o++] = 10 * r + i;
+  }
+  for (int i = 0, o = 0; i < n; i++) { rc[i] = i + 1; rd[i] = o; o += i + 1; }
+  CHECK_OK(mc_alltoallv(c, sbuf, sc, sd, rbuf, rc, rd, MC_DT_I32));
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < i + 1; j++) CHECK(rbuf[rd[i] + j] == 10 * i + r, "%s alltoallv from %d", c->label, i);
+  /* broadcast and ring send/recv */
+  int64_t b = r == n - 1 ? 4242 : 0;
+  CHECK_OK(mc_bcast(c, &b, 1, MC_DT_I64, n - 1));
+  CHECK(b == 4242, "%s bcast", c->label);
+  if (n > 1) {
+    int32_t token = r, in = -1;
+    if (r % 2 == 0) {
+      CHECK_OK(mc_send(c, &token, 1, MC_DT_I32, (r + 1) % n, 7));
+      CHECK_OK(mc_recv(c, &in, 1, MC_DT_I32, (r + n - 1) % n, 7));
+    } else {
+      CHECK_OK(mc_recv(c, &in, 1, MC_DT_I32, (r + n - 1) % n, 7));
+      CHECK_OK(mc_send(c, &token, 1, MC_DT_I32, (r + 1) % n, 7));
+    }
+    CHECK(in == (r + n - 1) % n, "%s ring got %d", c->label, in);
+  }
+  CHECK_OK(mc_barrier(c));
+  free(send);
+}
+
+int main(int argc, char **argv) {
+  mc_comm *world;
+  if (mc_comm_mpi_init(&argc, &argv, &world)) {
+    fprintf(stderr, "%s\n", mc_errmsg());
+    return 1;
+  }
+  check_collectives(world);
+  mc_layout layouts[3];
+  int nl = 0;
+  if (world->size == 4) {
+    fill_layout(&layouts[nl++], 2, 2, 1, 2);
+    fill_layout(&layouts[nl++], 1, 2, 2, 2);
+    fill_layout(&layouts[nl++], 2, 1, 2, 1);
+  } else {
+    fill_layout(&layouts[nl++], 1, world->size, 1, 1);
+  }
+  for (int i = 0; i < nl; i++) {
+    mc_comm_groups g;
+    CHECK_OK(mc_comm_make_groups(world, &layouts[i], &g));
+    check_group(g.tp, mc_group_tp, &layouts[i], world->rank);
+    check_group(g.dp, mc_group_dp, &layouts[i], world->rank);
+    check_group(g.pp, mc_group_pp, &layouts[i], world->rank);
+    check_group(g.ep, mc_group_ep, &layouts[i], world->rank);
+    check_group(g.edp, mc_group_edp, &layouts[i], world->rank);
+    check_collectives(g.tp);
+    check_collectives(g.dp);
+    check_collectives(g.edp);
+    mc_comm_free_groups(&g);
+  }
+  /* a layout that does not match the launched ranks is a clear error */
+  mc_layout bad;
+  fill_layout(&bad, 3, 1, 1, 1);
+  mc_comm_groups g;
+  CHECK(mc_comm_make_groups(world, &bad, &g) != 0 && strstr(mc_errmsg(), "does not equal the"), "mismatch error: %s", mc_errmsg());
+  int fails = mc_check_failures;
+  CHECK_OK(mc_allreduce_sum(world, &fails, 1, MC_DT_I32));
+  int rc = 0;
+  if (world->rank == 0) rc = mc_check_exit("test_comm_mpi");
+  world->ops->destroy(world);
+  mc_comm_mpi_finalize();
+  return rc || fails ? 1 : 0;
+}
