@@ -1,0 +1,106 @@
+#include "train/optim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+int mc_optim_init(mc_optim *o, const mc_geometry *geo, int rank) {
+  memset(o, 0, sizeof *o);
+  o->slots = calloc((size_t)geo->fams.n, sizeof *o->slots);
+  if (!o->slots) return mc_error("optimizer: out of memory");
+  for (int f = 0; f < geo->fams.n; f++) {
+    mc_shard sh;
+    if (mc_shard_of(geo, f, MC_STATE_PARAM, rank, &sh) != 0) {
+      mc_optim_free(o);
+      return -1;
+    }
+    if (!sh.in_stage) continue;
+    mc_optim_slot *s = &o->slots[o->n++];
+    s->fam = f;
+    s->decay = geo->fams.f[f].decay;
+    s->shard = sh;
+    s->numel = sh.numel;
+    /* Rows of the local slice before the held ones, times the local row size. */
+    int64_t row = 1;
+    for (int k = 1; k < sh.ndim; k++) row *= sh.local_count[k];
+    s->offset = (sh.start[0] - sh.local_start[0]) * row;
+    size_t bytes = (size_t)(s->numel > 0 ? s->numel : 1) * sizeof(float);
+    s->master = malloc(bytes);
+    s->exp_avg = calloc(1, bytes);
+    s->exp_avg_sq = calloc(1, bytes);
+    if (!s->master || !s->exp_avg || !s->exp_avg_sq) {
+      mc_optim_free(o);
+      return mc_error("optimizer: out of memory for family %s", geo->fams.f[f].name);
+    }
+  }
+  return 0;
+}
+
+void mc_optim_free(mc_optim *o) {
+  if (o->slots) {
+    for (int i = 0; i < o->n; i++) {
+      free(o->slots[i].master);
+      free(o->slots[i].exp_avg);
+      free(o->slots[i].exp_avg_sq);
+    }
+  }
+  free(o->slots);
+  memset(o, 0, sizeof *o);
+}
+
+int mc_optim_slot_of(const mc_optim *o, int fam) {
+  for (int i = 0; i < o->n; i++)
+    if (o->slots[i].fam == fam) return i;
+  return -1;
+}
+
+double mc_lr_at(const mc_train_cfg *t, int64_t s) {
+  if (t->warmup_steps > 0 && s < t->warmup_steps) return t->lr * (double)(s + 1) / t->warmup_steps;
+  int64_t span = t->steps - t->warmup_steps;
+  double p = span > 0 ? (double)(s - t->warmup_steps) / (double)span : 1.0;
+  if (p > 1) p = 1;
+  if (p < 0) p = 0;
+  return t->min_lr + 0.5 * (t->lr - t->min_lr) * (1.0 + cos(3.14159265358979323846 * p));
+}
+
+double mc_optim_grad_sq(const mc_optim *o, float *const *grads) {
+  double sum = 0;
+  for (int i = 0; i < o->n; i++) {
+    const mc_optim_slot *s = &o->slots[i];
+    if (!s->shard.primary) continue;
+    const float *g = grads[i] + s->offset;
+    for (int64_t k = 0; k < s->numel; k++) sum += (double)g[k] * g[k];
+  }
+  return sum;
+}
+
+double mc_clip_scale(double norm, double clip) {
+  if (clip <= 0) return 1.0;
+  double c = clip / (norm + 1e-6);
+  return c < 1.0 ? c : 1.0;
+}
+
+void mc_optim_step(mc_optim *o, const mc_train_cfg *t, double lr, double grad_scale,
+                   float *const *grads) {
+  o->step++;
+  double b1 = t->beta1, b2 = t->beta2;
+  double bc1 = 1.0 - pow(b1, (double)o->step), bc2 = 1.0 - pow(b2, (double)o->step);
+  double step_size = lr / bc1, sqrt_bc2 = sqrt(bc2);
+  for (int i = 0; i < o->n; i++) {
+    mc_optim_slot *s = &o->slots[i];
+    const float *g = grads[i] + s->offset;
+    double shrink = s->decay ? 1.0 - lr * t->weight_decay : 1.0;
+    for (int64_t k = 0; k < s->numel; k++) {
+      double gk = (double)g[k] * grad_scale;
+      double m = b1 * s->exp_avg[k] + (1.0 - b1) * gk;
+      double v = b2 * s->exp_avg_sq[k] + (1.0 - b2) * gk * gk;
+      s->exp_avg[k] = (float)m;
+      s->exp_avg_sq[k] = (float)v;
+      double p = (double)s->master[k] * shrink;
+      p -= step_size * (double)s->exp_avg[k] / (sqrt((double)s->exp_avg_sq[k]) / sqrt_bc2 + t->adam_eps);
+      s->master[k] = (float)p;
+    }
+  }
+}

@@ -1,0 +1,52 @@
+/* AdamW on this rank's optimizer shards, global-norm clipping and the learning-rate schedule.
+ *
+ * Per family, the fp32 master weight and the two moments held here are the hyperslab
+ * mc_shard_of(geo, fam, state, rank) gives (the whole tensor for world size 1). The shard is
+ * rows of the rank's TP/EP-local slice (ZeRO splits dim 0), so it is one contiguous run of the
+ * working tensor. Update (PyTorch AdamW, decoupled decay, step t counted from 1):
+ *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+ *   p = p (1 - lr wd [family decays]) - (lr / (1-b1^t)) m / (sqrt(v) / sqrt(1-b2^t) + eps). */
+#ifndef MC_TRAIN_OPTIM_H
+#define MC_TRAIN_OPTIM_H
+
+#include <stdint.h>
+
+#include "ckpt/config.h"
+#include "ckpt/ownership.h"
+
+typedef struct {
+  int fam;          /* index into geo->fams */
+  int decay;        /* mc_family.decay */
+  mc_shard shard;   /* mc_shard_of(geo, fam, MC_STATE_PARAM, rank) */
+  int64_t offset;   /* where the shard starts inside the rank's local (working) slice */
+  int64_t numel;    /* elements held */
+  float *master, *exp_avg, *exp_avg_sq;
+} mc_optim_slot;
+
+typedef struct {
+  int n;
+  mc_optim_slot *slots; /* one per family of the rank's stage, in family order */
+  int64_t step;         /* optimizer steps taken (t of the last update) */
+} mc_optim;
+
+/* Slots for every family the rank's stage owns; moments zero, master uninitialised. */
+int mc_optim_init(mc_optim *o, const mc_geometry *geo, int rank);
+void mc_optim_free(mc_optim *o);
+/* Index of the slot of family `fam`, or -1. */
+int mc_optim_slot_of(const mc_optim *o, int fam);
+
+/* Learning rate for optimizer step s (0-based): linear warmup lr*(s+1)/warmup over the first
+ * warmup_steps steps, then cosine from lr down to min_lr at s = steps. */
+double mc_lr_at(const mc_train_cfg *t, int64_t s);
+
+/* Sum of squares of the gradient elements this rank is primary for. grads[i] is the local
+ * (working-slice) gradient of slot i. Summed over ranks it counts every element once. */
+double mc_optim_grad_sq(const mc_optim *o, float *const *grads);
+/* Clipping factor for a global gradient norm: min(1, clip / (norm + 1e-6)); 1 if clip <= 0. */
+double mc_clip_scale(double norm, double clip);
+
+/* One AdamW step on every slot: grads[i] as above, multiplied by grad_scale (clipping). */
+void mc_optim_step(mc_optim *o, const mc_train_cfg *t, double lr, double grad_scale,
+                   float *const *grads);
+
+#endif
