@@ -98,4 +98,10 @@ static inline int mc_mamba_heads(const mc_model *m) {
   return m->mamba_head_dim > 0 ? m->mamba_inner / m->mamba_head_dim : 0;
 }
 
+/* The JSON Schema (schemas/config.schema.json) and the markdown key reference
+ * (docs/config.md), both generated from the key table that drives parsing; tests compare
+ * the committed files with them. malloc'd; caller frees; NULL on error. */
+char *mc_config_schema_json(void);
+char *mc_config_reference_markdown(void);
+
 #endif
