@@ -108,6 +108,27 @@ static cJSON *ownership(const mc_geometry *g) {
   return a;
 }
 
+/* Bytes per layer and micro-batch for each block type in the model, under every policy. */
+static cJSON *activation_table(const mc_geometry *g, const mc_plan *p) {
+  mc_act_shape sh;
+  mc_act_shape_of(&g->model, &g->layout, p->micro_batch, p->act_bytes, &sh);
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "tokens", (double)sh.tokens);
+  cJSON_AddNumberToObject(o, "tokens_seq", (double)sh.tokens_seq);
+  cJSON *blocks = cJSON_AddObjectToObject(o, "per_layer");
+  for (int k = 0; k < 5; k++) {
+    char name[2] = {"AMERH"[k], 0};
+    if (k < 4 && !strchr(g->model.pattern, name[0])) continue;
+    cJSON *b = cJSON_AddObjectToObject(blocks, k < 4 ? name : "head");
+    for (int r = 0; r < 3; r++)
+      cJSON_AddNumberToObject(b, mc_recompute_name((mc_recompute)r),
+                              (double)(k < 4 ? mc_act_block_bytes(&g->model, &sh, name[0], (mc_recompute)r)
+                                             : mc_act_head_bytes(&g->model, &sh, (mc_recompute)r)));
+  }
+  cJSON_AddNumberToObject(o, "embed", (double)mc_act_embed_bytes(&sh));
+  return o;
+}
+
 static cJSON *states_object(const int64_t *v) {
   cJSON *o = cJSON_CreateObject();
   for (int s = 0; s < MC_N_STATES; s++) cJSON_AddNumberToObject(o, mc_state_name((mc_state)s), (double)v[s]);
@@ -200,6 +221,7 @@ cJSON *mc_plan_to_json(const mc_geometry *g, const mc_plan *p) {
     return NULL;
   }
   cJSON_AddItemToObject(root, "ownership", own);
+  cJSON_AddItemToObject(root, "activations", activation_table(g, p));
   cJSON_AddItemToObject(root, "memory", memory(p));
   cJSON *fl = cJSON_AddObjectToObject(root, "flops");
   cJSON_AddNumberToObject(fl, "per_token", p->flops_per_token);

@@ -103,6 +103,25 @@ static int print_ownership(FILE *out, const mc_geometry *g, int detail_max) {
   return 0;
 }
 
+static void print_activation_table(FILE *out, const mc_geometry *g, const mc_plan *p) {
+  static const mc_recompute pols[3] = {MC_RECOMPUTE_NONE, MC_RECOMPUTE_SELECTIVE, MC_RECOMPUTE_FULL};
+  mc_act_shape sh;
+  mc_act_shape_of(&g->model, &g->layout, p->micro_batch, p->act_bytes, &sh);
+  fprintf(out, "\n== activations per layer and micro-batch (%lld tokens, %lld per rank on TP-replicated tensors; policy in use: %s) ==\n",
+          (long long)sh.tokens, (long long)sh.tokens_seq, mc_recompute_name(p->recompute));
+  fprintf(out, "%-6s %14s %14s %14s\n", "block", "none", "selective", "full");
+  for (const char *b = "AMER"; *b; b++) {
+    if (!strchr(g->model.pattern, *b)) continue;
+    char c[3][32];
+    for (int k = 0; k < 3; k++) mc_format_bytes(mc_act_block_bytes(&g->model, &sh, *b, pols[k]), c[k], sizeof c[k]);
+    fprintf(out, "%-6c %14s %14s %14s\n", *b, c[0], c[1], c[2]);
+  }
+  char c[3][32];
+  for (int k = 0; k < 3; k++) mc_format_bytes(mc_act_head_bytes(&g->model, &sh, pols[k]), c[k], sizeof c[k]);
+  fprintf(out, "%-6s %14s %14s %14s\n", "head", c[0], c[1], c[2]);
+  fprintf(out, "%-6s %14s\n", "embed", mc_format_bytes(mc_act_embed_bytes(&sh), c[0], sizeof c[0]));
+}
+
 static void print_class(FILE *out, const mc_plan *p, const mc_rank_class *cl) {
   const mc_plan_rank *r = &p->ranks[cl->ranks[0]];
   char list[LIST_CAP], b1[32], b2[32], b3[32], b4[32], b5[32];
@@ -179,6 +198,7 @@ int mc_plan_print_text(FILE *out, const mc_geometry *g, const mc_plan *p, int de
     mc_plan_classes_free(&cls);
     return -1;
   }
+  print_activation_table(out, g, p);
   print_memory(out, p, &cls, detail_max);
   print_flops(out, g, p);
   fprintf(out, "\n");

@@ -25,6 +25,7 @@ expect() {
 # valid plans
 expect 0 '== rank map' 
 expect 0 '== stage map'
+expect 0 '^E +[0-9.]+ [KM]iB +[0-9.]+ [KM]iB +[0-9.]+ [KM]iB'
 expect 0 'layers.01.moe.w1 \[4, 128, 64\]  ep\(dim=0\)'
 expect 0 'params, TP-sharded' --device-mem 80GiB
 expect 0 'per token: ' --set parallel.tp=2 --set parallel.dp=2 --set train.micro_batch=4
@@ -65,7 +66,7 @@ if ! "$MCPLAN" --json --set parallel.tp=2 --set parallel.pp=2 --set model.patter
 elif ! /usr/bin/python3 - "$TMP/plan.json" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
-for k in ("layout", "model", "train", "rank_map", "stage_map", "ownership", "memory", "flops"):
+for k in ("layout", "model", "train", "rank_map", "stage_map", "ownership", "activations", "memory", "flops"):
     assert k in doc, k
 assert doc["layout"]["world"] == 4
 assert len(doc["rank_map"]) == 4 and len(doc["memory"]["ranks"]) == 4
@@ -81,6 +82,9 @@ for f in doc["ownership"]:
         n *= d
     assert held == n, f["name"]
 assert doc["flops"]["per_token"] > 0
+act = doc["activations"]["per_layer"]
+for b in ("A", "E", "M", "R", "head"):
+    assert act[b]["full"] <= act[b]["selective"] <= act[b]["none"], b
 PY
 then
   echo "FAIL: --json document"; fails=$((fails + 1))

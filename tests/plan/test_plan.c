@@ -383,8 +383,9 @@ static void test_groups_and_json(void) {
   cJSON *back = text ? cJSON_Parse(text) : NULL;
   CHECK(back != NULL, "JSON reparses");
   if (back) {
-    static const char *const keys[] = {"layout", "model", "train", "rank_map", "stage_map", "ownership", "memory", "flops"};
-    for (int k = 0; k < 8; k++) CHECK(cJSON_GetObjectItem(back, keys[k]) != NULL, "key %s", keys[k]);
+    static const char *const keys[] = {"layout",    "model",       "train",  "rank_map", "stage_map",
+                                       "ownership", "activations", "memory", "flops"};
+    for (int k = 0; k < 9; k++) CHECK(cJSON_GetObjectItem(back, keys[k]) != NULL, "key %s", keys[k]);
     CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(back, "rank_map")) == p.world, "rank_map size");
     CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(back, "ownership")) == g.fams.n, "ownership size");
     cJSON *mem = cJSON_GetObjectItem(back, "memory");
