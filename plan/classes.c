@@ -1,8 +1,11 @@
 /* Groups ranks whose memory plans are identical (same stage and same bytes per category). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "plan/owners.h"
 #include "plan/report.h"
+#include "plan/units.h"
 #include "util/error.h"
 
 static const mc_plan *sort_plan; /* qsort has no context argument in C11 */
@@ -52,4 +55,21 @@ void mc_plan_classes_free(mc_rank_classes *c) {
   free(c->c);
   free(c->storage);
   memset(c, 0, sizeof *c);
+}
+
+int mc_plan_class_warning(const mc_plan *p, const mc_rank_class *cl, char *buf, int cap) {
+  const mc_plan_rank *r = &p->ranks[cl->ranks[0]];
+  mc_fit fit = mc_plan_fit(p, r);
+  if (fit == MC_FIT_OK) return 0;
+  char list[256], b1[32], b2[32], b3[32];
+  mc_format_ranks(cl->ranks, cl->n_ranks, list, sizeof list);
+  if (fit == MC_FIT_NO)
+    snprintf(buf, (size_t)cap, "ranks {%s} do not fit: they need %s but the device has %s (short by %s)", list,
+             mc_format_bytes(r->total, b1, sizeof b1), mc_format_bytes(p->opts.device_mem, b2, sizeof b2),
+             mc_format_bytes(-r->headroom, b3, sizeof b3));
+  else
+    snprintf(buf, (size_t)cap, "ranks {%s}: headroom %s is %.1f%% of %s, under the %.0f%% margin", list,
+             mc_format_bytes(r->headroom, b1, sizeof b1), 100.0 * (double)r->headroom / (double)p->opts.device_mem,
+             mc_format_bytes(p->opts.device_mem, b2, sizeof b2), 100.0 * p->opts.margin);
+  return 1;
 }

@@ -23,6 +23,9 @@ typedef struct {
 
 int mc_plan_classes(const mc_plan *p, mc_rank_classes *out);
 void mc_plan_classes_free(mc_rank_classes *c);
+/* Writes the headroom warning of a class ("ranks {0-3} do not fit: ...") and returns 1, or
+ * returns 0 when its ranks fit with the margin to spare. */
+int mc_plan_class_warning(const mc_plan *p, const mc_rank_class *cl, char *buf, int cap);
 
 /* detail_max: worlds up to this size list every rank; above it, ranks are grouped and lists
  * are cut to this many entries (with a count of the rest). */

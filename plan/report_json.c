@@ -223,6 +223,17 @@ cJSON *mc_plan_to_json(const mc_geometry *g, const mc_plan *p) {
   cJSON_AddItemToObject(root, "ownership", own);
   cJSON_AddItemToObject(root, "activations", activation_table(g, p));
   cJSON_AddItemToObject(root, "memory", memory(p));
+  cJSON *warn = cJSON_AddArrayToObject(root, "warnings");
+  mc_rank_classes cls;
+  if (mc_plan_classes(p, &cls) != 0) {
+    cJSON_Delete(root);
+    return NULL;
+  }
+  for (int i = 0; i < cls.n; i++) {
+    char msg[512];
+    if (mc_plan_class_warning(p, &cls.c[i], msg, sizeof msg)) cJSON_AddItemToArray(warn, cJSON_CreateString(msg));
+  }
+  mc_plan_classes_free(&cls);
   cJSON *fl = cJSON_AddObjectToObject(root, "flops");
   cJSON_AddNumberToObject(fl, "per_token", p->flops_per_token);
   cJSON_AddNumberToObject(fl, "forward_per_token", p->flops_per_token / 3.0);

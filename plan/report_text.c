@@ -171,21 +171,9 @@ static void print_flops(FILE *out, const mc_geometry *g, const mc_plan *p) {
 }
 
 static void print_warnings(FILE *out, const mc_plan *p, const mc_rank_classes *cls) {
-  char list[LIST_CAP], b1[32], b2[32], b3[32];
-  for (int i = 0; i < cls->n; i++) {
-    const mc_plan_rank *r = &p->ranks[cls->c[i].ranks[0]];
-    mc_fit fit = mc_plan_fit(p, r);
-    if (fit == MC_FIT_OK) continue;
-    mc_format_ranks(cls->c[i].ranks, cls->c[i].n_ranks, list, sizeof list);
-    if (fit == MC_FIT_NO)
-      fprintf(out, "WARNING: ranks {%s} do not fit: they need %s but the device has %s (short by %s)\n", list,
-              mc_format_bytes(r->total, b1, sizeof b1), mc_format_bytes(p->opts.device_mem, b2, sizeof b2),
-              mc_format_bytes(-r->headroom, b3, sizeof b3));
-    else
-      fprintf(out, "WARNING: ranks {%s}: headroom %s is %.1f%% of %s, under the %.0f%% margin\n", list,
-              mc_format_bytes(r->headroom, b1, sizeof b1), 100.0 * (double)r->headroom / (double)p->opts.device_mem,
-              mc_format_bytes(p->opts.device_mem, b2, sizeof b2), 100.0 * p->opts.margin);
-  }
+  char msg[512];
+  for (int i = 0; i < cls->n; i++)
+    if (mc_plan_class_warning(p, &cls->c[i], msg, sizeof msg)) fprintf(out, "WARNING: %s\n", msg);
 }
 
 int mc_plan_print_text(FILE *out, const mc_geometry *g, const mc_plan *p, int detail_max) {

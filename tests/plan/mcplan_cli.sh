@@ -39,6 +39,12 @@ expect 0 'runtime reserve 0 B' --reserve 0 --device-mem=2GB
 echo '{"parallel": {"pp": 2}, "model": {"pattern": "AE|MR"}}' >"$TMP/pp2.json"
 expect 0 '^ +1 +2-3 +MR head' --config "$TMP/pp2.json"
 
+n=$((n + 1))
+"$MCPLAN" --json --device-mem 100MiB >"$TMP/small.json"
+if ! /usr/bin/python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert not d["memory"]["fits"]; assert "do not fit" in d["warnings"][0]; assert d["memory"]["ranks"][0]["fit"] == "does_not_fit"' "$TMP/small.json"; then
+  echo "FAIL: --json with a too small device"; fails=$((fails + 1))
+fi
+
 # bad input: exit 2, message names the option, key, file or rule
 expect 2 'tp=3 does not divide' --set parallel.tp=3
 expect 2 'ep=3' --set parallel.tp=3 --set parallel.ep=3
@@ -82,6 +88,7 @@ for f in doc["ownership"]:
         n *= d
     assert held == n, f["name"]
 assert doc["flops"]["per_token"] > 0
+assert doc["warnings"] == [] and doc["memory"]["fits"] is True
 act = doc["activations"]["per_layer"]
 for b in ("A", "E", "M", "R", "head"):
     assert act[b]["full"] <= act[b]["selective"] <= act[b]["none"], b
