@@ -22,15 +22,13 @@ static int read_string_attr(hid_t obj, const char *name, char *buf, size_t cap) 
   int rc = -1;
   if (H5Tget_class(t) == H5T_STRING) {
     if (H5Tis_variable_str(t) > 0) {
+      /* Read with the stored type: HDF5 1.10 cannot convert between ASCII and UTF-8. */
       char *s = NULL;
-      hid_t mt = H5Tcopy(H5T_C_S1);
-      H5Tset_size(mt, H5T_VARIABLE);
-      if (H5Aread(a, mt, &s) >= 0 && s) {
+      if (H5Aread(a, t, &s) >= 0 && s) {
         snprintf(buf, cap, "%s", s);
         H5free_memory(s);
         rc = 0;
       }
-      H5Tclose(mt);
     } else {
       size_t n = H5Tget_size(t);
       char *tmp = calloc(n + 1, 1);

@@ -20,7 +20,15 @@ static void write_tokens(const char *path, const uint32_t *values, hsize_t n, hi
     hid_t as = H5Screate(H5S_SCALAR);
     hid_t a = H5Acreate2(d, "vocab_size", H5T_STD_I64LE, as, H5P_DEFAULT, H5P_DEFAULT);
     H5Awrite(a, H5T_NATIVE_INT64, &vocab);
-    H5Aclose(a), H5Sclose(as);
+    H5Aclose(a);
+    /* As mcdata writes it: a variable-length UTF-8 string. */
+    hid_t st = H5Tcopy(H5T_C_S1);
+    H5Tset_size(st, H5T_VARIABLE);
+    H5Tset_cset(st, H5T_CSET_UTF8);
+    const char *name = "bytes";
+    a = H5Acreate2(d, "tokenizer", st, as, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, st, &name);
+    H5Aclose(a), H5Tclose(st), H5Sclose(as);
   }
   H5Dclose(d), H5Sclose(sp), H5Fclose(f);
 }
@@ -33,6 +41,7 @@ static void test_windows_and_split(const char *path) {
   mc_data d;
   CHECK_OK(mc_data_open(&d, path, T, 0.1));
   CHECK(d.n_tokens == N, "n_tokens %lld", (long long)d.n_tokens);
+  CHECK(!strcmp(d.tokenizer, "bytes") && d.vocab_size == 256 && d.elem_bytes == 2, "tokenizer '%s'", d.tokenizer);
   CHECK(d.n_windows == (N - 1) / T, "n_windows %lld", (long long)d.n_windows);  /* 124 */
   CHECK(d.n_val == 12, "n_val %lld (round(124 * 0.1))", (long long)d.n_val);
   CHECK(d.n_train == d.n_windows - 12, "n_train %lld", (long long)d.n_train);

@@ -1,0 +1,128 @@
+#!/bin/bash
+# End-to-end tests of mcdata, mctrain and mceval: e2e.sh MODE (learn | resume | eval | errors).
+# Needs MC_BINARY_DIR and MC_SOURCE_DIR (ctest sets both). Each mode runs in its own temp dir.
+set -u
+B=${MC_BINARY_DIR:?}
+S=${MC_SOURCE_DIR:?}
+MODE=${1:?mode}
+W=$(mktemp -d /tmp/mc_train_e2e.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+fail=0
+die() { echo "FAIL: $*"; fail=1; }
+
+# A small model and run so that every mode takes seconds on 2 cores.
+SMALL=(--set model.d_model=32 --set model.n_heads=2 --set model.n_kv_heads=1 --set model.head_dim=16
+       --set model.expert_hidden=64 --set model.mamba_inner=64 --set model.mamba_head_dim=32
+       --set model.ssm_state=8 --set model.rec_width=32 --set model.seq_len=32
+       --set train.global_batch=8 --set train.micro_batch=4 --set train.warmup_steps=3
+       --set train.log_every=1 --set train.eval_batches=2 --set checkpoint.keep=0)
+
+# Corpus: the project's own C sources and docs (plain English and code, about 0.5 MB).
+corpus() {
+  find "$S/ckpt" "$S/train" "$S/util" "$S/docs" -maxdepth 1 -type f \( -name '*.c' -o -name '*.h' -o -name '*.md' \) | sort > files.txt
+  "$B/mcdata" -o corpus.h5 $(cat files.txt) > mcdata.log 2>&1 || { cat mcdata.log; die "mcdata failed"; exit 1; }
+}
+
+# The value of key $2 on the metrics line of step $3 of log $1 (empty if absent).
+field() { grep "\"step\": $3," "$1" | sed -n "s/.*\"$2\": \([-0-9.eE+a-z]*\).*/\1/p" | tail -1; }
+
+case "$MODE" in
+learn)
+  # Loss must fall well below ln(256) = 5.55 within a short run; validation, SVG and log appear.
+  corpus
+  "$B/mctrain" "${SMALL[@]}" --set data.path=corpus.h5 --set checkpoint.dir=run --set train.steps=60 \
+    --set train.lr=1e-2 --set train.min_lr=1e-3 --set train.eval_every=30 --set checkpoint.every=30 > out.log 2>&1 \
+    || { cat out.log; die "mctrain failed"; }
+  first=$(field run/metrics.jsonl loss 1); last=$(field run/metrics.jsonl loss 60); val=$(field run/metrics.jsonl val_loss 60)
+  echo "loss at step 1: $first, at step 60: $last, val_loss at 60: $val"
+  awk -v a="$first" 'BEGIN { exit !(a > 5.0 && a < 6.0) }' || die "first loss $first is not near ln(256)"
+  awk -v a="$last" 'BEGIN { exit !(a < 3.3) }' || die "loss $last did not fall well below ln(256)"
+  awk -v a="$val" 'BEGIN { exit !(a < 3.5) }' || die "val_loss $val did not fall"
+  [ "$(grep -c val_loss run/metrics.jsonl)" = 2 ] || die "expected val_loss at steps 30 and 60"
+  grep -q '<polyline' run/metrics.svg || die "no loss curve in run/metrics.svg"
+  [ -d run/step_30 ] && [ -d run/step_60 ] && [ -f run/latest ] || die "checkpoints step_30, step_60, latest missing"
+  grep -q "step 60/60" out.log || die "no progress line for step 60"
+  ;;
+resume)
+  # N straight steps == K steps, stop, resume to N: identical losses, digit for digit.
+  corpus
+  common=("${SMALL[@]}" --set data.path=corpus.h5 --set train.steps=12 --set train.eval_every=6 --set checkpoint.every=4)
+  "$B/mctrain" "${common[@]}" --set checkpoint.dir=a --set checkpoint.async_save=false > a.log 2>&1 || { cat a.log; die "straight run failed"; }
+  "$B/mctrain" "${common[@]}" --set checkpoint.dir=b --until 6 > b1.log 2>&1 || { cat b1.log; die "first half failed"; }
+  [ -d b/step_6 ] || die "--until 6 did not leave b/step_6"
+  [ ! -d b/step_8 ] || die "--until 6 ran past step 6"
+  "$B/mctrain" "${common[@]}" --set checkpoint.dir=b --resume latest > b2.log 2>&1 || { cat b2.log; die "resume failed"; }
+  grep -q "resumed from .*step_6 at step 6" b2.log || die "resume did not start at step 6"
+  for s in $(seq 1 12); do
+    for k in loss aux_loss grad_norm lr; do
+      x=$(field a/metrics.jsonl $k $s); y=$(field b/metrics.jsonl $k $s)
+      [ -n "$x" ] && [ "$x" = "$y" ] || die "step $s $k: straight $x, resumed $y"
+    done
+  done
+  x=$(field a/metrics.jsonl val_loss 12); y=$(field b/metrics.jsonl val_loss 12)
+  [ -n "$x" ] && [ "$x" = "$y" ] || die "val_loss at 12: straight $x, resumed $y"
+  [ "$(grep -c '"step": ' b/metrics.jsonl)" = 12 ] || die "resumed log should hold steps 1..12 once"
+  echo "12 steps straight and 6 + resume agree exactly (loss at 12: $x)"
+  # Resuming again from step 6 into a fresh directory, via the step directory itself.
+  "$B/mctrain" "${common[@]}" --set checkpoint.dir=c --resume b/step_6 --until 8 > c.log 2>&1 || { cat c.log; die "resume from DIR failed"; }
+  [ "$(field c/metrics.jsonl loss 8)" = "$(field a/metrics.jsonl loss 8)" ] || die "resume from b/step_6 differs at step 8"
+  ;;
+eval)
+  # mceval prints the trainer's val_loss for the same checkpoint.
+  corpus
+  "$B/mctrain" "${SMALL[@]}" --set data.path=corpus.h5 --set checkpoint.dir=run --set train.steps=8 \
+    --set train.eval_every=4 --set checkpoint.every=4 > out.log 2>&1 || { cat out.log; die "mctrain failed"; }
+  for s in 4 8; do
+    want=$(field run/metrics.jsonl val_loss $s)
+    got=$("$B/mceval" run/step_$s --data corpus.h5 | sed -n 's/^loss=\([^ ]*\).*/\1/p')
+    echo "step $s: trainer val_loss $want, mceval $got"
+    [ -n "$want" ] && [ "$want" = "$got" ] || die "mceval on step_$s gave $got, trainer logged $want"
+  done
+  got=$("$B/mceval" run --data corpus.h5 | sed -n 's/.*step=\([0-9]*\).*/\1/p')
+  [ "$got" = 8 ] || die "mceval run/ should follow latest to step 8, got $got"
+  all=$("$B/mceval" run --data corpus.h5 --split all --batches 1 | sed -n 's/.*tokens=\([0-9]*\).*/\1/p')
+  [ "$all" = 256 ] || die "--split all --batches 1 should score 8 windows x 32 tokens, got $all"
+  ;;
+errors)
+  # Bad input: clear messages naming the file, key or rule, non-zero exit, nothing written.
+  corpus
+  expect() { # expect "needle" cmd... : non-zero exit and the needle in stderr
+    local needle=$1; shift
+    if "$@" > err.out 2> err.log; then die "should fail: $*"; return; fi
+    grep -q -- "$needle" err.log || { cat err.log; die "message lacks '$needle': $*"; }
+  }
+  expect "does not exist" "$B/mcdata" -o x.h5 nope.txt
+  [ ! -e x.h5 ] || die "mcdata left x.h5 after an error"
+  printf 'abc\xff' > hi.txt
+  expect "token 255 at byte offset 3 is not below vocab_size=128" "$B/mcdata" -o x.h5 --vocab 128 hi.txt
+  [ -z "$(ls x.h5* 2>/dev/null)" ] || die "mcdata left a partial output"
+  printf 'abc' > odd.bin
+  expect "not a whole number of 2-byte tokens" "$B/mcdata" -o x.h5 --dtype uint16 --vocab 300 odd.bin
+  expect "needs --vocab" "$B/mcdata" -o x.h5 --dtype uint16 odd.bin
+  T=(--set checkpoint.dir=e --set train.steps=2)
+  expect "nope.h5: cannot read" "$B/mctrain" "${SMALL[@]}" "${T[@]}" --set data.path=nope.h5
+  echo "not hdf5" > bad.h5
+  expect "not an HDF5 file" "$B/mctrain" "${SMALL[@]}" "${T[@]}" --set data.path=bad.h5
+  head -c 400 /dev/zero > zeros.bin
+  "$B/mcdata" -o big.h5 --dtype uint16 --vocab 512 zeros.bin > /dev/null || die "mcdata uint16"
+  expect "vocab_size=512 is larger than model.vocab_size=256" "$B/mctrain" "${SMALL[@]}" "${T[@]}" --set data.path=big.h5
+  head -c 20 files.txt > short.txt
+  "$B/mcdata" -o short.h5 short.txt > /dev/null || die "mcdata short"
+  expect "too few for one window of seq_len+1=33" "$B/mctrain" "${SMALL[@]}" "${T[@]}" --set data.path=short.h5
+  expect "world size" "$B/mctrain" "${SMALL[@]}" "${T[@]}" --set data.path=corpus.h5 --set parallel.dp=2
+  expect "unknown argument" "$B/mctrain" --bogus
+  "$B/mctrain" "${SMALL[@]}" "${T[@]}" --set data.path=corpus.h5 > ok.log 2>&1 || { cat ok.log; die "2-step run failed"; }
+  expect "already holds a run" "$B/mctrain" "${SMALL[@]}" "${T[@]}" --set data.path=corpus.h5
+  expect "different model" "$B/mctrain" "${SMALL[@]}" "${T[@]}" --set data.path=corpus.h5 --set model.d_model=64 \
+    --set train.steps=4 --resume latest
+  expect "train.seed" "$B/mctrain" "${SMALL[@]}" "${T[@]}" --set data.path=corpus.h5 --set train.seed=7 \
+    --set train.steps=4 --resume latest
+  expect "cannot resume" "$B/mctrain" "${SMALL[@]}" "${T[@]}" --set data.path=corpus.h5 --resume nowhere
+  expect "missing --data" "$B/mceval" e
+  expect "larger than model.vocab_size" "$B/mceval" e --data big.h5
+  ;;
+*) echo "unknown mode $MODE"; exit 2 ;;
+esac
+[ $fail = 0 ] && echo "e2e $MODE: ok"
+exit $fail
