@@ -1,0 +1,195 @@
+/* Distributed checkpoints (DESIGN.md section 5; format in docs/checkpoint.md).
+ *
+ * <dir>/step_<N>/rank_<R>.h5 holds one HDF5 dataset "/<family>/<state>" per shard that rank R
+ * is the primary of, each carrying its ownership and SHA-256 as attributes;
+ * <dir>/step_<N>/manifest.json indexes everything; <dir>/latest names the newest committed
+ * step and the SHA-256 of its manifest (the root hash).
+ *
+ * Ownership always comes from mc_shard_of (ckpt/ownership.h). The library links neither MPI
+ * nor CUDA: one process may write the files of several ranks, or several processes may each
+ * write their own rank file, synchronised by a barrier callback the caller supplies. */
+#ifndef MC_CKPT_CHECKPOINT_H
+#define MC_CKPT_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "ckpt/config.h"
+#include "ckpt/ownership.h"
+
+#define MC_CKPT_FORMAT_VERSION 1
+#define MC_CKPT_MAX_DIM 3
+#define MC_CKPT_RULE_MAX 64
+
+/* ---------------------------------------------------------------- training state */
+
+/* Everything besides tensors that a run needs to continue exactly (DESIGN.md section 4).
+ * Nothing in it depends on the rank grid. */
+typedef struct {
+  int64_t step;          /* optimizer steps completed */
+  int64_t tokens_seen;
+  int64_t schedule_step; /* position in the learning-rate schedule */
+  double lr;             /* learning rate in effect at schedule_step */
+  int64_t adam_step;     /* AdamW bias-correction step count */
+  /* optimizer and schedule hyperparameters in force when saved */
+  double lr_max, lr_min;
+  int64_t warmup_steps, total_steps;
+  double beta1, beta2, adam_eps, weight_decay, grad_clip;
+  /* randomness is counter-based: a seed plus the next unused counter of each stream */
+  uint64_t seed;
+  uint64_t rng_counter;   /* next unused counter of the sampling/dropout streams */
+  int64_t data_position;  /* index of the next sample of the data stream */
+} mc_train_state;
+
+/* ---------------------------------------------------------------- save */
+
+/* One shard to save: the hyperslab `rank` holds of (family, state), exactly
+ * mc_shard_of(g, family, state, rank).numel fp32 values, row-major over its count.
+ * Items whose rank is not the primary of that hyperslab (or holds nothing) are skipped. */
+typedef struct {
+  int family;        /* index into g->fams */
+  mc_state state;
+  int rank;
+  const float *data; /* host memory */
+} mc_ckpt_item;
+
+/* Collective AND over every process taking part in the save: each passes ok (1 = this
+ * process has succeeded so far) and gets 1 only if every process passed 1. Called exactly
+ * three times per save by every process, in the same order, also after a local failure.
+ * With an async save it is called from the background thread. */
+typedef int (*mc_ckpt_barrier_fn)(void *user, int ok);
+
+typedef struct {
+  int keep;              /* keep the last K committed checkpoints (0 = all) */
+  int io_threads;        /* hashing threads (>= 1) */
+  int root;              /* this process writes the manifest and commits (rank 0's process) */
+  mc_ckpt_barrier_fn barrier; /* NULL: this process is the only one writing */
+  void *barrier_user;
+} mc_ckpt_save_opts;
+
+/* keep = 0, io_threads = 2, root = 1, no barrier. */
+void mc_ckpt_save_opts_default(mc_ckpt_save_opts *o);
+
+/* Saves step state->step into dir (created if missing). `cfg` is recorded whole in the
+ * manifest, with its model and parallel sections taken from g. On return 0 the checkpoint
+ * is committed and `latest` names it. On failure (any process, any step, a full disk
+ * included) the previous checkpoint and `latest` are untouched, the temporary directory is
+ * removed and -1 is returned with a message naming the file and step that failed.
+ * Refuses to overwrite an already committed step_<N>. */
+int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg,
+                 const mc_train_state *state, const mc_ckpt_item *items, int n_items,
+                 const mc_ckpt_save_opts *opts);
+
+/* Asynchronous saving: mc_ckpt_saver_save copies the items into host buffers owned by the
+ * saver and returns; a background thread then writes, hashes and commits. The next save,
+ * mc_ckpt_saver_wait and mc_ckpt_saver_close wait for the one in flight and return its
+ * result: an error is always reported by one of them, never lost. */
+/* The geometry passed to a save must stay valid until that save has been waited for. */
+typedef struct mc_ckpt_saver mc_ckpt_saver;
+int mc_ckpt_saver_create(const char *dir, const mc_ckpt_save_opts *opts, mc_ckpt_saver **out);
+/* Returns -1 without starting if the previous save failed (its error is the message). */
+int mc_ckpt_saver_save(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *cfg,
+                       const mc_train_state *state, const mc_ckpt_item *items, int n_items);
+int mc_ckpt_saver_wait(mc_ckpt_saver *s);
+/* Seconds the last mc_ckpt_saver_save kept its caller blocked (wait for the previous save
+ * plus the copy). */
+double mc_ckpt_saver_last_stall(const mc_ckpt_saver *s);
+/* Waits, frees everything, and returns the result of the save in flight (0 if none). */
+int mc_ckpt_saver_close(mc_ckpt_saver *s);
+
+/* ---------------------------------------------------------------- fault injection (tests) */
+
+/* The steps of the save path, in order, at which a fault can be injected. */
+extern const char *const mc_ckpt_fault_points[];
+extern const int mc_ckpt_n_fault_points;
+/* Arms a fault for the next saves of this process: at `point` the operation fails with
+ * ENOSPC (crash = 0) or the process exits at once with status 3, as if killed, without
+ * any clean-up (crash = 1). NULL disarms. The environment variable MC_CKPT_FAULT=<point> or
+ * <point>:crash arms the same when no fault is set by this function. */
+int mc_ckpt_set_fault(const char *point, int crash);
+
+/* ---------------------------------------------------------------- load */
+
+typedef struct {
+  char name[MC_FAMILY_NAME_MAX];
+  int ndim;
+  int64_t shape[MC_CKPT_MAX_DIM];
+  int64_t numel;
+  char placement_rule[MC_CKPT_RULE_MAX]; /* e.g. "tp(dim=0) x zero(dim=0)" */
+  int stage;
+  int decay;                             /* optimizer group: 1 = weight decay */
+} mc_ckpt_family;
+
+/* One stored shard: a dataset of one rank file. */
+typedef struct {
+  char file[32];                            /* e.g. "rank_3.h5", inside the step directory */
+  char dataset[MC_FAMILY_NAME_MAX + 16];    /* e.g. "/layers.07.attn.wk/exp_avg" */
+  char family[MC_FAMILY_NAME_MAX];
+  int family_index;                         /* into the manifest's family list */
+  mc_state state;
+  int ndim;
+  int64_t start[MC_CKPT_MAX_DIM], count[MC_CKPT_MAX_DIM];
+  int64_t numel;
+  int rank;                                 /* the primary rank that wrote it */
+  int stage;
+  int n_replicas;
+  const int *replicas;                      /* replica group, ascending; replicas[0] == rank */
+  char sha256[65];                          /* hex of the raw little-endian fp32 bytes */
+} mc_ckpt_shard;
+
+typedef struct {
+  int verify;     /* hash-verify every shard read (default 1; 0 is an explicit opt-out) */
+  int io_threads; /* threads for reading and hashing (default 2) */
+} mc_ckpt_open_opts;
+void mc_ckpt_open_opts_default(mc_ckpt_open_opts *o);
+
+typedef struct mc_ckpt mc_ckpt;
+
+/* Opens a checkpoint directory (follows `latest`) or one step directory. The manifest is
+ * checked against the root hash in `latest` (when `latest` names this step), against the
+ * format rules (required keys and types, format version, shard bounds and coverage), and
+ * every shard file must exist with the size the manifest records. Nothing on disk changes. */
+int mc_ckpt_open(const char *path, const mc_ckpt_open_opts *opts, mc_ckpt **out);
+void mc_ckpt_close(mc_ckpt *ck);
+
+int64_t mc_ckpt_step(const mc_ckpt *ck);
+const char *mc_ckpt_step_dir(const mc_ckpt *ck);
+const char *mc_ckpt_root_hash(const mc_ckpt *ck);      /* sha256 hex of manifest.json */
+const char *mc_ckpt_manifest_json(const mc_ckpt *ck);  /* the manifest text */
+int mc_ckpt_format_version(const mc_ckpt *ck);
+/* The recorded run configuration: defaults overlaid with the manifest's config section. */
+int mc_ckpt_config(const mc_ckpt *ck, mc_config *out);
+const char *mc_ckpt_config_json(const mc_ckpt *ck);    /* that section, as JSON text */
+int mc_ckpt_train_state(const mc_ckpt *ck, mc_train_state *out);
+/* 1 if the checkpoint stores this state kind (every family then has it). */
+int mc_ckpt_has_state(const mc_ckpt *ck, mc_state state);
+
+int mc_ckpt_n_families(const mc_ckpt *ck);
+const mc_ckpt_family *mc_ckpt_family_at(const mc_ckpt *ck, int i);
+int mc_ckpt_find_family(const mc_ckpt *ck, const char *name); /* index or -1 */
+int mc_ckpt_n_shards(const mc_ckpt *ck);
+const mc_ckpt_shard *mc_ckpt_shard_at(const mc_ckpt *ck, int i);
+
+/* Compares the checkpoint's model with a run's: every model key except the training-only
+ * ones (init_std, capacity_factor, aux_loss_coef, seq_len) must match; the error names the
+ * first differing key with both values. */
+int mc_ckpt_check_model(const mc_ckpt *ck, const mc_model *m);
+
+/* One hyperslab request: `out` receives prod(count) fp32 values, row-major. */
+typedef struct {
+  const char *family;
+  mc_state state;
+  int64_t start[MC_CKPT_MAX_DIM], count[MC_CKPT_MAX_DIM];
+  float *out;
+} mc_ckpt_request;
+
+/* Reads any hyperslab of any family and state, assembled from every shard that intersects
+ * it (the load-time resharding primitive). Each shard touched is hash-verified once per
+ * open unless verification is off; a shard serving several requests is read once; shards
+ * are read and hashed on io_threads threads. One call at a time per handle. */
+int mc_ckpt_read(mc_ckpt *ck, const char *family, mc_state state, const int64_t *start,
+                 const int64_t *count, float *out);
+int mc_ckpt_read_many(mc_ckpt *ck, const mc_ckpt_request *reqs, int n);
+/* Reads and hash-verifies every shard (in parallel); the error names the first bad one. */
+int mc_ckpt_verify_all(mc_ckpt *ck);
+
+#endif

@@ -1,0 +1,469 @@
+/* Rank files: one plain HDF5 file per writing rank, one contiguous fp32 dataset per shard
+ * ("/<family>/<state>") carrying its ownership and SHA-256 as attributes. */
+#define _POSIX_C_SOURCE 200809L
+#include <hdf5.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/ckpt_internal.h"
+#include "util/error.h"
+
+/* ---------------------------------------------------------------- HDF5 errors */
+
+typedef struct {
+  char text[512];
+} h5_err_text;
+
+static herr_t h5_err_walk(unsigned n, const H5E_error2_t *e, void *data) {
+  h5_err_text *t = data;
+  /* The deepest entry (n = 0) says what went wrong at the bottom; keep it. */
+  if (n == 0 && e->desc) snprintf(t->text, sizeof t->text, "%s", e->desc);
+  return 0;
+}
+
+/* The HDF5 library's own reason for the last failure, for our messages. */
+static const char *h5_reason(h5_err_text *t) {
+  t->text[0] = 0;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, h5_err_walk, t);
+  if (!t->text[0]) snprintf(t->text, sizeof t->text, "HDF5 error");
+  return t->text;
+}
+
+/* The error stack is per thread in the thread-safe library: silence it on every entry. */
+static void h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
+
+/* ---------------------------------------------------------------- attribute helpers */
+
+static int attr_write(hid_t obj, const char *name, hid_t ftype, hid_t mtype, int n, const void *v) {
+  hsize_t dims[1] = {(hsize_t)n};
+  hid_t sp = n < 0 ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, dims, NULL);
+  hid_t a = sp < 0 ? -1 : H5Acreate2(obj, name, ftype, sp, H5P_DEFAULT, H5P_DEFAULT);
+  int rc = (a >= 0 && H5Awrite(a, mtype, v) >= 0) ? 0 : -1;
+  if (a >= 0) H5Aclose(a);
+  if (sp >= 0) H5Sclose(sp);
+  return rc;
+}
+
+static int attr_str(hid_t obj, const char *name, const char *value) {
+  /* Variable-length UTF-8 strings: h5py returns them as str, h5dump prints them plainly. */
+  hid_t t = H5Tcopy(H5T_C_S1);
+  H5Tset_size(t, H5T_VARIABLE);
+  H5Tset_cset(t, H5T_CSET_UTF8);
+  int rc = attr_write(obj, name, t, t, -1, &value);
+  H5Tclose(t);
+  return rc;
+}
+
+static int attr_i64s(hid_t obj, const char *name, const int64_t *v, int n) {
+  return attr_write(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, n, v);
+}
+
+static int attr_i32(hid_t obj, const char *name, int v) {
+  return attr_write(obj, name, H5T_STD_I32LE, H5T_NATIVE_INT, -1, &v);
+}
+
+static int attr_i32s(hid_t obj, const char *name, const int *v, int n) {
+  return attr_write(obj, name, H5T_STD_I32LE, H5T_NATIVE_INT, n, v);
+}
+
+/* Reads a string attribute (variable or fixed length). */
+static int attr_read_str(hid_t obj, const char *name, char *buf, size_t cap) {
+  if (H5Aexists(obj, name) <= 0) return -1;
+  hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+  if (a < 0) return -1;
+  hid_t ft = H5Aget_type(a);
+  hid_t sp = H5Aget_space(a);
+  int rc = -1;
+  if (ft >= 0 && sp >= 0 && H5Tget_class(ft) == H5T_STRING && H5Sget_simple_extent_npoints(sp) == 1) {
+    if (H5Tis_variable_str(ft) > 0) {
+      hid_t mt = H5Tcopy(H5T_C_S1);
+      H5Tset_size(mt, H5T_VARIABLE);
+      H5Tset_cset(mt, H5Tget_cset(ft));
+      char *s = NULL;
+      if (H5Aread(a, mt, &s) >= 0 && s) {
+        snprintf(buf, cap, "%s", s);
+        rc = strlen(s) < cap ? 0 : -1;
+        H5free_memory(s);
+      }
+      H5Tclose(mt);
+    } else {
+      size_t sz = H5Tget_size(ft);
+      if (sz + 1 <= cap) {
+        hid_t mt = H5Tcopy(ft);
+        memset(buf, 0, cap);
+        if (H5Aread(a, mt, buf) >= 0) rc = 0;
+        H5Tclose(mt);
+      }
+    }
+  }
+  if (sp >= 0) H5Sclose(sp);
+  if (ft >= 0) H5Tclose(ft);
+  H5Aclose(a);
+  return rc;
+}
+
+/* Number of values of an attribute (-1 if absent). */
+static int attr_len(hid_t obj, const char *name) {
+  if (H5Aexists(obj, name) <= 0) return -1;
+  hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+  if (a < 0) return -1;
+  hid_t sp = H5Aget_space(a);
+  hssize_t np = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+  if (sp >= 0) H5Sclose(sp);
+  H5Aclose(a);
+  return (int)np;
+}
+
+/* Reads an integer attribute of up to maxn values; *n gets the count (1 for scalars). */
+static int attr_read_ints(hid_t obj, const char *name, hid_t mtype, void *out, int maxn, int *n) {
+  if (H5Aexists(obj, name) <= 0) return -1;
+  hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+  if (a < 0) return -1;
+  hid_t ft = H5Aget_type(a);
+  hid_t sp = H5Aget_space(a);
+  int rc = -1;
+  hssize_t np = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+  if (ft >= 0 && H5Tget_class(ft) == H5T_INTEGER && np >= 0 && np <= maxn) {
+    if (np == 0 || H5Aread(a, mtype, out) >= 0) {
+      *n = (int)np;
+      rc = 0;
+    }
+  }
+  if (sp >= 0) H5Sclose(sp);
+  if (ft >= 0) H5Tclose(ft);
+  H5Aclose(a);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- writing */
+
+static int write_shard_attrs(hid_t d, const mc_shard_attrs *a) {
+  const mc_ckpt_shard *s = &a->s;
+  int rc = 0;
+  rc |= attr_str(d, "family", s->family);
+  rc |= attr_str(d, "state", mc_state_name(s->state));
+  rc |= attr_str(d, "dtype", "float32");
+  rc |= attr_i64s(d, "global_shape", a->global_shape, s->ndim);
+  rc |= attr_i64s(d, "start", s->start, s->ndim);
+  rc |= attr_i64s(d, "count", s->count, s->ndim);
+  rc |= attr_str(d, "placement_rule", a->placement_rule);
+  rc |= attr_i32(d, "stage", s->stage);
+  rc |= attr_i32s(d, "replica_group", s->replicas, s->n_replicas);
+  rc |= attr_i32(d, "primary_rank", s->rank);
+  rc |= attr_str(d, "sha256", s->sha256);
+  return rc ? -1 : 0;
+}
+
+int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_attrs *attrs,
+                          const float *const *data, int n, mc_pool *hashes, int hash_base) {
+  h5_quiet();
+  h5_err_text et;
+  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
+  /* Large datasets start on 4 KiB boundaries so their pwrite/pread are page aligned;
+   * metadata is gathered in 64 KiB blocks so it does not interleave with the data. */
+  H5Pset_alignment(fapl, 64 * 1024, 4096);
+  H5Pset_meta_block_size(fapl, 64 * 1024);
+  /* No object timestamps: the same state always gives byte-identical files. */
+  hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+  H5Pset_obj_track_times(fcpl, 0);
+  hid_t gcpl = H5Pcreate(H5P_GROUP_CREATE);
+  H5Pset_obj_track_times(gcpl, 0);
+  hid_t fid = H5Fcreate(path, H5F_ACC_EXCL, fcpl, fapl);
+  H5Pclose(fapl);
+  H5Pclose(fcpl);
+  if (fid < 0) {
+    H5Pclose(gcpl);
+    return mc_error("%s: cannot create HDF5 file: %s", path, h5_reason(&et));
+  }
+  int rc = 0;
+  int64_t hdr[1] = {step};
+  if (attr_str(fid, "format", "megac-checkpoint") || attr_i32(fid, "format_version", MC_CKPT_FORMAT_VERSION) ||
+      attr_i64s(fid, "step", hdr, -1) || attr_i32(fid, "rank", rank))
+    rc = mc_error("%s: cannot write file attributes: %s", path, h5_reason(&et));
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  /* Contiguous, no fill: every byte is written once, by our H5Dwrite. */
+  H5Pset_layout(dcpl, H5D_CONTIGUOUS);
+  H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
+  H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_LATE);
+  H5Pset_obj_track_times(dcpl, 0);
+  for (int i = 0; i < n && rc == 0; i++) {
+    mc_ckpt_shard *s = &attrs[i].s;
+    hid_t g = -1;
+    char gname[MC_FAMILY_NAME_MAX + 2];
+    snprintf(gname, sizeof gname, "/%s", s->family);
+    htri_t ex = H5Lexists(fid, gname, H5P_DEFAULT);
+    g = ex > 0 ? H5Gopen2(fid, gname, H5P_DEFAULT) : H5Gcreate2(fid, gname, H5P_DEFAULT, gcpl, H5P_DEFAULT);
+    if (g < 0) {
+      rc = mc_error("%s: cannot create group %s: %s", path, gname, h5_reason(&et));
+      break;
+    }
+    hsize_t dims[MC_CKPT_MAX_DIM];
+    for (int k = 0; k < s->ndim; k++) dims[k] = (hsize_t)s->count[k];
+    hid_t sp = H5Screate_simple(s->ndim, dims, NULL);
+    hid_t d = H5Dcreate2(g, mc_state_name(s->state), H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (d < 0) {
+      rc = mc_error("%s: cannot create dataset %s: %s", path, s->dataset, h5_reason(&et));
+    } else if (H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data[i]) < 0) {
+      rc = mc_error("%s: writing dataset %s failed: %s", path, s->dataset, h5_reason(&et));
+    } else if (i == 0 && mc_ckpt_fault("write_data")) {
+      rc = mc_error_context("%s: writing dataset %s", path, s->dataset);
+    } else if (mc_pool_wait_job(hashes, hash_base + i) != 0) {
+      rc = mc_error_context("%s: hashing dataset %s", path, s->dataset);
+    } else if (write_shard_attrs(d, &attrs[i]) != 0) {
+      rc = mc_error("%s: cannot write attributes of %s: %s", path, s->dataset, h5_reason(&et));
+    }
+    if (d >= 0) H5Dclose(d);
+    H5Sclose(sp);
+    H5Gclose(g);
+  }
+  H5Pclose(dcpl);
+  H5Pclose(gcpl);
+  /* Closing flushes metadata: a full disk shows up here too. */
+  if (H5Fclose(fid) < 0 && rc == 0) rc = mc_error("%s: closing failed: %s", path, h5_reason(&et));
+  if (rc == 0 && (mc_ckpt_fault("fsync_file") || mc_fsync_path(path, 0)))
+    rc = mc_error_context("%s: rank file not durable", path);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- scanning */
+
+typedef struct {
+  char (*names)[MC_FAMILY_NAME_MAX + 16];
+  int n, cap;
+  int bad;
+} name_list;
+
+static herr_t collect_state(hid_t g, const char *name, const H5L_info_t *info, void *data) {
+  (void)g;
+  (void)info;
+  name_list *l = data;
+  if (l->n == l->cap) {
+    int nc = l->cap ? 2 * l->cap : 64;
+    void *nn = realloc(l->names, (size_t)nc * sizeof *l->names);
+    if (!nn) return -1;
+    l->names = nn;
+    l->cap = nc;
+  }
+  /* The caller prefixes the family; here only the state name is stored. */
+  if (strlen(name) >= sizeof l->names[0]) {
+    l->bad = 1;
+    return 0;
+  }
+  snprintf(l->names[l->n++], sizeof l->names[0], "%s", name);
+  return 0;
+}
+
+int mc_h5_scan_rank_file(const char *path, const char *file_name, mc_shard_attrs **out, int *n_out) {
+  h5_quiet();
+  h5_err_text et;
+  *out = NULL;
+  *n_out = 0;
+  hid_t fid = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (fid < 0) return mc_error("%s: cannot open HDF5 file: %s", path, h5_reason(&et));
+  name_list fams = {0};
+  hsize_t idx = 0;
+  int rc = 0;
+  if (H5Literate(fid, H5_INDEX_NAME, H5_ITER_INC, &idx, collect_state, &fams) < 0 || fams.bad)
+    rc = mc_error("%s: cannot list its groups: %s", path, h5_reason(&et));
+  mc_shard_attrs *recs = NULL;
+  int n = 0, cap = 0;
+  for (int f = 0; f < fams.n && rc == 0; f++) {
+    hid_t g = H5Gopen2(fid, fams.names[f], H5P_DEFAULT);
+    if (g < 0) {
+      rc = mc_error("%s: /%s is not a group of shard datasets", path, fams.names[f]);
+      break;
+    }
+    name_list states = {0};
+    idx = 0;
+    if (H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, &idx, collect_state, &states) < 0 || states.bad)
+      rc = mc_error("%s: cannot list group /%s", path, fams.names[f]);
+    for (int k = 0; k < states.n && rc == 0; k++) {
+      if (n == cap) {
+        cap = cap ? 2 * cap : 64;
+        mc_shard_attrs *nr = realloc(recs, (size_t)cap * sizeof *recs);
+        if (!nr) {
+          rc = mc_error("out of memory scanning %s", path);
+          break;
+        }
+        recs = nr;
+      }
+      mc_shard_attrs *r = &recs[n];
+      memset(r, 0, sizeof *r);
+      n++;
+      mc_ckpt_shard *s = &r->s;
+      snprintf(s->file, sizeof s->file, "%s", file_name);
+      snprintf(s->dataset, sizeof s->dataset, "/%s/%s", fams.names[f], states.names[k]);
+      hid_t d = H5Dopen2(g, states.names[k], H5P_DEFAULT);
+      if (d < 0) {
+        rc = mc_error("%s: cannot open dataset %s: %s", path, s->dataset, h5_reason(&et));
+        break;
+      }
+      char state[32], dtype[32];
+      int na = 0, nb = 0, nc = 0, ns = 0, one = 0;
+      const char *bad = NULL;
+      int nrep = attr_len(d, "replica_group");
+      int *replicas = malloc((size_t)(nrep > 0 ? nrep : 1) * sizeof(int));
+      if (!replicas) {
+        H5Dclose(d);
+        rc = mc_error("out of memory scanning %s", path);
+        break;
+      }
+      if (attr_read_str(d, "family", s->family, sizeof s->family)) bad = "family";
+      else if (attr_read_str(d, "state", state, sizeof state) || mc_state_parse(state) < 0) bad = "state";
+      else if (attr_read_str(d, "dtype", dtype, sizeof dtype) || strcmp(dtype, "float32") != 0) bad = "dtype";
+      else if (attr_read_ints(d, "global_shape", H5T_NATIVE_INT64, r->global_shape, MC_CKPT_MAX_DIM, &na) || na < 1) bad = "global_shape";
+      else if (attr_read_ints(d, "start", H5T_NATIVE_INT64, s->start, MC_CKPT_MAX_DIM, &nb) || nb != na) bad = "start";
+      else if (attr_read_ints(d, "count", H5T_NATIVE_INT64, s->count, MC_CKPT_MAX_DIM, &nc) || nc != na) bad = "count";
+      else if (attr_read_str(d, "placement_rule", r->placement_rule, sizeof r->placement_rule)) bad = "placement_rule";
+      else if (attr_read_ints(d, "stage", H5T_NATIVE_INT, &s->stage, 1, &one) || one != 1) bad = "stage";
+      else if (attr_read_ints(d, "primary_rank", H5T_NATIVE_INT, &s->rank, 1, &one) || one != 1) bad = "primary_rank";
+      else if (attr_read_ints(d, "replica_group", H5T_NATIVE_INT, replicas, nrep, &ns) || ns < 1) bad = "replica_group";
+      else if (attr_read_str(d, "sha256", s->sha256, sizeof s->sha256) || strlen(s->sha256) != 64) bad = "sha256";
+      if (bad) {
+        rc = mc_error("%s: dataset %s has a missing or malformed attribute '%s'", path, s->dataset, bad);
+      } else {
+        s->state = (mc_state)mc_state_parse(state);
+        s->ndim = na;
+        s->numel = 1;
+        for (int j = 0; j < na; j++) s->numel *= s->count[j];
+        s->n_replicas = ns;
+        r->replica_buf = replicas;
+        replicas = NULL;
+        s->replicas = r->replica_buf;
+        char expect[sizeof s->dataset + sizeof state + 2];
+        snprintf(expect, sizeof expect, "/%s/%s", s->family, state);
+        if (rc == 0 && strcmp(expect, s->dataset) != 0)
+          rc = mc_error("%s: dataset %s says it holds %s", path, s->dataset, expect);
+      }
+      free(replicas);
+      H5Dclose(d);
+    }
+    free(states.names);
+    H5Gclose(g);
+  }
+  free(fams.names);
+  H5Fclose(fid);
+  if (rc) {
+    mc_shard_attrs_free(recs, n);
+    return rc;
+  }
+  *out = recs;
+  *n_out = n;
+  return 0;
+}
+
+void mc_shard_attrs_free(mc_shard_attrs *a, int n) {
+  if (!a) return;
+  for (int i = 0; i < n; i++) free(a[i].replica_buf);
+  free(a);
+}
+
+/* ---------------------------------------------------------------- reading */
+
+int mc_h5_open_read(const char *path, int64_t *fid_out) {
+  h5_quiet();
+  h5_err_text et;
+  hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
+  hid_t fid = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+  H5Pclose(fapl);
+  if (fid < 0) return mc_error("%s: unreadable shard file (truncated or not HDF5): %s", path, h5_reason(&et));
+  *fid_out = (int64_t)fid;
+  return 0;
+}
+
+void mc_h5_close(int64_t fid) {
+  if (fid >= 0) H5Fclose((hid_t)fid);
+}
+
+static hid_t open_dataset(hid_t fid, const char *file_name, const mc_ckpt_shard *s) {
+  char gname[MC_FAMILY_NAME_MAX + 2];
+  snprintf(gname, sizeof gname, "/%s", s->family);
+  if (H5Lexists(fid, gname, H5P_DEFAULT) <= 0 || H5Lexists(fid, s->dataset, H5P_DEFAULT) <= 0) {
+    mc_error("%s: dataset %s is missing", file_name, s->dataset);
+    return -1;
+  }
+  hid_t d = H5Dopen2(fid, s->dataset, H5P_DEFAULT);
+  if (d < 0) {
+    h5_err_text et;
+    mc_error("%s: cannot open dataset %s: %s", file_name, s->dataset, h5_reason(&et));
+  }
+  return d;
+}
+
+int mc_h5_check_attrs(int64_t fid, const char *file_name, const mc_ckpt_shard *s, const int64_t *global_shape) {
+  h5_quiet();
+  hid_t d = open_dataset((hid_t)fid, file_name, s);
+  if (d < 0) return -1;
+  char str[128];
+  int64_t v[MC_CKPT_MAX_DIM];
+  int n = 0, one = 0, iv = 0;
+  const char *bad = NULL;
+  if (attr_read_str(d, "family", str, sizeof str) || strcmp(str, s->family)) bad = "family";
+  else if (attr_read_str(d, "state", str, sizeof str) || strcmp(str, mc_state_name(s->state))) bad = "state";
+  else if (attr_read_str(d, "dtype", str, sizeof str) || strcmp(str, "float32")) bad = "dtype";
+  else if (attr_read_ints(d, "global_shape", H5T_NATIVE_INT64, v, MC_CKPT_MAX_DIM, &n) || n != s->ndim ||
+           memcmp(v, global_shape, (size_t)n * sizeof *v))
+    bad = "global_shape";
+  else if (attr_read_ints(d, "start", H5T_NATIVE_INT64, v, MC_CKPT_MAX_DIM, &n) || n != s->ndim ||
+           memcmp(v, s->start, (size_t)n * sizeof *v))
+    bad = "start";
+  else if (attr_read_ints(d, "count", H5T_NATIVE_INT64, v, MC_CKPT_MAX_DIM, &n) || n != s->ndim ||
+           memcmp(v, s->count, (size_t)n * sizeof *v))
+    bad = "count";
+  else if (attr_read_ints(d, "stage", H5T_NATIVE_INT, &iv, 1, &one) || iv != s->stage) bad = "stage";
+  else if (attr_read_ints(d, "primary_rank", H5T_NATIVE_INT, &iv, 1, &one) || iv != s->rank) bad = "primary_rank";
+  else if (attr_read_str(d, "sha256", str, sizeof str) || strcmp(str, s->sha256)) bad = "sha256";
+  int rc = 0;
+  if (bad) {
+    rc = mc_error("%s: attribute '%s' of dataset %s is missing, corrupt or disagrees with the manifest",
+                  file_name, bad, s->dataset);
+  } else {
+    /* The stored array itself must be fp32 with exactly the recorded extent. */
+    hid_t t = H5Dget_type(d), sp = H5Dget_space(d);
+    hsize_t dims[H5S_MAX_RANK];
+    int nd = sp >= 0 ? H5Sget_simple_extent_dims(sp, dims, NULL) : -1;
+    int ok = t >= 0 && H5Tequal(t, H5T_IEEE_F32LE) > 0 && nd == s->ndim;
+    for (int k = 0; ok && k < nd; k++) ok = (int64_t)dims[k] == s->count[k];
+    if (!ok) rc = mc_error("%s: dataset %s is not fp32 of the recorded count", file_name, s->dataset);
+    if (t >= 0) H5Tclose(t);
+    if (sp >= 0) H5Sclose(sp);
+  }
+  H5Dclose(d);
+  return rc;
+}
+
+int mc_h5_read_box(int64_t fid, const char *file_name, const mc_ckpt_shard *s, const int64_t *off,
+                   const int64_t *cnt, float *out, const int64_t *out_dims, const int64_t *out_off) {
+  h5_quiet();
+  h5_err_text et;
+  hid_t d = open_dataset((hid_t)fid, file_name, s);
+  if (d < 0) return -1;
+  int whole = 1;
+  hsize_t fo[MC_CKPT_MAX_DIM], fc[MC_CKPT_MAX_DIM], md[MC_CKPT_MAX_DIM], mo[MC_CKPT_MAX_DIM];
+  for (int k = 0; k < s->ndim; k++) {
+    fo[k] = (hsize_t)off[k];
+    fc[k] = (hsize_t)cnt[k];
+    md[k] = (hsize_t)out_dims[k];
+    mo[k] = (hsize_t)out_off[k];
+    if (off[k] != 0 || cnt[k] != s->count[k] || out_dims[k] != cnt[k] || out_off[k] != 0) whole = 0;
+  }
+  int rc = 0;
+  if (whole) {
+    if (H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
+      rc = mc_error("%s: reading dataset %s failed: %s", file_name, s->dataset, h5_reason(&et));
+  } else {
+    hid_t fs = H5Dget_space(d);
+    hid_t ms = H5Screate_simple(s->ndim, md, NULL);
+    if (fs < 0 || ms < 0 || H5Sselect_hyperslab(fs, H5S_SELECT_SET, fo, NULL, fc, NULL) < 0 ||
+        H5Sselect_hyperslab(ms, H5S_SELECT_SET, mo, NULL, fc, NULL) < 0 ||
+        H5Dread(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, out) < 0)
+      rc = mc_error("%s: reading a hyperslab of dataset %s failed: %s", file_name, s->dataset, h5_reason(&et));
+    if (fs >= 0) H5Sclose(fs);
+    if (ms >= 0) H5Sclose(ms);
+  }
+  H5Dclose(d);
+  return rc;
+}

@@ -1,0 +1,120 @@
+/* Pieces shared by the checkpoint save and load paths; not a public interface. */
+#ifndef MC_CKPT_CKPT_INTERNAL_H
+#define MC_CKPT_CKPT_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt/checkpoint.h"
+
+/* ---------------------------------------------------------------- hashing (ckpt_hash.c) */
+void mc_sha256_hex(const void *data, size_t len, char hex[65]);
+
+/* A pool running jobs 0..n-1 on `threads` threads, taken in index order, so a consumer can
+ * wait for job j while later ones still run. fn returns 0 or -1 (with mc_error). */
+typedef int (*mc_job_fn)(void *ctx, int job);
+typedef struct mc_pool mc_pool;
+mc_pool *mc_pool_start(int n_jobs, int threads, mc_job_fn fn, void *ctx);
+/* Waits for job j; returns its result, copying its error message to the caller's thread. */
+int mc_pool_wait_job(mc_pool *p, int j);
+/* Stops taking new jobs (after a consumer failure); jobs already running finish. */
+void mc_pool_cancel(mc_pool *p);
+/* Joins and frees; returns -1 with the first failing job's message if any job failed. */
+int mc_pool_finish(mc_pool *p);
+/* Runs all jobs and returns like mc_pool_finish. */
+int mc_parallel(int n_jobs, int threads, mc_job_fn fn, void *ctx);
+
+/* ---------------------------------------------------------------- files (ckpt_fs.c) */
+/* out (MC_PATH_MAX bytes) = dir/name; -1 with an error if it does not fit. */
+int mc_path_join(char *out, const char *dir, const char *name);
+int mc_fsync_path(const char *path, int is_dir);
+int mc_mkdir_p(const char *path);
+int mc_rmtree(const char *path);
+/* Writes a whole file and fsyncs it; fault points name the write and the fsync. */
+int mc_write_file_durable(const char *path, const void *data, size_t len,
+                          const char *fault_write, const char *fault_fsync);
+/* Reads a whole file (NUL-terminated); caller frees. */
+int mc_read_file(const char *path, char **data, size_t *len);
+int mc_file_size(const char *path, int64_t *size);
+int mc_path_exists(const char *path);
+
+/* Fault injection: 0 if `point` is not armed, else -1 with an ENOSPC error (or the process
+ * exits with status 3 for a crash fault). */
+int mc_ckpt_fault(const char *point);
+
+/* ---------------------------------------------------------------- rank files (ckpt_h5.c) */
+
+/* Attribute values of one shard dataset (save writes them, load checks them). */
+typedef struct {
+  mc_ckpt_shard s;
+  int64_t global_shape[MC_CKPT_MAX_DIM];
+  char placement_rule[MC_CKPT_RULE_MAX];
+  int *replica_buf; /* owns s.replicas while scanning */
+} mc_shard_attrs;
+
+/* Writes rank file `path`: every shard dataset with its attributes. data[i] holds shard i;
+ * its hash is ready once mc_pool_wait_job(hashes, hash_base + i) returns, and is then in
+ * attrs[i].s.sha256. The file is closed and fsynced. */
+int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_attrs *attrs,
+                          const float *const *data, int n, mc_pool *hashes, int hash_base);
+/* Reads back the attributes of every shard dataset in a rank file (in name order).
+ * *out is malloc'd; free with mc_shard_attrs_free. */
+int mc_h5_scan_rank_file(const char *path, const char *file_name, mc_shard_attrs **out, int *n);
+void mc_shard_attrs_free(mc_shard_attrs *a, int n);
+
+/* An open rank file for reading; hid_t kept as int64_t so HDF5 stays out of this header. */
+int mc_h5_open_read(const char *path, int64_t *fid);
+void mc_h5_close(int64_t fid);
+/* Checks a dataset's attributes against the manifest's record (names the first mismatch). */
+int mc_h5_check_attrs(int64_t fid, const char *file_name, const mc_ckpt_shard *s,
+                      const int64_t *global_shape);
+/* Reads the box (off, cnt) of dataset s (offsets relative to the shard) into `out`, whose
+ * extent is out_dims with the box placed at out_off. Whole shard: off = 0, cnt = s->count,
+ * out_dims = s->count, out_off = 0. */
+int mc_h5_read_box(int64_t fid, const char *file_name, const mc_ckpt_shard *s,
+                   const int64_t *off, const int64_t *cnt, float *out, const int64_t *out_dims,
+                   const int64_t *out_off);
+
+/* ---------------------------------------------------------------- manifest (ckpt_manifest.c) */
+
+typedef struct {
+  char name[32];
+  int64_t bytes;
+  int rank;
+} mc_file_rec;
+
+/* Everything the manifest holds, parsed. */
+typedef struct {
+  int format_version;
+  int64_t step;
+  char *config_json;  /* the config section, printed */
+  char *model_json;   /* the model section, printed */
+  mc_train_state state;
+  int n_fams;
+  mc_ckpt_family *fams;
+  int n_shards;
+  mc_ckpt_shard *shards;
+  int *replica_pool;  /* backing store of shards[i].replicas */
+  int n_files;
+  mc_file_rec *files;
+  int has_state[MC_N_STATES];
+} mc_manifest;
+
+/* Builds the manifest text from the geometry and the shards read back from the rank files;
+ * checks that the shards are exactly the primary hyperslabs mc_shard_of gives (every family
+ * of every saved state present once). Caller frees *json. */
+int mc_manifest_build(const mc_geometry *g, const mc_config *cfg, const mc_train_state *st,
+                      const mc_shard_attrs *shards, int n_shards, const mc_file_rec *files,
+                      int n_files, char **json);
+/* Parses and validates manifest text (origin names it in errors). */
+int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m);
+void mc_manifest_free(mc_manifest *m);
+
+/* The model section of a config as printed by mc_config_to_json (caller frees). */
+char *mc_model_section_json(const mc_model *m);
+
+/* `latest`: {"step": N, "path": "step_N", "manifest_sha256": hex}. */
+int mc_latest_read(const char *dir, int64_t *step, char *path, size_t path_cap, char sha[65]);
+char *mc_latest_text(int64_t step, const char *sha);
+
+#endif

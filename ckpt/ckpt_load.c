@@ -1,0 +1,461 @@
+/* Loading: open a checkpoint (via `latest` or a step directory), check the manifest against
+ * the root hash and the format rules, and read any hyperslab assembled from the shards that
+ * intersect it, hash-verifying each shard once per open. Nothing on disk is modified. */
+#define _POSIX_C_SOURCE 200809L
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/ckpt_internal.h"
+#include "util/error.h"
+
+struct mc_ckpt {
+  char step_dir[MC_PATH_MAX];
+  char root_hash[65];
+  char *manifest_text;
+  mc_manifest m;
+  mc_ckpt_open_opts opts;
+  pthread_mutex_t mu; /* guards fids */
+  int64_t *fids;      /* per manifest file; -1 until opened */
+  unsigned char *checked;  /* per shard: attributes compared with the manifest */
+  unsigned char *verified; /* per shard: hash verified */
+};
+
+void mc_ckpt_open_opts_default(mc_ckpt_open_opts *o) {
+  o->verify = 1;
+  o->io_threads = 2;
+}
+
+static int is_dir_with(const char *dir, const char *name) {
+  char p[MC_PATH_MAX];
+  return mc_path_join(p, dir, name) == 0 && mc_path_exists(p);
+}
+
+/* Finds the step directory and the root hash to check (empty if none applies). */
+static int resolve(const char *path, char *step_dir, char root[65]) {
+  root[0] = 0;
+  char name[64];
+  int64_t step;
+  if (is_dir_with(path, "latest")) {
+    if (mc_latest_read(path, &step, name, sizeof name, root) != 0) return -1;
+    if (mc_path_join(step_dir, path, name) != 0) return -1;
+    if (!is_dir_with(step_dir, "manifest.json"))
+      return mc_error("%s/latest points at %s, which does not exist or has no manifest.json", path, name);
+    return 0;
+  }
+  if (!is_dir_with(path, "manifest.json"))
+    return mc_error("%s: neither a checkpoint directory (no latest) nor a step directory (no manifest.json)", path);
+  snprintf(step_dir, MC_PATH_MAX, "%s", path);
+  /* A step directory named by its parent's `latest` is still checked against the root hash. */
+  char parent[MC_PATH_MAX];
+  snprintf(parent, sizeof parent, "%s", path);
+  size_t n = strlen(parent);
+  while (n > 1 && parent[n - 1] == '/') parent[--n] = 0;
+  char *slash = strrchr(parent, '/');
+  const char *base = slash ? slash + 1 : parent;
+  char basecopy[MC_PATH_MAX];
+  snprintf(basecopy, sizeof basecopy, "%s", base);
+  if (slash) *slash = 0;
+  else snprintf(parent, sizeof parent, ".");
+  if (slash == parent) snprintf(parent, sizeof parent, "/");
+  char sha[65];
+  if (is_dir_with(parent, "latest") && mc_latest_read(parent, &step, name, sizeof name, sha) == 0 &&
+      strcmp(name, basecopy) == 0)
+    memcpy(root, sha, 65);
+  mc_error_clear();
+  return 0;
+}
+
+/* The manifest's hash against `latest` (expect, may be empty) and manifest.sha256. */
+static int check_root_hash(const char *step_dir, const char *mpath, const char *actual, const char *expect) {
+  char sp[MC_PATH_MAX], side[65] = "";
+  char *text = NULL;
+  if (mc_path_join(sp, step_dir, "manifest.sha256") == 0 && mc_path_exists(sp) && mc_read_file(sp, &text, NULL) == 0) {
+    if (strlen(text) >= 64) {
+      memcpy(side, text, 64);
+      side[64] = 0;
+    }
+    free(text);
+  }
+  mc_error_clear();
+  int side_ok = side[0] && strcmp(side, actual) == 0;
+  if (expect[0] && strcmp(expect, actual) != 0) {
+    if (side_ok)
+      return mc_error("%s: wrong root hash in latest: it records %s, but manifest.json hashes to %s as its "
+                      "manifest.sha256 confirms (latest was altered or belongs to another checkpoint)",
+                      mpath, expect, actual);
+    return mc_error("%s: root hash mismatch: manifest.json hashes to %s but latest records %s (the manifest is corrupt)",
+                    mpath, actual, expect);
+  }
+  if (!expect[0] && side[0] && !side_ok)
+    return mc_error("%s: root hash mismatch: manifest.json hashes to %s but manifest.sha256 records %s (the manifest is corrupt)",
+                    mpath, actual, side);
+  return 0;
+}
+
+int mc_ckpt_open(const char *path, const mc_ckpt_open_opts *opts, mc_ckpt **out) {
+  *out = NULL;
+  mc_ckpt *ck = calloc(1, sizeof *ck);
+  if (!ck) return mc_error("out of memory opening %s", path);
+  if (opts) ck->opts = *opts;
+  else mc_ckpt_open_opts_default(&ck->opts);
+  if (ck->opts.io_threads < 1) ck->opts.io_threads = 1;
+  pthread_mutex_init(&ck->mu, NULL);
+  char expect[65];
+  if (resolve(path, ck->step_dir, expect) != 0) goto fail;
+  char mpath[MC_PATH_MAX];
+  if (mc_path_join(mpath, ck->step_dir, "manifest.json") != 0) goto fail;
+  size_t len = 0;
+  if (mc_read_file(mpath, &ck->manifest_text, &len) != 0) goto fail;
+  mc_sha256_hex(ck->manifest_text, len, ck->root_hash);
+  if (check_root_hash(ck->step_dir, mpath, ck->root_hash, expect) != 0) goto fail;
+  if (mc_manifest_parse(ck->manifest_text, mpath, &ck->m) != 0) goto fail;
+  int64_t ls;
+  char lname[64], lsha[65];
+  if (expect[0] && mc_latest_read(path, &ls, lname, sizeof lname, lsha) == 0 && ls != ck->m.step) {
+    mc_error("%s: manifest step %" PRId64 " differs from latest's step %" PRId64, mpath, ck->m.step, ls);
+    goto fail;
+  }
+  mc_error_clear();
+  for (int i = 0; i < ck->m.n_files; i++) {
+    char fp[MC_PATH_MAX];
+    int64_t size = 0;
+    if (mc_path_join(fp, ck->step_dir, ck->m.files[i].name) != 0) goto fail;
+    if (!mc_path_exists(fp)) {
+      mc_error("%s: missing shard file (listed in the manifest)", fp);
+      goto fail;
+    }
+    if (mc_file_size(fp, &size) != 0) goto fail;
+    if (size != ck->m.files[i].bytes) {
+      mc_error("%s: %" PRId64 " bytes but the manifest records %" PRId64 " (truncated or replaced)", fp, size,
+               ck->m.files[i].bytes);
+      goto fail;
+    }
+  }
+  int nf = ck->m.n_files > 0 ? ck->m.n_files : 1, ns = ck->m.n_shards > 0 ? ck->m.n_shards : 1;
+  ck->fids = malloc((size_t)nf * sizeof *ck->fids);
+  ck->checked = calloc((size_t)ns, 1);
+  ck->verified = calloc((size_t)ns, 1);
+  if (!ck->fids || !ck->checked || !ck->verified) {
+    mc_error("out of memory opening %s", path);
+    goto fail;
+  }
+  for (int i = 0; i < ck->m.n_files; i++) ck->fids[i] = -1;
+  *out = ck;
+  return 0;
+fail:
+  mc_ckpt_close(ck);
+  return -1;
+}
+
+void mc_ckpt_close(mc_ckpt *ck) {
+  if (!ck) return;
+  if (ck->fids)
+    for (int i = 0; i < ck->m.n_files; i++) mc_h5_close(ck->fids[i]);
+  free(ck->fids);
+  free(ck->checked);
+  free(ck->verified);
+  free(ck->manifest_text);
+  mc_manifest_free(&ck->m);
+  pthread_mutex_destroy(&ck->mu);
+  free(ck);
+}
+
+/* ---------------------------------------------------------------- accessors */
+
+int64_t mc_ckpt_step(const mc_ckpt *ck) { return ck->m.step; }
+const char *mc_ckpt_step_dir(const mc_ckpt *ck) { return ck->step_dir; }
+const char *mc_ckpt_root_hash(const mc_ckpt *ck) { return ck->root_hash; }
+const char *mc_ckpt_manifest_json(const mc_ckpt *ck) { return ck->manifest_text; }
+int mc_ckpt_format_version(const mc_ckpt *ck) { return ck->m.format_version; }
+const char *mc_ckpt_config_json(const mc_ckpt *ck) { return ck->m.config_json; }
+int mc_ckpt_n_families(const mc_ckpt *ck) { return ck->m.n_fams; }
+const mc_ckpt_family *mc_ckpt_family_at(const mc_ckpt *ck, int i) {
+  return i >= 0 && i < ck->m.n_fams ? &ck->m.fams[i] : NULL;
+}
+int mc_ckpt_n_shards(const mc_ckpt *ck) { return ck->m.n_shards; }
+const mc_ckpt_shard *mc_ckpt_shard_at(const mc_ckpt *ck, int i) {
+  return i >= 0 && i < ck->m.n_shards ? &ck->m.shards[i] : NULL;
+}
+int mc_ckpt_has_state(const mc_ckpt *ck, mc_state s) {
+  return (int)s >= 0 && s < MC_N_STATES && ck->m.has_state[s];
+}
+
+int mc_ckpt_find_family(const mc_ckpt *ck, const char *name) {
+  for (int i = 0; i < ck->m.n_fams; i++)
+    if (strcmp(ck->m.fams[i].name, name) == 0) return i;
+  return -1;
+}
+
+int mc_ckpt_train_state(const mc_ckpt *ck, mc_train_state *out) {
+  *out = ck->m.state;
+  return 0;
+}
+
+int mc_ckpt_config(const mc_ckpt *ck, mc_config *out) {
+  char origin[MC_PATH_MAX + 32];
+  snprintf(origin, sizeof origin, "%s/manifest.json (config)", ck->step_dir);
+  if (mc_config_default(out) != 0) return -1;
+  return mc_config_apply_json(out, ck->m.config_json, origin);
+}
+
+/* Keys that may change between runs without changing any tensor. */
+static int training_only_key(const char *k) {
+  return !strcmp(k, "init_std") || !strcmp(k, "capacity_factor") || !strcmp(k, "aux_loss_coef") || !strcmp(k, "seq_len");
+}
+
+int mc_ckpt_check_model(const mc_ckpt *ck, const mc_model *m) {
+  char *run_text = mc_model_section_json(m);
+  if (!run_text) return -1;
+  cJSON *run = cJSON_Parse(run_text), *saved = cJSON_Parse(ck->m.model_json);
+  free(run_text);
+  int rc = 0;
+  if (!run || !saved) rc = mc_error("cannot compare models: unparsable model section");
+  const cJSON *e;
+  for (int pass = 0; pass < 2 && rc == 0; pass++) {
+    /* pass 0: keys of the checkpoint; pass 1: keys only the run has */
+    const cJSON *a = pass == 0 ? saved : run, *b = pass == 0 ? run : saved;
+    cJSON_ArrayForEach(e, a) {
+      if (training_only_key(e->string)) continue;
+      const cJSON *o = cJSON_GetObjectItemCaseSensitive(b, e->string);
+      if (o && cJSON_Compare(e, o, 1)) continue;
+      char *x = cJSON_PrintUnformatted(pass == 0 ? e : o), *y = cJSON_PrintUnformatted(pass == 0 ? o : e);
+      rc = mc_error("model mismatch: model.%s is %s in the checkpoint (%s) but %s in this run", e->string,
+                    x ? x : "absent", ck->step_dir, y ? y : "absent");
+      free(x);
+      free(y);
+      break;
+    }
+  }
+  cJSON_Delete(run);
+  cJSON_Delete(saved);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- reading */
+
+static int file_index(const mc_ckpt *ck, const char *name) {
+  for (int i = 0; i < ck->m.n_files; i++)
+    if (strcmp(ck->m.files[i].name, name) == 0) return i;
+  return -1;
+}
+
+static int get_fid(mc_ckpt *ck, const mc_ckpt_shard *s, int64_t *fid) {
+  int fi = file_index(ck, s->file);
+  if (fi < 0) return mc_error("%s: not listed in the manifest", s->file);
+  pthread_mutex_lock(&ck->mu);
+  int rc = 0;
+  if (ck->fids[fi] < 0) {
+    char p[MC_PATH_MAX];
+    rc = mc_path_join(p, ck->step_dir, s->file);
+    if (rc == 0) rc = mc_h5_open_read(p, &ck->fids[fi]);
+  }
+  *fid = ck->fids[fi];
+  pthread_mutex_unlock(&ck->mu);
+  return rc;
+}
+
+/* Copies box cnt at src_off of a row-major array of extent src_dims into dst at dst_off. */
+static void copy_box(const float *src, const int64_t *src_dims, const int64_t *src_off, float *dst,
+                     const int64_t *dst_dims, const int64_t *dst_off, const int64_t *cnt, int ndim) {
+  int64_t sd[3] = {1, 1, 1}, dd[3] = {1, 1, 1}, so[3] = {0, 0, 0}, dof[3] = {0, 0, 0}, c[3] = {1, 1, 1};
+  /* right-align into 3 dimensions */
+  for (int k = 0; k < ndim; k++) {
+    int j = 3 - ndim + k;
+    sd[j] = src_dims[k];
+    dd[j] = dst_dims[k];
+    so[j] = src_off[k];
+    dof[j] = dst_off[k];
+    c[j] = cnt[k];
+  }
+  for (int64_t i = 0; i < c[0]; i++)
+    for (int64_t j = 0; j < c[1]; j++) {
+      const float *s = src + ((so[0] + i) * sd[1] + (so[1] + j)) * sd[2] + so[2];
+      float *d = dst + ((dof[0] + i) * dd[1] + (dof[1] + j)) * dd[2] + dof[2];
+      memcpy(d, s, (size_t)c[2] * sizeof(float));
+    }
+}
+
+/* Intersection of a request with a shard; 0 if empty. Offsets are relative to each. */
+static int intersect(const mc_ckpt_request *r, const mc_ckpt_shard *s, int64_t *soff, int64_t *roff, int64_t *cnt) {
+  for (int k = 0; k < s->ndim; k++) {
+    int64_t lo = r->start[k] > s->start[k] ? r->start[k] : s->start[k];
+    int64_t hi1 = r->start[k] + r->count[k], hi2 = s->start[k] + s->count[k];
+    int64_t hi = hi1 < hi2 ? hi1 : hi2;
+    if (hi <= lo) return 0;
+    soff[k] = lo - s->start[k];
+    roff[k] = lo - r->start[k];
+    cnt[k] = hi - lo;
+  }
+  return 1;
+}
+
+typedef struct {
+  mc_ckpt *ck;
+  const mc_ckpt_request *reqs;
+  int n_reqs;
+  int *shard_of_task;
+  int *req_start, *req_list; /* requests of task t: req_list[req_start[t] .. req_start[t+1]) */
+  int force_verify;
+} read_ctx;
+
+static int read_task(void *arg, int t) {
+  read_ctx *c = arg;
+  mc_ckpt *ck = c->ck;
+  int si = c->shard_of_task[t];
+  const mc_ckpt_shard *s = &ck->m.shards[si];
+  const mc_ckpt_family *f = &ck->m.fams[s->family_index];
+  int64_t fid = -1;
+  if (get_fid(ck, s, &fid) != 0) return -1;
+  if (!ck->checked[si]) {
+    if (mc_h5_check_attrs(fid, s->file, s, f->shape) != 0) return -1;
+    ck->checked[si] = 1;
+  }
+  int64_t zero[3] = {0, 0, 0}, soff[3], roff[3], cnt[3];
+  if ((ck->opts.verify || c->force_verify) && !ck->verified[si]) {
+    float *buf = malloc((size_t)s->numel * sizeof(float));
+    if (!buf) return mc_error("out of memory reading %s:%s", s->file, s->dataset);
+    if (mc_h5_read_box(fid, s->file, s, zero, s->count, buf, s->count, zero) != 0) {
+      free(buf);
+      return -1;
+    }
+    char hex[65];
+    mc_sha256_hex(buf, (size_t)s->numel * sizeof(float), hex);
+    if (strcmp(hex, s->sha256) != 0) {
+      free(buf);
+      return mc_error("%s/%s: hash mismatch in dataset %s: data hashes to %s, the manifest records %s", ck->step_dir,
+                      s->file, s->dataset, hex, s->sha256);
+    }
+    ck->verified[si] = 1;
+    for (int q = c->req_start[t]; q < c->req_start[t + 1]; q++) {
+      const mc_ckpt_request *r = &c->reqs[c->req_list[q]];
+      if (intersect(r, s, soff, roff, cnt)) copy_box(buf, s->count, soff, r->out, r->count, roff, cnt, s->ndim);
+    }
+    free(buf);
+    return 0;
+  }
+  for (int q = c->req_start[t]; q < c->req_start[t + 1]; q++) {
+    const mc_ckpt_request *r = &c->reqs[c->req_list[q]];
+    if (intersect(r, s, soff, roff, cnt) && mc_h5_read_box(fid, s->file, s, soff, cnt, r->out, r->count, roff) != 0)
+      return -1;
+  }
+  return 0;
+}
+
+/* Plans which shards serve which requests, then reads each shard once on the pool. */
+static int run_reads(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, int all_shards) {
+  int ns = ck->m.n_shards;
+  int *touch = calloc((size_t)(ns > 0 ? ns : 1), sizeof(int)); /* requests per shard */
+  int *rfam = malloc((size_t)(n > 0 ? n : 1) * sizeof(int));     /* family of each request */
+  if (!touch || !rfam) {
+    free(touch);
+    free(rfam);
+    return mc_error("out of memory");
+  }
+  int64_t soff[3], roff[3], cnt[3];
+  for (int i = 0; i < n; i++) {
+    const mc_ckpt_request *r = &reqs[i];
+    int fi = r->family ? mc_ckpt_find_family(ck, r->family) : -1;
+    rfam[i] = fi;
+    if (fi < 0) {
+      free(touch);
+      free(rfam);
+      return mc_error("%s: no family '%s' in the checkpoint", ck->step_dir, r->family ? r->family : "(null)");
+    }
+    const mc_ckpt_family *f = &ck->m.fams[fi];
+    if (!mc_ckpt_has_state(ck, r->state)) {
+      free(touch);
+      free(rfam);
+      return mc_error("%s: the checkpoint has no '%s' state for %s", ck->step_dir,
+                      (int)r->state >= 0 && r->state < MC_N_STATES ? mc_state_name(r->state) : "?", f->name);
+    }
+    int64_t want = 1;
+    for (int k = 0; k < f->ndim; k++) {
+      if (r->start[k] < 0 || r->count[k] < 1 || r->start[k] + r->count[k] > f->shape[k]) {
+        free(touch);
+        free(rfam);
+        return mc_error("%s: requested box dimension %d [%" PRId64 ", %" PRId64 ") is outside [0, %" PRId64 ")", f->name,
+                        k, r->start[k], r->start[k] + r->count[k], f->shape[k]);
+      }
+      want *= r->count[k];
+    }
+    if (!r->out) {
+      free(touch);
+      free(rfam);
+      return mc_error("%s: no output buffer", f->name);
+    }
+    int64_t got = 0;
+    for (int s = 0; s < ns; s++) {
+      const mc_ckpt_shard *sh = &ck->m.shards[s];
+      if (sh->family_index != fi || sh->state != r->state || !intersect(r, sh, soff, roff, cnt)) continue;
+      int64_t v = 1;
+      for (int k = 0; k < sh->ndim; k++) v *= cnt[k];
+      got += v;
+      touch[s]++;
+    }
+    if (got != want) {
+      free(touch);
+      free(rfam);
+      return mc_error("%s/%s: the stored shards cover %" PRId64 " of the %" PRId64 " requested elements", f->name,
+                      mc_state_name(r->state), got, want);
+    }
+  }
+  int n_tasks = 0, n_links = 0;
+  for (int s = 0; s < ns; s++)
+    if (touch[s] || all_shards) {
+      n_tasks++;
+      n_links += touch[s];
+    }
+  read_ctx c = {ck, reqs, n, NULL, NULL, NULL, all_shards};
+  c.shard_of_task = malloc((size_t)(n_tasks + 1) * sizeof(int));
+  c.req_start = malloc((size_t)(n_tasks + 2) * sizeof(int));
+  c.req_list = malloc((size_t)(n_links + 1) * sizeof(int));
+  int rc = 0;
+  if (!c.shard_of_task || !c.req_start || !c.req_list) rc = mc_error("out of memory");
+  if (rc == 0) {
+    int t = 0, q = 0;
+    for (int s = 0; s < ns; s++) {
+      if (!touch[s] && !all_shards) continue;
+      c.shard_of_task[t] = s;
+      c.req_start[t] = q;
+      for (int i = 0; i < n && touch[s]; i++) {
+        const mc_ckpt_shard *sh = &ck->m.shards[s];
+        if (sh->family_index == rfam[i] && sh->state == reqs[i].state &&
+            intersect(&reqs[i], sh, soff, roff, cnt))
+          c.req_list[q++] = i;
+      }
+      t++;
+    }
+    c.req_start[t] = q;
+    rc = mc_parallel(n_tasks, ck->opts.io_threads, read_task, &c);
+  }
+  free(c.shard_of_task);
+  free(c.req_start);
+  free(c.req_list);
+  free(touch);
+  free(rfam);
+  return rc;
+}
+
+int mc_ckpt_read_many(mc_ckpt *ck, const mc_ckpt_request *reqs, int n) { return run_reads(ck, reqs, n, 0); }
+
+int mc_ckpt_read(mc_ckpt *ck, const char *family, mc_state state, const int64_t *start, const int64_t *count,
+                 float *out) {
+  int fi = mc_ckpt_find_family(ck, family);
+  if (fi < 0) return mc_error("%s: no family '%s' in the checkpoint", ck->step_dir, family);
+  mc_ckpt_request r;
+  memset(&r, 0, sizeof r);
+  r.family = family;
+  r.state = state;
+  for (int k = 0; k < ck->m.fams[fi].ndim; k++) {
+    r.start[k] = start[k];
+    r.count[k] = count[k];
+  }
+  r.out = out;
+  return run_reads(ck, &r, 1, 0);
+}
+
+int mc_ckpt_verify_all(mc_ckpt *ck) { return run_reads(ck, NULL, 0, 1); }

@@ -1,0 +1,688 @@
+/* manifest.json (built by the root after every rank file is durable, from the attributes read
+ * back from those files) and the `latest` pointer. Keys: docs/checkpoint.md and
+ * schemas/manifest.schema.json. */
+#define _POSIX_C_SOURCE 200809L
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/ckpt_internal.h"
+#include "util/error.h"
+
+#define MC_JSON_INT_MAX 9007199254740992.0 /* 2^53: larger integers do not survive JSON numbers */
+
+/* ---------------------------------------------------------------- building */
+
+static cJSON *int_array(const int64_t *v, int n) {
+  cJSON *a = cJSON_CreateArray();
+  for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v[i]));
+  return a;
+}
+
+static cJSON *int32_array(const int *v, int n) {
+  cJSON *a = cJSON_CreateArray();
+  for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+  return a;
+}
+
+static void add_u64_string(cJSON *o, const char *key, uint64_t v) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "%" PRIu64, v);
+  cJSON_AddStringToObject(o, key, buf);
+}
+
+/* Parses mc_config_to_json's output; the model and parallel sections come from there so the
+ * key names are the config's own. */
+static cJSON *config_json(const mc_config *cfg) {
+  char *text = mc_config_to_json(cfg);
+  if (!text) {
+    mc_error("cannot print the run configuration as JSON");
+    return NULL;
+  }
+  cJSON *j = cJSON_Parse(text);
+  free(text);
+  if (!j) mc_error("the run configuration printed as invalid JSON");
+  return j;
+}
+
+char *mc_model_section_json(const mc_model *m) {
+  mc_config cfg;
+  if (mc_config_default(&cfg) != 0) return NULL;
+  cfg.model = *m;
+  cJSON *j = config_json(&cfg);
+  if (!j) return NULL;
+  cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
+  char *out = model ? cJSON_PrintUnformatted(model) : NULL;
+  if (!model) mc_error("the run configuration has no model section");
+  cJSON_Delete(j);
+  return out;
+}
+
+static int check_int64(const char *what, int64_t v) {
+  if (v < 0 || (double)v >= MC_JSON_INT_MAX) return mc_error("training state %s=%" PRId64 " is out of range [0, 2^53)", what, v);
+  return 0;
+}
+
+static cJSON *state_json(const mc_train_state *s) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "step", (double)s->step);
+  cJSON_AddNumberToObject(o, "tokens_seen", (double)s->tokens_seen);
+  cJSON_AddNumberToObject(o, "schedule_step", (double)s->schedule_step);
+  cJSON_AddNumberToObject(o, "lr", s->lr);
+  cJSON_AddNumberToObject(o, "adam_step", (double)s->adam_step);
+  cJSON *opt = cJSON_AddObjectToObject(o, "optimizer");
+  cJSON_AddNumberToObject(opt, "lr_max", s->lr_max);
+  cJSON_AddNumberToObject(opt, "lr_min", s->lr_min);
+  cJSON_AddNumberToObject(opt, "warmup_steps", (double)s->warmup_steps);
+  cJSON_AddNumberToObject(opt, "total_steps", (double)s->total_steps);
+  cJSON_AddNumberToObject(opt, "beta1", s->beta1);
+  cJSON_AddNumberToObject(opt, "beta2", s->beta2);
+  cJSON_AddNumberToObject(opt, "adam_eps", s->adam_eps);
+  cJSON_AddNumberToObject(opt, "weight_decay", s->weight_decay);
+  cJSON_AddNumberToObject(opt, "grad_clip", s->grad_clip);
+  add_u64_string(o, "seed", s->seed);
+  add_u64_string(o, "rng_counter", s->rng_counter);
+  cJSON_AddNumberToObject(o, "data_position", (double)s->data_position);
+  return o;
+}
+
+static int shard_key_cmp(const void *a, const void *b) {
+  const mc_shard_attrs *x = a, *y = b;
+  int c = strcmp(x->s.family, y->s.family);
+  if (c) return c;
+  if (x->s.state != y->s.state) return (int)x->s.state - (int)y->s.state;
+  return x->s.rank - y->s.rank;
+}
+
+/* Every shard must be exactly a primary hyperslab of mc_shard_of, and every primary hyperslab
+ * of every saved state must be present once. */
+static int check_shards(const mc_geometry *g, mc_shard_attrs *sh, int n, int *states_out) {
+  const int nf = g->fams.n, W = g->world;
+  unsigned char *seen = calloc((size_t)nf * MC_N_STATES * (size_t)W, 1);
+  int *reps = malloc((size_t)W * sizeof(int));
+  if (!seen || !reps) {
+    free(seen);
+    free(reps);
+    return mc_error("out of memory checking %d shards", n);
+  }
+  int rc = 0;
+  for (int s = 0; s < MC_N_STATES; s++) states_out[s] = 0;
+  for (int i = 0; i < n && rc == 0; i++) {
+    const mc_ckpt_shard *s = &sh[i].s;
+    int f = mc_family_find(&g->fams, s->family);
+    if (f < 0) {
+      rc = mc_error("%s: dataset %s names family '%s', which the model does not have", s->file, s->dataset, s->family);
+      break;
+    }
+    const mc_family *fam = &g->fams.f[f];
+    mc_shard want;
+    if (s->rank < 0 || s->rank >= W || mc_shard_of(g, f, s->state, s->rank, &want) != 0) {
+      rc = mc_error("%s: dataset %s: primary_rank %d is not a rank of the layout (world %d)", s->file, s->dataset, s->rank, W);
+      break;
+    }
+    int same = want.primary && want.ndim == s->ndim && fam->ndim == s->ndim && want.stage == s->stage;
+    for (int k = 0; same && k < s->ndim; k++)
+      same = want.start[k] == s->start[k] && want.count[k] == s->count[k] && sh[i].global_shape[k] == fam->shape[k];
+    if (!same) {
+      rc = mc_error("%s: dataset %s is not the hyperslab that rank %d is primary for under the layout (mc_shard_of)",
+                    s->file, s->dataset, s->rank);
+      break;
+    }
+    int nr = mc_shard_replicas(g, f, s->state, s->rank, reps);
+    same = nr == s->n_replicas;
+    for (int k = 0; same && k < nr; k++) same = reps[k] == s->replicas[k];
+    char rule[MC_CKPT_RULE_MAX];
+    mc_placement_rule(g, f, rule, sizeof rule);
+    if (!same || strcmp(rule, sh[i].placement_rule) != 0) {
+      rc = mc_error("%s: dataset %s: replica group or placement rule differs from the layout's", s->file, s->dataset);
+      break;
+    }
+    unsigned char *mark = &seen[((size_t)f * MC_N_STATES + s->state) * (size_t)W + (size_t)s->rank];
+    if (*mark) {
+      rc = mc_error("%s: dataset %s is stored twice (rank %d)", s->file, s->dataset, s->rank);
+      break;
+    }
+    *mark = 1;
+    states_out[s->state] = 1;
+  }
+  /* Completeness: for every saved state, each primary hyperslab of each family. */
+  for (int st = 0; st < MC_N_STATES && rc == 0; st++) {
+    if (!states_out[st]) continue;
+    for (int f = 0; f < nf && rc == 0; f++)
+      for (int r = 0; r < W && rc == 0; r++) {
+        mc_shard want;
+        if (mc_shard_of(g, f, (mc_state)st, r, &want) != 0) {
+          rc = mc_error_context("checking ownership of %s/%s", g->fams.f[f].name, mc_state_name((mc_state)st));
+          break;
+        }
+        if (want.primary && !seen[((size_t)f * MC_N_STATES + st) * (size_t)W + (size_t)r])
+          rc = mc_error("incomplete checkpoint: no rank file holds %s/%s of primary rank %d", g->fams.f[f].name,
+                        mc_state_name((mc_state)st), r);
+      }
+  }
+  free(seen);
+  free(reps);
+  return rc;
+}
+
+int mc_manifest_build(const mc_geometry *g, const mc_config *cfg_in, const mc_train_state *st,
+                      const mc_shard_attrs *shards_in, int n_shards, const mc_file_rec *files, int n_files,
+                      char **json_out) {
+  *json_out = NULL;
+  if (check_int64("step", st->step) || check_int64("tokens_seen", st->tokens_seen) ||
+      check_int64("schedule_step", st->schedule_step) || check_int64("adam_step", st->adam_step) ||
+      check_int64("data_position", st->data_position) || check_int64("warmup_steps", st->warmup_steps) ||
+      check_int64("total_steps", st->total_steps))
+    return -1;
+  mc_shard_attrs *sh = malloc((size_t)(n_shards > 0 ? n_shards : 1) * sizeof *sh);
+  if (!sh) return mc_error("out of memory building the manifest");
+  memcpy(sh, shards_in, (size_t)n_shards * sizeof *sh);
+  qsort(sh, (size_t)n_shards, sizeof *sh, shard_key_cmp);
+  int states[MC_N_STATES];
+  if (n_shards == 0) {
+    free(sh);
+    return mc_error("nothing to save: no rank wrote any shard");
+  }
+  if (check_shards(g, sh, n_shards, states) != 0) {
+    free(sh);
+    return -1;
+  }
+  mc_config cfg = *cfg_in;
+  cfg.model = g->model;
+  cfg.parallel = g->layout;
+  cJSON *cj = config_json(&cfg);
+  if (!cj) {
+    free(sh);
+    return -1;
+  }
+  cJSON *root = cJSON_CreateObject();
+  cJSON_AddStringToObject(root, "format", "megac-checkpoint");
+  cJSON_AddNumberToObject(root, "format_version", MC_CKPT_FORMAT_VERSION);
+  cJSON_AddNumberToObject(root, "step", (double)st->step);
+  cJSON *model = cJSON_GetObjectItemCaseSensitive(cj, "model");
+  cJSON *par = cJSON_GetObjectItemCaseSensitive(cj, "parallel");
+  cJSON_AddItemToObject(root, "model", model ? cJSON_Duplicate(model, 1) : cJSON_CreateObject());
+  cJSON *lay = par ? cJSON_Duplicate(par, 1) : cJSON_CreateObject();
+  cJSON_AddNumberToObject(lay, "world", g->world);
+  cJSON *stages = cJSON_AddArrayToObject(lay, "stages");
+  for (int s = 0; s < g->stages.pp; s++) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "first_layer", g->stages.first[s]);
+    cJSON_AddNumberToObject(o, "n_layers", g->stages.count[s]);
+    cJSON_AddItemToArray(stages, o);
+  }
+  cJSON_AddItemToObject(root, "layout", lay);
+  cJSON_AddItemToObject(root, "training_state", state_json(st));
+  cJSON_AddItemToObject(root, "config", cj);
+  cJSON *sa = cJSON_AddArrayToObject(root, "states");
+  for (int s = 0; s < MC_N_STATES; s++)
+    if (states[s]) cJSON_AddItemToArray(sa, cJSON_CreateString(mc_state_name((mc_state)s)));
+  cJSON *fa = cJSON_AddArrayToObject(root, "families");
+  for (int f = 0; f < g->fams.n; f++) {
+    const mc_family *fam = &g->fams.f[f];
+    cJSON *o = cJSON_CreateObject();
+    char rule[MC_CKPT_RULE_MAX];
+    mc_placement_rule(g, f, rule, sizeof rule);
+    cJSON_AddStringToObject(o, "name", fam->name);
+    cJSON_AddItemToObject(o, "shape", int_array(fam->shape, fam->ndim));
+    cJSON_AddStringToObject(o, "dtype", "float32");
+    cJSON_AddStringToObject(o, "placement_rule", rule);
+    cJSON_AddStringToObject(o, "place", mc_place_name(fam->place));
+    cJSON_AddNumberToObject(o, "split_dim", fam->split_dim);
+    cJSON_AddNumberToObject(o, "stage", mc_family_stage(g, f));
+    cJSON_AddStringToObject(o, "optimizer_group", fam->decay ? "decay" : "no_decay");
+    cJSON_AddNumberToObject(o, "layer", fam->layer);
+    char blk[2] = {fam->block, 0};
+    cJSON_AddStringToObject(o, "block", blk);
+    cJSON_AddItemToArray(fa, o);
+  }
+  cJSON *fl = cJSON_AddArrayToObject(root, "files");
+  for (int i = 0; i < n_files; i++) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", files[i].name);
+    cJSON_AddNumberToObject(o, "rank", files[i].rank);
+    cJSON_AddNumberToObject(o, "bytes", (double)files[i].bytes);
+    cJSON_AddItemToArray(fl, o);
+  }
+  cJSON *sj = cJSON_AddArrayToObject(root, "shards");
+  for (int i = 0; i < n_shards; i++) {
+    const mc_ckpt_shard *s = &sh[i].s;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "family", s->family);
+    cJSON_AddStringToObject(o, "state", mc_state_name(s->state));
+    cJSON_AddStringToObject(o, "file", s->file);
+    cJSON_AddStringToObject(o, "dataset", s->dataset);
+    cJSON_AddNumberToObject(o, "rank", s->rank);
+    cJSON_AddNumberToObject(o, "stage", s->stage);
+    cJSON_AddItemToObject(o, "start", int_array(s->start, s->ndim));
+    cJSON_AddItemToObject(o, "count", int_array(s->count, s->ndim));
+    cJSON_AddItemToObject(o, "replica_group", int32_array(s->replicas, s->n_replicas));
+    cJSON_AddStringToObject(o, "sha256", s->sha256);
+    cJSON_AddItemToArray(sj, o);
+  }
+  free(sh);
+  char *text = cJSON_Print(root);
+  cJSON_Delete(root);
+  if (!text) return mc_error("out of memory printing the manifest");
+  *json_out = text;
+  return 0;
+}
+
+/* ---------------------------------------------------------------- parsing and validation */
+
+typedef struct {
+  mc_errlist *errs;
+  const char *where; /* e.g. "shards[3]" */
+} jctx;
+
+static cJSON *req(const cJSON *o, const char *key, const jctx *c) {
+  cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+  if (!v) mc_errlist_add(c->errs, "missing key '%s%s%s'", c->where, c->where[0] ? "." : "", key);
+  return v;
+}
+
+static int get_int(const cJSON *o, const char *key, int64_t lo, int64_t *out, const jctx *c) {
+  cJSON *v = req(o, key, c);
+  if (!v) return -1;
+  double d = v->valuedouble;
+  if (!cJSON_IsNumber(v) || d != floor(d) || d < (double)lo || d >= MC_JSON_INT_MAX) {
+    mc_errlist_add(c->errs, "key '%s%s%s' must be an integer >= %" PRId64, c->where, c->where[0] ? "." : "", key, lo);
+    return -1;
+  }
+  *out = (int64_t)d;
+  return 0;
+}
+
+static int get_num(const cJSON *o, const char *key, double *out, const jctx *c) {
+  cJSON *v = req(o, key, c);
+  if (!v) return -1;
+  if (!cJSON_IsNumber(v)) {
+    mc_errlist_add(c->errs, "key '%s%s%s' must be a number", c->where, c->where[0] ? "." : "", key);
+    return -1;
+  }
+  *out = v->valuedouble;
+  return 0;
+}
+
+static const char *get_str(const cJSON *o, const char *key, const jctx *c) {
+  cJSON *v = req(o, key, c);
+  if (!v) return NULL;
+  if (!cJSON_IsString(v)) {
+    mc_errlist_add(c->errs, "key '%s%s%s' must be a string", c->where, c->where[0] ? "." : "", key);
+    return NULL;
+  }
+  return v->valuestring;
+}
+
+static int get_u64str(const cJSON *o, const char *key, uint64_t *out, const jctx *c) {
+  const char *s = get_str(o, key, c);
+  if (!s) return -1;
+  char *end = NULL;
+  if (!*s || strspn(s, "0123456789") != strlen(s) || strlen(s) > 20) {
+    mc_errlist_add(c->errs, "key '%s%s%s' must be a decimal string", c->where, c->where[0] ? "." : "", key);
+    return -1;
+  }
+  *out = strtoull(s, &end, 10);
+  return 0;
+}
+
+/* An array of 1..3 integers (lo bound lo). */
+static int get_dims(const cJSON *o, const char *key, int64_t lo, int64_t *out, int *n, const jctx *c) {
+  cJSON *v = req(o, key, c);
+  if (!v) return -1;
+  int m = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
+  int ok = m >= 1 && m <= MC_CKPT_MAX_DIM;
+  for (int i = 0; ok && i < m; i++) {
+    cJSON *e = cJSON_GetArrayItem(v, i);
+    ok = cJSON_IsNumber(e) && e->valuedouble == floor(e->valuedouble) && e->valuedouble >= (double)lo &&
+         e->valuedouble < MC_JSON_INT_MAX;
+    if (ok) out[i] = (int64_t)e->valuedouble;
+  }
+  if (!ok) {
+    mc_errlist_add(c->errs, "key '%s%s%s' must be an array of 1 to 3 integers >= %" PRId64, c->where,
+                   c->where[0] ? "." : "", key, lo);
+    return -1;
+  }
+  *n = m;
+  return 0;
+}
+
+static int is_hex64(const char *s) { return s && strlen(s) == 64 && strspn(s, "0123456789abcdef") == 64; }
+
+static void parse_state(const cJSON *o, mc_train_state *s, mc_errlist *errs) {
+  jctx c = {errs, "training_state"};
+  get_int(o, "step", 0, &s->step, &c);
+  get_int(o, "tokens_seen", 0, &s->tokens_seen, &c);
+  get_int(o, "schedule_step", 0, &s->schedule_step, &c);
+  get_num(o, "lr", &s->lr, &c);
+  get_int(o, "adam_step", 0, &s->adam_step, &c);
+  get_u64str(o, "seed", &s->seed, &c);
+  get_u64str(o, "rng_counter", &s->rng_counter, &c);
+  get_int(o, "data_position", 0, &s->data_position, &c);
+  cJSON *opt = req(o, "optimizer", &c);
+  if (!cJSON_IsObject(opt)) {
+    if (opt) mc_errlist_add(errs, "key 'training_state.optimizer' must be an object");
+    return;
+  }
+  jctx co = {errs, "training_state.optimizer"};
+  get_num(opt, "lr_max", &s->lr_max, &co);
+  get_num(opt, "lr_min", &s->lr_min, &co);
+  get_int(opt, "warmup_steps", 0, &s->warmup_steps, &co);
+  get_int(opt, "total_steps", 0, &s->total_steps, &co);
+  get_num(opt, "beta1", &s->beta1, &co);
+  get_num(opt, "beta2", &s->beta2, &co);
+  get_num(opt, "adam_eps", &s->adam_eps, &co);
+  get_num(opt, "weight_decay", &s->weight_decay, &co);
+  get_num(opt, "grad_clip", &s->grad_clip, &co);
+}
+
+static cJSON *req_type(const cJSON *root, const char *key, int want_array, mc_errlist *errs) {
+  jctx c = {errs, ""};
+  cJSON *v = req(root, key, &c);
+  if (v && (want_array ? !cJSON_IsArray(v) : !cJSON_IsObject(v))) {
+    mc_errlist_add(errs, "key '%s' must be an %s", key, want_array ? "array" : "object");
+    return NULL;
+  }
+  return v;
+}
+
+static void parse_families(const cJSON *fa, mc_manifest *m, mc_errlist *errs) {
+  int n = cJSON_GetArraySize(fa);
+  m->fams = calloc((size_t)(n > 0 ? n : 1), sizeof *m->fams);
+  if (!m->fams) {
+    mc_errlist_add(errs, "out of memory");
+    return;
+  }
+  m->n_fams = n;
+  for (int i = 0; i < n; i++) {
+    const cJSON *o = cJSON_GetArrayItem(fa, i);
+    char where[32];
+    snprintf(where, sizeof where, "families[%d]", i);
+    jctx c = {errs, where};
+    mc_ckpt_family *f = &m->fams[i];
+    if (!cJSON_IsObject(o)) {
+      mc_errlist_add(errs, "%s must be an object", where);
+      continue;
+    }
+    const char *name = get_str(o, "name", &c);
+    if (name && strlen(name) < sizeof f->name) snprintf(f->name, sizeof f->name, "%s", name);
+    else if (name) mc_errlist_add(errs, "%s.name is too long", where);
+    get_dims(o, "shape", 1, f->shape, &f->ndim, &c);
+    f->numel = 1;
+    for (int k = 0; k < f->ndim; k++) f->numel *= f->shape[k];
+    const char *dt = get_str(o, "dtype", &c);
+    if (dt && strcmp(dt, "float32") != 0) mc_errlist_add(errs, "%s.dtype '%s' is not float32", where, dt);
+    const char *rule = get_str(o, "placement_rule", &c);
+    if (rule) snprintf(f->placement_rule, sizeof f->placement_rule, "%s", rule);
+    int64_t stage = 0;
+    if (get_int(o, "stage", 0, &stage, &c) == 0) f->stage = (int)stage;
+    const char *grp = get_str(o, "optimizer_group", &c);
+    if (grp && strcmp(grp, "decay") && strcmp(grp, "no_decay"))
+      mc_errlist_add(errs, "%s.optimizer_group '%s' is neither decay nor no_decay", where, grp);
+    f->decay = grp && strcmp(grp, "decay") == 0;
+    for (int j = 0; j < i; j++)
+      if (f->name[0] && strcmp(m->fams[j].name, f->name) == 0) mc_errlist_add(errs, "%s: family '%s' listed twice", where, f->name);
+  }
+}
+
+static int find_fam(const mc_manifest *m, const char *name) {
+  for (int i = 0; i < m->n_fams; i++)
+    if (strcmp(m->fams[i].name, name) == 0) return i;
+  return -1;
+}
+
+static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
+  int n = cJSON_GetArraySize(sa);
+  size_t total_reps = 0;
+  for (int i = 0; i < n; i++) {
+    cJSON *rg = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(sa, i), "replica_group");
+    if (cJSON_IsArray(rg)) total_reps += (size_t)cJSON_GetArraySize(rg);
+  }
+  m->shards = calloc((size_t)(n > 0 ? n : 1), sizeof *m->shards);
+  m->replica_pool = calloc(total_reps + 1, sizeof(int));
+  if (!m->shards || !m->replica_pool) {
+    mc_errlist_add(errs, "out of memory");
+    return;
+  }
+  m->n_shards = n;
+  size_t used = 0;
+  for (int i = 0; i < n; i++) {
+    const cJSON *o = cJSON_GetArrayItem(sa, i);
+    char where[32];
+    snprintf(where, sizeof where, "shards[%d]", i);
+    jctx c = {errs, where};
+    mc_ckpt_shard *s = &m->shards[i];
+    s->family_index = -1;
+    if (!cJSON_IsObject(o)) {
+      mc_errlist_add(errs, "%s must be an object", where);
+      continue;
+    }
+    const char *fam = get_str(o, "family", &c), *state = get_str(o, "state", &c);
+    const char *file = get_str(o, "file", &c), *ds = get_str(o, "dataset", &c), *sha = get_str(o, "sha256", &c);
+    int64_t rank = 0, stage = 0;
+    get_int(o, "rank", 0, &rank, &c);
+    get_int(o, "stage", 0, &stage, &c);
+    s->rank = (int)rank;
+    s->stage = (int)stage;
+    int nd1 = 0, nd2 = 0;
+    int okdims = get_dims(o, "start", 0, s->start, &nd1, &c) == 0;
+    okdims &= get_dims(o, "count", 1, s->count, &nd2, &c) == 0;
+    if (fam) snprintf(s->family, sizeof s->family, "%s", fam);
+    if (file) {
+      if (strlen(file) >= sizeof s->file || strchr(file, '/') || strcmp(file, "..") == 0)
+        mc_errlist_add(errs, "%s.file '%s' is not a plain file name", where, file);
+      else snprintf(s->file, sizeof s->file, "%s", file);
+    }
+    if (ds) snprintf(s->dataset, sizeof s->dataset, "%s", ds);
+    if (sha && !is_hex64(sha)) mc_errlist_add(errs, "%s.sha256 is not 64 lowercase hex digits", where);
+    else if (sha) snprintf(s->sha256, sizeof s->sha256, "%s", sha);
+    int st = state ? mc_state_parse(state) : -1;
+    if (state && st < 0) mc_errlist_add(errs, "%s.state '%s' is not a state kind", where, state);
+    if (st >= 0) s->state = (mc_state)st;
+    if (st >= 0 && !m->has_state[st]) mc_errlist_add(errs, "%s.state '%s' is not listed in 'states'", where, state);
+    if (fam) {
+      s->family_index = find_fam(m, fam);
+      if (s->family_index < 0) mc_errlist_add(errs, "%s.family '%s' is not listed in 'families'", where, fam);
+    }
+    if (okdims && nd1 != nd2) mc_errlist_add(errs, "%s: start and count differ in length", where);
+    if (okdims && nd1 == nd2 && s->family_index >= 0) {
+      const mc_ckpt_family *f = &m->fams[s->family_index];
+      s->ndim = nd1;
+      s->numel = 1;
+      for (int k = 0; k < nd1; k++) s->numel *= s->count[k];
+      if (f->ndim != nd1) mc_errlist_add(errs, "%s: %d dimensions, family %s has %d", where, nd1, f->name, f->ndim);
+      else
+        for (int k = 0; k < nd1; k++)
+          if (s->start[k] + s->count[k] > f->shape[k])
+            mc_errlist_add(errs, "%s: dimension %d [%" PRId64 ", %" PRId64 ") exceeds %s's extent %" PRId64, where, k,
+                           s->start[k], s->start[k] + s->count[k], f->name, f->shape[k]);
+    }
+    if (fam && state && ds) {
+      char expect[sizeof s->dataset + 8];
+      snprintf(expect, sizeof expect, "/%s/%s", fam, state);
+      if (strcmp(expect, ds) != 0) mc_errlist_add(errs, "%s.dataset '%s' should be '%s'", where, ds, expect);
+    }
+    if (file) {
+      int known = 0;
+      for (int k = 0; k < m->n_files; k++) known |= strcmp(m->files[k].name, file) == 0;
+      if (!known) mc_errlist_add(errs, "%s.file '%s' is not listed in 'files'", where, file);
+    }
+    cJSON *rg = req(o, "replica_group", &c);
+    int nr = cJSON_IsArray(rg) ? cJSON_GetArraySize(rg) : -1;
+    if (nr < 1) {
+      if (rg) mc_errlist_add(errs, "%s.replica_group must be a non-empty array of ranks", where);
+    } else {
+      s->replicas = m->replica_pool + used;
+      s->n_replicas = nr;
+      for (int k = 0; k < nr; k++) {
+        cJSON *e = cJSON_GetArrayItem(rg, k);
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0) mc_errlist_add(errs, "%s.replica_group[%d] is not a rank", where, k);
+        else m->replica_pool[used + (size_t)k] = e->valueint;
+      }
+      if (m->replica_pool[used] != s->rank) mc_errlist_add(errs, "%s: replica_group does not start with the primary rank", where);
+      used += (size_t)nr;
+    }
+  }
+}
+
+/* Per (family, state): stored elements must add up to the family's size. Together with the
+ * read-time coverage check this catches missing shards. */
+static void check_coverage(mc_manifest *m, mc_errlist *errs) {
+  int64_t *sum = calloc((size_t)(m->n_fams > 0 ? m->n_fams : 1) * MC_N_STATES, sizeof(int64_t));
+  if (!sum) return;
+  for (int i = 0; i < m->n_shards; i++)
+    if (m->shards[i].family_index >= 0) sum[m->shards[i].family_index * MC_N_STATES + m->shards[i].state] += m->shards[i].numel;
+  for (int f = 0; f < m->n_fams; f++)
+    for (int s = 0; s < MC_N_STATES; s++)
+      if (m->has_state[s] && sum[f * MC_N_STATES + s] != m->fams[f].numel)
+        mc_errlist_add(errs, "family %s state %s: shards hold %" PRId64 " of %" PRId64 " elements", m->fams[f].name,
+                       mc_state_name((mc_state)s), sum[f * MC_N_STATES + s], m->fams[f].numel);
+  free(sum);
+}
+
+int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
+  memset(m, 0, sizeof *m);
+  cJSON *root = cJSON_Parse(json);
+  if (!root || !cJSON_IsObject(root)) {
+    cJSON_Delete(root);
+    return mc_error("%s: manifest invalid: not a JSON object", origin);
+  }
+  mc_errlist errs;
+  mc_errlist_init(&errs);
+  jctx c = {&errs, ""};
+  /* The version decides how to read the rest, so it is checked first and alone. */
+  int64_t ver = 0;
+  const char *fmt = get_str(root, "format", &c);
+  if (fmt && strcmp(fmt, "megac-checkpoint") != 0) mc_errlist_add(&errs, "format '%s' is not megac-checkpoint", fmt);
+  if (get_int(root, "format_version", 1, &ver, &c) == 0 && ver > MC_CKPT_FORMAT_VERSION) {
+    cJSON_Delete(root);
+    return mc_error("%s: checkpoint format version %" PRId64 " is newer than this MegaC supports (%d)", origin, ver,
+                    MC_CKPT_FORMAT_VERSION);
+  }
+  m->format_version = (int)ver;
+  get_int(root, "step", 0, &m->step, &c);
+  cJSON *model = req_type(root, "model", 0, &errs);
+  cJSON *layout = req_type(root, "layout", 0, &errs);
+  cJSON *config = req_type(root, "config", 0, &errs);
+  cJSON *ts = req_type(root, "training_state", 0, &errs);
+  cJSON *states = req_type(root, "states", 1, &errs);
+  cJSON *fams = req_type(root, "families", 1, &errs);
+  cJSON *files = req_type(root, "files", 1, &errs);
+  cJSON *shards = req_type(root, "shards", 1, &errs);
+  if (layout) {
+    jctx cl = {&errs, "layout"};
+    int64_t v;
+    get_int(layout, "world", 1, &v, &cl);
+    req(layout, "stages", &cl);
+  }
+  if (config) {
+    cJSON *cm = cJSON_GetObjectItemCaseSensitive(config, "model");
+    if (!cJSON_IsObject(cm)) mc_errlist_add(&errs, "key 'config.model' must be an object");
+    else if (model && !cJSON_Compare(cm, model, 1)) mc_errlist_add(&errs, "'model' differs from 'config.model'");
+    m->config_json = cJSON_PrintUnformatted(config);
+  }
+  if (model) m->model_json = cJSON_PrintUnformatted(model);
+  if (ts) {
+    parse_state(ts, &m->state, &errs);
+    if (m->state.step != m->step) mc_errlist_add(&errs, "training_state.step differs from step");
+  }
+  if (states) {
+    cJSON *e;
+    cJSON_ArrayForEach(e, states) {
+      int s = cJSON_IsString(e) ? mc_state_parse(e->valuestring) : -1;
+      if (s < 0) mc_errlist_add(&errs, "states: entry is not a state kind");
+      else m->has_state[s] = 1;
+    }
+  }
+  if (files) {
+    int n = cJSON_GetArraySize(files);
+    m->files = calloc((size_t)(n > 0 ? n : 1), sizeof *m->files);
+    m->n_files = m->files ? n : 0;
+    for (int i = 0; i < m->n_files; i++) {
+      cJSON *o = cJSON_GetArrayItem(files, i);
+      char where[32];
+      snprintf(where, sizeof where, "files[%d]", i);
+      jctx cf = {&errs, where};
+      const char *name = cJSON_IsObject(o) ? get_str(o, "name", &cf) : NULL;
+      int64_t bytes = 0, rank = 0;
+      if (!cJSON_IsObject(o)) mc_errlist_add(&errs, "%s must be an object", where);
+      else {
+        get_int(o, "bytes", 0, &bytes, &cf);
+        get_int(o, "rank", 0, &rank, &cf);
+      }
+      if (name && (strlen(name) >= sizeof m->files[i].name || strchr(name, '/')))
+        mc_errlist_add(&errs, "%s.name '%s' is not a plain file name", where, name);
+      else if (name) snprintf(m->files[i].name, sizeof m->files[i].name, "%s", name);
+      m->files[i].bytes = bytes;
+      m->files[i].rank = (int)rank;
+    }
+  }
+  if (fams) parse_families(fams, m, &errs);
+  if (shards && errs.n == 0) parse_shards(shards, m, &errs);
+  if (errs.n == 0) check_coverage(m, &errs);
+  cJSON_Delete(root);
+  if (errs.n) {
+    char header[MC_PATH_MAX + 32];
+    snprintf(header, sizeof header, "%s: manifest invalid", origin);
+    mc_errlist_raise(&errs, header);
+    mc_manifest_free(m);
+    return -1;
+  }
+  return 0;
+}
+
+void mc_manifest_free(mc_manifest *m) {
+  free(m->config_json);
+  free(m->model_json);
+  free(m->fams);
+  free(m->shards);
+  free(m->replica_pool);
+  free(m->files);
+  memset(m, 0, sizeof *m);
+}
+
+/* ---------------------------------------------------------------- latest */
+
+char *mc_latest_text(int64_t step, const char *sha) {
+  cJSON *o = cJSON_CreateObject();
+  char path[48];
+  snprintf(path, sizeof path, "step_%" PRId64, step);
+  cJSON_AddStringToObject(o, "format", "megac-latest");
+  cJSON_AddNumberToObject(o, "step", (double)step);
+  cJSON_AddStringToObject(o, "path", path);
+  cJSON_AddStringToObject(o, "manifest_sha256", sha);
+  char *t = cJSON_Print(o);
+  cJSON_Delete(o);
+  return t;
+}
+
+int mc_latest_read(const char *dir, int64_t *step, char *path, size_t cap, char sha[65]) {
+  char lp[MC_PATH_MAX];
+  snprintf(lp, sizeof lp, "%s/latest", dir);
+  char *text = NULL;
+  if (mc_read_file(lp, &text, NULL) != 0) return mc_error("%s: no committed checkpoint (cannot read latest)", lp);
+  cJSON *o = cJSON_Parse(text);
+  free(text);
+  cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "step");
+  cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "path");
+  cJSON *h = cJSON_GetObjectItemCaseSensitive(o, "manifest_sha256");
+  char expect[48];
+  int ok = cJSON_IsObject(o) && cJSON_IsNumber(st) && st->valuedouble >= 0 && st->valuedouble == floor(st->valuedouble) &&
+           cJSON_IsString(p) && cJSON_IsString(h) && is_hex64(h->valuestring);
+  if (ok) {
+    snprintf(expect, sizeof expect, "step_%" PRId64, (int64_t)st->valuedouble);
+    ok = strcmp(expect, p->valuestring) == 0 && strlen(p->valuestring) < cap;
+  }
+  if (!ok) {
+    cJSON_Delete(o);
+    return mc_error("%s: latest is malformed (expected {\"step\": N, \"path\": \"step_N\", \"manifest_sha256\": hex})", lp);
+  }
+  *step = (int64_t)st->valuedouble;
+  snprintf(path, cap, "%s", p->valuestring);
+  snprintf(sha, 65, "%s", h->valuestring);
+  cJSON_Delete(o);
+  return 0;
+}

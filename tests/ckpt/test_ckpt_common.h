@@ -1,0 +1,215 @@
+/* Shared by the checkpoint tests: a reference global state (every element a function of
+ * seed, family, state and global index), the shards each rank of a layout holds of it,
+ * and small file-system helpers. */
+#ifndef MC_TESTS_CKPT_COMMON_H
+#define MC_TESTS_CKPT_COMMON_H
+
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <stdarg.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/config.h"
+#include "ckpt/ownership.h"
+#include "util/error.h"
+#include "util/rng.h"
+
+/* snprintf for paths (vsnprintf: truncation is impossible at the sizes the tests use). */
+static inline void pathf(char *buf, size_t cap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, cap, fmt, ap);
+  va_end(ap);
+}
+
+/* The reference value of element `idx` (row-major global index) of (family, state). */
+static inline float ref_value(uint64_t seed, int fam, int state, int64_t idx) {
+  uint32_t w[4];
+  mc_philox(seed, 1000 + (uint64_t)fam * 4 + (uint64_t)state, (uint64_t)idx, w);
+  return (float)((double)w[0] / 4294967296.0 - 0.5);
+}
+
+/* Fills `out` with the box (start, count) of the reference tensor of shape `shape`. */
+static inline void ref_box(uint64_t seed, int fam, int state, int ndim, const int64_t *shape, const int64_t *start,
+                           const int64_t *count, float *out) {
+  int64_t s[3] = {1, 1, 1}, st[3] = {0, 0, 0}, c[3] = {1, 1, 1};
+  for (int k = 0; k < ndim; k++) {
+    s[3 - ndim + k] = shape[k];
+    st[3 - ndim + k] = start[k];
+    c[3 - ndim + k] = count[k];
+  }
+  int64_t o = 0;
+  for (int64_t i = 0; i < c[0]; i++)
+    for (int64_t j = 0; j < c[1]; j++)
+      for (int64_t k = 0; k < c[2]; k++)
+        out[o++] = ref_value(seed, fam, state, ((st[0] + i) * s[1] + (st[1] + j)) * s[2] + (st[2] + k));
+}
+
+static inline int tiny_geometry(int tp, int pp, int dp, int ep, int sp, int zero, mc_config *cfg, mc_geometry *g) {
+  if (mc_config_default(cfg) != 0) return -1;
+  mc_layout l = cfg->parallel;
+  l.tp = tp;
+  l.pp = pp;
+  l.dp = dp;
+  l.ep = ep;
+  l.sp = sp;
+  l.zero = zero;
+  l.split = MC_SPLIT_EQUAL;
+  cfg->parallel = l;
+  return mc_geometry_build(&cfg->model, &l, NULL, -1, g);
+}
+
+/* Every shard held by the ranks in [r0, r1) (primaries and replicas) for the states whose
+ * bit is set in state_mask, filled from the reference. */
+typedef struct {
+  int n;
+  mc_ckpt_item *items;
+  float **bufs;
+} item_set;
+
+static inline int make_items(const mc_geometry *g, uint64_t seed, int state_mask, int r0, int r1, item_set *set) {
+  int cap = g->fams.n * MC_N_STATES * (r1 - r0);
+  set->n = 0;
+  set->items = calloc((size_t)cap + 1, sizeof *set->items);
+  set->bufs = calloc((size_t)cap + 1, sizeof *set->bufs);
+  if (!set->items || !set->bufs) return -1;
+  for (int r = r0; r < r1; r++)
+    for (int f = 0; f < g->fams.n; f++)
+      for (int s = 0; s < MC_N_STATES; s++) {
+        if (!(state_mask & (1 << s))) continue;
+        mc_shard sh;
+        if (mc_shard_of(g, f, (mc_state)s, r, &sh) != 0) return -1;
+        if (!sh.held) continue;
+        float *b = malloc((size_t)sh.numel * sizeof(float));
+        if (!b) return -1;
+        ref_box(seed, f, s, sh.ndim, g->fams.f[f].shape, sh.start, sh.count, b);
+        set->bufs[set->n] = b;
+        set->items[set->n] = (mc_ckpt_item){f, (mc_state)s, r, b};
+        set->n++;
+      }
+  return 0;
+}
+
+static inline void free_items(item_set *set) {
+  for (int i = 0; i < set->n; i++) free(set->bufs[i]);
+  free(set->items);
+  free(set->bufs);
+  memset(set, 0, sizeof *set);
+}
+
+static inline void make_state(int64_t step, mc_train_state *st) {
+  memset(st, 0, sizeof *st);
+  st->step = step;
+  st->tokens_seen = step * 16 * 64;
+  st->schedule_step = step;
+  st->lr = 1e-3 + 1e-6 * (double)step;
+  st->adam_step = step;
+  st->lr_max = 3e-3;
+  st->lr_min = 3e-4;
+  st->warmup_steps = 30;
+  st->total_steps = 600;
+  st->beta1 = 0.9;
+  st->beta2 = 0.95;
+  st->adam_eps = 1e-8;
+  st->weight_decay = 0.1;
+  st->grad_clip = 1.0;
+  st->seed = 18446744073709551557ull; /* > 2^53: must survive the manifest exactly */
+  st->rng_counter = 9007199254740993ull + (uint64_t)step;
+  st->data_position = step * 16;
+}
+
+/* Saves step `step` of the reference state (all three states) under layout (tp,pp,dp,ep,sp,zero). */
+static inline int save_reference(const char *dir, int tp, int pp, int dp, int ep, int sp, int zero, int64_t step,
+                                 uint64_t seed, int keep) {
+  mc_config cfg;
+  mc_geometry g;
+  if (tiny_geometry(tp, pp, dp, ep, sp, zero, &cfg, &g) != 0) return -1;
+  item_set set;
+  int rc = make_items(&g, seed, 7, 0, g.world, &set);
+  mc_train_state st;
+  make_state(step, &st);
+  mc_ckpt_save_opts o;
+  mc_ckpt_save_opts_default(&o);
+  o.keep = keep;
+  if (rc == 0) rc = mc_ckpt_save(dir, &g, &cfg, &st, set.items, set.n, &o);
+  free_items(&set);
+  mc_geometry_free(&g);
+  return rc;
+}
+
+/* Compares every hyperslab that every rank of layout g holds with the reference. Returns the
+ * number of mismatching elements, or -1 on a read error. */
+static inline int64_t check_against_layout(mc_ckpt *ck, const mc_geometry *g, uint64_t seed) {
+  int64_t bad = 0;
+  for (int r = 0; r < g->world; r++)
+    for (int f = 0; f < g->fams.n; f++)
+      for (int s = 0; s < MC_N_STATES; s++) {
+        mc_shard sh;
+        if (mc_shard_of(g, f, (mc_state)s, r, &sh) != 0) return -1;
+        if (!sh.held) continue;
+        float *got = malloc((size_t)sh.numel * sizeof(float)), *want = malloc((size_t)sh.numel * sizeof(float));
+        if (mc_ckpt_read(ck, g->fams.f[f].name, (mc_state)s, sh.start, sh.count, got) != 0) {
+          free(got);
+          free(want);
+          return -1;
+        }
+        ref_box(seed, f, s, sh.ndim, g->fams.f[f].shape, sh.start, sh.count, want);
+        for (int64_t i = 0; i < sh.numel; i++) bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+        free(got);
+        free(want);
+      }
+  return bad;
+}
+
+static inline int rm_rf(const char *path) {
+  char cmd[4200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+  return system(cmd);
+}
+
+/* A fresh scratch directory under the build tree (or /tmp). */
+static inline void scratch_dir(const char *name, char *out, size_t cap) {
+  const char *base = getenv("MC_BINARY_DIR");
+  snprintf(out, cap, "%s/ckpt-scratch/%s.%d", base && *base ? base : "/tmp", name, (int)getpid());
+  rm_rf(out);
+  char cmd[4200];
+  snprintf(cmd, sizeof cmd, "mkdir -p '%s'", out);
+  if (system(cmd) != 0) fprintf(stderr, "cannot create %s\n", out);
+}
+
+static inline int path_exists(const char *dir, const char *name) {
+  char p[4200];
+  struct stat st;
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  return stat(p, &st) == 0;
+}
+
+/* Checksum of a directory tree's names, sizes, modification times and contents of small
+ * files, to show that an operation changed nothing. */
+static inline uint64_t tree_fingerprint(const char *dir) {
+  uint64_t h = 1469598103934665603ull;
+  DIR *d = opendir(dir);
+  if (!d) return 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+    struct stat st;
+    if (stat(p, &st) != 0) continue;
+    uint64_t x = mc_rng_stream_of(e->d_name) ^ (uint64_t)st.st_size * 31 ^ (uint64_t)st.st_mtim.tv_sec * 7 ^
+                 (uint64_t)st.st_mtim.tv_nsec;
+    if (S_ISDIR(st.st_mode)) x ^= tree_fingerprint(p) * 3;
+    h += x * 1099511628211ull; /* order independent */
+  }
+  closedir(d);
+  return h;
+}
+
+#endif

@@ -1,0 +1,300 @@
+/* Round trip: for layouts covering every placement rule and state kind, save the reference
+ * state with one process writing every rank's file, then read it back as the hyperslabs of
+ * other layouts and as random boxes; the same with several writers (threads standing in for
+ * processes) synchronised by the barrier callback, including a failing writer.
+ * With "--write DIR" it only writes a sample checkpoint (used by the Python tests). */
+#include "tests/ckpt/test_ckpt_common.h"
+
+#include <pthread.h>
+
+#include "tests/check.h"
+
+typedef struct {
+  int tp, pp, dp, ep, sp, zero;
+} lay;
+
+static const lay fixed[] = {
+    {1, 1, 1, 1, 0, 0}, {2, 1, 2, 1, 0, 1}, {1, 2, 2, 2, 0, 1}, {2, 2, 1, 1, 0, 0},
+    {2, 1, 2, 2, 1, 3}, {1, 4, 3, 1, 0, 1}, {1, 1, 4, 4, 0, 1}, {2, 2, 2, 2, 1, 1},
+};
+#define N_FIXED (int)(sizeof fixed / sizeof fixed[0])
+
+static int geom(const lay *l, mc_config *cfg, mc_geometry *g) {
+  return tiny_geometry(l->tp, l->pp, l->dp, l->ep, l->sp, l->zero, cfg, g);
+}
+
+/* A random valid layout of at most 8 ranks. */
+static lay random_layout(uint64_t *ctr) {
+  for (;;) {
+    static const int tps[] = {1, 2}, pps[] = {1, 2, 4}, dps[] = {1, 2, 3, 4}, eps[] = {1, 2, 4}, zs[] = {0, 1, 3};
+    lay l = {tps[mc_rng_below(7, 9, (*ctr)++, 2)], pps[mc_rng_below(7, 9, (*ctr)++, 3)],
+             dps[mc_rng_below(7, 9, (*ctr)++, 4)], eps[mc_rng_below(7, 9, (*ctr)++, 3)],
+             (int)mc_rng_below(7, 9, (*ctr)++, 2), zs[mc_rng_below(7, 9, (*ctr)++, 3)]};
+    if (l.tp * l.pp * l.dp > 8) continue;
+    mc_config cfg;
+    mc_geometry g;
+    if (geom(&l, &cfg, &g) != 0) continue;
+    mc_geometry_free(&g);
+    return l;
+  }
+}
+
+static void check_boxes(mc_ckpt *ck, const mc_geometry *g, uint64_t seed, uint64_t *ctr) {
+  for (int t = 0; t < 40; t++) {
+    int f = (int)mc_rng_below(11, 1, (*ctr)++, (uint64_t)g->fams.n);
+    int s = (int)mc_rng_below(11, 1, (*ctr)++, 3);
+    const mc_family *fam = &g->fams.f[f];
+    int64_t start[3] = {0}, count[3] = {0}, n = 1;
+    for (int k = 0; k < fam->ndim; k++) {
+      start[k] = (int64_t)mc_rng_below(11, 1, (*ctr)++, (uint64_t)fam->shape[k]);
+      count[k] = 1 + (int64_t)mc_rng_below(11, 1, (*ctr)++, (uint64_t)(fam->shape[k] - start[k]));
+      n *= count[k];
+    }
+    float *got = malloc((size_t)n * sizeof(float)), *want = malloc((size_t)n * sizeof(float));
+    CHECK_OK(mc_ckpt_read(ck, fam->name, (mc_state)s, start, count, got));
+    ref_box(seed, f, s, fam->ndim, fam->shape, start, count, want);
+    CHECK(memcmp(got, want, (size_t)n * sizeof(float)) == 0, "box of %s/%s differs", fam->name, mc_state_name((mc_state)s));
+    free(got);
+    free(want);
+  }
+}
+
+static void test_single_writer(const char *root) {
+  char seen_rules[16][MC_CKPT_RULE_MAX];
+  int n_rules = 0;
+  uint64_t ctr = 0;
+  int n_layouts = N_FIXED + 2;
+  for (int li = 0; li < n_layouts; li++) {
+    lay a = li < N_FIXED ? fixed[li] : random_layout(&ctr);
+    lay b = random_layout(&ctr);
+    mc_config cfg;
+    mc_geometry ga, gb;
+    CHECK_OK(geom(&a, &cfg, &ga));
+    CHECK_OK(geom(&b, &cfg, &gb));
+    for (int f = 0; f < ga.fams.n; f++) {
+      char rule[MC_CKPT_RULE_MAX];
+      mc_placement_rule(&ga, f, rule, sizeof rule);
+      int known = 0;
+      for (int i = 0; i < n_rules; i++) known |= strcmp(seen_rules[i], rule) == 0;
+      if (!known && n_rules < 16) snprintf(seen_rules[n_rules++], MC_CKPT_RULE_MAX, "%s", rule);
+    }
+    char dir[2048];
+    pathf(dir, sizeof dir, "%s/layout%d", root, li);
+    uint64_t seed = 100 + (uint64_t)li;
+    CHECK_OK(save_reference(dir, a.tp, a.pp, a.dp, a.ep, a.sp, a.zero, 10 + li, seed, 0));
+    mc_ckpt *ck = NULL;
+    CHECK_OK(mc_ckpt_open(dir, NULL, &ck));
+    if (!ck) continue;
+    CHECK(mc_ckpt_step(ck) == 10 + li, "step %" PRId64, mc_ckpt_step(ck));
+    for (int s = 0; s < MC_N_STATES; s++) CHECK(mc_ckpt_has_state(ck, (mc_state)s), "state %d missing", s);
+    /* shards are exactly the primaries, one file per writing rank */
+    int64_t stored = 0, total = 0;
+    for (int i = 0; i < mc_ckpt_n_shards(ck); i++) stored += mc_ckpt_shard_at(ck, i)->numel;
+    for (int f = 0; f < ga.fams.n; f++) total += 3 * ga.fams.f[f].numel;
+    CHECK(stored == total, "layout %d: shards hold %" PRId64 " of %" PRId64, li, stored, total);
+    CHECK(check_against_layout(ck, &ga, seed) == 0, "layout %d read as itself", li);
+    CHECK(check_against_layout(ck, &gb, seed) == 0, "layout %d (tp%d pp%d dp%d ep%d zero%d) read as tp%d pp%d dp%d ep%d zero%d", li,
+          a.tp, a.pp, a.dp, a.ep, a.zero, b.tp, b.pp, b.dp, b.ep, b.zero);
+    check_boxes(ck, &ga, seed, &ctr);
+    CHECK_OK(mc_ckpt_verify_all(ck));
+    mc_config back;
+    CHECK_OK(mc_ckpt_config(ck, &back));
+    CHECK(back.parallel.tp == a.tp && back.parallel.dp == a.dp && back.parallel.pp == a.pp && back.parallel.zero == a.zero,
+          "layout not recorded");
+    mc_ckpt_close(ck);
+    /* verification opt-out reads the same */
+    mc_ckpt_open_opts oo;
+    mc_ckpt_open_opts_default(&oo);
+    oo.verify = 0;
+    oo.io_threads = 1;
+    CHECK_OK(mc_ckpt_open(dir, &oo, &ck));
+    if (ck) CHECK(check_against_layout(ck, &gb, seed) == 0, "unverified read of layout %d", li);
+    mc_ckpt_close(ck);
+    mc_geometry_free(&ga);
+    mc_geometry_free(&gb);
+  }
+  const char *want[] = {"replicated", "tp(dim=0)", "tp(dim=1)", "ep(dim=0)", "replicated x zero(dim=0)",
+                        "tp(dim=0) x zero(dim=0)", "tp(dim=1) x zero(dim=0)", "ep(dim=0) x zero(dim=0)"};
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    int known = 0;
+    for (int k = 0; k < n_rules; k++) known |= strcmp(seen_rules[k], want[i]) == 0;
+    CHECK(known, "placement rule '%s' never exercised", want[i]);
+  }
+}
+
+static void test_state_and_model(const char *root) {
+  char dir[2048];
+  pathf(dir, sizeof dir, "%s/state", root);
+  CHECK_OK(save_reference(dir, 2, 1, 2, 1, 0, 1, 77, 5, 0));
+  mc_ckpt *ck = NULL;
+  CHECK_OK(mc_ckpt_open(dir, NULL, &ck));
+  if (!ck) return;
+  mc_train_state want, got;
+  make_state(77, &want);
+  CHECK_OK(mc_ckpt_train_state(ck, &got));
+  CHECK(got.step == 77 && got.tokens_seen == want.tokens_seen && got.data_position == want.data_position, "counters");
+  CHECK(got.seed == want.seed && got.rng_counter == want.rng_counter, "64-bit seed %" PRIu64 " / counter %" PRIu64, got.seed,
+        got.rng_counter);
+  CHECK(got.lr == want.lr && got.beta2 == want.beta2 && got.adam_eps == want.adam_eps && got.warmup_steps == 30,
+        "optimizer hyperparameters");
+  mc_config cfg;
+  mc_config_default(&cfg);
+  CHECK_OK(mc_ckpt_check_model(ck, &cfg.model));
+  mc_model m = cfg.model;
+  m.init_std = 0.5; /* training-only */
+  CHECK_OK(mc_ckpt_check_model(ck, &m));
+  m = cfg.model;
+  m.d_model = 128;
+  CHECK(mc_ckpt_check_model(ck, &m) != 0 && strstr(mc_errmsg(), "model.d_model"), "d_model: %s", mc_errmsg());
+  m = cfg.model;
+  snprintf(m.pattern, sizeof m.pattern, "AEMA");
+  CHECK(mc_ckpt_check_model(ck, &m) != 0 && strstr(mc_errmsg(), "model.pattern"), "pattern: %s", mc_errmsg());
+  /* unknown family / state / box are errors, not crashes */
+  float x[4];
+  int64_t st[3] = {0, 0, 0}, cn[3] = {1, 1, 1};
+  CHECK(mc_ckpt_read(ck, "no.such.family", MC_STATE_PARAM, st, cn, x) != 0 && strstr(mc_errmsg(), "no.such.family"), "%s",
+        mc_errmsg());
+  int64_t big[3] = {100000, 1, 1};
+  CHECK(mc_ckpt_read(ck, "embed.weight", MC_STATE_PARAM, st, big, x) != 0 && strstr(mc_errmsg(), "outside"), "%s",
+        mc_errmsg());
+  mc_ckpt_close(ck);
+  /* a step directory opens directly too */
+  pathf(dir, sizeof dir, "%s/state/step_77", root);
+  CHECK_OK(mc_ckpt_open(dir, NULL, &ck));
+  mc_ckpt_close(ck);
+}
+
+/* ---------------------------------------------------------------- several writers */
+
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int n, arrived, acc, result, gen;
+} and_barrier;
+
+static int and_barrier_fn(void *u, int ok) {
+  and_barrier *b = u;
+  pthread_mutex_lock(&b->mu);
+  if (b->arrived == 0) b->acc = 1;
+  b->acc &= ok != 0;
+  if (++b->arrived == b->n) {
+    b->result = b->acc;
+    b->arrived = 0;
+    b->gen++;
+    pthread_cond_broadcast(&b->cv);
+  } else {
+    int gen = b->gen;
+    while (gen == b->gen) pthread_cond_wait(&b->cv, &b->mu);
+  }
+  int r = b->result;
+  pthread_mutex_unlock(&b->mu);
+  return r;
+}
+
+typedef struct {
+  const char *dir;
+  const mc_geometry *g;
+  const mc_config *cfg;
+  int rank;
+  int64_t step;
+  int sabotage; /* this writer passes an item without data */
+  and_barrier *bar;
+  int rc;
+  char msg[1024];
+} writer;
+
+static void *writer_main(void *arg) {
+  writer *w = arg;
+  item_set set;
+  make_items(w->g, 42, 7, w->rank, w->rank + 1, &set);
+  if (w->sabotage)
+    for (int i = 0; i < set.n; i++) {
+      mc_shard sh;
+      mc_shard_of(w->g, set.items[i].family, set.items[i].state, w->rank, &sh);
+      if (sh.primary) {
+        set.items[i].data = NULL;
+        break;
+      }
+    }
+  mc_train_state st;
+  make_state(w->step, &st);
+  mc_ckpt_save_opts o;
+  mc_ckpt_save_opts_default(&o);
+  o.root = w->rank == 0;
+  o.barrier = and_barrier_fn;
+  o.barrier_user = w->bar;
+  o.io_threads = 1;
+  w->rc = mc_ckpt_save(w->dir, w->g, w->cfg, &st, set.items, set.n, &o);
+  snprintf(w->msg, sizeof w->msg, "%s", w->rc ? mc_errmsg() : "");
+  free_items(&set);
+  return NULL;
+}
+
+static void run_writers(const char *dir, const mc_geometry *g, const mc_config *cfg, int64_t step, int sabotage_rank,
+                        writer *ws) {
+  and_barrier bar = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, g->world, 0, 1, 0, 0};
+  pthread_t th[16];
+  for (int r = 0; r < g->world; r++) {
+    ws[r] = (writer){dir, g, cfg, r, step, r == sabotage_rank, &bar, 0, ""};
+    pthread_create(&th[r], NULL, writer_main, &ws[r]);
+  }
+  for (int r = 0; r < g->world; r++) pthread_join(th[r], NULL);
+}
+
+static void test_several_writers(const char *root) {
+  mc_config cfg;
+  mc_geometry g;
+  CHECK_OK(tiny_geometry(2, 2, 2, 1, 0, 1, &cfg, &g));
+  char dir[2048];
+  pathf(dir, sizeof dir, "%s/multi", root);
+  writer ws[16];
+  run_writers(dir, &g, &cfg, 3, -1, ws);
+  for (int r = 0; r < g.world; r++) CHECK(ws[r].rc == 0, "writer %d: %s", r, ws[r].msg);
+  mc_ckpt *ck = NULL;
+  CHECK_OK(mc_ckpt_open(dir, NULL, &ck));
+  if (ck) {
+    CHECK(check_against_layout(ck, &g, 42) == 0, "multi-writer checkpoint content");
+    mc_ckpt_close(ck);
+  }
+  for (int r = 0; r < g.world; r++) {
+    char name[64];
+    pathf(name, sizeof name, "step_3/rank_%d.h5", r);
+    mc_shard sh;
+    int writes = 0;
+    for (int f = 0; f < g.fams.n; f++) {
+      mc_shard_of(&g, f, MC_STATE_PARAM, r, &sh);
+      writes |= sh.primary;
+    }
+    CHECK(path_exists(dir, name) == writes, "rank %d file presence %d, writes %d", r, path_exists(dir, name), writes);
+  }
+  /* one writer fails: every writer returns an error, step 4 never appears */
+  run_writers(dir, &g, &cfg, 4, 3, ws);
+  for (int r = 0; r < g.world; r++) CHECK(ws[r].rc != 0, "writer %d should fail", r);
+  CHECK(strstr(ws[3].msg, "no data") != NULL, "failing writer says why: %s", ws[3].msg);
+  CHECK(strstr(ws[0].msg, "another process failed") != NULL, "others say another failed: %s", ws[0].msg);
+  CHECK(!path_exists(dir, "step_4") && !path_exists(dir, "step_4.tmp"), "no trace of step 4");
+  CHECK_OK(mc_ckpt_open(dir, NULL, &ck));
+  if (ck) CHECK(mc_ckpt_step(ck) == 3, "latest still step 3");
+  mc_ckpt_close(ck);
+  mc_geometry_free(&g);
+}
+
+static int write_sample(const char *dir) {
+  /* tp x pp x dp = 8 ranks with ep, sp and ZeRO-1: every placement rule in one checkpoint */
+  if (save_reference(dir, 2, 2, 2, 2, 1, 1, 12, 7, 0) != 0) {
+    fprintf(stderr, "writing sample checkpoint failed: %s\n", mc_errmsg());
+    return 1;
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "--write") == 0) return write_sample(argv[2]);
+  char root[2048];
+  scratch_dir("roundtrip", root, sizeof root);
+  test_single_writer(root);
+  test_state_and_model(root);
+  test_several_writers(root);
+  if (mc_check_failures == 0) rm_rf(root);
+  return mc_check_exit("test_ckpt_roundtrip");
+}
