@@ -108,6 +108,12 @@ static int run_tensor(exec_shared *x, int ti, float *band, float *tmp, EVP_MD_CT
   int64_t rowel = D[1] * D[2];
   int64_t rows = x->chunk / (rowel * 4);
   if (rows < 1) rows = 1;
+  if (flat) {
+    /* Bands hold whole rows of the family, so every piece is whole rows of its shard. */
+    int64_t frow = f->ndim > 1 ? f->numel / f->shape[0] : 1;
+    rows = rows / frow * frow;
+    if (rows < frow) rows = frow;
+  }
   for (int64_t r0 = 0; r0 < D[0]; r0 += rows) {
     if (atomic_load(&x->abort)) return -2; /* another worker failed */
     int64_t r1 = r0 + rows < D[0] ? r0 + rows : D[0];

@@ -20,9 +20,11 @@
 typedef struct {
   void *ctx;
   /* Reads elements [off, off+n) of source shard s (index into plan->src), counted in the
-   * shard's own row-major order. Called with increasing `off` for each shard. */
+   * shard's own row-major order. Called with increasing `off` for each shard; off and n are
+   * always whole rows of the shard (multiples of the product of its count[1:]). */
   int (*read)(void *ctx, const mc_rs_plan *p, int s, int64_t off, int64_t n, float *buf);
-  /* Writes elements [off, off+n) of target shard t (index into plan->targets). */
+  /* Writes elements [off, off+n) of target shard t (index into plan->targets); whole rows,
+   * increasing `off`, as for read. */
   int (*write)(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const float *buf);
   /* After the last element of source shard s: the SHA-256 of all its bytes. Returns -1 with
    * an error naming the shard when it does not match the recorded hash. May be NULL. */

@@ -34,7 +34,7 @@ void mc_rs_plan_print(FILE *f, const mc_rs_plan *p, const mc_geometry *src, cons
           (double)p->bytes / (1024.0 * 1024.0));
 }
 
-static cJSON *layout_json(const mc_geometry *g) {
+cJSON *mc_rs_layout_json(const mc_geometry *g) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "tp", g->layout.tp);
   cJSON_AddNumberToObject(o, "pp", g->layout.pp);
@@ -57,8 +57,8 @@ static void add_slab(cJSON *o, const mc_slab *s) {
 
 char *mc_rs_plan_json(const mc_rs_plan *p, const mc_geometry *src, const mc_geometry *dst) {
   cJSON *root = cJSON_CreateObject();
-  cJSON_AddItemToObject(root, "source", layout_json(src));
-  cJSON_AddItemToObject(root, "target", layout_json(dst));
+  cJSON_AddItemToObject(root, "source", mc_rs_layout_json(src));
+  cJSON_AddItemToObject(root, "target", mc_rs_layout_json(dst));
   cJSON *arr = cJSON_AddArrayToObject(root, "targets");
   for (int i = 0; i < p->n_targets; i++) {
     const mc_rs_target *t = &p->targets[i];

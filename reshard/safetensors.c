@@ -65,14 +65,9 @@ static int read_all(int fd, void *buf, int64_t n, int64_t off, const char *path)
   return 0;
 }
 
-int mc_st_create(mc_st_file *f, const char *path, const mc_st_tensor *t, int n, const mc_st_meta *meta) {
-  memset(f, 0, sizeof *f);
-  f->fd = -1;
-  snprintf(f->path, sizeof f->path, "%s", path);
-  snprintf(f->tmp, sizeof f->tmp, "%s.tmp", path);
-  f->t = malloc((size_t)(n ? n : 1) * sizeof *f->t);
-  if (!f->t) return mc_error("safetensors: out of memory");
-  f->n = n;
+/* The 8-byte length and the JSON header, padded with spaces so the data region starts
+ * 8-byte aligned. Fills offsets and sizes into t. */
+static char *build_header(mc_st_tensor *t, int n, const mc_st_meta *meta, int64_t *len) {
   cJSON *root = cJSON_CreateObject();
   if (meta && meta->n_meta) {
     cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
@@ -80,12 +75,11 @@ int mc_st_create(mc_st_file *f, const char *path, const mc_st_tensor *t, int n, 
   }
   int64_t off = 0;
   for (int i = 0; i < n; i++) {
-    f->t[i] = t[i];
     int64_t numel = 1;
     double shp[3];
     for (int d = 0; d < t[i].ndim; d++) numel *= t[i].shape[d], shp[d] = (double)t[i].shape[d];
-    f->t[i].offset = off;
-    f->t[i].bytes = numel * 4;
+    t[i].offset = off;
+    t[i].bytes = numel * 4;
     cJSON *o = cJSON_AddObjectToObject(root, t[i].name);
     cJSON_AddStringToObject(o, "dtype", "F32");
     cJSON_AddItemToObject(o, "shape", cJSON_CreateDoubleArray(shp, t[i].ndim));
@@ -95,30 +89,59 @@ int mc_st_create(mc_st_file *f, const char *path, const mc_st_tensor *t, int n, 
   }
   char *hdr = cJSON_PrintUnformatted(root);
   cJSON_Delete(root);
-  if (!hdr) return mc_error("safetensors: out of memory");
-  /* Pad the header with spaces so the data region starts 8-byte aligned. */
+  if (!hdr) return NULL;
   size_t hl = strlen(hdr), padded = (hl + 7) / 8 * 8;
   char *buf = malloc(8 + padded);
+  if (buf) {
+    uint64_t le = padded;
+    for (int i = 0; i < 8; i++) buf[i] = (char)((le >> (8 * i)) & 0xff);
+    memcpy(buf + 8, hdr, hl);
+    memset(buf + 8 + hl, ' ', padded - hl);
+    *len = 8 + (int64_t)padded;
+  }
+  free(hdr);
+  return buf;
+}
+
+int mc_st_create(mc_st_file *f, const char *path, const mc_st_tensor *t, int n, const mc_st_meta *meta) {
+  memset(f, 0, sizeof *f);
+  f->fd = -1;
+  snprintf(f->path, sizeof f->path, "%s", path);
+  snprintf(f->tmp, sizeof f->tmp, "%s.tmp", path);
+  f->t = malloc((size_t)(n ? n : 1) * sizeof *f->t);
+  if (!f->t) return mc_error("safetensors: out of memory");
+  f->n = n;
+  memcpy(f->t, t, (size_t)n * sizeof *t);
+  int64_t hlen = 0;
+  char *buf = build_header(f->t, n, meta, &hlen);
   if (!buf) {
-    free(hdr);
+    mc_st_abort(f);
     return mc_error("safetensors: out of memory");
   }
-  uint64_t le = padded;
-  for (int i = 0; i < 8; i++) buf[i] = (char)((le >> (8 * i)) & 0xff);
-  memcpy(buf + 8, hdr, hl);
-  memset(buf + 8 + hl, ' ', padded - hl);
-  free(hdr);
-  f->data_start = 8 + (int64_t)padded;
+  f->data_start = hlen;
+  int64_t data = n ? f->t[n - 1].offset + f->t[n - 1].bytes : 0;
   f->fd = open(f->tmp, O_CREAT | O_TRUNC | O_WRONLY, 0644);
   if (f->fd < 0) {
     free(buf);
-    return mc_error("%s: cannot create: %s", f->tmp, strerror(errno));
+    int e = errno;
+    mc_st_abort(f);
+    return mc_error("%s: cannot create: %s", f->tmp, strerror(e));
   }
   int rc = write_all(f->fd, buf, f->data_start, 0, f->tmp);
   free(buf);
-  if (rc == 0 && ftruncate(f->fd, (off_t)(f->data_start + off)) != 0)
+  if (rc == 0 && ftruncate(f->fd, (off_t)(f->data_start + data)) != 0)
     rc = mc_error("%s: cannot size the data region: %s", f->tmp, strerror(errno));
   if (rc) mc_st_abort(f);
+  return rc;
+}
+
+int mc_st_update_meta(mc_st_file *f, const mc_st_meta *meta) {
+  int64_t hlen = 0;
+  char *buf = build_header(f->t, f->n, meta, &hlen);
+  if (!buf) return mc_error("safetensors: out of memory");
+  int rc = hlen == f->data_start ? write_all(f->fd, buf, hlen, 0, f->tmp)
+                                 : mc_error("%s: new metadata changes the header length", f->tmp);
+  free(buf);
   return rc;
 }
 

@@ -42,6 +42,9 @@ const char *mc_st_meta_get(const mc_st_meta *m, const char *key); /* NULL if abs
  * any thread). `meta` may be NULL. */
 int mc_st_create(mc_st_file *f, const char *path, const mc_st_tensor *t, int n, const mc_st_meta *meta);
 int mc_st_pwrite(mc_st_file *f, int idx, int64_t byte_off, const void *data, int64_t bytes);
+/* Rewrites the header with new metadata values of the same lengths (e.g. hashes filled in
+ * once the data is written over placeholders). */
+int mc_st_update_meta(mc_st_file *f, const mc_st_meta *meta);
 /* fsyncs and renames into place. */
 int mc_st_commit(mc_st_file *f);
 /* Removes the temporary file of an uncommitted export. */

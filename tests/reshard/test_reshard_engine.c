@@ -3,6 +3,7 @@
  * every target shard the right bytes and hash; B -> A gives back A's shards bit-identically;
  * a corrupted source shard is refused naming it; tiny chunks exercise band boundaries. */
 #include <openssl/evp.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,15 +26,26 @@ static void sha(const void *d, size_t n, unsigned char out[32]) {
   EVP_Digest(d, n, out, &len, EVP_sha256(), NULL);
 }
 
+/* Callbacks run on worker threads: they count contract breaches; main checks the count. */
+static atomic_int not_whole_rows;
+
+static int64_t row_of(const mc_slab *s) {
+  int64_t r = 1;
+  for (int d = 1; d < s->ndim; d++) r *= s->count[d];
+  return r;
+}
+
 static int m_read(void *ctx, const mc_rs_plan *p, int s, int64_t off, int64_t n, float *buf) {
   mem_io *m = ctx;
-  (void)p;
+  int64_t r = row_of(&p->src[s].slab);
+  if (off % r || n % r) atomic_fetch_add(&not_whole_rows, 1);
   memcpy(buf, m->src[s] + off, (size_t)n * 4);
   return 0;
 }
 static int m_write(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const float *buf) {
   mem_io *m = ctx;
-  (void)p;
+  int64_t r = row_of(&p->targets[t].shard.slab);
+  if (off % r || n % r) atomic_fetch_add(&not_whole_rows, 1);
   memcpy(m->tgt[t] + off, buf, (size_t)n * 4);
   return 0;
 }
@@ -218,6 +230,7 @@ int main(void) {
     rs_test_model(&m, patterns[pi]);
     for (int i = 0; i < 40; i++, n++) changed += pair_case(1000 + (uint64_t)n, &m, i < 2);
   }
+  CHECK(atomic_load(&not_whole_rows) == 0, "%d reads/writes were not whole rows", atomic_load(&not_whole_rows));
   CHECK(changed > n / 2, "only %d of %d pairs change the layout", changed, n);
   test_model_change_refused();
   return mc_check_exit("test_reshard_engine");

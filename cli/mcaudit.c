@@ -1,0 +1,244 @@
+/* mcaudit: what a checkpoint holds, who owns it, and whether it is intact.
+ *
+ *   mcaudit CKPT [--verify] [--json] [--map FILE.svg|FILE.html] [--no-progress]
+ *
+ * CKPT is a run directory (its `latest` is used) or a step directory. Prints the layout,
+ * the stage map, and per family: global shape, placement rule, stage, shards and owners,
+ * and a layout-independent content digest per state; totals per rank and per memory
+ * category. Checks: primaries tile every family, shards are the owners' hyperslabs, HDF5
+ * attributes agree with the manifest, and with --verify every SHA-256. Any failed check:
+ * exit status 1 and the list of problems. docs/audit.md. */
+#define _POSIX_C_SOURCE 200809L
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "plan/plan.h"
+#include "reshard/audit.h"
+#include "reshard/ownmap.h"
+#include "reshard/plan_print.h"
+
+static const mc_mem_cat CAT[MC_AUDIT_N_CATS] = {MC_MEM_PARAMS_REPLICATED, MC_MEM_PARAMS_TP, MC_MEM_PARAMS_EP,
+                                               MC_MEM_MOMENTS_DECAY, MC_MEM_MOMENTS_NO_DECAY};
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: mcaudit CKPT [--verify] [--json] [--map FILE.svg|FILE.html] [--no-progress]\n"
+             "  CKPT: a run directory (uses latest) or a step directory\n");
+}
+
+static void slab_of(const mc_ckpt_shard *s, char *buf, int cap) {
+  mc_slab sl = {s->ndim, {0}, {0}};
+  for (int d = 0; d < s->ndim; d++) sl.start[d] = s->start[d], sl.count[d] = s->count[d];
+  mc_slab_format(&sl, buf, cap);
+}
+
+static void shape_of(const mc_family *f, char *buf, int cap) {
+  int off = snprintf(buf, (size_t)cap, "[");
+  for (int d = 0; d < f->ndim; d++) off += snprintf(buf + off, (size_t)(cap - off), "%s%lld", d ? ", " : "", (long long)f->shape[d]);
+  snprintf(buf + off, (size_t)(cap - off), "]");
+}
+
+static void print_text(mc_rs_source *src, const mc_audit *a) {
+  mc_ckpt *ck = mc_rs_source_ckpt(src);
+  const mc_geometry *g = mc_rs_source_geometry(src);
+  char lay[600], buf[256];
+  mc_rs_layout_format(&g->layout, lay, sizeof lay);
+  printf("checkpoint %s  step %lld  manifest sha256 %s\n", mc_ckpt_step_dir(ck), (long long)mc_ckpt_step(ck),
+         mc_ckpt_root_hash(ck));
+  printf("model: pattern %s, %d families\nlayout: %s (world %d)\nstages:\n", g->model.pattern, g->fams.n, lay, g->world);
+  for (int s = 0; s < g->stages.pp; s++) {
+    int a0 = g->stages.first[s], n = g->stages.count[s];
+    printf("  stage %d: layers %d-%d (%.*s)%s%s, %.3g MFLOP/token forward\n", s, a0, a0 + n - 1, n, g->model.pattern + a0,
+           s == 0 ? " + embed" : "", s == g->stages.pp - 1 ? " + final norm, head" : "", g->stages.cost[s] / 1e6);
+  }
+  printf("families:\n");
+  for (int f = 0; f < g->fams.n; f++) {
+    const mc_family *fam = &g->fams.f[f];
+    char rule[64];
+    mc_placement_rule(g, f, rule, sizeof rule);
+    shape_of(fam, buf, sizeof buf);
+    printf("  %-28s %-16s %-28s stage %d\n", fam->name, buf, rule, mc_family_stage(g, f));
+    for (int st = 0; st < MC_N_STATES; st++) {
+      if (!(a->states & (1u << st))) continue;
+      printf("    %-10s", mc_state_name((mc_state)st));
+      for (int i = 0; i < mc_ckpt_n_shards(ck); i++) {
+        const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
+        if ((int)s->state != st || strcmp(s->family, fam->name) != 0) continue;
+        slab_of(s, buf, sizeof buf);
+        printf(" r%d%s", s->rank, buf);
+        if (s->n_replicas > 1) {
+          printf("{");
+          for (int k = 0; k < s->n_replicas; k++) printf("%s%d", k ? "," : "", s->replicas[k]);
+          printf("}");
+        }
+      }
+      if (a->digests) printf("  digest %.16s", a->digest[f][st]);
+      printf("\n");
+    }
+  }
+  printf("totals per rank (bytes held, replicas included; stored = written by this rank):\n  %-5s", "rank");
+  for (int st = 0; st < MC_N_STATES; st++)
+    if (a->states & (1u << st)) printf(" %12s", mc_state_name((mc_state)st));
+  printf(" %12s |", "stored");
+  for (int c = 0; c < MC_AUDIT_N_CATS; c++) printf(" %s", mc_mem_cat_name(CAT[c]));
+  printf("\n");
+  for (int r = 0; r < a->world; r++) {
+    printf("  %-5d", r);
+    for (int st = 0; st < MC_N_STATES; st++)
+      if (a->states & (1u << st)) printf(" %12lld", (long long)a->held[r * MC_N_STATES + st]);
+    printf(" %12lld |", (long long)a->stored[r]);
+    for (int c = 0; c < MC_AUDIT_N_CATS; c++) printf(" %lld", (long long)a->cat[r * MC_AUDIT_N_CATS + c]);
+    printf("\n");
+  }
+  printf("checks: tiling, ownership (mc_shard_of), HDF5 attributes vs manifest%s%s\n",
+         a->verified ? ", SHA-256 of every shard" : " (hashes not verified: pass --verify)",
+         a->digests ? ", content digests" : "");
+}
+
+static char *json_report(mc_rs_source *src, const mc_audit *a) {
+  mc_ckpt *ck = mc_rs_source_ckpt(src);
+  const mc_geometry *g = mc_rs_source_geometry(src);
+  cJSON *root = cJSON_CreateObject();
+  cJSON_AddStringToObject(root, "checkpoint", mc_ckpt_step_dir(ck));
+  cJSON_AddNumberToObject(root, "step", (double)mc_ckpt_step(ck));
+  cJSON_AddStringToObject(root, "manifest_sha256", mc_ckpt_root_hash(ck));
+  cJSON_AddItemToObject(root, "layout", mc_rs_layout_json(g));
+  cJSON *stages = cJSON_AddArrayToObject(root, "stages");
+  for (int s = 0; s < g->stages.pp; s++) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "first_layer", g->stages.first[s]);
+    cJSON_AddNumberToObject(o, "n_layers", g->stages.count[s]);
+    cJSON_AddNumberToObject(o, "fwd_flops_per_token", g->stages.cost[s]);
+    cJSON_AddItemToArray(stages, o);
+  }
+  cJSON *fams = cJSON_AddArrayToObject(root, "families");
+  for (int f = 0; f < g->fams.n; f++) {
+    const mc_family *fam = &g->fams.f[f];
+    cJSON *o = cJSON_CreateObject();
+    char rule[64];
+    mc_placement_rule(g, f, rule, sizeof rule);
+    cJSON_AddStringToObject(o, "name", fam->name);
+    double shp[3];
+    for (int d = 0; d < fam->ndim; d++) shp[d] = (double)fam->shape[d];
+    cJSON_AddItemToObject(o, "shape", cJSON_CreateDoubleArray(shp, fam->ndim));
+    cJSON_AddStringToObject(o, "placement_rule", rule);
+    cJSON_AddNumberToObject(o, "stage", mc_family_stage(g, f));
+    cJSON *dig = cJSON_AddObjectToObject(o, "digest_sha256");
+    cJSON *shards = cJSON_AddArrayToObject(o, "shards");
+    for (int st = 0; st < MC_N_STATES; st++)
+      if ((a->states & (1u << st)) && a->digests) cJSON_AddStringToObject(dig, mc_state_name((mc_state)st), a->digest[f][st]);
+    for (int i = 0; i < mc_ckpt_n_shards(ck); i++) {
+      const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
+      if (strcmp(s->family, fam->name) != 0) continue;
+      cJSON *so = cJSON_CreateObject();
+      cJSON_AddStringToObject(so, "state", mc_state_name(s->state));
+      cJSON_AddNumberToObject(so, "rank", s->rank);
+      double st0[3], ct0[3];
+      for (int d = 0; d < s->ndim; d++) st0[d] = (double)s->start[d], ct0[d] = (double)s->count[d];
+      cJSON_AddItemToObject(so, "start", cJSON_CreateDoubleArray(st0, s->ndim));
+      cJSON_AddItemToObject(so, "count", cJSON_CreateDoubleArray(ct0, s->ndim));
+      cJSON_AddItemToObject(so, "replicas", cJSON_CreateIntArray(s->replicas, s->n_replicas));
+      cJSON_AddStringToObject(so, "file", s->file);
+      cJSON_AddItemToArray(shards, so);
+    }
+    cJSON_AddItemToArray(fams, o);
+  }
+  cJSON *ranks = cJSON_AddArrayToObject(root, "ranks");
+  for (int r = 0; r < a->world; r++) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "rank", r);
+    cJSON *held = cJSON_AddObjectToObject(o, "held_bytes");
+    for (int st = 0; st < MC_N_STATES; st++)
+      if (a->states & (1u << st)) cJSON_AddNumberToObject(held, mc_state_name((mc_state)st), (double)a->held[r * MC_N_STATES + st]);
+    cJSON_AddNumberToObject(o, "stored_bytes", (double)a->stored[r]);
+    cJSON *cats = cJSON_AddObjectToObject(o, "categories");
+    for (int c = 0; c < MC_AUDIT_N_CATS; c++)
+      cJSON_AddNumberToObject(cats, mc_mem_cat_name(CAT[c]), (double)a->cat[r * MC_AUDIT_N_CATS + c]);
+    cJSON_AddItemToArray(ranks, o);
+  }
+  cJSON_AddBoolToObject(root, "verified", a->verified);
+  cJSON *pr = cJSON_AddArrayToObject(root, "problems");
+  int shown = a->problems.n < MC_ERRLIST_MAX ? a->problems.n : MC_ERRLIST_MAX;
+  for (int i = 0; i < shown; i++) cJSON_AddItemToArray(pr, cJSON_CreateString(a->problems.msg[i]));
+  cJSON_AddNumberToObject(root, "n_problems", a->problems.n);
+  cJSON_AddBoolToObject(root, "ok", a->problems.n == 0);
+  char *s = cJSON_Print(root);
+  cJSON_Delete(root);
+  return s;
+}
+
+int main(int argc, char **argv) {
+  const char *ckpt = NULL, *map = NULL;
+  int verify = 0, json = 0, progress = isatty(2);
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--verify")) verify = 1;
+    else if (!strcmp(argv[i], "--json")) json = 1;
+    else if (!strcmp(argv[i], "--no-progress")) progress = 0;
+    else if (!strcmp(argv[i], "--map") && i + 1 < argc) map = argv[++i];
+    else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage(stdout);
+      return 0;
+    } else if (argv[i][0] == '-' || ckpt) {
+      fprintf(stderr, "mcaudit: unexpected argument %s\n", argv[i]);
+      usage(stderr);
+      return 2;
+    } else ckpt = argv[i];
+  }
+  if (!ckpt) {
+    usage(stderr);
+    return 2;
+  }
+  mc_rs_source *src = NULL;
+  if (mc_rs_source_open(ckpt, &src) != 0) {
+    if (json) {
+      cJSON *o = cJSON_CreateObject();
+      cJSON_AddStringToObject(o, "checkpoint", ckpt);
+      cJSON_AddBoolToObject(o, "ok", 0);
+      cJSON *pr = cJSON_AddArrayToObject(o, "problems");
+      cJSON_AddItemToArray(pr, cJSON_CreateString(mc_errmsg()));
+      char *s = cJSON_Print(o);
+      printf("%s\n", s);
+      free(s);
+      cJSON_Delete(o);
+    }
+    fprintf(stderr, "mcaudit: 1 problem:\n  - %s\n", mc_errmsg());
+    return 1;
+  }
+  mc_audit a;
+  if (mc_audit_run(src, verify, progress && !json, &a) != 0) {
+    fprintf(stderr, "mcaudit: %s\n", mc_errmsg());
+    mc_rs_source_close(src);
+    return 1;
+  }
+  if (json) {
+    char *s = json_report(src, &a);
+    printf("%s\n", s ? s : "{}");
+    free(s);
+  } else {
+    print_text(src, &a);
+  }
+  int status = a.problems.n ? 1 : 0;
+  if (map) {
+    char title[MC_PATH_MAX + 32];
+    snprintf(title, sizeof title, "ownership of %s", mc_ckpt_step_dir(mc_rs_source_ckpt(src)));
+    if (mc_rs_ownership_map(mc_rs_source_geometry(src), map, title) != 0) {
+      fprintf(stderr, "mcaudit: %s\n", mc_errmsg());
+      status = 1;
+    } else if (!json) {
+      printf("map written to %s\n", map);
+    }
+  }
+  if (a.problems.n) {
+    int shown = a.problems.n < MC_ERRLIST_MAX ? a.problems.n : MC_ERRLIST_MAX;
+    fprintf(stderr, "mcaudit: %d problem%s:\n", a.problems.n, a.problems.n == 1 ? "" : "s");
+    for (int i = 0; i < shown; i++) fprintf(stderr, "  - %s\n", a.problems.msg[i]);
+    if (shown < a.problems.n) fprintf(stderr, "  ... and %d more\n", a.problems.n - shown);
+  } else if (!json) {
+    printf("ok: no problems found\n");
+  }
+  mc_audit_free(&a);
+  mc_rs_source_close(src);
+  return status;
+}

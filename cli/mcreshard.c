@@ -1,0 +1,204 @@
+/* mcreshard: rewrite a checkpoint for a new parallel layout, offline (no GPU, no MPI).
+ *
+ *   mcreshard SRC DST [--tp N] [--pp N] [--dp N] [--ep N] [--sp 0|1] [--zero 0|1|3]
+ *             [--split equal|weighted|'AEME|AEMR'] [--layout FILE] [--consolidate]
+ *             [--dry-run] [--json] [--force] [--chunk-mb N] [--threads N] [--no-progress]
+ *   mcreshard SRC --export FILE.safetensors
+ *   mcreshard --import FILE.safetensors DST [layout options]
+ *
+ * SRC is a run directory (its `latest` is used) or a step directory. Layout values not given
+ * keep the source's (for --import: the layout recorded in the file). docs/reshard.md. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ckpt/layout.h"
+#include "reshard/export.h"
+#include "reshard/plan_print.h"
+#include "reshard/reshard.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: mcreshard SRC DST [layout options] [--dry-run [--json]] [--force] [--chunk-mb N] [--threads N]\n"
+          "       mcreshard SRC --export FILE.safetensors\n"
+          "       mcreshard --import FILE.safetensors DST [layout options] [--force]\n"
+          "layout options (anything not given keeps the source's value):\n"
+          "  --tp N --pp N --dp N --ep N --sp 0|1 --zero 0|1|3\n"
+          "  --split equal|weighted|'AEME|AEMR'   pipeline stage split (pipes in the pattern)\n"
+          "  --layout FILE    JSON with a \"parallel\" section (a \"model\" section must match the source)\n"
+          "  --consolidate    world size 1 (tp=pp=dp=ep=1, zero 0)\n"
+          "SRC: a run directory (uses latest) or a step directory. DST: a new run directory.\n");
+}
+
+typedef struct {
+  int tp, pp, dp, ep, sp, zero; /* -1: keep */
+  const char *split, *layout_file;
+  int consolidate;
+} layout_args;
+
+static int parse_int(const char *flag, const char *v, int lo, int *out) {
+  char *end = NULL;
+  long x = v ? strtol(v, &end, 10) : 0;
+  if (!v || !*v || *end || x < lo || x > 1 << 20) return mc_error("%s needs an integer >= %d, got '%s'", flag, lo, v ? v : "");
+  *out = (int)x;
+  return 0;
+}
+
+/* Resolves the target layout: source values, then --layout FILE, then flags. */
+static int resolve_layout(const mc_config *src_cfg, const layout_args *a, mc_layout *out) {
+  mc_config cfg = *src_cfg;
+  if (a->layout_file) {
+    if (mc_config_apply_file(&cfg, a->layout_file) != 0) return -1;
+    mc_errlist e;
+    mc_errlist_init(&e);
+    if (mc_rs_model_diff(&src_cfg->model, &cfg.model, &e))
+      return mc_errlist_raise(&e, a->layout_file);
+  }
+  mc_layout l = cfg.parallel;
+  if (a->consolidate) mc_rs_consolidated_layout(&l);
+  if (a->tp >= 0) l.tp = a->tp;
+  if (a->pp >= 0) l.pp = a->pp;
+  if (a->dp >= 0) l.dp = a->dp;
+  if (a->ep >= 0) l.ep = a->ep;
+  if (a->sp >= 0) l.sp = a->sp;
+  if (a->zero >= 0) l.zero = a->zero;
+  if (a->split && mc_layout_parse_split(&l, a->split) != 0) return mc_error_context("--split %s", a->split);
+  *out = l;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  layout_args la = {-1, -1, -1, -1, -1, -1, NULL, NULL, 0};
+  const char *pos[2] = {NULL, NULL}, *export_path = NULL, *import_path = NULL;
+  int npos = 0, dry = 0, json = 0, progress = isatty(2);
+  mc_rs_opts o = {.chunk_bytes = (int64_t)16 << 20, .threads = 2};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    int rc = 0, takes = 1;
+    if (!strcmp(a, "--tp")) rc = parse_int(a, v, 1, &la.tp);
+    else if (!strcmp(a, "--pp")) rc = parse_int(a, v, 1, &la.pp);
+    else if (!strcmp(a, "--dp")) rc = parse_int(a, v, 1, &la.dp);
+    else if (!strcmp(a, "--ep")) rc = parse_int(a, v, 1, &la.ep);
+    else if (!strcmp(a, "--sp")) rc = parse_int(a, v, 0, &la.sp);
+    else if (!strcmp(a, "--zero")) rc = parse_int(a, v, 0, &la.zero);
+    else if (!strcmp(a, "--split")) rc = v ? (la.split = v, 0) : mc_error("--split needs a value");
+    else if (!strcmp(a, "--layout")) rc = v ? (la.layout_file = v, 0) : mc_error("--layout needs a file");
+    else if (!strcmp(a, "--export")) rc = v ? (export_path = v, 0) : mc_error("--export needs a file");
+    else if (!strcmp(a, "--import")) rc = v ? (import_path = v, 0) : mc_error("--import needs a file");
+    else if (!strcmp(a, "--chunk-mb")) {
+      int mb = 0;
+      rc = parse_int(a, v, 1, &mb);
+      o.chunk_bytes = (int64_t)mb << 20;
+    } else if (!strcmp(a, "--threads")) rc = parse_int(a, v, 1, &o.threads);
+    else {
+      takes = 0;
+      if (!strcmp(a, "--consolidate")) la.consolidate = 1;
+      else if (!strcmp(a, "--dry-run")) dry = 1;
+      else if (!strcmp(a, "--json")) json = 1;
+      else if (!strcmp(a, "--force")) o.force = 1;
+      else if (!strcmp(a, "--no-progress")) progress = 0;
+      else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        usage(stdout);
+        return 0;
+      } else if (a[0] == '-' && a[1]) {
+        fprintf(stderr, "mcreshard: unknown option %s\n", a);
+        usage(stderr);
+        return 2;
+      } else if (npos < 2) pos[npos++] = a;
+      else {
+        fprintf(stderr, "mcreshard: unexpected argument %s\n", a);
+        usage(stderr);
+        return 2;
+      }
+    }
+    if (rc) {
+      fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
+      return 2;
+    }
+    i += takes;
+  }
+  if (la.zero >= 0 && la.zero != 0 && la.zero != 1 && la.zero != 3) {
+    fprintf(stderr, "mcreshard: --zero must be 0, 1 or 3, got %d\n", la.zero);
+    return 2;
+  }
+  if (la.sp > 1) {
+    fprintf(stderr, "mcreshard: --sp must be 0 or 1\n");
+    return 2;
+  }
+  o.progress = progress && !json;
+
+  if (import_path) {
+    if (npos != 1 || export_path) {
+      usage(stderr);
+      return 2;
+    }
+    mc_config fcfg;
+    mc_layout target;
+    mc_rs_summary sum;
+    if (mc_rs_safetensors_config(import_path, &fcfg) != 0 || resolve_layout(&fcfg, &la, &target) != 0 ||
+        mc_rs_import_safetensors(import_path, &target, pos[0], &o, &sum) != 0) {
+      fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
+      return 1;
+    }
+    mc_rs_summary_print(&sum, "import");
+    return 0;
+  }
+  if (npos != (export_path ? 1 : 2)) {
+    usage(stderr);
+    return 2;
+  }
+  mc_rs_source *src = NULL;
+  if (mc_rs_source_open(pos[0], &src) != 0) {
+    fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
+    return 1;
+  }
+  int status = 0;
+  if (export_path) {
+    mc_rs_summary sum;
+    if (mc_rs_export_safetensors(src, export_path, &o, &sum) != 0) {
+      fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
+      status = 1;
+    } else {
+      mc_rs_summary_print(&sum, "export");
+    }
+    mc_rs_source_close(src);
+    return status;
+  }
+  mc_layout target;
+  mc_geometry dg;
+  mc_rs_plan plan;
+  if (resolve_layout(mc_rs_source_config(src), &la, &target) != 0 ||
+      (!dry && mc_rs_check_destination(pos[1], o.force) != 0) || mc_rs_prepare(src, &target, &dg, &plan) != 0) {
+    fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
+    mc_rs_source_close(src);
+    return 1;
+  }
+  if (dry) {
+    if (json) {
+      char *j = mc_rs_plan_json(&plan, mc_rs_source_geometry(src), &dg);
+      if (j) printf("%s\n", j);
+      else status = 1;
+      free(j);
+    } else {
+      mc_rs_plan_print(stdout, &plan, mc_rs_source_geometry(src), &dg);
+    }
+  } else {
+    mc_rs_summary sum;
+    if (mc_rs_write(src, &dg, &plan, pos[1], &o, &sum) != 0) {
+      fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
+      status = 1;
+    } else {
+      char ls[600], ld[600];
+      mc_rs_layout_format(&mc_rs_source_geometry(src)->layout, ls, sizeof ls);
+      mc_rs_layout_format(&dg.layout, ld, sizeof ld);
+      printf("resharded %s (%s) -> %s (%s)\n", pos[0], ls, pos[1], ld);
+      mc_rs_summary_print(&sum, "reshard");
+    }
+  }
+  mc_rs_plan_free(&plan);
+  mc_geometry_free(&dg);
+  mc_rs_source_close(src);
+  return status;
+}

@@ -1,0 +1,235 @@
+#define _POSIX_C_SOURCE 200809L
+#include "reshard/audit.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/ckpt_internal.h"
+#include "reshard/execute.h"
+#include "reshard/reshard.h"
+
+int mc_audit_tiling(const char *what, int ndim, const int64_t *shape, const mc_slab *s, const int *ranks, int n,
+                    mc_errlist *errs) {
+  int before = errs->n;
+  char b1[128], b2[128];
+  int64_t numel = 1, sum = 0;
+  for (int d = 0; d < ndim; d++) numel *= shape[d];
+  for (int i = 0; i < n; i++) {
+    mc_slab_format(&s[i], b1, sizeof b1);
+    int ok = s[i].ndim == ndim;
+    for (int d = 0; ok && d < ndim; d++)
+      ok = s[i].start[d] >= 0 && s[i].count[d] >= 0 && s[i].start[d] + s[i].count[d] <= shape[d];
+    if (!ok) {
+      mc_errlist_add(errs, "%s: shard of rank %d %s lies outside the global shape", what, ranks[i], b1);
+      continue;
+    }
+    sum += mc_slab_numel(&s[i]);
+    for (int j = i + 1; j < n; j++) {
+      mc_slab x;
+      if (mc_slab_intersect(&s[i], &s[j], &x) > 0) {
+        mc_slab_format(&s[j], b2, sizeof b2);
+        mc_errlist_add(errs, "%s: shards of rank %d %s and rank %d %s overlap", what, ranks[i], b1, ranks[j], b2);
+      }
+    }
+  }
+  /* In bounds and disjoint: they tile exactly iff their sizes add up. */
+  if (errs->n == before && sum != numel)
+    mc_errlist_add(errs, "%s: the primaries cover %lld of %lld elements (a gap)", what, (long long)sum, (long long)numel);
+  return errs->n - before;
+}
+
+/* ---------------------------------------------------------------- streaming digests */
+
+typedef struct {
+  mc_rs_source *src;
+  int verify;
+  pthread_mutex_t lock;
+  mc_errlist *problems;
+  char (*hex)[65]; /* per target */
+} digest_ctx;
+
+static int null_write(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const float *buf) {
+  (void)ctx, (void)p, (void)t, (void)off, (void)n, (void)buf;
+  return 0;
+}
+
+static int digest_done(void *ctx, const mc_rs_plan *p, int t, const unsigned char sha[32]) {
+  digest_ctx *d = ((mc_rs_io_ctx *)ctx)->sink;
+  (void)p;
+  mc_rs_hex(sha, d->hex[t]);
+  return 0;
+}
+
+/* Records a bad hash as a problem and carries on, so every bad shard gets listed. */
+static int verify_done(void *ctx, const mc_rs_plan *p, int s, const unsigned char sha[32]) {
+  digest_ctx *d = ((mc_rs_io_ctx *)ctx)->sink;
+  if (!d->verify) return 0;
+  if (mc_rs_source_done(ctx, p, s, sha) != 0) {
+    pthread_mutex_lock(&d->lock);
+    mc_errlist_add(d->problems, "%s", mc_errmsg());
+    pthread_mutex_unlock(&d->lock);
+  }
+  return 0;
+}
+
+static int run_digests(mc_rs_source *src, int verify, int progress, mc_audit *a) {
+  const mc_geometry *sg = mc_rs_source_geometry(src);
+  mc_layout l;
+  mc_rs_consolidated_layout(&l);
+  mc_geometry cg;
+  if (mc_geometry_build(&sg->model, &l, NULL, -1, &cg) != 0) return mc_error_context("the world-size-1 layout");
+  mc_rs_plan plan;
+  if (mc_rs_plan_build(sg, &cg, a->states, &plan) != 0) {
+    mc_geometry_free(&cg);
+    return -1;
+  }
+  int rc = mc_rs_source_bind(src, &plan);
+  digest_ctx d = {src, verify, PTHREAD_MUTEX_INITIALIZER, &a->problems, NULL};
+  d.hex = calloc((size_t)plan.n_targets + 1, sizeof *d.hex);
+  if (rc == 0 && !d.hex) rc = mc_error("out of memory");
+  if (rc == 0) {
+    mc_rs_io_ctx ctx = {src, &d};
+    mc_rs_io io = {&ctx, mc_rs_source_read, null_write, verify_done, digest_done};
+    mc_rs_exec_opts eo = {0, 2, progress, verify ? "verify" : "digest"};
+    mc_rs_exec_stats st;
+    rc = mc_rs_execute(&plan, &cg, &io, &eo, &st);
+    a->bytes_read = st.bytes_read;
+    for (int t = 0; t < plan.n_targets && rc == 0; t++) {
+      const mc_rs_tensor *tn = &plan.tensors[plan.targets[t].tensor];
+      memcpy(a->digest[tn->fam][tn->state], d.hex[t], 65);
+    }
+  }
+  free(d.hex);
+  mc_rs_plan_free(&plan);
+  mc_geometry_free(&cg);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- the checks */
+
+static void check_manifest(mc_rs_source *src, mc_audit *a) {
+  mc_ckpt *ck = mc_rs_source_ckpt(src);
+  const mc_geometry *g = mc_rs_source_geometry(src);
+  int ns = mc_ckpt_n_shards(ck);
+  mc_slab *slabs = malloc((size_t)(ns + 1) * sizeof *slabs);
+  int *ranks = malloc((size_t)(ns + 1) * sizeof *ranks);
+  int *reps = malloc((size_t)g->world * sizeof *reps);
+  if (!slabs || !ranks || !reps) {
+    mc_errlist_add(&a->problems, "out of memory auditing %d shards", ns);
+    goto out;
+  }
+  for (int f = 0; f < g->fams.n; f++)
+    for (int st = 0; st < MC_N_STATES; st++) {
+      if (!(a->states & (1u << st))) continue;
+      int n = 0;
+      for (int i = 0; i < ns; i++) {
+        const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
+        if ((int)s->state != st || strcmp(s->family, g->fams.f[f].name) != 0) continue;
+        slabs[n].ndim = s->ndim;
+        for (int d = 0; d < 3; d++) slabs[n].start[d] = d < s->ndim ? s->start[d] : 0, slabs[n].count[d] = d < s->ndim ? s->count[d] : 0;
+        ranks[n++] = s->rank;
+      }
+      char what[MC_FAMILY_NAME_MAX + 16];
+      snprintf(what, sizeof what, "%s/%s", g->fams.f[f].name, mc_state_name((mc_state)st));
+      mc_audit_tiling(what, g->fams.f[f].ndim, g->fams.f[f].shape, slabs, ranks, n, &a->problems);
+    }
+  /* Each stored shard is what mc_shard_of says its rank is primary for, and its HDF5
+   * attributes say the same as the manifest. */
+  int64_t fid = -1;
+  char open_file[64] = "";
+  for (int i = 0; i < ns; i++) {
+    const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
+    int f = mc_family_find(&g->fams, s->family);
+    mc_shard want;
+    if (f < 0 || s->rank < 0 || s->rank >= g->world || mc_shard_of(g, f, s->state, s->rank, &want) != 0) {
+      mc_errlist_add(&a->problems, "%s: dataset %s: family or rank unknown to the layout", s->file, s->dataset);
+      continue;
+    }
+    int same = want.primary && want.ndim == s->ndim && want.stage == s->stage;
+    for (int d = 0; same && d < s->ndim; d++) same = want.start[d] == s->start[d] && want.count[d] == s->count[d];
+    int nr = mc_shard_replicas(g, f, s->state, s->rank, reps);
+    int same_reps = nr == s->n_replicas;
+    for (int k = 0; same_reps && k < nr; k++) same_reps = reps[k] == s->replicas[k];
+    if (!same)
+      mc_errlist_add(&a->problems, "%s: dataset %s is not the hyperslab rank %d is primary for (mc_shard_of)", s->file,
+                     s->dataset, s->rank);
+    else if (!same_reps)
+      mc_errlist_add(&a->problems, "%s: dataset %s: replica group differs from the layout's", s->file, s->dataset);
+    if (strcmp(open_file, s->file) != 0) {
+      if (fid >= 0) mc_h5_close(fid);
+      fid = -1;
+      char path[MC_PATH_MAX + 40];
+      snprintf(path, sizeof path, "%s/%s", mc_ckpt_step_dir(ck), s->file);
+      snprintf(open_file, sizeof open_file, "%s", s->file);
+      if (mc_h5_open_read(path, &fid) != 0) mc_errlist_add(&a->problems, "%s", mc_errmsg());
+    }
+    if (fid >= 0 && mc_h5_check_attrs(fid, s->file, s, g->fams.f[f].shape) != 0)
+      mc_errlist_add(&a->problems, "%s", mc_errmsg());
+    a->stored[s->rank] += s->numel * 4;
+  }
+  if (fid >= 0) mc_h5_close(fid);
+out:
+  free(slabs);
+  free(ranks);
+  free(reps);
+}
+
+static void totals(const mc_geometry *g, mc_audit *a) {
+  for (int r = 0; r < g->world; r++)
+    for (int f = 0; f < g->fams.n; f++)
+      for (int st = 0; st < MC_N_STATES; st++) {
+        if (!(a->states & (1u << st))) continue;
+        mc_shard s;
+        if (mc_shard_of(g, f, (mc_state)st, r, &s) != 0 || !s.held) continue;
+        int64_t b = s.numel * 4;
+        a->held[r * MC_N_STATES + st] += b;
+        const mc_family *fam = &g->fams.f[f];
+        mc_audit_cat c = st == MC_STATE_PARAM ? (fam->place == MC_PLACE_TP   ? MC_AUDIT_PARAMS_TP
+                                                 : fam->place == MC_PLACE_EP ? MC_AUDIT_PARAMS_EP
+                                                                             : MC_AUDIT_PARAMS_REPLICATED)
+                                              : (fam->decay ? MC_AUDIT_MOMENTS_DECAY : MC_AUDIT_MOMENTS_NO_DECAY);
+        a->cat[r * MC_AUDIT_N_CATS + c] += b;
+      }
+}
+
+int mc_audit_run(mc_rs_source *src, int verify, int progress, mc_audit *a) {
+  memset(a, 0, sizeof *a);
+  mc_errlist_init(&a->problems);
+  const mc_geometry *g = mc_rs_source_geometry(src);
+  a->world = g->world;
+  a->n_fams = g->fams.n;
+  a->states = mc_rs_source_states(src);
+  a->digest = calloc((size_t)g->fams.n + 1, sizeof *a->digest);
+  a->held = calloc((size_t)g->world * MC_N_STATES, sizeof *a->held);
+  a->stored = calloc((size_t)g->world, sizeof *a->stored);
+  a->cat = calloc((size_t)g->world * MC_AUDIT_N_CATS, sizeof *a->cat);
+  if (!a->digest || !a->held || !a->stored || !a->cat) {
+    mc_audit_free(a);
+    return mc_error("out of memory");
+  }
+  check_manifest(src, a);
+  totals(g, a);
+  if (a->problems.n) {
+    mc_errlist_add(&a->problems, "content digests%s not computed: the shards do not match the layout",
+                   verify ? " and hash verification" : "");
+    return 0;
+  }
+  if (run_digests(src, verify, progress, a) != 0) {
+    mc_errlist_add(&a->problems, "%s", mc_errmsg());
+    return 0;
+  }
+  a->digests = 1;
+  a->verified = verify;
+  return 0;
+}
+
+void mc_audit_free(mc_audit *a) {
+  free(a->digest);
+  free(a->held);
+  free(a->stored);
+  free(a->cat);
+  a->digest = NULL;
+  a->held = a->stored = a->cat = NULL;
+}

@@ -1,0 +1,55 @@
+/* mcaudit's checks over a committed checkpoint:
+ *  - the manifest opens (root hash, format) and names a valid model and layout;
+ *  - for every family and state, the stored primaries tile the global shape exactly
+ *    (in bounds, no overlap, no gap), from the manifest alone;
+ *  - every stored shard is the primary hyperslab mc_shard_of gives its rank;
+ *  - every dataset's HDF5 attributes agree with the manifest;
+ *  - with verify, every shard's SHA-256 (all bad shards are listed, not only the first);
+ *  - a layout-independent content digest per family and state: SHA-256 of the global tensor
+ *    in row-major order, streamed through the reshard engine (bounded memory);
+ *  - bytes held per rank, per state and per memory category. */
+#ifndef MC_RESHARD_AUDIT_H
+#define MC_RESHARD_AUDIT_H
+
+#include <stdint.h>
+
+#include "reshard/ckpt_source.h"
+#include "reshard/slab.h"
+
+/* Checkpoint memory categories: the partition mcplan uses for parameters and optimizer
+ * state (plan/plan.h MC_MEM_PARAMS_REPLICATED / _TP / _EP, MC_MEM_MOMENTS_DECAY /
+ * _NO_DECAY; fp32 checkpoints store the master weights as param). mcaudit prints them
+ * under the planner's names. */
+typedef enum {
+  MC_AUDIT_PARAMS_REPLICATED = 0,
+  MC_AUDIT_PARAMS_TP,
+  MC_AUDIT_PARAMS_EP,
+  MC_AUDIT_MOMENTS_DECAY,
+  MC_AUDIT_MOMENTS_NO_DECAY,
+  MC_AUDIT_N_CATS
+} mc_audit_cat;
+
+typedef struct {
+  mc_errlist problems;
+  int world, n_fams;
+  unsigned states;
+  char (*digest)[MC_N_STATES][65]; /* per family; "" where not computed */
+  int64_t *held;                   /* [world][MC_N_STATES]: bytes each rank holds (replicas too) */
+  int64_t *stored;                 /* [world]: bytes of the primaries each rank wrote */
+  int64_t *cat;                    /* [world][MC_AUDIT_N_CATS] */
+  int64_t bytes_read;
+  int verified;                    /* every shard hash checked */
+  int digests;                     /* digests computed */
+} mc_audit;
+
+/* Tiling check of one family/state's shards against its global shape. Adds problems
+ * naming `what` and the ranks involved; returns the number added. */
+int mc_audit_tiling(const char *what, int ndim, const int64_t *shape, const mc_slab *slabs, const int *ranks, int n,
+                    mc_errlist *errs);
+
+/* Runs every check on an open source. Returns 0 when it could run (problems may still be
+ * listed in out->problems), -1 when it could not. */
+int mc_audit_run(mc_rs_source *src, int verify, int progress, mc_audit *out);
+void mc_audit_free(mc_audit *a);
+
+#endif

@@ -1,0 +1,202 @@
+#define _POSIX_C_SOURCE 200809L
+#include "reshard/ckpt_source.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ckpt/ckpt_internal.h"
+
+typedef struct {
+  char name[32];
+  int fd;        /* plain descriptor for raw reads of contiguous datasets */
+  int64_t fid;   /* HDF5 handle, for attribute checks and non-contiguous datasets */
+} src_file;
+
+typedef struct {
+  const mc_ckpt_shard *rec; /* manifest record */
+  int file;                 /* index into files */
+  int64_t raw_offset;       /* byte offset of the data in the file, -1: read through HDF5 */
+  int64_t row;              /* elements per row of the shard */
+} src_shard;
+
+struct mc_rs_source {
+  mc_ckpt *ck;
+  mc_config cfg;
+  mc_geometry g;
+  int have_geometry;
+  int n_files;
+  src_file *files;
+  src_shard *shards; /* per plan.src */
+};
+
+void mc_rs_hex(const unsigned char sha[32], char hex[65]) {
+  static const char d[] = "0123456789abcdef";
+  for (int i = 0; i < 32; i++) hex[2 * i] = d[sha[i] >> 4], hex[2 * i + 1] = d[sha[i] & 15];
+  hex[64] = 0;
+}
+
+int mc_rs_source_open(const char *path, mc_rs_source **out) {
+  *out = NULL;
+  mc_rs_source *s = calloc(1, sizeof *s);
+  if (!s) return mc_error("out of memory");
+  mc_ckpt_open_opts o;
+  mc_ckpt_open_opts_default(&o);
+  if (mc_ckpt_open(path, &o, &s->ck) != 0) {
+    free(s);
+    return -1;
+  }
+  if (mc_ckpt_config(s->ck, &s->cfg) != 0 ||
+      mc_geometry_build(&s->cfg.model, &s->cfg.parallel, NULL, -1, &s->g) != 0) {
+    mc_error_context("%s: the recorded model and layout", mc_ckpt_step_dir(s->ck));
+    mc_rs_source_close(s);
+    return -1;
+  }
+  s->have_geometry = 1;
+  *out = s;
+  return 0;
+}
+
+void mc_rs_source_close(mc_rs_source *s) {
+  if (!s) return;
+  for (int i = 0; i < s->n_files; i++) {
+    if (s->files[i].fd >= 0) close(s->files[i].fd);
+    if (s->files[i].fid >= 0) mc_h5_close(s->files[i].fid);
+  }
+  free(s->files);
+  free(s->shards);
+  if (s->have_geometry) mc_geometry_free(&s->g);
+  if (s->ck) mc_ckpt_close(s->ck);
+  free(s);
+}
+
+mc_ckpt *mc_rs_source_ckpt(mc_rs_source *s) { return s->ck; }
+const mc_geometry *mc_rs_source_geometry(const mc_rs_source *s) { return &s->g; }
+const mc_config *mc_rs_source_config(const mc_rs_source *s) { return &s->cfg; }
+
+unsigned mc_rs_source_states(const mc_rs_source *s) {
+  unsigned m = 0;
+  for (int st = 0; st < MC_N_STATES; st++)
+    if (mc_ckpt_has_state(s->ck, (mc_state)st)) m |= 1u << st;
+  return m;
+}
+
+static int file_index(mc_rs_source *s, const char *name) {
+  for (int i = 0; i < s->n_files; i++)
+    if (strcmp(s->files[i].name, name) == 0) return i;
+  void *nf = realloc(s->files, (size_t)(s->n_files + 1) * sizeof *s->files);
+  if (!nf) return mc_error("out of memory");
+  s->files = nf;
+  src_file *f = &s->files[s->n_files];
+  snprintf(f->name, sizeof f->name, "%s", name);
+  f->fd = -1;
+  f->fid = -1;
+  char path[MC_PATH_MAX + 40];
+  snprintf(path, sizeof path, "%s/%s", mc_ckpt_step_dir(s->ck), name);
+  if (mc_h5_open_read(path, &f->fid) != 0) return -1;
+  f->fd = open(path, O_RDONLY);
+  if (f->fd < 0) {
+    mc_h5_close(f->fid);
+    return mc_error("%s: cannot open: %s", path, strerror(errno));
+  }
+  return s->n_files++;
+}
+
+/* The byte offset of a contiguous, unfiltered dataset's data, or -1 (read through HDF5). */
+static int64_t raw_offset(int64_t fid, const char *dataset) {
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  hid_t d = H5Dopen2((hid_t)fid, dataset, H5P_DEFAULT);
+  if (d < 0) return -1;
+  int64_t off = -1;
+  hid_t dcpl = H5Dget_create_plist(d);
+  if (dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl) == 0) {
+    haddr_t a = H5Dget_offset(d);
+    if (a != HADDR_UNDEF) off = (int64_t)a;
+  }
+  if (dcpl >= 0) H5Pclose(dcpl);
+  H5Dclose(d);
+  return off;
+}
+
+int mc_rs_source_bind(mc_rs_source *s, const mc_rs_plan *p) {
+  free(s->shards);
+  s->shards = calloc((size_t)(p->n_src ? p->n_src : 1), sizeof *s->shards);
+  if (!s->shards) return mc_error("out of memory");
+  int ns = mc_ckpt_n_shards(s->ck);
+  const char *dir = mc_ckpt_step_dir(s->ck);
+  for (int t = 0; t < p->n_tensors; t++) {
+    const mc_rs_tensor *tn = &p->tensors[t];
+    const mc_family *f = &s->g.fams.f[tn->fam];
+    for (int i = tn->first_src; i < tn->first_src + tn->n_src; i++) {
+      const mc_rs_shard *want = &p->src[i];
+      const mc_ckpt_shard *rec = NULL;
+      for (int k = 0; k < ns && !rec; k++) {
+        const mc_ckpt_shard *c = mc_ckpt_shard_at(s->ck, k);
+        if (c->rank == want->rank && c->state == tn->state && strcmp(c->family, f->name) == 0) rec = c;
+      }
+      if (!rec)
+        return mc_error("%s/manifest.json: no shard of %s/%s for primary rank %d", dir, f->name,
+                        mc_state_name(tn->state), want->rank);
+      int same = rec->ndim == want->slab.ndim;
+      for (int d = 0; same && d < rec->ndim; d++)
+        same = rec->start[d] == want->slab.start[d] && rec->count[d] == want->slab.count[d];
+      if (!same)
+        return mc_error("%s: dataset %s is not the hyperslab that rank %d owns under the recorded layout",
+                        rec->file, rec->dataset, rec->rank);
+      int fi = file_index(s, rec->file);
+      if (fi < 0) return -1;
+      if (mc_h5_check_attrs(s->files[fi].fid, rec->file, rec, f->shape) != 0) return -1;
+      src_shard *sh = &s->shards[i];
+      sh->rec = rec;
+      sh->file = fi;
+      sh->raw_offset = raw_offset(s->files[fi].fid, rec->dataset);
+      sh->row = 1;
+      for (int d = 1; d < rec->ndim; d++) sh->row *= rec->count[d];
+    }
+  }
+  return 0;
+}
+
+int mc_rs_source_read(void *ctx, const mc_rs_plan *p, int i, int64_t off, int64_t n, float *buf) {
+  mc_rs_source *s = (mc_rs_source *)((mc_rs_io_ctx *)ctx)->src;
+  (void)p;
+  const src_shard *sh = &s->shards[i];
+  const src_file *f = &s->files[sh->file];
+  if (sh->raw_offset >= 0) {
+    /* Contiguous fp32 little-endian data: plain preads, outside the HDF5 library lock. */
+    char *dst = (char *)buf;
+    int64_t left = n * 4, at = sh->raw_offset + off * 4;
+    while (left > 0) {
+      ssize_t r = pread(f->fd, dst, (size_t)left, (off_t)at);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0)
+        return mc_error("%s: reading dataset %s failed: %s", sh->rec->file, sh->rec->dataset,
+                        r < 0 ? strerror(errno) : "unexpected end of file");
+      dst += r, left -= r, at += r;
+    }
+    return 0;
+  }
+  int64_t o[MC_CKPT_MAX_DIM] = {0}, c[MC_CKPT_MAX_DIM], z[MC_CKPT_MAX_DIM] = {0};
+  for (int d = 0; d < sh->rec->ndim; d++) c[d] = sh->rec->count[d];
+  o[0] = off / sh->row;
+  c[0] = n / sh->row;
+  return mc_h5_read_box(f->fid, sh->rec->file, sh->rec, o, c, buf, c, z);
+}
+
+int mc_rs_source_done(void *ctx, const mc_rs_plan *p, int i, const unsigned char sha[32]) {
+  mc_rs_source *s = (mc_rs_source *)((mc_rs_io_ctx *)ctx)->src;
+  (void)p;
+  const mc_ckpt_shard *rec = s->shards[i].rec;
+  char hex[65];
+  mc_rs_hex(sha, hex);
+  if (strcmp(hex, rec->sha256) != 0)
+    return mc_error("%s/%s: source shard %s (%s/%s of rank %d) fails its SHA-256 check: manifest %.16s..., "
+                    "data %.16s...; refusing to reshard a corrupted checkpoint",
+                    mc_ckpt_step_dir(s->ck), rec->file, rec->dataset, rec->family, mc_state_name(rec->state),
+                    rec->rank, rec->sha256, hex);
+  return 0;
+}

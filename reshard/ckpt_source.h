@@ -1,0 +1,40 @@
+/* The source side of a reshard: a committed checkpoint opened through the checkpoint
+ * library, its geometry rebuilt from the manifest, and a reader that streams each source
+ * shard front to back for the executor. Before any byte is read, every shard the plan needs
+ * is matched to its manifest record (same family, state, rank and hyperslab) and its HDF5
+ * attributes are checked against that record. The executor hashes what it reads; src_done
+ * compares with the manifest's SHA-256 and names the file and dataset on mismatch. */
+#ifndef MC_RESHARD_CKPT_SOURCE_H
+#define MC_RESHARD_CKPT_SOURCE_H
+
+#include "ckpt/checkpoint.h"
+#include "reshard/execute.h"
+
+typedef struct mc_rs_source mc_rs_source;
+
+/* Opens a run directory (follows latest) or a step directory. */
+int mc_rs_source_open(const char *path, mc_rs_source **out);
+void mc_rs_source_close(mc_rs_source *s);
+mc_ckpt *mc_rs_source_ckpt(mc_rs_source *s);
+const mc_geometry *mc_rs_source_geometry(const mc_rs_source *s);
+const mc_config *mc_rs_source_config(const mc_rs_source *s);
+/* The state kinds the checkpoint stores, as an MC_RS_ALL_STATES-style mask. */
+unsigned mc_rs_source_states(const mc_rs_source *s);
+
+/* Matches the plan's source shards to the manifest and checks their attributes. */
+int mc_rs_source_bind(mc_rs_source *s, const mc_rs_plan *p);
+/* Executor callbacks (read, src_done); ctx is an mc_rs_io_ctx whose src is the mc_rs_source. */
+int mc_rs_source_read(void *ctx, const mc_rs_plan *p, int s, int64_t off, int64_t n, float *buf);
+int mc_rs_source_done(void *ctx, const mc_rs_plan *p, int s, const unsigned char sha[32]);
+
+/* The context the executor passes to the callbacks: the source side's state (an
+ * mc_rs_source for checkpoints) and the sink's. */
+typedef struct {
+  void *src;
+  void *sink;
+} mc_rs_io_ctx;
+
+/* Hex of a SHA-256 digest. */
+void mc_rs_hex(const unsigned char sha[32], char hex[65]);
+
+#endif

@@ -1,0 +1,178 @@
+#define _POSIX_C_SOURCE 200809L
+#include "reshard/reshard.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "ckpt/ckpt_internal.h"
+#include "reshard/ckpt_sink.h"
+#include "reshard/execute.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+long mc_rs_peak_rss_kb(void) {
+  struct rusage ru;
+  return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : -1;
+}
+
+void mc_rs_consolidated_layout(mc_layout *l) {
+  memset(l, 0, sizeof *l);
+  l->tp = l->pp = l->dp = l->ep = 1;
+  l->split = MC_SPLIT_EQUAL;
+}
+
+int mc_rs_check_destination(const char *dst, int force) {
+  if (mc_path_exists(dst) && !force)
+    return mc_error("%s already exists; refusing to overwrite it (pass --force to replace it)", dst);
+  return 0;
+}
+
+int mc_rs_prepare(mc_rs_source *src, const mc_layout *target, mc_geometry *dst_g, mc_rs_plan *plan) {
+  const mc_geometry *sg = mc_rs_source_geometry(src);
+  /* Batch rules are left to the run that resumes (it may change micro_batch). */
+  if (mc_geometry_build(&sg->model, target, NULL, -1, dst_g) != 0)
+    return mc_error_context("target layout refused");
+  if (mc_rs_plan_build(sg, dst_g, mc_rs_source_states(src), plan) != 0) {
+    mc_geometry_free(dst_g);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------------- the barrier hook */
+
+typedef struct {
+  int (*read)(void *, const mc_rs_plan *, int, int64_t, int64_t, float *);
+  int (*src_done)(void *, const mc_rs_plan *, int, const unsigned char *);
+  void *src;
+  const mc_geometry *g;
+  const mc_rs_plan *plan;
+  const char *tmp_root;
+  int64_t step;
+  const mc_rs_opts *o;
+  mc_rs_exec_stats st;
+  int calls;
+  int failed;
+  char err[MC_ERRMSG_MAX];
+} hook_ctx;
+
+static int stream_into(hook_ctx *h) {
+  char step_dir[MC_PATH_MAX];
+  snprintf(step_dir, sizeof step_dir, "%s/step_%" PRId64 ".tmp", h->tmp_root, h->step);
+  if (!mc_path_exists(step_dir))
+    return mc_error("%s: the checkpoint library did not prepare this directory", step_dir);
+  mc_rs_sink *sink = NULL;
+  if (mc_rs_sink_create(step_dir, h->g, h->plan, h->step, &sink) != 0) return -1;
+  mc_rs_io_ctx ctx = {h->src, sink};
+  mc_rs_io io = {&ctx, h->read, mc_rs_sink_write, h->src_done, mc_rs_sink_done};
+  mc_rs_exec_opts eo = {h->o->chunk_bytes, h->o->threads, h->o->progress, "reshard"};
+  int rc = mc_rs_execute(h->plan, h->g, &io, &eo, &h->st);
+  if (rc == 0) rc = mc_rs_sink_finish(sink);
+  mc_rs_sink_free(sink);
+  return rc;
+}
+
+/* Called by mc_ckpt_save at its three synchronisation points; the first comes after the
+ * library has prepared <tmp_root>/step_<N>.tmp, which is where the rank files must go. */
+static int barrier_hook(void *user, int ok) {
+  hook_ctx *h = user;
+  if (h->calls++ == 0 && ok) {
+    if (stream_into(h) != 0) {
+      h->failed = 1;
+      snprintf(h->err, sizeof h->err, "%s", mc_errmsg());
+      return 0;
+    }
+  }
+  return ok;
+}
+
+int mc_rs_write_from(int (*read)(void *, const mc_rs_plan *, int, int64_t, int64_t, float *),
+                     int (*src_done)(void *, const mc_rs_plan *, int, const unsigned char *), void *src_ctx,
+                     const mc_config *cfg, const mc_train_state *st, const mc_geometry *g,
+                     const mc_rs_plan *plan, const char *dst, const mc_rs_opts *o_in, mc_rs_summary *sum) {
+  double t0 = now_s();
+  mc_rs_opts o = {.chunk_bytes = (int64_t)16 << 20, .threads = 2};
+  if (o_in) o = *o_in;
+  if (mc_rs_check_destination(dst, o.force) != 0) return -1;
+  char tmp_root[MC_PATH_MAX], old[MC_PATH_MAX + 16];
+  if (snprintf(tmp_root, sizeof tmp_root, "%s.reshard.tmp", dst) >= (int)sizeof tmp_root)
+    return mc_error("destination path too long: %s", dst);
+  snprintf(old, sizeof old, "%s.reshard.old", dst);
+  /* What an interrupted earlier run left behind. */
+  if (mc_rmtree(tmp_root) != 0 || mc_rmtree(old) != 0) return mc_error_context("removing leftovers of an interrupted reshard");
+
+  hook_ctx h = {.read = read, .src_done = src_done, .src = src_ctx, .g = g, .plan = plan, .tmp_root = tmp_root,
+                .step = st->step, .o = &o};
+  mc_ckpt_save_opts so;
+  mc_ckpt_save_opts_default(&so);
+  so.barrier = barrier_hook;
+  so.barrier_user = &h;
+  so.root = 1;
+  int rc = mc_ckpt_save(tmp_root, g, cfg, st, NULL, 0, &so);
+  if (rc != 0) {
+    char why[MC_ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s", h.failed ? h.err : mc_errmsg());
+    mc_rmtree(tmp_root);
+    return mc_error("writing %s failed, nothing written: %s", dst, why);
+  }
+  /* Publish: the finished run directory takes dst's name in one rename. */
+  char parent_buf[MC_PATH_MAX];
+  snprintf(parent_buf, sizeof parent_buf, "%s", dst);
+  const char *parent = dirname(parent_buf);
+  int had_old = mc_path_exists(dst);
+  if (had_old && rename(dst, old) != 0) {
+    int e = errno;
+    mc_rmtree(tmp_root);
+    return mc_error("%s: cannot move the existing destination aside: %s", dst, strerror(e));
+  }
+  if (mc_fsync_path(tmp_root, 1) != 0 || rename(tmp_root, dst) != 0) {
+    int e = errno;
+    if (had_old) rename(old, dst);
+    mc_rmtree(tmp_root);
+    return mc_error("%s: cannot rename the finished checkpoint into place: %s", dst, strerror(e));
+  }
+  if (mc_fsync_path(parent, 1) != 0) fprintf(stderr, "warning: %s\n", mc_errmsg());
+  if (had_old && mc_rmtree(old) != 0) fprintf(stderr, "warning: could not remove %s: %s\n", old, mc_errmsg());
+  if (sum) {
+    memset(sum, 0, sizeof *sum);
+    sum->bytes_read = h.st.bytes_read;
+    sum->bytes_written = h.st.bytes_written;
+    sum->copy_seconds = h.st.seconds;
+    sum->seconds = now_s() - t0;
+    sum->peak_rss_kb = mc_rs_peak_rss_kb();
+    sum->n_src_shards = plan->n_src;
+    sum->n_dst_shards = plan->n_targets;
+    sum->n_dst_files = plan->n_dst_writers;
+  }
+  return 0;
+}
+
+int mc_rs_write(mc_rs_source *src, const mc_geometry *g, const mc_rs_plan *plan, const char *dst,
+                const mc_rs_opts *o, mc_rs_summary *sum) {
+  if (mc_rs_check_destination(dst, o && o->force) != 0) return -1;
+  if (mc_rs_source_bind(src, plan) != 0) return -1;
+  mc_train_state st;
+  if (mc_ckpt_train_state(mc_rs_source_ckpt(src), &st) != 0) return -1;
+  return mc_rs_write_from(mc_rs_source_read, mc_rs_source_done, src, mc_rs_source_config(src), &st, g, plan, dst,
+                          o, sum);
+}
+
+void mc_rs_summary_print(const mc_rs_summary *s, const char *what) {
+  double gib = 1024.0 * 1024.0 * 1024.0;
+  printf("%s: read %.3f GiB from %d shards, wrote %.3f GiB to %d shards in %d files; %.2f s (streaming %.2f s), "
+         "%.3f GB/s read+write, peak RSS %.1f MiB\n",
+         what, (double)s->bytes_read / gib, s->n_src_shards, (double)s->bytes_written / gib, s->n_dst_shards,
+         s->n_dst_files, s->seconds, s->copy_seconds,
+         s->seconds > 0 ? (double)(s->bytes_read + s->bytes_written) / s->seconds / 1e9 : 0.0,
+         (double)s->peak_rss_kb / 1024.0);
+}
