@@ -94,6 +94,11 @@ void mc_cpu_xent_fwd(mc_backend *be, const float *logits, const int32_t *target,
 void mc_cpu_xent_bwd(mc_backend *be, const float *logits, const int32_t *target, const float *lse,
                      int n, int V, int Vp, float scale, float *dlogits);
 
+/* Work (elements or multiply-adds) below which an op runs on the calling thread: a parallel
+ * region costs a fork and a barrier, which on small tensors, or on a machine whose cores
+ * are busy with other processes, costs more than the work itself. */
+#define MC_CPU_PAR_MIN (1 << 22)
+
 /* Records a failure inside an op (any thread); the backend's sync() reports the first one. */
 void mc_cpu_fail(const char *what);
 

@@ -34,14 +34,14 @@ static inline float act_df(mc_act act, float v) {
 
 void mc_cpu_bias_fwd(mc_backend *be, float *y, const float *b, int n, int c) {
   (void)be;
-#pragma omp parallel for if ((int64_t)n * c > 65536)
+#pragma omp parallel for if ((int64_t)n * c > MC_CPU_PAR_MIN)
   for (int r = 0; r < n; r++)
     for (int j = 0; j < c; j++) y[(int64_t)r * c + j] += b[j];
 }
 
 void mc_cpu_bias_bwd(mc_backend *be, const float *dy, int n, int c, float *db) {
   (void)be;
-#pragma omp parallel for if ((int64_t)n * c > 65536)
+#pragma omp parallel for if ((int64_t)n * c > MC_CPU_PAR_MIN)
   for (int j = 0; j < c; j++) {
     double s = 0.0;
     for (int r = 0; r < n; r++) s += dy[(int64_t)r * c + j];
@@ -51,28 +51,28 @@ void mc_cpu_bias_bwd(mc_backend *be, const float *dy, int n, int c, float *db) {
 
 void mc_cpu_act_fwd(mc_backend *be, mc_act act, const float *x, float *y, int64_t n) {
   (void)be;
-#pragma omp parallel for if (n > 32768)
+#pragma omp parallel for if (n > MC_CPU_PAR_MIN)
   for (int64_t i = 0; i < n; i++) y[i] = act_f(act, x[i]);
 }
 
 void mc_cpu_act_bwd(mc_backend *be, mc_act act, const float *x, const float *dy, float *dx,
                     int64_t n) {
   (void)be;
-#pragma omp parallel for if (n > 32768)
+#pragma omp parallel for if (n > MC_CPU_PAR_MIN)
   for (int64_t i = 0; i < n; i++) dx[i] += dy[i] * act_df(act, x[i]);
 }
 
 void mc_cpu_glu_fwd(mc_backend *be, mc_act act, const float *a, const float *b, float *y,
                     int64_t n) {
   (void)be;
-#pragma omp parallel for if (n > 32768)
+#pragma omp parallel for if (n > MC_CPU_PAR_MIN)
   for (int64_t i = 0; i < n; i++) y[i] = act_f(act, a[i]) * b[i];
 }
 
 void mc_cpu_glu_bwd(mc_backend *be, mc_act act, const float *a, const float *b, const float *dy,
                     float *da, float *db, int64_t n) {
   (void)be;
-#pragma omp parallel for if (n > 32768)
+#pragma omp parallel for if (n > MC_CPU_PAR_MIN)
   for (int64_t i = 0; i < n; i++) {
     da[i] += dy[i] * b[i] * act_df(act, a[i]);
     db[i] += dy[i] * act_f(act, a[i]);

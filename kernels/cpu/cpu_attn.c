@@ -20,7 +20,7 @@ void mc_cpu_attn_fwd(mc_backend *be, const float *q, const float *k, const float
   const float scale = 1.0f / sqrtf((float)hd);
   const int grp = H / KV;
   const int64_t qs = (int64_t)H * hd, ks = (int64_t)KV * hd;
-#pragma omp parallel
+#pragma omp parallel if ((int64_t)n_seq * H * T * T * hd / 2 > MC_CPU_PAR_MIN)
   {
     float *p = malloc((size_t)T * sizeof(float));
 #pragma omp for collapse(2) schedule(dynamic)
@@ -68,7 +68,7 @@ void mc_cpu_attn_bwd(mc_backend *be, const float *q, const float *k, const float
   const int grp = H / KV;
   const int64_t qs = (int64_t)H * hd, ks = (int64_t)KV * hd;
   /* One task per (sequence, kv head): it owns that head's dk, dv and its query heads' dq. */
-#pragma omp parallel for collapse(2) schedule(dynamic)
+#pragma omp parallel for collapse(2) schedule(dynamic) if ((int64_t)n_seq * H * T * T * hd > MC_CPU_PAR_MIN)
   for (int s = 0; s < n_seq; s++) {
     for (int kh = 0; kh < KV; kh++) {
       for (int h = kh * grp; h < (kh + 1) * grp; h++) {

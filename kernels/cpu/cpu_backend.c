@@ -52,7 +52,7 @@ static int cpu_sync(mc_backend *be) {
 
 void mc_cpu_fill(mc_backend *be, float *x, int64_t n, float value) {
   (void)be;
-#pragma omp parallel for if (n > 65536)
+#pragma omp parallel for if (n > MC_CPU_PAR_MIN)
   for (int64_t i = 0; i < n; i++) x[i] = value;
 }
 
@@ -62,13 +62,13 @@ void mc_cpu_copy(mc_backend *be, float *dst, const float *src, int64_t n) {
 
 void mc_cpu_scale(mc_backend *be, float *x, int64_t n, float alpha) {
   (void)be;
-#pragma omp parallel for if (n > 65536)
+#pragma omp parallel for if (n > MC_CPU_PAR_MIN)
   for (int64_t i = 0; i < n; i++) x[i] *= alpha;
 }
 
 void mc_cpu_axpy(mc_backend *be, float *y, const float *x, int64_t n, float alpha) {
   (void)be;
-#pragma omp parallel for if (n > 65536)
+#pragma omp parallel for if (n > MC_CPU_PAR_MIN)
   for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
 }
 
@@ -106,7 +106,7 @@ void mc_cpu_adamw(mc_backend *be, float *w, const float *g, float *m, float *v, 
   const float bc1 = (float)(1.0 - pow(a->beta1, (double)a->step));
   const float bc2 = (float)(1.0 - pow(a->beta2, (double)a->step));
   const float decay = 1.0f - a->lr * a->weight_decay;
-#pragma omp parallel for if (n > 65536)
+#pragma omp parallel for if (n > MC_CPU_PAR_MIN)
   for (int64_t i = 0; i < n; i++) {
     float gi = g[i] * a->grad_scale;
     m[i] = b1 * m[i] + (1.0f - b1) * gi;

@@ -5,7 +5,7 @@
 void mc_cpu_conv_fwd(mc_backend *be, const float *x, const float *w, const float *b, int n_seq,
                      int T, int c, int K, float *y) {
   (void)be;
-#pragma omp parallel for if ((int64_t)n_seq * T * c * K > 65536)
+#pragma omp parallel for if ((int64_t)n_seq * T * c * K > MC_CPU_PAR_MIN)
   for (int ch = 0; ch < c; ch++) {
     for (int s = 0; s < n_seq; s++) {
       for (int t = 0; t < T; t++) {
@@ -24,7 +24,7 @@ void mc_cpu_conv_bwd(mc_backend *be, const float *x, const float *w, const float
                      int T, int c, int K, float *dx, float *dw, float *db) {
   (void)be;
   /* One task per channel: it alone touches dw[ch, :], db[ch] and column ch of dx. */
-#pragma omp parallel for if ((int64_t)n_seq * T * c * K > 65536)
+#pragma omp parallel for if ((int64_t)n_seq * T * c * K > MC_CPU_PAR_MIN)
   for (int ch = 0; ch < c; ch++) {
     double gb = 0.0;
     for (int s = 0; s < n_seq; s++) {

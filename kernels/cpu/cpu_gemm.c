@@ -1,7 +1,22 @@
-/* Matrix products through CBLAS (row-major). */
+/* Matrix products through CBLAS (row-major, OpenBLAS). */
 #include <cblas.h>
 
 #include "kernels/cpu/cpu.h"
+
+/* OpenBLAS threads every product above a tiny size; for the small products of small models
+ * the thread hand-off costs more than the product (several times more when other processes
+ * hold the cores), so products below MC_CPU_PAR_MIN * 4 (16M) multiply-adds run on one thread.
+ * Only the calling thread issues products, so switching the global setting is safe. */
+static int blas_threads_default = -1, blas_threads_now = -1;
+
+static void blas_threads_for(int64_t work) {
+  if (blas_threads_default < 0) blas_threads_default = blas_threads_now = openblas_get_num_threads();
+  int want = work < (int64_t)MC_CPU_PAR_MIN * 4 ? 1 : blas_threads_default;
+  if (want != blas_threads_now) {
+    openblas_set_num_threads(want);
+    blas_threads_now = want;
+  }
+}
 
 static void scale_block(float *C, int M, int N, int ldc, float beta) {
   for (int i = 0; i < M; i++)
@@ -16,6 +31,7 @@ void mc_cpu_gemm(mc_backend *be, int ta, int tb, int M, int N, int K, float alph
     if (beta != 1.0f) scale_block(C, M, N, ldc, beta);
     return;
   }
+  blas_threads_for((int64_t)M * N * K);
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
               K, alpha, A, lda, B, ldb, beta, C, ldc);
 }

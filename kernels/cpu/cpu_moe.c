@@ -13,7 +13,7 @@ void mc_cpu_moe_route(mc_backend *be, const float *logits, int n_seq, int T, int
   (void)be;
   const int n = n_seq * T;
   /* softmax, top-k (strict > keeps the lower index on ties), renormalised gates */
-#pragma omp parallel for if ((int64_t)n * E > 16384)
+#pragma omp parallel for if ((int64_t)n * E > MC_CPU_PAR_MIN)
   for (int r = 0; r < n; r++) {
     const float *lr = logits + (int64_t)r * E;
     float *pr = probs + (int64_t)r * E;
@@ -94,7 +94,7 @@ void mc_cpu_moe_route_bwd(mc_backend *be, const float *probs, const int32_t *idx
                           int E, int k, float aux_scale, float *dlogits) {
   (void)be;
   const int n = n_seq * T;
-#pragma omp parallel
+#pragma omp parallel if ((int64_t)n * E > MC_CPU_PAR_MIN)
   {
     float *dp = malloc((size_t)E * sizeof(float));
 #pragma omp for
@@ -125,7 +125,7 @@ void mc_cpu_moe_route_bwd(mc_backend *be, const float *probs, const int32_t *idx
 void mc_cpu_moe_permute(mc_backend *be, const float *x, const int32_t *slot, int n, int k, int d,
                         float *xp) {
   (void)be;
-#pragma omp parallel for if ((int64_t)n * k * d > 65536)
+#pragma omp parallel for if ((int64_t)n * k * d > MC_CPU_PAR_MIN)
   for (int r = 0; r < n; r++)
     for (int j = 0; j < k; j++) {
       int sl = slot[(int64_t)r * k + j];
@@ -136,7 +136,7 @@ void mc_cpu_moe_permute(mc_backend *be, const float *x, const int32_t *slot, int
 void mc_cpu_moe_permute_bwd(mc_backend *be, const float *dxp, const int32_t *slot, int n, int k,
                             int d, float *dx) {
   (void)be;
-#pragma omp parallel for if ((int64_t)n * k * d > 65536)
+#pragma omp parallel for if ((int64_t)n * k * d > MC_CPU_PAR_MIN)
   for (int r = 0; r < n; r++)
     for (int j = 0; j < k; j++) {
       int sl = slot[(int64_t)r * k + j];
@@ -148,7 +148,7 @@ void mc_cpu_moe_permute_bwd(mc_backend *be, const float *dxp, const int32_t *slo
 void mc_cpu_moe_unpermute(mc_backend *be, const float *yp, const int32_t *slot, const float *gate,
                           int n, int k, int d, float *y) {
   (void)be;
-#pragma omp parallel for if ((int64_t)n * k * d > 65536)
+#pragma omp parallel for if ((int64_t)n * k * d > MC_CPU_PAR_MIN)
   for (int r = 0; r < n; r++)
     for (int j = 0; j < k; j++) {
       int sl = slot[(int64_t)r * k + j];
@@ -162,7 +162,7 @@ void mc_cpu_moe_unpermute_bwd(mc_backend *be, const float *dy, const float *yp,
                               const int32_t *slot, const float *gate, int n, int k, int d,
                               float *dyp, float *dgate) {
   (void)be;
-#pragma omp parallel for if ((int64_t)n * k * d > 65536)
+#pragma omp parallel for if ((int64_t)n * k * d > MC_CPU_PAR_MIN)
   for (int r = 0; r < n; r++)
     for (int j = 0; j < k; j++) {
       int sl = slot[(int64_t)r * k + j];

@@ -10,7 +10,7 @@
 void mc_cpu_rglru_fwd(mc_backend *be, const float *gx, const float *r, const float *lambda,
                       int n_seq, int T, int c, float *h) {
   (void)be;
-#pragma omp parallel for if ((int64_t)n_seq * T * c > 32768)
+#pragma omp parallel for if ((int64_t)n_seq * T * c > MC_CPU_PAR_MIN)
   for (int ch = 0; ch < c; ch++) {
     float k = -8.0f * mc_softplusf(lambda[ch]);
     for (int s = 0; s < n_seq; s++) {
@@ -29,7 +29,7 @@ void mc_cpu_rglru_bwd(mc_backend *be, const float *gx, const float *r, const flo
                       const float *h, const float *dh, int n_seq, int T, int c, float *dgx,
                       float *dr, float *dlambda) {
   (void)be;
-#pragma omp parallel for if ((int64_t)n_seq * T * c > 32768)
+#pragma omp parallel for if ((int64_t)n_seq * T * c > MC_CPU_PAR_MIN)
   for (int ch = 0; ch < c; ch++) {
     float sp = mc_softplusf(lambda[ch]), k = -8.0f * sp, sg = mc_sigmoidf(lambda[ch]);
     double dlam = 0.0;

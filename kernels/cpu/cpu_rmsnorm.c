@@ -9,7 +9,7 @@ void mc_cpu_rmsnorm_fwd(mc_backend *be, const float *x, const float *w, int n, i
                         float eps, float *y, float *rstd) {
   (void)be;
   int ng = d / group;
-#pragma omp parallel for if ((int64_t)n * d > 32768)
+#pragma omp parallel for if ((int64_t)n * d > MC_CPU_PAR_MIN)
   for (int r = 0; r < n; r++) {
     for (int gi = 0; gi < ng; gi++) {
       const float *xr = x + (int64_t)r * d + (int64_t)gi * group;
@@ -28,7 +28,7 @@ void mc_cpu_rmsnorm_bwd(mc_backend *be, const float *x, const float *w, const fl
                         const float *dy, int n, int d, int group, float *dx, float *dw) {
   (void)be;
   int ng = d / group;
-#pragma omp parallel for if ((int64_t)n * d > 32768)
+#pragma omp parallel for if ((int64_t)n * d > MC_CPU_PAR_MIN)
   for (int r = 0; r < n; r++) {
     for (int gi = 0; gi < ng; gi++) {
       int64_t o = (int64_t)r * d + (int64_t)gi * group;
@@ -41,7 +41,7 @@ void mc_cpu_rmsnorm_bwd(mc_backend *be, const float *x, const float *w, const fl
     }
   }
   /* Weight gradient: columns are independent, rows summed in order. */
-#pragma omp parallel for if ((int64_t)n * d > 32768)
+#pragma omp parallel for if ((int64_t)n * d > MC_CPU_PAR_MIN)
   for (int j = 0; j < d; j++) {
     double s = 0.0;
     int gi = j / group;

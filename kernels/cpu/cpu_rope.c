@@ -8,7 +8,7 @@
 static void rope_apply(const float *in, float *out, int accumulate, int n, int T, int heads, int hd,
                        double theta, double sign) {
   int half = hd / 2;
-#pragma omp parallel for if ((int64_t)n * heads * hd > 32768)
+#pragma omp parallel for if ((int64_t)n * heads * hd > MC_CPU_PAR_MIN)
   for (int r = 0; r < n; r++) {
     double t = (double)(r % T);
     for (int i = 0; i < half; i++) {

@@ -16,7 +16,7 @@ void mc_cpu_ssm_fwd(mc_backend *be, const float *x, const float *dt, const float
                     int P, int N, float *y) {
   (void)be;
   const int64_t xs = (int64_t)Hm * P;
-#pragma omp parallel
+#pragma omp parallel if ((int64_t)n_seq * T * xs * N > MC_CPU_PAR_MIN)
   {
     float *S = malloc((size_t)P * N * sizeof(float));
 #pragma omp for collapse(2) schedule(dynamic)
@@ -61,7 +61,7 @@ void mc_cpu_ssm_bwd(mc_backend *be, const float *x, const float *dt, const float
     return;
   }
   /* One task per sequence: B and C are shared by the heads, so a task owns dB, dC rows. */
-#pragma omp parallel
+#pragma omp parallel if ((int64_t)n_seq * T * PN * Hm > MC_CPU_PAR_MIN)
   {
     float *Sall = malloc((size_t)T * PN * sizeof(float));
     float *dS = malloc((size_t)PN * sizeof(float));

@@ -7,7 +7,7 @@
 void mc_cpu_xent_fwd(mc_backend *be, const float *logits, const int32_t *target, int n, int V,
                      int Vp, float *loss, float *lse) {
   (void)be;
-#pragma omp parallel for if ((int64_t)n * V > 65536)
+#pragma omp parallel for if ((int64_t)n * V > MC_CPU_PAR_MIN)
   for (int r = 0; r < n; r++) {
     const float *lr = logits + (int64_t)r * Vp;
     float m = -INFINITY;
@@ -23,7 +23,7 @@ void mc_cpu_xent_fwd(mc_backend *be, const float *logits, const int32_t *target,
 void mc_cpu_xent_bwd(mc_backend *be, const float *logits, const int32_t *target, const float *lse,
                      int n, int V, int Vp, float scale, float *dlogits) {
   (void)be;
-#pragma omp parallel for if ((int64_t)n * V > 65536)
+#pragma omp parallel for if ((int64_t)n * V > MC_CPU_PAR_MIN)
   for (int r = 0; r < n; r++) {
     const float *lr = logits + (int64_t)r * Vp;
     float *dr = dlogits + (int64_t)r * Vp;
