@@ -158,7 +158,11 @@ int mc_write_file_durable(const char *path, const void *data, size_t len, const 
     p += w;
     left -= (size_t)w;
   }
-  if ((fault_fsync && mc_ckpt_fault(fault_fsync)) || fsync(fd) != 0) {
+  if (fault_fsync && mc_ckpt_fault(fault_fsync)) {
+    close(fd);
+    return mc_error_context("%s: fsync failed", path);
+  }
+  if (fsync(fd) != 0) {
     int e = errno;
     close(fd);
     return mc_error("%s: fsync failed: %s", path, strerror(e));

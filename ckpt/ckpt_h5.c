@@ -171,11 +171,12 @@ int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_att
   hid_t gcpl = H5Pcreate(H5P_GROUP_CREATE);
   H5Pset_obj_track_times(gcpl, 0);
   hid_t fid = H5Fcreate(path, H5F_ACC_EXCL, fcpl, fapl);
+  if (fid < 0) mc_error("%s: cannot create HDF5 file: %s", path, h5_reason(&et));
   H5Pclose(fapl);
   H5Pclose(fcpl);
   if (fid < 0) {
     H5Pclose(gcpl);
-    return mc_error("%s: cannot create HDF5 file: %s", path, h5_reason(&et));
+    return -1;
   }
   int rc = 0;
   int64_t hdr[1] = {step};
@@ -368,8 +369,9 @@ int mc_h5_open_read(const char *path, int64_t *fid_out) {
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
   H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
   hid_t fid = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+  if (fid < 0) mc_error("%s: unreadable shard file (truncated or not HDF5): %s", path, h5_reason(&et));
   H5Pclose(fapl);
-  if (fid < 0) return mc_error("%s: unreadable shard file (truncated or not HDF5): %s", path, h5_reason(&et));
+  if (fid < 0) return -1;
   *fid_out = (int64_t)fid;
   return 0;
 }

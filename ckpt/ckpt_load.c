@@ -310,15 +310,17 @@ static int read_task(void *arg, int t) {
   const mc_ckpt_family *f = &ck->m.fams[s->family_index];
   int64_t fid = -1;
   if (get_fid(ck, s, &fid) != 0) return -1;
+  char where[MC_PATH_MAX]; /* the file as messages name it */
+  if (mc_path_join(where, ck->step_dir, s->file) != 0) return -1;
   if (!ck->checked[si]) {
-    if (mc_h5_check_attrs(fid, s->file, s, f->shape) != 0) return -1;
+    if (mc_h5_check_attrs(fid, where, s, f->shape) != 0) return -1;
     ck->checked[si] = 1;
   }
   int64_t zero[3] = {0, 0, 0}, soff[3], roff[3], cnt[3];
   if ((ck->opts.verify || c->force_verify) && !ck->verified[si]) {
     float *buf = malloc((size_t)s->numel * sizeof(float));
     if (!buf) return mc_error("out of memory reading %s:%s", s->file, s->dataset);
-    if (mc_h5_read_box(fid, s->file, s, zero, s->count, buf, s->count, zero) != 0) {
+    if (mc_h5_read_box(fid, where, s, zero, s->count, buf, s->count, zero) != 0) {
       free(buf);
       return -1;
     }
@@ -326,8 +328,8 @@ static int read_task(void *arg, int t) {
     mc_sha256_hex(buf, (size_t)s->numel * sizeof(float), hex);
     if (strcmp(hex, s->sha256) != 0) {
       free(buf);
-      return mc_error("%s/%s: hash mismatch in dataset %s: data hashes to %s, the manifest records %s", ck->step_dir,
-                      s->file, s->dataset, hex, s->sha256);
+      return mc_error("%s: hash mismatch in dataset %s: data hashes to %s, the manifest records %s", where, s->dataset,
+                      hex, s->sha256);
     }
     ck->verified[si] = 1;
     for (int q = c->req_start[t]; q < c->req_start[t + 1]; q++) {
@@ -339,7 +341,7 @@ static int read_task(void *arg, int t) {
   }
   for (int q = c->req_start[t]; q < c->req_start[t + 1]; q++) {
     const mc_ckpt_request *r = &c->reqs[c->req_list[q]];
-    if (intersect(r, s, soff, roff, cnt) && mc_h5_read_box(fid, s->file, s, soff, cnt, r->out, r->count, roff) != 0)
+    if (intersect(r, s, soff, roff, cnt) && mc_h5_read_box(fid, where, s, soff, cnt, r->out, r->count, roff) != 0)
       return -1;
   }
   return 0;

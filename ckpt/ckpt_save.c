@@ -290,8 +290,8 @@ static int commit(const char *dir, const char *tmp, const char *final, const mc_
     rc = mc_write_file_durable(path, sumline, strlen(sumline), NULL, NULL);
   if (rc) return -1;
   if (mc_ckpt_fault("fsync_tmpdir") || mc_fsync_path(tmp, 1)) return mc_error_context("%s: directory not durable", tmp);
-  if (mc_ckpt_fault("rename_dir") || rename(tmp, final) != 0)
-    return mc_error("%s: rename to %s failed: %s", tmp, final, strerror(errno));
+  if (mc_ckpt_fault("rename_dir")) return mc_error_context("%s: rename to %s failed", tmp, final);
+  if (rename(tmp, final) != 0) return mc_error("%s: rename to %s failed: %s", tmp, final, strerror(errno));
   if (mc_ckpt_fault("fsync_parent") || mc_fsync_path(dir, 1)) return mc_error_context("%s: directory not durable", dir);
   char *latest = mc_latest_text(st->step, sha);
   char ltmp[MC_PATH_MAX], lpath[MC_PATH_MAX];
@@ -301,8 +301,8 @@ static int commit(const char *dir, const char *tmp, const char *final, const mc_
               : mc_error("out of memory writing latest");
   free(latest);
   if (rc) return -1;
-  if (mc_ckpt_fault("rename_latest") || rename(ltmp, lpath) != 0)
-    return mc_error("%s: rename to %s failed: %s", ltmp, lpath, strerror(errno));
+  if (mc_ckpt_fault("rename_latest")) return mc_error_context("%s: rename to %s failed", ltmp, lpath);
+  if (rename(ltmp, lpath) != 0) return mc_error("%s: rename to %s failed: %s", ltmp, lpath, strerror(errno));
   return 0;
 }
 
@@ -381,13 +381,12 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
   write_set w;
   int ok = build_write_set(g, items, n_items, &w) == 0;
   char err[MC_ERRMSG_MAX] = "";
-  if (!ok) snprintf(err, sizeof err, "%s", mc_errmsg());
   int prepared = 0;
   if (ok && root) {
     ok = prepare(dir, state->step, tmp, final) == 0;
     prepared = ok;
-    if (!ok) snprintf(err, sizeof err, "%s", mc_errmsg());
   }
+  if (!ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 ": %s", state->step, mc_errmsg());
   if (!barrier(opts.barrier_user, ok)) {
     if (ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 ": save aborted because another process failed", state->step);
     if (prepared) mc_rmtree(tmp);

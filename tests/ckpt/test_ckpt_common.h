@@ -124,14 +124,15 @@ static inline void make_state(int64_t step, mc_train_state *st) {
   st->data_position = step * 16;
 }
 
-/* Saves step `step` of the reference state (all three states) under layout (tp,pp,dp,ep,sp,zero). */
-static inline int save_reference(const char *dir, int tp, int pp, int dp, int ep, int sp, int zero, int64_t step,
-                                 uint64_t seed, int keep) {
+/* Saves step `step` of the reference state (the states in state_mask) under layout
+ * (tp,pp,dp,ep,sp,zero). */
+static inline int save_reference_states(const char *dir, int tp, int pp, int dp, int ep, int sp, int zero,
+                                        int64_t step, uint64_t seed, int keep, int state_mask) {
   mc_config cfg;
   mc_geometry g;
   if (tiny_geometry(tp, pp, dp, ep, sp, zero, &cfg, &g) != 0) return -1;
   item_set set;
-  int rc = make_items(&g, seed, 7, 0, g.world, &set);
+  int rc = make_items(&g, seed, state_mask, 0, g.world, &set);
   mc_train_state st;
   make_state(step, &st);
   mc_ckpt_save_opts o;
@@ -141,6 +142,11 @@ static inline int save_reference(const char *dir, int tp, int pp, int dp, int ep
   free_items(&set);
   mc_geometry_free(&g);
   return rc;
+}
+
+static inline int save_reference(const char *dir, int tp, int pp, int dp, int ep, int sp, int zero, int64_t step,
+                                 uint64_t seed, int keep) {
+  return save_reference_states(dir, tp, pp, dp, ep, sp, zero, step, seed, keep, 7);
 }
 
 /* Compares every hyperslab that every rank of layout g holds with the reference. Returns the
@@ -186,7 +192,7 @@ static inline void scratch_dir(const char *name, char *out, size_t cap) {
 static inline int path_exists(const char *dir, const char *name) {
   char p[4200];
   struct stat st;
-  snprintf(p, sizeof p, "%s/%s", dir, name);
+  pathf(p, sizeof p, "%s/%s", dir, name);
   return stat(p, &st) == 0;
 }
 
@@ -200,7 +206,7 @@ static inline uint64_t tree_fingerprint(const char *dir) {
   while ((e = readdir(d)) != NULL) {
     if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
     char p[4200];
-    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+    pathf(p, sizeof p, "%s/%s", dir, e->d_name);
     struct stat st;
     if (stat(p, &st) != 0) continue;
     uint64_t x = mc_rng_stream_of(e->d_name) ^ (uint64_t)st.st_size * 31 ^ (uint64_t)st.st_mtim.tv_sec * 7 ^

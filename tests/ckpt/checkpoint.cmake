@@ -1,0 +1,15 @@
+# Checkpoint tests beyond the test_*.c executables: the crash mode of the fault test, and
+# the Python interop checks (h5py + hashlib, jsonschema) on a sample checkpoint written by
+# test_ckpt_roundtrip --write. Python is Debian's /usr/bin/python3 (h5py, jsonschema).
+if(TARGET test_ckpt_fault)
+  add_test(NAME ckpt.test_ckpt_fault_crash COMMAND test_ckpt_fault --crash WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+  set_tests_properties(ckpt.test_ckpt_fault_crash PROPERTIES ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR}")
+endif()
+if(TARGET test_ckpt_roundtrip)
+  foreach(py h5py schema)
+    add_test(NAME ckpt.test_ckpt_${py}
+             COMMAND /usr/bin/python3 ${MC_SOURCE_DIR}/tests/ckpt/test_ckpt_${py}.py $<TARGET_FILE:test_ckpt_roundtrip>
+             WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+    set_tests_properties(ckpt.test_ckpt_${py} PROPERTIES ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR}")
+  endforeach()
+endif()

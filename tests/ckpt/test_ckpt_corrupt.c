@@ -1,0 +1,296 @@
+/* The corruption matrix: each way a checkpoint can be damaged is detected with its own
+ * message naming the file or dataset, and a failed load changes nothing on disk. */
+#include "tests/ckpt/test_ckpt_common.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+
+#include "tests/check.h"
+
+static const char *g_root;
+static int g_case;
+
+/* A fresh sample checkpoint (tp2 x dp2, ZeRO-1: four rank files) for one case. */
+static void fresh(char *dir, size_t cap) {
+  pathf(dir, cap, "%s/case%d", g_root, g_case++);
+  rm_rf(dir);
+  CHECK_OK(save_reference(dir, 2, 1, 2, 1, 0, 1, 5, 9, 0));
+}
+
+static void flip_byte_at(const char *path, long off) {
+  FILE *f = fopen(path, "r+b");
+  CHECK(f != NULL, "open %s", path);
+  if (!f) return;
+  fseek(f, off, SEEK_SET);
+  int c = fgetc(f);
+  fseek(f, off, SEEK_SET);
+  fputc(c ^ 0x01, f);
+  fclose(f);
+}
+
+static long find_bytes(const char *path, const char *needle) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return -1;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *buf = malloc((size_t)n);
+  long got = (long)fread(buf, 1, (size_t)n, f);
+  fclose(f);
+  long at = -1, m = (long)strlen(needle);
+  for (long i = 0; i + m <= got && at < 0; i++)
+    if (memcmp(buf + i, needle, (size_t)m) == 0) at = i;
+  free(buf);
+  return at;
+}
+
+/* Opens dir, reads every hyperslab of the saving layout, and expects failure with every
+ * `needle` in the message; also checks the tree did not change. */
+static void expect_load_error(const char *dir, const char *what, const char *n1, const char *n2) {
+  uint64_t before = tree_fingerprint(dir);
+  mc_ckpt *ck = NULL;
+  int rc = mc_ckpt_open(dir, NULL, &ck);
+  if (rc == 0) {
+    mc_config cfg;
+    mc_geometry g;
+    tiny_geometry(2, 1, 2, 1, 0, 1, &cfg, &g);
+    rc = check_against_layout(ck, &g, 9) < 0 ? -1 : 0;
+    mc_geometry_free(&g);
+    mc_ckpt_close(ck);
+  }
+  const char *msg = mc_errmsg();
+  CHECK(rc != 0, "%s: load should fail", what);
+  CHECK(rc == 0 || strstr(msg, n1) != NULL, "%s: message lacks '%s': %s", what, n1, msg);
+  CHECK(rc == 0 || !n2 || strstr(msg, n2) != NULL, "%s: message lacks '%s': %s", what, n2, msg);
+  CHECK(tree_fingerprint(dir) == before, "%s: a failed load changed the directory", what);
+  if (getenv("MC_TEST_VERBOSE")) printf("%-28s -> %s\n", what, msg);
+}
+
+/* Rewrites the manifest with `edit` applied and records its new hash in latest and
+ * manifest.sha256, so only the content rules can catch it. */
+static void rewrite_manifest(const char *dir, const char *from, const char *to) {
+  char mp[4200];
+  pathf(mp, sizeof mp, "%s/step_5/manifest.json", dir);
+  FILE *f = fopen(mp, "rb");
+  char *buf = calloc(1, 1 << 20);
+  size_t n = fread(buf, 1, (1 << 20) - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  char *at = strstr(buf, from);
+  CHECK(at != NULL, "manifest lacks '%s'", from);
+  if (!at) {
+    free(buf);
+    return;
+  }
+  char *out = calloc(1, n + strlen(to) + 1);
+  memcpy(out, buf, (size_t)(at - buf));
+  strcat(out, to);
+  strcat(out, at + strlen(from));
+  f = fopen(mp, "wb");
+  fwrite(out, 1, strlen(out), f);
+  fclose(f);
+  char cmd[9000];
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && h=$(sha256sum step_5/manifest.json | cut -c1-64) && "
+           "printf '%%s  manifest.json\\n' $h > step_5/manifest.sha256 && "
+           "printf '{\"step\": 5, \"path\": \"step_5\", \"manifest_sha256\": \"%%s\"}' $h > latest",
+           dir);
+  CHECK(system(cmd) == 0, "rewriting hashes");
+  free(buf);
+  free(out);
+}
+
+static void case_data_flip(void) {
+  char dir[4096], file[4200];
+  fresh(dir, sizeof dir);
+  pathf(file, sizeof file, "%s/step_5/rank_1.h5", dir);
+  hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t d = H5Dopen2(f, "/layers.00.attn.wq/exp_avg", H5P_DEFAULT);
+  haddr_t off = H5Dget_offset(d);
+  H5Dclose(d);
+  H5Fclose(f);
+  CHECK(off != HADDR_UNDEF, "dataset offset");
+  flip_byte_at(file, (long)off + 17);
+  expect_load_error(dir, "flipped data byte", "hash mismatch", "rank_1.h5");
+  CHECK(strstr(mc_errmsg(), "/layers.00.attn.wq/exp_avg") != NULL, "names the dataset: %s", mc_errmsg());
+  /* the explicit opt-out reads it anyway, with the damaged value */
+  mc_ckpt_open_opts o;
+  mc_ckpt_open_opts_default(&o);
+  o.verify = 0;
+  mc_ckpt *ck = NULL;
+  CHECK_OK(mc_ckpt_open(dir, &o, &ck));
+  if (ck) {
+    mc_config cfg;
+    mc_geometry g;
+    tiny_geometry(2, 1, 2, 1, 0, 1, &cfg, &g);
+    CHECK(check_against_layout(ck, &g, 9) == 1, "unverified read sees exactly one damaged value");
+    mc_geometry_free(&g);
+    CHECK(mc_ckpt_verify_all(ck) != 0 && strstr(mc_errmsg(), "hash mismatch"), "verify_all still finds it");
+    mc_ckpt_close(ck);
+  }
+}
+
+static void case_attr_flip(void) {
+  char dir[4096], file[4200];
+  fresh(dir, sizeof dir);
+  mc_ckpt *ck = NULL;
+  CHECK_OK(mc_ckpt_open(dir, NULL, &ck));
+  if (!ck) return;
+  char sha[65] = "";
+  for (int i = 0; i < mc_ckpt_n_shards(ck); i++) {
+    const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
+    if (strcmp(s->dataset, "/layers.02.ssm.w_x/param") == 0 && strcmp(s->file, "rank_2.h5") == 0) memcpy(sha, s->sha256, 65);
+  }
+  mc_ckpt_close(ck);
+  pathf(file, sizeof file, "%s/step_5/rank_2.h5", dir);
+  long at = find_bytes(file, sha);
+  CHECK(sha[0] && at >= 0, "sha256 attribute bytes found in the file");
+  if (at >= 0) flip_byte_at(file, at + 10);
+  expect_load_error(dir, "flipped attribute byte", "attribute 'sha256'", "/layers.02.ssm.w_x/param");
+  CHECK(strstr(mc_errmsg(), "rank_2.h5") != NULL, "names the file: %s", mc_errmsg());
+}
+
+static void case_manifest_flip(void) {
+  char dir[4096], file[4200];
+  fresh(dir, sizeof dir);
+  pathf(file, sizeof file, "%s/step_5/manifest.json", dir);
+  long at = find_bytes(file, "\"count\"");
+  flip_byte_at(file, at + 30);
+  expect_load_error(dir, "flipped manifest byte", "manifest is corrupt", "manifest.json");
+  /* opened as a step directory, manifest.sha256 still catches it */
+  char step[4200];
+  pathf(step, sizeof step, "%s/step_5", dir);
+  expect_load_error(step, "flipped manifest (step dir)", "manifest is corrupt", "manifest.json");
+}
+
+static void case_truncated(void) {
+  char dir[4096], file[4200];
+  fresh(dir, sizeof dir);
+  pathf(file, sizeof file, "%s/step_5/rank_3.h5", dir);
+  int64_t size = 0;
+  struct stat st;
+  if (stat(file, &st) == 0) size = st.st_size;
+  CHECK(truncate(file, size / 2) == 0, "truncate");
+  expect_load_error(dir, "truncated shard file", "truncated", "rank_3.h5");
+}
+
+static void case_unreadable(void) {
+  char dir[4096], file[4200];
+  fresh(dir, sizeof dir);
+  pathf(file, sizeof file, "%s/step_5/rank_0.h5", dir);
+  FILE *f = fopen(file, "r+b");
+  fwrite("garbage!", 1, 8, f); /* the HDF5 signature; size unchanged */
+  fclose(f);
+  expect_load_error(dir, "overwritten file header", "unreadable shard file", "rank_0.h5");
+}
+
+static void case_deleted(void) {
+  char dir[4096], file[4200];
+  fresh(dir, sizeof dir);
+  pathf(file, sizeof file, "%s/step_5/rank_2.h5", dir);
+  CHECK(unlink(file) == 0, "unlink");
+  expect_load_error(dir, "deleted shard file", "missing shard file", "rank_2.h5");
+}
+
+static void case_missing_dataset(void) {
+  char dir[4096], file[4200];
+  fresh(dir, sizeof dir);
+  pathf(file, sizeof file, "%s/step_5/rank_0.h5", dir);
+  hid_t f = H5Fopen(file, H5F_ACC_RDWR, H5P_DEFAULT);
+  CHECK(H5Ldelete(f, "/head.weight/param", H5P_DEFAULT) >= 0, "delete dataset");
+  H5Fclose(f);
+  /* the file must keep its recorded size for this case to reach the dataset check */
+  char mp[4200];
+  pathf(mp, sizeof mp, "%s/step_5/manifest.json", dir);
+  struct stat st;
+  stat(file, &st);
+  char sz[64];
+  snprintf(sz, sizeof sz, "%lld", (long long)st.st_size);
+  mc_ckpt *ck = NULL;
+  int opened = mc_ckpt_open(dir, NULL, &ck) == 0;
+  mc_ckpt_close(ck);
+  if (opened) expect_load_error(dir, "deleted dataset", "dataset /head.weight/param is missing", "rank_0.h5");
+  else expect_load_error(dir, "deleted dataset (file size changed)", "rank_0.h5", NULL);
+}
+
+static void case_wrong_root_hash(void) {
+  char dir[4096], file[4200];
+  fresh(dir, sizeof dir);
+  pathf(file, sizeof file, "%s/latest", dir);
+  long at = find_bytes(file, "\"manifest_sha256\"");
+  flip_byte_at(file, at + 25);
+  expect_load_error(dir, "wrong root hash in latest", "wrong root hash in latest", "manifest.json");
+}
+
+static void case_bad_latest(void) {
+  char dir[4096], file[4200];
+  fresh(dir, sizeof dir);
+  pathf(file, sizeof file, "%s/latest", dir);
+  FILE *f = fopen(file, "wb");
+  fputs("step_5\n", f);
+  fclose(f);
+  expect_load_error(dir, "malformed latest", "latest is malformed", NULL);
+  rm_rf(file);
+  f = fopen(file, "wb");
+  fputs("{\"step\": 99, \"path\": \"step_99\", \"manifest_sha256\": "
+        "\"0000000000000000000000000000000000000000000000000000000000000000\"}",
+        f);
+  fclose(f);
+  expect_load_error(dir, "latest pointing at nothing", "points at step_99", NULL);
+  unlink(file);
+  char step[4200];
+  pathf(step, sizeof step, "%s/step_5", dir);
+  rm_rf(step);
+  expect_load_error(dir, "no latest, no manifest", "neither a checkpoint directory", NULL);
+}
+
+static void case_version_too_new(void) {
+  char dir[4096];
+  fresh(dir, sizeof dir);
+  rewrite_manifest(dir, "\"format_version\":\t1", "\"format_version\":\t2");
+  expect_load_error(dir, "format version too new", "format version 2 is newer", "manifest.json");
+}
+
+static void case_manifest_invalid(void) {
+  char dir[4096];
+  fresh(dir, sizeof dir);
+  rewrite_manifest(dir, "\"shards\":", "\"shardz\":");
+  expect_load_error(dir, "manifest missing a key", "manifest invalid", "missing key 'shards'");
+  fresh(dir, sizeof dir);
+  rewrite_manifest(dir, "\"sha256\":\t\"", "\"sha256\":\t\"x");
+  expect_load_error(dir, "manifest bad hash string", "manifest invalid", "sha256 is not 64");
+}
+
+static void case_model_mismatch(void) {
+  char dir[4096];
+  fresh(dir, sizeof dir);
+  mc_ckpt *ck = NULL;
+  CHECK_OK(mc_ckpt_open(dir, NULL, &ck));
+  if (!ck) return;
+  mc_config cfg;
+  mc_config_default(&cfg);
+  cfg.model.n_experts = 8;
+  CHECK(mc_ckpt_check_model(ck, &cfg.model) != 0 && strstr(mc_errmsg(), "model mismatch: model.n_experts is 4"),
+        "model mismatch: %s", mc_errmsg());
+  mc_ckpt_close(ck);
+}
+
+int main(void) {
+  char root[2048];
+  scratch_dir("corrupt", root, sizeof root);
+  g_root = root;
+  case_data_flip();
+  case_attr_flip();
+  case_manifest_flip();
+  case_truncated();
+  case_unreadable();
+  case_deleted();
+  case_missing_dataset();
+  case_wrong_root_hash();
+  case_bad_latest();
+  case_version_too_new();
+  case_manifest_invalid();
+  case_model_mismatch();
+  if (mc_check_failures == 0) rm_rf(root);
+  return mc_check_exit("test_ckpt_corrupt");
+}

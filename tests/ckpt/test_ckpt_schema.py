@@ -1,0 +1,60 @@
+"""A manifest written by MegaC (test_ckpt_roundtrip --write) is valid against
+schemas/manifest.schema.json, and the schema rejects broken variants of it."""
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import jsonschema
+
+
+def main():
+    writer = sys.argv[1]
+    src = os.environ.get("MC_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+    with open(os.path.join(src, "schemas", "manifest.schema.json")) as f:
+        schema = json.load(f)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+
+    base = os.path.join(os.environ.get("MC_BINARY_DIR", tempfile.gettempdir()), "ckpt-scratch")
+    os.makedirs(base, exist_ok=True)
+    root = tempfile.mkdtemp(prefix="schema.", dir=base)
+    subprocess.run([writer, "--write", root], check=True)
+    with open(os.path.join(root, "latest")) as f:
+        latest = json.load(f)
+    with open(os.path.join(root, latest["path"], "manifest.json")) as f:
+        manifest = json.load(f)
+
+    failures = []
+    errors = sorted(validator.iter_errors(manifest), key=lambda e: list(e.path))
+    for e in errors:
+        failures.append(f"written manifest invalid at {list(e.path)}: {e.message}")
+
+    def broken(name, edit):
+        m = copy.deepcopy(manifest)
+        edit(m)
+        if validator.is_valid(m):
+            failures.append(f"schema accepts a manifest with {name}")
+
+    broken("no shards", lambda m: m.pop("shards"))
+    broken("a newer format version", lambda m: m.update(format_version=2))
+    broken("a short sha256", lambda m: m["shards"][0].update(sha256="abc"))
+    broken("a seed as a number", lambda m: m["training_state"].update(seed=5))
+    broken("an unknown state", lambda m: m["shards"][0].update(state="momentum"))
+    broken("a 4-d count", lambda m: m["shards"][0].update(count=[1, 1, 1, 1]))
+    broken("an unknown top-level key", lambda m: m.update(extra=1))
+    broken("a file outside the step directory", lambda m: m["files"][0].update(name="../rank_0.h5"))
+
+    for f in failures:
+        print("FAIL:", f, file=sys.stderr)
+    print(f"test_ckpt_schema: manifest with {len(manifest['shards'])} shards, {len(failures)} failures")
+    if not failures:
+        shutil.rmtree(root)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
