@@ -31,18 +31,19 @@ case "$MODE" in
 learn)
   # Loss must fall well below ln(256) = 5.55 within a short run; validation, SVG and log appear.
   corpus
-  "$B/mctrain" "${SMALL[@]}" --set data.path=corpus.h5 --set checkpoint.dir=run --set train.steps=60 \
-    --set train.lr=1e-2 --set train.min_lr=1e-3 --set train.eval_every=30 --set checkpoint.every=30 > out.log 2>&1 \
+  "$B/mctrain" "${SMALL[@]}" --set data.path=corpus.h5 --set checkpoint.dir=run --set train.steps=150 \
+    --set train.lr=1e-2 --set train.min_lr=1e-3 --set train.eval_every=75 --set checkpoint.every=75 > out.log 2>&1 \
     || { cat out.log; die "mctrain failed"; }
-  first=$(field run/metrics.jsonl loss 1); last=$(field run/metrics.jsonl loss 60); val=$(field run/metrics.jsonl val_loss 60)
-  echo "loss at step 1: $first, at step 60: $last, val_loss at 60: $val"
+  first=$(field run/metrics.jsonl loss 1); val=$(field run/metrics.jsonl val_loss 150)
+  last=$(for s in $(seq 141 150); do field run/metrics.jsonl loss $s; done | awk '{ t += $1 } END { if (NR == 10) print t / NR }')
+  echo "loss at step 1: $first, mean of steps 141-150: $last, val_loss at 150: $val"
   awk -v a="$first" 'BEGIN { exit !(a > 5.0 && a < 6.0) }' || die "first loss $first is not near ln(256)"
-  awk -v a="$last" 'BEGIN { exit !(a < 3.3) }' || die "loss $last did not fall well below ln(256)"
-  awk -v a="$val" 'BEGIN { exit !(a < 3.5) }' || die "val_loss $val did not fall"
-  [ "$(grep -c val_loss run/metrics.jsonl)" = 2 ] || die "expected val_loss at steps 30 and 60"
+  awk -v a="$last" 'BEGIN { exit !(a != "" && a < 3.0) }' || die "loss $last did not fall well below ln(256)"
+  awk -v a="$val" 'BEGIN { exit !(a != "" && a < 3.0) }' || die "val_loss $val did not fall"
+  [ "$(grep -c val_loss run/metrics.jsonl)" = 2 ] || die "expected val_loss at steps 75 and 150"
   grep -q '<polyline' run/metrics.svg || die "no loss curve in run/metrics.svg"
-  [ -d run/step_30 ] && [ -d run/step_60 ] && [ -f run/latest ] || die "checkpoints step_30, step_60, latest missing"
-  grep -q "step 60/60" out.log || die "no progress line for step 60"
+  [ -d run/step_75 ] && [ -d run/step_150 ] && [ -f run/latest ] || die "checkpoints step_75, step_150, latest missing"
+  grep -q "step 150/150" out.log || die "no progress line for step 150"
   ;;
 resume)
   # N straight steps == K steps, stop, resume to N: identical losses, digit for digit.

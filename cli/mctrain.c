@@ -1,0 +1,65 @@
+/* mctrain: trains the configured model (with no arguments, the embedded default config).
+ *
+ *   mctrain [--config FILE] [--set section.key=value]... [--resume latest|DIR] [--until STEP] [--quiet]
+ *
+ * See docs/training.md. */
+#define _POSIX_C_SOURCE 200809L /* fileno */
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ckpt/config.h"
+#include "train/trainer.h"
+#include "util/error.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: mctrain [--config FILE] [--set section.key=value]... [--resume latest|DIR] [--until STEP] [--quiet]\n"
+          "  with no arguments trains the embedded default configuration (configs/default.json)\n"
+          "  --resume latest   continue the run in checkpoint.dir from its newest checkpoint\n"
+          "  --resume DIR      continue from a checkpoint directory (a run directory or a step_N)\n"
+          "  --until STEP      stop after STEP steps (the schedule still spans train.steps)\n"
+          "  --quiet           no progress output\n");
+}
+
+int main(int argc, char **argv) {
+  mc_config cfg;
+  if (mc_config_from_args(&cfg, &argc, argv) != 0) {
+    fprintf(stderr, "mctrain: %s\n", mc_errmsg());
+    return 2;
+  }
+  mc_trainer_opts opts;
+  memset(&opts, 0, sizeof opts);
+  opts.progress = stdout;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout);
+      return 0;
+    } else if (!strcmp(a, "--resume") && i + 1 < argc) {
+      opts.resume = argv[++i];
+    } else if (!strcmp(a, "--until") && i + 1 < argc) {
+      char *end;
+      opts.until = strtoll(argv[++i], &end, 10);
+      if (*end || opts.until < 1) {
+        fprintf(stderr, "mctrain: --until %s is not a positive step count\n", argv[i]);
+        return 2;
+      }
+    } else if (!strcmp(a, "--quiet")) {
+      opts.progress = NULL;
+    } else {
+      fprintf(stderr, "mctrain: unknown argument or missing value: %s\n", a);
+      usage(stderr);
+      return 2;
+    }
+  }
+  opts.progress_tty = opts.progress && isatty(fileno(opts.progress));
+  if (mc_train(&cfg, &opts) != 0) {
+    fflush(stdout);
+    fprintf(stderr, "%smctrain: %s\n", opts.progress_tty ? "\n" : "", mc_errmsg());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,411 @@
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, mkdir */
+
+#include "train/trainer.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "train/metrics.h"
+#include "train/optim.h"
+#include "util/error.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int mkdir_p(const char *dir) {
+  char p[MC_PATH_MAX];
+  snprintf(p, sizeof p, "%s", dir);
+  for (char *c = p + 1;; c++) {
+    if (*c == '/' || *c == 0) {
+      char saved = *c;
+      *c = 0;
+      if (mkdir(p, 0777) != 0 && errno != EEXIST) return mc_error("cannot create directory %s", p);
+      *c = saved;
+      if (!saved) break;
+    }
+  }
+  return 0;
+}
+
+int mc_eval_loss(mc_net *net, const mc_data *d, int split_all, int64_t n, int micro_batch,
+                 double *loss, int64_t *tokens) {
+  int64_t avail = split_all ? d->n_windows : d->n_val;
+  if (avail < 1) return mc_error("dataset %s: there is no validation split (data.val_fraction=0)", d->path);
+  if (n <= 0 || n > avail) n = avail;
+  if (micro_batch < 1) return mc_error("evaluation needs micro_batch >= 1 (got %d)", micro_batch);
+  int32_t *buf = malloc(sizeof(int32_t) * (size_t)micro_batch * (size_t)(d->seq_len + 1));
+  if (!buf) return mc_error("evaluation: out of memory");
+  double ce = 0;
+  int64_t nt = 0;
+  int rc = 0;
+  for (int64_t first = 0; first < n && rc == 0; first += micro_batch) {
+    int cnt = (int)(n - first < micro_batch ? n - first : micro_batch);
+    if (split_all) {
+      for (int i = 0; i < cnt && rc == 0; i++)
+        rc = mc_data_read_window(d, first + i, buf + (int64_t)i * (d->seq_len + 1));
+    } else {
+      rc = mc_data_read_val(d, first, cnt, buf);
+    }
+    mc_net_stats st;
+    memset(&st, 0, sizeof st);
+    if (rc == 0) rc = mc_net_forward(net, buf, cnt, &st);
+    ce += st.ce_sum;
+    nt += st.n_tokens;
+  }
+  free(buf);
+  if (rc != 0) return -1;
+  *loss = nt > 0 ? ce / (double)nt : NAN;
+  if (tokens) *tokens = nt;
+  return 0;
+}
+
+int mc_net_load(mc_net *net, const mc_geometry *geo, mc_ckpt *ck) {
+  for (int i = 0; i < mc_net_n_params(net); i++) {
+    mc_net_param *p = mc_net_param_at(net, i);
+    if (mc_ckpt_read(ck, geo->fams.f[p->fam].name, MC_STATE_PARAM, p->shard.local_start,
+                     p->shard.local_count, p->w) != 0)
+      return mc_error_context("loading %s from %s", geo->fams.f[p->fam].name, mc_ckpt_step_dir(ck));
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------------- one run */
+
+typedef struct {
+  const mc_config *cfg;
+  const mc_trainer_opts *opts;
+  mc_geometry geo;
+  int have_geo;
+  mc_data data;
+  mc_net *net;
+  mc_optim opt;
+  float **grads, **work; /* per optimizer slot: the net's gradient and working weight */
+  int32_t *tokens;
+  mc_ckpt_saver *saver;
+  mc_metrics metrics;
+  char metrics_path[MC_PATH_MAX + 32];
+  int64_t start_step, end_step;
+  int64_t last_saved;
+} run;
+
+/* Pairs every network parameter with its optimizer slot. */
+static int bind_slots(run *r) {
+  r->grads = calloc((size_t)r->opt.n + 1, sizeof *r->grads);
+  r->work = calloc((size_t)r->opt.n + 1, sizeof *r->work);
+  if (!r->grads || !r->work) return mc_error("out of memory");
+  for (int i = 0; i < mc_net_n_params(r->net); i++) {
+    mc_net_param *p = mc_net_param_at(r->net, i);
+    int s = mc_optim_slot_of(&r->opt, p->fam);
+    if (s < 0 || r->work[s])
+      return mc_error("family %s: network parameter without exactly one optimizer slot",
+                      r->geo.fams.f[p->fam].name);
+    if (r->opt.slots[s].offset + r->opt.slots[s].numel > p->numel)
+      return mc_error("family %s: optimizer shard exceeds the local slice", r->geo.fams.f[p->fam].name);
+    r->grads[s] = p->g;
+    r->work[s] = p->w;
+  }
+  for (int s = 0; s < r->opt.n; s++)
+    if (!r->work[s]) return mc_error("family %s has no network parameter", r->geo.fams.f[r->opt.slots[s].fam].name);
+  return 0;
+}
+
+static void master_to_work(run *r) {
+  for (int s = 0; s < r->opt.n; s++)
+    memcpy(r->work[s] + r->opt.slots[s].offset, r->opt.slots[s].master, sizeof(float) * (size_t)r->opt.slots[s].numel);
+}
+
+static int resume_from(run *r, const char *path) {
+  const mc_config *cfg = r->cfg;
+  mc_ckpt_open_opts oo;
+  mc_ckpt_open_opts_default(&oo);
+  oo.verify = cfg->checkpoint.verify;
+  oo.io_threads = cfg->checkpoint.io_threads > 0 ? cfg->checkpoint.io_threads : 1;
+  mc_ckpt *ck = NULL;
+  if (mc_ckpt_open(path, &oo, &ck) != 0) return mc_error_context("cannot resume from %s", path);
+  int rc = 0;
+  mc_train_state st;
+  if (mc_ckpt_check_model(ck, &cfg->model) != 0)
+    rc = mc_error_context("checkpoint %s is from a different model", mc_ckpt_step_dir(ck));
+  else if (!mc_ckpt_has_state(ck, MC_STATE_EXP_AVG) || !mc_ckpt_has_state(ck, MC_STATE_EXP_AVG_SQ))
+    rc = mc_error("checkpoint %s holds no optimizer moments; it cannot be resumed", mc_ckpt_step_dir(ck));
+  else if (mc_ckpt_train_state(ck, &st) != 0)
+    rc = -1;
+  else if (st.seed != cfg->train.seed)
+    rc = mc_error("checkpoint %s was trained with train.seed=%llu but the config says %llu; the data "
+                  "order would change (pass the same seed)", mc_ckpt_step_dir(ck),
+                  (unsigned long long)st.seed, (unsigned long long)cfg->train.seed);
+  else if (st.data_position != st.step * cfg->train.global_batch)
+    rc = mc_error("checkpoint %s consumed %lld samples in %lld steps, which is not train.global_batch=%d "
+                  "per step (pass the run's global batch)", mc_ckpt_step_dir(ck), (long long)st.data_position,
+                  (long long)st.step, cfg->train.global_batch);
+  for (int s = 0; rc == 0 && s < r->opt.n; s++) {
+    mc_optim_slot *sl = &r->opt.slots[s];
+    const char *name = r->geo.fams.f[sl->fam].name;
+    float *dst[3] = {sl->master, sl->exp_avg, sl->exp_avg_sq};
+    for (int k = 0; k < 3 && rc == 0; k++)
+      if (mc_ckpt_read(ck, name, (mc_state)k, sl->shard.start, sl->shard.count, dst[k]) != 0)
+        rc = mc_error_context("loading %s/%s from %s", name, mc_state_name((mc_state)k), mc_ckpt_step_dir(ck));
+  }
+  if (rc == 0) {
+    r->start_step = st.step;
+    r->opt.step = st.adam_step;
+    master_to_work(r);
+    if (r->opts->progress)
+      fprintf(r->opts->progress, "mctrain: resumed from %s at step %lld\n", mc_ckpt_step_dir(ck), (long long)st.step);
+  }
+  mc_ckpt_close(ck);
+  return rc;
+}
+
+static void save_opts(const mc_config *cfg, mc_ckpt_save_opts *so) {
+  mc_ckpt_save_opts_default(so);
+  so->keep = cfg->checkpoint.keep;
+  so->io_threads = cfg->checkpoint.io_threads > 0 ? cfg->checkpoint.io_threads : 1;
+}
+
+static int save(run *r, int64_t step, double lr) {
+  const mc_config *cfg = r->cfg;
+  mc_train_state st;
+  memset(&st, 0, sizeof st);
+  st.step = step;
+  st.tokens_seen = step * cfg->train.global_batch * cfg->model.seq_len;
+  st.schedule_step = step;
+  st.lr = lr;
+  st.adam_step = r->opt.step;
+  st.lr_max = cfg->train.lr, st.lr_min = cfg->train.min_lr;
+  st.warmup_steps = cfg->train.warmup_steps, st.total_steps = cfg->train.steps;
+  st.beta1 = cfg->train.beta1, st.beta2 = cfg->train.beta2, st.adam_eps = cfg->train.adam_eps;
+  st.weight_decay = cfg->train.weight_decay, st.grad_clip = cfg->train.grad_clip;
+  st.seed = cfg->train.seed;
+  st.rng_counter = 0; /* no sampling or dropout draws yet */
+  st.data_position = step * cfg->train.global_batch;
+  mc_ckpt_item *items = malloc(sizeof *items * (size_t)(3 * r->opt.n + 1));
+  if (!items) return mc_error("checkpoint: out of memory");
+  for (int s = 0; s < r->opt.n; s++) {
+    const mc_optim_slot *sl = &r->opt.slots[s];
+    const float *src[3] = {sl->master, sl->exp_avg, sl->exp_avg_sq};
+    for (int k = 0; k < 3; k++) items[3 * s + k] = (mc_ckpt_item){sl->fam, (mc_state)k, 0, src[k]};
+  }
+  int rc;
+  if (r->saver) {
+    rc = mc_ckpt_saver_save(r->saver, &r->geo, cfg, &st, items, 3 * r->opt.n);
+  } else {
+    mc_ckpt_save_opts so;
+    save_opts(cfg, &so);
+    rc = mc_ckpt_save(cfg->checkpoint.dir, &r->geo, cfg, &st, items, 3 * r->opt.n, &so);
+  }
+  free(items);
+  if (rc != 0) return mc_error_context("checkpoint at step %lld", (long long)step);
+  r->last_saved = step;
+  return 0;
+}
+
+static void fmt_duration(double s, char *buf, size_t cap) {
+  if (!(s >= 0) || s > 1e7) snprintf(buf, cap, "?");
+  else if (s >= 3600) snprintf(buf, cap, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
+  else if (s >= 60) snprintf(buf, cap, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
+  else snprintf(buf, cap, "%.0fs", s);
+}
+
+static int setup(run *r) {
+  const mc_config *cfg = r->cfg;
+  const mc_train_cfg *t = &cfg->train;
+  if (mc_geometry_build(&cfg->model, &cfg->parallel, t, 1, &r->geo) != 0)
+    return mc_error_context("mctrain runs one process for now (world size 1)");
+  r->have_geo = 1;
+  if (strcmp(t->device, "cpu") != 0)
+    return mc_error("train.device=%s: this build trains on the CPU reference backend only (set train.device=cpu)", t->device);
+  if (strcmp(t->dtype, "fp32") != 0)
+    return mc_error("train.dtype=%s: the CPU reference trains in fp32 only (set train.dtype=fp32)", t->dtype);
+  if (t->steps < 1) return mc_error("train.steps=%d must be at least 1", t->steps);
+  if (mc_data_open(&r->data, cfg->data.path, cfg->model.seq_len, cfg->data.val_fraction) != 0) return -1;
+  if (mc_data_check_vocab(&r->data, cfg->model.vocab_size) != 0) return -1;
+  if (t->eval_every > 0 && r->data.n_val < 1)
+    return mc_error("train.eval_every=%d needs a validation split, but data.val_fraction=%g", t->eval_every,
+                    cfg->data.val_fraction);
+  r->net = mc_net_create(&r->geo, 0, t->seed);
+  if (!r->net) return mc_error_context("creating the network");
+  if (mc_optim_init(&r->opt, &r->geo, 0) != 0 || bind_slots(r) != 0) return -1;
+  for (int s = 0; s < r->opt.n; s++)
+    memcpy(r->opt.slots[s].master, r->work[s] + r->opt.slots[s].offset, sizeof(float) * (size_t)r->opt.slots[s].numel);
+  r->tokens = malloc(sizeof(int32_t) * (size_t)t->micro_batch * (size_t)(cfg->model.seq_len + 1));
+  if (!r->tokens) return mc_error("out of memory");
+
+  if (mkdir_p(cfg->checkpoint.dir) != 0) return -1;
+  if (r->opts->resume) {
+    const char *path = strcmp(r->opts->resume, "latest") ? r->opts->resume : cfg->checkpoint.dir;
+    if (resume_from(r, path) != 0) return -1;
+  } else {
+    char latest[MC_PATH_MAX + 16];
+    snprintf(latest, sizeof latest, "%s/latest", cfg->checkpoint.dir);
+    struct stat sb;
+    if (stat(latest, &sb) == 0)
+      return mc_error("checkpoint.dir %s already holds a run (%s exists): continue it with --resume latest, or "
+                      "choose another directory with --set checkpoint.dir=...", cfg->checkpoint.dir, latest);
+  }
+  r->last_saved = r->start_step;
+  r->end_step = r->opts->until > 0 && r->opts->until < t->steps ? r->opts->until : t->steps;
+
+  if (t->metrics[0]) snprintf(r->metrics_path, sizeof r->metrics_path, "%s", t->metrics);
+  else snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", cfg->checkpoint.dir);
+  if (mc_metrics_open(&r->metrics, r->metrics_path, r->opts->resume ? r->start_step : -1) != 0) return -1;
+  if (cfg->checkpoint.async_save) {
+    mc_ckpt_save_opts so;
+    save_opts(cfg, &so);
+    if (mc_ckpt_saver_create(cfg->checkpoint.dir, &so, &r->saver) != 0) return -1;
+  }
+  return 0;
+}
+
+/* One optimizer step: every micro-batch of the global batch, then clip and AdamW. */
+static int train_step(run *r, int64_t s, mc_metrics_rec *rec) {
+  const mc_config *cfg = r->cfg;
+  const mc_train_cfg *t = &cfg->train;
+  int G = t->global_batch, mb = t->micro_batch, T = cfg->model.seq_len;
+  int dp = cfg->parallel.dp;
+  mc_net_zero_grad(r->net);
+  double ce = 0, aux = 0;
+  int64_t ntok = 0, nseq = 0;
+  for (int m = 0; m < G / dp / mb; m++) {
+    int64_t first = mc_data_first_sample(s, G, dp, 0, mb, m);
+    if (mc_data_read_train(&r->data, t->seed, first, mb, r->tokens) != 0) return -1;
+    mc_net_stats st;
+    memset(&st, 0, sizeof st);
+    if (mc_net_forward_backward(r->net, r->tokens, mb, 1.0 / ((double)G * T), 1.0 / G, &st) != 0)
+      return mc_error_context("step %lld, micro-batch %d", (long long)s + 1, m);
+    ce += st.ce_sum, aux += st.aux_sum;
+    ntok += st.n_tokens, nseq += st.n_seqs;
+  }
+  double norm = sqrt(mc_optim_grad_sq(&r->opt, r->grads));
+  double lr = mc_lr_at(t, s);
+  rec->step = s + 1;
+  rec->loss = ntok ? ce / (double)ntok : NAN;
+  rec->aux_loss = nseq ? aux / (double)nseq : 0;
+  rec->lr = lr;
+  rec->grad_norm = norm;
+  rec->tokens = (s + 1) * (int64_t)G * T;
+  if (!isfinite(rec->loss) || !isfinite(norm))
+    return mc_error("step %lld: loss %g, gradient norm %g are not finite (lower train.lr?); nothing was saved "
+                    "for this step", (long long)s + 1, rec->loss, norm);
+  mc_optim_step(&r->opt, t, lr, mc_clip_scale(norm, t->grad_clip), r->grads);
+  master_to_work(r);
+  return 0;
+}
+
+static int loop(run *r) {
+  const mc_config *cfg = r->cfg;
+  const mc_train_cfg *t = &cfg->train;
+  FILE *out = r->opts->progress;
+  int64_t tok_per_step = (int64_t)t->global_batch * cfg->model.seq_len;
+  int64_t n_params = 0;
+  for (int f = 0; f < r->geo.fams.n; f++) n_params += r->geo.fams.f[f].numel;
+  if (out) {
+    fprintf(out, "mctrain: model %s d=%d (%lld parameters), data %s (%lld tokens, %lld train + %lld val windows "
+                 "of %d), %lld tokens/step, steps %lld..%lld of %d, checkpoints in %s\n",
+            cfg->model.pattern, cfg->model.d_model, (long long)n_params, cfg->data.path,
+            (long long)r->data.n_tokens, (long long)r->data.n_train, (long long)r->data.n_val,
+            cfg->model.seq_len + 1, (long long)tok_per_step, (long long)r->start_step + 1,
+            (long long)r->end_step, t->steps, cfg->checkpoint.dir);
+    fflush(out);
+  }
+  double t0 = now_s(), t_log = t0;
+  int64_t steps_since_log = 0;
+  double lr = mc_lr_at(t, r->start_step > 0 ? r->start_step - 1 : 0);
+  for (int64_t s = r->start_step; s < r->end_step; s++) {
+    mc_metrics_rec rec;
+    memset(&rec, 0, sizeof rec);
+    if (train_step(r, s, &rec) != 0) return -1;
+    lr = rec.lr;
+    steps_since_log++;
+    int64_t done = s + 1;
+    if (t->eval_every > 0 && (done % t->eval_every == 0 || done == t->steps)) {
+      if (mc_eval_loss(r->net, &r->data, 0, (int64_t)t->eval_batches * t->global_batch, t->micro_batch,
+                       &rec.val_loss, NULL) != 0)
+        return mc_error_context("validation at step %lld", (long long)done);
+      rec.has_val = 1;
+    }
+    int log_now = rec.has_val || done == r->end_step || done == 1 || (t->log_every > 0 && done % t->log_every == 0);
+    if (log_now) {
+      double tn = now_s();
+      rec.tokens_per_s = (double)(steps_since_log * tok_per_step) / (tn - t_log > 1e-9 ? tn - t_log : 1e-9);
+      if (mc_metrics_write(&r->metrics, &rec) != 0) return -1;
+      if (out) {
+        char eta[32], val[32] = "";
+        fmt_duration((tn - t0) / (double)(done - r->start_step) * (double)(r->end_step - done), eta, sizeof eta);
+        if (rec.has_val) snprintf(val, sizeof val, "  val %.4f", rec.val_loss);
+        fprintf(out, "%sstep %lld/%d  loss %.4f  aux %.4f%s  lr %.2e  |g| %.3f  %.0f tok/s  ETA %s%s",
+                r->opts->progress_tty ? "\r" : "", (long long)done, t->steps, rec.loss, rec.aux_loss, val, rec.lr,
+                rec.grad_norm, rec.tokens_per_s, eta,
+                r->opts->progress_tty && !rec.has_val && done != r->end_step ? "\033[K" : "\n");
+        fflush(out);
+      }
+      t_log = tn;
+      steps_since_log = 0;
+    }
+    if (cfg->checkpoint.every > 0 && done % cfg->checkpoint.every == 0 && done != r->end_step) {
+      if (save(r, done, lr) != 0) return -1;
+      if (out && !r->opts->progress_tty) fprintf(out, "checkpoint step %lld %s\n", (long long)done, r->saver ? "queued" : "saved");
+    }
+  }
+  if (r->end_step > r->last_saved) {
+    if (save(r, r->end_step, lr) != 0) return -1;
+  }
+  if (r->saver && mc_ckpt_saver_wait(r->saver) != 0) return mc_error_context("asynchronous checkpoint");
+  if (out) {
+    char took[32];
+    fmt_duration(now_s() - t0, took, sizeof took);
+    fprintf(out, "mctrain: %s at step %lld in %s; checkpoint %s/step_%lld, metrics %s\n",
+            r->end_step == t->steps ? "finished" : "stopped", (long long)r->end_step, took, cfg->checkpoint.dir,
+            (long long)r->end_step, r->metrics_path);
+  }
+  return 0;
+}
+
+int mc_train(const mc_config *cfg, const mc_trainer_opts *opts) {
+  run r;
+  memset(&r, 0, sizeof r);
+  r.cfg = cfg;
+  r.opts = opts;
+  r.data.id = r.data.file = -1;
+  int rc = setup(&r);
+  if (rc == 0 && r.start_step >= r.end_step) {
+    if (opts->progress)
+      fprintf(opts->progress, "mctrain: nothing to do: the checkpoint is at step %lld and the run ends at %lld\n",
+              (long long)r.start_step, (long long)r.end_step);
+  } else if (rc == 0) {
+    rc = loop(&r);
+  }
+  if (r.saver) {
+    /* An error of the save in flight must not be lost, nor hide an earlier one. */
+    char first[MC_ERRMSG_MAX];
+    snprintf(first, sizeof first, "%s", mc_errmsg());
+    if (mc_ckpt_saver_close(r.saver) != 0 && rc == 0) rc = mc_error_context("asynchronous checkpoint");
+    else if (rc != 0) mc_error("%s", first);
+  }
+  mc_metrics_close(&r.metrics);
+  if (rc == 0 && r.metrics_path[0]) {
+    char svg[MC_PATH_MAX + 64];
+    size_t n = strlen(r.metrics_path);
+    if (n > 6 && !strcmp(r.metrics_path + n - 6, ".jsonl")) snprintf(svg, sizeof svg, "%.*s.svg", (int)(n - 6), r.metrics_path);
+    else snprintf(svg, sizeof svg, "%s.svg", r.metrics_path);
+    char title[MC_PATH_MAX + 64];
+    snprintf(title, sizeof title, "MegaC %s: loss (%s)", cfg->model.pattern, cfg->checkpoint.dir);
+    rc = mc_metrics_svg(r.metrics_path, svg, title);
+    if (rc == 0 && opts->progress) fprintf(opts->progress, "mctrain: loss curve %s\n", svg);
+  }
+  free(r.grads);
+  free(r.work);
+  free(r.tokens);
+  mc_optim_free(&r.opt);
+  if (r.net) mc_net_free(r.net);
+  mc_data_close(&r.data);
+  if (r.have_geo) mc_geometry_free(&r.geo);
+  return rc;
+}

@@ -1,0 +1,38 @@
+/* The training loop: data -> network -> clipping -> AdamW -> metrics, validation and
+ * checkpoints, with bit-exact resume (docs/training.md). One process, world size 1 for now;
+ * every piece it calls (sample order, optimizer shards, checkpoint items) is already
+ * written per rank, so distributed training adds communication, not new semantics. */
+#ifndef MC_TRAIN_TRAINER_H
+#define MC_TRAIN_TRAINER_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/config.h"
+#include "train/data.h"
+#include "train/net.h"
+
+typedef struct {
+  const char *resume; /* NULL, "latest" (the run's checkpoint.dir) or a checkpoint directory */
+  int64_t until;      /* stop after this many steps (<= 0: train.steps); the schedule still
+                         spans train.steps, so stopping and resuming changes nothing */
+  FILE *progress;     /* progress lines; NULL = none */
+  int progress_tty;   /* rewrite one line with \r instead of printing lines */
+} mc_trainer_opts;
+
+/* Runs (or continues) the training described by cfg. Returns 0, or -1 with mc_errmsg set. */
+int mc_train(const mc_config *cfg, const mc_trainer_opts *opts);
+
+/* Mean token cross-entropy of the network over windows of d, evaluated in micro-batches of
+ * micro_batch sequences, in order: the first n validation windows (split_all = 0) or the
+ * first n windows of the file (split_all = 1); n is capped at what the split holds. The
+ * trainer's val_loss and mceval both come from here. */
+int mc_eval_loss(mc_net *net, const mc_data *d, int split_all, int64_t n, int micro_batch,
+                 double *loss, int64_t *tokens);
+
+/* Loads the network's working weights (each parameter's TP/EP-local slice) from the
+ * param state of a checkpoint, whatever layout wrote it. */
+int mc_net_load(mc_net *net, const mc_geometry *geo, mc_ckpt *ck);
+
+#endif
