@@ -58,6 +58,8 @@ static inline int rs_random_geometry(uint64_t seed, const mc_model *m, int max_w
     static const int zeros[] = {0, 1, 3};
     l.zero = zeros[rs_pick(seed, 3)];
     l.split = (mc_split_mode)rs_pick(seed, 3);
+    /* An explicit split of one stage has no pipes, which configs cannot express. */
+    if (l.split == MC_SPLIT_EXPLICIT && l.pp == 1) l.split = MC_SPLIT_EQUAL;
     if (l.split == MC_SPLIT_EXPLICIT) {
       int cut[MC_MAX_LAYERS] = {0}, placed = 0, n = m->n_layers, k = 0;
       if (l.pp > n) continue;

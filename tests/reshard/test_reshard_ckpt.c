@@ -1,0 +1,240 @@
+/* mcreshard's engine on real checkpoints, for random pairs of layouts (stage split, TP, DP,
+ * EP and ZeRO changes): the source is written by the checkpoint library's own writer;
+ * A -> B gives a checkpoint the library opens and reads back with the right content and the
+ * same content digests (mcaudit); B -> A restores A's shards bit-identically (same
+ * hyperslabs, same bytes, same hashes) and the training state. Also: a corrupted source
+ * shard is refused naming it; an interrupted reshard (error or crash) leaves no DST; an
+ * existing DST needs force; a target breaking a layout rule is refused naming the rule;
+ * consolidation to world size 1. */
+#define _POSIX_C_SOURCE 200809L
+#include <hdf5.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../check.h"
+#include "reshard/audit.h"
+#include "reshard/reshard.h"
+#include "rs_ckpt_testlib.h"
+
+static char root[2048];
+
+static int reshard(const char *src, const char *dst, const mc_layout *target, int force, int64_t chunk) {
+  mc_rs_source *s;
+  if (mc_rs_source_open(src, &s) != 0) return -1;
+  mc_geometry g;
+  mc_rs_plan p;
+  int rc = mc_rs_prepare(s, target, &g, &p);
+  if (rc == 0) {
+    mc_rs_opts o = {.chunk_bytes = chunk, .threads = 2, .force = force};
+    rc = mc_rs_write(s, &g, &p, dst, &o, NULL);
+    mc_rs_plan_free(&p);
+    mc_geometry_free(&g);
+  }
+  mc_rs_source_close(s);
+  return rc;
+}
+
+/* Runs the audit; returns its digests (caller frees) or NULL; *problems gets the count. */
+static char (*audit_digests(const char *path, int verify, int *problems, int *n_fams))[MC_N_STATES][65] {
+  mc_rs_source *s;
+  *problems = -1;
+  if (mc_rs_source_open(path, &s) != 0) return NULL;
+  mc_audit a;
+  char(*d)[MC_N_STATES][65] = NULL;
+  if (mc_audit_run(s, verify, 0, &a) == 0) {
+    *problems = a.problems.n;
+    for (int i = 0; i < a.problems.n && i < 3; i++) fprintf(stderr, "  audit %s: %s\n", path, a.problems.msg[i]);
+    *n_fams = a.n_fams;
+    d = malloc((size_t)a.n_fams * sizeof *d);
+    memcpy(d, a.digest, (size_t)a.n_fams * sizeof *d);
+    mc_audit_free(&a);
+  }
+  mc_rs_source_close(s);
+  return d;
+}
+
+/* Same shards (rank, hyperslab, file, dataset, hash) and same stored bytes, same state. */
+static void check_same_shards(const char *a_path, const char *b_path) {
+  mc_ckpt *a, *b;
+  mc_ckpt_open_opts o;
+  mc_ckpt_open_opts_default(&o);
+  if (mc_ckpt_open(a_path, &o, &a) != 0 || mc_ckpt_open(b_path, &o, &b) != 0) {
+    CHECK(0, "open: %s", mc_errmsg());
+    return;
+  }
+  CHECK(mc_ckpt_n_shards(a) == mc_ckpt_n_shards(b), "shard counts %d vs %d", mc_ckpt_n_shards(a), mc_ckpt_n_shards(b));
+  int differ = 0;
+  for (int i = 0; i < mc_ckpt_n_shards(a); i++) {
+    const mc_ckpt_shard *x = mc_ckpt_shard_at(a, i);
+    const mc_ckpt_shard *y = NULL;
+    for (int k = 0; k < mc_ckpt_n_shards(b) && !y; k++) {
+      const mc_ckpt_shard *c = mc_ckpt_shard_at(b, k);
+      if (!strcmp(c->family, x->family) && c->state == x->state && c->rank == x->rank) y = c;
+    }
+    if (!y || strcmp(x->sha256, y->sha256) || strcmp(x->file, y->file) || strcmp(x->dataset, y->dataset) ||
+        memcmp(x->start, y->start, sizeof x->start) || memcmp(x->count, y->count, sizeof x->count) ||
+        x->n_replicas != y->n_replicas) {
+      differ++;
+      continue;
+    }
+    float *da = malloc((size_t)x->numel * 4), *db = malloc((size_t)y->numel * 4);
+    if (mc_ckpt_read(a, x->family, x->state, x->start, x->count, da) || mc_ckpt_read(b, y->family, y->state, y->start, y->count, db) ||
+        memcmp(da, db, (size_t)x->numel * 4))
+      differ++;
+    free(da);
+    free(db);
+  }
+  CHECK(differ == 0, "%d shards of %s differ from %s", differ, b_path, a_path);
+  mc_train_state sa, sb;
+  CHECK_OK(mc_ckpt_train_state(a, &sa));
+  CHECK_OK(mc_ckpt_train_state(b, &sb));
+  CHECK(memcmp(&sa, &sb, sizeof sa) == 0, "training state not carried over unchanged");
+  mc_ckpt_close(a);
+  mc_ckpt_close(b);
+}
+
+static void pair_case(uint64_t seed, const mc_model *m, int k) {
+  mc_geometry ga, gb;
+  if (rs_random_geometry(seed, m, 8, &ga) || rs_random_geometry(seed + 1, m, 8, &gb)) {
+    CHECK(0, "random layouts: %s", mc_errmsg());
+    return;
+  }
+  char A[2300], B[2300], A2[2300];
+  snprintf(A, sizeof A, "%s/A%d", root, k);
+  snprintf(B, sizeof B, "%s/B%d", root, k);
+  snprintf(A2, sizeof A2, "%s/A%d-back", root, k);
+  CHECK_OK(rs_save_reference(A, &ga, 40 + k));
+  int64_t chunk = 256 * (1 + rs_pick(seed, 64)); /* small bands: many partial pieces */
+  CHECK_OK(reshard(A, B, &gb.layout, 0, chunk));
+  CHECK(rs_check_content(B) == 0, "content of %s read back through the library differs", B);
+  CHECK_OK(reshard(B, A2, &ga.layout, 0, chunk * 3));
+  check_same_shards(A, A2);
+  int pa, pb, na = 0, nb = 0;
+  char(*da)[MC_N_STATES][65] = audit_digests(A, 1, &pa, &na);
+  char(*db)[MC_N_STATES][65] = audit_digests(B, 1, &pb, &nb);
+  CHECK(pa == 0 && pb == 0, "audit problems: %d in A, %d in B", pa, pb);
+  CHECK(da && db && na == nb && memcmp(da, db, (size_t)na * sizeof *da) == 0, "content digests differ between %s and %s", A, B);
+  printf("  pair %d: tp%d pp%d dp%d ep%d z%d %s -> tp%d pp%d dp%d ep%d z%d %s ok\n", k, ga.layout.tp, ga.layout.pp,
+         ga.layout.dp, ga.layout.ep, ga.layout.zero, mc_split_name(ga.layout.split), gb.layout.tp, gb.layout.pp,
+         gb.layout.dp, gb.layout.ep, gb.layout.zero, mc_split_name(gb.layout.split));
+  free(da);
+  free(db);
+  mc_geometry_free(&ga);
+  mc_geometry_free(&gb);
+}
+
+/* Flips one value of one dataset of a rank file, leaving its recorded hash. */
+static int corrupt(const char *step_dir, const char *file, const char *dataset) {
+  char p[4200];
+  snprintf(p, sizeof p, "%s/%s", step_dir, file);
+  hid_t f = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT);
+  hid_t d = f < 0 ? -1 : H5Dopen2(f, dataset, H5P_DEFAULT);
+  if (d < 0) return -1;
+  hid_t fs = H5Dget_space(d);
+  hsize_t one[3] = {1, 1, 1}, at[3] = {0, 0, 0};
+  float v = 12345.0f;
+  hid_t ms = H5Screate_simple(1, one, NULL);
+  H5Sselect_hyperslab(fs, H5S_SELECT_SET, at, NULL, one, NULL);
+  herr_t e = H5Dwrite(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, &v);
+  H5Sclose(ms);
+  H5Sclose(fs);
+  H5Dclose(d);
+  H5Fclose(f);
+  return e < 0 ? -1 : 0;
+}
+
+static void failure_cases(const mc_model *m) {
+  mc_geometry ga;
+  mc_layout la = {0}, lb = {0};
+  la.tp = 2, la.pp = 2, la.dp = 1, la.ep = 1, la.zero = 1;
+  CHECK_OK(mc_geometry_build(m, &la, NULL, -1, &ga));
+  char A[2300], D[2300], T[2400];
+  snprintf(A, sizeof A, "%s/F-src", root);
+  snprintf(D, sizeof D, "%s/F-dst", root);
+  snprintf(T, sizeof T, "%s.reshard.tmp", D);
+  CHECK_OK(rs_save_reference(A, &ga, 7));
+  lb.tp = 1, lb.pp = 1, lb.dp = 4, lb.ep = 2, lb.zero = 3;
+
+  /* A target that breaks a layout rule is refused with the rule named. */
+  mc_layout bad = lb;
+  bad.tp = 3;
+  CHECK(reshard(A, D, &bad, 0, 1 << 20) != 0 && strstr(mc_errmsg(), "tp=3 does not divide"),
+        "rule violation message: %s", mc_errmsg());
+  CHECK(!rs_exists(D), "refused reshard left %s", D);
+
+  /* An injected write failure: error, and neither DST nor the temporary directory stays. */
+  setenv("MC_RESHARD_FAULT", "fail:3000", 1);
+  CHECK(reshard(A, D, &lb, 0, 1024) != 0 && strstr(mc_errmsg(), "injected failure"), "fault: %s", mc_errmsg());
+  unsetenv("MC_RESHARD_FAULT");
+  CHECK(!rs_exists(D) && !rs_exists(T), "failed reshard left files behind");
+
+  /* A crash mid-way (the process exits at once, no clean-up): no DST. */
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("MC_RESHARD_FAULT", "crash:5000", 1);
+    reshard(A, D, &lb, 0, 1024);
+    _exit(0); /* not reached when the fault fires */
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 3, "crashing child exit status %d", status);
+  CHECK(!rs_exists(D), "a crashed reshard left %s", D);
+  CHECK(rs_exists(T), "the crash happened before anything was written (test is not testing)");
+  /* The next run clears the leftovers and succeeds. */
+  CHECK_OK(reshard(A, D, &lb, 0, 1024));
+  CHECK(rs_exists(D) && !rs_exists(T), "after a clean run: DST present, leftovers gone");
+  CHECK(rs_check_content(D) == 0, "content after recovery");
+
+  /* An existing DST needs force, and force replaces it with a complete checkpoint. */
+  mc_layout lc = lb;
+  lc.dp = 2;
+  CHECK(reshard(A, D, &lc, 0, 1 << 20) != 0 && strstr(mc_errmsg(), "--force"), "existing DST: %s", mc_errmsg());
+  CHECK_OK(reshard(A, D, &lc, 1, 1 << 20));
+  mc_rs_source *s;
+  CHECK_OK(mc_rs_source_open(D, &s));
+  if (s) {
+    CHECK(mc_rs_source_geometry(s)->layout.dp == 2, "forced reshard did not replace DST");
+    mc_rs_source_close(s);
+  }
+
+  /* Consolidation to world size 1. */
+  char C[2300];
+  snprintf(C, sizeof C, "%s/F-one", root);
+  mc_layout one;
+  mc_rs_consolidated_layout(&one);
+  CHECK_OK(reshard(A, C, &one, 0, 1 << 20));
+  CHECK(rs_check_content(C) == 0, "consolidated content");
+  CHECK(rs_exists(C) && access(C, F_OK) == 0, "consolidated exists");
+
+  /* A corrupted source shard is refused, naming the file and dataset; no DST. */
+  char step_dir[2400], E[2300];
+  snprintf(step_dir, sizeof step_dir, "%s/step_7", A);
+  snprintf(E, sizeof E, "%s/F-from-corrupt", root);
+  CHECK_OK(corrupt(step_dir, "rank_1.h5", "/layers.00.attn.wq/exp_avg"));
+  CHECK(reshard(A, E, &lb, 0, 1 << 20) != 0 && strstr(mc_errmsg(), "rank_1.h5") &&
+            strstr(mc_errmsg(), "/layers.00.attn.wq/exp_avg") && strstr(mc_errmsg(), "SHA-256"),
+        "corruption message: %s", mc_errmsg());
+  CHECK(!rs_exists(E), "reshard of a corrupted source left %s", E);
+  /* mcaudit --verify lists it too. */
+  int pr = 0, nf = 0;
+  char(*d)[MC_N_STATES][65] = audit_digests(A, 1, &pr, &nf);
+  CHECK(pr == 1, "audit --verify of the corrupted checkpoint: %d problems", pr);
+  free(d);
+  d = audit_digests(A, 0, &pr, &nf);
+  CHECK(pr == 0, "audit without --verify does not check hashes (%d problems)", pr);
+  free(d);
+  mc_geometry_free(&ga);
+}
+
+int main(void) {
+  rs_scratch("ckpt", root, sizeof root);
+  mc_model m;
+  rs_test_model(&m, "AEMEAMRE");
+  for (int k = 0; k < 6; k++) pair_case(500 + 17 * (uint64_t)k, &m, k);
+  failure_cases(&m);
+  if (mc_check_failures == 0) rs_rm_rf(root);
+  return mc_check_exit("test_reshard_ckpt");
+}
