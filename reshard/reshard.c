@@ -169,10 +169,10 @@ int mc_rs_write(mc_rs_source *src, const mc_geometry *g, const mc_rs_plan *plan,
 
 void mc_rs_summary_print(const mc_rs_summary *s, const char *what) {
   double gib = 1024.0 * 1024.0 * 1024.0;
+  /* Throughput counts each checkpoint byte once: it is read once and written once. */
   printf("%s: read %.3f GiB from %d shards, wrote %.3f GiB to %d shards in %d files; %.2f s (streaming %.2f s), "
-         "%.3f GB/s read+write, peak RSS %.1f MiB\n",
+         "%.3f GB/s, peak RSS %.1f MiB\n",
          what, (double)s->bytes_read / gib, s->n_src_shards, (double)s->bytes_written / gib, s->n_dst_shards,
-         s->n_dst_files, s->seconds, s->copy_seconds,
-         s->seconds > 0 ? (double)(s->bytes_read + s->bytes_written) / s->seconds / 1e9 : 0.0,
+         s->n_dst_files, s->seconds, s->copy_seconds, s->seconds > 0 ? (double)s->bytes_written / s->seconds / 1e9 : 0.0,
          (double)s->peak_rss_kb / 1024.0);
 }
