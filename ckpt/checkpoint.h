@@ -185,7 +185,8 @@ typedef struct {
 /* Reads any hyperslab of any family and state, assembled from every shard that intersects
  * it (the load-time resharding primitive). Each shard touched is hash-verified once per
  * open unless verification is off; a shard serving several requests is read once; shards
- * are read and hashed on io_threads threads. One call at a time per handle. */
+ * are read and hashed on io_threads threads. One call at a time per handle. On failure the
+ * contents of the output buffers are unspecified. */
 int mc_ckpt_read(mc_ckpt *ck, const char *family, mc_state state, const int64_t *start,
                  const int64_t *count, float *out);
 int mc_ckpt_read_many(mc_ckpt *ck, const mc_ckpt_request *reqs, int n);

@@ -28,6 +28,8 @@ int mc_parallel(int n_jobs, int threads, mc_job_fn fn, void *ctx);
 /* out (MC_PATH_MAX bytes) = dir/name; -1 with an error if it does not fit. */
 int mc_path_join(char *out, const char *dir, const char *name);
 int mc_fsync_path(const char *path, int is_dir);
+/* Asks the kernel to start writing a file's dirty pages back, without waiting (best effort). */
+void mc_start_writeback(const char *path);
 int mc_mkdir_p(const char *path);
 int mc_rmtree(const char *path);
 /* Writes a whole file and fsyncs it; fault points name the write and the fsync. */
@@ -54,7 +56,8 @@ typedef struct {
 
 /* Writes rank file `path`: every shard dataset with its attributes. data[i] holds shard i;
  * its hash is ready once mc_pool_wait_job(hashes, hash_base + i) returns, and is then in
- * attrs[i].s.sha256. The file is closed and fsynced. */
+ * attrs[i].s.sha256. The file is closed and its writeback started, not waited for: the
+ * caller fsyncs it. */
 int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_attrs *attrs,
                           const float *const *data, int n, mc_pool *hashes, int hash_base);
 /* Reads back the attributes of every shard dataset in a rank file (in name order).

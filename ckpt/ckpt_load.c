@@ -22,7 +22,19 @@ struct mc_ckpt {
   int64_t *fids;      /* per manifest file; -1 until opened */
   unsigned char *checked;  /* per shard: attributes compared with the manifest */
   unsigned char *verified; /* per shard: hash verified */
+  int *disk_order;         /* shard indices by (rank file, family, state): the order written */
 };
+
+typedef struct {
+  int rank, family, state, shard;
+} order_key;
+
+static int order_cmp(const void *a, const void *b) {
+  const order_key *x = a, *y = b;
+  if (x->rank != y->rank) return x->rank - y->rank;
+  if (x->family != y->family) return x->family - y->family;
+  return x->state - y->state;
+}
 
 void mc_ckpt_open_opts_default(mc_ckpt_open_opts *o) {
   o->verify = 1;
@@ -144,6 +156,19 @@ int mc_ckpt_open(const char *path, const mc_ckpt_open_opts *opts, mc_ckpt **out)
     goto fail;
   }
   for (int i = 0; i < ck->m.n_files; i++) ck->fids[i] = -1;
+  /* Reading shards in the order they were written keeps each file's reads sequential. */
+  order_key *keys = malloc((size_t)ns * sizeof *keys);
+  ck->disk_order = malloc((size_t)ns * sizeof(int));
+  if (!keys || !ck->disk_order) {
+    free(keys);
+    mc_error("out of memory opening %s", path);
+    goto fail;
+  }
+  for (int i = 0; i < ck->m.n_shards; i++)
+    keys[i] = (order_key){ck->m.shards[i].rank, ck->m.shards[i].family_index, (int)ck->m.shards[i].state, i};
+  qsort(keys, (size_t)ck->m.n_shards, sizeof *keys, order_cmp);
+  for (int i = 0; i < ck->m.n_shards; i++) ck->disk_order[i] = keys[i].shard;
+  free(keys);
   *out = ck;
   return 0;
 fail:
@@ -158,6 +183,7 @@ void mc_ckpt_close(mc_ckpt *ck) {
   free(ck->fids);
   free(ck->checked);
   free(ck->verified);
+  free(ck->disk_order);
   free(ck->manifest_text);
   mc_manifest_free(&ck->m);
   pthread_mutex_destroy(&ck->mu);
@@ -318,20 +344,30 @@ static int read_task(void *arg, int t) {
   }
   int64_t zero[3] = {0, 0, 0}, soff[3], roff[3], cnt[3];
   if ((ck->opts.verify || c->force_verify) && !ck->verified[si]) {
-    float *buf = malloc((size_t)s->numel * sizeof(float));
+    /* The whole shard must be hashed. When one request is exactly this shard (a load under
+     * the saving layout), it is read straight into the caller's buffer; otherwise into a
+     * temporary one, then scattered. */
+    const mc_ckpt_request *only = NULL;
+    if (c->req_start[t + 1] - c->req_start[t] == 1) {
+      only = &c->reqs[c->req_list[c->req_start[t]]];
+      for (int k = 0; k < s->ndim && only; k++)
+        if (only->start[k] != s->start[k] || only->count[k] != s->count[k]) only = NULL;
+    }
+    float *buf = only ? only->out : malloc((size_t)s->numel * sizeof(float));
     if (!buf) return mc_error("out of memory reading %s:%s", s->file, s->dataset);
     if (mc_h5_read_box(fid, where, s, zero, s->count, buf, s->count, zero) != 0) {
-      free(buf);
+      if (!only) free(buf);
       return -1;
     }
     char hex[65];
     mc_sha256_hex(buf, (size_t)s->numel * sizeof(float), hex);
     if (strcmp(hex, s->sha256) != 0) {
-      free(buf);
+      if (!only) free(buf);
       return mc_error("%s: hash mismatch in dataset %s: data hashes to %s, the manifest records %s", where, s->dataset,
                       hex, s->sha256);
     }
     ck->verified[si] = 1;
+    if (only) return 0;
     for (int q = c->req_start[t]; q < c->req_start[t + 1]; q++) {
       const mc_ckpt_request *r = &c->reqs[c->req_list[q]];
       if (intersect(r, s, soff, roff, cnt)) copy_box(buf, s->count, soff, r->out, r->count, roff, cnt, s->ndim);
@@ -419,7 +455,8 @@ static int run_reads(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, int all_sh
   if (!c.shard_of_task || !c.req_start || !c.req_list) rc = mc_error("out of memory");
   if (rc == 0) {
     int t = 0, q = 0;
-    for (int s = 0; s < ns; s++) {
+    for (int o = 0; o < ns; o++) {
+      int s = ck->disk_order[o];
       if (!touch[s] && !all_shards) continue;
       c.shard_of_task[t] = s;
       c.req_start[t] = q;

@@ -148,7 +148,17 @@ static int write_rank_files(const char *tmp, int64_t step, write_set *w, int thr
   }
   if (rc) mc_pool_cancel(pool);
   int prc = mc_pool_finish(pool);
-  return rc ? rc : prc;
+  if (rc || prc) return rc ? rc : prc;
+  /* Every file is written; now wait until each is durable. */
+  for (int b = 0; b < w->n;) {
+    int e = b;
+    while (e < w->n && w->attrs[e].s.rank == w->attrs[b].s.rank) e++;
+    char path[MC_PATH_MAX];
+    if (mc_path_join(path, tmp, w->attrs[b].s.file) != 0) return -1;
+    if (mc_ckpt_fault("fsync_file") || mc_fsync_path(path, 0)) return mc_error_context("%s: rank file not durable", path);
+    b = e;
+  }
+  return 0;
 }
 
 /* ---------------------------------------------------------------- directory housekeeping */

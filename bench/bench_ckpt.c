@@ -1,0 +1,420 @@
+/* Checkpoint I/O benchmark: save and load of a synthetic state (>= 2 GiB by default) next to
+ * the raw sequential write and read speed of the same disk, measured in the same run, and
+ * the training stall of an async save. Not a timed test; see docs/bench-ckpt.md.
+ *
+ *   bench_ckpt --dir DIR [--gib 2] [--tp 2] [--dp 2] [--zero 1] [--threads 2] [--rounds 3] [--keep-files]
+ *
+ * Method: raw write = write() of 64 MiB blocks then fsync, timed to the end of the fsync;
+ * raw read = read() of 64 MiB blocks after posix_fadvise(DONTNEED) has dropped the file's
+ * (clean) pages; checkpoint save = mc_ckpt_save wall time (hashing, HDF5 writes, fsyncs,
+ * manifest, commit); load = mc_ckpt_open + reading every stored shard (hash-verified) after
+ * the same DONTNEED on every rank file. The page-cache residency left after each drop is
+ * measured with mincore() and printed, so a drop that did not work is visible. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/ckpt_internal.h"
+#include "util/error.h"
+
+/* Paths here are short; vsnprintf keeps -Wformat-truncation out of it. */
+static void pathf(char *buf, size_t cap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, cap, fmt, ap);
+  va_end(ap);
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void fill_random(float *p, int64_t n, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    p[i] = (float)((double)(x >> 11) * (1.0 / 9007199254740992.0) - 0.5);
+  }
+}
+
+/* Drops a file's clean pages from the page cache; returns the fraction still resident. */
+static double drop_cache(const char *path) {
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return -1;
+  struct stat st;
+  fstat(fd, &st);
+  fdatasync(fd);
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  double frac = 0;
+  if (st.st_size > 0) {
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    if (m != MAP_FAILED) {
+      size_t pg = (size_t)sysconf(_SC_PAGESIZE), np = ((size_t)st.st_size + pg - 1) / pg, in = 0;
+      unsigned char *v = malloc(np);
+      if (v && mincore(m, (size_t)st.st_size, v) == 0)
+        for (size_t i = 0; i < np; i++) in += v[i] & 1;
+      frac = (double)in / (double)np;
+      free(v);
+      munmap(m, (size_t)st.st_size);
+    }
+  }
+  close(fd);
+  return frac;
+}
+
+/* Drops every regular file of a directory; returns the largest residency left. */
+static double drop_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  double worst = 0;
+  if (!d) return -1;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    char p[4200];
+    pathf(p, sizeof p, "%s/%s", dir, e->d_name);
+    double f = drop_cache(p);
+    if (f > worst) worst = f;
+  }
+  closedir(d);
+  return worst;
+}
+
+static int raw_write(const char *path, int64_t bytes, const char *block, size_t bs, double *secs) {
+  double t0 = now_s();
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return mc_error("%s: %s", path, strerror(errno));
+  int64_t left = bytes;
+  while (left > 0) {
+    size_t n = left < (int64_t)bs ? (size_t)left : bs;
+    ssize_t w = write(fd, block, n);
+    if (w <= 0) {
+      close(fd);
+      return mc_error("%s: write: %s", path, strerror(errno));
+    }
+    left -= w;
+  }
+  if (fsync(fd) != 0) {
+    close(fd);
+    return mc_error("%s: fsync: %s", path, strerror(errno));
+  }
+  close(fd);
+  *secs = now_s() - t0;
+  return 0;
+}
+
+static int raw_read(const char *path, char *block, size_t bs, double *secs, int64_t *got) {
+  double t0 = now_s();
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return mc_error("%s: %s", path, strerror(errno));
+  *got = 0;
+  for (;;) {
+    ssize_t r = read(fd, block, bs);
+    if (r < 0) {
+      close(fd);
+      return mc_error("%s: read: %s", path, strerror(errno));
+    }
+    if (r == 0) break;
+    *got += r;
+  }
+  close(fd);
+  *secs = now_s() - t0;
+  return 0;
+}
+
+static int64_t dir_bytes(const char *dir) {
+  DIR *d = opendir(dir);
+  int64_t n = 0;
+  if (!d) return 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    char p[4200];
+    struct stat st;
+    pathf(p, sizeof p, "%s/%s", dir, e->d_name);
+    if (e->d_name[0] != '.' && stat(p, &st) == 0 && S_ISREG(st.st_mode)) n += st.st_size;
+  }
+  closedir(d);
+  return n;
+}
+
+/* nam-small widths (DESIGN.md section 7) with "AEMR" repeated until the three states of
+ * every family reach the requested size. */
+static int build_model(double gib, int tp, int dp, int zero, mc_config *cfg, mc_geometry *g) {
+  if (mc_config_default(cfg) != 0) return -1;
+  mc_model *m = &cfg->model;
+  m->vocab_size = 32768;
+  m->d_model = 1024;
+  m->n_heads = 16;
+  m->n_kv_heads = 4;
+  m->head_dim = 64;
+  m->n_experts = 8;
+  m->top_k = 2;
+  m->expert_hidden = 2048;
+  m->mamba_inner = 2048;
+  m->mamba_head_dim = 64;
+  m->ssm_state = 64;
+  m->rec_width = 1024;
+  mc_layout l = cfg->parallel;
+  l.tp = tp;
+  l.dp = dp;
+  l.pp = 1;
+  l.ep = 1;
+  l.sp = 0;
+  l.zero = zero;
+  l.split = MC_SPLIT_EQUAL;
+  cfg->parallel = l;
+  for (int groups = 1; groups < MC_MAX_LAYERS / 4; groups++) {
+    m->pattern[0] = 0;
+    for (int i = 0; i < groups; i++) strcat(m->pattern, "AEMR");
+    m->n_layers = (int)strlen(m->pattern);
+    if (mc_geometry_build(m, &l, NULL, -1, g) != 0) return -1;
+    int64_t numel = 0;
+    for (int f = 0; f < g->fams.n; f++) numel += g->fams.f[f].numel;
+    if ((double)numel * 12.0 >= gib * 1073741824.0) return 0;
+    mc_geometry_free(g);
+  }
+  return mc_error("requested size too large");
+}
+
+/* Opens the checkpoint and reads every stored shard into pre-faulted buffers (a trainer
+ * loads into memory it already uses), timing the open and the reads; counts shards whose
+ * values differ from the saved items. */
+static int load_all(const char *dir, int threads, int verify, const mc_geometry *g, const mc_ckpt_item *items, int n,
+                    double *t_open, double *t_read, int64_t *bad) {
+  mc_ckpt_open_opts oo;
+  mc_ckpt_open_opts_default(&oo);
+  oo.io_threads = threads;
+  oo.verify = verify;
+  double t0 = now_s();
+  mc_ckpt *ck = NULL;
+  if (mc_ckpt_open(dir, &oo, &ck) != 0) return -1;
+  *t_open = now_s() - t0;
+  int ns = mc_ckpt_n_shards(ck);
+  mc_ckpt_request *reqs = calloc((size_t)ns, sizeof *reqs);
+  for (int i = 0; i < ns; i++) {
+    const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
+    reqs[i].family = s->family;
+    reqs[i].state = s->state;
+    memcpy(reqs[i].start, s->start, sizeof s->start);
+    memcpy(reqs[i].count, s->count, sizeof s->count);
+    reqs[i].out = malloc((size_t)s->numel * 4);
+    if (reqs[i].out) memset(reqs[i].out, 0, (size_t)s->numel * 4);
+  }
+  t0 = now_s();
+  int rc = mc_ckpt_read_many(ck, reqs, ns);
+  *t_read = now_s() - t0;
+  *bad = 0;
+  for (int i = 0; i < ns; i++) {
+    const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
+    for (int j = 0; j < n && rc == 0; j++)
+      if (items[j].rank == s->rank && items[j].state == s->state && !strcmp(g->fams.f[items[j].family].name, s->family))
+        *bad += memcmp(items[j].data, reqs[i].out, (size_t)s->numel * 4) != 0;
+    free(reqs[i].out);
+  }
+  free(reqs);
+  mc_ckpt_close(ck);
+  return rc;
+}
+
+static void usage(void) {
+  fprintf(stderr, "usage: bench_ckpt --dir DIR [--gib G] [--tp N] [--dp N] [--zero 0|1|3] [--threads N] [--rounds R] [--keep-files]\n");
+}
+
+static int g_keep_files; /* --keep-files: leave the last round's checkpoints for inspection */
+
+typedef struct {
+  double raw_w, raw_r, save, load, load_unverified, async_total, stall_first, stall_next;
+} round_result;
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* One round: raw write and read, sync save, verified and unverified load, two async saves,
+ * in that order so that each checkpoint figure sits next to a raw figure taken moments
+ * before on the same disk. Step directories are removed at the end of the round. */
+static int run_round(int round, const char *dir, const mc_geometry *g, const mc_config *cfg, mc_ckpt_item *items, int n,
+                     int64_t stored, int threads, char *block, size_t bs, round_result *res) {
+  const double GB = 1e9;
+  char raw[4200], step_dir[4200], cmd[9000];
+  pathf(raw, sizeof raw, "%s/raw.bin", dir);
+  double tw = 0, tr = 0;
+  int64_t got = 0;
+  if (raw_write(raw, stored, block, bs, &tw) != 0) return -1;
+  double res_raw = drop_cache(raw);
+  if (raw_read(raw, block, bs, &tr, &got) != 0) return -1;
+  unlink(raw);
+  res->raw_w = (double)stored / tw / GB;
+  res->raw_r = (double)got / tr / GB;
+  printf("round %d\n", round);
+  printf("  raw write (64 MiB write() + fsync)             : %7.3f s  %6.3f GB/s\n", tw, res->raw_w);
+  printf("  raw read  (64 MiB read(); %3.0f%% left in cache) : %7.3f s  %6.3f GB/s\n", 100 * res_raw, tr, res->raw_r);
+
+  mc_ckpt_save_opts so;
+  mc_ckpt_save_opts_default(&so);
+  so.io_threads = threads;
+  mc_train_state st;
+  memset(&st, 0, sizeof st);
+  st.step = 10 * round + 1;
+  double t0 = now_s();
+  if (mc_ckpt_save(dir, g, cfg, &st, items, n, &so) != 0) return mc_error_context("save");
+  double ts = now_s() - t0;
+  res->save = (double)stored / ts / GB;
+  pathf(step_dir, sizeof step_dir, "%s/step_%d", dir, 10 * round + 1);
+  printf("  checkpoint save (sync)                         : %7.3f s  %6.3f GB/s  %4.0f%% of raw write (%.3f GB on disk)\n",
+         ts, res->save, 100 * res->save / res->raw_w, (double)dir_bytes(step_dir) / GB);
+
+  double t_open = 0, tl = 0, tu = 0, res_ck = drop_dir(step_dir);
+  int64_t bad = 0;
+  if (load_all(dir, threads, 1, g, items, n, &t_open, &tl, &bad) != 0) return mc_error_context("load");
+  if (bad) return mc_error("%" PRId64 " shards loaded differently from what was saved", bad);
+  res->load = (double)stored / (t_open + tl) / GB;
+  printf("  checkpoint load (verified; %3.0f%% left in cache): %7.3f s  %6.3f GB/s  %4.0f%% of raw read (open %.3f s)\n",
+         100 * res_ck, t_open + tl, res->load, 100 * res->load / res->raw_r, t_open);
+  drop_dir(step_dir);
+  if (load_all(dir, threads, 0, g, items, n, &t_open, &tu, &bad) != 0) return mc_error_context("unverified load");
+  res->load_unverified = (double)stored / (t_open + tu) / GB;
+  printf("  checkpoint load (unverified)                   : %7.3f s  %6.3f GB/s  %4.0f%% of raw read\n", t_open + tu,
+         res->load_unverified, 100 * res->load_unverified / res->raw_r);
+
+  mc_ckpt_saver *sv = NULL;
+  if (mc_ckpt_saver_create(dir, &so, &sv) != 0) return -1;
+  st.step = 10 * round + 2;
+  t0 = now_s();
+  if (mc_ckpt_saver_save(sv, g, cfg, &st, items, n) != 0) return mc_error_context("async save");
+  res->stall_first = mc_ckpt_saver_last_stall(sv);
+  if (mc_ckpt_saver_wait(sv) != 0) return mc_error_context("async save");
+  res->async_total = now_s() - t0;
+  st.step = 10 * round + 3;
+  if (mc_ckpt_saver_save(sv, g, cfg, &st, items, n) != 0) return mc_error_context("async save");
+  res->stall_next = mc_ckpt_saver_last_stall(sv);
+  if (mc_ckpt_saver_close(sv) != 0) return mc_error_context("async save");
+  printf("  async save: caller blocked %.3f s (first save: host buffer allocated) / %.3f s (next: reused); "
+         "background save took %.3f s\n",
+         res->stall_first, res->stall_next, res->async_total);
+  for (int k = 1; k <= 3 && !g_keep_files; k++) {
+    pathf(step_dir, sizeof step_dir, "%s/step_%d", dir, 10 * round + k);
+    pathf(cmd, sizeof cmd, "rm -rf '%s'", step_dir);
+    if (system(cmd) != 0) return mc_error("cannot remove %s", step_dir);
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  const char *dir = NULL;
+  double gib = 2.0;
+  int tp = 2, dp = 2, zero = 1, threads = 2, rounds = 3;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
+    else if (!strcmp(argv[i], "--gib") && i + 1 < argc) gib = atof(argv[++i]);
+    else if (!strcmp(argv[i], "--tp") && i + 1 < argc) tp = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--dp") && i + 1 < argc) dp = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--zero") && i + 1 < argc) zero = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--keep-files")) g_keep_files = 1;
+    else {
+      usage();
+      return 2;
+    }
+  }
+  if (!dir || gib <= 0 || rounds < 1 || rounds > 20) {
+    usage();
+    return 2;
+  }
+  mc_config cfg;
+  mc_geometry g;
+  if (build_model(gib, tp, dp, zero, &cfg, &g) != 0) {
+    fprintf(stderr, "bench_ckpt: %s\n", mc_errmsg());
+    return 1;
+  }
+  char cmd[4200];
+  pathf(cmd, sizeof cmd, "mkdir -p '%s' && rm -rf '%s'/step_* '%s/latest'", dir, dir, dir);
+  if (system(cmd) != 0) return 1;
+
+  /* the state: the primary shard of every rank (replicas are never written, so they would
+   * only cost memory here) */
+  int cap = g.fams.n * MC_N_STATES * g.world, n = 0;
+  mc_ckpt_item *items = calloc((size_t)cap, sizeof *items);
+  int64_t stored = 0;
+  for (int r = 0; r < g.world; r++)
+    for (int f = 0; f < g.fams.n; f++)
+      for (int s = 0; s < MC_N_STATES; s++) {
+        mc_shard sh;
+        mc_shard_of(&g, f, (mc_state)s, r, &sh);
+        if (!sh.primary) continue;
+        float *b = malloc((size_t)sh.numel * sizeof(float));
+        if (!b) {
+          fprintf(stderr, "bench_ckpt: out of memory\n");
+          return 1;
+        }
+        fill_random(b, sh.numel, (uint64_t)(n + 1));
+        items[n++] = (mc_ckpt_item){f, (mc_state)s, r, b};
+        stored += sh.numel * 4;
+      }
+  printf("bench_ckpt: model %s (nam-small widths), layout tp=%d dp=%d zero=%d (world %d, one process writes all "
+         "ranks), %d shards, %.3f GB = %.3f GiB of fp32 state (param, exp_avg, exp_avg_sq), %d I/O threads, %d rounds\n",
+         cfg.model.pattern, tp, dp, zero, g.world, n, (double)stored / 1e9, (double)stored / 1073741824.0, threads, rounds);
+  printf("directory: %s\n", dir);
+
+  size_t bs = (size_t)64 << 20;
+  char *block = malloc(bs);
+  fill_random((float *)block, (int64_t)(bs / 4), 99);
+  double th0 = now_s();
+  int64_t hashed = 0;
+  char hex[65];
+  for (int i = 0; i < n && hashed < ((int64_t)1 << 30); i++) {
+    mc_shard sh;
+    mc_shard_of(&g, items[i].family, items[i].state, items[i].rank, &sh);
+    mc_sha256_hex(items[i].data, (size_t)sh.numel * 4, hex);
+    hashed += sh.numel * 4;
+  }
+  printf("sha256 (OpenSSL EVP, one thread): %.3f GB/s\n", (double)hashed / (now_s() - th0) / 1e9);
+
+  round_result *res = calloc((size_t)rounds, sizeof *res);
+  for (int r = 0; r < rounds; r++) {
+    if (run_round(r, dir, &g, &cfg, items, n, stored, threads, block, bs, &res[r]) != 0) {
+      fprintf(stderr, "bench_ckpt: round %d: %s\n", r, mc_errmsg());
+      return 1;
+    }
+    fflush(stdout);
+  }
+  double v[5][20];
+  for (int r = 0; r < rounds; r++) {
+    v[0][r] = res[r].save / res[r].raw_w;
+    v[1][r] = res[r].load / res[r].raw_r;
+    v[2][r] = res[r].load_unverified / res[r].raw_r;
+    v[3][r] = res[r].stall_next;
+    v[4][r] = res[r].async_total;
+  }
+  printf("median over %d rounds: save %.0f%% of raw write, verified load %.0f%% of raw read, unverified load %.0f%% of raw "
+         "read, async stall %.3f s (background save %.3f s)\n",
+         rounds, 100 * median(v[0], rounds), 100 * median(v[1], rounds), 100 * median(v[2], rounds), median(v[3], rounds),
+         median(v[4], rounds));
+  for (int i = 0; i < n; i++) free((void *)items[i].data);
+  free(items);
+  free(res);
+  free(block);
+  mc_geometry_free(&g);
+  return 0;
+}
