@@ -1,0 +1,26 @@
+/* The CUDA backend of the op interface (kernels/ops.h), fp32, one device and one stream.
+ * Built into mc_kernels only where nvcc exists (MC_HAVE_CUDA); the CUDA runtime is linked
+ * statically and looks for the driver only when first called, so a program that never asks
+ * for the GPU starts and runs on a machine without one. */
+#ifndef MC_KERNELS_BACKEND_CUDA_H
+#define MC_KERNELS_BACKEND_CUDA_H
+
+#include "kernels/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Number of usable CUDA devices: 0 when there is no GPU or no driver (never an error). */
+int mc_cuda_device_count(void);
+
+/* The backend on `device` (one process-wide instance per device, never freed): a stream,
+ * a cuBLAS handle in fp32 (no TF32) math, and a scratch buffer grown on demand. NULL with
+ * mc_error set when no such device or driver exists or its set-up fails. */
+mc_backend *mc_backend_cuda(int device);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

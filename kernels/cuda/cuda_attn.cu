@@ -1,0 +1,308 @@
+/* Causal GQA attention, flash style in fp32: no T x T matrix exists anywhere. Scores are
+ * made 32 at a time, one key per lane, against a key/value tile in shared memory; each
+ * warp keeps its query rows' running max, normaliser and output in registers (online
+ * softmax, head_dim <= 256: up to 8 columns per lane). The backward recomputes every
+ * probability from the saved lse in two kernels, one owning dq (parallel over query
+ * tiles) and one owning dk, dv (parallel over key tiles), so no gradient needs atomics.
+ * Formulas as in kernels/cpu/cpu_attn.c. */
+#include "kernels/cuda/cuda_common.h"
+
+#define ATT_WARPS 4
+#define ATT_MAXC 8     /* columns per lane: head_dim <= 32 * ATT_MAXC */
+#define ATT_RPW 4      /* query rows per warp in the forward and dq kernels */
+#define ATT_FQ (ATT_WARPS * ATT_RPW) /* query rows per block */
+#define ATT_KT 32      /* keys per tile: one per lane */
+#define ATT_KPW 4      /* keys per warp in the dk/dv kernel */
+#define ATT_BK (ATT_WARPS * ATT_KPW) /* keys per block there */
+#define ATT_QT 32      /* queries per tile there: one per lane */
+
+/* Loads rows [r0, r0 + rows) of head `head` (row stride `stride`) into a tile with row pitch
+ * `ld`; rows past T are zero. */
+static __device__ void load_tile(float *dst, int ld, const float *src, int64_t seq_row0, int r0, int rows, int T,
+                                 int64_t stride, int head, int hd) {
+  for (int idx = threadIdx.x; idx < rows * hd; idx += blockDim.x) {
+    int i = idx / hd, c = idx % hd, t = r0 + i;
+    dst[i * ld + c] = t < T ? src[(seq_row0 + t) * stride + (int64_t)head * hd + c] : 0.0f;
+  }
+}
+
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    k_attn_fwd(const float *q, const float *k, const float *v, int T, int H, int KV, int hd, float scale, float *out,
+               float *lse) {
+  extern __shared__ float sm[];
+  const int ldk = hd + 1;
+  float *Qs = sm, *Ks = Qs + ATT_FQ * hd, *Vs = Ks + ATT_KT * ldk;
+  const int s = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * ATT_FQ, kh = h / (H / KV);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t qs = (int64_t)H * hd, ks = (int64_t)KV * hd, row0 = (int64_t)s * T;
+  load_tile(Qs, hd, q, row0, q0, ATT_FQ, T, qs, h, hd);
+  float m[ATT_RPW], l[ATT_RPW], o[ATT_RPW][ATT_MAXC];
+#pragma unroll
+  for (int rr = 0; rr < ATT_RPW; rr++) {
+    m[rr] = -INFINITY, l[rr] = 0.0f;
+#pragma unroll
+    for (int ci = 0; ci < ATT_MAXC; ci++) o[rr][ci] = 0.0f;
+  }
+  const int qlast = min(q0 + ATT_FQ, T) - 1;
+  for (int k0 = 0; k0 <= qlast; k0 += ATT_KT) {
+    __syncthreads();
+    load_tile(Ks, ldk, k, row0, k0, ATT_KT, T, ks, kh, hd);
+    load_tile(Vs, hd, v, row0, k0, ATT_KT, T, ks, kh, hd);
+    __syncthreads();
+    const int j = k0 + lane;
+#pragma unroll
+    for (int rr = 0; rr < ATT_RPW; rr++) {
+      const int il = warp * ATT_RPW + rr, i = q0 + il;
+      if (i >= T || k0 > i) continue; /* warp-uniform */
+      const float *qi = Qs + il * hd, *kj = Ks + lane * ldk;
+      float sc = 0.0f;
+      for (int c = 0; c < hd; c++) sc += qi[c] * kj[c];
+      sc *= scale;
+      const bool ok = j <= i;
+      if (!ok) sc = -INFINITY;
+      const float mnew = fmaxf(m[rr], mc_d_warp_max(sc)); /* finite: key k0 <= i is valid */
+      const float p = ok ? expf(sc - mnew) : 0.0f;
+      const float corr = expf(m[rr] - mnew);
+      l[rr] = l[rr] * corr + mc_d_warp_sum(p);
+      m[rr] = mnew;
+#pragma unroll
+      for (int ci = 0; ci < ATT_MAXC; ci++) o[rr][ci] *= corr;
+      for (int jj = 0; jj < ATT_KT; jj++) {
+        const float pj = __shfl_sync(0xffffffffu, p, jj);
+        const float *vj = Vs + jj * hd;
+#pragma unroll
+        for (int ci = 0; ci < ATT_MAXC; ci++) {
+          const int c = lane + 32 * ci;
+          if (c < hd) o[rr][ci] += pj * vj[c];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < ATT_RPW; rr++) {
+    const int i = q0 + warp * ATT_RPW + rr;
+    if (i >= T) continue;
+    float *oi = out + (row0 + i) * qs + (int64_t)h * hd;
+    const float inv = 1.0f / l[rr];
+#pragma unroll
+    for (int ci = 0; ci < ATT_MAXC; ci++) {
+      const int c = lane + 32 * ci;
+      if (c < hd) oi[c] = o[rr][ci] * inv;
+    }
+    if (lane == 0) lse[(row0 + i) * H + h] = m[rr] + logf(l[rr]);
+  }
+}
+
+/* D[r, h] = dout . out over the head's columns: one warp per (row, head). */
+__global__ void k_attn_delta(const float *out, const float *dout, int64_t items, int hd, float *D) {
+  const int lane = threadIdx.x % 32;
+  for (int64_t it = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; it < items;
+       it += (int64_t)gridDim.x * (blockDim.x / 32)) {
+    const float *a = out + it * hd, *b = dout + it * hd;
+    float s = 0.0f;
+    for (int c = lane; c < hd; c += 32) s += a[c] * b[c];
+    s = mc_d_warp_sum(s);
+    if (lane == 0) D[it] = s;
+  }
+}
+
+/* dq: the forward's block shape; lane = key. ds = p (dout_i . v_j - D_i) scale. */
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    k_attn_dq(const float *q, const float *k, const float *v, const float *lse, const float *D, const float *dout, int T,
+              int H, int KV, int hd, float scale, float *dq) {
+  extern __shared__ float sm[];
+  const int ldk = hd + 1;
+  float *Qs = sm, *dOs = Qs + ATT_FQ * hd, *Ks = dOs + ATT_FQ * hd, *Vs = Ks + ATT_KT * ldk;
+  const int s = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * ATT_FQ, kh = h / (H / KV);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t qs = (int64_t)H * hd, ks = (int64_t)KV * hd, row0 = (int64_t)s * T;
+  load_tile(Qs, hd, q, row0, q0, ATT_FQ, T, qs, h, hd);
+  load_tile(dOs, hd, dout, row0, q0, ATT_FQ, T, qs, h, hd);
+  float li[ATT_RPW], Di[ATT_RPW], acc[ATT_RPW][ATT_MAXC];
+#pragma unroll
+  for (int rr = 0; rr < ATT_RPW; rr++) {
+    const int i = q0 + warp * ATT_RPW + rr;
+    li[rr] = i < T ? lse[(row0 + i) * H + h] : 0.0f;
+    Di[rr] = i < T ? D[(row0 + i) * H + h] : 0.0f;
+#pragma unroll
+    for (int ci = 0; ci < ATT_MAXC; ci++) acc[rr][ci] = 0.0f;
+  }
+  const int qlast = min(q0 + ATT_FQ, T) - 1;
+  for (int k0 = 0; k0 <= qlast; k0 += ATT_KT) {
+    __syncthreads();
+    load_tile(Ks, ldk, k, row0, k0, ATT_KT, T, ks, kh, hd);
+    load_tile(Vs, ldk, v, row0, k0, ATT_KT, T, ks, kh, hd);
+    __syncthreads();
+    const int j = k0 + lane;
+#pragma unroll
+    for (int rr = 0; rr < ATT_RPW; rr++) {
+      const int il = warp * ATT_RPW + rr, i = q0 + il;
+      if (i >= T || k0 > i) continue;
+      const float *qi = Qs + il * hd, *doi = dOs + il * hd, *kj = Ks + lane * ldk, *vj = Vs + lane * ldk;
+      float sc = 0.0f, dp = 0.0f;
+      for (int c = 0; c < hd; c++) {
+        sc += qi[c] * kj[c];
+        dp += doi[c] * vj[c];
+      }
+      const float p = j <= i ? expf(scale * sc - li[rr]) : 0.0f;
+      const float ds = p * (dp - Di[rr]) * scale;
+      for (int jj = 0; jj < ATT_KT; jj++) {
+        const float dsj = __shfl_sync(0xffffffffu, ds, jj);
+        const float *kr = Ks + jj * ldk;
+#pragma unroll
+        for (int ci = 0; ci < ATT_MAXC; ci++) {
+          const int c = lane + 32 * ci;
+          if (c < hd) acc[rr][ci] += dsj * kr[c];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < ATT_RPW; rr++) {
+    const int i = q0 + warp * ATT_RPW + rr;
+    if (i >= T) continue;
+    float *dqi = dq + (row0 + i) * qs + (int64_t)h * hd;
+#pragma unroll
+    for (int ci = 0; ci < ATT_MAXC; ci++) {
+      const int c = lane + 32 * ci;
+      if (c < hd) dqi[c] += acc[rr][ci];
+    }
+  }
+}
+
+/* dk, dv: a block owns ATT_BK keys of one kv head and walks every query head of its group
+ * and every query tile at or after its keys; lane = query. */
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    k_attn_dkv(const float *q, const float *k, const float *v, const float *lse, const float *D, const float *dout,
+               int T, int H, int KV, int hd, float scale, float *dk, float *dv) {
+  extern __shared__ float sm[];
+  const int ldq = hd + 1;
+  float *Qs = sm, *dOs = Qs + ATT_QT * ldq, *Ks = dOs + ATT_QT * ldq, *Vs = Ks + ATT_BK * hd;
+  float *Ls = Vs + ATT_BK * hd, *Ds = Ls + ATT_QT;
+  const int s = blockIdx.z, kh = blockIdx.y, j0 = blockIdx.x * ATT_BK, grp = H / KV;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t qs = (int64_t)H * hd, ks = (int64_t)KV * hd, row0 = (int64_t)s * T;
+  load_tile(Ks, hd, k, row0, j0, ATT_BK, T, ks, kh, hd);
+  load_tile(Vs, hd, v, row0, j0, ATT_BK, T, ks, kh, hd);
+  float gk[ATT_KPW][ATT_MAXC], gv[ATT_KPW][ATT_MAXC];
+#pragma unroll
+  for (int kk = 0; kk < ATT_KPW; kk++)
+#pragma unroll
+    for (int ci = 0; ci < ATT_MAXC; ci++) gk[kk][ci] = gv[kk][ci] = 0.0f;
+  for (int h = kh * grp; h < (kh + 1) * grp; h++) {
+    for (int t0 = (j0 / ATT_QT) * ATT_QT; t0 < T; t0 += ATT_QT) {
+      __syncthreads();
+      load_tile(Qs, ldq, q, row0, t0, ATT_QT, T, qs, h, hd);
+      load_tile(dOs, ldq, dout, row0, t0, ATT_QT, T, qs, h, hd);
+      if (threadIdx.x < ATT_QT) {
+        const int t = t0 + threadIdx.x;
+        Ls[threadIdx.x] = t < T ? lse[(row0 + t) * H + h] : 0.0f;
+        Ds[threadIdx.x] = t < T ? D[(row0 + t) * H + h] : 0.0f;
+      }
+      __syncthreads();
+      const int i = t0 + lane;
+#pragma unroll
+      for (int kk = 0; kk < ATT_KPW; kk++) {
+        const int jl = warp * ATT_KPW + kk, j = j0 + jl;
+        if (j >= T || j > t0 + ATT_QT - 1) continue; /* warp-uniform: no query of the tile sees j */
+        const float *qi = Qs + lane * ldq, *doi = dOs + lane * ldq, *kj = Ks + jl * hd, *vj = Vs + jl * hd;
+        float sc = 0.0f, dp = 0.0f;
+        for (int c = 0; c < hd; c++) {
+          sc += qi[c] * kj[c];
+          dp += doi[c] * vj[c];
+        }
+        const bool ok = i < T && i >= j;
+        const float p = ok ? expf(scale * sc - Ls[lane]) : 0.0f;
+        const float ds = p * (dp - Ds[lane]) * scale;
+        for (int ii = 0; ii < ATT_QT; ii++) {
+          const float pi = __shfl_sync(0xffffffffu, p, ii), dsi = __shfl_sync(0xffffffffu, ds, ii);
+          const float *qr = Qs + ii * ldq, *dor = dOs + ii * ldq;
+#pragma unroll
+          for (int ci = 0; ci < ATT_MAXC; ci++) {
+            const int c = lane + 32 * ci;
+            if (c < hd) {
+              gv[kk][ci] += pi * dor[c];
+              gk[kk][ci] += dsi * qr[c];
+            }
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < ATT_KPW; kk++) {
+    const int j = j0 + warp * ATT_KPW + kk;
+    if (j >= T) continue;
+    float *dkj = dk + (row0 + j) * ks + (int64_t)kh * hd, *dvj = dv + (row0 + j) * ks + (int64_t)kh * hd;
+#pragma unroll
+    for (int ci = 0; ci < ATT_MAXC; ci++) {
+      const int c = lane + 32 * ci;
+      if (c < hd) {
+        dkj[c] += gk[kk][ci];
+        dvj[c] += gv[kk][ci];
+      }
+    }
+  }
+}
+
+static int attn_args_ok(mc_backend *be, const char *op, int n_seq, int T, int H, int KV, int hd) {
+  if (n_seq <= 0 || T <= 0 || H <= 0) return 0;
+  if (hd <= 0 || hd > 32 * ATT_MAXC || KV <= 0 || H % KV || n_seq > 65535 || H > 65535) {
+    mc_cuda_fail(be, "%s: unsupported shape n_seq=%d H=%d KV=%d head_dim=%d (head_dim 1..%d, H a multiple of KV)",
+                 op, n_seq, H, KV, hd, 32 * ATT_MAXC);
+    return 0;
+  }
+  return 1;
+}
+
+/* Dynamic shared memory above 48 KB needs the kernel's limit raised first. */
+static int smem_ok(mc_backend *be, const void *kernel, size_t bytes, const char *op) {
+  if (bytes <= 48 * 1024) return 1;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    mc_cuda_fail(be, "%s: %zu bytes of shared memory: %s", op, bytes, cudaGetErrorString(e));
+    return 0;
+  }
+  return 1;
+}
+
+static void cu_attn_fwd(mc_backend *be, const float *q, const float *k, const float *v, int n_seq, int T, int H, int KV,
+                        int hd, float *out, float *lse) {
+  if (!attn_args_ok(be, "attn_fwd", n_seq, T, H, KV, hd)) return;
+  size_t smem = (size_t)(ATT_FQ * hd + ATT_KT * (hd + 1) + ATT_KT * hd) * sizeof(float);
+  if (!smem_ok(be, (const void *)k_attn_fwd, smem, "attn_fwd")) return;
+  dim3 grid((unsigned)((T + ATT_FQ - 1) / ATT_FQ), (unsigned)H, (unsigned)n_seq);
+  k_attn_fwd<<<grid, ATT_WARPS * 32, smem, mc_cu_stream(be)>>>(q, k, v, T, H, KV, hd, 1.0f / sqrtf((float)hd), out,
+                                                               lse);
+  mc_cuda_check(be, "attn_fwd");
+}
+
+static void cu_attn_bwd(mc_backend *be, const float *q, const float *k, const float *v, const float *out,
+                        const float *lse, const float *dout, int n_seq, int T, int H, int KV, int hd, float *dq,
+                        float *dk, float *dv) {
+  if (!attn_args_ok(be, "attn_bwd", n_seq, T, H, KV, hd)) return;
+  const int64_t rows = (int64_t)n_seq * T;
+  float *D = (float *)mc_cuda_scratch(be, (size_t)rows * H * sizeof(float), "attn_bwd");
+  if (!D) return;
+  const float scale = 1.0f / sqrtf((float)hd);
+  cudaStream_t st = mc_cu_stream(be);
+  int64_t items = rows * H;
+  k_attn_delta<<<(unsigned)((items + 7) / 8 < (1 << 20) ? (items + 7) / 8 : (1 << 20)), 256, 0, st>>>(out, dout, items,
+                                                                                                        hd, D);
+  size_t smem_q = (size_t)(2 * ATT_FQ * hd + 2 * ATT_KT * (hd + 1)) * sizeof(float);
+  size_t smem_kv = (size_t)(2 * ATT_QT * (hd + 1) + 2 * ATT_BK * hd + 2 * ATT_QT) * sizeof(float);
+  if (!smem_ok(be, (const void *)k_attn_dq, smem_q, "attn_bwd") ||
+      !smem_ok(be, (const void *)k_attn_dkv, smem_kv, "attn_bwd"))
+    return;
+  dim3 gq((unsigned)((T + ATT_FQ - 1) / ATT_FQ), (unsigned)H, (unsigned)n_seq);
+  k_attn_dq<<<gq, ATT_WARPS * 32, smem_q, st>>>(q, k, v, lse, D, dout, T, H, KV, hd, scale, dq);
+  dim3 gk((unsigned)((T + ATT_BK - 1) / ATT_BK), (unsigned)KV, (unsigned)n_seq);
+  k_attn_dkv<<<gk, ATT_WARPS * 32, smem_kv, st>>>(q, k, v, lse, D, dout, T, H, KV, hd, scale, dk, dv);
+  mc_cuda_check(be, "attn_bwd");
+}
+
+void mc_cuda_install_attn(mc_backend *be) {
+  be->attn_fwd = cu_attn_fwd;
+  be->attn_bwd = cu_attn_bwd;
+}

@@ -1,0 +1,169 @@
+/* The CUDA backend: device selection, memory, the sticky failure record, scratch memory and
+ * the op table (each source file installs its ops). Everything is queued on one stream;
+ * to_host and from_host return only when the copy is complete, like the CPU backend. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend_cuda.h"
+#include "kernels/cuda/cuda_common.h"
+
+void mc_cuda_fail(mc_backend *be, const char *fmt, ...) {
+  mc_cuda_ctx *c = mc_cu(be);
+  if (c->failed) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->failure, sizeof c->failure, fmt, ap);
+  va_end(ap);
+  c->failed = 1;
+}
+
+void mc_cuda_check(mc_backend *be, const char *op) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) mc_cuda_fail(be, "%s: %s", op, cudaGetErrorString(e));
+}
+
+void *mc_cuda_scratch(mc_backend *be, size_t bytes, const char *op) {
+  mc_cuda_ctx *c = mc_cu(be);
+  if (bytes <= c->scratch_bytes) return c->scratch;
+  /* cudaFree waits for queued work, so no earlier op still reads the old buffer. */
+  if (c->scratch) cudaFree(c->scratch);
+  c->scratch = NULL;
+  c->scratch_bytes = 0;
+  size_t want = bytes + bytes / 4;
+  if (cudaMalloc(&c->scratch, want) != cudaSuccess) {
+    cudaGetLastError();
+    c->scratch = NULL;
+    mc_cuda_fail(be, "%s: out of device memory for %zu bytes of scratch", op, bytes);
+    return NULL;
+  }
+  c->scratch_bytes = want;
+  return c->scratch;
+}
+
+__global__ void mc_k_colsum_finish(const double *part, int parts, int cols, float *out) {
+  MC_CU_FOR(j, cols) {
+    double t = 0.0;
+    for (int p = 0; p < parts; p++) t += part[(int64_t)p * cols + j];
+    out[j] += (float)t;
+  }
+}
+
+static void *cu_alloc(mc_backend *be, size_t bytes) {
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+  if (e != cudaSuccess) {
+    cudaGetLastError(); /* allocation failures are not sticky; clear it */
+    mc_error("cuda backend: cannot allocate %zu bytes of device memory: %s", bytes, cudaGetErrorString(e));
+    return NULL;
+  }
+  e = cudaMemsetAsync(p, 0, bytes ? bytes : 1, mc_cu_stream(be));
+  if (e != cudaSuccess) {
+    cudaFree(p);
+    mc_error("cuda backend: cannot zero %zu bytes of device memory: %s", bytes, cudaGetErrorString(e));
+    return NULL;
+  }
+  return p;
+}
+
+static void cu_free(mc_backend *be, void *p) {
+  if (!p) return;
+  cudaError_t e = cudaFree(p);
+  if (e != cudaSuccess) mc_cuda_fail(be, "free: %s", cudaGetErrorString(e));
+}
+
+static void cu_copy_sync(mc_backend *be, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                         const char *op) {
+  if (!bytes) return;
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, mc_cu_stream(be));
+  if (e == cudaSuccess) e = cudaStreamSynchronize(mc_cu_stream(be));
+  if (e != cudaSuccess) mc_cuda_fail(be, "%s of %zu bytes: %s", op, bytes, cudaGetErrorString(e));
+}
+
+static void cu_to_host(mc_backend *be, void *host_dst, const void *src, size_t bytes) {
+  cu_copy_sync(be, host_dst, src, bytes, cudaMemcpyDeviceToHost, "to_host");
+}
+
+static void cu_from_host(mc_backend *be, void *dst, const void *host_src, size_t bytes) {
+  cu_copy_sync(be, dst, host_src, bytes, cudaMemcpyHostToDevice, "from_host");
+}
+
+static int cu_sync(mc_backend *be) {
+  mc_cuda_ctx *c = mc_cu(be);
+  cudaError_t e = cudaStreamSynchronize(c->stream);
+  if (e != cudaSuccess) mc_cuda_fail(be, "queued work failed: %s", cudaGetErrorString(e));
+  if (!c->failed) return 0;
+  c->failed = 0;
+  return mc_error("cuda backend (device %d): %s", c->device, c->failure);
+}
+
+int mc_cuda_device_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+#define MC_CUDA_MAX_DEVICES 64
+static mc_backend *instances[MC_CUDA_MAX_DEVICES];
+
+mc_backend *mc_backend_cuda(int device) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    mc_error("cuda backend: no usable CUDA device: %s", cudaGetErrorString(e));
+    return NULL;
+  }
+  if (device < 0 || device >= n || device >= MC_CUDA_MAX_DEVICES) {
+    mc_error("cuda backend: device %d does not exist (%d CUDA device%s)", device, n, n == 1 ? "" : "s");
+    return NULL;
+  }
+  if (instances[device]) return instances[device];
+  mc_backend *be = (mc_backend *)calloc(1, sizeof *be);
+  mc_cuda_ctx *c = (mc_cuda_ctx *)calloc(1, sizeof *c);
+  if (!be || !c) {
+    free(be), free(c);
+    mc_error("cuda backend: out of host memory");
+    return NULL;
+  }
+  c->device = device;
+  const char *step = "cudaSetDevice";
+  e = cudaSetDevice(device);
+  if (e == cudaSuccess) step = "cudaStreamCreate", e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess)
+    step = "cudaMalloc", e = cudaMalloc((void **)&c->red, (MC_CUDA_RED_BLOCKS + 1) * sizeof(double));
+  if (e != cudaSuccess) {
+    mc_error("cuda backend: device %d: %s failed: %s", device, step, cudaGetErrorString(e));
+    cudaGetLastError();
+    free(be), free(c);
+    return NULL;
+  }
+  cublasStatus_t st = cublasCreate(&c->blas);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetStream(c->blas, c->stream);
+  /* fp32 reference mode: plain FFMA products, no TF32 rounding of the operands */
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    mc_error("cuda backend: device %d: cuBLAS set-up failed: %s", device, cublasGetStatusString(st));
+    free(be), free(c);
+    return NULL;
+  }
+  be->name = "cuda";
+  be->ctx = c;
+  be->alloc = cu_alloc;
+  be->free = cu_free;
+  be->to_host = cu_to_host;
+  be->from_host = cu_from_host;
+  be->sync = cu_sync;
+  mc_cuda_install_elem(be);
+  mc_cuda_install_gemm(be);
+  mc_cuda_install_rows(be);
+  mc_cuda_install_attn(be);
+  mc_cuda_install_scan(be);
+  mc_cuda_install_moe(be);
+  instances[device] = be;
+  return be;
+}

@@ -1,0 +1,116 @@
+/* Shared pieces of the CUDA backend's sources: the private context, the sticky failure
+ * record, launch helpers, device math shared with the CPU reference and a deterministic
+ * column-sum used by every "add over rows" weight gradient. C++ (nvcc) only. */
+#ifndef MC_KERNELS_CUDA_COMMON_H
+#define MC_KERNELS_CUDA_COMMON_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+extern "C" {
+#include "kernels/ops.h"
+#include "util/error.h"
+}
+
+typedef struct {
+  int device;
+  cudaStream_t stream;
+  cublasHandle_t blas;
+  int failed;         /* a failure was recorded since the last sync */
+  char failure[512];  /* the first one */
+  void *scratch;      /* op-private temporary memory, grown on demand, stream ordered */
+  size_t scratch_bytes;
+  double *red;        /* sumsq partial sums (MC_CUDA_RED_BLOCKS + 1 doubles) */
+} mc_cuda_ctx;
+
+#define MC_CUDA_THREADS 256
+#define MC_CUDA_RED_BLOCKS 1024
+
+static inline mc_cuda_ctx *mc_cu(mc_backend *be) { return (mc_cuda_ctx *)be->ctx; }
+static inline cudaStream_t mc_cu_stream(mc_backend *be) { return mc_cu(be)->stream; }
+
+/* Records a failure (the first one since the last sync is kept and reported by sync). */
+void mc_cuda_fail(mc_backend *be, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Checks the last launch; records "<op>: <CUDA error>" on failure. */
+void mc_cuda_check(mc_backend *be, const char *op);
+/* Temporary device memory of at least `bytes` for the op in progress; NULL (failure
+ * recorded) when it cannot be allocated. Valid until the next op that asks for scratch. */
+void *mc_cuda_scratch(mc_backend *be, size_t bytes, const char *op);
+
+/* Blocks for a grid-stride loop over n items (capped; the loop covers the rest). */
+static inline unsigned mc_cu_grid(int64_t n) {
+  int64_t b = (n + MC_CUDA_THREADS - 1) / MC_CUDA_THREADS;
+  if (b < 1) b = 1;
+  if (b > (1 << 20)) b = 1 << 20;
+  return (unsigned)b;
+}
+
+#define MC_CU_FOR(i, n)                                                             \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (int64_t)(n); \
+       i += (int64_t)gridDim.x * blockDim.x)
+
+/* The table installers, one per source file. */
+void mc_cuda_install_elem(mc_backend *be);
+void mc_cuda_install_gemm(mc_backend *be);
+void mc_cuda_install_rows(mc_backend *be);
+void mc_cuda_install_attn(mc_backend *be);
+void mc_cuda_install_scan(mc_backend *be);
+void mc_cuda_install_moe(mc_backend *be);
+
+/* ---- device math: the same formulas as kernels/cpu/cpu.h and cpu_act.c */
+static __device__ __forceinline__ float mc_d_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+static __device__ __forceinline__ float mc_d_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+static __device__ __forceinline__ float mc_d_warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+static __device__ __forceinline__ double mc_d_warp_sumd(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+static __device__ __forceinline__ float mc_d_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/* ---- column sums: out[col] += sum over rows of f(row, col), accumulated in double in a
+ * fixed order (row stripes, then stripes in order), so results do not depend on timing. */
+#define MC_COLSUM_STRIPES 8
+template <class F>
+__global__ void mc_k_colsum_part(F f, int rows, int cols, int rows_per_part, double *part) {
+  __shared__ double sh[MC_COLSUM_STRIPES][33];
+  int col = blockIdx.x * 32 + threadIdx.x;
+  int r0 = blockIdx.y * rows_per_part;
+  int r1 = r0 + rows_per_part < rows ? r0 + rows_per_part : rows;
+  double s = 0.0;
+  if (col < cols)
+    for (int r = r0 + threadIdx.y; r < r1; r += MC_COLSUM_STRIPES) s += f(r, col);
+  sh[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    double t = 0.0;
+    for (int i = 0; i < MC_COLSUM_STRIPES; i++) t += sh[i][threadIdx.x];
+    part[(int64_t)blockIdx.y * cols + col] = t;
+  }
+}
+
+__global__ void mc_k_colsum_finish(const double *part, int parts, int cols, float *out);
+
+template <class F>
+void mc_cuda_colsum(mc_backend *be, F f, int rows, int cols, float *out, const char *op) {
+  if (rows <= 0 || cols <= 0) return;
+  int parts = (rows + 511) / 512;
+  if (parts > 128) parts = 128;
+  int rpp = (rows + parts - 1) / parts;
+  double *part = (double *)mc_cuda_scratch(be, (size_t)parts * cols * sizeof(double), op);
+  if (!part) return;
+  dim3 grid((unsigned)((cols + 31) / 32), (unsigned)parts), block(32, MC_COLSUM_STRIPES);
+  mc_k_colsum_part<<<grid, block, 0, mc_cu_stream(be)>>>(f, rows, cols, rpp, part);
+  mc_k_colsum_finish<<<mc_cu_grid(cols), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(part, parts, cols, out);
+  mc_cuda_check(be, op);
+}
+
+#endif

@@ -1,0 +1,272 @@
+/* MoE routing and the token permutation, by the routing contract of kernels/cpu/cpu_moe.c:
+ * softmax and top-k per row (one thread per row), then capacity, statistics and slots per
+ * (sequence, expert) walking the sequence in token order, so the decisions are exactly the
+ * CPU's. Permutations are gathers or one-writer scatters (slots are unique): no atomics. */
+#include "kernels/cuda/cuda_common.h"
+
+__global__ void k_route_rows(const float *logits, int n, int E, int k, float *probs, int32_t *idx, float *gate) {
+  MC_CU_FOR(r, n) {
+    const float *lr = logits + r * E;
+    float *pr = probs + r * E;
+    int32_t *ir = idx + r * k;
+    float m = -INFINITY;
+    for (int e = 0; e < E; e++) m = lr[e] > m ? lr[e] : m;
+    double sum = 0.0;
+    for (int e = 0; e < E; e++) {
+      pr[e] = expf(lr[e] - m);
+      sum += pr[e];
+    }
+    for (int e = 0; e < E; e++) pr[e] = (float)(pr[e] / sum);
+    double gs = 0.0;
+    for (int j = 0; j < k; j++) {
+      int best = -1;
+      for (int e = 0; e < E; e++) {
+        int taken = 0;
+        for (int i = 0; i < j; i++) taken |= ir[i] == e;
+        if (!taken && (best < 0 || pr[e] > pr[best])) best = e;
+      }
+      ir[j] = best;
+      gs += pr[best];
+    }
+    for (int j = 0; j < k; j++) gate[r * k + j] = (float)(pr[ir[j]] / gs);
+  }
+}
+
+/* Per (sequence, expert): kept and dropped assignments in token order, f and mean prob. */
+__global__ void k_route_seq(const float *probs, const int32_t *idx, int n_seq, int T, int E, int k, int capacity,
+                            int32_t *slot, float *f, int32_t *keep, int32_t *drop, double *pbar) {
+  MC_CU_FOR(it, (int64_t)n_seq * E) {
+    const int e = (int)(it % E);
+    const int64_t s = it / E;
+    int seen = 0, kept = 0, dropped = 0;
+    double P = 0.0;
+    for (int t = 0; t < T; t++) {
+      const int64_t r = s * T + t;
+      P += probs[r * E + e];
+      for (int j = 0; j < k; j++) {
+        if (idx[r * k + j] != e) continue;
+        if (capacity > 0 && seen >= capacity) {
+          slot[r * k + j] = -1;
+          dropped++;
+        } else {
+          kept++;
+        }
+        seen++;
+      }
+    }
+    f[it] = (float)((double)seen / ((double)k * T));
+    pbar[it] = P / T;
+    keep[it] = kept;
+    drop[it] = dropped;
+  }
+}
+
+/* counts, expert offsets, per-(sequence, expert) slot bases, aux and dropped: one block. */
+__global__ void k_route_totals(const int32_t *keep, const int32_t *drop, const float *f, const double *pbar, int n_seq,
+                               int E, int32_t *counts, int32_t *base, float *aux, int32_t *dropped) {
+  extern __shared__ int32_t off[];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int c = 0;
+    for (int s = 0; s < n_seq; s++) c += keep[(int64_t)s * E + e];
+    counts[e] = c;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int o = 0;
+    for (int e = 0; e < E; e++) off[e] = o, o += counts[e];
+    int64_t nd = 0;
+    for (int64_t i = 0; i < (int64_t)n_seq * E; i++) nd += drop[i];
+    *dropped = (int32_t)nd;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int b = off[e];
+    for (int s = 0; s < n_seq; s++) {
+      base[(int64_t)s * E + e] = b;
+      b += keep[(int64_t)s * E + e];
+    }
+  }
+  for (int s = threadIdx.x; s < n_seq; s += blockDim.x) {
+    double a = 0.0;
+    for (int e = 0; e < E; e++) a += f[(int64_t)s * E + e] * pbar[(int64_t)s * E + e];
+    aux[s] = (float)(E * a);
+  }
+}
+
+__global__ void k_route_slots(const int32_t *idx, const int32_t *base, int n_seq, int T, int E, int k, int capacity,
+                              int32_t *slot) {
+  MC_CU_FOR(it, (int64_t)n_seq * E) {
+    const int e = (int)(it % E);
+    const int64_t s = it / E;
+    int seen = 0, b = base[it];
+    for (int t = 0; t < T; t++) {
+      const int64_t r = s * T + t;
+      for (int j = 0; j < k; j++) {
+        if (idx[r * k + j] != e) continue;
+        if (!(capacity > 0 && seen >= capacity)) slot[r * k + j] = b++;
+        seen++;
+      }
+    }
+  }
+}
+
+static void cu_moe_route(mc_backend *be, const float *logits, int n_seq, int T, int E, int k, int capacity,
+                         float *probs, int32_t *idx, float *gate, int32_t *slot, int32_t *counts, float *f, float *aux,
+                         int32_t *dropped) {
+  const int n = n_seq * T;
+  if (n <= 0 || E <= 0) return;
+  if (k <= 0 || k > E) {
+    mc_cuda_fail(be, "moe_route: top_k %d outside 1..%d experts", k, E);
+    return;
+  }
+  const int64_t se = (int64_t)n_seq * E;
+  const size_t ibytes = ((size_t)3 * se * sizeof(int32_t) + 7) / 8 * 8;
+  char *scr = (char *)mc_cuda_scratch(be, ibytes + (size_t)se * sizeof(double), "moe_route");
+  if (!scr) return;
+  int32_t *keep = (int32_t *)scr, *drop = keep + se, *base = drop + se;
+  double *pbar = (double *)(scr + ibytes);
+  cudaStream_t st = mc_cu_stream(be);
+  k_route_rows<<<mc_cu_grid(n), MC_CUDA_THREADS, 0, st>>>(logits, n, E, k, probs, idx, gate);
+  k_route_seq<<<mc_cu_grid(se), MC_CUDA_THREADS, 0, st>>>(probs, idx, n_seq, T, E, k, capacity, slot, f, keep, drop,
+                                                          pbar);
+  k_route_totals<<<1, MC_CUDA_THREADS, (size_t)E * sizeof(int32_t), st>>>(keep, drop, f, pbar, n_seq, E, counts, base,
+                                                                          aux, dropped);
+  k_route_slots<<<mc_cu_grid(se), MC_CUDA_THREADS, 0, st>>>(idx, base, n_seq, T, E, k, capacity, slot);
+  mc_cuda_check(be, "moe_route");
+}
+
+/* dp_e = aux_scale E f_e / T plus, for a chosen e, (dgate_j - G) / s; the CPU's float/double
+ * mix is kept so both backends round alike. */
+static __device__ float route_dp(int e, const int32_t *ir, const float *dgr, const float *fr, int E, int T, int k,
+                                 float aux_scale, double s, double G) {
+  float dp = aux_scale * E * fr[e] / T;
+  for (int j = 0; j < k; j++)
+    if (ir[j] == e) dp += (float)((dgr[j] - G) / s);
+  return dp;
+}
+
+__global__ void k_route_bwd(const float *probs, const int32_t *idx, const float *gate, const float *dgate,
+                            const float *f, int n, int T, int E, int k, float aux_scale, float *dlogits) {
+  MC_CU_FOR(r, n) {
+    const float *pr = probs + r * E, *fr = f + (r / T) * E, *dgr = dgate + r * k;
+    const int32_t *ir = idx + r * k;
+    double s = 0.0, G = 0.0;
+    for (int j = 0; j < k; j++) {
+      s += pr[ir[j]];
+      G += (double)dgr[j] * gate[r * k + j];
+    }
+    double pd = 0.0;
+    for (int e = 0; e < E; e++) pd += (double)pr[e] * route_dp(e, ir, dgr, fr, E, T, k, aux_scale, s, G);
+    for (int e = 0; e < E; e++)
+      dlogits[r * E + e] += pr[e] * (route_dp(e, ir, dgr, fr, E, T, k, aux_scale, s, G) - (float)pd);
+  }
+}
+
+static void cu_moe_route_bwd(mc_backend *be, const float *probs, const int32_t *idx, const float *gate,
+                             const float *dgate, const float *f, int n_seq, int T, int E, int k, float aux_scale,
+                             float *dlogits) {
+  const int n = n_seq * T;
+  if (n <= 0 || E <= 0) return;
+  k_route_bwd<<<mc_cu_grid(n), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(probs, idx, gate, dgate, f, n, T, E, k,
+                                                                       aux_scale, dlogits);
+  mc_cuda_check(be, "moe_route_bwd");
+}
+
+__global__ void k_permute(const float *x, const int32_t *slot, int n, int k, int d, float *xp) {
+  MC_CU_FOR(i, (int64_t)n * k * d) {
+    const int64_t rj = i / d;
+    const int c = (int)(i % d), sl = slot[rj];
+    if (sl >= 0) xp[(int64_t)sl * d + c] = x[(rj / k) * d + c];
+  }
+}
+
+__global__ void k_permute_bwd(const float *dxp, const int32_t *slot, int n, int k, int d, float *dx) {
+  MC_CU_FOR(i, (int64_t)n * d) {
+    const int64_t r = i / d;
+    const int c = (int)(i % d);
+    float acc = dx[i];
+    for (int j = 0; j < k; j++) {
+      const int sl = slot[r * k + j];
+      if (sl >= 0) acc += dxp[(int64_t)sl * d + c];
+    }
+    dx[i] = acc;
+  }
+}
+
+__global__ void k_unpermute(const float *yp, const int32_t *slot, const float *gate, int n, int k, int d, float *y) {
+  MC_CU_FOR(i, (int64_t)n * d) {
+    const int64_t r = i / d;
+    const int c = (int)(i % d);
+    float acc = y[i];
+    for (int j = 0; j < k; j++) {
+      const int sl = slot[r * k + j];
+      if (sl >= 0) acc += gate[r * k + j] * yp[(int64_t)sl * d + c];
+    }
+    y[i] = acc;
+  }
+}
+
+__global__ void k_unpermute_bwd_dyp(const float *dy, const int32_t *slot, const float *gate, int n, int k, int d,
+                                    float *dyp) {
+  MC_CU_FOR(i, (int64_t)n * k * d) {
+    const int64_t rj = i / d;
+    const int c = (int)(i % d), sl = slot[rj];
+    if (sl >= 0) dyp[(int64_t)sl * d + c] += gate[rj] * dy[(rj / k) * d + c];
+  }
+}
+
+/* dgate[r, j] += dy[r, :] . yp[slot, :]: one warp per assignment, double accumulation. */
+__global__ void k_unpermute_bwd_dgate(const float *dy, const float *yp, const int32_t *slot, int n, int k, int d,
+                                      float *dgate) {
+  const int lane = threadIdx.x % 32;
+  for (int64_t rj = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; rj < (int64_t)n * k;
+       rj += (int64_t)gridDim.x * (blockDim.x / 32)) {
+    const int sl = slot[rj];
+    if (sl < 0) continue;
+    const float *a = dy + (rj / k) * d, *b = yp + (int64_t)sl * d;
+    double s = 0.0;
+    for (int c = lane; c < d; c += 32) s += (double)a[c] * b[c];
+    s = mc_d_warp_sumd(s);
+    if (lane == 0) dgate[rj] += (float)s;
+  }
+}
+
+static void cu_moe_permute(mc_backend *be, const float *x, const int32_t *slot, int n, int k, int d, float *xp) {
+  if ((int64_t)n * k * d <= 0) return;
+  k_permute<<<mc_cu_grid((int64_t)n * k * d), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(x, slot, n, k, d, xp);
+  mc_cuda_check(be, "moe_permute");
+}
+
+static void cu_moe_permute_bwd(mc_backend *be, const float *dxp, const int32_t *slot, int n, int k, int d, float *dx) {
+  if ((int64_t)n * d <= 0) return;
+  k_permute_bwd<<<mc_cu_grid((int64_t)n * d), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(dxp, slot, n, k, d, dx);
+  mc_cuda_check(be, "moe_permute_bwd");
+}
+
+static void cu_moe_unpermute(mc_backend *be, const float *yp, const int32_t *slot, const float *gate, int n, int k,
+                             int d, float *y) {
+  if ((int64_t)n * d <= 0) return;
+  k_unpermute<<<mc_cu_grid((int64_t)n * d), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(yp, slot, gate, n, k, d, y);
+  mc_cuda_check(be, "moe_unpermute");
+}
+
+static void cu_moe_unpermute_bwd(mc_backend *be, const float *dy, const float *yp, const int32_t *slot,
+                                 const float *gate, int n, int k, int d, float *dyp, float *dgate) {
+  const int64_t items = (int64_t)n * k;
+  if (items * d <= 0) return;
+  cudaStream_t st = mc_cu_stream(be);
+  k_unpermute_bwd_dyp<<<mc_cu_grid(items * d), MC_CUDA_THREADS, 0, st>>>(dy, slot, gate, n, k, d, dyp);
+  int64_t blocks = (items + 7) / 8;
+  k_unpermute_bwd_dgate<<<(unsigned)(blocks < (1 << 20) ? blocks : (1 << 20)), 256, 0, st>>>(dy, yp, slot, n, k, d,
+                                                                                             dgate);
+  mc_cuda_check(be, "moe_unpermute_bwd");
+}
+
+void mc_cuda_install_moe(mc_backend *be) {
+  be->moe_route = cu_moe_route;
+  be->moe_route_bwd = cu_moe_route_bwd;
+  be->moe_permute = cu_moe_permute;
+  be->moe_permute_bwd = cu_moe_permute_bwd;
+  be->moe_unpermute = cu_moe_unpermute;
+  be->moe_unpermute_bwd = cu_moe_unpermute_bwd;
+}

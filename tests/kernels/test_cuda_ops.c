@@ -1,0 +1,528 @@
+/* The CUDA backend against the CPU reference, op by op, forward and backward, on random
+ * inputs. Gradient buffers start from the same random values on both backends (backward
+ * ops add), forward outputs start as NaN on the GPU (every element must be written), and
+ * each result is compared by the norm-wise relative error |gpu - cpu| / |cpu| against a
+ * tolerance stated per op below. Integer outputs (routing) must match exactly.
+ * Without a CUDA build or a GPU it prints "SKIP: no CUDA device" and passes. */
+#include <string.h>
+
+#include "tests/kernels/kcheck.h"
+#ifdef MC_HAVE_CUDA
+#include "kernels/backend_cuda.h"
+
+/* Tolerances (norm-wise relative error), fp32 on both sides:
+ * - TOL_EXACT: the same float operations per element; only FMA contraction and the
+ *   device libm (expf, erff, log1pf: <= 2 ulp) differ, a few 1e-8.
+ * - TOL_SUM: reductions in double on both sides, summed in another order.
+ * - TOL_GEMM: fp32 products, cuBLAS blocks and orders the K sum differently (~sqrt(K) eps).
+ * - TOL_ATTN: the online softmax rescales partial sums and the backward sums over keys or
+ *   queries in tiles of 32 instead of one running float sum.
+ * - TOL_SCAN: long fp32 recurrences (T steps) whose per-step sums run in another order;
+ *   ssm_bwd adds dB, dC, ddt with float atomics over channels. */
+#define TOL_EXACT 1e-6
+#define TOL_SUM 1e-6
+#define TOL_GEMM 1e-5
+#define TOL_ATTN 1e-5
+#define TOL_SCAN 1e-5
+
+static mc_backend *cpu, *gpu;
+
+/* ------------------------------------------------------------------ buffers of one case */
+#define MAX_PTRS 512
+static void *dev_ptrs[MAX_PTRS], *host_ptrs[MAX_PTRS];
+static int n_dev, n_host;
+static uint64_t stream_no = 5000;
+
+static void *track_host(void *p) {
+  if (n_host < MAX_PTRS) host_ptrs[n_host++] = p;
+  return p;
+}
+
+static void *dalloc(size_t bytes) {
+  void *p = gpu->alloc(gpu, bytes);
+  if (!p) {
+    fprintf(stderr, "device allocation of %zu bytes failed: %s\n", bytes, mc_errmsg());
+    exit(1);
+  }
+  if (n_dev < MAX_PTRS) dev_ptrs[n_dev++] = p;
+  return p;
+}
+
+static void case_end(void) {
+  for (int i = 0; i < n_dev; i++) gpu->free(gpu, dev_ptrs[i]);
+  for (int i = 0; i < n_host; i++) free(host_ptrs[i]);
+  n_dev = n_host = 0;
+}
+
+static float *hrand(int64_t n, float scale) { return track_host(kc_rand(n, stream_no++, scale)); }
+static float *hzeros(int64_t n) { return track_host(kc_zeros(n)); }
+static float *hcopy(const float *x, int64_t n) {
+  float *y = track_host(malloc((size_t)(n ? n : 1) * sizeof(float)));
+  memcpy(y, x, (size_t)n * sizeof(float));
+  return y;
+}
+static float *up(const float *h, int64_t n) {
+  float *d = dalloc((size_t)(n ? n : 1) * sizeof(float));
+  gpu->from_host(gpu, d, h, (size_t)n * sizeof(float));
+  return d;
+}
+static int32_t *upi(const int32_t *h, int64_t n) {
+  int32_t *d = dalloc((size_t)(n ? n : 1) * sizeof(int32_t));
+  gpu->from_host(gpu, d, h, (size_t)n * sizeof(int32_t));
+  return d;
+}
+/* A device buffer full of NaN: a forward output that must be written everywhere. */
+static float *dnan(int64_t n) {
+  float *h = track_host(malloc((size_t)(n ? n : 1) * sizeof(float)));
+  for (int64_t i = 0; i < n; i++) h[i] = NAN;
+  return up(h, n);
+}
+static float *down(const float *d, int64_t n) {
+  float *h = track_host(malloc((size_t)(n ? n : 1) * sizeof(float)));
+  gpu->to_host(gpu, h, d, (size_t)n * sizeof(float));
+  return h;
+}
+static int32_t *downi(const int32_t *d, int64_t n) {
+  int32_t *h = track_host(malloc((size_t)(n ? n : 1) * sizeof(int32_t)));
+  gpu->to_host(gpu, h, d, (size_t)n * sizeof(int32_t));
+  return h;
+}
+
+/* ------------------------------------------------------------------ comparison */
+static double worst_ratio = 0.0;
+
+static void cmp(const char *op, const float *g_dev, const float *ref, int64_t n, double tol) {
+  const float *g = down(g_dev, n);
+  double num = 0.0, den = 0.0, maxabs = 0.0;
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (isfinite(ref[i]) != isfinite(g[i])) bad++;
+    if (!isfinite(ref[i]) || !isfinite(g[i])) continue;
+    double d = (double)g[i] - ref[i];
+    num += d * d;
+    den += (double)ref[i] * ref[i];
+    if (fabs(d) > maxabs) maxabs = fabs(d);
+  }
+  double rel = bad ? INFINITY : (den > 0 ? sqrt(num / den) : sqrt(num));
+  printf("  %-26s %9lld  rel %.2e  max|d| %.2e  tol %.0e  %s\n", op, (long long)n, rel, maxabs, tol,
+         rel <= tol ? "ok" : "FAIL");
+  if (rel / tol > worst_ratio) worst_ratio = rel / tol;
+  CHECK(rel <= tol, "%s: relative error %.3e above %.0e (%lld non-finite mismatches)", op, rel, tol, (long long)bad);
+}
+
+static void cmpi(const char *op, const int32_t *g_dev, const int32_t *ref, int64_t n) {
+  const int32_t *g = downi(g_dev, n);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; i++) bad += g[i] != ref[i];
+  printf("  %-26s %9lld  mismatches %lld  %s\n", op, (long long)n, (long long)bad, bad ? "FAIL" : "ok");
+  CHECK(bad == 0, "%s: %lld of %lld integers differ", op, (long long)bad, (long long)n);
+}
+
+static void synced(const char *what) {
+  CHECK(gpu->sync(gpu) == 0, "%s: gpu sync: %s", what, mc_errmsg());
+  CHECK(cpu->sync(cpu) == 0, "%s: cpu sync: %s", what, mc_errmsg());
+}
+
+/* ------------------------------------------------------------------ elementwise */
+static void test_elementwise(void) {
+  const int64_t n = 100003;
+  float *x = hrand(n, 2), *y = hrand(n, 1), *dx = hrand(n, 1);
+  float *dX = up(x, n), *dY = up(y, n);
+  /* fill, copy, scale, axpy */
+  float *r = hcopy(y, n);
+  cpu->fill(cpu, r, n, 0.25f);
+  gpu->fill(gpu, dY, n, 0.25f);
+  cmp("fill", dY, r, n, 0.0);
+  gpu->copy(gpu, dY, dX, n);
+  cmp("copy", dY, x, n, 0.0);
+  cpu->copy(cpu, r, x, n);
+  cpu->scale(cpu, r, n, -1.5f);
+  gpu->scale(gpu, dY, n, -1.5f);
+  cmp("scale", dY, r, n, 0.0);
+  cpu->axpy(cpu, r, y, n, 0.75f);
+  gpu->axpy(gpu, dY, up(y, n), n, 0.75f);
+  cmp("axpy", dY, r, n, TOL_EXACT);
+  /* activations and gated units */
+  static const char *names[4] = {"silu", "gelu", "sigmoid", "softplus"};
+  for (int a = 0; a < 4; a++) {
+    char what[64];
+    float *yc = hzeros(n), *dyg = dnan(n);
+    cpu->act_fwd(cpu, (mc_act)a, x, yc, n);
+    gpu->act_fwd(gpu, (mc_act)a, dX, dyg, n);
+    snprintf(what, sizeof what, "act_fwd %s", names[a]);
+    cmp(what, dyg, yc, n, TOL_EXACT);
+    float *dxc = hcopy(dx, n), *ddx = up(dx, n);
+    cpu->act_bwd(cpu, (mc_act)a, x, y, dxc, n);
+    gpu->act_bwd(gpu, (mc_act)a, dX, up(y, n), ddx, n);
+    snprintf(what, sizeof what, "act_bwd %s", names[a]);
+    cmp(what, ddx, dxc, n, TOL_EXACT);
+    cpu->glu_fwd(cpu, (mc_act)a, x, y, yc, n);
+    float *dg = dnan(n);
+    gpu->glu_fwd(gpu, (mc_act)a, dX, up(y, n), dg, n);
+    snprintf(what, sizeof what, "glu_fwd %s", names[a]);
+    cmp(what, dg, yc, n, TOL_EXACT);
+    float *g = hrand(n, 1), *da = hcopy(dx, n), *db = hcopy(y, n);
+    float *dda = up(da, n), *ddb = up(db, n);
+    cpu->glu_bwd(cpu, (mc_act)a, x, y, g, da, db, n);
+    gpu->glu_bwd(gpu, (mc_act)a, dX, up(y, n), up(g, n), dda, ddb, n);
+    snprintf(what, sizeof what, "glu_bwd %s da", names[a]);
+    cmp(what, dda, da, n, TOL_EXACT);
+    snprintf(what, sizeof what, "glu_bwd %s db", names[a]);
+    cmp(what, ddb, db, n, TOL_EXACT);
+  }
+  /* bias over rows of c columns */
+  const int rows = 777, c = 129;
+  float *yb = hrand((int64_t)rows * c, 1), *b = hrand(c, 1), *dbias = hrand(c, 1);
+  float *dyb = up(yb, (int64_t)rows * c), *ddbias = up(dbias, c);
+  cpu->bias_fwd(cpu, yb, b, rows, c);
+  gpu->bias_fwd(gpu, dyb, up(b, c), rows, c);
+  cmp("bias_fwd", dyb, yb, (int64_t)rows * c, TOL_EXACT);
+  cpu->bias_bwd(cpu, yb, rows, c, dbias);
+  gpu->bias_bwd(gpu, dyb, rows, c, ddbias);
+  cmp("bias_bwd", ddbias, dbias, c, TOL_SUM);
+  /* sum of squares over more than one reduction block, in double on both sides */
+  const int64_t big = 3000017;
+  float *s = hrand(big, 1);
+  double sc = cpu->sumsq(cpu, s, big), sg = gpu->sumsq(gpu, up(s, big), big);
+  double rel = fabs(sg - sc) / sc;
+  printf("  %-26s %9lld  rel %.2e  tol 1e-12  %s\n", "sumsq", (long long)big, rel, rel <= 1e-12 ? "ok" : "FAIL");
+  CHECK(rel <= 1e-12, "sumsq %.17g vs %.17g", sg, sc);
+  /* three AdamW steps */
+  float *w = hrand(n, 1), *m = hzeros(n), *v = hzeros(n);
+  float *dw = up(w, n), *dm = up(m, n), *dv = up(v, n);
+  for (int step = 1; step <= 3; step++) {
+    float *g = hrand(n, 1);
+    mc_adamw_args aa = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f};
+    cpu->adamw(cpu, w, g, m, v, n, &aa);
+    gpu->adamw(gpu, dw, up(g, n), dm, dv, n, &aa);
+  }
+  cmp("adamw w", dw, w, n, TOL_EXACT);
+  cmp("adamw m", dm, m, n, TOL_EXACT);
+  cmp("adamw v", dv, v, n, TOL_EXACT);
+  synced("elementwise");
+  case_end();
+}
+
+/* ------------------------------------------------------------------ gemm */
+static void test_gemm(void) {
+  const int M = 67, N = 45, K = 129;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      /* padded leading dimensions: the interface's lda/ldb/ldc are row strides as stored */
+      int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+      int64_t na = (int64_t)(ta ? K : M) * lda, nb = (int64_t)(tb ? N : K) * ldb, nc = (int64_t)M * ldc;
+      float *A = hrand(na, 1), *B = hrand(nb, 1), *C = hrand(nc, 1);
+      float *dC = up(C, nc);
+      cpu->gemm(cpu, ta, tb, M, N, K, 0.7f, A, lda, B, ldb, 0.3f, C, ldc);
+      gpu->gemm(gpu, ta, tb, M, N, K, 0.7f, up(A, na), lda, up(B, nb), ldb, 0.3f, dC, ldc);
+      char what[32];
+      snprintf(what, sizeof what, "gemm ta=%d tb=%d", ta, tb);
+      cmp(what, dC, C, nc, TOL_GEMM);
+    }
+  /* strided batch */
+  const int batch = 3;
+  float *A = hrand((int64_t)batch * M * K, 1), *B = hrand((int64_t)batch * K * N, 1), *C = hrand((int64_t)batch * M * N, 1);
+  float *dC = up(C, (int64_t)batch * M * N);
+  cpu->gemm_strided(cpu, 0, 1, M, N, K, 1.0f, A, K, (int64_t)M * K, B, K, (int64_t)K * N, 1.0f, C, N, (int64_t)M * N, batch);
+  gpu->gemm_strided(gpu, 0, 1, M, N, K, 1.0f, up(A, (int64_t)batch * M * K), K, (int64_t)M * K,
+                    up(B, (int64_t)batch * K * N), K, (int64_t)K * N, 1.0f, dC, N, (int64_t)M * N, batch);
+  cmp("gemm_strided", dC, C, (int64_t)batch * M * N, TOL_GEMM);
+  /* grouped, the expert shapes: rows 30, 0, 51 -> Y = X W_e^T, then dW_e += dY_e^T X_e (K = rows, 0 for
+   * the empty expert, whose dW must stay as it was) */
+  const int E = 3, d = 40, F = 56, rows[3] = {30, 0, 51}, total = 81;
+  float *X = hrand((int64_t)total * d, 1), *W = hrand((int64_t)E * F * d, 1), *Y = hrand((int64_t)total * F, 1);
+  float *dX = up(X, (int64_t)total * d), *dW = up(W, (int64_t)E * F * d), *dY = up(Y, (int64_t)total * F);
+  int Ms[3], Ns[3], Ks[3];
+  int64_t ao[3], bo[3], co[3];
+  for (int e = 0, off = 0; e < E; off += rows[e], e++) {
+    Ms[e] = rows[e], Ns[e] = F, Ks[e] = d;
+    ao[e] = (int64_t)off * d, bo[e] = (int64_t)e * F * d, co[e] = (int64_t)off * F;
+  }
+  cpu->gemm_grouped(cpu, 0, 1, E, Ms, Ns, Ks, 1.0f, X, ao, d, W, bo, d, 0.0f, Y, co, F);
+  gpu->gemm_grouped(gpu, 0, 1, E, Ms, Ns, Ks, 1.0f, dX, ao, d, dW, bo, d, 0.0f, dY, co, F);
+  cmp("gemm_grouped fwd", dY, Y, (int64_t)total * F, TOL_GEMM);
+  float *G = hrand((int64_t)E * F * d, 1), *dG = up(G, (int64_t)E * F * d);
+  for (int e = 0; e < E; e++) {
+    Ms[e] = F, Ns[e] = d, Ks[e] = rows[e];
+    int64_t t = ao[e];
+    ao[e] = co[e], co[e] = bo[e], bo[e] = t;
+  }
+  cpu->gemm_grouped(cpu, 1, 0, E, Ms, Ns, Ks, 1.0f, Y, ao, F, X, bo, d, 1.0f, G, co, d);
+  gpu->gemm_grouped(gpu, 1, 0, E, Ms, Ns, Ks, 1.0f, dY, ao, F, dX, bo, d, 1.0f, dG, co, d);
+  cmp("gemm_grouped wgrad", dG, G, (int64_t)E * F * d, TOL_GEMM);
+  synced("gemm");
+  case_end();
+}
+
+/* ------------------------------------------------------------------ rows: embed, norm, rope, xent */
+static void test_rows(void) {
+  /* embedding with repeated tokens */
+  const int V = 50, n = 300, d = 24;
+  int32_t tok[300];
+  for (int r = 0; r < n; r++) tok[r] = (int32_t)mc_rng_below(7, 7, (uint64_t)r, V);
+  float *W = hrand((int64_t)V * d, 1), *y = hzeros((int64_t)n * d), *dy = hrand((int64_t)n * d, 1), *dW = hrand((int64_t)V * d, 1);
+  int32_t *dtok = upi(tok, n);
+  float *dyd = dnan((int64_t)n * d), *dWd = up(dW, (int64_t)V * d);
+  cpu->embed_fwd(cpu, tok, n, d, W, y);
+  gpu->embed_fwd(gpu, dtok, n, d, up(W, (int64_t)V * d), dyd);
+  cmp("embed_fwd", dyd, y, (int64_t)n * d, 0.0);
+  cpu->embed_bwd(cpu, tok, n, d, dy, dW);
+  gpu->embed_bwd(gpu, dtok, n, d, up(dy, (int64_t)n * d), dWd);
+  cmp("embed_bwd", dWd, dW, (int64_t)V * d, TOL_EXACT);
+  /* RMSNorm, full width and per head */
+  const int rows = 333, width = 192;
+  const int groups[2] = {192, 32};
+  for (int gi = 0; gi < 2; gi++) {
+    int grp = groups[gi], ng = width / grp;
+    int64_t nd = (int64_t)rows * width;
+    float *x = hrand(nd, 1.5f), *w = hrand(width, 1), *yy = hzeros(nd), *rs = hzeros((int64_t)rows * ng);
+    float *g = hrand(nd, 1), *dx = hrand(nd, 1), *dw = hrand(width, 1);
+    float *dxd = up(x, nd), *dwd = up(w, width), *yd = dnan(nd), *rsd = dnan((int64_t)rows * ng);
+    cpu->rmsnorm_fwd(cpu, x, w, rows, width, grp, 1e-5f, yy, rs);
+    gpu->rmsnorm_fwd(gpu, dxd, dwd, rows, width, grp, 1e-5f, yd, rsd);
+    char what[48];
+    snprintf(what, sizeof what, "rmsnorm_fwd group=%d y", grp);
+    cmp(what, yd, yy, nd, TOL_EXACT);
+    snprintf(what, sizeof what, "rmsnorm_fwd group=%d rstd", grp);
+    cmp(what, rsd, rs, (int64_t)rows * ng, TOL_EXACT);
+    float *dxg = up(dx, nd), *dwg = up(dw, width);
+    cpu->rmsnorm_bwd(cpu, x, w, rs, g, rows, width, grp, dx, dw);
+    gpu->rmsnorm_bwd(gpu, dxd, dwd, rsd, up(g, nd), rows, width, grp, dxg, dwg);
+    snprintf(what, sizeof what, "rmsnorm_bwd group=%d dx", grp);
+    cmp(what, dxg, dx, nd, TOL_SUM);
+    snprintf(what, sizeof what, "rmsnorm_bwd group=%d dw", grp);
+    cmp(what, dwg, dw, width, TOL_SUM);
+  }
+  /* RoPE: 3 sequences of 41 positions, 3 heads of 32 */
+  const int T = 41, nr = 3 * 41, heads = 3, hd = 32;
+  int64_t ne = (int64_t)nr * heads * hd;
+  float *x = hrand(ne, 1), *xd = up(x, ne), *g = hrand(ne, 1), *dx = hrand(ne, 1), *dxd = up(dx, ne);
+  cpu->rope_fwd(cpu, x, nr, T, heads, hd, 10000.0);
+  gpu->rope_fwd(gpu, xd, nr, T, heads, hd, 10000.0);
+  cmp("rope_fwd", xd, x, ne, TOL_EXACT);
+  cpu->rope_bwd(cpu, g, dx, nr, T, heads, hd, 10000.0);
+  gpu->rope_bwd(gpu, up(g, ne), dxd, nr, T, heads, hd, 10000.0);
+  cmp("rope_bwd", dxd, dx, ne, TOL_EXACT);
+  /* cross-entropy with a padded vocabulary */
+  const int nx = 57, Vr = 1000, Vp = 1024;
+  int32_t tgt[57];
+  for (int r = 0; r < nx; r++) tgt[r] = (int32_t)mc_rng_below(7, 8, (uint64_t)r, Vr);
+  float *lg = hrand((int64_t)nx * Vp, 3), *loss = hzeros(nx), *lse = hzeros(nx), *dl = hzeros((int64_t)nx * Vp);
+  float *lgd = up(lg, (int64_t)nx * Vp), *lossd = dnan(nx), *lsed = dnan(nx), *dld = dnan((int64_t)nx * Vp);
+  int32_t *tgtd = upi(tgt, nx);
+  cpu->xent_fwd(cpu, lg, tgt, nx, Vr, Vp, loss, lse);
+  gpu->xent_fwd(gpu, lgd, tgtd, nx, Vr, Vp, lossd, lsed);
+  cmp("xent_fwd loss", lossd, loss, nx, TOL_EXACT);
+  cmp("xent_fwd lse", lsed, lse, nx, TOL_EXACT);
+  cpu->xent_bwd(cpu, lg, tgt, lse, nx, Vr, Vp, 0.01f, dl);
+  gpu->xent_bwd(gpu, lgd, tgtd, lsed, nx, Vr, Vp, 0.01f, dld);
+  cmp("xent_bwd", dld, dl, (int64_t)nx * Vp, TOL_EXACT);
+  synced("rows");
+  case_end();
+}
+
+/* ------------------------------------------------------------------ attention */
+static void attn_case(int n_seq, int T, int H, int KV, int hd) {
+  const int64_t n = (int64_t)n_seq * T, nq = n * H * hd, nk = n * KV * hd;
+  float *q = hrand(nq, 1), *k = hrand(nk, 1), *v = hrand(nk, 1), *dout = hrand(nq, 1);
+  float *out = hzeros(nq), *lse = hzeros(n * H);
+  float *dq = hrand(nq, 1), *dk = hrand(nk, 1), *dv = hrand(nk, 1);
+  float *qd = up(q, nq), *kd = up(k, nk), *vd = up(v, nk), *outd = dnan(nq), *lsed = dnan(n * H);
+  float *dqd = up(dq, nq), *dkd = up(dk, nk), *dvd = up(dv, nk);
+  cpu->attn_fwd(cpu, q, k, v, n_seq, T, H, KV, hd, out, lse);
+  gpu->attn_fwd(gpu, qd, kd, vd, n_seq, T, H, KV, hd, outd, lsed);
+  char what[64];
+  snprintf(what, sizeof what, "attn_fwd out T=%d H=%d/%d hd=%d", T, H, KV, hd);
+  cmp(what, outd, out, nq, TOL_ATTN);
+  snprintf(what, sizeof what, "attn_fwd lse T=%d hd=%d", T, hd);
+  cmp(what, lsed, lse, n * H, TOL_ATTN);
+  /* both backwards read the CPU's forward results so only the backward is compared */
+  float *outc = up(out, nq), *lsec = up(lse, n * H);
+  cpu->attn_bwd(cpu, q, k, v, out, lse, dout, n_seq, T, H, KV, hd, dq, dk, dv);
+  gpu->attn_bwd(gpu, qd, kd, vd, outc, lsec, up(dout, nq), n_seq, T, H, KV, hd, dqd, dkd, dvd);
+  snprintf(what, sizeof what, "attn_bwd dq T=%d hd=%d", T, hd);
+  cmp(what, dqd, dq, nq, TOL_ATTN);
+  snprintf(what, sizeof what, "attn_bwd dk T=%d hd=%d", T, hd);
+  cmp(what, dkd, dk, nk, TOL_ATTN);
+  snprintf(what, sizeof what, "attn_bwd dv T=%d hd=%d", T, hd);
+  cmp(what, dvd, dv, nk, TOL_ATTN);
+  synced("attention");
+  case_end();
+}
+
+/* ------------------------------------------------------------------ conv, ssm, rg-lru */
+static void test_conv(void) {
+  const int n_seq = 3, T = 37, c = 70, K = 4;
+  const int64_t n = (int64_t)n_seq * T * c;
+  float *x = hrand(n, 1), *w = hrand((int64_t)c * K, 1), *b = hrand(c, 1), *y = hzeros(n), *g = hrand(n, 1);
+  float *dx = hrand(n, 1), *dw = hrand((int64_t)c * K, 1), *db = hrand(c, 1);
+  float *xd = up(x, n), *wd = up(w, (int64_t)c * K), *yd = dnan(n);
+  float *dxd = up(dx, n), *dwd = up(dw, (int64_t)c * K), *dbd = up(db, c);
+  cpu->conv_fwd(cpu, x, w, b, n_seq, T, c, K, y);
+  gpu->conv_fwd(gpu, xd, wd, up(b, c), n_seq, T, c, K, yd);
+  cmp("conv_fwd", yd, y, n, TOL_EXACT);
+  cpu->conv_bwd(cpu, x, w, g, n_seq, T, c, K, dx, dw, db);
+  gpu->conv_bwd(gpu, xd, wd, up(g, n), n_seq, T, c, K, dxd, dwd, dbd);
+  cmp("conv_bwd dx", dxd, dx, n, TOL_EXACT);
+  cmp("conv_bwd dw", dwd, dw, (int64_t)c * K, TOL_SUM);
+  cmp("conv_bwd db", dbd, db, c, TOL_SUM);
+  synced("conv");
+  case_end();
+}
+
+static void ssm_case(int n_seq, int T, int Hm, int P, int N) {
+  const int64_t n = (int64_t)n_seq * T, nx = n * Hm * P;
+  float *x = hrand(nx, 1), *B = hrand(n * N, 1), *C = hrand(n * N, 1), *D = hrand(Hm, 1), *A_log = hrand(Hm, 0.5f);
+  float *dt = hrand(n * Hm, 1);
+  for (int64_t i = 0; i < n * Hm; i++) dt[i] = 0.01f + 0.1f * fabsf(dt[i]); /* softplus'd: positive, small */
+  float *y = hzeros(nx), *g = hrand(nx, 1);
+  float *dx = hrand(nx, 1), *ddt = hrand(n * Hm, 1), *dA = hrand(Hm, 1), *dB = hrand(n * N, 1), *dC = hrand(n * N, 1),
+        *dD = hrand(Hm, 1);
+  float *xd = up(x, nx), *dtd = up(dt, n * Hm), *Ad = up(A_log, Hm), *Bd = up(B, n * N), *Cd = up(C, n * N),
+        *Dd = up(D, Hm), *yd = dnan(nx);
+  float *dxd = up(dx, nx), *ddtd = up(ddt, n * Hm), *dAd = up(dA, Hm), *dBd = up(dB, n * N), *dCd = up(dC, n * N),
+        *dDd = up(dD, Hm);
+  cpu->ssm_fwd(cpu, x, dt, A_log, B, C, D, n_seq, T, Hm, P, N, y);
+  gpu->ssm_fwd(gpu, xd, dtd, Ad, Bd, Cd, Dd, n_seq, T, Hm, P, N, yd);
+  char what[64];
+  snprintf(what, sizeof what, "ssm_fwd T=%d H=%d P=%d N=%d", T, Hm, P, N);
+  cmp(what, yd, y, nx, TOL_SCAN);
+  cpu->ssm_bwd(cpu, x, dt, A_log, B, C, D, g, n_seq, T, Hm, P, N, dx, ddt, dA, dB, dC, dD);
+  gpu->ssm_bwd(gpu, xd, dtd, Ad, Bd, Cd, Dd, up(g, nx), n_seq, T, Hm, P, N, dxd, ddtd, dAd, dBd, dCd, dDd);
+  cmp("ssm_bwd dx", dxd, dx, nx, TOL_SCAN);
+  cmp("ssm_bwd ddt", ddtd, ddt, n * Hm, TOL_SCAN);
+  cmp("ssm_bwd dA_log", dAd, dA, Hm, TOL_SCAN);
+  cmp("ssm_bwd dB", dBd, dB, n * N, TOL_SCAN);
+  cmp("ssm_bwd dC", dCd, dC, n * N, TOL_SCAN);
+  cmp("ssm_bwd dD", dDd, dD, Hm, TOL_SCAN);
+  synced("ssm");
+  case_end();
+}
+
+static void test_rglru(void) {
+  const int n_seq = 3, T = 45, c = 77;
+  const int64_t n = (int64_t)n_seq * T * c;
+  float *gx = hrand(n, 1), *r = hrand(n, 1), *lam = hrand(c, 1), *h = hzeros(n), *dh = hrand(n, 1);
+  for (int64_t i = 0; i < n; i++) r[i] = 1.0f / (1.0f + expf(-r[i])); /* a gate in (0, 1) */
+  float *dgx = hrand(n, 1), *dr = hrand(n, 1), *dl = hrand(c, 1);
+  float *gxd = up(gx, n), *rd = up(r, n), *ld = up(lam, c), *hd = dnan(n);
+  float *dgxd = up(dgx, n), *drd = up(dr, n), *dld = up(dl, c);
+  cpu->rglru_fwd(cpu, gx, r, lam, n_seq, T, c, h);
+  gpu->rglru_fwd(gpu, gxd, rd, ld, n_seq, T, c, hd);
+  cmp("rglru_fwd", hd, h, n, TOL_SCAN);
+  cpu->rglru_bwd(cpu, gx, r, lam, h, dh, n_seq, T, c, dgx, dr, dl);
+  gpu->rglru_bwd(gpu, gxd, rd, ld, up(h, n), up(dh, n), n_seq, T, c, dgxd, drd, dld);
+  cmp("rglru_bwd dgx", dgxd, dgx, n, TOL_SCAN);
+  cmp("rglru_bwd dr", drd, dr, n, TOL_SCAN);
+  cmp("rglru_bwd dlambda", dld, dl, c, TOL_SCAN);
+  synced("rglru");
+  case_end();
+}
+
+/* ------------------------------------------------------------------ MoE */
+static void moe_case(int capacity) {
+  const int n_seq = 3, T = 40, E = 6, k = 2, d = 33, n = n_seq * T;
+  float *logits = hrand((int64_t)n * E, 1.5f), *probs = hzeros((int64_t)n * E), *gate = hzeros((int64_t)n * k);
+  float *f = hzeros((int64_t)n_seq * E), *aux = hzeros(n_seq);
+  int32_t idx[240], slot[240], counts[6], dropped = -1;
+  float *lgd = up(logits, (int64_t)n * E), *probsd = dnan((int64_t)n * E), *gated = dnan((int64_t)n * k);
+  float *fd = dnan((int64_t)n_seq * E), *auxd = dnan(n_seq);
+  int32_t *idxd = dalloc(sizeof idx), *slotd = dalloc(sizeof slot), *countsd = dalloc(sizeof counts),
+          *droppedd = dalloc(sizeof(int32_t));
+  cpu->moe_route(cpu, logits, n_seq, T, E, k, capacity, probs, idx, gate, slot, counts, f, aux, &dropped);
+  gpu->moe_route(gpu, lgd, n_seq, T, E, k, capacity, probsd, idxd, gated, slotd, countsd, fd, auxd, droppedd);
+  char what[64];
+  snprintf(what, sizeof what, "moe_route cap=%d probs", capacity);
+  cmp(what, probsd, probs, (int64_t)n * E, TOL_EXACT);
+  cmp("moe_route gate", gated, gate, (int64_t)n * k, TOL_EXACT);
+  cmp("moe_route f", fd, f, (int64_t)n_seq * E, 0.0);
+  cmp("moe_route aux", auxd, aux, n_seq, TOL_EXACT);
+  cmpi("moe_route idx", idxd, idx, (int64_t)n * k);
+  cmpi("moe_route slot", slotd, slot, (int64_t)n * k);
+  cmpi("moe_route counts", countsd, counts, E);
+  cmpi("moe_route dropped", droppedd, &dropped, 1);
+  if (capacity > 0) CHECK(dropped > 0, "capacity %d should drop assignments in this case", capacity);
+  /* the backward of routing, then the permutations on the CPU's routing */
+  float *dgate = hrand((int64_t)n * k, 1), *dlog = hrand((int64_t)n * E, 1), *dlogd = up(dlog, (int64_t)n * E);
+  cpu->moe_route_bwd(cpu, probs, idx, gate, dgate, f, n_seq, T, E, k, 0.3f, dlog);
+  gpu->moe_route_bwd(gpu, up(probs, (int64_t)n * E), upi(idx, (int64_t)n * k), up(gate, (int64_t)n * k),
+                     up(dgate, (int64_t)n * k), up(f, (int64_t)n_seq * E), n_seq, T, E, k, 0.3f, dlogd);
+  cmp("moe_route_bwd", dlogd, dlog, (int64_t)n * E, TOL_EXACT);
+  int rows = 0;
+  for (int e = 0; e < E; e++) rows += counts[e];
+  int32_t *slotc = upi(slot, (int64_t)n * k);
+  float *gatec = up(gate, (int64_t)n * k);
+  float *x = hrand((int64_t)n * d, 1), *xp = hzeros((int64_t)rows * d), *xpd = dnan((int64_t)rows * d);
+  cpu->moe_permute(cpu, x, slot, n, k, d, xp);
+  gpu->moe_permute(gpu, up(x, (int64_t)n * d), slotc, n, k, d, xpd);
+  cmp("moe_permute", xpd, xp, (int64_t)rows * d, 0.0);
+  float *dxp = hrand((int64_t)rows * d, 1), *dx = hrand((int64_t)n * d, 1), *dxd = up(dx, (int64_t)n * d);
+  cpu->moe_permute_bwd(cpu, dxp, slot, n, k, d, dx);
+  gpu->moe_permute_bwd(gpu, up(dxp, (int64_t)rows * d), slotc, n, k, d, dxd);
+  cmp("moe_permute_bwd", dxd, dx, (int64_t)n * d, TOL_EXACT);
+  float *yp = hrand((int64_t)rows * d, 1), *y = hrand((int64_t)n * d, 1), *yd = up(y, (int64_t)n * d);
+  float *ypd = up(yp, (int64_t)rows * d);
+  cpu->moe_unpermute(cpu, yp, slot, gate, n, k, d, y);
+  gpu->moe_unpermute(gpu, ypd, slotc, gatec, n, k, d, yd);
+  cmp("moe_unpermute", yd, y, (int64_t)n * d, TOL_EXACT);
+  float *dy = hrand((int64_t)n * d, 1), *dyp = hrand((int64_t)rows * d, 1), *dg = hrand((int64_t)n * k, 1);
+  float *dypd = up(dyp, (int64_t)rows * d), *dgd = up(dg, (int64_t)n * k);
+  cpu->moe_unpermute_bwd(cpu, dy, yp, slot, gate, n, k, d, dyp, dg);
+  gpu->moe_unpermute_bwd(gpu, up(dy, (int64_t)n * d), ypd, slotc, gatec, n, k, d, dypd, dgd);
+  cmp("moe_unpermute_bwd dyp", dypd, dyp, (int64_t)rows * d, TOL_EXACT);
+  cmp("moe_unpermute_bwd dgate", dgd, dg, (int64_t)n * k, TOL_SUM);
+  synced("moe");
+  case_end();
+}
+
+/* ------------------------------------------------------------------ failures */
+static void test_failures(void) {
+  mc_error_clear();
+  void *p = gpu->alloc(gpu, (size_t)1 << 50);
+  CHECK(p == NULL && strstr(mc_errmsg(), "cannot allocate"), "a 1 PiB allocation: %p, '%s'", p, mc_errmsg());
+  CHECK(gpu->sync(gpu) == 0, "a failed allocation is not sticky: %s", mc_errmsg());
+  /* an unsupported head size is recorded and reported once by sync */
+  float *q = dalloc(300 * sizeof(float)), *o = dalloc(300 * sizeof(float)), *l = dalloc(sizeof(float));
+  gpu->attn_fwd(gpu, q, q, q, 1, 1, 1, 1, 300, o, l);
+  CHECK(gpu->sync(gpu) == -1 && strstr(mc_errmsg(), "attn_fwd"), "attn head_dim 300: '%s'", mc_errmsg());
+  printf("  reported: %s\n", mc_errmsg());
+  CHECK(gpu->sync(gpu) == 0, "the failure was reported once: %s", mc_errmsg());
+  int nd = mc_cuda_device_count();
+  CHECK(mc_backend_cuda(nd) == NULL && strstr(mc_errmsg(), "does not exist"), "device %d: '%s'", nd, mc_errmsg());
+  CHECK(mc_backend_cuda(0) == gpu, "one instance per device");
+  case_end();
+}
+#endif
+
+int main(void) {
+#ifndef MC_HAVE_CUDA
+  printf("SKIP: no CUDA device (built without CUDA)\n");
+  return 0;
+#else
+  if (mc_cuda_device_count() == 0) {
+    printf("SKIP: no CUDA device\n");
+    return 0;
+  }
+  cpu = mc_backend_cpu();
+  gpu = mc_backend_cuda(0);
+  CHECK(gpu != NULL, "a device exists but the backend failed: %s", mc_errmsg());
+  if (!gpu) return mc_check_exit("test_cuda_ops");
+  printf("op                          elements  error vs CPU reference\n");
+  test_elementwise();
+  test_gemm();
+  test_rows();
+  attn_case(2, 70, 4, 2, 40);   /* ragged tiles, GQA groups of 2 */
+  attn_case(1, 130, 4, 1, 128); /* head_dim 128 (48+ KB of shared memory), MQA */
+  attn_case(3, 17, 2, 2, 16);   /* the tiny config's head size */
+  attn_case(1, 64, 2, 1, 256);  /* the largest head size supported */
+  test_conv();
+  ssm_case(2, 50, 3, 12, 40); /* P not a multiple of 8, N over one warp, a partial chunk */
+  ssm_case(3, 64, 4, 32, 16); /* the default config's shape */
+  test_rglru();
+  moe_case(0);
+  moe_case(12);
+  test_failures();
+  printf("worst error/tolerance over all ops: %.3f\n", worst_ratio);
+  return mc_check_exit("test_cuda_ops");
+#endif
+}
