@@ -47,11 +47,12 @@ int mc_eval_loss(mc_net *net, const mc_data *d, int split_all, int64_t n, int mi
   int rc = 0;
   for (int64_t first = 0; first < n && rc == 0; first += micro_batch) {
     int cnt = (int)(n - first < micro_batch ? n - first : micro_batch);
-    if (split_all) {
-      for (int i = 0; i < cnt && rc == 0; i++)
-        rc = mc_data_read_window(d, first + i, buf + (int64_t)i * (d->seq_len + 1));
-    } else {
-      rc = mc_data_read_val(d, first, cnt, buf);
+    /* Sequence k is window floor(k * avail / n) of the split: spread over the whole split,
+     * not its first part (the head of a corpus is rarely like the rest). */
+    for (int i = 0; i < cnt && rc == 0; i++) {
+      int64_t k = (first + i) * avail / n;
+      int32_t *row = buf + (int64_t)i * (d->seq_len + 1);
+      rc = split_all ? mc_data_read_window(d, k, row) : mc_data_read_val(d, k, 1, row);
     }
     mc_net_stats st;
     memset(&st, 0, sizeof st);

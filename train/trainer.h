@@ -24,10 +24,11 @@ typedef struct {
 /* Runs (or continues) the training described by cfg. Returns 0, or -1 with mc_errmsg set. */
 int mc_train(const mc_config *cfg, const mc_trainer_opts *opts);
 
-/* Mean token cross-entropy of the network over windows of d, evaluated in micro-batches of
- * micro_batch sequences, in order: the first n validation windows (split_all = 0) or the
- * first n windows of the file (split_all = 1); n is capped at what the split holds. The
- * trainer's val_loss and mceval both come from here. */
+/* Mean token cross-entropy of the network over n windows of d evenly spread through the
+ * validation split (split_all = 0) or the whole file (split_all = 1): sequence k is window
+ * floor(k * size / n) of the split, evaluated in order in micro-batches of micro_batch
+ * sequences; n <= 0 or n > size means every window. The trainer's val_loss and mceval both
+ * come from here. */
 int mc_eval_loss(mc_net *net, const mc_data *d, int split_all, int64_t n, int micro_batch,
                  double *loss, int64_t *tokens);
 
