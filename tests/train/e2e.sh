@@ -29,8 +29,12 @@ field() { grep "\"step\": $3," "$1" | sed -n "s/.*\"$2\": \([-0-9.eE+a-z]*\).*/\
 
 case "$MODE" in
 learn)
-  # Loss must fall well below ln(256) = 5.55 within a short run; validation, SVG and log appear.
-  corpus
+  # Loss must fall well below ln(256) = 5.55 within a short run on the fortunes part of the
+  # default corpus (package fortunes, installed by scripts/install-deps.sh); validation, SVG
+  # and log appear.
+  find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | sort > files.txt
+  [ -s files.txt ] || { die "no fortune files in /usr/share/games/fortunes (run scripts/install-deps.sh)"; exit 1; }
+  "$B/mcdata" -o corpus.h5 $(cat files.txt) > mcdata.log 2>&1 || { cat mcdata.log; die "mcdata failed"; exit 1; }
   "$B/mctrain" "${SMALL[@]}" --set data.path=corpus.h5 --set checkpoint.dir=run --set train.steps=150 \
     --set train.lr=1e-2 --set train.min_lr=1e-3 --set train.eval_every=75 --set checkpoint.every=75 > out.log 2>&1 \
     || { cat out.log; die "mctrain failed"; }
@@ -68,6 +72,12 @@ resume)
   # Resuming again from step 6 into a fresh directory, via the step directory itself.
   "$B/mctrain" "${common[@]}" --set checkpoint.dir=c --resume b/step_6 --until 8 > c.log 2>&1 || { cat c.log; die "resume from DIR failed"; }
   [ "$(field c/metrics.jsonl loss 8)" = "$(field a/metrics.jsonl loss 8)" ] || die "resume from b/step_6 differs at step 8"
+  # A checkpoint rewritten for another layout (pp=2, dp=2, ZeRO-1, ep=2) resumes the same run.
+  "$B/mcreshard" b/step_6 r --pp 2 --dp 2 --zero 1 --ep 2 --no-progress > r.log 2>&1 || { cat r.log; die "mcreshard failed"; }
+  "$B/mctrain" "${common[@]}" --set checkpoint.dir=d --resume r --until 8 > d.log 2>&1 || { cat d.log; die "resume from the resharded checkpoint failed"; }
+  for s in 7 8; do
+    [ "$(field d/metrics.jsonl loss $s)" = "$(field a/metrics.jsonl loss $s)" ] || die "resume from the pp=2 dp=2 checkpoint differs at step $s"
+  done
   ;;
 eval)
   # mceval prints the trainer's val_loss for the same checkpoint.
@@ -82,6 +92,10 @@ eval)
   done
   got=$("$B/mceval" run --data corpus.h5 | sed -n 's/.*step=\([0-9]*\).*/\1/p')
   [ "$got" = 8 ] || die "mceval run/ should follow latest to step 8, got $got"
+  # Any layout: the same checkpoint rewritten for pp=2, dp=2, ZeRO-1, ep=2 scores the same.
+  "$B/mcreshard" run/step_8 r --pp 2 --dp 2 --zero 1 --ep 2 --no-progress > r.log 2>&1 || { cat r.log; die "mcreshard failed"; }
+  got=$("$B/mceval" r --data corpus.h5 | sed -n 's/^loss=\([^ ]*\).*/\1/p')
+  [ "$got" = "$(field run/metrics.jsonl val_loss 8)" ] || die "mceval of the resharded checkpoint gave $got"
   all=$("$B/mceval" run --data corpus.h5 --split all --batches 1 | sed -n 's/.*tokens=\([0-9]*\).*/\1/p')
   [ "$all" = 256 ] || die "--split all --batches 1 should score 8 windows x 32 tokens, got $all"
   ;;
