@@ -1,7 +1,9 @@
 /* The hybrid network on one rank: parameters from the family registry, initialisation from
  * the counter-based RNG, and the forward/backward pass of embedding -> pre-norm residual
  * blocks -> final norm -> untied head -> vocab-masked cross-entropy (docs/model.md). The
- * blocks live in train/block_*.c; every computation is a backend op (kernels/ops.h). */
+ * blocks live in train/block_*.c; every computation is a backend op (kernels/ops.h). Under
+ * TP the blocks see a model whose widths are the local ones (heads, inner widths / tp), and
+ * this file adds the collectives around them (docs/parallel.md). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,36 +74,75 @@ static int init_param(mc_net *net, mc_net_param *p, uint64_t seed) {
 
 /* ------------------------------------------------------------------ creation */
 
-static int check_layout(const mc_geometry *geo, int rank) {
+static int has_block(const mc_model *m, char kind) { return strchr(m->pattern, kind) != NULL; }
+
+static int comm_size(const mc_comm *c) { return c ? c->size : 1; }
+
+static int check_layout(const mc_geometry *geo, int rank, const mc_comm_groups *comm) {
   const mc_layout *l = &geo->layout;
-  if (l->tp != 1) return mc_error("not supported yet by the network: tp=%d (tensor parallelism)", l->tp);
   if (l->pp != 1) return mc_error("not supported yet by the network: pp=%d (pipeline stages)", l->pp);
   if (l->ep != 1) return mc_error("not supported yet by the network: ep=%d (expert parallelism)", l->ep);
   if (rank < 0 || rank >= geo->world) return mc_error("network: rank %d outside world %d", rank, geo->world);
+  if (geo->world > 1 && !comm) /* the wording keeps the single-rank guard's prefix */
+    return mc_error("not supported yet by the network: tp=%d dp=%d without the layout's communicator groups (world "
+                    "size %d; use mc_net_create_dist)", l->tp, l->dp, geo->world);
+  if (comm && (comm_size(comm->world) != geo->world || comm_size(comm->tp) != l->tp || comm_size(comm->dp) != l->dp))
+    return mc_error("network: communicator groups (world %d, tp %d, dp %d) do not match the layout (world %d, tp %d, dp %d)",
+                    comm_size(comm->world), comm_size(comm->tp), comm_size(comm->dp), geo->world, l->tp, l->dp);
+  if (l->sp && l->tp > 1 && has_block(&geo->model, 'E') && geo->model.capacity_factor > 0)
+    return mc_error("not supported yet by the network: sp=1 with tp=%d and MoE capacity_factor=%g (per-sequence "
+                    "capacity needs the whole sequence; use dropless routing, capacity_factor=0, or sp=0)",
+                    l->tp, geo->model.capacity_factor);
   for (int i = 0; geo->model.pattern[i]; i++)
     if (!block_ops(geo->model.pattern[i]))
       return mc_error("model.pattern: block '%c' at layer %d has no implementation", geo->model.pattern[i], i);
   return 0;
 }
 
+/* The model the block files see: TP-split widths become this rank's local widths. */
+static mc_model local_model(const mc_model *g, int tp) {
+  mc_model m = *g;
+  m.n_heads /= tp, m.n_kv_heads /= tp;
+  m.mamba_inner /= tp;
+  m.rec_width /= tp;
+  return m;
+}
+
 mc_net *mc_net_create(const mc_geometry *geo, int rank, uint64_t seed) {
-  if (check_layout(geo, rank)) return NULL;
+  return mc_net_create_dist(geo, rank, seed, NULL);
+}
+
+mc_net *mc_net_create_dist(const mc_geometry *geo, int rank, uint64_t seed, const mc_comm_groups *comm) {
+  if (check_layout(geo, rank, comm)) return NULL;
   mc_net *net = calloc(1, sizeof *net);
   if (!net) {
     mc_error("out of memory creating the network");
     return NULL;
   }
+  const mc_layout *lay = &geo->layout;
+  mc_coords co;
+  mc_layout_coords(lay, rank, &co);
   net->be = mc_backend_cpu();
   net->geo = *geo;
   net->geo.fams.f = malloc((size_t)geo->fams.n * sizeof(mc_family));
-  net->m = geo->model;
+  net->comm = comm;
+  net->tp = lay->tp, net->tp_rank = co.tp_rank;
+  net->sp = lay->sp && lay->tp > 1;
+  net->zero = lay->zero;
+  net->T_res = net->sp ? geo->model.seq_len / lay->tp : geo->model.seq_len;
+  net->Vpl = mc_vocab_padded(&geo->model) / lay->tp;
+  net->v0 = net->Vpl * co.tp_rank;
+  net->Vl = geo->model.vocab_size - net->v0;
+  net->Vl = net->Vl < 0 ? 0 : net->Vl > net->Vpl ? net->Vpl : net->Vl;
+  net->m = local_model(&geo->model, lay->tp);
   net->rank = rank;
   net->n_layers = geo->model.n_layers;
   net->layers = calloc((size_t)(net->n_layers ? net->n_layers : 1), sizeof(mc_layer));
   net->params = calloc((size_t)geo->fams.n, sizeof(mc_net_param));
-  if (!net->geo.fams.f || !net->layers || !net->params) {
+  net->dist = calloc((size_t)geo->fams.n, sizeof(mc_dist_param));
+  if (!net->geo.fams.f || !net->layers || !net->params || !net->dist) {
     mc_error("out of memory creating the network");
-    free(net->geo.fams.f), free(net->layers), free(net->params), free(net);
+    free(net->geo.fams.f), free(net->layers), free(net->params), free(net->dist), free(net);
     return NULL;
   }
   memcpy(net->geo.fams.f, geo->fams.f, (size_t)geo->fams.n * sizeof(mc_family));
@@ -121,26 +162,31 @@ mc_net *mc_net_create(const mc_geometry *geo, int rank, uint64_t seed) {
     p->shard = sh;
     p->numel = 1;
     for (int i = 0; i < f->ndim; i++) p->numel *= sh.local_count[i];
+    int64_t row = p->numel / (sh.local_count[0] > 0 ? sh.local_count[0] : 1);
+    p->z_off = (sh.start[0] - sh.local_start[0]) * row;
+    p->z_numel = sh.count[0] * row;
     p->w = net->be->alloc(net->be, (size_t)p->numel * sizeof(float));
-    p->g = net->be->alloc(net->be, (size_t)p->numel * sizeof(float));
-    if (!p->w || !p->g) {
-      net->n_params++;
-      goto fail;
-    }
-    if (init_param(net, p, seed)) {
-      net->n_params++;
-      goto fail;
-    }
-    if (f->layer >= 0) net->layers[f->layer].p[f->role] = net->n_params;
-    else if (f->role == MC_ROLE_EMBED) net->fam_embed = net->n_params;
-    else if (f->role == MC_ROLE_FINAL_NORM) net->fam_final_norm = net->n_params;
-    else if (f->role == MC_ROLE_HEAD) net->fam_head = net->n_params;
+    p->g = net->be->alloc(net->be, (size_t)(net->zero == 3 ? p->z_numel : p->numel) * sizeof(float));
+    if (net->zero == 3) p->ws = net->be->alloc(net->be, (size_t)p->z_numel * sizeof(float));
     net->n_params++;
+    if (!p->w || !p->g || (net->zero == 3 && !p->ws)) goto fail;
+    if (init_param(net, p, seed)) goto fail;
+    if (net->zero == 3) { /* keep only this rank's rows */
+      net->be->copy(net->be, p->ws, p->w + p->z_off, p->z_numel);
+      net->be->free(net->be, p->w);
+      p->w = NULL;
+    }
+    int idx = net->n_params - 1;
+    if (f->layer >= 0) net->layers[f->layer].p[f->role] = idx;
+    else if (f->role == MC_ROLE_EMBED) net->fam_embed = idx;
+    else if (f->role == MC_ROLE_FINAL_NORM) net->fam_final_norm = idx;
+    else if (f->role == MC_ROLE_HEAD) net->fam_head = idx;
   }
   if (net->fam_embed < 0 || net->fam_final_norm < 0 || net->fam_head < 0) {
     mc_error("network: the family registry lacks embed.weight, final_norm.weight or head.weight");
     goto fail;
   }
+  if (mc_dist_setup(net)) goto fail;
   if (net->be->sync(net->be)) goto fail;
   return net;
 fail:
@@ -161,13 +207,17 @@ static void free_activations(mc_net *net) {
     l->counts_host = NULL;
     l->aux_host = NULL;
   }
-  float **bufs[] = {&net->x, &net->hf, &net->rstd_f, &net->logits, &net->loss, &net->lse, &net->dx, &net->du};
+  float **bufs[] = {&net->x,    &net->hf,  &net->rstd_f, &net->logits, &net->loss,     &net->lse,
+                    &net->dx,   &net->du,  &net->y,      &net->ush,    &net->full,     &net->pack,
+                    &net->dlogits, &net->emb_rows, &net->emb_gate, &net->emb_dgate};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, *bufs[i]), *bufs[i] = NULL;
   for (int i = 0; i < MC_NET_GBUFS; i++) be->free(be, net->g[i]), net->g[i] = NULL;
   be->free(be, net->tok_in), be->free(be, net->tok_tgt);
-  net->tok_in = net->tok_tgt = NULL;
-  free(net->loss_host);
-  net->loss_host = NULL;
+  be->free(be, net->emb_tok), be->free(be, net->emb_slot);
+  net->tok_in = net->tok_tgt = net->emb_tok = net->emb_slot = NULL;
+  free(net->loss_host), free(net->logits_host), free(net->lse_host), free(net->tgt_host);
+  net->loss_host = net->logits_host = net->lse_host = NULL;
+  net->tgt_host = NULL;
   net->n_seq_cap = 0;
 }
 
@@ -177,7 +227,10 @@ void mc_net_free(mc_net *net) {
   for (int i = 0; i < net->n_params; i++) {
     net->be->free(net->be, net->params[i].w);
     net->be->free(net->be, net->params[i].g);
+    net->be->free(net->be, net->params[i].ws);
   }
+  mc_dist_free(net);
+  free(net->dist);
   free(net->params);
   free(net->layers);
   free(net->geo.fams.f);
@@ -191,18 +244,22 @@ mc_net_param *mc_net_param_at(mc_net *net, int i) {
 }
 
 void mc_net_zero_grad(mc_net *net) {
-  for (int i = 0; i < net->n_params; i++) net->be->fill(net->be, net->params[i].g, net->params[i].numel, 0.0f);
+  for (int i = 0; i < net->n_params; i++) {
+    mc_net_param *p = &net->params[i];
+    net->be->fill(net->be, p->g, net->zero == 3 ? p->z_numel : p->numel, 0.0f);
+  }
 }
 
 /* ------------------------------------------------------------------ activations */
 
-/* Allocates the activations and gradient scratch for micro-batches of up to n_seq sequences. */
+/* Allocates the activations and gradient scratch for micro-batches of up to n_seq sequences.
+ * n rows are whole sequences, nl rows the residual stream (a sequence shard under SP). */
 static int ensure_capacity(mc_net *net, int n_seq) {
   if (n_seq <= net->n_seq_cap) return 0;
   free_activations(net);
   mc_backend *be = net->be;
   const mc_model *m = &net->m;
-  const int64_t n = (int64_t)n_seq * m->seq_len, d = m->d_model, vp = mc_vocab_padded(m);
+  const int64_t n = (int64_t)n_seq * m->seq_len, nl = (int64_t)n_seq * net->T_res, d = m->d_model, vp = net->Vpl;
   int64_t gmax[MC_NET_GBUFS] = {0};
   int ok = 1;
 #define ALLOC(ptr, count) ok = ok && ((ptr) = be->alloc(be, (size_t)(count) * sizeof(*(ptr)))) != NULL
@@ -211,9 +268,9 @@ static int ensure_capacity(mc_net *net, int n_seq) {
     mc_block_sizes s;
     memset(&s, 0, sizeof s);
     block_ops(l->kind)->sizes(m, n_seq, &s);
-    ALLOC(l->x_in, n * d);
+    ALLOC(l->x_in, nl * d);
     ALLOC(l->u, n * d);
-    ALLOC(l->rstd, n);
+    ALLOC(l->rstd, nl);
     for (int i = 0; i < MC_LAYER_FBUFS; i++)
       if (s.f[i]) ALLOC(l->f[i], s.f[i]);
     for (int i = 0; i < MC_LAYER_IBUFS; i++)
@@ -229,14 +286,29 @@ static int ensure_capacity(mc_net *net, int n_seq) {
     if (gmax[i]) ALLOC(net->g[i], gmax[i]);
   ALLOC(net->tok_in, n);
   ALLOC(net->tok_tgt, n);
-  ALLOC(net->x, n * d);
+  ALLOC(net->x, nl * d);
   ALLOC(net->hf, n * d);
-  ALLOC(net->rstd_f, n);
+  ALLOC(net->rstd_f, nl);
   ALLOC(net->logits, n * vp);
   ALLOC(net->loss, n);
   ALLOC(net->lse, n);
-  ALLOC(net->dx, n * d);
-  ALLOC(net->du, n * (vp > d ? vp : d)); /* also holds d(logits) */
+  ALLOC(net->dx, nl * d);
+  ALLOC(net->du, n * d);
+  ALLOC(net->y, n * d);
+  ALLOC(net->full, n * d);
+  ALLOC(net->dlogits, n * vp);
+  if (net->tp > 1) {
+    ALLOC(net->ush, nl * d);
+    ALLOC(net->pack, n * d);
+    ALLOC(net->emb_tok, n);
+    ALLOC(net->emb_slot, n);
+    ALLOC(net->emb_rows, n * d);
+    ALLOC(net->emb_gate, n);
+    ALLOC(net->emb_dgate, n);
+    ok = ok && (net->logits_host = malloc((size_t)(n * vp) * sizeof(float))) != NULL;
+    ok = ok && (net->lse_host = malloc((size_t)n * sizeof(float))) != NULL;
+    ok = ok && (net->tgt_host = malloc((size_t)n * sizeof(int32_t))) != NULL;
+  }
 #undef ALLOC
   net->loss_host = malloc((size_t)n * sizeof(float));
   if (!ok || !net->loss_host) {
@@ -249,10 +321,43 @@ static int ensure_capacity(mc_net *net, int n_seq) {
 
 /* ------------------------------------------------------------------ passes */
 
+/* Parameter indices of a layer (ZeRO 3 gathers them together). */
+static int layer_params(const mc_layer *l, int *idx) {
+  int n = 0;
+  for (int r = 0; r < MC_ROLE_COUNT; r++)
+    if (l->p[r] >= 0) idx[n++] = l->p[r];
+  return n;
+}
+
+/* x += f(u) for one block, with the TP collectives around it. E blocks are never TP-split:
+ * without SP every TP rank computes the same MoE on the same tokens, with SP on its shard. */
+static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
+  mc_backend *be = net->be;
+  const int d = net->m.d_model, n = n_seq * net->m.seq_len, nl = n_seq * net->T_res;
+  const int split = l->kind != 'E' && net->tp > 1;
+  if (net->sp && split) {
+    be->rmsnorm_fwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), nl, d, d, (float)net->m.norm_eps, net->ush, l->rstd);
+    if (mc_sp_gather(net, net->ush, l->u, n_seq, d)) return -1;
+  } else {
+    be->rmsnorm_fwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), nl, d, d, (float)net->m.norm_eps, l->u, l->rstd);
+  }
+  const int rows = split ? n : nl;
+  be->fill(be, net->y, (int64_t)rows * d, 0.0f);
+  if (block_ops(l->kind)->forward(net, l, n_seq, net->y)) return -1;
+  if (split && net->sp) {
+    if (mc_sp_reduce_scatter(net, net->y, net->ush, n_seq, d)) return -1;
+    be->axpy(be, net->x, net->ush, (int64_t)nl * d, 1.0f);
+  } else {
+    if (split && mc_tp_allreduce(net, net->y, (int64_t)n * d)) return -1;
+    be->axpy(be, net->x, net->y, (int64_t)nl * d, 1.0f);
+  }
+  return 0;
+}
+
 static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *stats) {
   const mc_model *m = &net->m;
-  const int T = m->seq_len, d = m->d_model, V = m->vocab_size, Vp = mc_vocab_padded(m);
-  const int n = n_seq * T;
+  const int T = m->seq_len, d = m->d_model, V = m->vocab_size, Vp = net->Vpl;
+  const int n = n_seq * T, nl = n_seq * net->T_res;
   if (n_seq <= 0) return mc_error("network: a micro-batch needs at least one sequence (got %d)", n_seq);
   for (int s = 0; s < n_seq; s++)
     for (int t = 0; t <= T; t++) {
@@ -271,20 +376,40 @@ static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *
     }
   be->from_host(be, net->tok_in, in, (size_t)n * sizeof(int32_t));
   be->from_host(be, net->tok_tgt, in + n, (size_t)n * sizeof(int32_t));
-  free(in);
 
-  be->embed_fwd(be, net->tok_in, n, d, net->params[net->fam_embed].w, net->x);
-  for (int L = 0; L < net->n_layers; L++) {
-    mc_layer *l = &net->layers[L];
-    be->copy(be, l->x_in, net->x, (int64_t)n * d);
-    be->rmsnorm_fwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), n, d, d, (float)m->norm_eps, l->u, l->rstd);
-    if (block_ops(l->kind)->forward(net, l, n_seq, net->x)) return mc_error_context("layer %d (%c)", L, l->kind);
+  int rc = 0, idx[MC_ROLE_COUNT];
+  int fin[2] = {net->fam_final_norm, net->fam_head};
+  rc = mc_zero3_acquire(net, &net->fam_embed, 1, 0);
+  if (!rc) {
+    if (net->tp > 1) rc = mc_vp_embed_fwd(net, in, n_seq, net->x);
+    else be->embed_fwd(be, net->tok_in, n, d, net->params[net->fam_embed].w, net->x);
   }
-  be->rmsnorm_fwd(be, net->x, net->params[net->fam_final_norm].w, n, d, d, (float)m->norm_eps, net->hf, net->rstd_f);
-  mc_linear_fwd(be, net->hf, net->params[net->fam_head].w, n, d, Vp, 0.0f, net->logits);
-  be->xent_fwd(be, net->logits, net->tok_tgt, n, V, Vp, net->loss, net->lse);
-  be->to_host(be, net->loss_host, net->loss, (size_t)n * sizeof(float));
-  if (be->sync(be)) return -1;
+  if (!rc) rc = mc_zero3_release(net, &net->fam_embed, 1, 0);
+  for (int L = 0; L < net->n_layers && !rc; L++) {
+    mc_layer *l = &net->layers[L];
+    int np = layer_params(l, idx);
+    be->copy(be, l->x_in, net->x, (int64_t)nl * d);
+    if (mc_zero3_acquire(net, idx, np, 0) || block_forward(net, l, n_seq) || mc_zero3_release(net, idx, np, 0))
+      rc = mc_error_context("layer %d (%c)", L, l->kind);
+  }
+  if (!rc) rc = mc_zero3_acquire(net, fin, 2, 0);
+  if (!rc) {
+    float *hf = net->sp ? net->ush : net->hf;
+    be->rmsnorm_fwd(be, net->x, net->params[net->fam_final_norm].w, nl, d, d, (float)m->norm_eps, hf, net->rstd_f);
+    if (net->sp) rc = mc_sp_gather(net, net->ush, net->hf, n_seq, d);
+  }
+  if (!rc) {
+    mc_linear_fwd(be, net->hf, net->params[net->fam_head].w, n, d, Vp, 0.0f, net->logits);
+    if (net->tp > 1) {
+      rc = mc_vp_xent_fwd(net, in + n, n);
+    } else {
+      be->xent_fwd(be, net->logits, net->tok_tgt, n, V, Vp, net->loss, net->lse);
+      be->to_host(be, net->loss_host, net->loss, (size_t)n * sizeof(float));
+    }
+  }
+  if (!rc) rc = mc_zero3_release(net, fin, 2, 0);
+  free(in);
+  if (rc || be->sync(be)) return -1;
 
   memset(stats, 0, sizeof *stats);
   for (int r = 0; r < n; r++) stats->ce_sum += net->loss_host[r];
@@ -299,31 +424,77 @@ static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *
   return 0;
 }
 
+/* One block's backward: dx (the residual gradient) gains the block's contribution through
+ * the pre-norm, with the TP collectives mirroring block_forward. */
+static int block_backward(mc_net *net, mc_layer *l, int n_seq, double seq_weight) {
+  mc_backend *be = net->be;
+  const int d = net->m.d_model, n = n_seq * net->m.seq_len, nl = n_seq * net->T_res;
+  const int split = l->kind != 'E' && net->tp > 1;
+  const float *dy = net->dx;
+  float *du_res = net->du; /* the normed input's gradient, residual rows */
+  if (split && net->sp) {
+    if (mc_sp_gather(net, net->dx, net->full, n_seq, d)) return -1;
+    dy = net->full;
+    du_res = net->ush;
+  }
+  const int rows = split ? n : nl;
+  be->fill(be, net->du, (int64_t)rows * d, 0.0f);
+  if (block_ops(l->kind)->backward(net, l, n_seq, dy, net->du, seq_weight)) return -1;
+  if (split && net->sp) {
+    if (mc_sp_reduce_scatter(net, net->du, net->ush, n_seq, d)) return -1;
+  } else if (split && mc_tp_allreduce(net, net->du, (int64_t)n * d)) {
+    return -1;
+  }
+  be->rmsnorm_bwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), l->rstd, du_res, nl, d, d, net->dx, mc_g(net, l, MC_ROLE_NORM));
+  return 0;
+}
+
 static int backward(mc_net *net, int n_seq, double ce_weight, double seq_weight) {
   const mc_model *m = &net->m;
-  const int T = m->seq_len, d = m->d_model, V = m->vocab_size, Vp = mc_vocab_padded(m);
-  const int n = n_seq * T;
+  const int T = m->seq_len, d = m->d_model, V = m->vocab_size, Vp = net->Vpl;
+  const int n = n_seq * T, nl = n_seq * net->T_res;
   mc_backend *be = net->be;
-  /* d(logits) -> du (sized for it); d(hf) -> dx, which is free until the residual pass */
-  float *dlogits = net->du, *dh = net->dx;
-  be->xent_bwd(be, net->logits, net->tok_tgt, net->lse, n, V, Vp, (float)ce_weight, dlogits);
+  int fin[2] = {net->fam_final_norm, net->fam_head}, idx[MC_ROLE_COUNT];
+  if (mc_zero3_acquire(net, fin, 2, 1)) return -1;
+  if (net->tp > 1) {
+    if (mc_vp_xent_bwd(net, n, (float)ce_weight)) return -1;
+  } else {
+    be->xent_bwd(be, net->logits, net->tok_tgt, net->lse, n, V, Vp, (float)ce_weight, net->dlogits);
+  }
+  /* d(hf): full rows, partial over TP (the head is vocab-parallel) */
+  float *dh = net->full, *dh_res = net->full;
   be->fill(be, dh, (int64_t)n * d, 0.0f);
-  mc_linear_bwd(be, net->hf, net->params[net->fam_head].w, dlogits, n, d, Vp, dh,
-                net->params[net->fam_head].g);
+  mc_linear_bwd(be, net->hf, net->params[net->fam_head].w, net->dlogits, n, d, Vp, dh, net->params[net->fam_head].g);
+  if (net->sp) {
+    if (mc_sp_reduce_scatter(net, dh, net->ush, n_seq, d)) return -1;
+    dh_res = net->ush;
+  } else if (mc_tp_allreduce(net, dh, (int64_t)n * d)) {
+    return -1;
+  }
   /* final norm: its input is the last residual state, still in net->x */
-  be->copy(be, net->du, dh, (int64_t)n * d);
-  be->fill(be, net->dx, (int64_t)n * d, 0.0f);
-  be->rmsnorm_bwd(be, net->x, net->params[net->fam_final_norm].w, net->rstd_f, net->du, n, d, d, net->dx,
+  be->fill(be, net->dx, (int64_t)nl * d, 0.0f);
+  be->rmsnorm_bwd(be, net->x, net->params[net->fam_final_norm].w, net->rstd_f, dh_res, nl, d, d, net->dx,
                   net->params[net->fam_final_norm].g);
+  if (mc_zero3_release(net, fin, 2, 1)) return -1;
   for (int L = net->n_layers - 1; L >= 0; L--) {
     mc_layer *l = &net->layers[L];
-    be->fill(be, net->du, (int64_t)n * d, 0.0f);
-    if (block_ops(l->kind)->backward(net, l, n_seq, net->dx, net->du, seq_weight))
+    int np = layer_params(l, idx);
+    if (mc_zero3_acquire(net, idx, np, 1) || block_backward(net, l, n_seq, seq_weight) ||
+        mc_zero3_release(net, idx, np, 1))
       return mc_error_context("layer %d (%c) backward", L, l->kind);
-    be->rmsnorm_bwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), l->rstd, net->du, n, d, d, net->dx,
-                    mc_g(net, l, MC_ROLE_NORM));
   }
-  be->embed_bwd(be, net->tok_in, n, d, net->dx, net->params[net->fam_embed].g);
+  if (mc_zero3_acquire(net, &net->fam_embed, 1, 1)) return -1;
+  if (net->tp > 1) {
+    const float *dfull = net->dx;
+    if (net->sp) {
+      if (mc_sp_gather(net, net->dx, net->full, n_seq, d)) return -1;
+      dfull = net->full;
+    }
+    if (mc_vp_embed_bwd(net, dfull, n)) return -1;
+  } else {
+    be->embed_bwd(be, net->tok_in, n, d, net->dx, net->params[net->fam_embed].g);
+  }
+  if (mc_zero3_release(net, &net->fam_embed, 1, 1)) return -1;
   return be->sync(be);
 }
 

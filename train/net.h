@@ -1,12 +1,16 @@
 /* The hybrid network on one rank: its parameters (the families of the rank's stage, as the
  * TP/EP-local slices given by mc_shard_of), their gradients, and the forward/backward pass
- * over a micro-batch. All tensors live in backend memory; the math is DESIGN.md section 2. */
+ * over a micro-batch. All tensors live in backend memory; the math is DESIGN.md section 2.
+ * Under tensor parallelism (and SP) the pass communicates over the layout's TP group; under
+ * ZeRO 3 it all-gathers each layer's weights over the (expert-)DP group when it needs them
+ * and reduce-scatters the layer's gradients right after its backward (docs/parallel.md). */
 #ifndef MC_TRAIN_NET_H
 #define MC_TRAIN_NET_H
 
 #include <stdint.h>
 
 #include "ckpt/ownership.h"
+#include "comm/comm.h"
 
 typedef struct mc_net mc_net;
 
@@ -15,8 +19,13 @@ typedef struct {
   int fam;          /* index into geo->fams */
   mc_shard shard;   /* mc_shard_of(geo, fam, MC_STATE_PARAM, rank): local_* is what w holds */
   int64_t numel;    /* elements of the local slice */
-  float *w;         /* fp32 working weights, local slice, row-major */
-  float *g;         /* fp32 gradient accumulator, same shape */
+  float *w;         /* fp32 working weights, local slice, row-major (ZeRO 3: only while a
+                       pass uses them, NULL otherwise) */
+  float *g;         /* fp32 gradient accumulator, same shape (ZeRO 3: the shard, z_numel) */
+  /* This rank's ZeRO part of the local slice: elements [z_off, z_off + z_numel) (the rows
+   * mc_shard_of gives; the whole slice when zero = 0). */
+  int64_t z_off, z_numel;
+  float *ws;        /* ZeRO 3: the persistent shard of the working weights; else NULL */
 } mc_net_param;
 
 typedef struct {
@@ -30,15 +39,22 @@ typedef struct {
 /* Creates the network for `rank` of the geometry; parameters initialised from the
  * counter-based RNG keyed by (seed, family name, global element index). */
 mc_net *mc_net_create(const mc_geometry *geo, int rank, uint64_t seed);
+/* The same for a rank of a parallel layout: `comm` holds the layout's groups (made by
+ * mc_comm_make_groups for this layout; it must outlive the network). NULL is allowed only
+ * when the world is one rank. pp and ep must be 1. */
+mc_net *mc_net_create_dist(const mc_geometry *geo, int rank, uint64_t seed, const mc_comm_groups *comm);
 void mc_net_free(mc_net *net);
 int mc_net_n_params(const mc_net *net);
 mc_net_param *mc_net_param_at(mc_net *net, int i);
 void mc_net_zero_grad(mc_net *net);
 
-/* tokens: n_seq rows of seq_len+1 token ids (inputs are [0, T), targets [1, T]).
+/* tokens: n_seq rows of seq_len+1 token ids (inputs are [0, T), targets [1, T]); every rank
+ * of a TP group passes the same tokens.
  * Adds to the gradients d/dθ of  ce_weight * sum(CE) + seq_weight * sum_seq(aux)
  * (for a global batch of G sequences: ce_weight = 1/(G*T), seq_weight = 1/G).
- * Fills stats (sums, not means). */
+ * Fills stats (sums, not means; equal on every rank of a TP group). Under TP the gradients
+ * of partial-gradient families are this rank's partial sums until mc_dist_sync_grads
+ * (train/dist.h) combines them; under ZeRO 3 they are already reduced into each rank's shard. */
 int mc_net_forward_backward(mc_net *net, const int32_t *tokens, int n_seq, double ce_weight,
                             double seq_weight, mc_net_stats *stats);
 /* Forward only (evaluation). */

@@ -34,6 +34,16 @@ typedef struct {
 
 struct mc_net;
 
+/* How one parameter's gradient is combined across ranks and where its ZeRO part lives
+ * (train/dist_sync.c). */
+typedef struct {
+  mc_comm *group;   /* the ZeRO/data-parallel group of the family: dp, or edp for experts */
+  int64_t *counts;  /* elements of the local slice held by each member of group */
+  int tp_sum;       /* the gradient is partial over TP (mc_family.tp_partial_grad) */
+  int contribute;   /* 0: an identical copy is contributed by TP rank 0 (experts without SP) */
+  float *g_acc;     /* ZeRO 3: the gradient shard while a backward uses a whole-slice buffer */
+} mc_dist_param;
+
 typedef struct {
   char kind;
   void (*sizes)(const mc_model *m, int n_seq, mc_block_sizes *s);
@@ -67,7 +77,53 @@ struct mc_net {
   float *du;           /* [n, d] gradient of a layer's normed input */
   float *g[MC_NET_GBUFS];
   float *loss_host;    /* [n] */
+  /* ---- parallel layout (train/dist_tp.c, train/dist_sync.c) */
+  const mc_comm_groups *comm; /* NULL: one rank */
+  int tp, tp_rank, sp, zero;
+  int T_res;           /* positions per sequence in the residual stream: T, or T/tp under SP */
+  int v0, Vl, Vpl;     /* vocab rows [v0, v0 + Vpl) of embed/head are local, Vl of them real */
+  mc_dist_param *dist; /* [n_params] */
+  float *y;            /* [n, d] a block's (partial) output */
+  float *ush;          /* [nl, d] a sequence shard (SP) */
+  float *full;         /* [n, d] gathered or to-be-scattered rows */
+  float *pack;         /* [n, d] member-major staging of the SP collectives */
+  float *dlogits;      /* [n, Vpl] */
+  int32_t *emb_tok, *emb_slot; /* vocab-parallel embedding: local ids of in-range tokens, */
+  float *emb_rows, *emb_gate, *emb_dgate; /* their rows, unit gates; slot = row or -1 */
+  int emb_cnt;
+  float *logits_host, *lse_host; /* [n, Vpl], [n]: vocab-parallel cross-entropy (host) */
+  int32_t *tgt_host;   /* [n] */
 };
+
+/* ---- tensor / sequence parallel pieces (train/dist_tp.c); each returns 0 or -1. */
+/* Sum over the TP group, in place (nothing when tp = 1). */
+int mc_tp_allreduce(struct mc_net *net, float *buf, int64_t count);
+/* SP: the TP members' sequence shards [n_seq * T/tp, d] -> the token-major rows [n_seq * T, d]. */
+int mc_sp_gather(struct mc_net *net, const float *shard, float *full, int n_seq, int d);
+/* SP: sums full rows [n_seq * T, d] over TP and keeps this rank's sequence shard. */
+int mc_sp_reduce_scatter(struct mc_net *net, const float *full, float *shard, int n_seq, int d);
+/* Vocab-parallel embedding of n tokens (host ids) into out [n, d], summed over TP (or
+ * reduce-scattered into the residual shard under SP); backward from the full-row gradient. */
+int mc_vp_embed_fwd(struct mc_net *net, const int32_t *tok_host, int n_seq, float *out);
+int mc_vp_embed_bwd(struct mc_net *net, const float *dfull, int n);
+/* Vocab-parallel cross-entropy over the local logits [n, Vpl]: loss_host[r] and the global
+ * log-normaliser; backward writes dlogits = scale * (softmax - onehot), zero on padding. */
+int mc_vp_xent_fwd(struct mc_net *net, const int32_t *tgt_host, int n);
+int mc_vp_xent_bwd(struct mc_net *net, int n, float scale);
+/* MoE under SP: replaces the shard's routing fractions with the sequence's (TP mean), and
+ * sets aux_host from the sequence-wide f and P. */
+int mc_sp_moe_aux(struct mc_net *net, mc_layer *L, const float *probs, float *fr, int n_seq, int T_l);
+
+/* ---- ZeRO (train/dist_sync.c) */
+int mc_dist_setup(struct mc_net *net);
+void mc_dist_free(struct mc_net *net);
+/* ZeRO 3: gathers the working weights of params idx[0..n) / frees them again. */
+int mc_zero3_acquire(struct mc_net *net, const int *idx, int n, int for_backward);
+int mc_zero3_release(struct mc_net *net, const int *idx, int n, int after_backward);
+/* Combines the local-slice gradient g of param i over the ranks holding pieces of it: zero 0
+ * leaves the sum in g; otherwise this rank's ZeRO part of the sum goes to out[z_numel]
+ * (g is clobbered). */
+int mc_dist_reduce_grad(struct mc_net *net, int i, float *g, float *out);
 
 /* Working weight / gradient of a layer's role. */
 static inline float *mc_w(struct mc_net *net, const mc_layer *L, mc_role r) { return net->params[L->p[r]].w; }

@@ -1,0 +1,63 @@
+/* Data-parallel training around mc_net (docs/parallel.md): gradient synchronisation over the
+ * layout's groups, global-norm clipping that counts every element once, the AdamW step on
+ * this rank's ZeRO shards (train/optim.h) and the return of updated weights to the working
+ * copies; checkpoint items and loading for any layout.
+ *
+ * One optimizer step on every rank of the layout:
+ *   mc_net_zero_grad; for each micro-batch: mc_net_forward_backward (ce_weight = 1/(G*T),
+ *   seq_weight = 1/G, G the global batch); mc_dist_sync_grads; mc_dist_grad_norm;
+ *   mc_dist_update(lr, mc_clip_scale(norm, clip)).
+ * ZeRO 0: gradients all-reduced, every rank updates its whole local slice. ZeRO 1: gradients
+ * reduce-scattered, each rank updates its rows (master weights and moments sharded), then the
+ * updated rows are all-gathered into the working weights. ZeRO 3: the network already
+ * reduce-scattered the gradients per layer; each rank updates its rows and keeps them as its
+ * shard of the working weights. */
+#ifndef MC_TRAIN_DIST_H
+#define MC_TRAIN_DIST_H
+
+#include "ckpt/checkpoint.h"
+#include "comm/comm.h"
+#include "train/net.h"
+#include "train/optim.h"
+
+typedef struct {
+  mc_net *net;
+  const mc_geometry *geo;
+  const mc_comm_groups *comm; /* NULL for one rank */
+  int rank;
+  mc_optim opt;               /* slot i's buffers at grads[i] + offset, work[i] + offset */
+  float **grads, **work;
+  float *scratch;             /* one shard */
+} mc_dist_opt;
+
+/* Binds the optimizer slots of `rank` to the network's parameters and sets the master
+ * weights from the working weights. */
+int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const mc_comm_groups *comm, int rank);
+void mc_dist_opt_free(mc_dist_opt *d);
+
+/* After the micro-batches of a step: sums partial gradients over TP and reduces over the
+ * data-parallel groups (all-reduce for ZeRO 0, this rank's rows for ZeRO 1; nothing left for
+ * ZeRO 3). */
+int mc_dist_sync_grads(mc_dist_opt *d);
+/* Global gradient norm: squares of the elements this rank is primary for, summed over the
+ * world (every element exactly once). Call after mc_dist_sync_grads. */
+int mc_dist_grad_norm(mc_dist_opt *d, double *norm);
+/* AdamW on the rank's shards with the clipping factor, then the working weights. */
+int mc_dist_update(mc_dist_opt *d, const mc_train_cfg *t, double lr, double grad_scale);
+/* Puts the master weights back into the working weights (after loading a checkpoint). */
+int mc_dist_publish(mc_dist_opt *d);
+
+/* Sums the statistics of a micro-batch or step over the data-parallel group (TP ranks hold
+ * equal statistics already). */
+int mc_dist_stats_sum(const mc_comm_groups *comm, mc_net_stats *st);
+
+/* Checkpoint items of this rank (master, exp_avg, exp_avg_sq of every slot): items needs
+ * room for 3 * d->opt.n. Returns the count. */
+int mc_dist_ckpt_items(const mc_dist_opt *d, mc_ckpt_item *items);
+/* Reads this rank's shards of the three states from a checkpoint written under any layout
+ * (mc_ckpt_read of each hyperslab) and publishes the weights. */
+int mc_dist_load(mc_dist_opt *d, mc_ckpt *ck);
+/* A barrier callback for mc_ckpt_save over the world communicator (user = the mc_comm). */
+int mc_dist_ckpt_barrier(void *user, int ok);
+
+#endif

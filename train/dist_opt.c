@@ -1,0 +1,149 @@
+/* The ZeRO-sharded AdamW step and what surrounds it (train/dist.h). The optimizer itself is
+ * train/optim.c: it updates slot buffers at grads[i] + offset; here those point at the
+ * network's gradients (ZeRO 0/1: the local slice, offset = the rank's rows; ZeRO 3: the
+ * network keeps only the shard, offset 0). */
+#include "train/dist.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/net_blocks.h"
+#include "util/error.h"
+
+int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const mc_comm_groups *comm, int rank) {
+  memset(d, 0, sizeof *d);
+  d->net = net, d->geo = geo, d->comm = comm, d->rank = rank;
+  if (mc_optim_init(&d->opt, geo, rank)) return -1;
+  d->grads = calloc((size_t)d->opt.n + 1, sizeof *d->grads);
+  d->work = calloc((size_t)d->opt.n + 1, sizeof *d->work);
+  int64_t most = 1;
+  for (int i = 0; i < net->n_params; i++) most = net->params[i].z_numel > most ? net->params[i].z_numel : most;
+  d->scratch = net->be->alloc(net->be, (size_t)most * sizeof(float));
+  if (!d->grads || !d->work || !d->scratch) {
+    mc_dist_opt_free(d);
+    return mc_error("optimizer: out of memory");
+  }
+  for (int i = 0; i < net->n_params; i++) {
+    mc_net_param *p = &net->params[i];
+    int s = mc_optim_slot_of(&d->opt, p->fam);
+    mc_optim_slot *sl = s >= 0 ? &d->opt.slots[s] : NULL;
+    if (!sl || d->grads[s] || sl->numel != p->z_numel || sl->offset != p->z_off) {
+      mc_dist_opt_free(d);
+      return mc_error("family %s: the network's ZeRO part and the optimizer shard disagree", geo->fams.f[p->fam].name);
+    }
+    d->grads[s] = p->g;
+    if (net->zero == 3) {
+      sl->offset = 0; /* the network holds the shard alone */
+      d->work[s] = p->ws;
+    } else {
+      d->work[s] = p->w;
+    }
+    net->be->to_host(net->be, sl->master, d->work[s] + sl->offset, (size_t)sl->numel * sizeof(float));
+  }
+  for (int s = 0; s < d->opt.n; s++)
+    if (!d->grads[s]) {
+      mc_dist_opt_free(d);
+      return mc_error("family %s has no network parameter", geo->fams.f[d->opt.slots[s].fam].name);
+    }
+  return net->be->sync(net->be);
+}
+
+void mc_dist_opt_free(mc_dist_opt *d) {
+  if (d->net && d->scratch) d->net->be->free(d->net->be, d->scratch);
+  free(d->grads), free(d->work);
+  mc_optim_free(&d->opt);
+  memset(d, 0, sizeof *d);
+}
+
+static mc_net_param *param_of_slot(mc_dist_opt *d, int s, int *pi) {
+  for (int i = 0; i < d->net->n_params; i++)
+    if (d->net->params[i].fam == d->opt.slots[s].fam) {
+      *pi = i;
+      return &d->net->params[i];
+    }
+  return NULL;
+}
+
+int mc_dist_sync_grads(mc_dist_opt *d) {
+  mc_net *net = d->net;
+  if (net->zero == 3) return 0;
+  for (int i = 0; i < net->n_params; i++) {
+    mc_net_param *p = &net->params[i];
+    if (mc_dist_reduce_grad(net, i, p->g, d->scratch)) return -1;
+    if (net->zero == 1) net->be->copy(net->be, p->g + p->z_off, d->scratch, p->z_numel);
+  }
+  return net->be->sync(net->be);
+}
+
+int mc_dist_grad_norm(mc_dist_opt *d, double *norm) {
+  double sq = mc_optim_grad_sq(&d->opt, d->grads);
+  if (d->comm && d->comm->world->size > 1 && mc_allreduce_sum(d->comm->world, &sq, 1, MC_DT_F64))
+    return mc_error_context("summing the gradient norm over the world");
+  *norm = sqrt(sq);
+  return 0;
+}
+
+int mc_dist_publish(mc_dist_opt *d) {
+  mc_net *net = d->net;
+  mc_backend *be = net->be;
+  for (int s = 0; s < d->opt.n; s++) {
+    mc_optim_slot *sl = &d->opt.slots[s];
+    int pi = -1;
+    mc_net_param *p = param_of_slot(d, s, &pi);
+    if (!p) return mc_error("optimizer slot without a network parameter");
+    be->from_host(be, d->work[s] + sl->offset, sl->master, (size_t)sl->numel * sizeof(float));
+    if (net->zero != 1) continue;
+    const mc_dist_param *dp = &net->dist[pi];
+    if (!dp->group || dp->group->size <= 1) continue;
+    /* The rows of every member, in member order, make the whole local slice. */
+    be->copy(be, d->scratch, p->w + p->z_off, p->z_numel);
+    if (be->sync(be) || mc_allgather(dp->group, d->scratch, p->w, dp->counts, MC_DT_F32))
+      return mc_error_context("all-gathering the updated %s", d->geo->fams.f[p->fam].name);
+  }
+  return be->sync(be);
+}
+
+int mc_dist_update(mc_dist_opt *d, const mc_train_cfg *t, double lr, double grad_scale) {
+  /* mc_optim_step reads gradients from host memory (the CPU backend's memory). */
+  mc_optim_step(&d->opt, t, lr, grad_scale, d->grads);
+  return mc_dist_publish(d);
+}
+
+int mc_dist_stats_sum(const mc_comm_groups *comm, mc_net_stats *st) {
+  if (!comm || comm->dp->size <= 1) return 0;
+  double v[5] = {st->ce_sum, st->aux_sum, (double)st->n_tokens, (double)st->n_seqs, (double)st->dropped};
+  if (mc_allreduce_sum(comm->dp, v, 5, MC_DT_F64)) return mc_error_context("summing the loss over DP");
+  st->ce_sum = v[0], st->aux_sum = v[1];
+  st->n_tokens = (int64_t)v[2], st->n_seqs = (int64_t)v[3], st->dropped = (int64_t)v[4];
+  return 0;
+}
+
+int mc_dist_ckpt_items(const mc_dist_opt *d, mc_ckpt_item *items) {
+  int n = 0;
+  for (int s = 0; s < d->opt.n; s++) {
+    const mc_optim_slot *sl = &d->opt.slots[s];
+    const float *src[3] = {sl->master, sl->exp_avg, sl->exp_avg_sq};
+    for (int k = 0; k < 3; k++) items[n++] = (mc_ckpt_item){sl->fam, (mc_state)k, d->rank, src[k]};
+  }
+  return n;
+}
+
+int mc_dist_load(mc_dist_opt *d, mc_ckpt *ck) {
+  for (int s = 0; s < d->opt.n; s++) {
+    mc_optim_slot *sl = &d->opt.slots[s];
+    const char *name = d->geo->fams.f[sl->fam].name;
+    float *dst[3] = {sl->master, sl->exp_avg, sl->exp_avg_sq};
+    for (int k = 0; k < 3; k++)
+      if (sl->numel > 0 && mc_ckpt_read(ck, name, (mc_state)k, sl->shard.start, sl->shard.count, dst[k]) != 0)
+        return mc_error_context("loading %s/%s from %s", name, mc_state_name((mc_state)k), mc_ckpt_step_dir(ck));
+  }
+  return mc_dist_publish(d);
+}
+
+int mc_dist_ckpt_barrier(void *user, int ok) {
+  mc_comm *world = user;
+  int32_t v = ok ? 0 : 1;
+  if (world && world->size > 1 && mc_allreduce_sum(world, &v, 1, MC_DT_I32)) return 0;
+  return v == 0;
+}
