@@ -3,8 +3,10 @@
  * ops add), forward outputs start as NaN on the GPU (every element must be written), and
  * each result is compared by the norm-wise relative error |gpu - cpu| / |cpu| against a
  * tolerance stated per op below. Integer outputs (routing) must match exactly.
- * Without a CUDA build or a GPU it prints "SKIP: no CUDA device" and passes. */
+ * Without a CUDA build or a GPU it prints "SKIP: no CUDA device" and passes.
+ * `test_cuda_ops --shapes` also runs and times model-sized shapes (see run_shapes). */
 #include <string.h>
+#include <time.h>
 
 #include "tests/kernels/kcheck.h"
 #ifdef MC_HAVE_CUDA
@@ -18,8 +20,12 @@
  * - TOL_ATTN: the online softmax rescales partial sums and the backward sums over keys or
  *   queries in tiles of 32 instead of one running float sum.
  * - TOL_SCAN: long fp32 recurrences (T steps) whose per-step sums run in another order;
- *   ssm_bwd adds dB, dC, ddt with float atomics over channels. */
+ *   ssm_bwd adds dB, dC, ddt with float atomics over channels.
+ * - TOL_CPU_FSUM: the CPU reference itself sums over all n rows in float (conv_bwd's dw in
+ *   kernels/cpu/cpu_conv.c), an error growing with n (1.1e-6 at n = 4096); the GPU sums in
+ *   double, so the difference is the CPU's rounding. */
 #define TOL_EXACT 1e-6
+#define TOL_CPU_FSUM 1e-5
 #define TOL_SUM 1e-6
 #define TOL_GEMM 1e-5
 #define TOL_ATTN 1e-5
@@ -364,7 +370,7 @@ static void test_conv(void) {
   cpu->conv_bwd(cpu, x, w, g, n_seq, T, c, K, dx, dw, db);
   gpu->conv_bwd(gpu, xd, wd, up(g, n), n_seq, T, c, K, dxd, dwd, dbd);
   cmp("conv_bwd dx", dxd, dx, n, TOL_EXACT);
-  cmp("conv_bwd dw", dwd, dw, (int64_t)c * K, TOL_SUM);
+  cmp("conv_bwd dw", dwd, dw, (int64_t)c * K, TOL_CPU_FSUM);
   cmp("conv_bwd db", dbd, db, c, TOL_SUM);
   synced("conv");
   case_end();
@@ -492,10 +498,229 @@ static void test_failures(void) {
   CHECK(mc_backend_cuda(0) == gpu, "one instance per device");
   case_end();
 }
+
+/* ------------------------------------------------------------------ model-sized shapes (--shapes)
+ * The layer shapes of configs/nam-small.json and dense-a.json (micro-batch 2 x 2048 tokens):
+ * each op compared with the CPU once, then timed on the GPU (median of 5 runs after one
+ * warm-up, host clock around a sync). Not part of ctest's run: the CPU reference takes tens
+ * of seconds at these sizes. */
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void report_time(const char *what, double *ts, int n, double flops) {
+  qsort(ts, (size_t)n, sizeof *ts, cmp_dbl);
+  double med = ts[n / 2];
+  if (flops > 0)
+    printf("  time %-32s %9.3f ms  %7.2f TFLOP/s\n", what, 1e3 * med, flops / med * 1e-12);
+  else
+    printf("  time %-32s %9.3f ms\n", what, 1e3 * med);
+}
+
+#define TIME_GPU(what, flops, stmt)                                      \
+  do {                                                                   \
+    double ts_[5];                                                       \
+    stmt;                                                                \
+    gpu->sync(gpu);                                                      \
+    for (int i_ = 0; i_ < 5; i_++) {                                     \
+      double t0_ = now_s();                                              \
+      stmt;                                                              \
+      CHECK(gpu->sync(gpu) == 0, "%s: %s", what, mc_errmsg());           \
+      ts_[i_] = now_s() - t0_;                                           \
+    }                                                                    \
+    report_time(what, ts_, 5, flops);                                    \
+  } while (0)
+
+static void shapes_gemm(void) {
+  const int M = 4096, N = 2048, K = 1024;
+  float *A = hrand((int64_t)M * K, 1), *B = hrand((int64_t)N * K, 1), *C = hzeros((int64_t)M * N);
+  float *Ad = up(A, (int64_t)M * K), *Bd = up(B, (int64_t)N * K), *Cd = dnan((int64_t)M * N);
+  cpu->gemm(cpu, 0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);
+  gpu->gemm(gpu, 0, 1, M, N, K, 1.0f, Ad, K, Bd, K, 0.0f, Cd, N);
+  cmp("gemm 4096x2048x1024 (NT)", Cd, C, (int64_t)M * N, TOL_GEMM);
+  TIME_GPU("gemm 4096x2048x1024 fp32", 2.0 * M * N * K,
+           gpu->gemm(gpu, 0, 1, M, N, K, 1.0f, Ad, K, Bd, K, 0.0f, Cd, N));
+  case_end();
+}
+
+static void shapes_attn(const char *name, int n_seq, int T, int H, int KV, int hd) {
+  const int64_t n = (int64_t)n_seq * T, nq = n * H * hd, nk = n * KV * hd;
+  float *q = hrand(nq, 1), *k = hrand(nk, 1), *v = hrand(nk, 1), *dout = hrand(nq, 1);
+  float *out = hzeros(nq), *lse = hzeros(n * H), *dq = hzeros(nq), *dk = hzeros(nk), *dv = hzeros(nk);
+  float *qd = up(q, nq), *kd = up(k, nk), *vd = up(v, nk), *dod = up(dout, nq), *outd = dnan(nq), *lsed = dnan(n * H);
+  float *dqd = up(dq, nq), *dkd = up(dk, nk), *dvd = up(dv, nk);
+  char what[96];
+  cpu->attn_fwd(cpu, q, k, v, n_seq, T, H, KV, hd, out, lse);
+  gpu->attn_fwd(gpu, qd, kd, vd, n_seq, T, H, KV, hd, outd, lsed);
+  snprintf(what, sizeof what, "attn_fwd %s", name);
+  cmp(what, outd, out, nq, TOL_ATTN);
+  cpu->attn_bwd(cpu, q, k, v, out, lse, dout, n_seq, T, H, KV, hd, dq, dk, dv);
+  gpu->attn_bwd(gpu, qd, kd, vd, outd, lsed, dod, n_seq, T, H, KV, hd, dqd, dkd, dvd);
+  snprintf(what, sizeof what, "attn_bwd dq %s", name);
+  cmp(what, dqd, dq, nq, TOL_ATTN);
+  snprintf(what, sizeof what, "attn_bwd dk %s", name);
+  cmp(what, dkd, dk, nk, TOL_ATTN);
+  snprintf(what, sizeof what, "attn_bwd dv %s", name);
+  cmp(what, dvd, dv, nk, TOL_ATTN);
+  /* causal: half of the T x T scores; forward 2 products, backward 5 (s, dp, dq, dk, dv) */
+  double f2 = 2.0 * n_seq * H * ((double)T * T / 2) * hd;
+  snprintf(what, sizeof what, "attn_fwd %s", name);
+  TIME_GPU(what, 2 * f2, gpu->attn_fwd(gpu, qd, kd, vd, n_seq, T, H, KV, hd, outd, lsed));
+  snprintf(what, sizeof what, "attn_bwd %s", name);
+  TIME_GPU(what, 5 * f2, gpu->attn_bwd(gpu, qd, kd, vd, outd, lsed, dod, n_seq, T, H, KV, hd, dqd, dkd, dvd));
+  case_end();
+}
+
+static void shapes_ssm(int n_seq, int T, int Hm, int P, int N) {
+  const int64_t n = (int64_t)n_seq * T, nx = n * Hm * P;
+  float *x = hrand(nx, 1), *B = hrand(n * N, 0.3f), *C = hrand(n * N, 0.3f), *D = hrand(Hm, 1), *A_log = hrand(Hm, 0.5f);
+  float *dt = hrand(n * Hm, 1);
+  for (int64_t i = 0; i < n * Hm; i++) dt[i] = 0.001f + 0.05f * fabsf(dt[i]);
+  float *y = hzeros(nx), *g = hrand(nx, 1), *dx = hzeros(nx), *ddt = hzeros(n * Hm), *dA = hzeros(Hm),
+        *dB = hzeros(n * N), *dC = hzeros(n * N), *dD = hzeros(Hm);
+  float *xd = up(x, nx), *dtd = up(dt, n * Hm), *Ad = up(A_log, Hm), *Bd = up(B, n * N), *Cd = up(C, n * N),
+        *Dd = up(D, Hm), *yd = dnan(nx), *gd = up(g, nx);
+  float *dxd = up(dx, nx), *ddtd = up(ddt, n * Hm), *dAd = up(dA, Hm), *dBd = up(dB, n * N), *dCd = up(dC, n * N),
+        *dDd = up(dD, Hm);
+  cpu->ssm_fwd(cpu, x, dt, A_log, B, C, D, n_seq, T, Hm, P, N, y);
+  gpu->ssm_fwd(gpu, xd, dtd, Ad, Bd, Cd, Dd, n_seq, T, Hm, P, N, yd);
+  cmp("ssm_fwd nam-small", yd, y, nx, TOL_SCAN);
+  cpu->ssm_bwd(cpu, x, dt, A_log, B, C, D, g, n_seq, T, Hm, P, N, dx, ddt, dA, dB, dC, dD);
+  gpu->ssm_bwd(gpu, xd, dtd, Ad, Bd, Cd, Dd, gd, n_seq, T, Hm, P, N, dxd, ddtd, dAd, dBd, dCd, dDd);
+  cmp("ssm_bwd dx nam-small", dxd, dx, nx, TOL_SCAN);
+  cmp("ssm_bwd ddt", ddtd, ddt, n * Hm, TOL_SCAN);
+  cmp("ssm_bwd dA_log", dAd, dA, Hm, TOL_SCAN);
+  cmp("ssm_bwd dB", dBd, dB, n * N, TOL_SCAN);
+  cmp("ssm_bwd dC", dCd, dC, n * N, TOL_SCAN);
+  cmp("ssm_bwd dD", dDd, dD, Hm, TOL_SCAN);
+  TIME_GPU("ssm_fwd nam-small", 0, gpu->ssm_fwd(gpu, xd, dtd, Ad, Bd, Cd, Dd, n_seq, T, Hm, P, N, yd));
+  TIME_GPU("ssm_bwd nam-small", 0,
+           gpu->ssm_bwd(gpu, xd, dtd, Ad, Bd, Cd, Dd, gd, n_seq, T, Hm, P, N, dxd, ddtd, dAd, dBd, dCd, dDd));
+  case_end();
+}
+
+static void shapes_misc(void) {
+  const int n_seq = 2, T = 2048, n = n_seq * T, d = 1024, c = 2048, K = 4;
+  /* RG-LRU over rec_width 1024 */
+  {
+    const int64_t m = (int64_t)n * d;
+    float *gx = hrand(m, 1), *r = hrand(m, 1), *lam = hrand(d, 1), *h = hzeros(m), *dh = hrand(m, 1);
+    for (int64_t i = 0; i < m; i++) r[i] = 1.0f / (1.0f + expf(-r[i]));
+    float *dgx = hzeros(m), *dr = hzeros(m), *dl = hzeros(d);
+    float *gxd = up(gx, m), *rd = up(r, m), *ld = up(lam, d), *hd = dnan(m), *dhd = up(dh, m);
+    float *dgxd = up(dgx, m), *drd = up(dr, m), *dld = up(dl, d);
+    cpu->rglru_fwd(cpu, gx, r, lam, n_seq, T, d, h);
+    gpu->rglru_fwd(gpu, gxd, rd, ld, n_seq, T, d, hd);
+    cmp("rglru_fwd nam-small", hd, h, m, TOL_SCAN);
+    cpu->rglru_bwd(cpu, gx, r, lam, h, dh, n_seq, T, d, dgx, dr, dl);
+    gpu->rglru_bwd(gpu, gxd, rd, ld, hd, dhd, n_seq, T, d, dgxd, drd, dld);
+    cmp("rglru_bwd dr nam-small", drd, dr, m, TOL_SCAN);
+    cmp("rglru_bwd dlambda", dld, dl, d, TOL_SCAN);
+    TIME_GPU("rglru_fwd nam-small", 0, gpu->rglru_fwd(gpu, gxd, rd, ld, n_seq, T, d, hd));
+    TIME_GPU("rglru_bwd nam-small", 0, gpu->rglru_bwd(gpu, gxd, rd, ld, hd, dhd, n_seq, T, d, dgxd, drd, dld));
+    case_end();
+  }
+  /* depthwise conv over mamba_inner 2048 */
+  {
+    const int64_t m = (int64_t)n * c;
+    float *x = hrand(m, 1), *w = hrand((int64_t)c * K, 1), *b = hrand(c, 1), *y = hzeros(m), *g = hrand(m, 1);
+    float *dx = hzeros(m), *dw = hzeros((int64_t)c * K), *db = hzeros(c);
+    float *xd = up(x, m), *wd = up(w, (int64_t)c * K), *bd = up(b, c), *yd = dnan(m), *gd = up(g, m);
+    float *dxd = up(dx, m), *dwd = up(dw, (int64_t)c * K), *dbd = up(db, c);
+    cpu->conv_fwd(cpu, x, w, b, n_seq, T, c, K, y);
+    gpu->conv_fwd(gpu, xd, wd, bd, n_seq, T, c, K, yd);
+    cmp("conv_fwd nam-small", yd, y, m, TOL_EXACT);
+    cpu->conv_bwd(cpu, x, w, g, n_seq, T, c, K, dx, dw, db);
+    gpu->conv_bwd(gpu, xd, wd, gd, n_seq, T, c, K, dxd, dwd, dbd);
+    cmp("conv_bwd dw nam-small", dwd, dw, (int64_t)c * K, TOL_CPU_FSUM);
+    TIME_GPU("conv_fwd nam-small", 0, gpu->conv_fwd(gpu, xd, wd, bd, n_seq, T, c, K, yd));
+    TIME_GPU("conv_bwd nam-small", 0, gpu->conv_bwd(gpu, xd, wd, gd, n_seq, T, c, K, dxd, dwd, dbd));
+    case_end();
+  }
+  /* RMSNorm full width, and per head over mamba_inner */
+  {
+    const int64_t m = (int64_t)n * c;
+    float *x = hrand(m, 1), *w = hrand(c, 1), *y = hzeros(m), *rs = hzeros((int64_t)n * (c / 64)), *g = hrand(m, 1);
+    float *dx = hzeros(m), *dw = hzeros(c);
+    float *xd = up(x, m), *wd = up(w, c), *yd = dnan(m), *rsd = dnan((int64_t)n * (c / 64)), *gd = up(g, m);
+    float *dxd = up(dx, m), *dwd = up(dw, c);
+    cpu->rmsnorm_fwd(cpu, x, w, n, c, 64, 1e-5f, y, rs);
+    gpu->rmsnorm_fwd(gpu, xd, wd, n, c, 64, 1e-5f, yd, rsd);
+    cmp("rmsnorm_fwd group=64", yd, y, m, TOL_EXACT);
+    cpu->rmsnorm_bwd(cpu, x, w, rs, g, n, c, 64, dx, dw);
+    gpu->rmsnorm_bwd(gpu, xd, wd, rsd, gd, n, c, 64, dxd, dwd);
+    cmp("rmsnorm_bwd dw group=64", dwd, dw, c, TOL_SUM);
+    TIME_GPU("rmsnorm_fwd 4096x2048 group=64", 0, gpu->rmsnorm_fwd(gpu, xd, wd, n, c, 64, 1e-5f, yd, rsd));
+    TIME_GPU("rmsnorm_bwd 4096x2048 group=64", 0, gpu->rmsnorm_bwd(gpu, xd, wd, rsd, gd, n, c, 64, dxd, dwd));
+    TIME_GPU("rmsnorm_fwd 4096x2048 full", 0, gpu->rmsnorm_fwd(gpu, xd, wd, n, c, c, 1e-5f, yd, rsd));
+    case_end();
+  }
+  /* cross-entropy over the 32768 vocabulary (1024 rows) */
+  {
+    const int nx = 1024, V = 32768, Vp = 32768;
+    int32_t *tgt = track_host(malloc(nx * sizeof(int32_t)));
+    for (int r = 0; r < nx; r++) tgt[r] = (int32_t)mc_rng_below(7, 9, (uint64_t)r, V);
+    float *lg = hrand((int64_t)nx * Vp, 3), *loss = hzeros(nx), *lse = hzeros(nx), *dl = hzeros((int64_t)nx * Vp);
+    float *lgd = up(lg, (int64_t)nx * Vp), *lossd = dnan(nx), *lsed = dnan(nx), *dld = dnan((int64_t)nx * Vp);
+    int32_t *tgtd = upi(tgt, nx);
+    cpu->xent_fwd(cpu, lg, tgt, nx, V, Vp, loss, lse);
+    gpu->xent_fwd(gpu, lgd, tgtd, nx, V, Vp, lossd, lsed);
+    cmp("xent_fwd 1024x32768", lossd, loss, nx, TOL_EXACT);
+    cpu->xent_bwd(cpu, lg, tgt, lse, nx, V, Vp, 1e-3f, dl);
+    gpu->xent_bwd(gpu, lgd, tgtd, lsed, nx, V, Vp, 1e-3f, dld);
+    cmp("xent_bwd 1024x32768", dld, dl, (int64_t)nx * Vp, TOL_EXACT);
+    TIME_GPU("xent_fwd 1024x32768", 0, gpu->xent_fwd(gpu, lgd, tgtd, nx, V, Vp, lossd, lsed));
+    TIME_GPU("xent_bwd 1024x32768", 0, gpu->xent_bwd(gpu, lgd, tgtd, lsed, nx, V, Vp, 1e-3f, dld));
+    case_end();
+  }
+  /* MoE routing and permutation, 8 experts, top-2, d_model 1024 */
+  {
+    const int E = 8, k = 2;
+    float *lg = hrand((int64_t)n * E, 1), *probs = hzeros((int64_t)n * E), *gate = hzeros((int64_t)n * k);
+    float *f = hzeros((int64_t)n_seq * E), *aux = hzeros(n_seq);
+    int32_t *idx = track_host(malloc((size_t)n * k * 4)), *slot = track_host(malloc((size_t)n * k * 4)), counts[8],
+            dropped;
+    float *lgd = up(lg, (int64_t)n * E), *pd = dnan((int64_t)n * E), *gd = dnan((int64_t)n * k),
+          *fd = dnan((int64_t)n_seq * E), *ad = dnan(n_seq);
+    int32_t *idxd = dalloc((size_t)n * k * 4), *slotd = dalloc((size_t)n * k * 4), *cd = dalloc(sizeof counts),
+            *dd = dalloc(4);
+    const int cap = (int)(1.25 * k * T / E);
+    cpu->moe_route(cpu, lg, n_seq, T, E, k, cap, probs, idx, gate, slot, counts, f, aux, &dropped);
+    gpu->moe_route(gpu, lgd, n_seq, T, E, k, cap, pd, idxd, gd, slotd, cd, fd, ad, dd);
+    cmpi("moe_route slot nam-small", slotd, slot, (int64_t)n * k);
+    cmpi("moe_route counts", cd, counts, E);
+    TIME_GPU("moe_route 4096 tokens E=8 k=2", 0,
+             gpu->moe_route(gpu, lgd, n_seq, T, E, k, cap, pd, idxd, gd, slotd, cd, fd, ad, dd));
+    int rows = 0;
+    for (int e = 0; e < E; e++) rows += counts[e];
+    float *x = hrand((int64_t)n * d, 1), *xd = up(x, (int64_t)n * d), *xpd = dnan((int64_t)rows * d);
+    TIME_GPU("moe_permute d=1024", 0, gpu->moe_permute(gpu, xd, slotd, n, k, d, xpd));
+    TIME_GPU("moe_unpermute d=1024", 0, gpu->moe_unpermute(gpu, xpd, slotd, gd, n, k, d, xd));
+    case_end();
+  }
+}
+
+static void run_shapes(void) {
+  printf("model-sized shapes (nam-small / dense-a layers, 2 x 2048 tokens)\n");
+  shapes_gemm();
+  shapes_attn("nam-small H=16/4 hd=64", 2, 2048, 16, 4, 64);
+  shapes_attn("dense-a H=16/16 hd=128", 2, 2048, 16, 16, 128);
+  shapes_ssm(2, 2048, 32, 64, 64);
+  shapes_misc();
+}
 #endif
 
-int main(void) {
+int main(int argc, char **argv) {
 #ifndef MC_HAVE_CUDA
+  (void)argc, (void)argv;
   printf("SKIP: no CUDA device (built without CUDA)\n");
   return 0;
 #else
@@ -522,6 +747,7 @@ int main(void) {
   moe_case(0);
   moe_case(12);
   test_failures();
+  if (argc > 1 && strcmp(argv[1], "--shapes") == 0) run_shapes();
   printf("worst error/tolerance over all ops: %.3f\n", worst_ratio);
   return mc_check_exit("test_cuda_ops");
 #endif
