@@ -1,0 +1,278 @@
+/* Training steps under a parallel layout against the single-rank run (mpirun -np tp*dp).
+ *
+ *   dist_train TP DP SP ZERO                 steps 1..10 under the layout; rank 0 also runs the
+ *                                            single-rank oracle. Every step's loss must match
+ *                                            to 1e-4 relative, and the final master weights
+ *                                            (and working weights) match within PTOL.
+ *   dist_train TP DP SP ZERO --save DIR      steps 1..5, checkpoint of step 5 in DIR, steps
+ *                                            6..10; writes DIR/losses.txt (steps 6..10).
+ *   dist_train TP DP SP ZERO --resume DIR    loads DIR (any layout wrote it) and runs steps
+ *                                            6..10 on the same data; the losses must match
+ *                                            DIR/losses.txt to 1e-4 relative.
+ * The step is the documented sequence of train/dist.h: micro-batches, mc_dist_sync_grads,
+ * mc_dist_grad_norm, clipping, mc_dist_update; samples follow mc_data_first_sample. */
+#include <mpi.h>
+
+#include "tests/dist/distcheck.h"
+#include "train/data.h"
+
+#define STEPS 10
+#define SAVE_AT 5
+#define LTOL 1e-4
+/* Final weights: max |w - w_1| <= PTOL. AdamW moves each weight by about lr per step
+ * whatever the gradient's size, so this bounds the drift of 10 steps at lr 3e-3 (0.03) by
+ * a factor 300 below it; the runs differ only by summation order. */
+#define PTOL 1e-4
+
+static const char *PATTERN = "AMER";
+
+typedef struct {
+  mc_model m;
+  mc_train_cfg t;
+  mc_config cfg;
+} setup;
+
+static void make_setup(setup *s) {
+  mc_config_default(&s->cfg);
+  s->m = dc_model(PATTERN);
+  s->t = s->cfg.train;
+  s->t.steps = STEPS, s->t.global_batch = 8, s->t.micro_batch = 2;
+  s->t.lr = 3e-3, s->t.min_lr = 3e-4, s->t.warmup_steps = 2;
+  s->t.grad_clip = 1.0, s->t.weight_decay = 0.1;
+  s->cfg.model = s->m;
+  s->cfg.train = s->t;
+}
+
+/* Steps [s0, s1): losses[s] = mean token cross-entropy of the global batch of step s. */
+static int run_steps(const setup *S, mc_net *net, mc_dist_opt *d, const mc_layout *l, int rank, int64_t s0,
+                     int64_t s1, double *losses) {
+  const mc_train_cfg *t = &S->t;
+  const int T = S->m.seq_len, G = t->global_batch, mb = t->micro_batch;
+  mc_coords c;
+  mc_layout_coords(l, rank, &c);
+  int32_t *tok = malloc(sizeof(int32_t) * (size_t)mb * (T + 1));
+  for (int64_t s = s0; s < s1; s++) {
+    mc_net_zero_grad(net);
+    mc_net_stats tot;
+    memset(&tot, 0, sizeof tot);
+    for (int mi = 0; mi < G / l->dp / mb; mi++) {
+      dc_samples(&S->m, mc_data_first_sample(s, G, l->dp, c.dp_rank, mb, mi), mb, tok);
+      mc_net_stats st;
+      if (mc_net_forward_backward(net, tok, mb, 1.0 / ((double)G * T), 1.0 / G, &st)) goto fail;
+      tot.ce_sum += st.ce_sum, tot.aux_sum += st.aux_sum, tot.n_tokens += st.n_tokens, tot.n_seqs += st.n_seqs;
+    }
+    double norm;
+    if (mc_dist_stats_sum(d->comm, &tot) || mc_dist_sync_grads(d) || mc_dist_grad_norm(d, &norm)) goto fail;
+    if (mc_dist_update(d, t, mc_lr_at(t, s), mc_clip_scale(norm, t->grad_clip))) goto fail;
+    losses[s] = tot.ce_sum / (double)tot.n_tokens;
+    CHECK(tot.n_tokens == (int64_t)G * T, "step %lld scored %lld tokens", (long long)s + 1, (long long)tot.n_tokens);
+  }
+  free(tok);
+  return 0;
+fail:
+  free(tok);
+  return -1;
+}
+
+typedef struct {
+  mc_geometry geo;
+  mc_net *net;
+  mc_dist_opt d;
+  int ok;
+} trainee;
+
+static int trainee_make(trainee *e, const setup *S, const mc_layout *l, int rank, const mc_comm_groups *grp) {
+  memset(e, 0, sizeof *e);
+  if (mc_geometry_build(&S->m, l, &S->t, grp ? grp->world->size : 1, &e->geo)) return -1;
+  e->net = mc_net_create_dist(&e->geo, rank, S->t.seed, grp);
+  if (!e->net || mc_dist_opt_init(&e->d, e->net, &e->geo, grp, rank)) return -1;
+  e->ok = 1;
+  return 0;
+}
+
+static void trainee_free(trainee *e) {
+  if (e->ok) mc_dist_opt_free(&e->d);
+  mc_net_free(e->net);
+  mc_geometry_free(&e->geo);
+}
+
+/* The single-rank oracle on rank 0; its losses and final weights are broadcast. */
+static int oracle(const setup *S, int rank, double *losses, float ***weights, mc_family_set *fams) {
+  mc_layout l1 = dc_layout(1, 1, 0, 0);
+  trainee e;
+  int rc = 0;
+  if (rank == 0) rc = trainee_make(&e, S, &l1, 0, NULL) || run_steps(S, e.net, &e.d, &l1, 0, 0, STEPS, losses);
+  MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (rc) {
+    if (rank == 0) fprintf(stderr, "oracle: %s\n", mc_errmsg()), trainee_free(&e);
+    return -1;
+  }
+  MPI_Bcast(losses, STEPS, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  mc_families_build(&S->m, 0, fams);
+  *weights = calloc((size_t)fams->n, sizeof(float *));
+  for (int f = 0; f < fams->n; f++) {
+    (*weights)[f] = malloc(sizeof(float) * (size_t)fams->f[f].numel);
+    if (rank == 0) {
+      const mc_optim_slot *sl = &e.d.opt.slots[mc_optim_slot_of(&e.d.opt, f)];
+      memcpy((*weights)[f], sl->master, sizeof(float) * (size_t)fams->f[f].numel);
+    }
+    MPI_Bcast((*weights)[f], (int)fams->f[f].numel, MPI_FLOAT, 0, MPI_COMM_WORLD);
+  }
+  if (rank == 0) trainee_free(&e);
+  return 0;
+}
+
+static void compare_losses(const double *got, const double *want, int64_t s0, int64_t s1, int rank) {
+  for (int64_t s = s0; s < s1; s++) {
+    CHECK(fabs(got[s] - want[s]) <= LTOL * fabs(want[s]), "step %lld: loss %.9g, single-rank %.9g", (long long)s + 1,
+          got[s], want[s]);
+    if (rank == 0) printf("  step %2lld  loss %.7f  oracle %.7f  rel %.2e\n", (long long)s + 1, got[s], want[s],
+                          fabs(got[s] - want[s]) / fabs(want[s]));
+  }
+}
+
+static void compare_weights(trainee *e, float **ref, int rank, uint64_t seed) {
+  double worst = 0.0;
+  for (int s = 0; s < e->d.opt.n; s++) {
+    const mc_optim_slot *sl = &e->d.opt.slots[s];
+    const mc_family *f = &e->geo.fams.f[sl->fam];
+    double rmax, diff = 0.0;
+    if (sl->numel > 0) diff = dc_slice_diff(sl->master, &sl->shard, sl->shard.start, sl->shard.count, ref[sl->fam], f, &rmax);
+    CHECK(diff <= PTOL, "rank %d %s: master weights differ by %.3g", rank, f->name, diff);
+    worst = fmax(worst, diff);
+  }
+  for (int i = 0; i < mc_net_n_params(e->net) && e->net->zero != 3; i++) { /* working weights = whole local slices */
+    mc_net_param *p = mc_net_param_at(e->net, i);
+    double rmax, diff = dc_slice_diff(p->w, &p->shard, p->shard.local_start, p->shard.local_count, ref[p->fam],
+                                      &e->geo.fams.f[p->fam], &rmax);
+    CHECK(diff <= PTOL, "rank %d %s: working weights differ by %.3g", rank, e->geo.fams.f[p->fam].name, diff);
+  }
+  double all = 0.0;
+  MPI_Allreduce(&worst, &all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  /* the comparison means something only if training moved the weights well beyond PTOL */
+  mc_layout l1 = dc_layout(1, 1, 0, 0);
+  mc_geometry g1;
+  double moved = 0.0;
+  if (mc_geometry_build(&e->net->geo.model, &l1, NULL, -1, &g1) == 0) {
+    mc_net *init = mc_net_create(&g1, 0, seed);
+    for (int i = 0; init && i < mc_net_n_params(init); i++) {
+      mc_net_param *p = mc_net_param_at(init, i);
+      for (int64_t k = 0; k < p->numel; k++) moved = fmax(moved, fabs((double)p->w[k] - ref[p->fam][k]));
+    }
+    mc_net_free(init);
+    mc_geometry_free(&g1);
+  }
+  CHECK(moved > 100 * PTOL, "training moved the weights by only %.3g", moved);
+  if (rank == 0) printf("  final weights: max |w - w_1| = %.3g (tolerance %g; training moved them by up to %.3g)\n", all, PTOL, moved);
+}
+
+static int save_ckpt(const setup *S, trainee *e, const mc_comm_groups *grp, const char *dir, int64_t step) {
+  mc_train_state st;
+  memset(&st, 0, sizeof st);
+  st.step = step, st.schedule_step = step, st.adam_step = e->d.opt.step;
+  st.tokens_seen = step * S->t.global_batch * S->m.seq_len;
+  st.lr = mc_lr_at(&S->t, step - 1);
+  st.lr_max = S->t.lr, st.lr_min = S->t.min_lr, st.warmup_steps = S->t.warmup_steps, st.total_steps = S->t.steps;
+  st.beta1 = S->t.beta1, st.beta2 = S->t.beta2, st.adam_eps = S->t.adam_eps;
+  st.weight_decay = S->t.weight_decay, st.grad_clip = S->t.grad_clip;
+  st.seed = S->t.seed, st.data_position = step * S->t.global_batch;
+  mc_ckpt_item *items = malloc(sizeof *items * (size_t)(3 * e->d.opt.n + 1));
+  int n = mc_dist_ckpt_items(&e->d, items);
+  mc_ckpt_save_opts so;
+  mc_ckpt_save_opts_default(&so);
+  so.root = grp->world->rank == 0;
+  so.barrier = mc_dist_ckpt_barrier;
+  so.barrier_user = grp->world;
+  mc_config cfg = S->cfg;
+  cfg.parallel = e->geo.layout;
+  int rc = mc_ckpt_save(dir, &e->geo, &cfg, &st, items, n, &so);
+  free(items);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  mc_comm *world;
+  if (mc_comm_mpi_init(&argc, &argv, &world)) return fprintf(stderr, "%s\n", mc_errmsg()), 1;
+  if (argc < 5) {
+    fprintf(stderr, "usage: dist_train TP DP SP ZERO [--save DIR | --resume DIR]\n");
+    mc_comm_mpi_finalize();
+    return 2;
+  }
+  mc_layout l = dc_layout(atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
+  const char *save = argc > 6 && !strcmp(argv[5], "--save") ? argv[6] : NULL;
+  const char *resume = argc > 6 && !strcmp(argv[5], "--resume") ? argv[6] : NULL;
+  mc_comm_groups grp;
+  if (mc_comm_make_groups(world, &l, &grp)) {
+    fprintf(stderr, "%s\n", mc_errmsg());
+    mc_comm_mpi_finalize();
+    return 1;
+  }
+  int rank = world->rank;
+  setup S;
+  make_setup(&S);
+  if (rank == 0)
+    printf("layout tp=%d dp=%d sp=%d zero=%d, pattern %s, G=%d, micro-batch %d%s%s\n", l.tp, l.dp, l.sp, l.zero, PATTERN,
+           S.t.global_batch, S.t.micro_batch, save ? ", save to " : resume ? ", resume from " : "",
+           save ? save : resume ? resume : "");
+  double losses[STEPS], want[STEPS];
+  memset(losses, 0, sizeof losses);
+  trainee e;
+  int made = trainee_make(&e, &S, &l, rank, &grp) == 0;
+  CHECK(made, "rank %d: %s", rank, mc_errmsg());
+  char path[1200];
+  if (made && !save && !resume) {
+    float **ref = NULL;
+    mc_family_set fams;
+    memset(&fams, 0, sizeof fams);
+    if (oracle(&S, rank, want, &ref, &fams) == 0) {
+      CHECK_OK(run_steps(&S, e.net, &e.d, &l, rank, 0, STEPS, losses));
+      compare_losses(losses, want, 0, STEPS, rank);
+      compare_weights(&e, ref, rank, S.t.seed);
+      for (int f = 0; f < fams.n; f++) free(ref[f]);
+      free(ref);
+      mc_families_free(&fams);
+    } else {
+      CHECK(0, "the single-rank oracle failed");
+    }
+  } else if (made && save) {
+    CHECK_OK(run_steps(&S, e.net, &e.d, &l, rank, 0, SAVE_AT, losses));
+    CHECK_OK(save_ckpt(&S, &e, &grp, save, SAVE_AT));
+    CHECK_OK(run_steps(&S, e.net, &e.d, &l, rank, SAVE_AT, STEPS, losses));
+    snprintf(path, sizeof path, "%s/losses.txt", save);
+    FILE *fp = rank == 0 ? fopen(path, "w") : NULL;
+    for (int s = SAVE_AT; fp && s < STEPS; s++) fprintf(fp, "%d %.17g\n", s + 1, losses[s]);
+    if (fp) fclose(fp);
+    CHECK(rank != 0 || fp, "cannot write %s", path);
+  } else if (made && resume) {
+    mc_ckpt *ck = NULL;
+    mc_train_state st;
+    CHECK_OK(mc_ckpt_open(resume, NULL, &ck));
+    if (ck) {
+      CHECK_OK(mc_ckpt_check_model(ck, &S.m));
+      CHECK_OK(mc_ckpt_train_state(ck, &st));
+      CHECK(st.step == SAVE_AT, "checkpoint at step %lld", (long long)st.step);
+      CHECK_OK(mc_dist_load(&e.d, ck));
+      e.d.opt.step = st.adam_step;
+      mc_ckpt_close(ck);
+      snprintf(path, sizeof path, "%s/losses.txt", resume);
+      FILE *fp = fopen(path, "r");
+      CHECK(fp, "cannot read %s", path);
+      int got = 0, sx;
+      double v;
+      while (fp && fscanf(fp, "%d %lf", &sx, &v) == 2)
+        if (sx >= 1 && sx <= STEPS) want[sx - 1] = v, got++;
+      if (fp) fclose(fp);
+      CHECK(got == STEPS - SAVE_AT, "%s holds %d losses", path, got);
+      CHECK_OK(run_steps(&S, e.net, &e.d, &l, rank, SAVE_AT, STEPS, losses));
+      compare_losses(losses, want, SAVE_AT, STEPS, rank);
+    }
+  }
+  trainee_free(&e);
+  int fails = mc_check_failures, total = 0;
+  MPI_Allreduce(&fails, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  mc_check_failures = total;
+  int rc = rank == 0 ? mc_check_exit("dist_train") : (total ? 1 : 0);
+  mc_comm_free_groups(&grp);
+  mc_comm_mpi_finalize();
+  return rc;
+}
