@@ -5,8 +5,8 @@
  *   (silu(xp w1[e]^T) * (xp w3[e]^T)) w2[e]^T with grouped products, and the outputs come back
  *   weighted by their gates: x += sum_j gate_j y_j. Dropped assignments add nothing (the
  *   residual passes through). Aux loss per sequence: coef * E * sum_e f_e P_e.
- * The block runs on the residual stream's rows: whole sequences, or under SP this rank's
- * shard of every sequence, whose f and P are then completed over the TP group. */
+ * The block runs on net->moe_T positions per sequence: whole sequences, or under SP this
+ * rank's shard of every sequence, whose f and P are then completed over the TP group. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -73,7 +73,7 @@ static int moe_capacity(const mc_model *m) {
 static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   mc_backend *be = net->be;
   const mc_model *m = &net->m;
-  const int T = net->T_res, n = n_seq * T, d = m->d_model, E = m->n_experts, k = m->top_k, F = m->expert_hidden;
+  const int T = net->moe_T, n = n_seq * T, d = m->d_model, E = m->n_experts, k = m->top_k, F = m->expert_hidden;
   float **f = L->f;
   int32_t **iv = L->i;
   mc_linear_fwd(be, L->u, mc_w(net, L, MC_ROLE_MOE_ROUTER), n, d, E, 0.0f, f[LOGITS]);
@@ -84,7 +84,7 @@ static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   be->to_host(be, L->aux_host, f[AUX], (size_t)n_seq * sizeof(float));
   be->to_host(be, &dropped, iv[DROPPED], sizeof(int32_t));
   L->dropped = dropped;
-  if (net->sp && mc_sp_moe_aux(net, L, f[PROBS], f[FR], n_seq, T)) return -1;
+  if (net->moe_T != m->seq_len && mc_sp_moe_aux(net, L, f[PROBS], f[FR], n_seq, T)) return -1;
   int64_t rows = 0;
   for (int e = 0; e < E; e++) rows += L->counts_host[e];
   be->moe_permute(be, L->u, iv[SLOT], n, k, d, f[XP]);
@@ -104,7 +104,7 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
                         double seq_weight) {
   mc_backend *be = net->be;
   const mc_model *m = &net->m;
-  const int T = net->T_res, n = n_seq * T, d = m->d_model, E = m->n_experts, k = m->top_k, F = m->expert_hidden;
+  const int T = net->moe_T, n = n_seq * T, d = m->d_model, E = m->n_experts, k = m->top_k, F = m->expert_hidden;
   float **f = L->f, **g = net->g;
   int32_t **iv = L->i;
   const int32_t *c = L->counts_host;
@@ -126,8 +126,10 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
       experts_gemm(be, E, c, 0, 0, -1, d, F, g[DH3], F, fr, mc_w(net, L, MC_ROLE_MOE_W3), d, w13, 1.0f, g[DXP], d, xr))
     return -1;
   be->moe_permute_bwd(be, g[DXP], iv[SLOT], n, k, d, du);
-  /* Under SP f holds the sequence's fractions and P spans tp shards of T positions each, so
-   * d(aux)/d(prob) = E f / (tp T): the kernel divides by T, the scale by tp. */
+  /* Under SP on shards f holds the sequence's fractions and P spans tp shards of T positions
+   * each, so d(aux)/d(prob) = E f / (tp T): the kernel divides by T, the scale by tp. Under
+   * SP on gathered sequences every TP rank adds the aux gradient of every token, so each
+   * adds 1/tp of it. */
   be->moe_route_bwd(be, f[PROBS], iv[IDX], f[GATE], g[DGATE], f[FR], n_seq, T, E, k,
                     (float)(seq_weight * m->aux_loss_coef / (net->sp ? net->tp : 1)), mc_zeroed(be, g[DLOGITS], (int64_t)n * E));
   mc_linear_bwd(be, L->u, mc_w(net, L, MC_ROLE_MOE_ROUTER), g[DLOGITS], n, d, E, du, mc_g(net, L, MC_ROLE_MOE_ROUTER));

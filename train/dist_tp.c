@@ -58,6 +58,25 @@ int mc_sp_reduce_scatter(struct mc_net *net, const float *full, float *shard, in
   return 0;
 }
 
+static void sp_own_rows(struct mc_net *net, float *full, float *shard, int n_seq, int d, int to_full) {
+  const int Tl = net->T_res, T = net->m.seq_len, q = net->tp_rank;
+  const int64_t blk = (int64_t)Tl * d;
+  for (int s = 0; s < n_seq; s++) {
+    float *fl = full + ((int64_t)s * T + (int64_t)q * Tl) * d, *sh = shard + (int64_t)s * blk;
+    if (to_full) net->be->copy(net->be, fl, sh, blk);
+    else net->be->copy(net->be, sh, fl, blk);
+  }
+}
+
+void mc_sp_take(struct mc_net *net, const float *full, float *shard, int n_seq, int d) {
+  sp_own_rows(net, (float *)full, shard, n_seq, d, 0);
+}
+
+void mc_sp_place(struct mc_net *net, const float *shard, float *full, int n_seq, int d) {
+  net->be->fill(net->be, full, (int64_t)n_seq * net->m.seq_len * d, 0.0f);
+  sp_own_rows(net, full, (float *)shard, n_seq, d, 1);
+}
+
 /* ------------------------------------------------------------------ vocab-parallel embedding */
 
 int mc_vp_embed_fwd(struct mc_net *net, const int32_t *tok_host, int n_seq, float *out) {

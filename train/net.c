@@ -74,8 +74,6 @@ static int init_param(mc_net *net, mc_net_param *p, uint64_t seed) {
 
 /* ------------------------------------------------------------------ creation */
 
-static int has_block(const mc_model *m, char kind) { return strchr(m->pattern, kind) != NULL; }
-
 static int comm_size(const mc_comm *c) { return c ? c->size : 1; }
 
 static int check_layout(const mc_geometry *geo, int rank, const mc_comm_groups *comm) {
@@ -89,10 +87,6 @@ static int check_layout(const mc_geometry *geo, int rank, const mc_comm_groups *
   if (comm && (comm_size(comm->world) != geo->world || comm_size(comm->tp) != l->tp || comm_size(comm->dp) != l->dp))
     return mc_error("network: communicator groups (world %d, tp %d, dp %d) do not match the layout (world %d, tp %d, dp %d)",
                     comm_size(comm->world), comm_size(comm->tp), comm_size(comm->dp), geo->world, l->tp, l->dp);
-  if (l->sp && l->tp > 1 && has_block(&geo->model, 'E') && geo->model.capacity_factor > 0)
-    return mc_error("not supported yet by the network: sp=1 with tp=%d and MoE capacity_factor=%g (per-sequence "
-                    "capacity needs the whole sequence; use dropless routing, capacity_factor=0, or sp=0)",
-                    l->tp, geo->model.capacity_factor);
   for (int i = 0; geo->model.pattern[i]; i++)
     if (!block_ops(geo->model.pattern[i]))
       return mc_error("model.pattern: block '%c' at layer %d has no implementation", geo->model.pattern[i], i);
@@ -130,6 +124,9 @@ mc_net *mc_net_create_dist(const mc_geometry *geo, int rank, uint64_t seed, cons
   net->sp = lay->sp && lay->tp > 1;
   net->zero = lay->zero;
   net->T_res = net->sp ? geo->model.seq_len / lay->tp : geo->model.seq_len;
+  /* Per-sequence capacity needs each sequence's order, so under SP an E block with capacity
+   * gathers whole sequences; dropless routing works on the shard. */
+  net->moe_T = geo->model.capacity_factor > 0 ? geo->model.seq_len : net->T_res;
   net->Vpl = mc_vocab_padded(&geo->model) / lay->tp;
   net->v0 = net->Vpl * co.tp_rank;
   net->Vl = geo->model.vocab_size - net->v0;
@@ -329,26 +326,40 @@ static int layer_params(const mc_layer *l, int *idx) {
   return n;
 }
 
-/* x += f(u) for one block, with the TP collectives around it. E blocks are never TP-split:
- * without SP every TP rank computes the same MoE on the same tokens, with SP on its shard. */
+/* How a block meets the TP group. Column/row-parallel blocks (A, M, R) take whole sequences
+ * and give partial sums; E blocks are never TP-split: without SP every TP rank computes the
+ * same MoE on the same tokens, with SP each its shard, or (capacity) every rank the whole
+ * gathered sequences, keeping its shard's rows of the output. */
+typedef enum { ROWS_LOCAL, ROWS_SPLIT, ROWS_GATHERED } block_rows;
+
+static block_rows rows_of(const mc_net *net, const mc_layer *l) {
+  if (net->tp <= 1) return ROWS_LOCAL;
+  if (l->kind != 'E') return ROWS_SPLIT;
+  return net->sp && net->moe_T != net->T_res ? ROWS_GATHERED : ROWS_LOCAL;
+}
+
+/* x += f(u) for one block, with the collectives around it. */
 static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
   mc_backend *be = net->be;
   const int d = net->m.d_model, n = n_seq * net->m.seq_len, nl = n_seq * net->T_res;
-  const int split = l->kind != 'E' && net->tp > 1;
-  if (net->sp && split) {
+  const block_rows how = rows_of(net, l);
+  if (net->sp && how != ROWS_LOCAL) {
     be->rmsnorm_fwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), nl, d, d, (float)net->m.norm_eps, net->ush, l->rstd);
     if (mc_sp_gather(net, net->ush, l->u, n_seq, d)) return -1;
   } else {
     be->rmsnorm_fwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), nl, d, d, (float)net->m.norm_eps, l->u, l->rstd);
   }
-  const int rows = split ? n : nl;
+  const int rows = how == ROWS_LOCAL ? nl : n;
   be->fill(be, net->y, (int64_t)rows * d, 0.0f);
   if (block_ops(l->kind)->forward(net, l, n_seq, net->y)) return -1;
-  if (split && net->sp) {
+  if (how == ROWS_GATHERED) {
+    mc_sp_take(net, net->y, net->ush, n_seq, d);
+    be->axpy(be, net->x, net->ush, (int64_t)nl * d, 1.0f);
+  } else if (how == ROWS_SPLIT && net->sp) {
     if (mc_sp_reduce_scatter(net, net->y, net->ush, n_seq, d)) return -1;
     be->axpy(be, net->x, net->ush, (int64_t)nl * d, 1.0f);
   } else {
-    if (split && mc_tp_allreduce(net, net->y, (int64_t)n * d)) return -1;
+    if (how == ROWS_SPLIT && mc_tp_allreduce(net, net->y, (int64_t)n * d)) return -1;
     be->axpy(be, net->x, net->y, (int64_t)nl * d, 1.0f);
   }
   return 0;
@@ -425,24 +436,29 @@ static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *
 }
 
 /* One block's backward: dx (the residual gradient) gains the block's contribution through
- * the pre-norm, with the TP collectives mirroring block_forward. */
+ * the pre-norm, with the collectives mirroring block_forward. A gathered E block sees the
+ * output gradient of its shard's rows only, so its parameter and input gradients are
+ * partial over TP like a split block's. */
 static int block_backward(mc_net *net, mc_layer *l, int n_seq, double seq_weight) {
   mc_backend *be = net->be;
   const int d = net->m.d_model, n = n_seq * net->m.seq_len, nl = n_seq * net->T_res;
-  const int split = l->kind != 'E' && net->tp > 1;
+  const block_rows how = rows_of(net, l);
   const float *dy = net->dx;
   float *du_res = net->du; /* the normed input's gradient, residual rows */
-  if (split && net->sp) {
+  if (how == ROWS_GATHERED) {
+    mc_sp_place(net, net->dx, net->full, n_seq, d);
+    dy = net->full;
+  } else if (how == ROWS_SPLIT && net->sp) {
     if (mc_sp_gather(net, net->dx, net->full, n_seq, d)) return -1;
     dy = net->full;
-    du_res = net->ush;
   }
-  const int rows = split ? n : nl;
+  const int rows = how == ROWS_LOCAL ? nl : n;
   be->fill(be, net->du, (int64_t)rows * d, 0.0f);
   if (block_ops(l->kind)->backward(net, l, n_seq, dy, net->du, seq_weight)) return -1;
-  if (split && net->sp) {
+  if (net->sp && how != ROWS_LOCAL) {
     if (mc_sp_reduce_scatter(net, net->du, net->ush, n_seq, d)) return -1;
-  } else if (split && mc_tp_allreduce(net, net->du, (int64_t)n * d)) {
+    du_res = net->ush;
+  } else if (how == ROWS_SPLIT && mc_tp_allreduce(net, net->du, (int64_t)n * d)) {
     return -1;
   }
   be->rmsnorm_bwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), l->rstd, du_res, nl, d, d, net->dx, mc_g(net, l, MC_ROLE_NORM));

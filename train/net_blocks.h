@@ -81,6 +81,8 @@ struct mc_net {
   const mc_comm_groups *comm; /* NULL: one rank */
   int tp, tp_rank, sp, zero;
   int T_res;           /* positions per sequence in the residual stream: T, or T/tp under SP */
+  int moe_T;           /* positions per sequence an E block routes: T_res, or T when SP with
+                          capacity makes it gather whole sequences (train/net.c) */
   int v0, Vl, Vpl;     /* vocab rows [v0, v0 + Vpl) of embed/head are local, Vl of them real */
   mc_dist_param *dist; /* [n_params] */
   float *y;            /* [n, d] a block's (partial) output */
@@ -102,6 +104,10 @@ int mc_tp_allreduce(struct mc_net *net, float *buf, int64_t count);
 int mc_sp_gather(struct mc_net *net, const float *shard, float *full, int n_seq, int d);
 /* SP: sums full rows [n_seq * T, d] over TP and keeps this rank's sequence shard. */
 int mc_sp_reduce_scatter(struct mc_net *net, const float *full, float *shard, int n_seq, int d);
+/* SP, no communication: this rank's shard rows of full rows (take), or full rows that are
+ * zero outside this rank's shard (place). */
+void mc_sp_take(struct mc_net *net, const float *full, float *shard, int n_seq, int d);
+void mc_sp_place(struct mc_net *net, const float *shard, float *full, int n_seq, int d);
 /* Vocab-parallel embedding of n tokens (host ids) into out [n, d], summed over TP (or
  * reduce-scattered into the residual shard under SP); backward from the full-row gradient. */
 int mc_vp_embed_fwd(struct mc_net *net, const int32_t *tok_host, int n_seq, float *out);

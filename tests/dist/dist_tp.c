@@ -3,7 +3,8 @@
  * has summed the partial-gradient surfaces, every rank's gradient slice equals the matching
  * slice of the single-rank gradient. Before that sum the partial surfaces (w_B, w_C, their
  * convs; norms and router under SP) must differ, so a forgotten sum cannot pass. Covers every
- * block kind, MoE capacity dropping without SP, and the clear refusal of SP with capacity. */
+ * block kind, MoE capacity dropping with and without SP (under SP an E block with capacity
+ * gathers whole sequences), and the refusals (no communicator groups, ep > 1). */
 #include <mpi.h>
 
 #include "tests/dist/distcheck.h"
@@ -30,6 +31,7 @@ static void run_case(mc_comm_groups *grp, const char *pattern, int sp, double ca
   CHECK(have_opt, "optimizer: %s", mc_errmsg());
   if (!ref || !net || !have_opt) goto out;
   const int n_seq = 3, T = m.seq_len;
+  CHECK(net->T_res == (sp ? T / 2 : T), "residual rows per sequence %d with sp=%d", net->T_res, sp);
   int32_t *tok = malloc(sizeof(int32_t) * n_seq * (T + 1));
   dc_samples(&m, 100, n_seq, tok);
   mc_net_stats s1, s2;
@@ -79,15 +81,17 @@ out:
 
 static void check_refusals(mc_comm_groups *grp) {
   mc_model m = dc_model("AE");
-  m.capacity_factor = 1.0;
   mc_layout l = dc_layout(2, 1, 1, 0);
   mc_geometry g;
   CHECK_OK(mc_geometry_build(&m, &l, NULL, 2, &g));
-  mc_net *net = mc_net_create_dist(&g, grp->world->rank, 1, grp);
-  CHECK(!net && strstr(mc_errmsg(), "capacity_factor"), "sp with capacity: %s", mc_errmsg());
-  mc_net_free(net);
-  net = mc_net_create(&g, grp->world->rank, 1);
+  mc_net *net = mc_net_create(&g, grp->world->rank, 1);
   CHECK(!net && strstr(mc_errmsg(), "communicator groups"), "no groups: %s", mc_errmsg());
+  mc_net_free(net);
+  mc_geometry_free(&g);
+  l.ep = 2;
+  CHECK(mc_geometry_build(&m, &l, NULL, 2, &g) == 0, "ep=2 geometry: %s", mc_errmsg());
+  net = mc_net_create_dist(&g, grp->world->rank, 1, grp);
+  CHECK(!net && strstr(mc_errmsg(), "ep=2"), "ep=2: %s", mc_errmsg());
   mc_net_free(net);
   mc_geometry_free(&g);
 }
@@ -105,6 +109,7 @@ int main(int argc, char **argv) {
   run_case(&grp, "AMER", 0, 0.0);
   run_case(&grp, "AMER", 1, 0.0);
   run_case(&grp, "EAEM", 0, 0.5);
+  run_case(&grp, "EAEM", 1, 0.5);
   check_refusals(&grp);
   int fails = mc_check_failures, total = 0;
   MPI_Allreduce(&fails, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
