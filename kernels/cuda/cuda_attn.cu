@@ -33,8 +33,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
   const int ldk = hd + 1;
   float *Qs = sm, *Ks = Qs + ATT_FQ * hd, *Vs = Ks + ATT_KT * ldk;
   const int s = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * ATT_FQ, kh = h / (H / KV);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, i0 = q0 + warp * ATT_RPW;
   const int64_t qs = (int64_t)H * hd, ks = (int64_t)KV * hd, row0 = (int64_t)s * T;
+  const float *Qw = Qs + warp * ATT_RPW * hd;
   load_tile(Qs, hd, q, row0, q0, ATT_FQ, T, qs, h, hd);
   float m[ATT_RPW], l[ATT_RPW], o[ATT_RPW][ATT_MAXC];
 #pragma unroll
@@ -49,38 +50,54 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     load_tile(Ks, ldk, k, row0, k0, ATT_KT, T, ks, kh, hd);
     load_tile(Vs, hd, v, row0, k0, ATT_KT, T, ks, kh, hd);
     __syncthreads();
+    if (k0 > i0 + ATT_RPW - 1) continue; /* warp-uniform: the whole tile is in this warp's future */
     const int j = k0 + lane;
+    /* the scores of key j against the warp's rows: one load of k per column for all rows */
+    float sc[ATT_RPW];
+#pragma unroll
+    for (int rr = 0; rr < ATT_RPW; rr++) sc[rr] = 0.0f;
+    const float *kj = Ks + lane * ldk;
+    for (int c = 0; c < hd; c++) {
+      const float kc = kj[c];
+#pragma unroll
+      for (int rr = 0; rr < ATT_RPW; rr++) sc[rr] += Qw[rr * hd + c] * kc;
+    }
+    float p[ATT_RPW];
 #pragma unroll
     for (int rr = 0; rr < ATT_RPW; rr++) {
-      const int il = warp * ATT_RPW + rr, i = q0 + il;
+      const int i = i0 + rr;
+      p[rr] = 0.0f;
       if (i >= T || k0 > i) continue; /* warp-uniform */
-      const float *qi = Qs + il * hd, *kj = Ks + lane * ldk;
-      float sc = 0.0f;
-      for (int c = 0; c < hd; c++) sc += qi[c] * kj[c];
-      sc *= scale;
       const bool ok = j <= i;
-      if (!ok) sc = -INFINITY;
-      const float mnew = fmaxf(m[rr], mc_d_warp_max(sc)); /* finite: key k0 <= i is valid */
-      const float p = ok ? expf(sc - mnew) : 0.0f;
+      const float x = ok ? sc[rr] * scale : -INFINITY;
+      const float mnew = fmaxf(m[rr], mc_d_warp_max(x)); /* finite: key k0 <= i is valid */
+      p[rr] = ok ? expf(x - mnew) : 0.0f;
       const float corr = expf(m[rr] - mnew);
-      l[rr] = l[rr] * corr + mc_d_warp_sum(p);
+      l[rr] = l[rr] * corr + mc_d_warp_sum(p[rr]);
       m[rr] = mnew;
 #pragma unroll
       for (int ci = 0; ci < ATT_MAXC; ci++) o[rr][ci] *= corr;
-      for (int jj = 0; jj < ATT_KT; jj++) {
-        const float pj = __shfl_sync(0xffffffffu, p, jj);
-        const float *vj = Vs + jj * hd;
+    }
+    /* o += p V: one load of v per column for all rows */
+    for (int jj = 0; jj < ATT_KT; jj++) {
+      float pj[ATT_RPW];
 #pragma unroll
-        for (int ci = 0; ci < ATT_MAXC; ci++) {
-          const int c = lane + 32 * ci;
-          if (c < hd) o[rr][ci] += pj * vj[c];
+      for (int rr = 0; rr < ATT_RPW; rr++) pj[rr] = __shfl_sync(0xffffffffu, p[rr], jj);
+      const float *vj = Vs + jj * hd;
+#pragma unroll
+      for (int ci = 0; ci < ATT_MAXC; ci++) {
+        const int c = lane + 32 * ci;
+        if (c < hd) {
+          const float vc = vj[c];
+#pragma unroll
+          for (int rr = 0; rr < ATT_RPW; rr++) o[rr][ci] += pj[rr] * vc;
         }
       }
     }
   }
 #pragma unroll
   for (int rr = 0; rr < ATT_RPW; rr++) {
-    const int i = q0 + warp * ATT_RPW + rr;
+    const int i = i0 + rr;
     if (i >= T) continue;
     float *oi = out + (row0 + i) * qs + (int64_t)h * hd;
     const float inv = 1.0f / l[rr];
@@ -114,14 +131,15 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
   const int ldk = hd + 1;
   float *Qs = sm, *dOs = Qs + ATT_FQ * hd, *Ks = dOs + ATT_FQ * hd, *Vs = Ks + ATT_KT * ldk;
   const int s = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * ATT_FQ, kh = h / (H / KV);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, i0 = q0 + warp * ATT_RPW;
   const int64_t qs = (int64_t)H * hd, ks = (int64_t)KV * hd, row0 = (int64_t)s * T;
+  const float *Qw = Qs + warp * ATT_RPW * hd, *dOw = dOs + warp * ATT_RPW * hd;
   load_tile(Qs, hd, q, row0, q0, ATT_FQ, T, qs, h, hd);
   load_tile(dOs, hd, dout, row0, q0, ATT_FQ, T, qs, h, hd);
   float li[ATT_RPW], Di[ATT_RPW], acc[ATT_RPW][ATT_MAXC];
 #pragma unroll
   for (int rr = 0; rr < ATT_RPW; rr++) {
-    const int i = q0 + warp * ATT_RPW + rr;
+    const int i = i0 + rr;
     li[rr] = i < T ? lse[(row0 + i) * H + h] : 0.0f;
     Di[rr] = i < T ? D[(row0 + i) * H + h] : 0.0f;
 #pragma unroll
@@ -133,33 +151,46 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     load_tile(Ks, ldk, k, row0, k0, ATT_KT, T, ks, kh, hd);
     load_tile(Vs, ldk, v, row0, k0, ATT_KT, T, ks, kh, hd);
     __syncthreads();
+    if (k0 > i0 + ATT_RPW - 1) continue;
     const int j = k0 + lane;
+    float sc[ATT_RPW], dp[ATT_RPW];
+#pragma unroll
+    for (int rr = 0; rr < ATT_RPW; rr++) sc[rr] = dp[rr] = 0.0f;
+    const float *kj = Ks + lane * ldk, *vj = Vs + lane * ldk;
+    for (int c = 0; c < hd; c++) {
+      const float kc = kj[c], vc = vj[c];
+#pragma unroll
+      for (int rr = 0; rr < ATT_RPW; rr++) {
+        sc[rr] += Qw[rr * hd + c] * kc;
+        dp[rr] += dOw[rr * hd + c] * vc;
+      }
+    }
+    float ds[ATT_RPW];
 #pragma unroll
     for (int rr = 0; rr < ATT_RPW; rr++) {
-      const int il = warp * ATT_RPW + rr, i = q0 + il;
-      if (i >= T || k0 > i) continue;
-      const float *qi = Qs + il * hd, *doi = dOs + il * hd, *kj = Ks + lane * ldk, *vj = Vs + lane * ldk;
-      float sc = 0.0f, dp = 0.0f;
-      for (int c = 0; c < hd; c++) {
-        sc += qi[c] * kj[c];
-        dp += doi[c] * vj[c];
-      }
-      const float p = j <= i ? expf(scale * sc - li[rr]) : 0.0f;
-      const float ds = p * (dp - Di[rr]) * scale;
-      for (int jj = 0; jj < ATT_KT; jj++) {
-        const float dsj = __shfl_sync(0xffffffffu, ds, jj);
-        const float *kr = Ks + jj * ldk;
+      const int i = i0 + rr;
+      const float p = i < T && j <= i ? expf(scale * sc[rr] - li[rr]) : 0.0f;
+      ds[rr] = p * (dp[rr] - Di[rr]) * scale;
+    }
+    for (int jj = 0; jj < ATT_KT; jj++) {
+      float dsj[ATT_RPW];
 #pragma unroll
-        for (int ci = 0; ci < ATT_MAXC; ci++) {
-          const int c = lane + 32 * ci;
-          if (c < hd) acc[rr][ci] += dsj * kr[c];
+      for (int rr = 0; rr < ATT_RPW; rr++) dsj[rr] = __shfl_sync(0xffffffffu, ds[rr], jj);
+      const float *kr = Ks + jj * ldk;
+#pragma unroll
+      for (int ci = 0; ci < ATT_MAXC; ci++) {
+        const int c = lane + 32 * ci;
+        if (c < hd) {
+          const float kc = kr[c];
+#pragma unroll
+          for (int rr = 0; rr < ATT_RPW; rr++) acc[rr][ci] += dsj[rr] * kc;
         }
       }
     }
   }
 #pragma unroll
   for (int rr = 0; rr < ATT_RPW; rr++) {
-    const int i = q0 + warp * ATT_RPW + rr;
+    const int i = i0 + rr;
     if (i >= T) continue;
     float *dqi = dq + (row0 + i) * qs + (int64_t)h * hd;
 #pragma unroll
@@ -180,8 +211,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
   float *Qs = sm, *dOs = Qs + ATT_QT * ldq, *Ks = dOs + ATT_QT * ldq, *Vs = Ks + ATT_BK * hd;
   float *Ls = Vs + ATT_BK * hd, *Ds = Ls + ATT_QT;
   const int s = blockIdx.z, kh = blockIdx.y, j0 = blockIdx.x * ATT_BK, grp = H / KV;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, jw = j0 + warp * ATT_KPW;
   const int64_t qs = (int64_t)H * hd, ks = (int64_t)KV * hd, row0 = (int64_t)s * T;
+  const float *Kw = Ks + warp * ATT_KPW * hd, *Vw = Vs + warp * ATT_KPW * hd;
   load_tile(Ks, hd, k, row0, j0, ATT_BK, T, ks, kh, hd);
   load_tile(Vs, hd, v, row0, j0, ATT_BK, T, ks, kh, hd);
   float gk[ATT_KPW][ATT_MAXC], gv[ATT_KPW][ATT_MAXC];
@@ -200,29 +232,45 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         Ds[threadIdx.x] = t < T ? D[(row0 + t) * H + h] : 0.0f;
       }
       __syncthreads();
+      if (jw >= T) continue; /* warp-uniform: this warp's keys are all past the sequence */
       const int i = t0 + lane;
+      /* scores of query i against the warp's keys: one load of q per column for all keys */
+      float sc[ATT_KPW], dp[ATT_KPW];
+#pragma unroll
+      for (int kk = 0; kk < ATT_KPW; kk++) sc[kk] = dp[kk] = 0.0f;
+      const float *qi = Qs + lane * ldq, *doi = dOs + lane * ldq;
+      for (int c = 0; c < hd; c++) {
+        const float qc = qi[c], dc = doi[c];
+#pragma unroll
+        for (int kk = 0; kk < ATT_KPW; kk++) {
+          sc[kk] += qc * Kw[kk * hd + c];
+          dp[kk] += dc * Vw[kk * hd + c];
+        }
+      }
+      float p[ATT_KPW], ds[ATT_KPW];
 #pragma unroll
       for (int kk = 0; kk < ATT_KPW; kk++) {
-        const int jl = warp * ATT_KPW + kk, j = j0 + jl;
-        if (j >= T || j > t0 + ATT_QT - 1) continue; /* warp-uniform: no query of the tile sees j */
-        const float *qi = Qs + lane * ldq, *doi = dOs + lane * ldq, *kj = Ks + jl * hd, *vj = Vs + jl * hd;
-        float sc = 0.0f, dp = 0.0f;
-        for (int c = 0; c < hd; c++) {
-          sc += qi[c] * kj[c];
-          dp += doi[c] * vj[c];
-        }
-        const bool ok = i < T && i >= j;
-        const float p = ok ? expf(scale * sc - Ls[lane]) : 0.0f;
-        const float ds = p * (dp - Ds[lane]) * scale;
-        for (int ii = 0; ii < ATT_QT; ii++) {
-          const float pi = __shfl_sync(0xffffffffu, p, ii), dsi = __shfl_sync(0xffffffffu, ds, ii);
-          const float *qr = Qs + ii * ldq, *dor = dOs + ii * ldq;
+        const int j = jw + kk;
+        p[kk] = i < T && j < T && i >= j ? expf(scale * sc[kk] - Ls[lane]) : 0.0f;
+        ds[kk] = p[kk] * (dp[kk] - Ds[lane]) * scale;
+      }
+      for (int ii = 0; ii < ATT_QT; ii++) {
+        float pi[ATT_KPW], dsi[ATT_KPW];
 #pragma unroll
-          for (int ci = 0; ci < ATT_MAXC; ci++) {
-            const int c = lane + 32 * ci;
-            if (c < hd) {
-              gv[kk][ci] += pi * dor[c];
-              gk[kk][ci] += dsi * qr[c];
+        for (int kk = 0; kk < ATT_KPW; kk++) {
+          pi[kk] = __shfl_sync(0xffffffffu, p[kk], ii);
+          dsi[kk] = __shfl_sync(0xffffffffu, ds[kk], ii);
+        }
+        const float *qr = Qs + ii * ldq, *dor = dOs + ii * ldq;
+#pragma unroll
+        for (int ci = 0; ci < ATT_MAXC; ci++) {
+          const int c = lane + 32 * ci;
+          if (c < hd) {
+            const float qc = qr[c], dc = dor[c];
+#pragma unroll
+            for (int kk = 0; kk < ATT_KPW; kk++) {
+              gv[kk][ci] += pi[kk] * dc;
+              gk[kk][ci] += dsi[kk] * qc;
             }
           }
         }
@@ -231,7 +279,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
   }
 #pragma unroll
   for (int kk = 0; kk < ATT_KPW; kk++) {
-    const int j = j0 + warp * ATT_KPW + kk;
+    const int j = jw + kk;
     if (j >= T) continue;
     float *dkj = dk + (row0 + j) * ks + (int64_t)kh * hd, *dvj = dv + (row0 + j) * ks + (int64_t)kh * hd;
 #pragma unroll

@@ -1,7 +1,7 @@
 /* MoE routing and the token permutation, by the routing contract of kernels/cpu/cpu_moe.c:
  * softmax and top-k per row (one thread per row), then capacity, statistics and slots per
- * (sequence, expert) walking the sequence in token order, so the decisions are exactly the
- * CPU's. Permutations are gathers or one-writer scatters (slots are unique): no atomics. */
+ * (sequence, expert) from each assignment's rank in token order, so the decisions are
+ * exactly the CPU's. Permutations are gathers or one-writer scatters (slots are unique): no atomics. */
 #include "kernels/cuda/cuda_common.h"
 
 __global__ void k_route_rows(const float *logits, int n, int E, int k, float *probs, int32_t *idx, float *gate) {
@@ -32,32 +32,65 @@ __global__ void k_route_rows(const float *logits, int n, int E, int k, float *pr
   }
 }
 
-/* Per (sequence, expert): kept and dropped assignments in token order, f and mean prob. */
-__global__ void k_route_seq(const float *probs, const int32_t *idx, int n_seq, int T, int E, int k, int capacity,
-                            int32_t *slot, float *f, int32_t *keep, int32_t *drop, double *pbar) {
-  MC_CU_FOR(it, (int64_t)n_seq * E) {
-    const int e = (int)(it % E);
-    const int64_t s = it / E;
-    int seen = 0, kept = 0, dropped = 0;
-    double P = 0.0;
-    for (int t = 0; t < T; t++) {
-      const int64_t r = s * T + t;
-      P += probs[r * E + e];
-      for (int j = 0; j < k; j++) {
-        if (idx[r * k + j] != e) continue;
-        if (capacity > 0 && seen >= capacity) {
-          slot[r * k + j] = -1;
-          dropped++;
-        } else {
-          kept++;
-        }
-        seen++;
-      }
-    }
-    f[it] = (float)((double)seen / ((double)k * T));
-    pbar[it] = P / T;
-    keep[it] = kept;
-    drop[it] = dropped;
+/* Routing statistics and slots run one block per (sequence, expert); thread t owns a
+ * contiguous run of the sequence's tokens. An assignment's rank among the sequence's
+ * assignments to e (in token order) decides everything: kept iff capacity == 0 or
+ * rank < capacity, and a kept one's slot is the expert's base for the sequence + rank. */
+#define ROUTE_THREADS 256
+
+/* Inclusive block scan of one int per thread; returns the exclusive prefix, *total the sum. */
+static __device__ int block_scan(int v, int *sh, int *total) {
+  const int tid = threadIdx.x;
+  sh[tid] = v;
+  __syncthreads();
+  for (int off = 1; off < ROUTE_THREADS; off <<= 1) {
+    int add = tid >= off ? sh[tid - off] : 0;
+    __syncthreads();
+    sh[tid] += add;
+    __syncthreads();
+  }
+  *total = sh[ROUTE_THREADS - 1];
+  int excl = sh[tid] - v;
+  __syncthreads();
+  return excl;
+}
+
+/* This thread's tokens of the sequence: [*t0, *t1). */
+static __device__ void route_span(int T, int *t0, int *t1) {
+  const int per = (T + ROUTE_THREADS - 1) / ROUTE_THREADS;
+  *t0 = min(T, (int)threadIdx.x * per);
+  *t1 = min(T, *t0 + per);
+}
+
+/* Per (sequence, expert): assignments seen, kept, dropped; f and the mean probability. */
+__global__ void __launch_bounds__(ROUTE_THREADS)
+    k_route_seq(const float *probs, const int32_t *idx, int T, int E, int k, int capacity, float *f, int32_t *keep,
+                int32_t *drop, double *pbar) {
+  __shared__ int shi[ROUTE_THREADS];
+  __shared__ double shd[ROUTE_THREADS];
+  const int s = blockIdx.x / E, e = blockIdx.x % E;
+  int t0, t1, cnt = 0;
+  route_span(T, &t0, &t1);
+  double P = 0.0;
+  for (int t = t0; t < t1; t++) {
+    const int64_t r = (int64_t)s * T + t;
+    P += probs[r * E + e];
+    for (int j = 0; j < k; j++) cnt += idx[r * k + j] == e;
+  }
+  int seen;
+  block_scan(cnt, shi, &seen);
+  shd[threadIdx.x] = P;
+  __syncthreads();
+  for (int half = ROUTE_THREADS / 2; half > 0; half >>= 1) { /* fixed tree: deterministic */
+    if ((int)threadIdx.x < half) shd[threadIdx.x] += shd[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const int kept = capacity > 0 && seen > capacity ? capacity : seen;
+    f[blockIdx.x] = (float)((double)seen / ((double)k * T));
+    pbar[blockIdx.x] = shd[0] / T;
+    keep[blockIdx.x] = kept;
+    drop[blockIdx.x] = seen - kept;
   }
 }
 
@@ -93,21 +126,23 @@ __global__ void k_route_totals(const int32_t *keep, const int32_t *drop, const f
   }
 }
 
-__global__ void k_route_slots(const int32_t *idx, const int32_t *base, int n_seq, int T, int E, int k, int capacity,
-                              int32_t *slot) {
-  MC_CU_FOR(it, (int64_t)n_seq * E) {
-    const int e = (int)(it % E);
-    const int64_t s = it / E;
-    int seen = 0, b = base[it];
-    for (int t = 0; t < T; t++) {
-      const int64_t r = s * T + t;
-      for (int j = 0; j < k; j++) {
-        if (idx[r * k + j] != e) continue;
-        if (!(capacity > 0 && seen >= capacity)) slot[r * k + j] = b++;
-        seen++;
-      }
+__global__ void __launch_bounds__(ROUTE_THREADS)
+    k_route_slots(const int32_t *idx, const int32_t *base, int T, int E, int k, int capacity, int32_t *slot) {
+  __shared__ int shi[ROUTE_THREADS];
+  const int s = blockIdx.x / E, e = blockIdx.x % E;
+  int t0, t1, cnt = 0, total;
+  route_span(T, &t0, &t1);
+  for (int t = t0; t < t1; t++)
+    for (int j = 0; j < k; j++) cnt += idx[((int64_t)s * T + t) * k + j] == e;
+  int rank = block_scan(cnt, shi, &total);
+  const int b = base[blockIdx.x];
+  for (int t = t0; t < t1; t++)
+    for (int j = 0; j < k; j++) {
+      const int64_t a = ((int64_t)s * T + t) * k + j;
+      if (idx[a] != e) continue;
+      slot[a] = capacity > 0 && rank >= capacity ? -1 : b + rank;
+      rank++;
     }
-  }
 }
 
 static void cu_moe_route(mc_backend *be, const float *logits, int n_seq, int T, int E, int k, int capacity,
@@ -127,11 +162,14 @@ static void cu_moe_route(mc_backend *be, const float *logits, int n_seq, int T, 
   double *pbar = (double *)(scr + ibytes);
   cudaStream_t st = mc_cu_stream(be);
   k_route_rows<<<mc_cu_grid(n), MC_CUDA_THREADS, 0, st>>>(logits, n, E, k, probs, idx, gate);
-  k_route_seq<<<mc_cu_grid(se), MC_CUDA_THREADS, 0, st>>>(probs, idx, n_seq, T, E, k, capacity, slot, f, keep, drop,
-                                                          pbar);
+  if (se > 0x7fffffff) {
+    mc_cuda_fail(be, "moe_route: %lld (sequence, expert) pairs exceed one launch", (long long)se);
+    return;
+  }
+  k_route_seq<<<(unsigned)se, ROUTE_THREADS, 0, st>>>(probs, idx, T, E, k, capacity, f, keep, drop, pbar);
   k_route_totals<<<1, MC_CUDA_THREADS, (size_t)E * sizeof(int32_t), st>>>(keep, drop, f, pbar, n_seq, E, counts, base,
                                                                           aux, dropped);
-  k_route_slots<<<mc_cu_grid(se), MC_CUDA_THREADS, 0, st>>>(idx, base, n_seq, T, E, k, capacity, slot);
+  k_route_slots<<<(unsigned)se, ROUTE_THREADS, 0, st>>>(idx, base, T, E, k, capacity, slot);
   mc_cuda_check(be, "moe_route");
 }
 
