@@ -212,7 +212,8 @@ static int load_all(const char *dir, int threads, int verify, const mc_geometry 
     memcpy(reqs[i].start, s->start, sizeof s->start);
     memcpy(reqs[i].count, s->count, sizeof s->count);
     reqs[i].out = malloc((size_t)s->numel * 4);
-    if (reqs[i].out) memset(reqs[i].out, 0, (size_t)s->numel * 4);
+    /* non-zero: malloc + memset(0) may become calloc, which leaves the pages unfaulted */
+    if (reqs[i].out) memset(reqs[i].out, 0x7f, (size_t)s->numel * 4);
   }
   t0 = now_s();
   int rc = mc_ckpt_read_many(ck, reqs, ns);

@@ -38,6 +38,8 @@ static double now_s(void) {
 
 int mc_ckpt_saver_create(const char *dir, const mc_ckpt_save_opts *opts, mc_ckpt_saver **out) {
   *out = NULL;
+  if (!mc_h5_threadsafe())
+    return mc_error("async checkpoint saving needs a thread-safe HDF5 build (this libhdf5 is not one); save synchronously");
   mc_ckpt_saver *s = calloc(1, sizeof *s);
   if (!s) return mc_error("out of memory creating a checkpoint saver");
   if (snprintf(s->dir, sizeof s->dir, "%s", dir) >= (int)sizeof s->dir) {

@@ -364,6 +364,11 @@ void mc_shard_attrs_free(mc_shard_attrs *a, int n) {
 
 /* ---------------------------------------------------------------- reading */
 
+int mc_h5_threadsafe(void) {
+  hbool_t ts = 0;
+  return H5is_library_threadsafe(&ts) >= 0 && ts;
+}
+
 int mc_h5_open_read(const char *path, int64_t *fid_out) {
   h5_quiet();
   h5_err_text et;

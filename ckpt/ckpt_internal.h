@@ -65,6 +65,9 @@ int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_att
 int mc_h5_scan_rank_file(const char *path, const char *file_name, mc_shard_attrs **out, int *n);
 void mc_shard_attrs_free(mc_shard_attrs *a, int n);
 
+/* 1 if the HDF5 library may be called from several threads (a thread-safe build). */
+int mc_h5_threadsafe(void);
+
 /* An open rank file for reading; hid_t kept as int64_t so HDF5 stays out of this header. */
 int mc_h5_open_read(const char *path, int64_t *fid);
 void mc_h5_close(int64_t fid);

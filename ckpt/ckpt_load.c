@@ -3,6 +3,8 @@
  * intersect it, hash-verifying each shard once per open. Nothing on disk is modified. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -114,7 +116,8 @@ int mc_ckpt_open(const char *path, const mc_ckpt_open_opts *opts, mc_ckpt **out)
   if (!ck) return mc_error("out of memory opening %s", path);
   if (opts) ck->opts = *opts;
   else mc_ckpt_open_opts_default(&ck->opts);
-  if (ck->opts.io_threads < 1) ck->opts.io_threads = 1;
+  /* Reader threads call HDF5: one thread unless the library is a thread-safe build. */
+  if (ck->opts.io_threads < 1 || !mc_h5_threadsafe()) ck->opts.io_threads = 1;
   pthread_mutex_init(&ck->mu, NULL);
   char expect[65];
   if (resolve(path, ck->step_dir, expect) != 0) goto fail;
@@ -326,7 +329,37 @@ typedef struct {
   int *shard_of_task;
   int *req_start, *req_list; /* requests of task t: req_list[req_start[t] .. req_start[t+1]) */
   int force_verify;
+  /* Read-ahead: files in the order tasks first touch them; a file most of whose bytes are
+   * needed is handed to the kernel's read-ahead (WILLNEED) when the reader reaches the file
+   * before it, so the disk works while the threads hash. */
+  pthread_mutex_t mu;
+  int n_forder;
+  int *forder;             /* file indices, in first-touch order */
+  unsigned char *prefetch; /* per position in forder: worth prefetching; 2 = done */
 } read_ctx;
+
+static void willneed(const mc_ckpt *ck, int fi) {
+  char p[MC_PATH_MAX];
+  if (mc_path_join(p, ck->step_dir, ck->m.files[fi].name) != 0) return;
+  int fd = open(p, O_RDONLY);
+  if (fd < 0) return;
+  posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+  close(fd);
+}
+
+/* Called as task t starts: prefetch its file and the next one in task order. */
+static void read_ahead(read_ctx *c, int fi) {
+  int pos = -1;
+  for (int k = 0; k < c->n_forder; k++)
+    if (c->forder[k] == fi) pos = k;
+  for (int k = pos; k >= 0 && k <= pos + 1 && k < c->n_forder; k++) {
+    pthread_mutex_lock(&c->mu);
+    int go = c->prefetch[k] == 1;
+    if (go) c->prefetch[k] = 2;
+    pthread_mutex_unlock(&c->mu);
+    if (go) willneed(c->ck, c->forder[k]);
+  }
+}
 
 static int read_task(void *arg, int t) {
   read_ctx *c = arg;
@@ -335,6 +368,7 @@ static int read_task(void *arg, int t) {
   const mc_ckpt_shard *s = &ck->m.shards[si];
   const mc_ckpt_family *f = &ck->m.fams[s->family_index];
   int64_t fid = -1;
+  if (c->n_forder) read_ahead(c, file_index(ck, s->file));
   if (get_fid(ck, s, &fid) != 0) return -1;
   char where[MC_PATH_MAX]; /* the file as messages name it */
   if (mc_path_join(where, ck->step_dir, s->file) != 0) return -1;
@@ -381,6 +415,27 @@ static int read_task(void *arg, int t) {
       return -1;
   }
   return 0;
+}
+
+/* Files in first-touch order, and which of them the tasks need at least half of. */
+static void plan_read_ahead(const mc_ckpt *ck, read_ctx *c, int n_tasks) {
+  int nf = ck->m.n_files;
+  int64_t *need = calloc((size_t)(nf > 0 ? nf : 1), sizeof *need);
+  c->forder = malloc((size_t)(nf > 0 ? nf : 1) * sizeof(int));
+  c->prefetch = calloc((size_t)(nf > 0 ? nf : 1), 1);
+  if (!need || !c->forder || !c->prefetch) {
+    free(need);
+    return; /* read-ahead is only an optimisation */
+  }
+  for (int t = 0; t < n_tasks; t++) {
+    const mc_ckpt_shard *s = &ck->m.shards[c->shard_of_task[t]];
+    int fi = file_index(ck, s->file);
+    if (fi < 0) continue;
+    if (need[fi] == 0) c->forder[c->n_forder++] = fi;
+    need[fi] += s->numel * (int64_t)sizeof(float);
+  }
+  for (int k = 0; k < c->n_forder; k++) c->prefetch[k] = 2 * need[c->forder[k]] >= ck->m.files[c->forder[k]].bytes;
+  free(need);
 }
 
 /* Plans which shards serve which requests, then reads each shard once on the pool. */
@@ -447,7 +502,7 @@ static int run_reads(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, int all_sh
       n_tasks++;
       n_links += touch[s];
     }
-  read_ctx c = {ck, reqs, n, NULL, NULL, NULL, all_shards};
+  read_ctx c = {ck, reqs, n, NULL, NULL, NULL, all_shards, PTHREAD_MUTEX_INITIALIZER, 0, NULL, NULL};
   c.shard_of_task = malloc((size_t)(n_tasks + 1) * sizeof(int));
   c.req_start = malloc((size_t)(n_tasks + 2) * sizeof(int));
   c.req_list = malloc((size_t)(n_links + 1) * sizeof(int));
@@ -469,8 +524,11 @@ static int run_reads(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, int all_sh
       t++;
     }
     c.req_start[t] = q;
+    plan_read_ahead(ck, &c, n_tasks);
     rc = mc_parallel(n_tasks, ck->opts.io_threads, read_task, &c);
   }
+  free(c.forder);
+  free(c.prefetch);
   free(c.shard_of_task);
   free(c.req_start);
   free(c.req_list);
