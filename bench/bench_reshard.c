@@ -1,19 +1,19 @@
 /* bench_reshard: reshard throughput on a checkpoint of at least --gib GiB against the raw
  * disk speed measured in the same run and directory.
  *
- *   bench_reshard [--dir D] [--gib 2] [--chunk-mb 16] [--threads 2] [--keep]
+ *   bench_reshard [--dir D] [--gib 2] [--chunk-mb 16] [--threads 2] [--rounds 3] [--keep]
  *   bench_reshard --synth DST [--gib X | --tiny]   (only writes a synthetic checkpoint; the
  *       --tiny one is the embedded default configuration's model and layout, for tests)
  *
  * Method: a synthetic checkpoint of a nam-small-like model widened until its three states
  * reach the size is written in layout A (tp2 pp2 dp2 ep2 sp zero1). Raw write: the same
  * number of bytes written in 16 MiB blocks to one file, then fsync. Raw read: that file read
- * back after its pages are dropped from the page cache (posix_fadvise DONTNEED); both are
- * measured before and after the reshard and the best of each is the yardstick. Reshard:
+ * back after its pages are dropped from the page cache (posix_fadvise DONTNEED). Reshard:
  * A -> B (tp1 pp4 dp2 ep1 zero3, a different stage split) with A's pages dropped first,
  * including the commit (fsync of every file). Reshard GB/s = checkpoint bytes / wall time
  * (every byte is read once and written once); the target is >= 70% of min(raw read, raw
- * write). Prints one JSON line with every figure. */
+ * write). A shared disk's speed drifts, so raw measurement and reshard alternate for
+ * --rounds rounds and medians are compared. Prints each round, then one JSON line. */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <errno.h>
@@ -33,6 +33,20 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#define MAX_ROUNDS 9
+
+static double median(const double *v, int n) {
+  double s[MAX_ROUNDS];
+  for (int i = 0; i < n; i++) s[i] = v[i];
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && s[j - 1] > s[j]; j--) {
+      double t = s[j];
+      s[j] = s[j - 1];
+      s[j - 1] = t;
+    }
+  return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
 }
 
 static int64_t model_bytes(const mc_model *m) {
@@ -133,7 +147,7 @@ static int raw_disk(const char *path, int64_t bytes, double *wgbs, double *rgbs)
 int main(int argc, char **argv) {
   const char *dir = "bench-reshard-tmp", *synth = NULL;
   double gib = 2.0;
-  int keep = 0, tiny = 0;
+  int keep = 0, tiny = 0, rounds = 3;
   mc_rs_opts o = {.chunk_bytes = 16 << 20, .threads = 2};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
@@ -143,10 +157,15 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--synth") && i + 1 < argc) synth = argv[++i];
     else if (!strcmp(argv[i], "--keep")) keep = 1;
     else if (!strcmp(argv[i], "--tiny")) tiny = 1;
+    else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else {
-      fprintf(stderr, "usage: bench_reshard [--dir D] [--gib X] [--chunk-mb N] [--threads N] [--keep] | --synth DST [--gib X | --tiny]\n");
+      fprintf(stderr, "usage: bench_reshard [--dir D] [--gib X] [--chunk-mb N] [--threads N] [--rounds N] [--keep] | --synth DST [--gib X | --tiny]\n");
       return 2;
     }
+  }
+  if (rounds < 1 || rounds > MAX_ROUNDS) {
+    fprintf(stderr, "bench_reshard: --rounds must be 1..%d\n", MAX_ROUNDS);
+    return 2;
   }
   mc_config cfg;
   if ((tiny ? mc_config_default(&cfg) : make_config(gib, &cfg)) != 0) {
@@ -174,42 +193,39 @@ int main(int argc, char **argv) {
   int64_t bytes = s0.bytes_written;
   printf("checkpoint: d_model %d, %.3f GiB in %d shards (layout A written in %.2f s)\n", cfg.model.d_model,
          (double)bytes / (1 << 30), s0.n_dst_shards, s0.seconds);
-  /* The raw figures are measured before and after the reshard; the best of each is the
-   * yardstick, so a slow moment of a shared disk cannot flatter the ratio. */
-  double wg[2] = {0, 0}, rg[2] = {0, 0};
-  if (raw_disk(raw, bytes, &wg[0], &rg[0]) != 0) {
-    fprintf(stderr, "bench_reshard: raw disk measurement failed in %s\n", dir);
-    return 1;
+  /* The disk is shared and its speed drifts: raw write/read and the reshard alternate for
+   * `rounds` rounds and medians are compared, each round's figures printed. */
+  double wg[MAX_ROUNDS], rg[MAX_ROUNDS], rs[MAX_ROUNDS];
+  long rss = 0;
+  for (int k = 0; k < rounds; k++) {
+    if (raw_disk(raw, bytes, &wg[k], &rg[k]) != 0) {
+      fprintf(stderr, "bench_reshard: raw disk measurement failed in %s\n", dir);
+      return 1;
+    }
+    drop_cache(a);
+    mc_rs_source *src;
+    mc_geometry g;
+    mc_rs_plan p;
+    mc_layout t = cfg.parallel;
+    t.tp = 1, t.pp = 4, t.dp = 2, t.ep = 1, t.sp = 0, t.zero = 3;
+    if (mc_rs_source_open(a, &src) != 0 || mc_rs_prepare(src, &t, &g, &p) != 0 ||
+        mc_rs_write(src, &g, &p, b, &o, &s1) != 0) {
+      fprintf(stderr, "bench_reshard: %s\n", mc_errmsg());
+      return 1;
+    }
+    rs[k] = (double)s1.bytes_written / s1.seconds / 1e9;
+    rss = s1.peak_rss_kb;
+    printf("round %d: raw write %.3f GB/s (fsync included), raw read %.3f GB/s (page cache dropped), ", k, wg[k], rg[k]);
+    mc_rs_summary_print(&s1, "reshard");
+    mc_rs_plan_free(&p);
+    mc_geometry_free(&g);
+    mc_rs_source_close(src);
   }
-  printf("raw disk (before): write %.3f GB/s (fsync included), read %.3f GB/s (page cache dropped)\n", wg[0], rg[0]);
-  drop_cache(a);
-  mc_rs_source *src;
-  mc_geometry g;
-  mc_rs_plan p;
-  mc_layout t = cfg.parallel;
-  t.tp = 1, t.pp = 4, t.dp = 2, t.ep = 1, t.sp = 0, t.zero = 3;
-  if (mc_rs_source_open(a, &src) != 0 || mc_rs_prepare(src, &t, &g, &p) != 0 ||
-      mc_rs_write(src, &g, &p, b, &o, &s1) != 0) {
-    fprintf(stderr, "bench_reshard: %s\n", mc_errmsg());
-    return 1;
-  }
-  mc_rs_summary_print(&s1, "reshard");
-  if (raw_disk(raw, bytes, &wg[1], &rg[1]) != 0) {
-    fprintf(stderr, "bench_reshard: raw disk measurement failed in %s\n", dir);
-    return 1;
-  }
-  printf("raw disk (after): write %.3f GB/s, read %.3f GB/s\n", wg[1], rg[1]);
-  double bw = wg[0] > wg[1] ? wg[0] : wg[1], br = rg[0] > rg[1] ? rg[0] : rg[1];
-  double gbs = (double)s1.bytes_written / s1.seconds / 1e9, floor = bw < br ? bw : br;
-  printf("{\"bench\": \"reshard\", \"checkpoint_bytes\": %lld, \"raw_write_gbs\": [%.3f, %.3f], "
-         "\"raw_read_gbs\": [%.3f, %.3f], \"reshard_gbs\": %.3f, \"reshard_seconds\": %.3f, "
-         "\"ratio_to_min_best_raw\": %.3f, \"target\": 0.70, \"peak_rss_mib\": %.1f, \"chunk_mib\": %lld, "
-         "\"threads\": %d}\n",
-         (long long)bytes, wg[0], wg[1], rg[0], rg[1], gbs, s1.seconds, gbs / floor, (double)s1.peak_rss_kb / 1024.0,
-         (long long)(o.chunk_bytes >> 20), o.threads);
-  mc_rs_plan_free(&p);
-  mc_geometry_free(&g);
-  mc_rs_source_close(src);
+  double mw = median(wg, rounds), mr = median(rg, rounds), ms = median(rs, rounds), floor = mw < mr ? mw : mr;
+  printf("{\"bench\": \"reshard\", \"checkpoint_bytes\": %lld, \"rounds\": %d, \"raw_write_gbs_median\": %.3f, "
+         "\"raw_read_gbs_median\": %.3f, \"reshard_gbs_median\": %.3f, \"ratio_to_min_raw\": %.3f, \"target\": 0.70, "
+         "\"peak_rss_mib\": %.1f, \"chunk_mib\": %lld, \"threads\": %d}\n",
+         (long long)bytes, rounds, mw, mr, ms, ms / floor, (double)rss / 1024.0, (long long)(o.chunk_bytes >> 20), o.threads);
   if (!keep) {
     char cmd[8300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", a, b);

@@ -40,7 +40,7 @@ static void shape_of(const mc_family *f, char *buf, int cap) {
   snprintf(buf + off, (size_t)(cap - off), "]");
 }
 
-static void print_text(mc_rs_source *src, const mc_audit *a) {
+static void print_text(mc_rs_source *src, const mc_audit *a, const int *idx) {
   mc_ckpt *ck = mc_rs_source_ckpt(src);
   const mc_geometry *g = mc_rs_source_geometry(src);
   char lay[600], buf[256];
@@ -63,9 +63,10 @@ static void print_text(mc_rs_source *src, const mc_audit *a) {
     for (int st = 0; st < MC_N_STATES; st++) {
       if (!(a->states & (1u << st))) continue;
       printf("    %-10s", mc_state_name((mc_state)st));
-      for (int i = 0; i < mc_ckpt_n_shards(ck); i++) {
-        const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
-        if ((int)s->state != st || strcmp(s->family, fam->name) != 0) continue;
+      for (int r = 0; r < g->world; r++) {
+        int k = idx[((size_t)f * MC_N_STATES + (size_t)st) * (size_t)g->world + (size_t)r];
+        if (k < 0) continue;
+        const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, k);
         slab_of(s, buf, sizeof buf);
         printf(" r%d%s", s->rank, buf);
         if (s->n_replicas > 1) {
@@ -97,7 +98,7 @@ static void print_text(mc_rs_source *src, const mc_audit *a) {
          a->digests ? ", content digests" : "");
 }
 
-static char *json_report(mc_rs_source *src, const mc_audit *a) {
+static char *json_report(mc_rs_source *src, const mc_audit *a, const int *idx) {
   mc_ckpt *ck = mc_rs_source_ckpt(src);
   const mc_geometry *g = mc_rs_source_geometry(src);
   cJSON *root = cJSON_CreateObject();
@@ -129,9 +130,10 @@ static char *json_report(mc_rs_source *src, const mc_audit *a) {
     cJSON *shards = cJSON_AddArrayToObject(o, "shards");
     for (int st = 0; st < MC_N_STATES; st++)
       if ((a->states & (1u << st)) && a->digests) cJSON_AddStringToObject(dig, mc_state_name((mc_state)st), a->digest[f][st]);
-    for (int i = 0; i < mc_ckpt_n_shards(ck); i++) {
-      const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
-      if (strcmp(s->family, fam->name) != 0) continue;
+    for (int i = 0; i < MC_N_STATES * g->world; i++) {
+      int k = idx[(size_t)f * MC_N_STATES * (size_t)g->world + (size_t)i];
+      if (k < 0) continue;
+      const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, k);
       cJSON *so = cJSON_CreateObject();
       cJSON_AddStringToObject(so, "state", mc_state_name(s->state));
       cJSON_AddNumberToObject(so, "rank", s->rank);
@@ -212,13 +214,21 @@ int main(int argc, char **argv) {
     mc_rs_source_close(src);
     return 1;
   }
+  int *idx = NULL;
+  if (mc_rs_shard_index(mc_rs_source_ckpt(src), mc_rs_source_geometry(src), &idx) != 0) {
+    fprintf(stderr, "mcaudit: %s\n", mc_errmsg());
+    mc_audit_free(&a);
+    mc_rs_source_close(src);
+    return 1;
+  }
   if (json) {
-    char *s = json_report(src, &a);
+    char *s = json_report(src, &a, idx);
     printf("%s\n", s ? s : "{}");
     free(s);
   } else {
-    print_text(src, &a);
+    print_text(src, &a, idx);
   }
+  free(idx);
   int status = a.problems.n ? 1 : 0;
   if (map) {
     char title[MC_PATH_MAX + 32];

@@ -120,13 +120,19 @@ static void check_manifest(mc_rs_source *src, mc_audit *a) {
     mc_errlist_add(&a->problems, "out of memory auditing %d shards", ns);
     goto out;
   }
+  int *idx = NULL;
+  if (mc_rs_shard_index(ck, g, &idx) != 0) {
+    mc_errlist_add(&a->problems, "%s", mc_errmsg());
+    goto out;
+  }
   for (int f = 0; f < g->fams.n; f++)
     for (int st = 0; st < MC_N_STATES; st++) {
       if (!(a->states & (1u << st))) continue;
       int n = 0;
-      for (int i = 0; i < ns; i++) {
-        const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
-        if ((int)s->state != st || strcmp(s->family, g->fams.f[f].name) != 0) continue;
+      for (int r = 0; r < g->world; r++) {
+        int k = idx[((size_t)f * MC_N_STATES + (size_t)st) * (size_t)g->world + (size_t)r];
+        if (k < 0) continue;
+        const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, k);
         slabs[n].ndim = s->ndim;
         for (int d = 0; d < 3; d++) slabs[n].start[d] = d < s->ndim ? s->start[d] : 0, slabs[n].count[d] = d < s->ndim ? s->count[d] : 0;
         ranks[n++] = s->rank;
@@ -135,6 +141,7 @@ static void check_manifest(mc_rs_source *src, mc_audit *a) {
       snprintf(what, sizeof what, "%s/%s", g->fams.f[f].name, mc_state_name((mc_state)st));
       mc_audit_tiling(what, g->fams.f[f].ndim, g->fams.f[f].shape, slabs, ranks, n, &a->problems);
     }
+  free(idx);
   /* Each stored shard is what mc_shard_of says its rank is primary for, and its HDF5
    * attributes say the same as the manifest. */
   int64_t fid = -1;

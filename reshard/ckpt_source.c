@@ -122,34 +122,62 @@ static int64_t raw_offset(int64_t fid, const char *dataset) {
   return off;
 }
 
+int mc_rs_shard_index(mc_ckpt *ck, const mc_geometry *g, int **out) {
+  /* Manifest families map to the geometry's by name (once), shards by (family, state, rank). */
+  int nmf = mc_ckpt_n_families(ck), ns = mc_ckpt_n_shards(ck);
+  size_t n = (size_t)g->fams.n * MC_N_STATES * (size_t)g->world;
+  int *fmap = malloc((size_t)(nmf + 1) * sizeof *fmap), *idx = malloc((n + 1) * sizeof *idx);
+  if (!fmap || !idx) {
+    free(fmap);
+    free(idx);
+    return mc_error("out of memory");
+  }
+  for (int i = 0; i < nmf; i++) fmap[i] = mc_family_find(&g->fams, mc_ckpt_family_at(ck, i)->name);
+  for (size_t i = 0; i < n; i++) idx[i] = -1;
+  for (int k = 0; k < ns; k++) {
+    const mc_ckpt_shard *c = mc_ckpt_shard_at(ck, k);
+    int f = c->family_index >= 0 && c->family_index < nmf ? fmap[c->family_index] : -1;
+    if (f < 0 || c->rank < 0 || c->rank >= g->world) continue; /* the audit reports these */
+    idx[((size_t)f * MC_N_STATES + (size_t)c->state) * (size_t)g->world + (size_t)c->rank] = k;
+  }
+  free(fmap);
+  *out = idx;
+  return 0;
+}
+
 int mc_rs_source_bind(mc_rs_source *s, const mc_rs_plan *p) {
   free(s->shards);
   s->shards = calloc((size_t)(p->n_src ? p->n_src : 1), sizeof *s->shards);
   if (!s->shards) return mc_error("out of memory");
-  int ns = mc_ckpt_n_shards(s->ck);
+  int *idx;
+  if (mc_rs_shard_index(s->ck, &s->g, &idx) != 0) return -1;
   const char *dir = mc_ckpt_step_dir(s->ck);
-  for (int t = 0; t < p->n_tensors; t++) {
+  int rc = 0;
+  for (int t = 0; t < p->n_tensors && rc == 0; t++) {
     const mc_rs_tensor *tn = &p->tensors[t];
     const mc_family *f = &s->g.fams.f[tn->fam];
-    for (int i = tn->first_src; i < tn->first_src + tn->n_src; i++) {
+    for (int i = tn->first_src; i < tn->first_src + tn->n_src && rc == 0; i++) {
       const mc_rs_shard *want = &p->src[i];
-      const mc_ckpt_shard *rec = NULL;
-      for (int k = 0; k < ns && !rec; k++) {
-        const mc_ckpt_shard *c = mc_ckpt_shard_at(s->ck, k);
-        if (c->rank == want->rank && c->state == tn->state && strcmp(c->family, f->name) == 0) rec = c;
+      int k = idx[((size_t)tn->fam * MC_N_STATES + (size_t)tn->state) * (size_t)s->g.world + (size_t)want->rank];
+      const mc_ckpt_shard *rec = k >= 0 ? mc_ckpt_shard_at(s->ck, k) : NULL;
+      if (!rec) {
+        rc = mc_error("%s/manifest.json: no shard of %s/%s for primary rank %d", dir, f->name,
+                      mc_state_name(tn->state), want->rank);
+        break;
       }
-      if (!rec)
-        return mc_error("%s/manifest.json: no shard of %s/%s for primary rank %d", dir, f->name,
-                        mc_state_name(tn->state), want->rank);
       int same = rec->ndim == want->slab.ndim;
       for (int d = 0; same && d < rec->ndim; d++)
         same = rec->start[d] == want->slab.start[d] && rec->count[d] == want->slab.count[d];
-      if (!same)
-        return mc_error("%s: dataset %s is not the hyperslab that rank %d owns under the recorded layout",
-                        rec->file, rec->dataset, rec->rank);
+      if (!same) {
+        rc = mc_error("%s: dataset %s is not the hyperslab that rank %d owns under the recorded layout", rec->file,
+                      rec->dataset, rec->rank);
+        break;
+      }
       int fi = file_index(s, rec->file);
-      if (fi < 0) return -1;
-      if (mc_h5_check_attrs(s->files[fi].fid, rec->file, rec, f->shape) != 0) return -1;
+      if (fi < 0 || mc_h5_check_attrs(s->files[fi].fid, rec->file, rec, f->shape) != 0) {
+        rc = -1;
+        break;
+      }
       src_shard *sh = &s->shards[i];
       sh->rec = rec;
       sh->file = fi;
@@ -158,7 +186,8 @@ int mc_rs_source_bind(mc_rs_source *s, const mc_rs_plan *p) {
       for (int d = 1; d < rec->ndim; d++) sh->row *= rec->count[d];
     }
   }
-  return 0;
+  free(idx);
+  return rc;
 }
 
 int mc_rs_source_read(void *ctx, const mc_rs_plan *p, int i, int64_t off, int64_t n, float *buf) {

@@ -21,6 +21,10 @@ const mc_config *mc_rs_source_config(const mc_rs_source *s);
 /* The state kinds the checkpoint stores, as an MC_RS_ALL_STATES-style mask. */
 unsigned mc_rs_source_states(const mc_rs_source *s);
 
+/* An index of the manifest's shards: idx[(family * MC_N_STATES + state) * world + rank] is
+ * the shard's index for mc_ckpt_shard_at, or -1 (families as in g). Caller frees. */
+int mc_rs_shard_index(mc_ckpt *ck, const mc_geometry *g, int **idx);
+
 /* Matches the plan's source shards to the manifest and checks their attributes. */
 int mc_rs_source_bind(mc_rs_source *s, const mc_rs_plan *p);
 /* Executor callbacks (read, src_done); ctx is an mc_rs_io_ctx whose src is the mc_rs_source. */

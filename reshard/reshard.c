@@ -99,8 +99,12 @@ static int barrier_hook(void *user, int ok) {
 int mc_rs_write_from(int (*read)(void *, const mc_rs_plan *, int, int64_t, int64_t, float *),
                      int (*src_done)(void *, const mc_rs_plan *, int, const unsigned char *), void *src_ctx,
                      const mc_config *cfg, const mc_train_state *st, const mc_geometry *g,
-                     const mc_rs_plan *plan, const char *dst, const mc_rs_opts *o_in, mc_rs_summary *sum) {
+                     const mc_rs_plan *plan, const char *dst_in, const mc_rs_opts *o_in, mc_rs_summary *sum) {
   double t0 = now_s();
+  /* "B/" must name B itself, or the temporary directory would land inside it. */
+  char dst[MC_PATH_MAX];
+  if (snprintf(dst, sizeof dst, "%s", dst_in) >= (int)sizeof dst) return mc_error("destination path too long: %s", dst_in);
+  for (size_t n = strlen(dst); n > 1 && dst[n - 1] == '/'; n--) dst[n - 1] = 0;
   mc_rs_opts o = {.chunk_bytes = (int64_t)16 << 20, .threads = 2};
   if (o_in) o = *o_in;
   if (mc_rs_check_destination(dst, o.force) != 0) return -1;
