@@ -246,15 +246,15 @@ int mc_rs_execute(const mc_rs_plan *p, const mc_geometry *g, const mc_rs_io *io,
     free(x);
     return mc_error("reshard: cannot start worker threads");
   }
-  int64_t total = 2 * p->bytes;
+  /* Progress in checkpoint bytes: each is read once and written once. */
   while (o && o->progress && atomic_load(&x->workers_done) < started) {
-    progress_line(o->label, atomic_load(&x->bytes_read) + atomic_load(&x->bytes_written), total, t0);
+    progress_line(o->label, (atomic_load(&x->bytes_read) + atomic_load(&x->bytes_written)) / 2, p->bytes, t0);
     struct timespec ts = {0, 100 * 1000 * 1000};
     nanosleep(&ts, NULL);
   }
   for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
   if (o && o->progress) {
-    progress_line(o->label, atomic_load(&x->bytes_read) + atomic_load(&x->bytes_written), total, t0);
+    progress_line(o->label, (atomic_load(&x->bytes_read) + atomic_load(&x->bytes_written)) / 2, p->bytes, t0);
     fputc('\n', stderr);
   }
   int rc = 0;
