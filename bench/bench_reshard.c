@@ -1,7 +1,7 @@
 /* bench_reshard: reshard throughput on a checkpoint of at least --gib GiB against the raw
  * disk speed measured in the same run and directory.
  *
- *   bench_reshard [--dir D] [--gib 2] [--chunk-mb 16] [--threads 2] [--rounds 3] [--keep]
+ *   bench_reshard [--dir D] [--gib 2] [--chunk-mb 16] [--threads N] [--rounds 3] [--keep]
  *   bench_reshard --synth DST [--gib X | --tiny]   (only writes a synthetic checkpoint; the
  *       --tiny one is the embedded default configuration's model and layout, for tests)
  *
@@ -148,7 +148,7 @@ int main(int argc, char **argv) {
   const char *dir = "bench-reshard-tmp", *synth = NULL;
   double gib = 2.0;
   int keep = 0, tiny = 0, rounds = 3;
-  mc_rs_opts o = {.chunk_bytes = 16 << 20, .threads = 2};
+  mc_rs_opts o = {.chunk_bytes = 16 << 20, .threads = 0};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
     else if (!strcmp(argv[i], "--gib") && i + 1 < argc) gib = atof(argv[++i]);
@@ -225,7 +225,7 @@ int main(int argc, char **argv) {
   printf("{\"bench\": \"reshard\", \"checkpoint_bytes\": %lld, \"rounds\": %d, \"raw_write_gbs_median\": %.3f, "
          "\"raw_read_gbs_median\": %.3f, \"reshard_gbs_median\": %.3f, \"ratio_to_min_raw\": %.3f, \"target\": 0.70, "
          "\"peak_rss_mib\": %.1f, \"chunk_mib\": %lld, \"threads\": %d}\n",
-         (long long)bytes, rounds, mw, mr, ms, ms / floor, (double)rss / 1024.0, (long long)(o.chunk_bytes >> 20), o.threads);
+         (long long)bytes, rounds, mw, mr, ms, ms / floor, (double)rss / 1024.0, (long long)(o.chunk_bytes >> 20), o.threads > 0 ? o.threads : mc_rs_default_threads());
   if (!keep) {
     char cmd[8300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", a, b);

@@ -73,7 +73,7 @@ int main(int argc, char **argv) {
   layout_args la = {-1, -1, -1, -1, -1, -1, NULL, NULL, 0};
   const char *pos[2] = {NULL, NULL}, *export_path = NULL, *import_path = NULL;
   int npos = 0, dry = 0, json = 0, progress = isatty(2);
-  mc_rs_opts o = {.chunk_bytes = (int64_t)16 << 20, .threads = 2};
+  mc_rs_opts o = {.chunk_bytes = (int64_t)16 << 20, .threads = 0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     int rc = 0, takes = 1;

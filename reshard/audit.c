@@ -92,7 +92,7 @@ static int run_digests(mc_rs_source *src, int verify, int progress, mc_audit *a)
   if (rc == 0) {
     mc_rs_io_ctx ctx = {src, &d};
     mc_rs_io io = {&ctx, mc_rs_source_read, null_write, verify_done, digest_done};
-    mc_rs_exec_opts eo = {0, 2, progress, verify ? "verify" : "digest"};
+    mc_rs_exec_opts eo = {0, 0, progress, verify ? "verify" : "digest"};
     mc_rs_exec_stats st;
     rc = mc_rs_execute(&plan, &cg, &io, &eo, &st);
     a->bytes_read = st.bytes_read;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* A shard in the tensor's "view": the tensor seen as [D0, D1, D2]. When every shard of the
  * tensor spans full trailing dimensions, the view is flat ([numel, 1, 1]) so that bands can
@@ -29,6 +30,11 @@ typedef struct {
   pthread_mutex_t err_lock;
   char err[MC_ERRMSG_MAX];
 } exec_shared;
+
+int mc_rs_default_threads(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n < 2 ? 2 : n > 8 ? 8 : (int)n;
+}
 
 static double now_s(void) {
   struct timespec ts;
@@ -216,7 +222,7 @@ int mc_rs_execute(const mc_rs_plan *p, const mc_geometry *g, const mc_rs_io *io,
   x->g = g;
   x->io = io;
   x->chunk = o && o->chunk_bytes > 0 ? o->chunk_bytes : (int64_t)16 << 20;
-  int threads = o && o->threads > 0 ? o->threads : 2;
+  int threads = o && o->threads > 0 ? o->threads : mc_rs_default_threads();
   if (threads > p->n_tensors) threads = p->n_tensors > 0 ? p->n_tensors : 1;
   pthread_mutex_init(&x->err_lock, NULL);
   x->order = malloc((size_t)(p->n_tensors ? p->n_tensors : 1) * sizeof *x->order);

@@ -35,7 +35,7 @@ typedef struct {
 
 typedef struct {
   int64_t chunk_bytes; /* band size; default 16 MiB */
-  int threads;         /* default 2 */
+  int threads;         /* <= 0: mc_rs_default_threads() */
   int progress;        /* 1: a progress bar on stderr (the caller checks for a terminal) */
   const char *label;   /* progress bar label */
 } mc_rs_exec_opts;
@@ -44,6 +44,10 @@ typedef struct {
   int64_t bytes_read, bytes_written;
   double seconds;
 } mc_rs_exec_stats;
+
+/* Online CPUs, clamped to [2, 8]: hashing is the CPU work, and two workers already overlap
+ * one's I/O with the other's hashing on a single core. */
+int mc_rs_default_threads(void);
 
 /* `g` is the geometry the plan's family indices refer to (either side: they agree).
  * On failure the first error is reported (naming the shard); nothing is left half-done on

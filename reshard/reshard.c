@@ -105,7 +105,7 @@ int mc_rs_write_from(int (*read)(void *, const mc_rs_plan *, int, int64_t, int64
   char dst[MC_PATH_MAX];
   if (snprintf(dst, sizeof dst, "%s", dst_in) >= (int)sizeof dst) return mc_error("destination path too long: %s", dst_in);
   for (size_t n = strlen(dst); n > 1 && dst[n - 1] == '/'; n--) dst[n - 1] = 0;
-  mc_rs_opts o = {.chunk_bytes = (int64_t)16 << 20, .threads = 2};
+  mc_rs_opts o = {.chunk_bytes = (int64_t)16 << 20, .threads = 0};
   if (o_in) o = *o_in;
   if (mc_rs_check_destination(dst, o.force) != 0) return -1;
   char tmp_root[MC_PATH_MAX], old[MC_PATH_MAX + 16];

@@ -17,7 +17,7 @@
 
 typedef struct {
   int64_t chunk_bytes; /* executor band size (default 16 MiB) */
-  int threads;         /* executor workers (default 2) */
+  int threads;         /* executor workers (<= 0: mc_rs_default_threads()) */
   int progress;        /* progress bar on stderr */
   int force;           /* replace an existing destination */
 } mc_rs_opts;
