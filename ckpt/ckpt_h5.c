@@ -67,78 +67,80 @@ static int attr_i32s(hid_t obj, const char *name, const int *v, int n) {
   return attr_write(obj, name, H5T_STD_I32LE, H5T_NATIVE_INT, n, v);
 }
 
+/* An open attribute with its type class and number of values; closed by attr_close. */
+typedef struct {
+  hid_t a, ft;
+  H5T_class_t cls;
+  hssize_t n;
+} attr_h;
+
+static int attr_open(hid_t obj, const char *name, attr_h *h) {
+  h->a = H5Aexists(obj, name) > 0 ? H5Aopen(obj, name, H5P_DEFAULT) : -1;
+  if (h->a < 0) return -1;
+  h->ft = H5Aget_type(h->a);
+  hid_t sp = H5Aget_space(h->a);
+  h->cls = h->ft >= 0 ? H5Tget_class(h->ft) : H5T_NO_CLASS;
+  h->n = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+  if (sp >= 0) H5Sclose(sp);
+  return 0;
+}
+
+static void attr_close(attr_h *h) {
+  if (h->ft >= 0) H5Tclose(h->ft);
+  H5Aclose(h->a);
+}
+
 /* Reads a string attribute (variable or fixed length). */
 static int attr_read_str(hid_t obj, const char *name, char *buf, size_t cap) {
-  if (H5Aexists(obj, name) <= 0) return -1;
-  hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
-  if (a < 0) return -1;
-  hid_t ft = H5Aget_type(a);
-  hid_t sp = H5Aget_space(a);
+  attr_h h;
+  if (attr_open(obj, name, &h) != 0) return -1;
   int rc = -1;
-  if (ft >= 0 && sp >= 0 && H5Tget_class(ft) == H5T_STRING && H5Sget_simple_extent_npoints(sp) == 1) {
-    if (H5Tis_variable_str(ft) > 0) {
+  if (h.cls == H5T_STRING && h.n == 1) {
+    if (H5Tis_variable_str(h.ft) > 0) {
       hid_t mt = H5Tcopy(H5T_C_S1);
       H5Tset_size(mt, H5T_VARIABLE);
-      H5Tset_cset(mt, H5Tget_cset(ft));
+      H5Tset_cset(mt, H5Tget_cset(h.ft));
       char *s = NULL;
-      if (H5Aread(a, mt, &s) >= 0 && s) {
+      if (H5Aread(h.a, mt, &s) >= 0 && s) {
         snprintf(buf, cap, "%s", s);
         rc = strlen(s) < cap ? 0 : -1;
         H5free_memory(s);
       }
       H5Tclose(mt);
-    } else {
-      size_t sz = H5Tget_size(ft);
-      if (sz + 1 <= cap) {
-        hid_t mt = H5Tcopy(ft);
-        memset(buf, 0, cap);
-        if (H5Aread(a, mt, buf) >= 0) rc = 0;
-        H5Tclose(mt);
-      }
+    } else if (H5Tget_size(h.ft) + 1 <= cap) {
+      memset(buf, 0, cap);
+      if (H5Aread(h.a, h.ft, buf) >= 0) rc = 0;
     }
   }
-  if (sp >= 0) H5Sclose(sp);
-  if (ft >= 0) H5Tclose(ft);
-  H5Aclose(a);
+  attr_close(&h);
   return rc;
 }
 
 /* Number of values of an attribute (-1 if absent). */
 static int attr_len(hid_t obj, const char *name) {
-  if (H5Aexists(obj, name) <= 0) return -1;
-  hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
-  if (a < 0) return -1;
-  hid_t sp = H5Aget_space(a);
-  hssize_t np = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
-  if (sp >= 0) H5Sclose(sp);
-  H5Aclose(a);
-  return (int)np;
+  attr_h h;
+  if (attr_open(obj, name, &h) != 0) return -1;
+  attr_close(&h);
+  return (int)h.n;
 }
 
 /* Reads an integer attribute of up to maxn values; *n gets the count (1 for scalars). */
 static int attr_read_ints(hid_t obj, const char *name, hid_t mtype, void *out, int maxn, int *n) {
-  if (H5Aexists(obj, name) <= 0) return -1;
-  hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
-  if (a < 0) return -1;
-  hid_t ft = H5Aget_type(a);
-  hid_t sp = H5Aget_space(a);
+  attr_h h;
+  if (attr_open(obj, name, &h) != 0) return -1;
   int rc = -1;
-  hssize_t np = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
-  if (ft >= 0 && H5Tget_class(ft) == H5T_INTEGER && np >= 0 && np <= maxn) {
-    if (np == 0 || H5Aread(a, mtype, out) >= 0) {
-      *n = (int)np;
-      rc = 0;
-    }
+  if (h.cls == H5T_INTEGER && h.n >= 0 && h.n <= maxn && (h.n == 0 || H5Aread(h.a, mtype, out) >= 0)) {
+    *n = (int)h.n;
+    rc = 0;
   }
-  if (sp >= 0) H5Sclose(sp);
-  if (ft >= 0) H5Tclose(ft);
-  H5Aclose(a);
+  attr_close(&h);
   return rc;
 }
 
 /* ---------------------------------------------------------------- writing */
 
-static int write_shard_attrs(hid_t d, const mc_shard_attrs *a) {
+int mc_h5_write_shard_attrs(int64_t dset, const mc_shard_attrs *a) {
+  hid_t d = (hid_t)dset;
   const mc_ckpt_shard *s = &a->s;
   int rc = 0;
   rc |= attr_str(d, "family", s->family);
@@ -212,7 +214,7 @@ int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_att
       rc = mc_error_context("%s: writing dataset %s", path, s->dataset);
     } else if (mc_pool_wait_job(hashes, hash_base + i) != 0) {
       rc = mc_error_context("%s: hashing dataset %s", path, s->dataset);
-    } else if (write_shard_attrs(d, &attrs[i]) != 0) {
+    } else if (mc_h5_write_shard_attrs((int64_t)d, &attrs[i]) != 0) {
       rc = mc_error("%s: cannot write attributes of %s: %s", path, s->dataset, h5_reason(&et));
     }
     if (d >= 0) H5Dclose(d);

@@ -60,6 +60,9 @@ typedef struct {
  * caller fsyncs it. */
 int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_attrs *attrs,
                           const float *const *data, int n, mc_pool *hashes, int hash_base);
+/* Writes the attributes of one shard dataset (an open HDF5 dataset id), exactly as rank
+ * files carry them; for writers that fill datasets themselves (e.g. streaming reshards). */
+int mc_h5_write_shard_attrs(int64_t dset, const mc_shard_attrs *a);
 /* Reads back the attributes of every shard dataset in a rank file (in name order).
  * *out is malloc'd; free with mc_shard_attrs_free. */
 int mc_h5_scan_rank_file(const char *path, const char *file_name, mc_shard_attrs **out, int *n);
