@@ -2,9 +2,11 @@
  *
  *   mctrain [--config FILE] [--set section.key=value]... [--resume latest|DIR] [--until STEP] [--quiet]
  *
- * See docs/training.md. */
-#define _POSIX_C_SOURCE 200809L /* fileno */
+ * SIGINT or SIGTERM ends the run after the current step with a checkpoint of it (exit
+ * status 128 + signal); see docs/training.md. */
+#define _POSIX_C_SOURCE 200809L /* fileno, sigaction */
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,9 @@
 #include "ckpt/config.h"
 #include "train/trainer.h"
 #include "util/error.h"
+
+static volatile sig_atomic_t stop_signal = 0;
+static void on_signal(int sig) { stop_signal = sig; }
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -56,10 +61,25 @@ int main(int argc, char **argv) {
     }
   }
   opts.progress_tty = opts.progress && isatty(fileno(opts.progress));
+  /* SIGINT/SIGTERM (Ctrl-C, preemption): finish the step, checkpoint it, exit 128+signal.
+   * The handler resets itself, so a second signal kills at once. */
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESETHAND | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  opts.stop = &stop_signal;
   if (mc_train(&cfg, &opts) != 0) {
     fflush(stdout);
     fprintf(stderr, "%smctrain: %s\n", opts.progress_tty ? "\n" : "", mc_errmsg());
     return 1;
+  }
+  if (opts.stopped) {
+    fflush(stdout);
+    fprintf(stderr, "mctrain: stopped by signal %d after saving; continue with --resume latest\n", (int)stop_signal);
+    return 128 + (int)stop_signal;
   }
   return 0;
 }

@@ -81,7 +81,7 @@ int mc_net_load(mc_net *net, const mc_geometry *geo, mc_ckpt *ck) {
 
 typedef struct {
   const mc_config *cfg;
-  const mc_trainer_opts *opts;
+  mc_trainer_opts *opts;
   mc_geometry geo;
   int have_geo;
   mc_data data;
@@ -323,6 +323,10 @@ static int loop(run *r) {
     mc_metrics_rec rec;
     memset(&rec, 0, sizeof rec);
     if (train_step(r, s, &rec) != 0) return -1;
+    if (r->opts->stop && *r->opts->stop && s + 1 < r->end_step) {
+      r->end_step = s + 1; /* interrupted: this step is the last, and it is saved */
+      r->opts->stopped = 1;
+    }
     lr = rec.lr;
     steps_since_log++;
     int64_t done = s + 1;
@@ -363,13 +367,13 @@ static int loop(run *r) {
     char took[32];
     fmt_duration(now_s() - t0, took, sizeof took);
     fprintf(out, "mctrain: %s at step %lld in %s; checkpoint %s/step_%lld, metrics %s\n",
-            r->end_step == t->steps ? "finished" : "stopped", (long long)r->end_step, took, cfg->checkpoint.dir,
+            r->opts->stopped ? "interrupted" : r->end_step == t->steps ? "finished" : "stopped", (long long)r->end_step, took, cfg->checkpoint.dir,
             (long long)r->end_step, r->metrics_path);
   }
   return 0;
 }
 
-int mc_train(const mc_config *cfg, const mc_trainer_opts *opts) {
+int mc_train(const mc_config *cfg, mc_trainer_opts *opts) {
   run r;
   memset(&r, 0, sizeof r);
   r.cfg = cfg;

@@ -5,6 +5,7 @@
 #ifndef MC_TRAIN_TRAINER_H
 #define MC_TRAIN_TRAINER_H
 
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -19,10 +20,14 @@ typedef struct {
                          spans train.steps, so stopping and resuming changes nothing */
   FILE *progress;     /* progress lines; NULL = none */
   int progress_tty;   /* rewrite one line with \r instead of printing lines */
+  /* When *stop becomes non-zero (a signal handler sets it), the run ends after the step in
+   * progress, saves a checkpoint of that step and returns 0 with `stopped` set to 1. */
+  volatile sig_atomic_t *stop;
+  int stopped;
 } mc_trainer_opts;
 
 /* Runs (or continues) the training described by cfg. Returns 0, or -1 with mc_errmsg set. */
-int mc_train(const mc_config *cfg, const mc_trainer_opts *opts);
+int mc_train(const mc_config *cfg, mc_trainer_opts *opts);
 
 /* Mean token cross-entropy of the network over n windows of d evenly spread through the
  * validation split (split_all = 0) or the whole file (split_all = 1): sequence k is window

@@ -72,6 +72,28 @@ resume)
   # Resuming again from step 6 into a fresh directory, via the step directory itself.
   "$B/mctrain" "${common[@]}" --set checkpoint.dir=c --resume b/step_6 --until 8 > c.log 2>&1 || { cat c.log; die "resume from DIR failed"; }
   [ "$(field c/metrics.jsonl loss 8)" = "$(field a/metrics.jsonl loss 8)" ] || die "resume from b/step_6 differs at step 8"
+  # SIGTERM (preemption) ends the run after the step in progress with a checkpoint of that
+  # step and exit status 143; resuming from it matches an uninterrupted run.
+  long=("${SMALL[@]}" --set data.path=corpus.h5 --set train.steps=2000 --set train.eval_every=0 --set checkpoint.every=0)
+  "$B/mctrain" "${long[@]}" --set checkpoint.dir=s > s.log 2>&1 &
+  pid=$!
+  for i in $(seq 1 300); do
+    [ "$(grep -c '"step"' s/metrics.jsonl 2>/dev/null)" -ge 3 ] 2>/dev/null && break
+    sleep 0.1
+  done
+  kill -TERM $pid
+  wait $pid
+  rc=$?
+  [ $rc = 143 ] || { cat s.log; die "SIGTERM: exit status $rc, expected 143"; }
+  n=$(sed -n 's/.*interrupted at step \([0-9]*\).*/\1/p' s.log)
+  [ -n "$n" ] && [ -d "s/step_$n" ] && grep -q "step_$n" s/latest || { cat s.log; die "no checkpoint of the interrupted step"; }
+  "$B/mctrain" "${long[@]}" --set checkpoint.dir=s --resume latest --until $((n + 2)) > s2.log 2>&1 || { cat s2.log; die "resume after SIGTERM failed"; }
+  "$B/mctrain" "${long[@]}" --set checkpoint.dir=t --until $((n + 2)) > t.log 2>&1 || { cat t.log; die "uninterrupted run failed"; }
+  for s in $((n + 1)) $((n + 2)); do
+    [ -n "$(field t/metrics.jsonl loss $s)" ] && [ "$(field s/metrics.jsonl loss $s)" = "$(field t/metrics.jsonl loss $s)" ] \
+      || die "after SIGTERM at $n, step $s differs from the uninterrupted run"
+  done
+  echo "SIGTERM at step $n: checkpoint saved, resumed run matches"
   # A checkpoint rewritten for another layout (pp=2, dp=2, ZeRO-1, ep=2) resumes the same run.
   "$B/mcreshard" b/step_6 r --pp 2 --dp 2 --zero 1 --ep 2 --no-progress > r.log 2>&1 || { cat r.log; die "mcreshard failed"; }
   "$B/mctrain" "${common[@]}" --set checkpoint.dir=d --resume r --until 8 > d.log 2>&1 || { cat d.log; die "resume from the resharded checkpoint failed"; }
