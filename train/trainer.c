@@ -355,8 +355,12 @@ static int loop(run *r) {
       steps_since_log = 0;
     }
     if (cfg->checkpoint.every > 0 && done % cfg->checkpoint.every == 0 && done != r->end_step) {
+      double ts = now_s();
       if (save(r, done, lr) != 0) return -1;
-      if (out && !r->opts->progress_tty) fprintf(out, "checkpoint step %lld %s\n", (long long)done, r->saver ? "queued" : "saved");
+      /* Async: the training loop waited only for the copy (and any save still in flight). */
+      if (out && !r->opts->progress_tty)
+        fprintf(out, "checkpoint step %lld %s (training paused %.3f s)\n", (long long)done,
+                r->saver ? "queued" : "saved", r->saver ? mc_ckpt_saver_last_stall(r->saver) : now_s() - ts);
     }
   }
   if (r->end_step > r->last_saved) {
