@@ -337,22 +337,26 @@ static int loop(run *r) {
       rec.has_val = 1;
     }
     int log_now = rec.has_val || done == r->end_step || done == 1 || (t->log_every > 0 && done % t->log_every == 0);
-    if (log_now) {
+    int tty = r->opts->progress_tty;
+    if (log_now || (out && tty)) {
+      /* Rate over the steps since the last logged line; a terminal line is redrawn every step. */
       double tn = now_s();
       rec.tokens_per_s = (double)(steps_since_log * tok_per_step) / (tn - t_log > 1e-9 ? tn - t_log : 1e-9);
-      if (mc_metrics_write(&r->metrics, &rec) != 0) return -1;
+      if (log_now && mc_metrics_write(&r->metrics, &rec) != 0) return -1;
       if (out) {
         char eta[32], val[32] = "";
         fmt_duration((tn - t0) / (double)(done - r->start_step) * (double)(r->end_step - done), eta, sizeof eta);
         if (rec.has_val) snprintf(val, sizeof val, "  val %.4f", rec.val_loss);
-        fprintf(out, "%sstep %lld/%d  loss %.4f  aux %.4f%s  lr %.2e  |g| %.3f  %.0f tok/s  ETA %s%s",
-                r->opts->progress_tty ? "\r" : "", (long long)done, t->steps, rec.loss, rec.aux_loss, val, rec.lr,
-                rec.grad_norm, rec.tokens_per_s, eta,
-                r->opts->progress_tty && !rec.has_val && done != r->end_step ? "\033[K" : "\n");
+        /* On a terminal, logged lines with validation (and the last) stay; others are overwritten. */
+        fprintf(out, "%sstep %lld/%d  loss %.4f  aux %.4f%s  lr %.2e  |g| %.3f  %.0f tok/s  ETA %s%s%s",
+                tty ? "\r" : "", (long long)done, t->steps, rec.loss, rec.aux_loss, val, rec.lr, rec.grad_norm,
+                rec.tokens_per_s, eta, tty ? "\033[K" : "", !tty || rec.has_val || done == r->end_step ? "\n" : "");
         fflush(out);
       }
-      t_log = tn;
-      steps_since_log = 0;
+      if (log_now) {
+        t_log = tn;
+        steps_since_log = 0;
+      }
     }
     if (cfg->checkpoint.every > 0 && done % cfg->checkpoint.every == 0 && done != r->end_step) {
       double ts = now_s();
