@@ -26,7 +26,7 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
   mc_dist_test(dist.tp2_dp2 4 $<TARGET_FILE:dist_train> 2 2 0 1)
   mc_dist_test(dist.tp2_sp_dp2_zero3 4 $<TARGET_FILE:dist_train> 2 2 1 3)
 
-  # Save under tp2 x dp2 zero 1 at step 5; resume as one rank and as dp4 zero 3.
+  # Save under tp2 x dp2 zero 1 at step 5; resume as one rank, as dp4 zero 3 and as tp2 + sp.
   set(MC_DIST_CKPT ${CMAKE_BINARY_DIR}/dist-ckpt)
   add_test(NAME dist.ckpt_clean COMMAND ${CMAKE_COMMAND} -E rm -rf ${MC_DIST_CKPT})
   set_tests_properties(dist.ckpt_clean PROPERTIES FIXTURES_SETUP dist_ckpt_clean)
@@ -34,5 +34,7 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
   set_tests_properties(dist.ckpt_save_tp2_dp2_zero1 PROPERTIES FIXTURES_REQUIRED dist_ckpt_clean FIXTURES_SETUP dist_ckpt)
   mc_dist_test(dist.ckpt_resume_1rank 1 $<TARGET_FILE:dist_train> 1 1 0 0 --resume ${MC_DIST_CKPT})
   mc_dist_test(dist.ckpt_resume_dp4_zero3 4 $<TARGET_FILE:dist_train> 1 4 0 3 --resume ${MC_DIST_CKPT})
-  set_tests_properties(dist.ckpt_resume_1rank dist.ckpt_resume_dp4_zero3 PROPERTIES FIXTURES_REQUIRED dist_ckpt)
+  mc_dist_test(dist.ckpt_resume_tp2_sp 2 $<TARGET_FILE:dist_train> 2 1 1 0 --resume ${MC_DIST_CKPT})
+  set_tests_properties(dist.ckpt_resume_1rank dist.ckpt_resume_dp4_zero3 dist.ckpt_resume_tp2_sp
+                       PROPERTIES FIXTURES_REQUIRED dist_ckpt)
 endif()
