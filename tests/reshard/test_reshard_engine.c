@@ -128,9 +128,11 @@ static void free_bufs(float **b, int n) {
   free(b);
 }
 
-static int pair_case(uint64_t seed, const mc_model *mdl, int verbose) {
+/* same: B is A's layout (every target shard is one source shard: digests are reused). */
+static int pair_case(uint64_t seed, const mc_model *mdl, int verbose, int same) {
   mc_geometry a, b;
-  if (rs_random_geometry(seed, mdl, 24, &a) || rs_random_geometry(seed, mdl, 24, &b)) {
+  if (rs_random_geometry(seed, mdl, 24, &a) ||
+      (same ? mc_geometry_build(mdl, &a.layout, NULL, -1, &b) : rs_random_geometry(seed, mdl, 24, &b))) {
     CHECK(0, "no valid random layout: %s", mc_errmsg());
     return 0;
   }
@@ -228,7 +230,8 @@ int main(void) {
   for (int pi = 0; pi < 3; pi++) {
     mc_model m;
     rs_test_model(&m, patterns[pi]);
-    for (int i = 0; i < 40; i++, n++) changed += pair_case(1000 + (uint64_t)n, &m, i < 2);
+    for (int i = 0; i < 40; i++, n++) changed += pair_case(1000 + (uint64_t)n, &m, i < 2, 0);
+    for (int i = 0; i < 3; i++) pair_case(5000 + (uint64_t)i + 10 * (uint64_t)pi, &m, 0, 1);
   }
   CHECK(atomic_load(&not_whole_rows) == 0, "%d reads/writes were not whole rows", atomic_load(&not_whole_rows));
   CHECK(changed > n / 2, "only %d of %d pairs change the layout", changed, n);
