@@ -239,7 +239,6 @@ static int setup(run *r) {
   r->tokens = malloc(sizeof(int32_t) * (size_t)t->micro_batch * (size_t)(cfg->model.seq_len + 1));
   if (!r->tokens) return mc_error("out of memory");
 
-  if (mkdir_p(cfg->checkpoint.dir) != 0) return -1;
   if (r->opts->resume) {
     const char *path = strcmp(r->opts->resume, "latest") ? r->opts->resume : cfg->checkpoint.dir;
     if (resume_from(r, path) != 0) return -1;
@@ -251,6 +250,7 @@ static int setup(run *r) {
       return mc_error("checkpoint.dir %s already holds a run (%s exists): continue it with --resume latest, or "
                       "choose another directory with --set checkpoint.dir=...", cfg->checkpoint.dir, latest);
   }
+  if (mkdir_p(cfg->checkpoint.dir) != 0) return -1;
   r->last_saved = r->start_step;
   r->end_step = r->opts->until > 0 && r->opts->until < t->steps ? r->opts->until : t->steps;
 
