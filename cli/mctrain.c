@@ -1,6 +1,7 @@
 /* mctrain: trains the configured model (with no arguments, the embedded default config).
  *
  *   mctrain [--config FILE] [--set section.key=value]... [--resume latest|DIR] [--until STEP] [--quiet]
+ *   mpirun -np N mctrain --set parallel.tp=2 --set parallel.dp=2 ...   (N = tp*dp*pp)
  *
  * SIGINT or SIGTERM ends the run after the current step with a checkpoint of it (exit
  * status 128 + signal); see docs/training.md. */
@@ -12,7 +13,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <mpi.h>
+
 #include "ckpt/config.h"
+#include "comm/comm.h"
 #include "train/trainer.h"
 #include "util/error.h"
 
@@ -29,7 +33,31 @@ static void usage(FILE *f) {
           "  --quiet           no progress output\n");
 }
 
+/* Started by mpirun (Open MPI, or a PMI launcher): then every process is one rank. A plain
+ * start stays one process without initialising MPI. */
+static int under_mpirun(void) {
+  return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+static int run_main(int argc, char **argv, mc_comm *world);
+
 int main(int argc, char **argv) {
+  mc_comm *world = NULL;
+  if (under_mpirun() && mc_comm_mpi_init(&argc, &argv, &world) != 0) {
+    fprintf(stderr, "mctrain: %s\n", mc_errmsg());
+    return 1;
+  }
+  int rc = run_main(argc, argv, world);
+  if (world) {
+    /* A failure on some ranks only would leave the others waiting in a collective; the
+     * failing rank has printed its error and ends them all. */
+    if (world->size > 1 && rc == 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    mc_comm_mpi_finalize();
+  }
+  return rc;
+}
+
+static int run_main(int argc, char **argv, mc_comm *world) {
   mc_config cfg;
   if (mc_config_from_args(&cfg, &argc, argv) != 0) {
     fprintf(stderr, "mctrain: %s\n", mc_errmsg());
@@ -37,7 +65,8 @@ int main(int argc, char **argv) {
   }
   mc_trainer_opts opts;
   memset(&opts, 0, sizeof opts);
-  opts.progress = stdout;
+  opts.progress = world && world->rank != 0 ? NULL : stdout; /* rank 0 reports */
+  opts.world = world;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -73,7 +102,10 @@ int main(int argc, char **argv) {
   opts.stop = &stop_signal;
   if (mc_train(&cfg, &opts) != 0) {
     fflush(stdout);
-    fprintf(stderr, "%smctrain: %s\n", opts.progress_tty ? "\n" : "", mc_errmsg());
+    if (world && world->size > 1)
+      fprintf(stderr, "%smctrain: rank %d: %s\n", opts.progress_tty ? "\n" : "", world->rank, mc_errmsg());
+    else
+      fprintf(stderr, "%smctrain: %s\n", opts.progress_tty ? "\n" : "", mc_errmsg());
     return 1;
   }
   if (opts.stopped) {

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "train/dist.h"
 #include "train/metrics.h"
 #include "train/optim.h"
 #include "util/error.h"
@@ -70,6 +71,7 @@ int mc_eval_loss(mc_net *net, const mc_data *d, int split_all, int64_t n, int mi
 int mc_net_load(mc_net *net, const mc_geometry *geo, mc_ckpt *ck) {
   for (int i = 0; i < mc_net_n_params(net); i++) {
     mc_net_param *p = mc_net_param_at(net, i);
+    if (!p->w) return mc_error("loading %s: the network keeps ZeRO-3 shards (load them with mc_dist_load)", geo->fams.f[p->fam].name);
     if (mc_ckpt_read(ck, geo->fams.f[p->fam].name, MC_STATE_PARAM, p->shard.local_start,
                      p->shard.local_count, p->w) != 0)
       return mc_error_context("loading %s from %s", geo->fams.f[p->fam].name, mc_ckpt_step_dir(ck));
@@ -79,15 +81,20 @@ int mc_net_load(mc_net *net, const mc_geometry *geo, mc_ckpt *ck) {
 
 /* ---------------------------------------------------------------- one run */
 
+/* One rank's run. Every rank of the layout executes the same sequence of steps; rank 0
+ * alone writes metrics and progress, and commits checkpoints (docs/parallel.md). */
 typedef struct {
   const mc_config *cfg;
   mc_trainer_opts *opts;
   mc_geometry geo;
   int have_geo;
+  mc_comm_groups groups;
+  const mc_comm_groups *comm; /* &groups under mpirun with more than one rank, else NULL */
+  int rank, dp_rank;
   mc_data data;
   mc_net *net;
-  mc_optim opt;
-  float **grads, **work; /* per optimizer slot: the net's gradient and working weight */
+  mc_dist_opt opt;
+  int have_opt;
   int32_t *tokens;
   mc_ckpt_saver *saver;
   mc_metrics metrics;
@@ -95,32 +102,6 @@ typedef struct {
   int64_t start_step, end_step;
   int64_t last_saved;
 } run;
-
-/* Pairs every network parameter with its optimizer slot. */
-static int bind_slots(run *r) {
-  r->grads = calloc((size_t)r->opt.n + 1, sizeof *r->grads);
-  r->work = calloc((size_t)r->opt.n + 1, sizeof *r->work);
-  if (!r->grads || !r->work) return mc_error("out of memory");
-  for (int i = 0; i < mc_net_n_params(r->net); i++) {
-    mc_net_param *p = mc_net_param_at(r->net, i);
-    int s = mc_optim_slot_of(&r->opt, p->fam);
-    if (s < 0 || r->work[s])
-      return mc_error("family %s: network parameter without exactly one optimizer slot",
-                      r->geo.fams.f[p->fam].name);
-    if (r->opt.slots[s].offset + r->opt.slots[s].numel > p->numel)
-      return mc_error("family %s: optimizer shard exceeds the local slice", r->geo.fams.f[p->fam].name);
-    r->grads[s] = p->g;
-    r->work[s] = p->w;
-  }
-  for (int s = 0; s < r->opt.n; s++)
-    if (!r->work[s]) return mc_error("family %s has no network parameter", r->geo.fams.f[r->opt.slots[s].fam].name);
-  return 0;
-}
-
-static void master_to_work(run *r) {
-  for (int s = 0; s < r->opt.n; s++)
-    memcpy(r->work[s] + r->opt.slots[s].offset, r->opt.slots[s].master, sizeof(float) * (size_t)r->opt.slots[s].numel);
-}
 
 static int resume_from(run *r, const char *path) {
   const mc_config *cfg = r->cfg;
@@ -146,18 +127,11 @@ static int resume_from(run *r, const char *path) {
     rc = mc_error("checkpoint %s consumed %lld samples in %lld steps, which is not train.global_batch=%d "
                   "per step (pass the run's global batch)", mc_ckpt_step_dir(ck), (long long)st.data_position,
                   (long long)st.step, cfg->train.global_batch);
-  for (int s = 0; rc == 0 && s < r->opt.n; s++) {
-    mc_optim_slot *sl = &r->opt.slots[s];
-    const char *name = r->geo.fams.f[sl->fam].name;
-    float *dst[3] = {sl->master, sl->exp_avg, sl->exp_avg_sq};
-    for (int k = 0; k < 3 && rc == 0; k++)
-      if (mc_ckpt_read(ck, name, (mc_state)k, sl->shard.start, sl->shard.count, dst[k]) != 0)
-        rc = mc_error_context("loading %s/%s from %s", name, mc_state_name((mc_state)k), mc_ckpt_step_dir(ck));
-  }
+  /* This rank's hyperslabs of the three states, whatever layout wrote them. */
+  if (rc == 0 && mc_dist_load(&r->opt, ck) != 0) rc = -1;
   if (rc == 0) {
     r->start_step = st.step;
-    r->opt.step = st.adam_step;
-    master_to_work(r);
+    r->opt.opt.step = st.adam_step;
     if (r->opts->progress)
       fprintf(r->opts->progress, "mctrain: resumed from %s at step %lld\n", mc_ckpt_step_dir(ck), (long long)st.step);
   }
@@ -179,7 +153,7 @@ static int save(run *r, int64_t step, double lr) {
   st.tokens_seen = step * cfg->train.global_batch * cfg->model.seq_len;
   st.schedule_step = step;
   st.lr = lr;
-  st.adam_step = r->opt.step;
+  st.adam_step = r->opt.opt.step;
   st.lr_max = cfg->train.lr, st.lr_min = cfg->train.min_lr;
   st.warmup_steps = cfg->train.warmup_steps, st.total_steps = cfg->train.steps;
   st.beta1 = cfg->train.beta1, st.beta2 = cfg->train.beta2, st.adam_eps = cfg->train.adam_eps;
@@ -187,20 +161,21 @@ static int save(run *r, int64_t step, double lr) {
   st.seed = cfg->train.seed;
   st.rng_counter = 0; /* no sampling or dropout draws yet */
   st.data_position = step * cfg->train.global_batch;
-  mc_ckpt_item *items = malloc(sizeof *items * (size_t)(3 * r->opt.n + 1));
+  mc_ckpt_item *items = malloc(sizeof *items * (size_t)(3 * r->opt.opt.n + 1));
   if (!items) return mc_error("checkpoint: out of memory");
-  for (int s = 0; s < r->opt.n; s++) {
-    const mc_optim_slot *sl = &r->opt.slots[s];
-    const float *src[3] = {sl->master, sl->exp_avg, sl->exp_avg_sq};
-    for (int k = 0; k < 3; k++) items[3 * s + k] = (mc_ckpt_item){sl->fam, (mc_state)k, 0, src[k]};
-  }
+  int n_items = mc_dist_ckpt_items(&r->opt, items);
   int rc;
   if (r->saver) {
-    rc = mc_ckpt_saver_save(r->saver, &r->geo, cfg, &st, items, 3 * r->opt.n);
+    rc = mc_ckpt_saver_save(r->saver, &r->geo, cfg, &st, items, n_items);
   } else {
     mc_ckpt_save_opts so;
     save_opts(cfg, &so);
-    rc = mc_ckpt_save(cfg->checkpoint.dir, &r->geo, cfg, &st, items, 3 * r->opt.n, &so);
+    if (r->comm) { /* every rank writes its primaries; rank 0 commits */
+      so.root = r->rank == 0;
+      so.barrier = mc_dist_ckpt_barrier;
+      so.barrier_user = r->comm->world;
+    }
+    rc = mc_ckpt_save(cfg->checkpoint.dir, &r->geo, cfg, &st, items, n_items, &so);
   }
   free(items);
   if (rc != 0) return mc_error_context("checkpoint at step %lld", (long long)step);
@@ -218,9 +193,20 @@ static void fmt_duration(double s, char *buf, size_t cap) {
 static int setup(run *r) {
   const mc_config *cfg = r->cfg;
   const mc_train_cfg *t = &cfg->train;
-  if (mc_geometry_build(&cfg->model, &cfg->parallel, t, 1, &r->geo) != 0)
-    return mc_error_context("mctrain runs one process for now (world size 1)");
+  mc_comm *world = r->opts->world;
+  int world_size = world ? world->size : 1;
+  r->rank = world ? world->rank : 0;
+  if (mc_geometry_build(&cfg->model, &cfg->parallel, t, world_size, &r->geo) != 0)
+    return world_size == 1 ? mc_error_context("one process (a parallel layout is launched with mpirun -np tp*dp*pp)")
+                           : mc_error_context("%d ranks", world_size);
   r->have_geo = 1;
+  mc_coords co;
+  mc_layout_coords(&cfg->parallel, r->rank, &co);
+  r->dp_rank = co.dp_rank;
+  if (world && world_size > 1) {
+    if (mc_comm_make_groups(world, &cfg->parallel, &r->groups) != 0) return -1;
+    r->comm = &r->groups;
+  }
   if (strcmp(t->device, "cpu") != 0)
     return mc_error("train.device=%s: this build trains on the CPU reference backend only (set train.device=cpu)", t->device);
   if (strcmp(t->dtype, "fp32") != 0)
@@ -231,11 +217,10 @@ static int setup(run *r) {
   if (t->eval_every > 0 && r->data.n_val < 1)
     return mc_error("train.eval_every=%d needs a validation split, but data.val_fraction=%g", t->eval_every,
                     cfg->data.val_fraction);
-  r->net = mc_net_create(&r->geo, 0, t->seed);
+  r->net = mc_net_create_dist(&r->geo, r->rank, t->seed, r->comm);
   if (!r->net) return mc_error_context("creating the network");
-  if (mc_optim_init(&r->opt, &r->geo, 0) != 0 || bind_slots(r) != 0) return -1;
-  for (int s = 0; s < r->opt.n; s++)
-    memcpy(r->opt.slots[s].master, r->work[s] + r->opt.slots[s].offset, sizeof(float) * (size_t)r->opt.slots[s].numel);
+  if (mc_dist_opt_init(&r->opt, r->net, &r->geo, r->comm, r->rank) != 0) return -1;
+  r->have_opt = 1;
   r->tokens = malloc(sizeof(int32_t) * (size_t)t->micro_batch * (size_t)(cfg->model.seq_len + 1));
   if (!r->tokens) return mc_error("out of memory");
 
@@ -256,8 +241,14 @@ static int setup(run *r) {
 
   if (t->metrics[0]) snprintf(r->metrics_path, sizeof r->metrics_path, "%s", t->metrics);
   else snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", cfg->checkpoint.dir);
-  if (mc_metrics_open(&r->metrics, r->metrics_path, r->opts->resume ? r->start_step : -1) != 0) return -1;
-  if (cfg->checkpoint.async_save) {
+  if (r->rank != 0) {
+    r->metrics_path[0] = 0; /* rank 0 logs the run */
+  } else if (mc_metrics_open(&r->metrics, r->metrics_path, r->opts->resume ? r->start_step : -1) != 0) {
+    return -1;
+  }
+  /* The asynchronous saver calls the save barrier from its own thread; MPI ranks save
+   * synchronously instead. */
+  if (cfg->checkpoint.async_save && !r->comm) {
     mc_ckpt_save_opts so;
     save_opts(cfg, &so);
     if (mc_ckpt_saver_create(cfg->checkpoint.dir, &so, &r->saver) != 0) return -1;
@@ -272,31 +263,34 @@ static int train_step(run *r, int64_t s, mc_metrics_rec *rec) {
   int G = t->global_batch, mb = t->micro_batch, T = cfg->model.seq_len;
   int dp = cfg->parallel.dp;
   mc_net_zero_grad(r->net);
-  double ce = 0, aux = 0;
-  int64_t ntok = 0, nseq = 0;
+  mc_net_stats tot;
+  memset(&tot, 0, sizeof tot);
   for (int m = 0; m < G / dp / mb; m++) {
-    int64_t first = mc_data_first_sample(s, G, dp, 0, mb, m);
+    int64_t first = mc_data_first_sample(s, G, dp, r->dp_rank, mb, m);
     if (mc_data_read_train(&r->data, t->seed, first, mb, r->tokens) != 0) return -1;
     mc_net_stats st;
     memset(&st, 0, sizeof st);
     if (mc_net_forward_backward(r->net, r->tokens, mb, 1.0 / ((double)G * T), 1.0 / G, &st) != 0)
       return mc_error_context("step %lld, micro-batch %d", (long long)s + 1, m);
-    ce += st.ce_sum, aux += st.aux_sum;
-    ntok += st.n_tokens, nseq += st.n_seqs;
+    tot.ce_sum += st.ce_sum, tot.aux_sum += st.aux_sum;
+    tot.n_tokens += st.n_tokens, tot.n_seqs += st.n_seqs;
   }
-  double norm = sqrt(mc_optim_grad_sq(&r->opt, r->grads));
+  /* the global batch's loss; gradients summed over TP/DP; the norm over every element once */
+  double norm = 0;
+  if (mc_dist_stats_sum(r->comm, &tot) != 0 || mc_dist_sync_grads(&r->opt) != 0 || mc_dist_grad_norm(&r->opt, &norm) != 0)
+    return mc_error_context("step %lld", (long long)s + 1);
   double lr = mc_lr_at(t, s);
   rec->step = s + 1;
-  rec->loss = ntok ? ce / (double)ntok : NAN;
-  rec->aux_loss = nseq ? aux / (double)nseq : 0;
+  rec->loss = tot.n_tokens ? tot.ce_sum / (double)tot.n_tokens : NAN;
+  rec->aux_loss = tot.n_seqs ? tot.aux_sum / (double)tot.n_seqs : 0;
   rec->lr = lr;
   rec->grad_norm = norm;
   rec->tokens = (s + 1) * (int64_t)G * T;
   if (!isfinite(rec->loss) || !isfinite(norm))
     return mc_error("step %lld: loss %g, gradient norm %g are not finite (lower train.lr?); nothing was saved "
                     "for this step", (long long)s + 1, rec->loss, norm);
-  mc_optim_step(&r->opt, t, lr, mc_clip_scale(norm, t->grad_clip), r->grads);
-  master_to_work(r);
+  if (mc_dist_update(&r->opt, t, lr, mc_clip_scale(norm, t->grad_clip)) != 0)
+    return mc_error_context("step %lld", (long long)s + 1);
   return 0;
 }
 
@@ -323,7 +317,10 @@ static int loop(run *r) {
     mc_metrics_rec rec;
     memset(&rec, 0, sizeof rec);
     if (train_step(r, s, &rec) != 0) return -1;
-    if (r->opts->stop && *r->opts->stop && s + 1 < r->end_step) {
+    int32_t stop = r->opts->stop && *r->opts->stop;
+    /* every rank stops after the same step, so a signal seen by some ranks only still ends all */
+    if (r->comm && mc_allreduce_sum(r->comm->world, &stop, 1, MC_DT_I32) != 0) return -1;
+    if (stop && s + 1 < r->end_step) {
       r->end_step = s + 1; /* interrupted: this step is the last, and it is saved */
       r->opts->stopped = 1;
     }
@@ -342,7 +339,7 @@ static int loop(run *r) {
       /* Rate over the steps since the last logged line; a terminal line is redrawn every step. */
       double tn = now_s();
       rec.tokens_per_s = (double)(steps_since_log * tok_per_step) / (tn - t_log > 1e-9 ? tn - t_log : 1e-9);
-      if (log_now && mc_metrics_write(&r->metrics, &rec) != 0) return -1;
+      if (log_now && r->rank == 0 && mc_metrics_write(&r->metrics, &rec) != 0) return -1;
       if (out) {
         char eta[32], val[32] = "";
         fmt_duration((tn - t0) / (double)(done - r->start_step) * (double)(r->end_step - done), eta, sizeof eta);
@@ -413,12 +410,11 @@ int mc_train(const mc_config *cfg, mc_trainer_opts *opts) {
     rc = mc_metrics_svg(r.metrics_path, svg, title);
     if (rc == 0 && opts->progress) fprintf(opts->progress, "mctrain: loss curve %s\n", svg);
   }
-  free(r.grads);
-  free(r.work);
   free(r.tokens);
-  mc_optim_free(&r.opt);
+  if (r.have_opt) mc_dist_opt_free(&r.opt);
   if (r.net) mc_net_free(r.net);
   mc_data_close(&r.data);
+  if (r.comm) mc_comm_free_groups(&r.groups);
   if (r.have_geo) mc_geometry_free(&r.geo);
   return rc;
 }

@@ -1,7 +1,7 @@
 /* The training loop: data -> network -> clipping -> AdamW -> metrics, validation and
- * checkpoints, with bit-exact resume (docs/training.md). One process, world size 1 for now;
- * every piece it calls (sample order, optimizer shards, checkpoint items) is already
- * written per rank, so distributed training adds communication, not new semantics. */
+ * checkpoints, with bit-exact resume (docs/training.md). Under mpirun every rank of the
+ * layout runs it (tensor/sequence/data parallel, ZeRO 0/1/3; docs/parallel.md): each takes
+ * its part of the global batch, and rank 0 alone logs, prints and commits checkpoints. */
 #ifndef MC_TRAIN_TRAINER_H
 #define MC_TRAIN_TRAINER_H
 
@@ -11,6 +11,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/config.h"
+#include "comm/comm.h"
 #include "train/data.h"
 #include "train/net.h"
 
@@ -24,6 +25,9 @@ typedef struct {
    * progress, saves a checkpoint of that step and returns 0 with `stopped` set to 1. */
   volatile sig_atomic_t *stop;
   int stopped;
+  /* The MPI world (mc_comm_mpi_init) when launched under mpirun; NULL for one process. Its
+   * size must equal tp*dp*pp of cfg->parallel. Pass progress = NULL on ranks other than 0. */
+  mc_comm *world;
 } mc_trainer_opts;
 
 /* Runs (or continues) the training described by cfg. Returns 0, or -1 with mc_errmsg set. */

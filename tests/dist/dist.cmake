@@ -37,4 +37,12 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
   mc_dist_test(dist.ckpt_resume_tp2_sp 2 $<TARGET_FILE:dist_train> 2 1 1 0 --resume ${MC_DIST_CKPT})
   set_tests_properties(dist.ckpt_resume_1rank dist.ckpt_resume_dp4_zero3 dist.ckpt_resume_tp2_sp
                        PROPERTIES FIXTURES_REQUIRED dist_ckpt)
+
+  # mctrain itself under mpirun (tests/dist/mctrain_mpi.sh MODE)
+  if(TARGET mctrain AND TARGET mcdata)
+    foreach(mode equal resume errors)
+      add_test(NAME dist.mctrain_${mode} COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/mctrain_mpi.sh ${mode})
+      set_tests_properties(dist.mctrain_${mode} PROPERTIES ENVIRONMENT "${MC_DIST_ENV};MC_MPIRUN=${MC_DIST_MPIRUN}" TIMEOUT 180)
+    endforeach()
+  endif()
 endif()

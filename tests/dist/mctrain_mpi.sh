@@ -1,0 +1,82 @@
+#!/bin/bash
+# mctrain under mpirun against the single-process run (tests/dist/dist.cmake registers it):
+#   mctrain_mpi.sh MODE   (equal | resume | errors)
+# equal:  10 steps in one process, then under mpirun for tp2 x dp2 zero 1 and tp2+sp x dp2 zero 3:
+#         every step's loss within 1e-4 relative of the one-process run.
+# resume: tp2 x dp2 zero 1 saves step 5 (and runs to 10); resuming step 5 as one process and
+#         as dp4 zero 3 gives steps 6-10 within 1e-4 relative of the uninterrupted run.
+# errors: a rank count that does not match the layout is a clear error.
+set -u
+B=${MC_BINARY_DIR:?}
+S=${MC_SOURCE_DIR:?}
+MODE=${1:?mode}
+MPIRUN=${MC_MPIRUN:-mpirun}
+W=$(mktemp -d /tmp/mc_dist_e2e.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+fail=0
+die() { echo "FAIL: $*"; fail=1; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+
+# Every split width divisible by 2 and by the sequence shard; seconds per run on 2 cores.
+SMALL=(--set model.d_model=32 --set model.n_heads=4 --set model.n_kv_heads=2 --set model.head_dim=8
+       --set model.expert_hidden=32 --set model.mamba_inner=64 --set model.mamba_head_dim=16
+       --set model.ssm_state=8 --set model.rec_width=32 --set model.seq_len=16 --set model.init_std=0.1
+       --set train.global_batch=8 --set train.micro_batch=2 --set train.warmup_steps=2 --set train.steps=10
+       --set train.log_every=1 --set train.eval_every=0 --set checkpoint.keep=0 --set checkpoint.every=0)
+
+find "$S/train" "$S/docs" -maxdepth 1 -type f \( -name '*.c' -o -name '*.md' \) | sort > files.txt
+"$B/mcdata" -o corpus.h5 $(cat files.txt) > mcdata.log 2>&1 || { cat mcdata.log; echo "FAIL: mcdata"; exit 1; }
+COMMON=("${SMALL[@]}" --set data.path=corpus.h5)
+
+field() { grep "\"step\": $3," "$1" | sed -n "s/.*\"$2\": \([-0-9.eE+a-z]*\).*/\1/p" | tail -1; }
+# same_losses A B FIRST LAST: the loss of every step within 1e-4 relative
+same_losses() {
+  for s in $(seq "$3" "$4"); do
+    x=$(field "$1" loss "$s"); y=$(field "$2" loss "$s")
+    awk -v a="$x" -v b="$y" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 1e-4 * (a < 0 ? -a : a)) }' \
+      || die "step $s: loss $y, one-process run $x ($1 vs $2)"
+  done
+}
+
+case "$MODE" in
+equal)
+  "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=one > one.log 2>&1 || { cat one.log; die "one-process run failed"; }
+  "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=a --set parallel.tp=2 \
+    --set parallel.dp=2 --set parallel.zero=1 > a.log 2>&1 || { cat a.log; die "tp2 x dp2 zero 1 failed"; }
+  same_losses one/metrics.jsonl a/metrics.jsonl 1 10
+  "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=b --set parallel.tp=2 \
+    --set parallel.sp=true --set parallel.dp=2 --set parallel.zero=3 > b.log 2>&1 || { cat b.log; die "tp2+sp x dp2 zero 3 failed"; }
+  same_losses one/metrics.jsonl b/metrics.jsonl 1 10
+  [ "$(grep -c '"step": ' a/metrics.jsonl)" = 10 ] || die "a/metrics.jsonl should hold 10 steps once (rank 0 writes it)"
+  grep -q '"tp":[[:space:]]*2' a/step_10/manifest.json || die "the manifest does not record tp=2"
+  echo "losses at step 10: one process $(field one/metrics.jsonl loss 10), tp2 x dp2 zero 1 $(field a/metrics.jsonl loss 10), tp2+sp x dp2 zero 3 $(field b/metrics.jsonl loss 10)"
+  ;;
+resume)
+  "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=a --set parallel.tp=2 \
+    --set parallel.dp=2 --set parallel.zero=1 --set checkpoint.every=5 --set checkpoint.async_save=false > a.log 2>&1 \
+    || { cat a.log; die "tp2 x dp2 zero 1 failed"; }
+  [ -d a/step_5 ] || die "no checkpoint a/step_5"
+  "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=c --resume a/step_5 > c.log 2>&1 || { cat c.log; die "one-process resume failed"; }
+  grep -q "resumed from .*step_5 at step 5" c.log || die "one-process resume did not start at step 5"
+  same_losses a/metrics.jsonl c/metrics.jsonl 6 10
+  "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=d --set parallel.dp=4 \
+    --set parallel.zero=3 --resume a/step_5 > d.log 2>&1 || { cat d.log; die "dp4 zero 3 resume failed"; }
+  same_losses a/metrics.jsonl d/metrics.jsonl 6 10
+  echo "loss at step 10: uninterrupted $(field a/metrics.jsonl loss 10), one process $(field c/metrics.jsonl loss 10), dp4 zero 3 $(field d/metrics.jsonl loss 10)"
+  ;;
+errors)
+  "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=e --set parallel.tp=2 \
+    --set parallel.dp=2 > e.log 2>&1 && die "4-rank layout on 2 ranks succeeded"
+  grep -q "does not equal the 2 ranks launched\|world size" e.log || { cat e.log; die "no clear world-size message"; }
+  "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=f --set parallel.tp=2 > f.log 2>&1 && die "tp=2 in one process succeeded"
+  grep -q "world size\|ranks launched" f.log || { cat f.log; die "no clear world-size message without mpirun"; }
+  "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=g --set parallel.dp=2 \
+    --set parallel.ep=2 > g.log 2>&1 && die "ep=2 succeeded"
+  grep -q "ep=2" g.log || { cat g.log; die "no message naming ep=2"; }
+  ;;
+*) echo "unknown mode $MODE"; exit 2 ;;
+esac
+[ $fail = 0 ] && echo "mctrain_mpi $MODE: ok"
+exit $fail
