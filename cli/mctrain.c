@@ -30,7 +30,8 @@ static void usage(FILE *f) {
           "  --resume latest   continue the run in checkpoint.dir from its newest checkpoint\n"
           "  --resume DIR      continue from a checkpoint directory (a run directory or a step_N)\n"
           "  --until STEP      stop after STEP steps (the schedule still spans train.steps)\n"
-          "  --quiet           no progress output\n");
+          "  --quiet           no progress output\n"
+          "  parallel layouts: mpirun -np <tp*dp*pp> mctrain --set parallel.tp=2 --set parallel.dp=2 ... (docs/parallel.md)\n");
 }
 
 /* Started by mpirun (Open MPI, or a PMI launcher): then every process is one rank. A plain
