@@ -43,7 +43,10 @@ static void make_setup(setup *s) {
   s->cfg.train = s->t;
 }
 
-/* Steps [s0, s1): losses[s] = mean token cross-entropy of the global batch of step s. */
+/* Steps [s0, s1): losses[s] = mean token cross-entropy of the global batch of step s,
+ * losses[STEPS + s] = its gradient norm before clipping. AdamW is nearly invariant to a
+ * uniform gradient scale, so a wrong clipping norm would hide in the losses: it is
+ * compared on its own. */
 static int run_steps(const setup *S, mc_net *net, mc_dist_opt *d, const mc_layout *l, int rank, int64_t s0,
                      int64_t s1, double *losses) {
   const mc_train_cfg *t = &S->t;
@@ -65,6 +68,7 @@ static int run_steps(const setup *S, mc_net *net, mc_dist_opt *d, const mc_layou
     if (mc_dist_stats_sum(d->comm, &tot) || mc_dist_sync_grads(d) || mc_dist_grad_norm(d, &norm)) goto fail;
     if (mc_dist_update(d, t, mc_lr_at(t, s), mc_clip_scale(norm, t->grad_clip))) goto fail;
     losses[s] = tot.ce_sum / (double)tot.n_tokens;
+    losses[STEPS + s] = norm; /* the global gradient norm (every element once) */
     CHECK(tot.n_tokens == (int64_t)G * T, "step %lld scored %lld tokens", (long long)s + 1, (long long)tot.n_tokens);
   }
   free(tok);
@@ -107,7 +111,7 @@ static int oracle(const setup *S, int rank, double *losses, float ***weights, mc
     if (rank == 0) fprintf(stderr, "oracle: %s\n", mc_errmsg()), trainee_free(&e);
     return -1;
   }
-  MPI_Bcast(losses, STEPS, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  MPI_Bcast(losses, 2 * STEPS, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   mc_families_build(&S->m, 0, fams);
   *weights = calloc((size_t)fams->n, sizeof(float *));
   for (int f = 0; f < fams->n; f++) {
@@ -126,8 +130,12 @@ static void compare_losses(const double *got, const double *want, int64_t s0, in
   for (int64_t s = s0; s < s1; s++) {
     CHECK(fabs(got[s] - want[s]) <= LTOL * fabs(want[s]), "step %lld: loss %.9g, single-rank %.9g", (long long)s + 1,
           got[s], want[s]);
-    if (rank == 0) printf("  step %2lld  loss %.7f  oracle %.7f  rel %.2e\n", (long long)s + 1, got[s], want[s],
-                          fabs(got[s] - want[s]) / fabs(want[s]));
+    const double *gn = got + STEPS, *wn = want + STEPS;
+    CHECK(fabs(gn[s] - wn[s]) <= LTOL * fabs(wn[s]), "step %lld: gradient norm %.9g, single-rank %.9g",
+          (long long)s + 1, gn[s], wn[s]);
+    if (rank == 0)
+      printf("  step %2lld  loss %.7f  oracle %.7f  rel %.2e   |g| %.6f  oracle %.6f\n", (long long)s + 1, got[s], want[s],
+             fabs(got[s] - want[s]) / fabs(want[s]), gn[s], wn[s]);
   }
 }
 
@@ -214,8 +222,9 @@ int main(int argc, char **argv) {
     printf("layout tp=%d dp=%d sp=%d zero=%d, pattern %s, G=%d, micro-batch %d%s%s\n", l.tp, l.dp, l.sp, l.zero, PATTERN,
            S.t.global_batch, S.t.micro_batch, save ? ", save to " : resume ? ", resume from " : "",
            save ? save : resume ? resume : "");
-  double losses[STEPS], want[STEPS];
+  double losses[2 * STEPS], want[2 * STEPS];
   memset(losses, 0, sizeof losses);
+  memset(want, 0, sizeof want);
   trainee e;
   int made = trainee_make(&e, &S, &l, rank, &grp) == 0;
   CHECK(made, "rank %d: %s", rank, mc_errmsg());
@@ -227,6 +236,8 @@ int main(int argc, char **argv) {
     if (oracle(&S, rank, want, &ref, &fams) == 0) {
       CHECK_OK(run_steps(&S, e.net, &e.d, &l, rank, 0, STEPS, losses));
       compare_losses(losses, want, 0, STEPS, rank);
+      CHECK(want[STEPS] > S.t.grad_clip, "step 1 gradient norm %g does not exceed grad_clip=%g: clipping untested",
+            want[STEPS], S.t.grad_clip);
       compare_weights(&e, ref, rank, S.t.seed);
       for (int f = 0; f < fams.n; f++) free(ref[f]);
       free(ref);
@@ -240,7 +251,7 @@ int main(int argc, char **argv) {
     CHECK_OK(run_steps(&S, e.net, &e.d, &l, rank, SAVE_AT, STEPS, losses));
     snprintf(path, sizeof path, "%s/losses.txt", save);
     FILE *fp = rank == 0 ? fopen(path, "w") : NULL;
-    for (int s = SAVE_AT; fp && s < STEPS; s++) fprintf(fp, "%d %.17g\n", s + 1, losses[s]);
+    for (int s = SAVE_AT; fp && s < STEPS; s++) fprintf(fp, "%d %.17g %.17g\n", s + 1, losses[s], losses[STEPS + s]);
     if (fp) fclose(fp);
     CHECK(rank != 0 || fp, "cannot write %s", path);
   } else if (made && resume) {
@@ -258,9 +269,9 @@ int main(int argc, char **argv) {
       FILE *fp = fopen(path, "r");
       CHECK(fp, "cannot read %s", path);
       int got = 0, sx;
-      double v;
-      while (fp && fscanf(fp, "%d %lf", &sx, &v) == 2)
-        if (sx >= 1 && sx <= STEPS) want[sx - 1] = v, got++;
+      double v, gv;
+      while (fp && fscanf(fp, "%d %lf %lf", &sx, &v, &gv) == 3)
+        if (sx >= 1 && sx <= STEPS) want[sx - 1] = v, want[STEPS + sx - 1] = gv, got++;
       if (fp) fclose(fp);
       CHECK(got == STEPS - SAVE_AT, "%s holds %d losses", path, got);
       CHECK_OK(run_steps(&S, e.net, &e.d, &l, rank, SAVE_AT, STEPS, losses));

@@ -2,7 +2,7 @@
 # mctrain under mpirun against the single-process run (tests/dist/dist.cmake registers it):
 #   mctrain_mpi.sh MODE   (equal | resume | errors)
 # equal:  10 steps in one process, then under mpirun for tp2 x dp2 zero 1 and tp2+sp x dp2 zero 3:
-#         every step's loss within 1e-4 relative of the one-process run.
+#         every step's loss and gradient norm within 1e-4 relative of the one-process run.
 # resume: tp2 x dp2 zero 1 saves step 5 (and runs to 10); resuming step 5 as one process and
 #         as dp4 zero 3 gives steps 6-10 within 1e-4 relative of the uninterrupted run.
 # errors: a rank count that does not match the layout is a clear error.
@@ -31,12 +31,15 @@ find "$S/train" "$S/docs" -maxdepth 1 -type f \( -name '*.c' -o -name '*.md' \) 
 COMMON=("${SMALL[@]}" --set data.path=corpus.h5)
 
 field() { grep "\"step\": $3," "$1" | sed -n "s/.*\"$2\": \([-0-9.eE+a-z]*\).*/\1/p" | tail -1; }
-# same_losses A B FIRST LAST: the loss of every step within 1e-4 relative
+# same_losses A B FIRST LAST: the loss and the gradient norm (clipping) of every step within
+# 1e-4 relative
 same_losses() {
   for s in $(seq "$3" "$4"); do
-    x=$(field "$1" loss "$s"); y=$(field "$2" loss "$s")
-    awk -v a="$x" -v b="$y" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 1e-4 * (a < 0 ? -a : a)) }' \
-      || die "step $s: loss $y, one-process run $x ($1 vs $2)"
+    for k in loss grad_norm; do
+      x=$(field "$1" $k "$s"); y=$(field "$2" $k "$s")
+      awk -v a="$x" -v b="$y" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 1e-4 * (a < 0 ? -a : a)) }' \
+        || die "step $s: $k $y, reference run $x ($1 vs $2)"
+    done
   done
 }
 
