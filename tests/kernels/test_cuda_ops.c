@@ -740,6 +740,8 @@ int main(int argc, char **argv) {
   attn_case(1, 130, 4, 1, 128); /* head_dim 128 (48+ KB of shared memory), MQA */
   attn_case(3, 17, 2, 2, 16);   /* the tiny config's head size */
   attn_case(1, 64, 2, 1, 256);  /* the largest head size supported */
+  attn_case(2, 45, 3, 3, 18);   /* head_dim not a multiple of 4: the scalar dot products */
+  attn_case(1, 40, 4, 2, 100);  /* 4 columns per lane, partly masked */
   test_conv();
   ssm_case(2, 50, 3, 12, 40); /* P not a multiple of 8, N over one warp, a partial chunk */
   ssm_case(3, 64, 4, 32, 16); /* the default config's shape */
