@@ -205,7 +205,7 @@ static void free_activations(mc_net *net) {
     l->aux_host = NULL;
   }
   float **bufs[] = {&net->x,    &net->hf,  &net->rstd_f, &net->logits, &net->loss,     &net->lse,
-                    &net->dx,   &net->du,  &net->y,      &net->ush,    &net->full,     &net->pack,
+                    &net->dx,   &net->du,  &net->y,      &net->ush,    &net->full,     &net->pack,     &net->ufull,
                     &net->dlogits, &net->emb_rows, &net->emb_gate, &net->emb_dgate};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, *bufs[i]), *bufs[i] = NULL;
   for (int i = 0; i < MC_NET_GBUFS; i++) be->free(be, net->g[i]), net->g[i] = NULL;
@@ -266,7 +266,7 @@ static int ensure_capacity(mc_net *net, int n_seq) {
     memset(&s, 0, sizeof s);
     block_ops(l->kind)->sizes(m, n_seq, &s);
     ALLOC(l->x_in, nl * d);
-    ALLOC(l->u, n * d);
+    ALLOC(l->u, nl * d); /* under SP the shard; blocks that need whole sequences re-gather it */
     ALLOC(l->rstd, nl);
     for (int i = 0; i < MC_LAYER_FBUFS; i++)
       if (s.f[i]) ALLOC(l->f[i], s.f[i]);
@@ -296,6 +296,7 @@ static int ensure_capacity(mc_net *net, int n_seq) {
   ALLOC(net->dlogits, n * vp);
   if (net->tp > 1) {
     ALLOC(net->ush, nl * d);
+    if (net->sp) ALLOC(net->ufull, n * d);
     ALLOC(net->pack, n * d);
     ALLOC(net->emb_tok, n);
     ALLOC(net->emb_slot, n);
@@ -338,20 +339,31 @@ static block_rows rows_of(const mc_net *net, const mc_layer *l) {
   return net->sp && net->moe_T != net->T_res ? ROWS_GATHERED : ROWS_LOCAL;
 }
 
+/* Runs a block's forward (into net->y) or backward (net->bwd_dy -> net->du). Under SP the
+ * layer keeps only its shard of the normed input; a block that needs whole sequences sees
+ * them all-gathered into a shared buffer for the call, before the forward and again before
+ * the backward (so only shards are kept per layer). */
+static int with_whole_input(mc_net *net, mc_layer *l, int n_seq, block_rows how, int fwd) {
+  float *shard = l->u;
+  if (net->sp && how != ROWS_LOCAL) {
+    if (mc_sp_gather(net, shard, net->ufull, n_seq, net->m.d_model)) return -1;
+    l->u = net->ufull;
+  }
+  int rc = fwd ? block_ops(l->kind)->forward(net, l, n_seq, net->y)
+               : block_ops(l->kind)->backward(net, l, n_seq, net->bwd_dy, net->du, net->bwd_seq_weight);
+  l->u = shard;
+  return rc;
+}
+
 /* x += f(u) for one block, with the collectives around it. */
 static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
   mc_backend *be = net->be;
   const int d = net->m.d_model, n = n_seq * net->m.seq_len, nl = n_seq * net->T_res;
   const block_rows how = rows_of(net, l);
-  if (net->sp && how != ROWS_LOCAL) {
-    be->rmsnorm_fwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), nl, d, d, (float)net->m.norm_eps, net->ush, l->rstd);
-    if (mc_sp_gather(net, net->ush, l->u, n_seq, d)) return -1;
-  } else {
-    be->rmsnorm_fwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), nl, d, d, (float)net->m.norm_eps, l->u, l->rstd);
-  }
+  be->rmsnorm_fwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), nl, d, d, (float)net->m.norm_eps, l->u, l->rstd);
   const int rows = how == ROWS_LOCAL ? nl : n;
   be->fill(be, net->y, (int64_t)rows * d, 0.0f);
-  if (block_ops(l->kind)->forward(net, l, n_seq, net->y)) return -1;
+  if (with_whole_input(net, l, n_seq, how, 1)) return -1;
   if (how == ROWS_GATHERED) {
     mc_sp_take(net, net->y, net->ush, n_seq, d);
     be->axpy(be, net->x, net->ush, (int64_t)nl * d, 1.0f);
@@ -454,7 +466,8 @@ static int block_backward(mc_net *net, mc_layer *l, int n_seq, double seq_weight
   }
   const int rows = how == ROWS_LOCAL ? nl : n;
   be->fill(be, net->du, (int64_t)rows * d, 0.0f);
-  if (block_ops(l->kind)->backward(net, l, n_seq, dy, net->du, seq_weight)) return -1;
+  net->bwd_dy = dy, net->bwd_seq_weight = seq_weight;
+  if (with_whole_input(net, l, n_seq, how, 0)) return -1;
   if (net->sp && how != ROWS_LOCAL) {
     if (mc_sp_reduce_scatter(net, net->du, net->ush, n_seq, d)) return -1;
     du_res = net->ush;

@@ -18,7 +18,8 @@ typedef struct {
   int layer;                 /* global layer index */
   char kind;                 /* 'A', 'M', 'E', 'R' */
   int p[MC_ROLE_COUNT];      /* index into net->params, -1 where the block has no such role */
-  float *x_in, *u, *rstd;    /* residual input, normed input RMSNorm(x_in) * w, its rstd */
+  float *x_in, *u, *rstd;    /* residual input, normed input RMSNorm(x_in) * w, its rstd
+                                (residual rows: under SP this rank's sequence shard) */
   float *f[MC_LAYER_FBUFS];  /* block activations (meaning fixed by each block file) */
   int32_t *i[MC_LAYER_IBUFS];
   /* MoE host-side results of the last forward */
@@ -89,6 +90,9 @@ struct mc_net {
   float *ush;          /* [nl, d] a sequence shard (SP) */
   float *full;         /* [n, d] gathered or to-be-scattered rows */
   float *pack;         /* [n, d] member-major staging of the SP collectives */
+  float *ufull;        /* [n, d] SP: a layer's normed input gathered for its block */
+  const float *bwd_dy; /* the output gradient of the block being differentiated */
+  double bwd_seq_weight;
   float *dlogits;      /* [n, Vpl] */
   int32_t *emb_tok, *emb_slot; /* vocab-parallel embedding: local ids of in-range tokens, */
   float *emb_rows, *emb_gate, *emb_dgate; /* their rows, unit gates; slot = row or -1 */
