@@ -35,8 +35,10 @@ static int mkdir_p(const char *dir) {
   return 0;
 }
 
-int mc_eval_loss(mc_net *net, const mc_data *d, int split_all, int64_t n, int micro_batch,
-                 double *loss, int64_t *tokens) {
+/* Sums the cross-entropy of sequences [part*n/parts, (part+1)*n/parts) of mc_eval_loss's
+ * n evaluation sequences (a data-parallel rank's share of them). */
+static int eval_part(mc_net *net, const mc_data *d, int split_all, int64_t n, int micro_batch, int part, int parts,
+                     double *ce_out, int64_t *nt_out) {
   int64_t avail = split_all ? d->n_windows : d->n_val;
   if (avail < 1) return mc_error("dataset %s: there is no validation split (data.val_fraction=0)", d->path);
   if (n <= 0 || n > avail) n = avail;
@@ -46,8 +48,9 @@ int mc_eval_loss(mc_net *net, const mc_data *d, int split_all, int64_t n, int mi
   double ce = 0;
   int64_t nt = 0;
   int rc = 0;
-  for (int64_t first = 0; first < n && rc == 0; first += micro_batch) {
-    int cnt = (int)(n - first < micro_batch ? n - first : micro_batch);
+  const int64_t lo = n * part / parts, hi = n * (part + 1) / parts;
+  for (int64_t first = lo; first < hi && rc == 0; first += micro_batch) {
+    int cnt = (int)(hi - first < micro_batch ? hi - first : micro_batch);
     /* Sequence k is window floor(k * avail / n) of the split: spread over the whole split,
      * not its first part (the head of a corpus is rarely like the rest). */
     for (int i = 0; i < cnt && rc == 0; i++) {
@@ -63,6 +66,16 @@ int mc_eval_loss(mc_net *net, const mc_data *d, int split_all, int64_t n, int mi
   }
   free(buf);
   if (rc != 0) return -1;
+  *ce_out = ce;
+  *nt_out = nt;
+  return 0;
+}
+
+int mc_eval_loss(mc_net *net, const mc_data *d, int split_all, int64_t n, int micro_batch,
+                 double *loss, int64_t *tokens) {
+  double ce;
+  int64_t nt;
+  if (eval_part(net, d, split_all, n, micro_batch, 0, 1, &ce, &nt) != 0) return -1;
   *loss = nt > 0 ? ce / (double)nt : NAN;
   if (tokens) *tokens = nt;
   return 0;
@@ -328,9 +341,14 @@ static int loop(run *r) {
     steps_since_log++;
     int64_t done = s + 1;
     if (t->eval_every > 0 && (done % t->eval_every == 0 || done == t->steps)) {
-      if (mc_eval_loss(r->net, &r->data, 0, (int64_t)t->eval_batches * t->global_batch, t->micro_batch,
-                       &rec.val_loss, NULL) != 0)
+      /* each data-parallel rank scores its share of the sequences; TP ranks score the same */
+      mc_net_stats vs;
+      memset(&vs, 0, sizeof vs);
+      if (eval_part(r->net, &r->data, 0, (int64_t)t->eval_batches * t->global_batch, t->micro_batch, r->dp_rank,
+                    cfg->parallel.dp, &vs.ce_sum, &vs.n_tokens) != 0 ||
+          mc_dist_stats_sum(r->comm, &vs) != 0)
         return mc_error_context("validation at step %lld", (long long)done);
+      rec.val_loss = vs.n_tokens > 0 ? vs.ce_sum / (double)vs.n_tokens : NAN;
       rec.has_val = 1;
     }
     int log_now = rec.has_val || done == r->end_step || done == 1 || (t->log_every > 0 && done % t->log_every == 0);

@@ -2,7 +2,8 @@
 # mctrain under mpirun against the single-process run (tests/dist/dist.cmake registers it):
 #   mctrain_mpi.sh MODE   (equal | resume | errors)
 # equal:  10 steps in one process, then under mpirun for tp2 x dp2 zero 1 and tp2+sp x dp2 zero 3:
-#         every step's loss and gradient norm within 1e-4 relative of the one-process run.
+#         every step's loss and gradient norm, and val_loss at steps 5 and 10, within 1e-4
+#         relative of the one-process run.
 # resume: tp2 x dp2 zero 1 saves step 5 (and runs to 10); resuming step 5 as one process and
 #         as dp4 zero 3 gives steps 6-10 within 1e-4 relative of the uninterrupted run.
 # errors: a rank count that does not match the layout is a clear error.
@@ -45,6 +46,7 @@ same_losses() {
 
 case "$MODE" in
 equal)
+  COMMON+=(--set train.eval_every=5 --set train.eval_batches=1) # 8 validation sequences, split over DP
   "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=one > one.log 2>&1 || { cat one.log; die "one-process run failed"; }
   "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=a --set parallel.tp=2 \
     --set parallel.dp=2 --set parallel.zero=1 > a.log 2>&1 || { cat a.log; die "tp2 x dp2 zero 1 failed"; }
@@ -52,6 +54,13 @@ equal)
   "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=b --set parallel.tp=2 \
     --set parallel.sp=true --set parallel.dp=2 --set parallel.zero=3 > b.log 2>&1 || { cat b.log; die "tp2+sp x dp2 zero 3 failed"; }
   same_losses one/metrics.jsonl b/metrics.jsonl 1 10
+  for s in 5 10; do
+    for run in a b; do
+      x=$(field one/metrics.jsonl val_loss $s); y=$(field $run/metrics.jsonl val_loss $s)
+      awk -v a="$x" -v b="$y" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 1e-4 * a) }' \
+        || die "step $s: val_loss $y in $run, one-process run $x"
+    done
+  done
   [ "$(grep -c '"step": ' a/metrics.jsonl)" = 10 ] || die "a/metrics.jsonl should hold 10 steps once (rank 0 writes it)"
   grep -q '"tp":[[:space:]]*2' a/step_10/manifest.json || die "the manifest does not record tp=2"
   echo "losses at step 10: one process $(field one/metrics.jsonl loss 10), tp2 x dp2 zero 1 $(field a/metrics.jsonl loss 10), tp2+sp x dp2 zero 3 $(field b/metrics.jsonl loss 10)"
