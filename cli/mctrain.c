@@ -111,8 +111,10 @@ static int run_main(int argc, char **argv, mc_comm *world) {
   }
   if (opts.stopped) {
     fflush(stdout);
-    fprintf(stderr, "mctrain: stopped by signal %d after saving; continue with --resume latest\n", (int)stop_signal);
-    return 128 + (int)stop_signal;
+    /* under mpirun a rank may stop because another rank received the signal */
+    if (!world || world->rank == 0)
+      fprintf(stderr, "mctrain: stopped by signal %d after saving; continue with --resume latest\n", opts.stop_signal);
+    return 128 + opts.stop_signal;
   }
   return 0;
 }

@@ -307,6 +307,18 @@ static int train_step(run *r, int64_t s, mc_metrics_rec *rec) {
   return 0;
 }
 
+/* The largest stop value (a signal number, 0 = none) over the world's ranks. */
+static int agree_stop(mc_comm *world, int32_t *stop) {
+  int32_t *all = malloc(sizeof(int32_t) * (size_t)world->size);
+  int64_t *counts = malloc(sizeof(int64_t) * (size_t)world->size);
+  int rc = !all || !counts ? mc_error("out of memory") : 0;
+  for (int i = 0; !rc && i < world->size; i++) counts[i] = 1;
+  if (!rc) rc = mc_allgather(world, stop, all, counts, MC_DT_I32);
+  for (int i = 0; !rc && i < world->size; i++) *stop = all[i] > *stop ? all[i] : *stop;
+  free(all), free(counts);
+  return rc;
+}
+
 static int loop(run *r) {
   const mc_config *cfg = r->cfg;
   const mc_train_cfg *t = &cfg->train;
@@ -330,10 +342,11 @@ static int loop(run *r) {
     mc_metrics_rec rec;
     memset(&rec, 0, sizeof rec);
     if (train_step(r, s, &rec) != 0) return -1;
-    int32_t stop = r->opts->stop && *r->opts->stop;
+    int32_t stop = r->opts->stop ? (int32_t)*r->opts->stop : 0;
     /* every rank stops after the same step, so a signal seen by some ranks only still ends all */
-    if (r->comm && mc_allreduce_sum(r->comm->world, &stop, 1, MC_DT_I32) != 0) return -1;
+    if (r->comm && agree_stop(r->comm->world, &stop) != 0) return -1;
     if (stop && s + 1 < r->end_step) {
+      r->opts->stop_signal = stop;
       r->end_step = s + 1; /* interrupted: this step is the last, and it is saved */
       r->opts->stopped = 1;
     }

@@ -25,6 +25,7 @@ typedef struct {
    * progress, saves a checkpoint of that step and returns 0 with `stopped` set to 1. */
   volatile sig_atomic_t *stop;
   int stopped;
+  int stop_signal; /* when stopped: the value *stop held (the largest over the ranks) */
   /* The MPI world (mc_comm_mpi_init) when launched under mpirun; NULL for one process. Its
    * size must equal tp*dp*pp of cfg->parallel. Pass progress = NULL on ranks other than 0. */
   mc_comm *world;

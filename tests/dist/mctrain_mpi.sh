@@ -1,11 +1,12 @@
 #!/bin/bash
 # mctrain under mpirun against the single-process run (tests/dist/dist.cmake registers it):
-#   mctrain_mpi.sh MODE   (equal | resume | errors)
+#   mctrain_mpi.sh MODE   (equal | resume | stop | errors)
 # equal:  10 steps in one process, then under mpirun for tp2 x dp2 zero 1 and tp2+sp x dp2 zero 3:
 #         every step's loss and gradient norm, and val_loss at steps 5 and 10, within 1e-4
 #         relative of the one-process run.
 # resume: tp2 x dp2 zero 1 saves step 5 (and runs to 10); resuming step 5 as one process and
 #         as dp4 zero 3 gives steps 6-10 within 1e-4 relative of the uninterrupted run.
+# stop:   SIGTERM to one rank of dp2 ends both after the same step with a checkpoint of it.
 # errors: a rank count that does not match the layout is a clear error.
 set -u
 B=${MC_BINARY_DIR:?}
@@ -77,6 +78,31 @@ resume)
     --set parallel.zero=3 --resume a/step_5 > d.log 2>&1 || { cat d.log; die "dp4 zero 3 resume failed"; }
   same_losses a/metrics.jsonl d/metrics.jsonl 6 10
   echo "loss at step 10: uninterrupted $(field a/metrics.jsonl loss 10), one process $(field c/metrics.jsonl loss 10), dp4 zero 3 $(field d/metrics.jsonl loss 10)"
+  ;;
+stop)
+  # SIGTERM to one rank only: every rank ends after the same step, the checkpoint of that step
+  # is committed, and resuming it (as one process) matches an uninterrupted run.
+  long=("${COMMON[@]}" --set train.steps=2000 --set checkpoint.async_save=false)
+  "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${long[@]}" --set checkpoint.dir=s --set parallel.dp=2 > s.log 2>&1 &
+  mpid=$!
+  for i in $(seq 1 300); do
+    [ "$(grep -c '"step"' s/metrics.jsonl 2>/dev/null)" -ge 3 ] 2>/dev/null && break
+    sleep 0.1
+  done
+  ranks=$(pgrep -P $mpid mctrain)
+  [ "$(echo $ranks | wc -w)" = 2 ] || die "expected the 2 mctrain ranks as children of mpirun, found: $ranks"
+  kill -TERM $(echo $ranks | awk '{ print $NF }')
+  wait $mpid
+  rc=$?
+  [ $rc != 0 ] || die "the stopped run exited with status 0"
+  n=$(sed -n 's/.*interrupted at step \([0-9]*\).*/\1/p' s.log)
+  [ -n "$n" ] && [ -d "s/step_$n" ] && grep -q "step_$n" s/latest || { cat s.log; die "no checkpoint of the interrupted step"; }
+  grep -q "stopped by signal 15" s.log || { cat s.log; die "no message naming signal 15"; }
+  "$B/mctrain" "${long[@]}" --set checkpoint.dir=s --resume latest --until $((n + 2)) > s2.log 2>&1 || { cat s2.log; die "resume after SIGTERM failed"; }
+  "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${long[@]}" --set checkpoint.dir=t --set parallel.dp=2 --until $((n + 2)) > t.log 2>&1 \
+    || { cat t.log; die "uninterrupted run failed"; }
+  same_losses t/metrics.jsonl s/metrics.jsonl $((n + 1)) $((n + 2))
+  echo "SIGTERM to one of 2 ranks at step $n: both stopped, checkpoint saved, resumed run matches"
   ;;
 errors)
   "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=e --set parallel.tp=2 \
