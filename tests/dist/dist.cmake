@@ -24,6 +24,7 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
   mc_dist_test(dist.tp2 2 $<TARGET_FILE:dist_train> 2 1 0 0)
   mc_dist_test(dist.tp2_sp 2 $<TARGET_FILE:dist_train> 2 1 1 0)
   mc_dist_test(dist.tp2_dp2 4 $<TARGET_FILE:dist_train> 2 2 0 1)
+  mc_dist_test(dist.tp2_dp2_zero3 4 $<TARGET_FILE:dist_train> 2 2 0 3)
   mc_dist_test(dist.tp2_sp_dp2_zero3 4 $<TARGET_FILE:dist_train> 2 2 1 3)
 
   # Save under tp2 x dp2 zero 1 at step 5; resume as one rank, as dp4 zero 3 and as tp2 + sp.
