@@ -1,11 +1,12 @@
 /* Ops along time: causal depthwise convolution, the Mamba-2 selective scan and the RG-LRU
  * scan (formulas as in kernels/cpu/cpu_conv.c, cpu_ssm.c, cpu_rglru.c).
  * The selective scan runs one warp per (sequence, head, channel p) with the N states of
- * that channel spread over the lanes (N <= 256), sequential in time; its backward keeps
+ * that channel spread over the lanes (N <= 256), sequential in time, loading the inputs of
+ * several steps ahead of use; its backward keeps
  * the states at chunk boundaries (chunk ~ sqrt(T) steps) in scratch, recomputes one chunk
  * at a time and runs the adjoint recurrence backwards through it, so scratch grows as
  * sqrt(T) per channel instead of T. Gradients shared by the channels of a block (dB, dC,
- * ddt) are summed over the block's warps in shared memory before one atomic add each. */
+ * ddt) are summed over the block's 16 warps in shared memory before one atomic add each. */
 #include <math.h>
 
 #include "kernels/cuda/cuda_common.h"
@@ -75,139 +76,187 @@ static void cu_conv_bwd(mc_backend *be, const float *x, const float *w, const fl
 }
 
 /* ---- Mamba-2 selective scan */
-#define SSM_WARPS 8 /* channels p per block */
-#define SSM_NPL 8   /* states per lane: N <= 256 */
+#define SSM_WARPS 8  /* channels p per block */
+#define SSM_MAXN 256 /* states: NPL = ceil(N / 32) <= 8 per lane, a template parameter */
+#define SSM_BWARPS 16 /* channels per block in the backward: fewer atomic adds of dB, dC, ddt */
+#define SSM_RU 1      /* backward steps loaded together (each step waits on two barriers anyway) */
 
-__global__ void __launch_bounds__(SSM_WARPS * 32)
-    k_ssm_fwd(const float *x, const float *dt, const float *A_log, const float *B, const float *C, const float *D, int T,
-              int Hm, int P, int N, float *y) {
-  const int s = blockIdx.z, h = blockIdx.y, p = blockIdx.x * SSM_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (p >= P) return;
-  const int64_t xs = (int64_t)Hm * P;
-  const float A = -expf(A_log[h]), Dh = D[h];
-  float S[SSM_NPL];
+/* Steps whose inputs are loaded ahead of use: each step's arithmetic is short, so the loads of
+ * U steps are issued together to cover memory latency (fewer for wide states: registers). */
+template <int NPL>
+struct ssm_u {
+  static constexpr int U = NPL <= 2 ? 8 : NPL == 4 ? 4 : 2;
+};
+
+/* The inputs of step t (clamped into the sequence, so every load is in bounds). */
+template <int NPL>
+static __device__ __forceinline__ void ssm_load(int64_t r, int Hm, int h, int64_t xs, int64_t xo, int N, int lane,
+                                                const float *dt, const float *x, const float *B, const float *C,
+                                                float &d, float &xp, float (&Bv)[NPL], float (&Cv)[NPL]) {
+  d = dt[r * Hm + h];
+  xp = x[r * xs + xo];
 #pragma unroll
-  for (int i = 0; i < SSM_NPL; i++) S[i] = 0.0f;
-  for (int t = 0; t < T; t++) {
-    const int64_t r = (int64_t)s * T + t;
-    const float d = dt[r * Hm + h], a = expf(d * A), xp = x[r * xs + (int64_t)h * P + p], u = d * xp;
-    float acc = 0.0f;
-#pragma unroll
-    for (int i = 0; i < SSM_NPL; i++) {
-      const int n = lane + 32 * i;
-      if (n < N) {
-        S[i] = a * S[i] + u * B[r * N + n];
-        acc += C[r * N + n] * S[i];
-      }
-    }
-    acc = mc_d_warp_sum(acc);
-    if (lane == 0) y[r * xs + (int64_t)h * P + p] = acc + Dh * xp;
+  for (int i = 0; i < NPL; i++) {
+    const int n = lane + 32 * i;
+    Bv[i] = n < N ? B[r * N + n] : 0.0f;
+    Cv[i] = n < N ? C[r * N + n] : 0.0f;
   }
 }
 
+template <int NPL>
 __global__ void __launch_bounds__(SSM_WARPS * 32)
+    k_ssm_fwd(const float *x, const float *dt, const float *A_log, const float *B, const float *C, const float *D, int T,
+              int Hm, int P, int N, float *y) {
+  constexpr int U = ssm_u<NPL>::U;
+  const int s = blockIdx.z, h = blockIdx.y, p = blockIdx.x * SSM_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (p >= P) return;
+  const int64_t xs = (int64_t)Hm * P, xo = (int64_t)h * P + p, row0 = (int64_t)s * T;
+  const float A = -expf(A_log[h]), Dh = D[h];
+  float S[NPL];
+#pragma unroll
+  for (int i = 0; i < NPL; i++) S[i] = 0.0f;
+  for (int t0 = 0; t0 < T; t0 += U) {
+    float dv[U], xv[U], Bv[U][NPL], Cv[U][NPL];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      ssm_load<NPL>(row0 + min(t0 + u, T - 1), Hm, h, xs, xo, N, lane, dt, x, B, C, dv[u], xv[u], Bv[u], Cv[u]);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (t0 + u >= T) break; /* warp-uniform */
+      const float a = expf(dv[u] * A), uu = dv[u] * xv[u];
+      float acc = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NPL; i++) {
+        S[i] = a * S[i] + uu * Bv[u][i];
+        acc += Cv[u][i] * S[i];
+      }
+      acc = mc_d_warp_sum(acc);
+      if (lane == 0) y[(row0 + t0 + u) * xs + xo] = acc + Dh * xv[u];
+    }
+  }
+}
+
+/* Advances S through steps [t0, t1), storing S before step t where t % CH == 0 into ck (pass 1)
+ * or after every step into buf (chunk replay). */
+template <int NPL>
+static __device__ __forceinline__ void ssm_advance(float (&S)[NPL], int t0, int t1, int T, int64_t row0, int Hm, int h,
+                                                   int64_t xs, int64_t xo, int N, int lane, float A, const float *dt,
+                                                   const float *x, const float *B, int CH, float *ck, float *buf) {
+  constexpr int U = ssm_u<NPL>::U;
+  for (int tb = t0; tb < t1; tb += U) {
+    float dv[U], xv[U], Bv[U][NPL], Cv[U][NPL];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      ssm_load<NPL>(row0 + min(tb + u, T - 1), Hm, h, xs, xo, N, lane, dt, x, B, B, dv[u], xv[u], Bv[u], Cv[u]);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int t = tb + u;
+      if (t >= t1) break;
+      if (ck && t % CH == 0)
+#pragma unroll
+        for (int i = 0; i < NPL; i++)
+          if (lane + 32 * i < N) ck[(int64_t)(t / CH) * N + lane + 32 * i] = S[i];
+      const float a = expf(dv[u] * A), uu = dv[u] * xv[u];
+#pragma unroll
+      for (int i = 0; i < NPL; i++) {
+        S[i] = a * S[i] + uu * Bv[u][i];
+        if (buf && lane + 32 * i < N) buf[(int64_t)(t - t0) * N + lane + 32 * i] = S[i];
+      }
+    }
+  }
+}
+
+template <int NPL>
+__global__ void __launch_bounds__(SSM_BWARPS * 32)
     k_ssm_bwd(const float *x, const float *dt, const float *A_log, const float *B, const float *C, const float *D,
               const float *dy, int s0, int T, int Hm, int P, int N, int CH, int nch, float *dx, float *ddt, float *dB,
               float *dC, double *dAD, float *scratch) {
-  __shared__ float redB[SSM_WARPS][32 * SSM_NPL], redC[SSM_WARPS][32 * SSM_NPL];
-  __shared__ double redT[SSM_WARPS];
+    __shared__ float redB[SSM_BWARPS][32 * NPL], redC[SSM_BWARPS][32 * NPL];
+  __shared__ double redT[SSM_BWARPS];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int s = s0 + blockIdx.z, h = blockIdx.y, p = blockIdx.x * SSM_WARPS + warp;
+  const int s = s0 + blockIdx.z, h = blockIdx.y, p = blockIdx.x * SSM_BWARPS + warp;
   const bool active = p < P;
-  const int64_t xs = (int64_t)Hm * P, xo = (int64_t)h * P + p;
-  const int64_t wid = (((int64_t)blockIdx.z * Hm + h) * gridDim.x + blockIdx.x) * SSM_WARPS + warp;
+  const int64_t xs = (int64_t)Hm * P, xo = (int64_t)h * P + (active ? p : 0), row0 = (int64_t)s * T;
+  const int64_t wid = (((int64_t)blockIdx.z * Hm + h) * gridDim.x + blockIdx.x) * SSM_BWARPS + warp;
   float *ck = scratch + wid * (int64_t)(nch + CH) * N; /* state before each chunk */
   float *buf = ck + (int64_t)nch * N;                   /* states inside the current chunk */
   const float A = -expf(A_log[h]), Dh = D[h];
-  float S[SSM_NPL], dS[SSM_NPL];
+  float S[NPL], dS[NPL];
 #pragma unroll
-  for (int i = 0; i < SSM_NPL; i++) S[i] = dS[i] = 0.0f;
+  for (int i = 0; i < NPL; i++) S[i] = dS[i] = 0.0f;
   /* pass 1: chunk-boundary states */
-  if (active)
-    for (int t = 0; t < T; t++) {
-      if (t % CH == 0)
-#pragma unroll
-        for (int i = 0; i < SSM_NPL; i++)
-          if (lane + 32 * i < N) ck[(int64_t)(t / CH) * N + lane + 32 * i] = S[i];
-      const int64_t r = (int64_t)s * T + t;
-      const float d = dt[r * Hm + h], a = expf(d * A), u = d * x[r * xs + xo];
-#pragma unroll
-      for (int i = 0; i < SSM_NPL; i++)
-        if (lane + 32 * i < N) S[i] = a * S[i] + u * B[r * N + lane + 32 * i];
-    }
+  if (active) ssm_advance<NPL>(S, 0, T, T, row0, Hm, h, xs, xo, N, lane, A, dt, x, B, CH, ck, NULL);
   double dAh = 0.0, dDh = 0.0;
   for (int c = nch - 1; c >= 0; c--) {
     const int t0 = c * CH, t1 = min(T, t0 + CH);
     if (active) { /* recompute the chunk's states */
 #pragma unroll
-      for (int i = 0; i < SSM_NPL; i++)
-        if (lane + 32 * i < N) S[i] = ck[(int64_t)c * N + lane + 32 * i];
-      for (int t = t0; t < t1; t++) {
-        const int64_t r = (int64_t)s * T + t;
-        const float d = dt[r * Hm + h], a = expf(d * A), u = d * x[r * xs + xo];
-#pragma unroll
-        for (int i = 0; i < SSM_NPL; i++) {
-          const int n = lane + 32 * i;
-          if (n < N) {
-            S[i] = a * S[i] + u * B[r * N + n];
-            buf[(int64_t)(t - t0) * N + n] = S[i];
-          }
-        }
-      }
+      for (int i = 0; i < NPL; i++) S[i] = lane + 32 * i < N ? ck[(int64_t)c * N + lane + 32 * i] : 0.0f;
+      ssm_advance<NPL>(S, t0, t1, T, row0, Hm, h, xs, xo, N, lane, A, dt, x, B, CH, NULL, buf);
     }
-    for (int t = t1 - 1; t >= t0; t--) {
-      const int64_t r = (int64_t)s * T + t;
-      const float d = dt[r * Hm + h], a = expf(d * A);
-      float gxp = 0.0f;
-      double ddt_in = 0.0, dprev = 0.0;
-      if (active) {
-        const float g = dy[r * xs + xo], xp = x[r * xs + xo];
+    for (int tb = t1 - 1; tb >= t0; tb -= SSM_RU) {
+      /* the inputs of steps tb, tb-1, ..., loaded together */
+      constexpr int U = SSM_RU;
+      float dv[U], xv[U], gv[U], Bv[U][NPL], Cv[U][NPL], Sv[U][NPL], Spv[U][NPL];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int t = max(tb - u, t0);
+        const int64_t r = row0 + t;
+        ssm_load<NPL>(r, Hm, h, xs, xo, N, lane, dt, x, B, C, dv[u], xv[u], Bv[u], Cv[u]);
+        gv[u] = dy[r * xs + xo];
         const float *St = buf + (int64_t)(t - t0) * N, *Sp = t > t0 ? St - N : ck + (int64_t)c * N;
 #pragma unroll
-        for (int i = 0; i < SSM_NPL; i++) {
+        for (int i = 0; i < NPL; i++) {
           const int n = lane + 32 * i;
-          float cB = 0.0f, cC = 0.0f;
-          if (n < N) {
-            const float v = dS[i] + g * C[r * N + n];
-            dS[i] = v;
-            cC = g * St[n];
-            gxp += v * B[r * N + n];
-            cB = d * v * xp;
-            ddt_in += (double)v * xp * B[r * N + n];
-            dprev += (double)v * Sp[n]; /* at t == 0 the chunk-0 checkpoint is the zero state */
-          }
-          redB[warp][lane + 32 * i] = cB;
-          redC[warp][lane + 32 * i] = cC;
+          Sv[u][i] = n < N ? St[n] : 0.0f;
+          Spv[u][i] = n < N ? Sp[n] : 0.0f; /* at t == 0 the chunk-0 checkpoint is the zero state */
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int t = tb - u;
+        if (t < t0) break; /* block-uniform */
+        const int64_t r = row0 + t;
+        const float d = dv[u], a = expf(d * A), g = gv[u], xp = xv[u];
+        float gxp = 0.0f;
+        double ddt_in = 0.0, dprev = 0.0;
+#pragma unroll
+        for (int i = 0; i < NPL; i++) {
+          const float v = dS[i] + g * Cv[u][i];
+          dS[i] = v;
+          redC[warp][lane + 32 * i] = active ? g * Sv[u][i] : 0.0f;
+          redB[warp][lane + 32 * i] = active ? d * v * xp : 0.0f;
+          gxp += v * Bv[u][i];
+          ddt_in += (double)v * xp * Bv[u][i];
+          dprev += (double)v * Spv[u][i];
         }
         const float gx = mc_d_warp_sum(gxp);
         ddt_in = mc_d_warp_sumd(ddt_in);
         dprev = mc_d_warp_sumd(dprev);
         if (lane == 0) {
-          dx[r * xs + xo] += Dh * g + d * gx;
-          dDh += (double)g * xp;
-          dAh += dprev * d * a;
-          redT[warp] = ddt_in + dprev * A * a;
+          if (active) {
+            dx[r * xs + xo] += Dh * g + d * gx;
+            dDh += (double)g * xp;
+            dAh += dprev * d * a;
+          }
+          redT[warp] = active ? ddt_in + dprev * A * a : 0.0;
         }
-      } else {
+        __syncthreads();
+        for (int n = threadIdx.x; n < N; n += blockDim.x) {
+          float sb = 0.0f, sc = 0.0f;
+          for (int w = 0; w < SSM_BWARPS; w++) sb += redB[w][n], sc += redC[w][n];
+          atomicAdd(&dB[r * N + n], sb);
+          atomicAdd(&dC[r * N + n], sc);
+        }
+        if (threadIdx.x == 0) {
+          double st = 0.0;
+          for (int w = 0; w < SSM_BWARPS; w++) st += redT[w];
+          atomicAdd(&ddt[r * Hm + h], (float)st);
+        }
+        __syncthreads();
 #pragma unroll
-        for (int i = 0; i < SSM_NPL; i++) redB[warp][lane + 32 * i] = redC[warp][lane + 32 * i] = 0.0f;
-        if (lane == 0) redT[warp] = 0.0;
+        for (int i = 0; i < NPL; i++) dS[i] *= a;
       }
-      __syncthreads();
-      for (int n = threadIdx.x; n < N; n += blockDim.x) {
-        float sb = 0.0f, sc = 0.0f;
-        for (int w = 0; w < SSM_WARPS; w++) sb += redB[w][n], sc += redC[w][n];
-        atomicAdd(&dB[r * N + n], sb);
-        atomicAdd(&dC[r * N + n], sc);
-      }
-      if (threadIdx.x == 0) {
-        double st = 0.0;
-        for (int w = 0; w < SSM_WARPS; w++) st += redT[w];
-        atomicAdd(&ddt[r * Hm + h], (float)st);
-      }
-      __syncthreads();
-#pragma unroll
-      for (int i = 0; i < SSM_NPL; i++) dS[i] *= a;
     }
   }
   if (active && lane == 0) {
@@ -225,19 +274,36 @@ __global__ void k_ssm_params(const double *dAD, int Hm, float *dA_log, float *dD
 
 static int ssm_args_ok(mc_backend *be, const char *op, int n_seq, int T, int Hm, int P, int N) {
   if (n_seq <= 0 || T <= 0 || Hm <= 0 || P <= 0) return 0;
-  if (N <= 0 || N > 32 * SSM_NPL || n_seq > 65535 || Hm > 65535) {
-    mc_cuda_fail(be, "%s: unsupported shape n_seq=%d heads=%d state=%d (state 1..%d)", op, n_seq, Hm, N, 32 * SSM_NPL);
+  if (N <= 0 || N > SSM_MAXN || n_seq > 65535 || Hm > 65535) {
+    mc_cuda_fail(be, "%s: unsupported shape n_seq=%d heads=%d state=%d (state 1..%d)", op, n_seq, Hm, N, SSM_MAXN);
     return 0;
   }
   return 1;
 }
 
+template <int NPL>
+static void ssm_fwd_npl(mc_backend *be, const float *x, const float *dt, const float *A_log, const float *B,
+                        const float *C, const float *D, int n_seq, int T, int Hm, int P, int N, float *y) {
+  dim3 grid((unsigned)((P + SSM_WARPS - 1) / SSM_WARPS), (unsigned)Hm, (unsigned)n_seq);
+  k_ssm_fwd<NPL><<<grid, SSM_WARPS * 32, 0, mc_cu_stream(be)>>>(x, dt, A_log, B, C, D, T, Hm, P, N, y);
+}
+
 static void cu_ssm_fwd(mc_backend *be, const float *x, const float *dt, const float *A_log, const float *B,
                        const float *C, const float *D, int n_seq, int T, int Hm, int P, int N, float *y) {
   if (!ssm_args_ok(be, "ssm_fwd", n_seq, T, Hm, P, N)) return;
-  dim3 grid((unsigned)((P + SSM_WARPS - 1) / SSM_WARPS), (unsigned)Hm, (unsigned)n_seq);
-  k_ssm_fwd<<<grid, SSM_WARPS * 32, 0, mc_cu_stream(be)>>>(x, dt, A_log, B, C, D, T, Hm, P, N, y);
+  if (N <= 32) ssm_fwd_npl<1>(be, x, dt, A_log, B, C, D, n_seq, T, Hm, P, N, y);
+  else if (N <= 64) ssm_fwd_npl<2>(be, x, dt, A_log, B, C, D, n_seq, T, Hm, P, N, y);
+  else if (N <= 128) ssm_fwd_npl<4>(be, x, dt, A_log, B, C, D, n_seq, T, Hm, P, N, y);
+  else ssm_fwd_npl<8>(be, x, dt, A_log, B, C, D, n_seq, T, Hm, P, N, y);
   mc_cuda_check(be, "ssm_fwd");
+}
+
+template <int NPL>
+static void ssm_bwd_npl(mc_backend *be, dim3 grid, const float *x, const float *dt, const float *A_log, const float *B,
+                        const float *C, const float *D, const float *dy, int s0, int T, int Hm, int P, int N, int CH,
+                        int nch, float *dx, float *ddt, float *dB, float *dC, double *dAD, float *scratch) {
+  k_ssm_bwd<NPL><<<grid, SSM_BWARPS * 32, 0, mc_cu_stream(be)>>>(x, dt, A_log, B, C, D, dy, s0, T, Hm, P, N, CH, nch, dx,
+                                                                ddt, dB, dC, dAD, scratch);
 }
 
 /* Scratch per launch is bounded: sequences are processed in waves that fit this budget. */
@@ -249,8 +315,8 @@ static void cu_ssm_bwd(mc_backend *be, const float *x, const float *dt, const fl
   if (!ssm_args_ok(be, "ssm_bwd", n_seq, T, Hm, P, N)) return;
   int CH = (int)ceil(sqrt((double)T));
   int nch = (T + CH - 1) / CH;
-  const int pblocks = (P + SSM_WARPS - 1) / SSM_WARPS;
-  const size_t per_seq = (size_t)Hm * pblocks * SSM_WARPS * (size_t)(nch + CH) * N * sizeof(float);
+  const int pblocks = (P + SSM_BWARPS - 1) / SSM_BWARPS;
+  const size_t per_seq = (size_t)Hm * pblocks * SSM_BWARPS * (size_t)(nch + CH) * N * sizeof(float);
   int wave = (int)(SSM_SCRATCH_BUDGET / per_seq);
   if (wave < 1) wave = 1;
   if (wave > n_seq) wave = n_seq;
@@ -258,30 +324,45 @@ static void cu_ssm_bwd(mc_backend *be, const float *x, const float *dt, const fl
   char *scr = (char *)mc_cuda_scratch(be, head + per_seq * wave, "ssm_bwd");
   if (!scr) return;
   double *dAD = (double *)scr;
+  float *states = (float *)(scr + head);
   cudaStream_t st = mc_cu_stream(be);
   cudaMemsetAsync(dAD, 0, (size_t)2 * Hm * sizeof(double), st);
   for (int s0 = 0; s0 < n_seq; s0 += wave) {
     int ns = n_seq - s0 < wave ? n_seq - s0 : wave;
     dim3 grid((unsigned)pblocks, (unsigned)Hm, (unsigned)ns);
-    k_ssm_bwd<<<grid, SSM_WARPS * 32, 0, st>>>(x, dt, A_log, B, C, D, dy, s0, T, Hm, P, N, CH, nch, dx, ddt, dB, dC, dAD,
-                                               (float *)(scr + head));
+    if (N <= 32) ssm_bwd_npl<1>(be, grid, x, dt, A_log, B, C, D, dy, s0, T, Hm, P, N, CH, nch, dx, ddt, dB, dC, dAD, states);
+    else if (N <= 64) ssm_bwd_npl<2>(be, grid, x, dt, A_log, B, C, D, dy, s0, T, Hm, P, N, CH, nch, dx, ddt, dB, dC, dAD, states);
+    else if (N <= 128) ssm_bwd_npl<4>(be, grid, x, dt, A_log, B, C, D, dy, s0, T, Hm, P, N, CH, nch, dx, ddt, dB, dC, dAD, states);
+    else ssm_bwd_npl<8>(be, grid, x, dt, A_log, B, C, D, dy, s0, T, Hm, P, N, CH, nch, dx, ddt, dB, dC, dAD, states);
   }
   k_ssm_params<<<mc_cu_grid(Hm), MC_CUDA_THREADS, 0, st>>>(dAD, Hm, dA_log, dD);
   mc_cuda_check(be, "ssm_bwd");
 }
 
-/* ---- RG-LRU: one thread per (sequence, channel), sequential in time */
+/* ---- RG-LRU: one thread per (sequence, channel), sequential in time; the inputs of
+ * RG_U steps are loaded together to cover memory latency. */
+#define RG_U 8
+
 __global__ void k_rglru_fwd(const float *gx, const float *r, const float *lambda, int n_seq, int T, int c, float *h) {
   MC_CU_FOR(i, (int64_t)n_seq * c) {
     const int ch = (int)(i % c);
     const int64_t s = i / c;
     const float k = -8.0f * mc_d_softplus(lambda[ch]);
     float hp = 0.0f;
-    for (int t = 0; t < T; t++) {
-      const int64_t o = (s * T + t) * c + ch;
-      const float l = k * r[o], a = expf(l), m = sqrtf(-expm1f(2.0f * l));
-      hp = a * hp + m * gx[o];
-      h[o] = hp;
+    for (int t0 = 0; t0 < T; t0 += RG_U) {
+      float rv[RG_U], gv[RG_U];
+#pragma unroll
+      for (int u = 0; u < RG_U; u++) {
+        const int64_t o = (s * T + min(t0 + u, T - 1)) * c + ch;
+        rv[u] = r[o], gv[u] = gx[o];
+      }
+#pragma unroll
+      for (int u = 0; u < RG_U; u++) {
+        if (t0 + u >= T) break;
+        const float l = k * rv[u], a = expf(l), m = sqrtf(-expm1f(2.0f * l));
+        hp = a * hp + m * gv[u];
+        h[(s * T + t0 + u) * c + ch] = hp;
+      }
     }
   }
 }
@@ -294,16 +375,28 @@ __global__ void k_rglru_bwd(const float *gx, const float *r, const float *lambda
     const float sp = mc_d_softplus(lambda[ch]), k = -8.0f * sp, sg = mc_d_sigmoid(lambda[ch]);
     double dlam = 0.0;
     float carry = 0.0f;
-    for (int t = T - 1; t >= 0; t--) {
-      const int64_t o = (s * T + t) * c + ch;
-      const float l = k * r[o], a = expf(l), m = sqrtf(-expm1f(2.0f * l));
-      const float g = dh[o] + carry;
-      const float hp = t > 0 ? h[o - c] : 0.0f;
-      dgx[o] += g * m;
-      const float dl = g * (a * hp - gx[o] * a * a / fmaxf(m, 1e-6f));
-      dr[o] += k * dl;
-      dlam += (double)dl * (-8.0f) * sg * r[o];
-      carry = g * a;
+    for (int tb = T - 1; tb >= 0; tb -= RG_U) {
+      float rv[RG_U], gv[RG_U], dhv[RG_U], hpv[RG_U];
+#pragma unroll
+      for (int u = 0; u < RG_U; u++) {
+        const int t = max(tb - u, 0);
+        const int64_t o = (s * T + t) * c + ch;
+        rv[u] = r[o], gv[u] = gx[o], dhv[u] = dh[o];
+        hpv[u] = t > 0 ? h[o - c] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < RG_U; u++) {
+        const int t = tb - u;
+        if (t < 0) break;
+        const int64_t o = (s * T + t) * c + ch;
+        const float l = k * rv[u], a = expf(l), m = sqrtf(-expm1f(2.0f * l));
+        const float g = dhv[u] + carry;
+        dgx[o] += g * m;
+        const float dl = g * (a * hpv[u] - gv[u] * a * a / fmaxf(m, 1e-6f));
+        dr[o] += k * dl;
+        dlam += (double)dl * (-8.0f) * sg * rv[u];
+        carry = g * a;
+      }
     }
     dlam_part[i] = dlam;
   }

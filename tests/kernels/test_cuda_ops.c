@@ -745,6 +745,8 @@ int main(int argc, char **argv) {
   test_conv();
   ssm_case(2, 50, 3, 12, 40); /* P not a multiple of 8, N over one warp, a partial chunk */
   ssm_case(3, 64, 4, 32, 16); /* the default config's shape */
+  ssm_case(1, 37, 2, 9, 100); /* 4 states per lane, partly masked */
+  ssm_case(2, 21, 1, 8, 256); /* the widest state supported */
   test_rglru();
   moe_case(0);
   moe_case(12);
