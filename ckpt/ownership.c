@@ -23,6 +23,12 @@ int mc_geometry_build(const mc_model *m, const mc_layout *l, const mc_train_cfg 
   if (mc_errlist_raise(&errs, "invalid model or layout")) return -1;
   g->model = *m;
   g->layout = *l;
+  /* An explicit split without pipes (one stage) is recorded as "equal": a pattern without
+   * '|' is not a split the config reader accepts back. */
+  if (l->pp == 1 && l->split == MC_SPLIT_EXPLICIT) {
+    g->layout.split = MC_SPLIT_EQUAL;
+    g->layout.split_pattern[0] = 0;
+  }
   g->world = mc_layout_world(l);
   if (mc_stage_map_build(m, l, &g->stages)) return -1;
   if (mc_families_build(m, l->sp, &g->fams)) return -1;

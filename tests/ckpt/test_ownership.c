@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../check.h"
+#include "ckpt/config.h"
 #include "ckpt/cost.h"
 #include "ckpt/ownership.h"
 #include "util/rng.h"
@@ -302,7 +303,26 @@ static void test_registry(void) {
   mc_geometry_free(&g);
 }
 
+/* A one-stage explicit split survives the trip through the config JSON (manifests do this). */
+static void test_single_stage_explicit(void) {
+  mc_config cfg;
+  CHECK_OK(mc_config_default(&cfg));
+  cfg.parallel.split = MC_SPLIT_EXPLICIT;
+  snprintf(cfg.parallel.split_pattern, sizeof cfg.parallel.split_pattern, "%s", cfg.model.pattern);
+  mc_geometry g;
+  CHECK_OK(mc_geometry_build(&cfg.model, &cfg.parallel, NULL, -1, &g));
+  CHECK(g.layout.split == MC_SPLIT_EQUAL, "one-stage explicit split recorded as %s", mc_split_name(g.layout.split));
+  cfg.parallel = g.layout;
+  char *json = mc_config_to_json(&cfg);
+  mc_config back;
+  CHECK_OK(mc_config_default(&back));
+  CHECK_OK(mc_config_apply_json(&back, json, "round trip"));
+  free(json);
+  mc_geometry_free(&g);
+}
+
 int main(void) {
+  test_single_stage_explicit();
   test_validation_messages();
   test_stage_splits();
   test_registry();
