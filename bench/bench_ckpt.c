@@ -2,7 +2,8 @@
  * the raw sequential write and read speed of the same disk, measured in the same run, and
  * the training stall of an async save. Not a timed test; see docs/bench-ckpt.md.
  *
- *   bench_ckpt --dir DIR [--gib 2] [--tp 2] [--dp 2] [--zero 1] [--threads 2] [--rounds 3] [--keep-files]
+ *   bench_ckpt --dir DIR [--gib 2] [--tp 2] [--dp 2] [--zero 1] [--threads 2] [--rounds 3] [--pause 0]
+ *              [--keep-files]
  *
  * Method: raw write = write() of 64 MiB blocks then fsync, timed to the end of the fsync;
  * raw read = read() of 64 MiB blocks after posix_fadvise(DONTNEED) has dropped the file's
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -34,6 +36,14 @@ static void pathf(char *buf, size_t cap, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(buf, cap, fmt, ap);
   va_end(ap);
+}
+
+/* CPU seconds (user + system) of every thread of the process so far. */
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+         1e-6 * (double)ru.ru_stime.tv_usec;
 }
 
 static double now_s(void) {
@@ -232,10 +242,16 @@ static int load_all(const char *dir, int threads, int verify, const mc_geometry 
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: bench_ckpt --dir DIR [--gib G] [--tp N] [--dp N] [--zero 0|1|3] [--threads N] [--rounds R] [--keep-files]\n");
+  fprintf(stderr, "usage: bench_ckpt --dir DIR [--gib G] [--tp N] [--dp N] [--zero 0|1|3] [--threads N] [--rounds R] [--pause S] [--keep-files]\n");
 }
 
 static int g_keep_files; /* --keep-files: leave the last round's checkpoints for inspection */
+static int g_pause;      /* --pause S: idle seconds before each measurement, so the VM's disk
+                          * settles after the previous one's writes */
+
+static void settle(void) {
+  if (g_pause > 0) sleep((unsigned)g_pause);
+}
 
 typedef struct {
   double raw_w, raw_r, save, load, load_unverified, async_bg, stall_first, stall_next;
@@ -273,8 +289,10 @@ static int run_round(int round, const char *dir, const mc_geometry *g, const mc_
   pathf(raw2, sizeof raw2, "%s/raw2.bin", dir);
   printf("round %d\n", round);
   double w1, w2, tw1, tw2;
+  settle();
+  double c0 = cpu_s();
   if (raw_write_speed(raw1, stored, block, bs, &w1, &tw1) != 0) return -1;
-  printf("  raw write (64 MiB write() + fsync)             : %7.3f s  %6.3f GB/s\n", tw1, w1);
+  printf("  raw write (64 MiB write() + fsync)             : %7.3f s  %6.3f GB/s  (%.2f CPU s)\n", tw1, w1, cpu_s() - c0);
 
   mc_ckpt_save_opts so;
   mc_ckpt_save_opts_default(&so);
@@ -282,32 +300,38 @@ static int run_round(int round, const char *dir, const mc_geometry *g, const mc_
   mc_train_state st;
   memset(&st, 0, sizeof st);
   st.step = 10 * round + 1;
+  settle();
   double t0 = now_s();
+  c0 = cpu_s();
   if (mc_ckpt_save(dir, g, cfg, &st, items, n, &so) != 0) return mc_error_context("save");
-  double ts = now_s() - t0;
+  double ts = now_s() - t0, cpu_save = cpu_s() - c0;
   pathf(step_dir, sizeof step_dir, "%s/step_%d", dir, 10 * round + 1);
   int64_t on_disk = dir_bytes(step_dir);
 
   mc_ckpt_saver *sv = NULL;
   if (mc_ckpt_saver_create(dir, &so, &sv) != 0) return -1;
   st.step = 10 * round + 2;
+  settle();
   if (mc_ckpt_saver_save(sv, g, cfg, &st, items, n) != 0) return mc_error_context("async save");
   res->stall_first = mc_ckpt_saver_last_stall(sv);
   if (mc_ckpt_saver_wait(sv) != 0) return mc_error_context("async save");
   /* second async save: the host buffer is reused, as in a training run */
   st.step = 10 * round + 3;
+  settle();
   if (mc_ckpt_saver_save(sv, g, cfg, &st, items, n) != 0) return mc_error_context("async save");
   t0 = now_s();
   res->stall_next = mc_ckpt_saver_last_stall(sv);
   if (mc_ckpt_saver_close(sv) != 0) return mc_error_context("async save");
   double tb = now_s() - t0 + res->stall_next;
 
+  settle();
   if (raw_write_speed(raw2, stored, block, bs, &w2, &tw2) != 0) return -1;
   res->raw_w = 0.5 * (w1 + w2);
   res->save = (double)stored / ts / GB;
   res->async_bg = tb;
-  printf("  checkpoint save (sync)                         : %7.3f s  %6.3f GB/s  %4.0f%% of raw write (%.3f GB on disk)\n",
-         ts, res->save, 100 * res->save / res->raw_w, (double)on_disk / GB);
+  printf("  checkpoint save (sync)                         : %7.3f s  %6.3f GB/s  (%.2f CPU s)  %4.0f%% of raw write mean "
+         "(%.3f GB on disk)\n",
+         ts, res->save, cpu_save, 100 * res->save / res->raw_w, (double)on_disk / GB);
   printf("  async save: caller blocked %.3f s (first: host buffer allocated) / %.3f s (next: reused); "
          "call to durable commit %.3f s = %.3f GB/s\n",
          res->stall_first, res->stall_next, tb, (double)stored / tb / GB);
@@ -316,19 +340,29 @@ static int run_round(int round, const char *dir, const mc_geometry *g, const mc_
   /* reads, from the first checkpoint of the round */
   double tr1, tr2;
   int64_t got = 0;
+  settle();
   double left = drop_cache(raw1);
+  c0 = cpu_s();
   if (raw_read(raw1, block, bs, &tr1, &got) != 0) return -1;
   double r1 = (double)got / tr1 / GB;
-  printf("  raw read  (64 MiB read(); %3.0f%% left in cache) : %7.3f s  %6.3f GB/s\n", 100 * left, tr1, r1);
+  printf("  raw read  (64 MiB read(); %3.0f%% left in cache) : %7.3f s  %6.3f GB/s  (%.2f CPU s)\n", 100 * left, tr1, r1,
+         cpu_s() - c0);
+  settle();
   double t_open = 0, tl = 0, tu = 0, res_ck = drop_dir(step_dir);
   int64_t bad = 0;
+  c0 = cpu_s(); /* includes pre-faulting the output buffers (outside the timing) */
   if (load_all(step_dir, threads, 1, g, items, n, &t_open, &tl, &bad) != 0) return mc_error_context("load");
+  double cpu_lv = cpu_s() - c0;
   if (bad) return mc_error("%" PRId64 " shards loaded differently from what was saved", bad);
   double tlv = t_open + tl;
   pathf(step3, sizeof step3, "%s/step_%d", dir, 10 * round + 3);
+  settle();
   double res_ck2 = drop_dir(step3);
+  c0 = cpu_s();
   if (load_all(step3, threads, 0, g, items, n, &t_open, &tu, &bad) != 0) return mc_error_context("unverified load");
+  double cpu_lu = cpu_s() - c0;
   double tlu = t_open + tu;
+  settle();
   left = drop_cache(raw2);
   if (raw_read(raw2, block, bs, &tr2, &got) != 0) return -1;
   double r2 = (double)got / tr2 / GB;
@@ -337,10 +371,10 @@ static int run_round(int round, const char *dir, const mc_geometry *g, const mc_
   res->raw_r = 0.5 * (r1 + r2);
   res->load = (double)stored / tlv / GB;
   res->load_unverified = (double)stored / tlu / GB;
-  printf("  checkpoint load (verified; %3.0f%% left in cache): %7.3f s  %6.3f GB/s  %4.0f%% of raw read\n", 100 * res_ck, tlv,
-         res->load, 100 * res->load / res->raw_r);
-  printf("  checkpoint load (unverified; %3.0f%% left in cache): %5.3f s  %6.3f GB/s  %4.0f%% of raw read\n", 100 * res_ck2,
-         tlu, res->load_unverified, 100 * res->load_unverified / res->raw_r);
+  printf("  checkpoint load (verified; %3.0f%% left in cache): %7.3f s  %6.3f GB/s  (%.2f CPU s*)  %4.0f%% of raw read mean\n",
+         100 * res_ck, tlv, res->load, cpu_lv, 100 * res->load / res->raw_r);
+  printf("  checkpoint load (unverified; %3.0f%% left in cache): %5.3f s  %6.3f GB/s  (%.2f CPU s*)  %4.0f%% of raw read mean\n",
+         100 * res_ck2, tlu, res->load_unverified, cpu_lu, 100 * res->load_unverified / res->raw_r);
   printf("  raw read again                                 : %7.3f s  %6.3f GB/s\n", tr2, r2);
   for (int k = 1; k <= 3 && !g_keep_files; k++) {
     pathf(step_dir, sizeof step_dir, "%s/step_%d", dir, 10 * round + k);
@@ -363,6 +397,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--keep-files")) g_keep_files = 1;
+    else if (!strcmp(argv[i], "--pause") && i + 1 < argc) g_pause = atoi(argv[++i]);
     else {
       usage();
       return 2;
@@ -406,6 +441,7 @@ int main(int argc, char **argv) {
          "ranks), %d shards, %.3f GB = %.3f GiB of fp32 state (param, exp_avg, exp_avg_sq), %d I/O threads, %d rounds\n",
          cfg.model.pattern, tp, dp, zero, g.world, n, (double)stored / 1e9, (double)stored / 1073741824.0, threads, rounds);
   printf("directory: %s\n", dir);
+  printf("CPU s = user + system seconds of all threads; * includes pre-faulting the load's output buffers\n");
 
   size_t bs = (size_t)64 << 20;
   char *block = malloc(bs);
