@@ -27,7 +27,6 @@ typedef struct {
   int rank;
   mc_optim opt;               /* slot i's buffers at grads[i] + offset, work[i] + offset */
   float **grads, **work;
-  float *scratch;             /* one shard */
 } mc_dist_opt;
 
 /* Binds the optimizer slots of `rank` to the network's parameters and sets the master

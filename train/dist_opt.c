@@ -17,10 +17,7 @@ int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const 
   if (mc_optim_init(&d->opt, geo, rank)) return -1;
   d->grads = calloc((size_t)d->opt.n + 1, sizeof *d->grads);
   d->work = calloc((size_t)d->opt.n + 1, sizeof *d->work);
-  int64_t most = 1;
-  for (int i = 0; i < net->n_params; i++) most = net->params[i].z_numel > most ? net->params[i].z_numel : most;
-  d->scratch = net->be->alloc(net->be, (size_t)most * sizeof(float));
-  if (!d->grads || !d->work || !d->scratch) {
+  if (!d->grads || !d->work) {
     mc_dist_opt_free(d);
     return mc_error("optimizer: out of memory");
   }
@@ -50,30 +47,35 @@ int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const 
 }
 
 void mc_dist_opt_free(mc_dist_opt *d) {
-  if (d->net && d->scratch) d->net->be->free(d->net->be, d->scratch);
   free(d->grads), free(d->work);
   mc_optim_free(&d->opt);
   memset(d, 0, sizeof *d);
 }
 
-static mc_net_param *param_of_slot(mc_dist_opt *d, int s, int *pi) {
-  for (int i = 0; i < d->net->n_params; i++)
-    if (d->net->params[i].fam == d->opt.slots[s].fam) {
-      *pi = i;
-      return &d->net->params[i];
-    }
-  return NULL;
+/* The network's parameter indices and buffers, in one array each (the collectives of
+ * train/dist_sync.c take several parameters at once). */
+static int all_params(mc_net *net, int **idx, float ***a, float ***b) {
+  *idx = malloc(sizeof(int) * (size_t)(net->n_params + 1));
+  *a = malloc(sizeof(float *) * (size_t)(net->n_params + 1));
+  *b = malloc(sizeof(float *) * (size_t)(net->n_params + 1));
+  if (!*idx || !*a || !*b) {
+    free(*idx), free(*a), free(*b);
+    return mc_error("optimizer: out of memory");
+  }
+  for (int i = 0; i < net->n_params; i++) (*idx)[i] = i;
+  return 0;
 }
 
 int mc_dist_sync_grads(mc_dist_opt *d) {
   mc_net *net = d->net;
   if (net->zero == 3) return 0;
-  for (int i = 0; i < net->n_params; i++) {
-    mc_net_param *p = &net->params[i];
-    if (mc_dist_reduce_grad(net, i, p->g, d->scratch)) return -1;
-    if (net->zero == 1) net->be->copy(net->be, p->g + p->z_off, d->scratch, p->z_numel);
-  }
-  return net->be->sync(net->be);
+  int *idx;
+  float **g, **out;
+  if (all_params(net, &idx, &g, &out)) return -1;
+  for (int i = 0; i < net->n_params; i++) g[i] = net->params[i].g, out[i] = g[i] + net->params[i].z_off;
+  int rc = mc_dist_reduce_grads(net, idx, net->n_params, g, out);
+  free(idx), free(g), free(out);
+  return rc;
 }
 
 int mc_dist_grad_norm(mc_dist_opt *d, double *norm) {
@@ -89,19 +91,17 @@ int mc_dist_publish(mc_dist_opt *d) {
   mc_backend *be = net->be;
   for (int s = 0; s < d->opt.n; s++) {
     mc_optim_slot *sl = &d->opt.slots[s];
-    int pi = -1;
-    mc_net_param *p = param_of_slot(d, s, &pi);
-    if (!p) return mc_error("optimizer slot without a network parameter");
     be->from_host(be, d->work[s] + sl->offset, sl->master, (size_t)sl->numel * sizeof(float));
-    if (net->zero != 1) continue;
-    const mc_dist_param *dp = &net->dist[pi];
-    if (!dp->group || dp->group->size <= 1) continue;
-    /* The rows of every member, in member order, make the whole local slice. */
-    be->copy(be, d->scratch, p->w + p->z_off, p->z_numel);
-    if (be->sync(be) || mc_allgather(dp->group, d->scratch, p->w, dp->counts, MC_DT_F32))
-      return mc_error_context("all-gathering the updated %s", d->geo->fams.f[p->fam].name);
   }
-  return be->sync(be);
+  if (net->zero != 1) return be->sync(be);
+  /* ZeRO 1: the rows of every member, in member order, make each whole local slice */
+  int *idx;
+  float **shard, **full;
+  if (all_params(net, &idx, &shard, &full)) return -1;
+  for (int i = 0; i < net->n_params; i++) full[i] = net->params[i].w, shard[i] = full[i] + net->params[i].z_off;
+  int rc = mc_dist_gather(net, idx, net->n_params, shard, full);
+  free(idx), free(shard), free(full);
+  return rc ? mc_error_context("all-gathering the updated weights") : 0;
 }
 
 int mc_dist_update(mc_dist_opt *d, const mc_train_cfg *t, double lr, double grad_scale) {

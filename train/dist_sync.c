@@ -53,29 +53,166 @@ void mc_dist_free(struct mc_net *net) {
   for (int i = 0; i < net->n_params; i++) free(net->dist[i].counts), net->dist[i].counts = NULL;
 }
 
-static int group_size(const mc_dist_param *dp) { return dp->group ? dp->group->size : 1; }
+static int group_size(const mc_comm *g) { return g ? g->size : 1; }
 
-int mc_dist_reduce_grad(struct mc_net *net, int i, float *g, float *out) {
-  mc_backend *be = net->be;
-  mc_net_param *p = &net->params[i];
-  mc_dist_param *dp = &net->dist[i];
-  const char *name = net->geo.fams.f[p->fam].name;
-  if (!dp->contribute) be->fill(be, g, p->numel, 0.0f);
-  if (be->sync(be)) return -1;
-  if (dp->tp_sum && mc_allreduce_sum(net->comm->tp, g, p->numel, MC_DT_F32))
-    return mc_error_context("summing the partial gradient of %s over TP", name);
-  if (net->zero == 0) {
-    if (group_size(dp) > 1 && mc_allreduce_sum(dp->group, g, p->numel, MC_DT_F32))
-      return mc_error_context("all-reducing the gradient of %s", name);
-    return 0;
-  }
-  if (group_size(dp) > 1) {
-    if (mc_reduce_scatter_sum(dp->group, g, out, dp->counts, MC_DT_F32))
-      return mc_error_context("reduce-scattering the gradient of %s", name);
-  } else {
-    be->copy(be, out, g + p->z_off, p->z_numel);
+/* Element offset of member j's rows inside param i's local slice. */
+static int64_t member_off(const mc_dist_param *dp, int j) {
+  int64_t o = 0;
+  for (int k = 0; k < j; k++) o += dp->counts[k];
+  return o;
+}
+
+/* The collectives below move several parameters at once: the params of idx that share a
+ * group are packed into one buffer (member-major where members receive different rows), so
+ * a layer or a whole step costs one collective per group instead of one per family. */
+typedef struct {
+  mc_comm *group;
+  int n, *at;      /* positions in idx of the params of this group */
+  int64_t *counts; /* elements per member, summed over those params */
+  int64_t total;   /* elements of their whole local slices */
+} bucket;
+
+static int make_buckets(struct mc_net *net, const int *idx, int n, bucket *bk, int *n_bk) {
+  *n_bk = 0;
+  for (int k = 0; k < n; k++) {
+    const mc_dist_param *dp = &net->dist[idx[k]];
+    int b = 0;
+    while (b < *n_bk && bk[b].group != dp->group) b++;
+    if (b == *n_bk) {
+      memset(&bk[b], 0, sizeof bk[b]);
+      bk[b].group = dp->group;
+      bk[b].at = malloc(sizeof(int) * (size_t)n);
+      bk[b].counts = calloc((size_t)group_size(dp->group), sizeof(int64_t));
+      (*n_bk)++;
+      if (!bk[b].at || !bk[b].counts) return mc_error("gradient buckets: out of memory");
+    }
+    bk[b].at[bk[b].n++] = k;
+    bk[b].total += net->params[idx[k]].numel;
+    for (int j = 0; j < group_size(dp->group); j++) bk[b].counts[j] += dp->counts[j];
   }
   return 0;
+}
+
+static void free_buckets(bucket *bk, int n_bk) {
+  for (int b = 0; b < n_bk; b++) free(bk[b].at), free(bk[b].counts);
+}
+
+/* Copies between the params' rows and a member-major pack: for member j, for each param, its
+ * rows of member j (all rows when whole = 1, i.e. concatenated slices). */
+static void pack_rows(struct mc_net *net, const int *idx, const bucket *b, float *const *bufs, float *pack, int whole,
+                      int to_pack) {
+  mc_backend *be = net->be;
+  int64_t pos = 0;
+  const int members = whole ? 1 : group_size(b->group);
+  for (int j = 0; j < members; j++)
+    for (int k = 0; k < b->n; k++) {
+      int i = idx[b->at[k]];
+      const mc_dist_param *dp = &net->dist[i];
+      int64_t off = whole ? 0 : member_off(dp, j), cnt = whole ? net->params[i].numel : dp->counts[j];
+      if (cnt == 0) continue;
+      if (to_pack) be->copy(be, pack + pos, bufs[b->at[k]] + off, cnt);
+      else be->copy(be, bufs[b->at[k]] + off, pack + pos, cnt);
+      pos += cnt;
+    }
+}
+
+int mc_dist_reduce_grads(struct mc_net *net, const int *idx, int n, float *const *g, float *const *out) {
+  mc_backend *be = net->be;
+  if (n <= 0) return 0;
+  /* 1. experts' duplicate copies contribute nothing; partial sums over TP, in one pack */
+  int64_t tp_total = 0;
+  for (int k = 0; k < n; k++) {
+    const mc_dist_param *dp = &net->dist[idx[k]];
+    if (!dp->contribute) be->fill(be, g[k], net->params[idx[k]].numel, 0.0f);
+    if (dp->tp_sum) tp_total += net->params[idx[k]].numel;
+  }
+  bucket *bk = calloc((size_t)n, sizeof *bk);
+  float *pack = NULL, *recv = NULL;
+  int n_bk = 0, rc = !bk ? mc_error("gradient reduction: out of memory") : 0;
+  if (!rc && tp_total > 0) {
+    pack = be->alloc(be, (size_t)tp_total * sizeof(float));
+    int64_t pos = 0;
+    for (int k = 0; pack && k < n; k++)
+      if (net->dist[idx[k]].tp_sum) be->copy(be, pack + pos, g[k], net->params[idx[k]].numel), pos += net->params[idx[k]].numel;
+    rc = !pack || be->sync(be) || mc_allreduce_sum(net->comm->tp, pack, tp_total, MC_DT_F32);
+    pos = 0;
+    for (int k = 0; !rc && k < n; k++)
+      if (net->dist[idx[k]].tp_sum) be->copy(be, g[k], pack + pos, net->params[idx[k]].numel), pos += net->params[idx[k]].numel;
+    be->free(be, pack), pack = NULL;
+    if (rc) rc = mc_error_context("summing partial gradients over TP");
+  }
+  /* 2. over each data-parallel group: all-reduce (ZeRO 0) or this rank's rows (ZeRO >= 1) */
+  if (!rc) rc = make_buckets(net, idx, n, bk, &n_bk);
+  for (int b = 0; !rc && b < n_bk; b++) {
+    bucket *B = &bk[b];
+    if (group_size(B->group) <= 1) {
+      for (int k = 0; net->zero > 0 && k < B->n; k++) {
+        const mc_net_param *p = &net->params[idx[B->at[k]]];
+        if (out[B->at[k]] != g[B->at[k]] + p->z_off) be->copy(be, out[B->at[k]], g[B->at[k]] + p->z_off, p->z_numel);
+      }
+      continue;
+    }
+    const int whole = net->zero == 0;
+    const int64_t mine = whole ? B->total : B->counts[B->group->rank];
+    pack = be->alloc(be, (size_t)B->total * sizeof(float));
+    recv = whole ? NULL : be->alloc(be, (size_t)(mine ? mine : 1) * sizeof(float));
+    if (!pack || (!whole && !recv)) rc = -1;
+    if (!rc) pack_rows(net, idx, B, g, pack, whole, 1);
+    if (!rc) rc = be->sync(be);
+    if (!rc) rc = whole ? mc_allreduce_sum(B->group, pack, B->total, MC_DT_F32)
+                        : mc_reduce_scatter_sum(B->group, pack, recv, B->counts, MC_DT_F32);
+    if (!rc && whole) {
+      pack_rows(net, idx, B, g, pack, 1, 0);
+    } else if (!rc) {
+      int64_t pos = 0;
+      for (int k = 0; k < B->n; k++) {
+        const mc_net_param *p = &net->params[idx[B->at[k]]];
+        if (p->z_numel) be->copy(be, out[B->at[k]], recv + pos, p->z_numel);
+        pos += p->z_numel;
+      }
+    }
+    be->free(be, pack), be->free(be, recv);
+    pack = recv = NULL;
+    if (rc) rc = mc_error_context("%s gradients over the %s group (%d members)", whole ? "all-reducing" : "reduce-scattering",
+                                  B->group->label, B->group->size);
+  }
+  free_buckets(bk, n_bk);
+  free(bk);
+  return rc ? -1 : be->sync(be);
+}
+
+int mc_dist_gather(struct mc_net *net, const int *idx, int n, float *const *shard, float *const *full) {
+  mc_backend *be = net->be;
+  if (n <= 0) return 0;
+  bucket *bk = calloc((size_t)n, sizeof *bk);
+  int n_bk = 0, rc = !bk ? mc_error("parameter gather: out of memory") : make_buckets(net, idx, n, bk, &n_bk);
+  for (int b = 0; !rc && b < n_bk; b++) {
+    bucket *B = &bk[b];
+    if (group_size(B->group) <= 1) {
+      for (int k = 0; k < B->n; k++) {
+        const mc_net_param *p = &net->params[idx[B->at[k]]];
+        if (full[B->at[k]] + p->z_off != shard[B->at[k]]) be->copy(be, full[B->at[k]] + p->z_off, shard[B->at[k]], p->z_numel);
+      }
+      continue;
+    }
+    const int64_t mine = B->counts[B->group->rank];
+    float *send = be->alloc(be, (size_t)(mine ? mine : 1) * sizeof(float));
+    float *pack = be->alloc(be, (size_t)B->total * sizeof(float));
+    if (!send || !pack) rc = -1;
+    int64_t pos = 0;
+    for (int k = 0; !rc && k < B->n; k++) {
+      const mc_net_param *p = &net->params[idx[B->at[k]]];
+      if (p->z_numel) be->copy(be, send + pos, shard[B->at[k]], p->z_numel);
+      pos += p->z_numel;
+    }
+    if (!rc) rc = be->sync(be) || mc_allgather(B->group, send, pack, B->counts, MC_DT_F32);
+    if (!rc) pack_rows(net, idx, B, full, pack, 0, 0);
+    be->free(be, send), be->free(be, pack);
+    if (rc) rc = mc_error_context("all-gathering parameters over the %s group (%d members)", B->group->label, B->group->size);
+  }
+  free_buckets(bk, n_bk);
+  free(bk);
+  return rc ? -1 : be->sync(be);
 }
 
 /* ZeRO 3: the working weights exist only between acquire and release; during a backward
@@ -84,40 +221,42 @@ int mc_dist_reduce_grad(struct mc_net *net, int i, float *g, float *out) {
 int mc_zero3_acquire(struct mc_net *net, const int *idx, int n, int for_backward) {
   if (net->zero != 3) return 0;
   mc_backend *be = net->be;
+  float *shard[MC_ROLE_COUNT] = {0}, *full[MC_ROLE_COUNT] = {0};
+  if (n > MC_ROLE_COUNT) return mc_error("ZeRO 3: %d parameters in one gather", n);
   for (int k = 0; k < n; k++) {
     mc_net_param *p = &net->params[idx[k]];
-    mc_dist_param *dp = &net->dist[idx[k]];
     if (!p->w && !(p->w = be->alloc(be, (size_t)p->numel * sizeof(float)))) return -1;
-    if (group_size(dp) > 1) {
-      if (be->sync(be) || mc_allgather(dp->group, p->ws, p->w, dp->counts, MC_DT_F32))
-        return mc_error_context("ZeRO 3: gathering %s", net->geo.fams.f[p->fam].name);
-    } else {
-      be->copy(be, p->w, p->ws, p->z_numel);
-    }
+    shard[k] = p->ws, full[k] = p->w;
     if (for_backward) {
-      float *full = be->alloc(be, (size_t)p->numel * sizeof(float)); /* zero-filled */
-      if (!full) return -1;
+      float *whole = be->alloc(be, (size_t)p->numel * sizeof(float)); /* zero-filled */
+      if (!whole) return -1;
       net->dist[idx[k]].g_acc = p->g;
-      p->g = full;
+      p->g = whole;
     }
   }
+  if (mc_dist_gather(net, idx, n, shard, full)) return mc_error_context("ZeRO 3: gathering layer weights");
   return 0;
 }
 
 int mc_zero3_release(struct mc_net *net, const int *idx, int n, int after_backward) {
   if (net->zero != 3) return 0;
   mc_backend *be = net->be;
+  float *g[MC_ROLE_COUNT] = {0}, *part[MC_ROLE_COUNT] = {0};
   int rc = 0;
   for (int k = 0; k < n; k++) {
     mc_net_param *p = &net->params[idx[k]];
     be->free(be, p->w);
     p->w = NULL;
-    if (!after_backward) continue;
-    float *part = be->alloc(be, (size_t)(p->z_numel ? p->z_numel : 1) * sizeof(float));
-    if (!part) rc = -1;
-    if (!rc) rc = mc_dist_reduce_grad(net, idx[k], p->g, part);
-    if (!rc) be->axpy(be, net->dist[idx[k]].g_acc, part, p->z_numel, 1.0f);
-    be->free(be, part);
+    g[k] = p->g;
+    part[k] = after_backward ? be->alloc(be, (size_t)(p->z_numel ? p->z_numel : 1) * sizeof(float)) : NULL;
+    if (after_backward && !part[k]) rc = -1;
+  }
+  if (!after_backward) return 0;
+  if (!rc) rc = mc_dist_reduce_grads(net, idx, n, g, part);
+  for (int k = 0; k < n; k++) {
+    mc_net_param *p = &net->params[idx[k]];
+    if (!rc) be->axpy(be, net->dist[idx[k]].g_acc, part[k], p->z_numel, 1.0f);
+    be->free(be, part[k]);
     be->free(be, p->g);
     p->g = net->dist[idx[k]].g_acc;
   }

@@ -130,10 +130,13 @@ void mc_dist_free(struct mc_net *net);
 /* ZeRO 3: gathers the working weights of params idx[0..n) / frees them again. */
 int mc_zero3_acquire(struct mc_net *net, const int *idx, int n, int for_backward);
 int mc_zero3_release(struct mc_net *net, const int *idx, int n, int after_backward);
-/* Combines the local-slice gradient g of param i over the ranks holding pieces of it: zero 0
- * leaves the sum in g; otherwise this rank's ZeRO part of the sum goes to out[z_numel]
- * (g is clobbered). */
-int mc_dist_reduce_grad(struct mc_net *net, int i, float *g, float *out);
+/* Combines the local-slice gradients g[k] of params idx[k] over the ranks holding pieces of
+ * them: zero 0 leaves the sums in g[k]; otherwise this rank's ZeRO part of each sum goes to
+ * out[k] (z_numel elements; g[k] is clobbered; out[k] may be g[k] + z_off). */
+int mc_dist_reduce_grads(struct mc_net *net, const int *idx, int n, float *const *g, float *const *out);
+/* Puts each member's rows shard[k] (z_numel elements, this rank's) of params idx[k] into
+ * the whole local slices full[k], over the params' groups (shard[k] may be full[k] + z_off). */
+int mc_dist_gather(struct mc_net *net, const int *idx, int n, float *const *shard, float *const *full);
 
 /* Working weight / gradient of a layer's role. */
 static inline float *mc_w(struct mc_net *net, const mc_layer *L, mc_role r) { return net->params[L->p[r]].w; }
