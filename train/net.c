@@ -206,7 +206,7 @@ static void free_activations(mc_net *net) {
   }
   float **bufs[] = {&net->x,    &net->hf,  &net->rstd_f, &net->logits, &net->loss,     &net->lse,
                     &net->dx,   &net->du,  &net->y,      &net->ush,    &net->full,     &net->pack,     &net->ufull,
-                    &net->dlogits, &net->emb_rows, &net->emb_gate, &net->emb_dgate};
+                    &net->dlogits, &net->emb_rows, &net->emb_gate};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, *bufs[i]), *bufs[i] = NULL;
   for (int i = 0; i < MC_NET_GBUFS; i++) be->free(be, net->g[i]), net->g[i] = NULL;
   be->free(be, net->tok_in), be->free(be, net->tok_tgt);
@@ -302,7 +302,6 @@ static int ensure_capacity(mc_net *net, int n_seq) {
     ALLOC(net->emb_slot, n);
     ALLOC(net->emb_rows, n * d);
     ALLOC(net->emb_gate, n);
-    ALLOC(net->emb_dgate, n);
     ok = ok && (net->logits_host = malloc((size_t)(n * vp) * sizeof(float))) != NULL;
     ok = ok && (net->lse_host = malloc((size_t)n * sizeof(float))) != NULL;
     ok = ok && (net->tgt_host = malloc((size_t)n * sizeof(int32_t))) != NULL;

@@ -70,12 +70,12 @@ struct mc_net {
   int fam_embed, fam_final_norm, fam_head; /* param indices */
   int n_seq_cap;       /* activations are allocated for this many sequences */
   int32_t *tok_in, *tok_tgt;  /* [n] backend copies of inputs and targets */
-  float *x;            /* [n, d] residual stream */
-  float *hf, *rstd_f;  /* final norm output and rstd */
-  float *logits;       /* [n, Vp] */
+  float *x;            /* [nl, d] residual stream (nl = n, or this rank's shard under SP) */
+  float *hf, *rstd_f;  /* final norm output [n, d] (gathered under SP) and rstd [nl] */
+  float *logits;       /* [n, Vpl] this rank's vocabulary columns */
   float *loss, *lse;   /* [n] */
-  float *dx;           /* [n, d] running residual gradient */
-  float *du;           /* [n, d] gradient of a layer's normed input */
+  float *dx;           /* [nl, d] running residual gradient */
+  float *du;           /* [n, d] gradient of a block's input (whole rows for a split block) */
   float *g[MC_NET_GBUFS];
   float *loss_host;    /* [n] */
   /* ---- parallel layout (train/dist_tp.c, train/dist_sync.c) */
@@ -95,7 +95,7 @@ struct mc_net {
   double bwd_seq_weight;
   float *dlogits;      /* [n, Vpl] */
   int32_t *emb_tok, *emb_slot; /* vocab-parallel embedding: local ids of in-range tokens, */
-  float *emb_rows, *emb_gate, *emb_dgate; /* their rows, unit gates; slot = row or -1 */
+  float *emb_rows, *emb_gate; /* their rows, unit gates; slot = row or -1 */
   int emb_cnt;
   float *logits_host, *lse_host; /* [n, Vpl], [n]: vocab-parallel cross-entropy (host) */
   int32_t *tgt_host;   /* [n] */
