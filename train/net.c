@@ -81,9 +81,9 @@ static int check_layout(const mc_geometry *geo, int rank, const mc_comm_groups *
   if (l->pp != 1) return mc_error("not supported yet by the network: pp=%d (pipeline stages)", l->pp);
   if (l->ep != 1) return mc_error("not supported yet by the network: ep=%d (expert parallelism)", l->ep);
   if (rank < 0 || rank >= geo->world) return mc_error("network: rank %d outside world %d", rank, geo->world);
-  if (geo->world > 1 && !comm) /* the wording keeps the single-rank guard's prefix */
-    return mc_error("not supported yet by the network: tp=%d dp=%d without the layout's communicator groups (world "
-                    "size %d; use mc_net_create_dist)", l->tp, l->dp, geo->world);
+  if (geo->world > 1 && !comm)
+    return mc_error("network: a world of %d ranks (tp=%d dp=%d) needs the layout's communicator groups "
+                    "(mc_net_create_dist)", geo->world, l->tp, l->dp);
   if (comm && (comm_size(comm->world) != geo->world || comm_size(comm->tp) != l->tp || comm_size(comm->dp) != l->dp))
     return mc_error("network: communicator groups (world %d, tp %d, dp %d) do not match the layout (world %d, tp %d, dp %d)",
                     comm_size(comm->world), comm_size(comm->tp), comm_size(comm->dp), geo->world, l->tp, l->dp);

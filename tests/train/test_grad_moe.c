@@ -111,14 +111,22 @@ static void check_padded_vocab(void) {
   mc_geometry_free(&geo);
 }
 
-/* Layouts the network does not split yet are refused with a message naming the setting. */
+/* A multi-rank layout without communicators, and layouts the network does not split yet
+ * (pipeline stages), are refused with a message naming the setting. */
 static void check_layout_guard(void) {
   mc_model m = nc_model("AE");
   mc_layout l = nc_layout(2, 1, 1);
   mc_geometry geo;
   CHECK_OK(mc_geometry_build(&m, &l, NULL, -1, &geo));
   mc_net *net = mc_net_create(&geo, 0, 1);
-  CHECK(net == NULL && strstr(mc_errmsg(), "not supported yet by the network: tp=2"), "tp=2: %s", mc_errmsg());
+  CHECK(net == NULL && strstr(mc_errmsg(), "(tp=2 dp=1) needs the layout's communicator groups"), "tp=2: %s", mc_errmsg());
+  mc_net_free(net);
+  mc_geometry_free(&geo);
+  l = nc_layout(1, 1, 1);
+  l.pp = 2;
+  CHECK_OK(mc_geometry_build(&m, &l, NULL, -1, &geo));
+  net = mc_net_create(&geo, 0, 1);
+  CHECK(net == NULL && strstr(mc_errmsg(), "not supported yet by the network: pp=2"), "pp=2: %s", mc_errmsg());
   mc_net_free(net);
   mc_geometry_free(&geo);
 }
