@@ -6,7 +6,8 @@
  * the states at chunk boundaries (chunk ~ sqrt(T) steps) in scratch, recomputes one chunk
  * at a time and runs the adjoint recurrence backwards through it, so scratch grows as
  * sqrt(T) per channel instead of T. Gradients shared by the channels of a block (dB, dC,
- * ddt) are summed over the block's 16 warps in shared memory before one atomic add each. */
+ * ddt) are summed over the block's 16 warps in shared memory (double-buffered: one barrier
+ * per step) before one atomic add each. */
 #include <math.h>
 
 #include "kernels/cuda/cuda_common.h"
@@ -171,8 +172,13 @@ __global__ void __launch_bounds__(SSM_BWARPS * 32)
     k_ssm_bwd(const float *x, const float *dt, const float *A_log, const float *B, const float *C, const float *D,
               const float *dy, int s0, int T, int Hm, int P, int N, int CH, int nch, float *dx, float *ddt, float *dB,
               float *dC, double *dAD, float *scratch) {
-    __shared__ float redB[SSM_BWARPS][32 * NPL], redC[SSM_BWARPS][32 * NPL];
-  __shared__ double redT[SSM_BWARPS];
+  /* per-step partial sums of the block's warps, double-buffered by step parity so that one
+   * barrier per step suffices: a buffer is rewritten two steps later, after the next barrier */
+  extern __shared__ double ssm_smem[];
+  double *redT = ssm_smem;                                   /* [2][SSM_BWARPS] */
+  float *redB = (float *)(redT + 2 * SSM_BWARPS);            /* [2][SSM_BWARPS][32 * NPL] */
+  float *redC = redB + 2 * SSM_BWARPS * 32 * NPL;            /* [2][SSM_BWARPS][32 * NPL] */
+  int parity = 0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int s = s0 + blockIdx.z, h = blockIdx.y, p = blockIdx.x * SSM_BWARPS + warp;
   const bool active = p < P;
@@ -224,8 +230,9 @@ __global__ void __launch_bounds__(SSM_BWARPS * 32)
         for (int i = 0; i < NPL; i++) {
           const float v = dS[i] + g * Cv[u][i];
           dS[i] = v;
-          redC[warp][lane + 32 * i] = active ? g * Sv[u][i] : 0.0f;
-          redB[warp][lane + 32 * i] = active ? d * v * xp : 0.0f;
+          const int o = (parity * SSM_BWARPS + warp) * 32 * NPL + lane + 32 * i;
+          redC[o] = active ? g * Sv[u][i] : 0.0f;
+          redB[o] = active ? d * v * xp : 0.0f;
           gxp += v * Bv[u][i];
           ddt_in += (double)v * xp * Bv[u][i];
           dprev += (double)v * Spv[u][i];
@@ -239,21 +246,24 @@ __global__ void __launch_bounds__(SSM_BWARPS * 32)
             dDh += (double)g * xp;
             dAh += dprev * d * a;
           }
-          redT[warp] = active ? ddt_in + dprev * A * a : 0.0;
+          redT[parity * SSM_BWARPS + warp] = active ? ddt_in + dprev * A * a : 0.0;
         }
         __syncthreads();
         for (int n = threadIdx.x; n < N; n += blockDim.x) {
           float sb = 0.0f, sc = 0.0f;
-          for (int w = 0; w < SSM_BWARPS; w++) sb += redB[w][n], sc += redC[w][n];
+          for (int w = 0; w < SSM_BWARPS; w++) {
+            const int o = (parity * SSM_BWARPS + w) * 32 * NPL + n;
+            sb += redB[o], sc += redC[o];
+          }
           atomicAdd(&dB[r * N + n], sb);
           atomicAdd(&dC[r * N + n], sc);
         }
         if (threadIdx.x == 0) {
           double st = 0.0;
-          for (int w = 0; w < SSM_BWARPS; w++) st += redT[w];
+          for (int w = 0; w < SSM_BWARPS; w++) st += redT[parity * SSM_BWARPS + w];
           atomicAdd(&ddt[r * Hm + h], (float)st);
         }
-        __syncthreads();
+        parity ^= 1;
 #pragma unroll
         for (int i = 0; i < NPL; i++) dS[i] *= a;
       }
@@ -302,8 +312,17 @@ template <int NPL>
 static void ssm_bwd_npl(mc_backend *be, dim3 grid, const float *x, const float *dt, const float *A_log, const float *B,
                         const float *C, const float *D, const float *dy, int s0, int T, int Hm, int P, int N, int CH,
                         int nch, float *dx, float *ddt, float *dB, float *dC, double *dAD, float *scratch) {
-  k_ssm_bwd<NPL><<<grid, SSM_BWARPS * 32, 0, mc_cu_stream(be)>>>(x, dt, A_log, B, C, D, dy, s0, T, Hm, P, N, CH, nch, dx,
-                                                                ddt, dB, dC, dAD, scratch);
+  const size_t smem = 2 * SSM_BWARPS * sizeof(double) + (size_t)4 * SSM_BWARPS * 32 * NPL * sizeof(float);
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute((const void *)k_ssm_bwd<NPL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      mc_cuda_fail(be, "ssm_bwd: %zu bytes of shared memory: %s", smem, cudaGetErrorString(e));
+      return;
+    }
+  }
+  k_ssm_bwd<NPL><<<grid, SSM_BWARPS * 32, smem, mc_cu_stream(be)>>>(x, dt, A_log, B, C, D, dy, s0, T, Hm, P, N, CH, nch,
+                                                                   dx, ddt, dB, dC, dAD, scratch);
 }
 
 /* Scratch per launch is bounded: sequences are processed in waves that fit this budget. */
