@@ -80,13 +80,13 @@ static void cu_conv_bwd(mc_backend *be, const float *x, const float *w, const fl
 #define SSM_WARPS 8  /* channels p per block */
 #define SSM_MAXN 256 /* states: NPL = ceil(N / 32) <= 8 per lane, a template parameter */
 #define SSM_BWARPS 16 /* channels per block in the backward: fewer atomic adds of dB, dC, ddt */
-#define SSM_RU 1      /* backward steps loaded together (each step waits on two barriers anyway) */
 
 /* Steps whose inputs are loaded ahead of use: each step's arithmetic is short, so the loads of
  * U steps are issued together to cover memory latency (fewer for wide states: registers). */
 template <int NPL>
 struct ssm_u {
-  static constexpr int U = NPL <= 2 ? 8 : NPL == 4 ? 4 : 2;
+  static constexpr int U = NPL <= 2 ? 8 : NPL == 4 ? 4 : 2; /* forward passes */
+  static constexpr int RU = NPL <= 2 ? 4 : NPL == 4 ? 2 : 1; /* the backward's reverse pass */
 };
 
 /* The inputs of step t (clamped into the sequence, so every load is in bounds). */
@@ -200,9 +200,9 @@ __global__ void __launch_bounds__(SSM_BWARPS * 32)
       for (int i = 0; i < NPL; i++) S[i] = lane + 32 * i < N ? ck[(int64_t)c * N + lane + 32 * i] : 0.0f;
       ssm_advance<NPL>(S, t0, t1, T, row0, Hm, h, xs, xo, N, lane, A, dt, x, B, CH, NULL, buf);
     }
-    for (int tb = t1 - 1; tb >= t0; tb -= SSM_RU) {
+    for (int tb = t1 - 1; tb >= t0; tb -= ssm_u<NPL>::RU) {
       /* the inputs of steps tb, tb-1, ..., loaded together */
-      constexpr int U = SSM_RU;
+      constexpr int U = ssm_u<NPL>::RU;
       float dv[U], xv[U], gv[U], Bv[U][NPL], Cv[U][NPL], Sv[U][NPL], Spv[U][NPL];
 #pragma unroll
       for (int u = 0; u < U; u++) {
