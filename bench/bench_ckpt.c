@@ -3,7 +3,7 @@
  * the training stall of an async save. Not a timed test; see docs/bench-ckpt.md.
  *
  *   bench_ckpt --dir DIR [--gib 2] [--tp 2] [--dp 2] [--zero 1] [--threads 2] [--rounds 3] [--pause 0]
- *              [--keep-files]
+ *              [--alternate N] [--keep-files]
  *
  * Method: raw write = write() of 64 MiB blocks then fsync, timed to the end of the fsync;
  * raw read = read() of 64 MiB blocks after posix_fadvise(DONTNEED) has dropped the file's
@@ -242,7 +242,7 @@ static int load_all(const char *dir, int threads, int verify, const mc_geometry 
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: bench_ckpt --dir DIR [--gib G] [--tp N] [--dp N] [--zero 0|1|3] [--threads N] [--rounds R] [--pause S] [--keep-files]\n");
+  fprintf(stderr, "usage: bench_ckpt --dir DIR [--gib G] [--tp N] [--dp N] [--zero 0|1|3] [--threads N] [--rounds R] [--pause S] [--alternate N] [--keep-files]\n");
 }
 
 static int g_keep_files; /* --keep-files: leave the last round's checkpoints for inspection */
@@ -384,10 +384,66 @@ static int run_round(int round, const char *dir, const mc_geometry *g, const mc_
   return 0;
 }
 
+/* --alternate N: N times, each from the same state (the previous output deleted, then a
+ * pause): raw write, sync save, async save (call to durable commit). Isolates the write path
+ * from the drift the rounds suffer from (a write right after another big one is slower). */
+static int alternate_writes(int reps, const char *dir, const mc_geometry *g, const mc_config *cfg, mc_ckpt_item *items,
+                            int n, int64_t stored, int threads, char *block, size_t bs) {
+  double rw[20], sw[20], aw[20];
+  char raw[4200], cmd[9000];
+  pathf(raw, sizeof raw, "%s/raw1.bin", dir);
+  mc_ckpt_save_opts so;
+  mc_ckpt_save_opts_default(&so);
+  so.io_threads = threads;
+  mc_ckpt_saver *sv = NULL;
+  if (mc_ckpt_saver_create(dir, &so, &sv) != 0) return -1;
+  mc_train_state st;
+  memset(&st, 0, sizeof st);
+  for (int i = 0; i < reps; i++) {
+    double t, c0;
+    settle();
+    c0 = cpu_s();
+    if (raw_write_speed(raw, stored, block, bs, &rw[i], &t) != 0) return -1;
+    double c_raw = cpu_s() - c0;
+    unlink(raw);
+    settle();
+    st.step = 1000 + 2 * i;
+    c0 = cpu_s();
+    double t0 = now_s();
+    if (mc_ckpt_save(dir, g, cfg, &st, items, n, &so) != 0) return mc_error_context("save");
+    sw[i] = (double)stored / (now_s() - t0) / 1e9;
+    double c_save = cpu_s() - c0;
+    pathf(cmd, sizeof cmd, "rm -rf '%s'/step_* '%s/latest'", dir, dir);
+    if (system(cmd) != 0) return mc_error("cannot clean %s", dir);
+    settle();
+    st.step = 1001 + 2 * i;
+    t0 = now_s();
+    if (mc_ckpt_saver_save(sv, g, cfg, &st, items, n) != 0 || mc_ckpt_saver_wait(sv) != 0)
+      return mc_error_context("async save");
+    aw[i] = (double)stored / (now_s() - t0) / 1e9;
+    printf("  pair %d: raw write %.3f GB/s (%.2f CPU s), sync save %.3f GB/s (%.2f CPU s) = %.0f%%, async save (incl. "
+           "copy) %.3f GB/s = %.0f%%, stall %.3f s\n",
+           i, rw[i], c_raw, sw[i], c_save, 100 * sw[i] / rw[i], aw[i], 100 * aw[i] / rw[i], mc_ckpt_saver_last_stall(sv));
+    fflush(stdout);
+    pathf(cmd, sizeof cmd, "rm -rf '%s'/step_* '%s/latest'", dir, dir);
+    if (system(cmd) != 0) return mc_error("cannot clean %s", dir);
+  }
+  mc_ckpt_saver_close(sv);
+  double rs[20], ra[20];
+  for (int i = 0; i < reps; i++) {
+    rs[i] = sw[i] / rw[i];
+    ra[i] = aw[i] / rw[i];
+  }
+  printf("median of %d alternations: raw write %.3f GB/s, sync save %.3f GB/s (%.0f%% of raw, median of ratios), async "
+         "save %.3f GB/s (%.0f%%)\n",
+         reps, median(rw, reps), median(sw, reps), 100 * median(rs, reps), median(aw, reps), 100 * median(ra, reps));
+  return 0;
+}
+
 int main(int argc, char **argv) {
   const char *dir = NULL;
   double gib = 2.0;
-  int tp = 2, dp = 2, zero = 1, threads = 2, rounds = 3;
+  int tp = 2, dp = 2, zero = 1, threads = 2, rounds = 3, alternate = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
     else if (!strcmp(argv[i], "--gib") && i + 1 < argc) gib = atof(argv[++i]);
@@ -398,12 +454,13 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--keep-files")) g_keep_files = 1;
     else if (!strcmp(argv[i], "--pause") && i + 1 < argc) g_pause = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--alternate") && i + 1 < argc) alternate = atoi(argv[++i]);
     else {
       usage();
       return 2;
     }
   }
-  if (!dir || gib <= 0 || rounds < 1 || rounds > 20) {
+  if (!dir || gib <= 0 || rounds < 1 || rounds > 20 || alternate < 0 || alternate > 20) {
     usage();
     return 2;
   }
@@ -457,6 +514,11 @@ int main(int argc, char **argv) {
   }
   printf("sha256 (OpenSSL EVP, one thread): %.3f GB/s\n", (double)hashed / (now_s() - th0) / 1e9);
 
+  if (alternate > 0) {
+    int rc = alternate_writes(alternate, dir, &g, &cfg, items, n, stored, threads, block, bs);
+    if (rc != 0) fprintf(stderr, "bench_ckpt: %s\n", mc_errmsg());
+    return rc ? 1 : 0;
+  }
   round_result *res = calloc((size_t)rounds, sizeof *res);
   for (int r = 0; r < rounds; r++) {
     if (run_round(r, dir, &g, &cfg, items, n, stored, threads, block, bs, &res[r]) != 0) {
