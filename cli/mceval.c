@@ -7,27 +7,33 @@
  * evaluated on one process. The windows, split and micro-batching are the run's recorded
  * config (model.seq_len, data.val_fraction, train.micro_batch), so on the run's dataset
  * `--split val` (the default) with N = train.eval_batches prints the trainer's val_loss
- * for that step, digit for digit. */
+ * for that step, digit for digit when computed on the run's device (--device cpu, the
+ * default, or --device cuda). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ckpt/checkpoint.h"
 #include "train/data.h"
+#include "train/device.h"
 #include "train/net.h"
 #include "train/trainer.h"
 #include "util/error.h"
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: mceval CKPT --data FILE [--batches N] [--split val|all] [--no-verify]\n"
+          "usage: mceval CKPT --data FILE [--batches N] [--split val|all] [--device cpu|cuda] [--no-verify]\n"
           "  CKPT       a run directory (its latest checkpoint) or a step_N directory\n"
           "  --data     HDF5 token dataset made by mcdata\n"
           "  --batches  global batches of windows to score (default train.eval_batches; 0 = all)\n"
-          "  --split    val: the held-out windows (default); all: every window of the file\n");
+          "  --split    val: the held-out windows (default); all: every window of the file\n"
+          "  --device   where to compute: cpu (default) or cuda\n");
 }
 
-static int eval(const char *ckpt_path, const char *data_path, int64_t batches, int split_all, int verify) {
+static int eval(const char *ckpt_path, const char *data_path, int64_t batches, int split_all, int verify,
+                const char *device) {
+  mc_backend *be = mc_train_backend(device, 1); /* before any reading: a bad device fails fast */
+  if (!be) return -1;
   mc_ckpt_open_opts oo;
   mc_ckpt_open_opts_default(&oo);
   oo.verify = verify;
@@ -47,7 +53,7 @@ static int eval(const char *ckpt_path, const char *data_path, int64_t batches, i
   }
   if (rc == 0) rc = mc_ckpt_check_model(ck, &cfg.model);
   mc_net *net = NULL;
-  if (rc == 0 && !(net = mc_net_create(&geo, 0, cfg.train.seed))) rc = -1;
+  if (rc == 0 && !(net = mc_net_create_on(&geo, 0, cfg.train.seed, be))) rc = -1;
   if (rc == 0) rc = mc_net_load(net, &geo, ck);
   mc_data d;
   memset(&d, 0, sizeof d);
@@ -72,6 +78,7 @@ int main(int argc, char **argv) {
   const char *ckpt = NULL, *data = NULL;
   int64_t batches = -1;
   int split_all = 0, verify = 1;
+  const char *device = "cpu";
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -93,6 +100,8 @@ int main(int argc, char **argv) {
         return 2;
       }
       split_all = !strcmp(s, "all");
+    } else if (!strcmp(a, "--device") && i + 1 < argc) {
+      device = argv[++i];
     } else if (!strcmp(a, "--no-verify")) {
       verify = 0;
     } else if (a[0] == '-' || ckpt) {
@@ -108,7 +117,7 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  if (eval(ckpt, data, batches, split_all, verify) != 0) {
+  if (eval(ckpt, data, batches, split_all, verify, device) != 0) {
     fprintf(stderr, "mceval: %s\n", mc_errmsg());
     return 1;
   }

@@ -27,10 +27,13 @@ typedef struct {
   int rank;
   mc_optim opt;               /* slot i's buffers at grads[i] + offset, work[i] + offset */
   float **grads, **work;
+  /* Host copies of the three states of every slot (3 per slot), for checkpoints of a
+   * backend whose memory is not host memory; allocated at the first save or load. */
+  float **stage;
 } mc_dist_opt;
 
-/* Binds the optimizer slots of `rank` to the network's parameters and sets the master
- * weights from the working weights. */
+/* Binds the optimizer slots of `rank` to the network's parameters (on the network's
+ * backend) and sets the master weights from the working weights. */
 int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const mc_comm_groups *comm, int rank);
 void mc_dist_opt_free(mc_dist_opt *d);
 
@@ -50,11 +53,13 @@ int mc_dist_publish(mc_dist_opt *d);
  * equal statistics already). */
 int mc_dist_stats_sum(const mc_comm_groups *comm, mc_net_stats *st);
 
-/* Checkpoint items of this rank (master, exp_avg, exp_avg_sq of every slot): items needs
- * room for 3 * d->opt.n. Returns the count. */
-int mc_dist_ckpt_items(const mc_dist_opt *d, mc_ckpt_item *items);
+/* Checkpoint items of this rank (master, exp_avg, exp_avg_sq of every slot) in host memory:
+ * the states themselves on the CPU, else host copies made now (valid until the next call).
+ * items needs room for 3 * d->opt.n. Returns the count, or -1 with mc_error set. */
+int mc_dist_ckpt_items(mc_dist_opt *d, mc_ckpt_item *items);
 /* Reads this rank's shards of the three states from a checkpoint written under any layout
- * (mc_ckpt_read of each hyperslab) and publishes the weights. */
+ * (mc_ckpt_read of each hyperslab, through host copies where the backend's memory is not
+ * host memory) and publishes the weights. */
 int mc_dist_load(mc_dist_opt *d, mc_ckpt *ck);
 /* A barrier callback for mc_ckpt_save over the world communicator (user = the mc_comm). */
 int mc_dist_ckpt_barrier(void *user, int ok);

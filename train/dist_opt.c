@@ -8,13 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "train/device.h"
 #include "train/net_blocks.h"
 #include "util/error.h"
 
 int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const mc_comm_groups *comm, int rank) {
   memset(d, 0, sizeof *d);
   d->net = net, d->geo = geo, d->comm = comm, d->rank = rank;
-  if (mc_optim_init(&d->opt, geo, rank)) return -1;
+  if (mc_optim_init_on(&d->opt, geo, rank, net->be)) return -1;
   d->grads = calloc((size_t)d->opt.n + 1, sizeof *d->grads);
   d->work = calloc((size_t)d->opt.n + 1, sizeof *d->work);
   if (!d->grads || !d->work) {
@@ -36,7 +37,7 @@ int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const 
     } else {
       d->work[s] = p->w;
     }
-    net->be->to_host(net->be, sl->master, d->work[s] + sl->offset, (size_t)sl->numel * sizeof(float));
+    net->be->copy(net->be, sl->master, d->work[s] + sl->offset, sl->numel);
   }
   for (int s = 0; s < d->opt.n; s++)
     if (!d->grads[s]) {
@@ -47,6 +48,9 @@ int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const 
 }
 
 void mc_dist_opt_free(mc_dist_opt *d) {
+  if (d->stage)
+    for (int i = 0; i < 3 * d->opt.n; i++) free(d->stage[i]);
+  free(d->stage);
   free(d->grads), free(d->work);
   mc_optim_free(&d->opt);
   memset(d, 0, sizeof *d);
@@ -80,6 +84,7 @@ int mc_dist_sync_grads(mc_dist_opt *d) {
 
 int mc_dist_grad_norm(mc_dist_opt *d, double *norm) {
   double sq = mc_optim_grad_sq(&d->opt, d->grads);
+  if (d->net->be->sync(d->net->be)) return mc_error_context("the gradient norm");
   if (d->comm && d->comm->world->size > 1 && mc_allreduce_sum(d->comm->world, &sq, 1, MC_DT_F64))
     return mc_error_context("summing the gradient norm over the world");
   *norm = sqrt(sq);
@@ -91,7 +96,7 @@ int mc_dist_publish(mc_dist_opt *d) {
   mc_backend *be = net->be;
   for (int s = 0; s < d->opt.n; s++) {
     mc_optim_slot *sl = &d->opt.slots[s];
-    be->from_host(be, d->work[s] + sl->offset, sl->master, (size_t)sl->numel * sizeof(float));
+    be->copy(be, d->work[s] + sl->offset, sl->master, sl->numel);
   }
   if (net->zero != 1) return be->sync(be);
   /* ZeRO 1: the rows of every member, in member order, make each whole local slice */
@@ -105,7 +110,6 @@ int mc_dist_publish(mc_dist_opt *d) {
 }
 
 int mc_dist_update(mc_dist_opt *d, const mc_train_cfg *t, double lr, double grad_scale) {
-  /* mc_optim_step reads gradients from host memory (the CPU backend's memory). */
   mc_optim_step(&d->opt, t, lr, grad_scale, d->grads);
   return mc_dist_publish(d);
 }
@@ -119,24 +123,62 @@ int mc_dist_stats_sum(const mc_comm_groups *comm, mc_net_stats *st) {
   return 0;
 }
 
-int mc_dist_ckpt_items(const mc_dist_opt *d, mc_ckpt_item *items) {
+/* Host staging buffers for a backend whose memory is not host memory (d->stage stays NULL
+ * where none are needed). */
+static int ensure_stage(mc_dist_opt *d) {
+  if (mc_backend_is_host(d->net->be) || d->stage) return 0;
+  float **st = calloc((size_t)(3 * d->opt.n + 1), sizeof *st);
+  int ok = st != NULL;
+  for (int i = 0; ok && i < 3 * d->opt.n; i++)
+    ok = (st[i] = malloc((size_t)(d->opt.slots[i / 3].numel + 1) * sizeof(float))) != NULL;
+  if (!ok) {
+    for (int i = 0; st && i < 3 * d->opt.n; i++) free(st[i]);
+    free(st);
+    return mc_error("checkpoint staging: out of host memory for a copy of the optimizer state");
+  }
+  d->stage = st;
+  return 0;
+}
+
+static void states_of(mc_optim_slot *sl, float *st[3]) {
+  st[0] = sl->master, st[1] = sl->exp_avg, st[2] = sl->exp_avg_sq;
+}
+
+int mc_dist_ckpt_items(mc_dist_opt *d, mc_ckpt_item *items) {
+  mc_backend *be = d->net->be;
+  if (ensure_stage(d)) return -1;
   int n = 0;
   for (int s = 0; s < d->opt.n; s++) {
-    const mc_optim_slot *sl = &d->opt.slots[s];
-    const float *src[3] = {sl->master, sl->exp_avg, sl->exp_avg_sq};
-    for (int k = 0; k < 3; k++) items[n++] = (mc_ckpt_item){sl->fam, (mc_state)k, d->rank, src[k]};
+    mc_optim_slot *sl = &d->opt.slots[s];
+    float *src[3];
+    states_of(sl, src);
+    for (int k = 0; k < 3; k++) {
+      if (d->stage) {
+        be->to_host(be, d->stage[3 * s + k], src[k], (size_t)sl->numel * sizeof(float));
+        src[k] = d->stage[3 * s + k];
+      }
+      items[n++] = (mc_ckpt_item){sl->fam, (mc_state)k, d->rank, src[k]};
+    }
   }
+  if (be->sync(be)) return mc_error_context("copying the optimizer state to the host for a checkpoint");
   return n;
 }
 
 int mc_dist_load(mc_dist_opt *d, mc_ckpt *ck) {
+  mc_backend *be = d->net->be;
+  if (ensure_stage(d)) return -1;
   for (int s = 0; s < d->opt.n; s++) {
     mc_optim_slot *sl = &d->opt.slots[s];
     const char *name = d->geo->fams.f[sl->fam].name;
-    float *dst[3] = {sl->master, sl->exp_avg, sl->exp_avg_sq};
-    for (int k = 0; k < 3; k++)
-      if (sl->numel > 0 && mc_ckpt_read(ck, name, (mc_state)k, sl->shard.start, sl->shard.count, dst[k]) != 0)
+    float *dst[3];
+    states_of(sl, dst);
+    for (int k = 0; k < 3; k++) {
+      if (sl->numel == 0) continue;
+      float *into = d->stage ? d->stage[3 * s + k] : dst[k];
+      if (mc_ckpt_read(ck, name, (mc_state)k, sl->shard.start, sl->shard.count, into) != 0)
         return mc_error_context("loading %s/%s from %s", name, mc_state_name((mc_state)k), mc_ckpt_step_dir(ck));
+      if (d->stage) be->from_host(be, dst[k], into, (size_t)sl->numel * sizeof(float));
+    }
   }
   return mc_dist_publish(d);
 }

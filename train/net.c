@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "train/device.h"
 #include "train/net_blocks.h"
 #include "util/error.h"
 #include "util/rng.h"
@@ -76,8 +77,12 @@ static int init_param(mc_net *net, mc_net_param *p, uint64_t seed) {
 
 static int comm_size(const mc_comm *c) { return c ? c->size : 1; }
 
-static int check_layout(const mc_geometry *geo, int rank, const mc_comm_groups *comm) {
+static int check_layout(const mc_geometry *geo, int rank, const mc_comm_groups *comm, const mc_backend *be) {
   const mc_layout *l = &geo->layout;
+  if (!be) return mc_error("network: no backend given");
+  /* The collectives (train/dist_*.c) hand backend buffers to MPI as host memory. */
+  if (geo->world > 1 && !mc_backend_is_host(be))
+    return mc_error("network: a world of %d ranks runs on the CPU backend only (got backend %s)", geo->world, be->name);
   if (l->pp != 1) return mc_error("not supported yet by the network: pp=%d (pipeline stages)", l->pp);
   if (l->ep != 1) return mc_error("not supported yet by the network: ep=%d (expert parallelism)", l->ep);
   if (rank < 0 || rank >= geo->world) return mc_error("network: rank %d outside world %d", rank, geo->world);
@@ -103,11 +108,20 @@ static mc_model local_model(const mc_model *g, int tp) {
 }
 
 mc_net *mc_net_create(const mc_geometry *geo, int rank, uint64_t seed) {
-  return mc_net_create_dist(geo, rank, seed, NULL);
+  return mc_net_create_dist_on(geo, rank, seed, NULL, mc_backend_cpu());
+}
+
+mc_net *mc_net_create_on(const mc_geometry *geo, int rank, uint64_t seed, mc_backend *be) {
+  return mc_net_create_dist_on(geo, rank, seed, NULL, be);
 }
 
 mc_net *mc_net_create_dist(const mc_geometry *geo, int rank, uint64_t seed, const mc_comm_groups *comm) {
-  if (check_layout(geo, rank, comm)) return NULL;
+  return mc_net_create_dist_on(geo, rank, seed, comm, mc_backend_cpu());
+}
+
+mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, const mc_comm_groups *comm,
+                              mc_backend *be) {
+  if (check_layout(geo, rank, comm, be)) return NULL;
   mc_net *net = calloc(1, sizeof *net);
   if (!net) {
     mc_error("out of memory creating the network");
@@ -116,7 +130,7 @@ mc_net *mc_net_create_dist(const mc_geometry *geo, int rank, uint64_t seed, cons
   const mc_layout *lay = &geo->layout;
   mc_coords co;
   mc_layout_coords(lay, rank, &co);
-  net->be = mc_backend_cpu();
+  net->be = be;
   net->geo = *geo;
   net->geo.fams.f = malloc((size_t)geo->fams.n * sizeof(mc_family));
   net->comm = comm;
@@ -235,6 +249,8 @@ void mc_net_free(mc_net *net) {
 }
 
 int mc_net_n_params(const mc_net *net) { return net->n_params; }
+
+mc_backend *mc_net_backend(const mc_net *net) { return net->be; }
 
 mc_net_param *mc_net_param_at(mc_net *net, int i) {
   return i >= 0 && i < net->n_params ? &net->params[i] : NULL;

@@ -11,6 +11,7 @@
 
 #include "ckpt/ownership.h"
 #include "comm/comm.h"
+#include "kernels/ops.h"
 
 typedef struct mc_net mc_net;
 
@@ -19,7 +20,7 @@ typedef struct {
   int fam;          /* index into geo->fams */
   mc_shard shard;   /* mc_shard_of(geo, fam, MC_STATE_PARAM, rank): local_* is what w holds */
   int64_t numel;    /* elements of the local slice */
-  float *w;         /* fp32 working weights, local slice, row-major (ZeRO 3: only while a
+  float *w;         /* fp32 working weights in backend memory, local slice, row-major (ZeRO 3: only while a
                        pass uses them, NULL otherwise) */
   float *g;         /* fp32 gradient accumulator, same shape (ZeRO 3: the shard, z_numel) */
   /* This rank's ZeRO part of the local slice: elements [z_off, z_off + z_numel) (the rows
@@ -36,13 +37,21 @@ typedef struct {
   int64_t dropped;   /* (token, expert) assignments dropped by capacity */
 } mc_net_stats;
 
-/* Creates the network for `rank` of the geometry; parameters initialised from the
- * counter-based RNG keyed by (seed, family name, global element index). */
+/* Creates the network for `rank` of the geometry on the CPU reference backend; parameters
+ * initialised from the counter-based RNG keyed by (seed, family name, global element index). */
 mc_net *mc_net_create(const mc_geometry *geo, int rank, uint64_t seed);
+/* The same on backend `be` (e.g. mc_backend_cuda(0)): parameters, gradients and activations
+ * live in its memory. The initial values do not depend on the backend. */
+mc_net *mc_net_create_on(const mc_geometry *geo, int rank, uint64_t seed, mc_backend *be);
 /* The same for a rank of a parallel layout: `comm` holds the layout's groups (made by
  * mc_comm_make_groups for this layout; it must outlive the network). NULL is allowed only
- * when the world is one rank. pp and ep must be 1. */
+ * when the world is one rank. pp and ep must be 1. A world of more than one rank needs a
+ * host-memory backend (the CPU). */
 mc_net *mc_net_create_dist(const mc_geometry *geo, int rank, uint64_t seed, const mc_comm_groups *comm);
+mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, const mc_comm_groups *comm,
+                              mc_backend *be);
+/* The backend the network computes on (its tensors are in this backend's memory). */
+mc_backend *mc_net_backend(const mc_net *net);
 void mc_net_free(mc_net *net);
 int mc_net_n_params(const mc_net *net);
 mc_net_param *mc_net_param_at(mc_net *net, int i);

@@ -7,7 +7,12 @@
 #include "util/error.h"
 
 int mc_optim_init(mc_optim *o, const mc_geometry *geo, int rank) {
+  return mc_optim_init_on(o, geo, rank, mc_backend_cpu());
+}
+
+int mc_optim_init_on(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *be) {
   memset(o, 0, sizeof *o);
+  o->be = be;
   o->slots = calloc((size_t)geo->fams.n, sizeof *o->slots);
   if (!o->slots) return mc_error("optimizer: out of memory");
   for (int f = 0; f < geo->fams.n; f++) {
@@ -27,12 +32,12 @@ int mc_optim_init(mc_optim *o, const mc_geometry *geo, int rank) {
     for (int k = 1; k < sh.ndim; k++) row *= sh.local_count[k];
     s->offset = (sh.start[0] - sh.local_start[0]) * row;
     size_t bytes = (size_t)(s->numel > 0 ? s->numel : 1) * sizeof(float);
-    s->master = malloc(bytes);
-    s->exp_avg = calloc(1, bytes);
-    s->exp_avg_sq = calloc(1, bytes);
+    s->master = be->alloc(be, bytes); /* zero-filled */
+    s->exp_avg = be->alloc(be, bytes);
+    s->exp_avg_sq = be->alloc(be, bytes);
     if (!s->master || !s->exp_avg || !s->exp_avg_sq) {
       mc_optim_free(o);
-      return mc_error("optimizer: out of memory for family %s", geo->fams.f[f].name);
+      return mc_error("optimizer: out of %s memory for family %s", be->name, geo->fams.f[f].name);
     }
   }
   return 0;
@@ -41,9 +46,9 @@ int mc_optim_init(mc_optim *o, const mc_geometry *geo, int rank) {
 void mc_optim_free(mc_optim *o) {
   if (o->slots) {
     for (int i = 0; i < o->n; i++) {
-      free(o->slots[i].master);
-      free(o->slots[i].exp_avg);
-      free(o->slots[i].exp_avg_sq);
+      o->be->free(o->be, o->slots[i].master);
+      o->be->free(o->be, o->slots[i].exp_avg);
+      o->be->free(o->be, o->slots[i].exp_avg_sq);
     }
   }
   free(o->slots);
@@ -69,9 +74,8 @@ double mc_optim_grad_sq(const mc_optim *o, float *const *grads) {
   double sum = 0;
   for (int i = 0; i < o->n; i++) {
     const mc_optim_slot *s = &o->slots[i];
-    if (!s->shard.primary) continue;
-    const float *g = grads[i] + s->offset;
-    for (int64_t k = 0; k < s->numel; k++) sum += (double)g[k] * g[k];
+    if (!s->shard.primary || s->numel == 0) continue;
+    sum += o->be->sumsq(o->be, grads[i] + s->offset, s->numel);
   }
   return sum;
 }
@@ -85,22 +89,11 @@ double mc_clip_scale(double norm, double clip) {
 void mc_optim_step(mc_optim *o, const mc_train_cfg *t, double lr, double grad_scale,
                    float *const *grads) {
   o->step++;
-  double b1 = t->beta1, b2 = t->beta2;
-  double bc1 = 1.0 - pow(b1, (double)o->step), bc2 = 1.0 - pow(b2, (double)o->step);
-  double step_size = lr / bc1, sqrt_bc2 = sqrt(bc2);
+  mc_adamw_args a = {(float)lr, (float)t->beta1, (float)t->beta2, (float)t->adam_eps, 0.0f, o->step, (float)grad_scale};
   for (int i = 0; i < o->n; i++) {
     mc_optim_slot *s = &o->slots[i];
-    const float *g = grads[i] + s->offset;
-    double shrink = s->decay ? 1.0 - lr * t->weight_decay : 1.0;
-    for (int64_t k = 0; k < s->numel; k++) {
-      double gk = (double)g[k] * grad_scale;
-      double m = b1 * s->exp_avg[k] + (1.0 - b1) * gk;
-      double v = b2 * s->exp_avg_sq[k] + (1.0 - b2) * gk * gk;
-      s->exp_avg[k] = (float)m;
-      s->exp_avg_sq[k] = (float)v;
-      double p = (double)s->master[k] * shrink;
-      p -= step_size * (double)s->exp_avg[k] / (sqrt((double)s->exp_avg_sq[k]) / sqrt_bc2 + t->adam_eps);
-      s->master[k] = (float)p;
-    }
+    if (s->numel == 0) continue;
+    a.weight_decay = s->decay ? (float)t->weight_decay : 0.0f;
+    o->be->adamw(o->be, s->master, grads[i] + s->offset, s->exp_avg, s->exp_avg_sq, s->numel, &a);
   }
 }

@@ -1,4 +1,6 @@
 /* AdamW on this rank's optimizer shards, global-norm clipping and the learning-rate schedule.
+ * Master weights and moments live in the memory of the optimizer's backend (device memory for
+ * CUDA); the update is the backend's fused adamw op and the norm its sumsq op.
  *
  * Per family, the fp32 master weight and the two moments held here are the hyperslab
  * mc_shard_of(geo, fam, state, rank) gives (the whole tensor for world size 1). The shard is
@@ -13,6 +15,7 @@
 
 #include "ckpt/config.h"
 #include "ckpt/ownership.h"
+#include "kernels/ops.h"
 
 typedef struct {
   int fam;          /* index into geo->fams */
@@ -20,17 +23,20 @@ typedef struct {
   mc_shard shard;   /* mc_shard_of(geo, fam, MC_STATE_PARAM, rank) */
   int64_t offset;   /* where the shard starts inside the rank's local (working) slice */
   int64_t numel;    /* elements held */
-  float *master, *exp_avg, *exp_avg_sq;
+  float *master, *exp_avg, *exp_avg_sq; /* backend memory */
 } mc_optim_slot;
 
 typedef struct {
+  mc_backend *be;       /* whose memory holds the slots and whose ops update them */
   int n;
   mc_optim_slot *slots; /* one per family of the rank's stage, in family order */
   int64_t step;         /* optimizer steps taken (t of the last update) */
 } mc_optim;
 
-/* Slots for every family the rank's stage owns; moments zero, master uninitialised. */
+/* Slots for every family the rank's stage owns, in backend memory; moments and master zero.
+ * mc_optim_init uses the CPU backend. */
 int mc_optim_init(mc_optim *o, const mc_geometry *geo, int rank);
+int mc_optim_init_on(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *be);
 void mc_optim_free(mc_optim *o);
 /* Index of the slot of family `fam`, or -1. */
 int mc_optim_slot_of(const mc_optim *o, int fam);
@@ -40,12 +46,15 @@ int mc_optim_slot_of(const mc_optim *o, int fam);
 double mc_lr_at(const mc_train_cfg *t, int64_t s);
 
 /* Sum of squares of the gradient elements this rank is primary for. grads[i] is the local
- * (working-slice) gradient of slot i. Summed over ranks it counts every element once. */
+ * (working-slice) gradient of slot i, in backend memory. Summed over ranks it counts every
+ * element once. Backend failures are reported by o->be->sync(). */
 double mc_optim_grad_sq(const mc_optim *o, float *const *grads);
 /* Clipping factor for a global gradient norm: min(1, clip / (norm + 1e-6)); 1 if clip <= 0. */
 double mc_clip_scale(double norm, double clip);
 
-/* One AdamW step on every slot: grads[i] as above, multiplied by grad_scale (clipping). */
+/* One AdamW step on every slot (the backend's adamw op; weight decay only on decaying
+ * families): grads[i] as above, multiplied by grad_scale (clipping). Queued on the backend:
+ * failures are reported by o->be->sync(). */
 void mc_optim_step(mc_optim *o, const mc_train_cfg *t, double lr, double grad_scale,
                    float *const *grads);
 

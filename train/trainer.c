@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "train/device.h"
 #include "train/dist.h"
 #include "train/metrics.h"
 #include "train/optim.h"
@@ -73,8 +74,8 @@ static int eval_part(mc_net *net, const mc_data *d, int split_all, int64_t n, in
 
 int mc_eval_loss(mc_net *net, const mc_data *d, int split_all, int64_t n, int micro_batch,
                  double *loss, int64_t *tokens) {
-  double ce;
-  int64_t nt;
+  double ce = 0;
+  int64_t nt = 0;
   if (eval_part(net, d, split_all, n, micro_batch, 0, 1, &ce, &nt) != 0) return -1;
   *loss = nt > 0 ? ce / (double)nt : NAN;
   if (tokens) *tokens = nt;
@@ -82,12 +83,21 @@ int mc_eval_loss(mc_net *net, const mc_data *d, int split_all, int64_t n, int mi
 }
 
 int mc_net_load(mc_net *net, const mc_geometry *geo, mc_ckpt *ck) {
+  mc_backend *be = mc_net_backend(net);
   for (int i = 0; i < mc_net_n_params(net); i++) {
     mc_net_param *p = mc_net_param_at(net, i);
-    if (!p->w) return mc_error("loading %s: the network keeps ZeRO-3 shards (load them with mc_dist_load)", geo->fams.f[p->fam].name);
-    if (mc_ckpt_read(ck, geo->fams.f[p->fam].name, MC_STATE_PARAM, p->shard.local_start,
-                     p->shard.local_count, p->w) != 0)
-      return mc_error_context("loading %s from %s", geo->fams.f[p->fam].name, mc_ckpt_step_dir(ck));
+    const char *name = geo->fams.f[p->fam].name;
+    if (!p->w) return mc_error("loading %s: the network keeps ZeRO-3 shards (load them with mc_dist_load)", name);
+    /* Device backends read through a host copy. */
+    float *host = mc_backend_is_host(be) ? p->w : malloc((size_t)(p->numel + 1) * sizeof(float));
+    if (!host) return mc_error("loading %s: out of host memory", name);
+    int rc = mc_ckpt_read(ck, name, MC_STATE_PARAM, p->shard.local_start, p->shard.local_count, host);
+    if (rc == 0 && host != p->w) {
+      be->from_host(be, p->w, host, (size_t)p->numel * sizeof(float));
+      rc = be->sync(be);
+    }
+    if (host != p->w) free(host);
+    if (rc != 0) return mc_error_context("loading %s from %s", name, mc_ckpt_step_dir(ck));
   }
   return 0;
 }
@@ -178,7 +188,9 @@ static int save(run *r, int64_t step, double lr) {
   if (!items) return mc_error("checkpoint: out of memory");
   int n_items = mc_dist_ckpt_items(&r->opt, items);
   int rc;
-  if (r->saver) {
+  if (n_items < 0) {
+    rc = -1;
+  } else if (r->saver) {
     rc = mc_ckpt_saver_save(r->saver, &r->geo, cfg, &st, items, n_items);
   } else {
     mc_ckpt_save_opts so;
@@ -220,17 +232,18 @@ static int setup(run *r) {
     if (mc_comm_make_groups(world, &cfg->parallel, &r->groups) != 0) return -1;
     r->comm = &r->groups;
   }
-  if (strcmp(t->device, "cpu") != 0)
-    return mc_error("train.device=%s: this build trains on the CPU reference backend only (set train.device=cpu)", t->device);
   if (strcmp(t->dtype, "fp32") != 0)
-    return mc_error("train.dtype=%s: the CPU reference trains in fp32 only (set train.dtype=fp32)", t->dtype);
+    return mc_error("train.dtype=%s: only fp32 training is implemented, on the CPU and on CUDA (bf16 mixed "
+                    "precision is not done yet; set train.dtype=fp32)", t->dtype);
+  mc_backend *be = mc_train_backend(t->device, world_size);
+  if (!be) return -1;
   if (t->steps < 1) return mc_error("train.steps=%d must be at least 1", t->steps);
   if (mc_data_open(&r->data, cfg->data.path, cfg->model.seq_len, cfg->data.val_fraction) != 0) return -1;
   if (mc_data_check_vocab(&r->data, cfg->model.vocab_size) != 0) return -1;
   if (t->eval_every > 0 && r->data.n_val < 1)
     return mc_error("train.eval_every=%d needs a validation split, but data.val_fraction=%g", t->eval_every,
                     cfg->data.val_fraction);
-  r->net = mc_net_create_dist(&r->geo, r->rank, t->seed, r->comm);
+  r->net = mc_net_create_dist_on(&r->geo, r->rank, t->seed, r->comm, be);
   if (!r->net) return mc_error_context("creating the network");
   if (mc_dist_opt_init(&r->opt, r->net, &r->geo, r->comm, r->rank) != 0) return -1;
   r->have_opt = 1;
@@ -328,11 +341,11 @@ static int loop(run *r) {
   for (int f = 0; f < r->geo.fams.n; f++) n_params += r->geo.fams.f[f].numel;
   if (out) {
     fprintf(out, "mctrain: model %s d=%d (%lld parameters), data %s (%lld tokens, %lld train + %lld val windows "
-                 "of %d), %lld tokens/step, steps %lld..%lld of %d, checkpoints in %s\n",
+                 "of %d), %lld tokens/step, steps %lld..%lld of %d, checkpoints in %s, backend %s\n",
             cfg->model.pattern, cfg->model.d_model, (long long)n_params, cfg->data.path,
             (long long)r->data.n_tokens, (long long)r->data.n_train, (long long)r->data.n_val,
             cfg->model.seq_len + 1, (long long)tok_per_step, (long long)r->start_step + 1,
-            (long long)r->end_step, t->steps, cfg->checkpoint.dir);
+            (long long)r->end_step, t->steps, cfg->checkpoint.dir, mc_net_backend(r->net)->name);
     fflush(out);
   }
   double t0 = now_s(), t_log = t0;

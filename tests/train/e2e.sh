@@ -158,6 +158,17 @@ errors)
   expect "cannot resume" "$B/mctrain" "${SMALL[@]}" "${T[@]}" --set data.path=corpus.h5 --resume nowhere
   expect "missing --data" "$B/mceval" e
   expect "larger than model.vocab_size" "$B/mceval" e --data big.h5
+  # Devices and precision: bf16 is not implemented; a GPU run is one process; a bad device.
+  expect "train.dtype=bf16: only fp32 training is implemented" "$B/mctrain" "${SMALL[@]}" --set checkpoint.dir=f \
+    --set data.path=corpus.h5 --set train.dtype=bf16
+  expect "mceval: train.device=tpu is not a device" "$B/mceval" e --data corpus.h5 --device tpu
+  if [ -n "${MC_MPIRUN:-}" ]; then
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 \
+      expect "train.device=cuda with 2 processes: multi-process (mpirun) runs train on the CPU backend only" \
+      "$MC_MPIRUN" -np 2 "$B/mctrain" "${SMALL[@]}" --set checkpoint.dir=m --set data.path=corpus.h5 \
+      --set parallel.dp=2 --set train.device=cuda
+    [ ! -e m/latest ] || die "a refused run left a checkpoint"
+  fi
   ;;
 *) echo "unknown mode $MODE"; exit 2 ;;
 esac

@@ -1,11 +1,18 @@
 # End-to-end tests of the training tools (tests/train/e2e.sh MODE): a short run learns, bit-exact
 # resume (also from a checkpoint resharded by mcreshard), mceval agrees with the trainer under
-# any checkpoint layout, bad input gives clear errors.
+# any checkpoint layout, bad input gives clear errors. train.cuda_match (tests/train/cuda_train.sh):
+# mctrain on the CUDA backend against the CPU and checkpoints across the two; it prints
+# "SKIP: no CUDA device" and passes where there is none.
 if(TARGET mctrain AND TARGET mceval AND TARGET mcdata AND TARGET mcreshard)
-  foreach(mode learn resume eval errors)
-    add_test(NAME train.e2e_${mode} COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/e2e.sh ${mode})
-    set_tests_properties(train.e2e_${mode} PROPERTIES
-      ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR};OMP_NUM_THREADS=2"
-      TIMEOUT 120)
+  find_program(MC_TRAIN_MPIRUN NAMES mpirun mpiexec)
+  foreach(test e2e:learn e2e:resume e2e:eval e2e:errors cuda_train:match)
+    string(REPLACE ":" ";" parts ${test})
+    list(GET parts 0 script)
+    list(GET parts 1 mode)
+    string(REPLACE "cuda_train" "cuda" prefix ${script})
+    add_test(NAME train.${prefix}_${mode} COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/${script}.sh ${mode})
+    set_tests_properties(train.${prefix}_${mode} PROPERTIES
+      ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR};OMP_NUM_THREADS=2;MC_MPIRUN=${MC_TRAIN_MPIRUN}"
+      TIMEOUT 300)
   endforeach()
 endif()

@@ -1,0 +1,98 @@
+#!/bin/bash
+# mctrain on the CUDA backend against the CPU reference (tests/train/train.cmake registers it):
+#   cuda_train.sh match
+# match:  the default configuration (configs/default.json) on a corpus of the project's
+#         sources, train.dtype=fp32, 20 steps with a checkpoint at step 10, four runs:
+#           cpu  20 steps on the CPU             gpu  20 steps on the GPU
+#           g2c  the GPU's step_10 resumed on the CPU to step 20
+#           c2g  the CPU's step_10 resumed on the GPU to step 20
+#         Every step's loss and gradient norm must agree with the CPU run within BAND
+#         (relative; default 2e-6): gpu steps 1-20, g2c and c2g steps 11-20. mceval of the
+#         GPU's step_20 on the GPU and on the CPU agree within BAND as well.
+#         Without a CUDA device (or a build without CUDA) it prints "SKIP: no CUDA device"
+#         and passes. (The refusals of train.device=cuda under mpirun and of train.dtype=bf16
+#         are in e2e.sh errors.)
+set -u
+B=${MC_BINARY_DIR:?}
+S=${MC_SOURCE_DIR:?}
+MODE=${1:?mode}
+BAND=${MC_CUDA_LOSS_BAND:-2e-6}
+W=$(mktemp -d /tmp/mc_cuda_train.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+fail=0
+die() { echo "FAIL: $*"; fail=1; }
+
+field() { grep "\"step\": $3," "$1" | sed -n "s/.*\"$2\": \([-0-9.eE+a-z]*\).*/\1/p" | tail -1; }
+
+corpus() {
+  find "$S/ckpt" "$S/train" "$S/util" "$S/docs" -maxdepth 1 -type f \( -name '*.c' -o -name '*.h' -o -name '*.md' \) | sort > files.txt
+  "$B/mcdata" -o corpus.h5 $(cat files.txt) > mcdata.log 2>&1 || { cat mcdata.log; echo "FAIL: mcdata"; exit 1; }
+}
+
+# compare NAME RUN REF FIRST LAST: loss and grad_norm of steps FIRST..LAST of run RUN against
+# run REF, within BAND relative; prints every step and the worst difference.
+compare() {
+  local name=$1 run=$2 ref=$3 worst=0
+  echo "== $name: $run vs $ref, steps $4-$5 (band $BAND relative)"
+  for s in $(seq "$4" "$5"); do
+    for k in loss grad_norm; do
+      local x y
+      x=$(field "$run/metrics.jsonl" $k $s); y=$(field "$ref/metrics.jsonl" $k $s)
+      if [ -z "$x" ] || [ -z "$y" ]; then die "$name step $s: no $k (run '$x', reference '$y')"; continue; fi
+      local r
+      r=$(awk -v a="$x" -v b="$y" 'BEGIN { d = a - b; if (d < 0) d = -d; if (b < 0) b = -b; printf "%.3e", d / (b > 0 ? b : 1) }')
+      [ "$k" = loss ] && printf '  step %2d  loss %s %.9f  %s %.9f  rel diff %s\n' "$s" "$run" "$x" "$ref" "$y" "$r"
+      awk -v r="$r" -v b="$BAND" 'BEGIN { exit !(r <= b) }' || die "$name step $s $k: $run $x, $ref $y, rel diff $r > $BAND"
+      worst=$(awk -v r="$r" -v w="$worst" 'BEGIN { print (r > w ? r : w) }')
+    done
+  done
+  echo "  worst rel diff of loss and grad_norm: $worst"
+}
+
+case "$MODE" in
+match)
+  # Is there a GPU? The device is checked before the data, so a missing file is reached
+  # only when the CUDA backend came up.
+  "$B/mctrain" --set train.device=cuda --set data.path=/nonexistent.h5 --set checkpoint.dir=probe > probe.log 2>&1
+  if grep -q "no CUDA device is available" probe.log; then
+    sed -n 's/^mctrain: /  /p' probe.log
+    echo "SKIP: no CUDA device"
+    exit 0
+  fi
+  grep -q "/nonexistent.h5" probe.log || { cat probe.log; die "unexpected answer to train.device=cuda"; exit 1; }
+  command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/card: /'
+  corpus
+  # The default config as embedded in mctrain; 20 steps of its schedule, a checkpoint at 10.
+  C=(--set data.path=corpus.h5 --set train.log_every=1 --set train.eval_every=0 --set checkpoint.every=10
+     --set checkpoint.keep=0 --set train.dtype=fp32)
+  run() { # run NAME DEVICE ARGS...
+    local name=$1 dev=$2; shift 2
+    local t0=$(date +%s.%N)
+    "$B/mctrain" "${C[@]}" --set train.device=$dev --set checkpoint.dir=$name "$@" > $name.log 2>&1 || { cat $name.log; die "run $name on $dev failed"; return; }
+    awk -v a="$t0" -v b="$(date +%s.%N)" -v n="$name" -v d="$dev" 'BEGIN { printf "run %s on %s: %.1f s\n", n, d, b - a }'
+  }
+  run cpu cpu --until 20
+  run gpu cuda --until 20
+  grep -q "backend cuda" gpu.log || die "the GPU run does not report backend cuda"
+  grep -q "backend cpu" cpu.log || die "the CPU run does not report backend cpu"
+  [ -d cpu/step_10 ] && [ -d gpu/step_10 ] || { die "step_10 checkpoints missing"; exit 1; }
+  run g2c cpu --resume gpu/step_10 --until 20
+  run c2g cuda --resume cpu/step_10 --until 20
+  grep -q "resumed from .*step_10 at step 10" g2c.log || die "g2c did not resume at step 10"
+  grep -q "resumed from .*step_10 at step 10" c2g.log || die "c2g did not resume at step 10"
+  compare "GPU run against the CPU run" gpu cpu 1 20
+  compare "GPU checkpoint resumed on the CPU" g2c cpu 11 20
+  compare "CPU checkpoint resumed on the GPU" c2g cpu 11 20
+  # The GPU run's final weights scored on both backends.
+  "$B/mceval" gpu --data corpus.h5 --device cpu > ev_cpu.log 2>&1 || { cat ev_cpu.log; die "mceval --device cpu"; }
+  "$B/mceval" gpu --data corpus.h5 --device cuda > ev_gpu.log 2>&1 || { cat ev_gpu.log; die "mceval --device cuda"; }
+  a=$(sed -n 's/^loss=\([^ ]*\) .*/\1/p' ev_cpu.log); b=$(sed -n 's/^loss=\([^ ]*\) .*/\1/p' ev_gpu.log)
+  r=$(awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; printf "%.3e", (a != "" && b != "") ? d / a : 1 }')
+  echo "== mceval of gpu/step_20: cpu $a, cuda $b, rel diff $r"
+  awk -v r="$r" -v b="$BAND" 'BEGIN { exit !(r <= b) }' || die "mceval cpu $a vs cuda $b: rel diff $r > $BAND"
+  ;;
+*) echo "unknown mode $MODE"; exit 2 ;;
+esac
+[ $fail = 0 ] && echo "cuda_train $MODE: ok"
+exit $fail

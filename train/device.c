@@ -1,0 +1,43 @@
+/* train.device -> backend (train/device.h). */
+#include "train/device.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "util/error.h"
+#ifdef MC_HAVE_CUDA
+#include "kernels/backend_cuda.h"
+#endif
+
+int mc_backend_is_host(const mc_backend *be) { return be == mc_backend_cpu(); }
+
+mc_backend *mc_train_backend(const char *device, int world_size) {
+  if (!strcmp(device, "cpu")) return mc_backend_cpu();
+  if (strcmp(device, "cuda") != 0) {
+    mc_error("train.device=%s is not a device (cpu or cuda)", device);
+    return NULL;
+  }
+  if (world_size > 1) {
+    mc_error("train.device=cuda with %d processes: multi-process (mpirun) runs train on the CPU backend only "
+             "for now (set train.device=cpu, or train one process on the GPU)", world_size);
+    return NULL;
+  }
+#ifdef MC_HAVE_CUDA
+  if (mc_cuda_device_count() == 0) {
+    mc_error("train.device=cuda but no CUDA device is available: no GPU or no NVIDIA driver was found "
+             "(set train.device=cpu)");
+    return NULL;
+  }
+  mc_backend *be = mc_backend_cuda(0);
+  if (!be) {
+    char why[MC_ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s", mc_errmsg());
+    mc_error("train.device=cuda but no CUDA device is available: %s", why);
+  }
+  return be;
+#else
+  mc_error("train.device=cuda but no CUDA device is available: this build has no CUDA backend (nvcc was not "
+           "found when it was configured; set train.device=cpu)");
+  return NULL;
+#endif
+}

@@ -1,0 +1,17 @@
+/* Which backend a run computes on (train.device) and whether its memory is host memory. */
+#ifndef MC_TRAIN_DEVICE_H
+#define MC_TRAIN_DEVICE_H
+
+#include "kernels/ops.h"
+
+/* The backend for train.device = "cpu" (the reference) or "cuda" (device 0 of the process).
+ * world_size is the number of processes of the run: for now multi-process runs train on
+ * the CPU only, so "cuda" with world_size > 1 is refused. NULL with mc_error naming the key
+ * when the device does not exist in this build or on this machine. */
+mc_backend *mc_train_backend(const char *device, int world_size);
+
+/* 1 when the backend's tensors are ordinary host memory (the CPU backend): code may then
+ * read them directly, hand them to MPI or to the checkpoint library without staging. */
+int mc_backend_is_host(const mc_backend *be);
+
+#endif
