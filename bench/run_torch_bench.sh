@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Device-side driver of the PyTorch peer benchmark (issue 7): card, matmul peak, self-check,
+# then {nam-small, dense-a} x {eager, compile} x {fp32, bf16}, each run its own process with a
+# time limit inside BUDGET seconds; ends with the table. FLOPs per token and parameter counts
+# come from bench/results/torch_mcplan.txt (mcplan, run on the CPU host).
+# Usage (repository root): OUT=DIR MC_COMMIT=SHA BUDGET=500 bash bench/run_torch_bench.sh
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/torch_bench_out}
+BUDGET=${BUDGET:-500}
+RUNS=$(mktemp -d)
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+start=$(date +%s)
+left() { echo $((BUDGET - ($(date +%s) - start))); }
+
+{
+  echo "# date: $(date -u +%FT%TZ)"
+  echo "# commit: ${MC_COMMIT:-unknown}"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | sed 's/^/# card: /'
+  python3 -c 'import torch, triton; print("# torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
+  echo "== matmul peak"
+  python3 bench/torch_peak.py --json-out "$RUNS/peak.json" || echo "peak FAILED rc=$?"
+  peak=$(python3 -c "import json; print(json.load(open('$RUNS/peak.json'))['bf16']['tflops'])" 2>/dev/null || echo 0)
+  echo "== selfcheck"
+  python3 bench/torch_hybrid.py --selfcheck || echo "selfcheck FAILED rc=$?"
+  for spec in "eager bf16 60" "eager fp32 90" "compile bf16 200" "compile fp32 200"; do
+    set -- $spec
+    mode=$1 dtype=$2 cap=$3
+    for cfg in nam-small dense-a; do
+      flops=$(awk -v c=$cfg '$1 == c {print $4}' bench/results/torch_mcplan.txt)
+      lim=$(left)
+      [ "$lim" -gt "$cap" ] && lim=$cap
+      if [ "$lim" -lt 20 ]; then echo "== $cfg $mode $dtype: SKIPPED (budget spent)"; continue; fi
+      echo "== $cfg $mode $dtype (limit ${lim}s)"
+      timeout "$lim" python3 bench/torch_hybrid.py --config configs/$cfg.json --mode $mode --dtype $dtype \
+        --flops-per-token "$flops" --peak-tflops "$peak" --json-out "$RUNS/$cfg-$mode-$dtype.json" 2>&1 |
+        grep -v '^\s*$' | tail -n 40
+      rc=${PIPESTATUS[0]}
+      [ "$rc" -ne 0 ] && echo "$cfg $mode $dtype FAILED rc=$rc"
+    done
+  done
+  echo "== table (elapsed $(($(date +%s) - start)) s)"
+  python3 bench/torch_hybrid.py --summarize "$RUNS" --json-out "$OUT/torch_results.json"
+} 2>&1 | tee "$OUT/torch_bench.log"
