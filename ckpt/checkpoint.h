@@ -86,7 +86,10 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg,
 /* The geometry passed to a save must stay valid until that save has been waited for. */
 typedef struct mc_ckpt_saver mc_ckpt_saver;
 int mc_ckpt_saver_create(const char *dir, const mc_ckpt_save_opts *opts, mc_ckpt_saver **out);
-/* Returns -1 without starting if the previous save failed (its error is the message). */
+/* Returns -1 without starting if the previous save failed (its error is the message), or
+ * if this one fails before it can start (bad item, no memory); with a barrier, a thread then
+ * still takes part in the first barrier, failing, so the other processes' saves fail rather
+ * than wait for ever. */
 int mc_ckpt_saver_save(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *cfg,
                        const mc_train_state *state, const mc_ckpt_item *items, int n_items);
 int mc_ckpt_saver_wait(mc_ckpt_saver *s);

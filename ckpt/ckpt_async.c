@@ -26,6 +26,7 @@ struct mc_ckpt_saver {
   pthread_t thread;
   int running;         /* a thread was started and not yet joined */
   int rc;              /* result of the last finished save */
+  int fail_only;       /* the thread only takes part in the barrier, failing (see below) */
   char err[MC_ERRMSG_MAX];
   double stall;
 };
@@ -54,6 +55,13 @@ int mc_ckpt_saver_create(const char *dir, const mc_ckpt_save_opts *opts, mc_ckpt
 
 static void *save_thread(void *arg) {
   mc_ckpt_saver *s = arg;
+  if (s->fail_only) {
+    /* This process failed before its save started (the caller has the error); the other
+     * processes' saves wait for it in the first barrier, which makes them all fail. */
+    s->opts.barrier(s->opts.barrier_user, 0);
+    s->rc = 0;
+    return NULL;
+  }
   s->rc = mc_ckpt_save(s->dir, s->g, &s->cfg, &s->state, s->items, s->n_items, &s->opts);
   if (s->rc) {
     /* The message is thread-local: keep it for whoever waits. */
@@ -88,13 +96,8 @@ static int copy_job(void *ctx, int j) {
   return 0;
 }
 
-int mc_ckpt_saver_save(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *cfg, const mc_train_state *state,
-                       const mc_ckpt_item *items, int n_items) {
-  double t0 = now_s();
-  if (mc_ckpt_saver_wait(s) != 0) {
-    s->stall = now_s() - t0;
-    return -1;
-  }
+/* Copies the primary shards among items into the saver's buffer (s->items, s->n_items). */
+static int stage_copy(mc_ckpt_saver *s, const mc_geometry *g, const mc_ckpt_item *items, int n_items) {
   /* Only what will be written is copied: the primary hyperslabs. */
   int64_t *numel = malloc((size_t)(n_items > 0 ? n_items : 1) * sizeof *numel);
   if (!numel) return mc_error("out of memory");
@@ -161,13 +164,35 @@ int mc_ckpt_saver_save(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *
   int rc = mc_parallel(keep, s->opts.io_threads > 0 ? s->opts.io_threads : 1, copy_job, &cc);
   free(src);
   free(numel);
-  if (rc) return rc;
+  s->n_items = keep;
+  return rc;
+}
+
+int mc_ckpt_saver_save(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *cfg, const mc_train_state *state,
+                       const mc_ckpt_item *items, int n_items) {
+  double t0 = now_s();
+  /* A failed previous save failed on every process (its barriers saw to that), so every
+   * process returns here alike. */
+  if (mc_ckpt_saver_wait(s) != 0) {
+    s->stall = now_s() - t0;
+    return -1;
+  }
+  s->rc = 0;
+  s->err[0] = 0;
+  if (stage_copy(s, g, items, n_items) != 0) {
+    /* With other processes saving too, they must learn of this failure, or their saves would
+     * wait in the barrier for ever: a thread takes part in it, failing. */
+    if (s->opts.barrier) {
+      s->fail_only = 1;
+      if (pthread_create(&s->thread, NULL, save_thread, s) == 0) s->running = 1;
+    }
+    s->stall = now_s() - t0;
+    return -1;
+  }
+  s->fail_only = 0;
   s->g = g;
   s->cfg = *cfg;
   s->state = *state;
-  s->n_items = keep;
-  s->rc = 0;
-  s->err[0] = 0;
   if (pthread_create(&s->thread, NULL, save_thread, s) != 0) return mc_error("cannot start the checkpoint thread");
   s->running = 1;
   s->stall = now_s() - t0;

@@ -102,7 +102,19 @@ int main(int argc, char **argv) {
     if (crash) fault_as_crash(root, mc_ckpt_fault_points[i]);
     else fault_as_error(root, mc_ckpt_fault_points[i]);
   }
-  if (!crash) real_write_failure(root);
+  if (!crash) {
+    real_write_failure(root);
+    /* the environment variable arms the same faults */
+    char dir[4096];
+    pathf(dir, sizeof dir, "%s/env", root);
+    CHECK_OK(save_reference_states(dir, LAYOUT, 1, 3, 0, 1));
+    setenv("MC_CKPT_FAULT", "read_back", 1);
+    int rc = save_reference_states(dir, LAYOUT, 2, 3, 0, 1);
+    CHECK(rc != 0 && strstr(mc_errmsg(), "injected fault at 'read_back'"), "MC_CKPT_FAULT: %s", mc_errmsg());
+    unsetenv("MC_CKPT_FAULT");
+    expect_clean(dir, "MC_CKPT_FAULT");
+    expect_latest(dir, 1, "MC_CKPT_FAULT");
+  }
   if (mc_check_failures == 0) rm_rf(root);
   return mc_check_exit(crash ? "test_ckpt_fault --crash" : "test_ckpt_fault");
 }
