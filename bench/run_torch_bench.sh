@@ -3,7 +3,8 @@
 # then {nam-small, dense-a} x {eager, compile} x {fp32, bf16}, each run its own process with a
 # time limit inside BUDGET seconds; ends with the table. FLOPs per token and parameter counts
 # come from bench/results/torch_mcplan.txt (mcplan, run on the CPU host).
-# Usage (repository root): OUT=DIR MC_COMMIT=SHA BUDGET=500 bash bench/run_torch_bench.sh
+# Usage (repository root): OUT=DIR MC_COMMIT=SHA BUDGET=500 [CROSSCHECK=NPZ] bash bench/run_torch_bench.sh
+# (CROSSCHECK: a file from torch_hybrid.py --export-megac; see docs/bench-torch.md)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/torch_bench_out}
@@ -24,6 +25,10 @@ left() { echo $((BUDGET - ($(date +%s) - start))); }
   peak=$(python3 -c "import json; print(json.load(open('$RUNS/peak.json'))['bf16']['tflops'])" 2>/dev/null || echo 0)
   echo "== selfcheck"
   python3 bench/torch_hybrid.py --selfcheck || echo "selfcheck FAILED rc=$?"
+  if [ -n "${CROSSCHECK:-}" ]; then
+    echo "== crosscheck against MegaC ($CROSSCHECK)"
+    python3 bench/torch_hybrid.py --crosscheck "$CROSSCHECK" || echo "crosscheck FAILED rc=$?"
+  fi
   for spec in "eager bf16 60" "eager fp32 90" "compile bf16 200" "compile fp32 200"; do
     set -- $spec
     mode=$1 dtype=$2 cap=$3

@@ -30,6 +30,8 @@ Usage (on a CUDA machine; bench/run_torch_bench.sh drives it):
   torch_hybrid.py --selfcheck       # scans, dispatch, conv, attention against plain references
   torch_hybrid.py --count-params --config C   # needs no torch: the family shapes' total
   torch_hybrid.py --summarize DIR [--json-out FILE]   # table of the runs' JSON files
+  torch_hybrid.py --export-megac STEP_DIR DATA.h5 LOSS OUT.npz   # MegaC weights + windows (no torch)
+  torch_hybrid.py --crosscheck OUT.npz   # this model's loss on MegaC's weights vs mceval's LOSS
 """
 import argparse
 import json
@@ -126,9 +128,14 @@ def count_params(m):
 # ---------------------------------------------------------------- ops
 
 
+def up(x):
+    """x in fp32, or float64 when it already is (the MegaC cross-check runs in float64)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def rmsnorm(x, w, eps, group=None):
     """RMSNorm in fp32 over the last dim, or over each `group` columns of it."""
-    xf = x.float()
+    xf = up(x)
     if group is not None and group != x.shape[-1]:
         shp = xf.shape
         xg = xf.reshape(*shp[:-1], shp[-1] // group, group)
@@ -242,6 +249,7 @@ class Block(Module):
         super().__init__()
         self.m, self.letter = m, letter
         self.p = torch.nn.ParameterDict({k.replace(".", "_"): v for k, v in params.items()})
+        self.names = {k.replace(".", "_"): k for k in params}
 
     def w(self, name):
         return self.p[name.replace(".", "_")]
@@ -287,8 +295,8 @@ class Block(Module):
         cb = torch.cat([self.w("ssm.conv_x.bias"), self.w("ssm.conv_B.bias"), self.w("ssm.conv_C.bias")])
         xbc = F.silu(causal_conv(xbc, cw, cb))
         xc, Bc, Cc = torch.split(xbc, [di, n, n], dim=-1)
-        dt = F.softplus(F.linear(u, self.w("ssm.w_dt")).float() + self.w("ssm.dt_bias"))
-        A = -torch.exp(self.w("ssm.A_log").float())
+        dt = F.softplus(up(F.linear(u, self.w("ssm.w_dt"))) + self.w("ssm.dt_bias"))
+        A = -torch.exp(up(self.w("ssm.A_log")))
         xh = xc.reshape(b, T, hm, hdm)
         y = ssd_scan(xh, dt, A, Bc, Cc) + self.w("ssm.D").view(hm, 1) * xh
         g = y.reshape(b, T, di) * F.silu(z)
@@ -300,7 +308,7 @@ class Block(Module):
         b, T, d = u.shape
         E, k = m["n_experts"], m["top_k"]
         with torch.autocast(u.device.type, enabled=False):
-            logits = F.linear(u.float(), self.w("moe.router").float())
+            logits = F.linear(up(u), up(self.w("moe.router")))
         prob = torch.softmax(logits, dim=-1)
         topv, topi = torch.topk(prob, k, dim=-1)
         gates = topv / topv.sum(-1, keepdim=True)
@@ -318,13 +326,13 @@ class Block(Module):
     def rec(self, u):
         xb = F.linear(u, self.w("rec.w_x"))
         gate = F.linear(u, self.w("rec.w_gate"))
-        r = torch.sigmoid(F.linear(u, self.w("rec.w_r")).float() + self.w("rec.b_r"))
-        i = torch.sigmoid(F.linear(u, self.w("rec.w_i")).float() + self.w("rec.b_i"))
+        r = torch.sigmoid(up(F.linear(u, self.w("rec.w_r"))) + self.w("rec.b_r"))
+        i = torch.sigmoid(up(F.linear(u, self.w("rec.w_i"))) + self.w("rec.b_i"))
         log_a = -8.0 * F.softplus(self.w("rec.lambda")) * r
         a = torch.exp(log_a)
-        bt = torch.sqrt(-torch.expm1(2.0 * log_a)) * (i * xb.float())
+        bt = torch.sqrt(-torch.expm1(2.0 * log_a)) * (i * up(xb))
         h = linear_scan(a, bt)
-        return F.linear(h * F.gelu(gate.float()), self.w("rec.w_out"))
+        return F.linear(h * F.gelu(up(gate)), self.w("rec.w_out"))
 
 
 class Head(Module):
@@ -338,7 +346,7 @@ class Head(Module):
         logits = F.linear(h, self.head)
         V = self.m["vocab_size"]
         # padded vocabulary columns are excluded from the softmax
-        return F.cross_entropy(logits[..., :V].float().reshape(-1, V), targets.reshape(-1))
+        return F.cross_entropy(up(logits[..., :V]).reshape(-1, V), targets.reshape(-1))
 
 
 class HybridLM(Module):
@@ -361,7 +369,6 @@ class HybridLM(Module):
         inv = m["rope_theta"] ** (-2.0 * torch.arange(hd // 2, dtype=torch.float64, device=device) / hd)
         ang = torch.arange(T, dtype=torch.float64, device=device)[:, None] * inv[None, :]
         self.rope_cs = (torch.cos(ang).float(), torch.sin(ang).float())
-        self.family_names = [n for n, _, _ in family_shapes(m)]
 
     def forward(self, tokens, targets):
         x = F.embedding(tokens, self.embed)
@@ -612,6 +619,97 @@ def selfcheck():
     return 1 if fails else 0
 
 
+def export_megac(step_dir, data_path, loss, out):
+    """MegaC checkpoint (every rank file's param shards, placed by their start/count) and the
+    token file's windows (window i = tokens [i*T, i*T + T + 1), as train/data.h) into one .npz
+    with mceval's loss, for --crosscheck on a machine with PyTorch. Needs h5py and numpy only."""
+    import glob
+
+    import h5py
+    import numpy as np
+
+    with open(os.path.join(step_dir, "manifest.json")) as f:
+        model = json.load(f)["model"]
+    T = model["seq_len"]
+    arrays = {}
+    files = sorted(glob.glob(os.path.join(step_dir, "rank_*.h5")))
+    if not files:
+        raise SystemExit(f"{step_dir}: no rank_*.h5 files")
+    for path in files:
+        with h5py.File(path, "r") as f:
+            for fam in f:
+                if "param" not in f[fam]:
+                    continue
+                ds = f[fam]["param"]
+                a = arrays.setdefault(fam, np.full(tuple(ds.attrs["global_shape"]), np.nan, np.float32))
+                sl = tuple(slice(st, st + c) for st, c in zip(ds.attrs["start"], ds.attrs["count"]))
+                a[sl] = ds[...]
+    for fam, a in arrays.items():
+        if np.isnan(a).any():
+            raise SystemExit(f"{step_dir}: family {fam} is not fully covered by the rank files")
+    with h5py.File(data_path, "r") as f:
+        tok = f["tokens"][...].astype(np.int64)
+    nw = (len(tok) - 1) // T
+    windows = np.stack([tok[i * T: i * T + T + 1] for i in range(nw)])
+    np.savez(out, **{"param/" + k: v for k, v in arrays.items()}, windows=windows,
+             megac_loss=np.float64(loss), model=json.dumps(model))
+    print(f"wrote {out}: {len(arrays)} families, {nw} windows of {T + 1}, MegaC loss {loss}")
+    return 0
+
+
+def crosscheck(npz_path):
+    """The mean cross-entropy of MegaC's trained weights on the exported windows, computed by
+    this model in float64, fp32 and bf16 autocast, against mceval's (CPU, fp32) figure."""
+    import numpy as np
+
+    z = np.load(npz_path)
+    cfg = load_config(None)
+    cfg["model"].update(json.loads(str(z["model"])))
+    m = cfg["model"]
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    set_fp32_ieee()
+    model = HybridLM(m, dev)
+    with torch.no_grad():
+        for name, p in family_params(model).items():
+            if "param/" + name not in z:
+                raise SystemExit(f"{npz_path}: family {name} missing")
+            src = torch.from_numpy(z["param/" + name])
+            if tuple(src.shape) != tuple(p.shape):
+                raise SystemExit(f"{npz_path}: {name} has shape {tuple(src.shape)}, model {tuple(p.shape)}")
+            p.copy_(src.to(dev))
+    windows = torch.from_numpy(z["windows"]).to(dev)
+    ref = float(z["megac_loss"])
+    fails = 0
+    for label, dtype, amp, tol in (("float64", torch.float64, False, 1e-5), ("fp32", torch.float32, False, 1e-5),
+                                   ("bf16 autocast", torch.float32, True, 2e-2)):
+        model.to(dtype)
+        model.rope_cs = tuple(t.to(dtype) for t in model.rope_cs)
+        ce_sum, nt = 0.0, 0
+        with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
+            for i in range(0, windows.shape[0], 16):
+                w = windows[i: i + 16]
+                ce, _ = model(w[:, :-1], w[:, 1:])
+                ce_sum += float(ce) * w[:, 1:].numel()
+                nt += w[:, 1:].numel()
+        loss = ce_sum / nt
+        rel = abs(loss - ref) / abs(ref)
+        ok = rel < tol
+        fails += not ok
+        print(f"  {'ok  ' if ok else 'FAIL'} {label}: loss {loss:.10f} vs MegaC {ref:.10f} over {nt} tokens, "
+              f"rel diff {rel:.2e} (tol {tol:.0e})")
+    print(f"crosscheck: {fails} failed")
+    return 1 if fails else 0
+
+
+def family_params(model):
+    """Family name -> parameter of the model."""
+    out = {"embed.weight": model.embed, "final_norm.weight": model.head.final_norm, "head.weight": model.head.head}
+    for li, blk in enumerate(model.blocks):
+        for key, p in blk.p.items():
+            out[f"layers.{li:02d}." + blk.names[key]] = p
+    return out
+
+
 def summarize(folder, json_out):
     """Table of every run's JSON in folder (peak.json gives the MFU denominators)."""
     runs, peak = [], None
@@ -657,9 +755,15 @@ def main():
     ap.add_argument("--selfcheck", action="store_true")
     ap.add_argument("--count-params", action="store_true")
     ap.add_argument("--summarize", metavar="DIR", help="print the table of the run JSONs in DIR")
+    ap.add_argument("--export-megac", nargs=4, metavar=("STEP_DIR", "DATA_H5", "LOSS", "OUT_NPZ"),
+                    help="MegaC checkpoint + token windows + mceval loss -> .npz (h5py, numpy; no torch)")
+    ap.add_argument("--crosscheck", metavar="NPZ", help="this model's loss on an --export-megac file vs MegaC's")
     args = ap.parse_args()
     if args.summarize:
         return summarize(args.summarize, args.json_out)
+    if args.export_megac:
+        step_dir, data, loss, out = args.export_megac
+        return export_megac(step_dir, data, float(loss), out)
     if args.count_params:
         print(count_params(load_config(args.config)["model"]))
         return 0
@@ -667,6 +771,8 @@ def main():
         raise SystemExit("torch_hybrid.py: PyTorch is not installed here (only --count-params works without it)")
     if args.selfcheck:
         return selfcheck()
+    if args.crosscheck:
+        return crosscheck(args.crosscheck)
     if not args.config:
         raise SystemExit("torch_hybrid.py: --config is required")
     if not torch.cuda.is_available():
