@@ -378,14 +378,22 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
   else mc_ckpt_save_opts_default(&opts);
   mc_ckpt_barrier_fn barrier = opts.barrier ? opts.barrier : solo_barrier;
   int root = opts.barrier ? opts.root : 1;
-  if (!dir || !g || !cfg || !state || (n_items > 0 && !items)) return mc_error("mc_ckpt_save: missing argument");
   const uint32_t one = 1;
-  if (*(const unsigned char *)&one != 1) return mc_error("checkpoints are written on little-endian hosts only");
-  if (state->step < 0) return mc_error("mc_ckpt_save: step %" PRId64 " is negative", state->step);
   char tmp[MC_PATH_MAX], final[MC_PATH_MAX];
-  if (snprintf(tmp, sizeof tmp, "%s/step_%" PRId64 ".tmp", dir, state->step) >= (int)sizeof tmp ||
-      snprintf(final, sizeof final, "%s/step_%" PRId64, dir, state->step) >= (int)sizeof final)
-    return mc_error("checkpoint directory path too long: %s", dir);
+  int bad = 0;
+  if (!dir || !g || !cfg || !state || (n_items > 0 && !items)) bad = mc_error("mc_ckpt_save: missing argument");
+  else if (*(const unsigned char *)&one != 1) bad = mc_error("checkpoints are written on little-endian hosts only");
+  else if (state->step < 0) bad = mc_error("mc_ckpt_save: step %" PRId64 " is negative", state->step);
+  else if (snprintf(tmp, sizeof tmp, "%s/step_%" PRId64 ".tmp", dir, state->step) >= (int)sizeof tmp ||
+           snprintf(final, sizeof final, "%s/step_%" PRId64, dir, state->step) >= (int)sizeof final)
+    bad = mc_error("checkpoint directory path too long: %s", dir);
+  if (bad) {
+    /* The other processes wait in the first barrier: fail it for everyone. */
+    char keep[MC_ERRMSG_MAX];
+    snprintf(keep, sizeof keep, "%s", mc_errmsg());
+    barrier(opts.barrier_user, 0);
+    return mc_error("%s", keep);
+  }
 
   /* 1. validate locally; the root prepares the temporary directory */
   write_set w;
@@ -423,7 +431,10 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
              mc_errmsg());
   }
   if (!barrier(opts.barrier_user, ok)) {
-    if (ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed: the root process failed", state->step);
+    if (ok && root)
+      snprintf(err, sizeof err, "checkpoint step %" PRId64 " committed, but the barrier after the commit failed", state->step);
+    else if (ok)
+      snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed: the root process failed", state->step);
     return mc_error("%s", err);
   }
   if (root) {
