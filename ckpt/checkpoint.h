@@ -74,7 +74,8 @@ void mc_ckpt_save_opts_default(mc_ckpt_save_opts *o);
  * is committed and `latest` names it. On failure (any process, any step, a full disk
  * included) the previous checkpoint and `latest` are untouched, the temporary directory is
  * removed and -1 is returned with a message naming the file and step that failed.
- * Refuses to overwrite an already committed step_<N>. */
+ * Refuses to overwrite the step `latest` names; another existing step_<N> (left by a crash
+ * after its rename, or by an abandoned branch of the run) is replaced. */
 int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg,
                  const mc_train_state *state, const mc_ckpt_item *items, int n_items,
                  const mc_ckpt_save_opts *opts);
