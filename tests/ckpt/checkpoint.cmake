@@ -1,5 +1,5 @@
-# Checkpoint tests beyond the test_*.c executables: the crash mode of the fault test, and
-# the Python interop checks (h5py + hashlib, jsonschema) on a sample checkpoint written by
+# Checkpoint tests beyond the test_*.c executables: the crash mode of the fault test, the
+# MPI test under four processes, and the Python interop checks (h5py + hashlib, jsonschema) on a sample checkpoint written by
 # test_ckpt_roundtrip --write. Python is Debian's /usr/bin/python3 (h5py, jsonschema).
 if(TARGET test_ckpt_fault)
   add_test(NAME ckpt.test_ckpt_fault_crash COMMAND test_ckpt_fault --crash WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
@@ -13,8 +13,23 @@ if(TARGET test_ckpt_roundtrip)
     set_tests_properties(ckpt.test_ckpt_${py} PROPERTIES ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR}")
   endforeach()
 endif()
+# Several MPI processes writing one checkpoint: the test links MPI itself (the library does
+# not); run as one process by the default registration and as four under mpirun.
+if(TARGET test_ckpt_mpi)
+  target_link_libraries(test_ckpt_mpi PRIVATE MPI::MPI_C)
+  set(MC_CKPT_MPI_ENV "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR};OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+  set_tests_properties(ckpt.test_ckpt_mpi PROPERTIES ENVIRONMENT "${MC_CKPT_MPI_ENV}")
+  find_program(MC_MPIRUN NAMES mpirun mpiexec)
+  if(MC_MPIRUN)
+    add_test(NAME ckpt.test_ckpt_mpi_np4 COMMAND ${MC_MPIRUN} --oversubscribe -np 4 $<TARGET_FILE:test_ckpt_mpi>
+             WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+    set_tests_properties(ckpt.test_ckpt_mpi_np4 PROPERTIES ENVIRONMENT "${MC_CKPT_MPI_ENV}")
+  endif()
+endif()
+
 # A deadlock (e.g. in the barrier protocol) must fail the test, not hang the run.
-foreach(t test_ckpt_roundtrip test_ckpt_corrupt test_ckpt_fault test_ckpt_fault_crash test_ckpt_async test_ckpt_h5py test_ckpt_schema)
+foreach(t test_ckpt_roundtrip test_ckpt_corrupt test_ckpt_fault test_ckpt_fault_crash test_ckpt_async test_ckpt_h5py
+          test_ckpt_schema test_ckpt_mpi test_ckpt_mpi_np4)
   if(TEST ckpt.${t})
     set_tests_properties(ckpt.${t} PROPERTIES TIMEOUT 120)
   endif()
