@@ -19,6 +19,13 @@ int mc_cuda_device_count(void);
  * mc_error set when no such device or driver exists or its set-up fails. */
 mc_backend *mc_backend_cuda(int device);
 
+/* The same device with the matrix products (gemm, gemm_strided, gemm_grouped) on bf16 tensor
+ * cores: A and B are rounded to bf16 (to nearest even) into scratch memory for each call and
+ * multiplied with fp32 accumulation into the fp32 C. Every other op, and all storage, stay
+ * fp32. A separate instance (its own stream and cuBLAS handle; one per device, never freed):
+ * memory of one instance may be used by the other only after the first's sync(). */
+mc_backend *mc_backend_cuda_bf16(int device);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,8 +11,18 @@
 
 int mc_backend_is_host(const mc_backend *be) { return be == mc_backend_cpu(); }
 
-mc_backend *mc_train_backend(const char *device, int world_size) {
-  if (!strcmp(device, "cpu")) return mc_backend_cpu();
+mc_backend *mc_train_backend(const char *device, const char *dtype, int world_size) {
+  int bf16 = !strcmp(dtype, "bf16");
+  if (!bf16 && strcmp(dtype, "fp32") != 0) {
+    mc_error("train.dtype=%s is not a compute dtype (fp32 or bf16)", dtype);
+    return NULL;
+  }
+  if (!strcmp(device, "cpu")) {
+    if (!bf16) return mc_backend_cpu();
+    mc_error("train.dtype=bf16 needs train.device=cuda: the CPU reference computes in fp32 only "
+             "(set train.dtype=fp32)");
+    return NULL;
+  }
   if (strcmp(device, "cuda") != 0) {
     mc_error("train.device=%s is not a device (cpu or cuda)", device);
     return NULL;
@@ -28,7 +38,7 @@ mc_backend *mc_train_backend(const char *device, int world_size) {
              "(set train.device=cpu)");
     return NULL;
   }
-  mc_backend *be = mc_backend_cuda(0);
+  mc_backend *be = bf16 ? mc_backend_cuda_bf16(0) : mc_backend_cuda(0);
   if (!be) {
     char why[MC_ERRMSG_MAX];
     snprintf(why, sizeof why, "%s", mc_errmsg());

@@ -232,10 +232,7 @@ static int setup(run *r) {
     if (mc_comm_make_groups(world, &cfg->parallel, &r->groups) != 0) return -1;
     r->comm = &r->groups;
   }
-  if (strcmp(t->dtype, "fp32") != 0)
-    return mc_error("train.dtype=%s: only fp32 training is implemented, on the CPU and on CUDA (bf16 mixed "
-                    "precision is not done yet; set train.dtype=fp32)", t->dtype);
-  mc_backend *be = mc_train_backend(t->device, world_size);
+  mc_backend *be = mc_train_backend(t->device, t->dtype, world_size);
   if (!be) return -1;
   if (t->steps < 1) return mc_error("train.steps=%d must be at least 1", t->steps);
   if (mc_data_open(&r->data, cfg->data.path, cfg->model.seq_len, cfg->data.val_fraction) != 0) return -1;
@@ -341,11 +338,11 @@ static int loop(run *r) {
   for (int f = 0; f < r->geo.fams.n; f++) n_params += r->geo.fams.f[f].numel;
   if (out) {
     fprintf(out, "mctrain: model %s d=%d (%lld parameters), data %s (%lld tokens, %lld train + %lld val windows "
-                 "of %d), %lld tokens/step, steps %lld..%lld of %d, checkpoints in %s, backend %s\n",
+                 "of %d), %lld tokens/step, steps %lld..%lld of %d, checkpoints in %s, backend %s, dtype %s\n",
             cfg->model.pattern, cfg->model.d_model, (long long)n_params, cfg->data.path,
             (long long)r->data.n_tokens, (long long)r->data.n_train, (long long)r->data.n_val,
             cfg->model.seq_len + 1, (long long)tok_per_step, (long long)r->start_step + 1,
-            (long long)r->end_step, t->steps, cfg->checkpoint.dir, mc_net_backend(r->net)->name);
+            (long long)r->end_step, t->steps, cfg->checkpoint.dir, mc_net_backend(r->net)->name, t->dtype);
     fflush(out);
   }
   double t0 = now_s(), t_log = t0;

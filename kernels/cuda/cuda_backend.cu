@@ -108,9 +108,9 @@ int mc_cuda_device_count(void) {
 }
 
 #define MC_CUDA_MAX_DEVICES 64
-static mc_backend *instances[MC_CUDA_MAX_DEVICES];
+static mc_backend *instances[2][MC_CUDA_MAX_DEVICES]; /* [bf16 products][device] */
 
-mc_backend *mc_backend_cuda(int device) {
+static mc_backend *create(int device, int bf16_gemm) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
@@ -122,7 +122,7 @@ mc_backend *mc_backend_cuda(int device) {
     mc_error("cuda backend: device %d does not exist (%d CUDA device%s)", device, n, n == 1 ? "" : "s");
     return NULL;
   }
-  if (instances[device]) return instances[device];
+  if (instances[bf16_gemm][device]) return instances[bf16_gemm][device];
   mc_backend *be = (mc_backend *)calloc(1, sizeof *be);
   mc_cuda_ctx *c = (mc_cuda_ctx *)calloc(1, sizeof *c);
   if (!be || !c) {
@@ -131,6 +131,7 @@ mc_backend *mc_backend_cuda(int device) {
     return NULL;
   }
   c->device = device;
+  c->bf16_gemm = bf16_gemm;
   const char *step = "cudaSetDevice";
   e = cudaSetDevice(device);
   if (e == cudaSuccess) step = "cudaStreamCreate", e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
@@ -164,6 +165,10 @@ mc_backend *mc_backend_cuda(int device) {
   mc_cuda_install_attn(be);
   mc_cuda_install_scan(be);
   mc_cuda_install_moe(be);
-  instances[device] = be;
+  instances[bf16_gemm][device] = be;
   return be;
 }
+
+mc_backend *mc_backend_cuda(int device) { return create(device, 0); }
+
+mc_backend *mc_backend_cuda_bf16(int device) { return create(device, 1); }

@@ -23,6 +23,7 @@ typedef struct {
   void *scratch;      /* op-private temporary memory, grown on demand, stream ordered */
   size_t scratch_bytes;
   double *red;        /* sumsq partial sums (MC_CUDA_RED_BLOCKS + 1 doubles) */
+  int bf16_gemm;      /* matrix products on bf16 tensor cores (mc_backend_cuda_bf16) */
 } mc_cuda_ctx;
 
 #define MC_CUDA_THREADS 256

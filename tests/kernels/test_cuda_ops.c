@@ -3,7 +3,8 @@
  * ops add), forward outputs start as NaN on the GPU (every element must be written), and
  * each result is compared by the norm-wise relative error |gpu - cpu| / |cpu| against a
  * tolerance stated per op below. Integer outputs (routing) must match exactly.
- * Without a CUDA build or a GPU it prints "SKIP: no CUDA device" and passes.
+ * The bf16-products instance's matrix products are checked against bands of their own
+ * (test_bf16). Without a CUDA build or a GPU it prints "SKIP: no CUDA device" and passes.
  * `test_cuda_ops --shapes` also runs and times model-sized shapes (see run_shapes). */
 #include <string.h>
 #include <time.h>
@@ -210,6 +211,19 @@ static void test_elementwise(void) {
 }
 
 /* ------------------------------------------------------------------ gemm */
+/* The expert products both gemm tests use: 3 experts with 30, 0 and 51 rows, d = 40, F = 56;
+ * wgrad = 0: Y_e = X_e W_e^T; wgrad = 1: dW_e += dY_e^T X_e (K = rows, 0 for the empty expert,
+ * whose dW must stay as it was). X [81, d], W [E, F, d], Y [81, F]. */
+enum { EXP_E = 3, EXP_D = 40, EXP_F = 56, EXP_TOTAL = 81 };
+static void expert_shapes(int wgrad, int *Ms, int *Ns, int *Ks, int64_t *ao, int64_t *bo, int64_t *co) {
+  static const int rows[EXP_E] = {30, 0, 51};
+  for (int e = 0, off = 0; e < EXP_E; off += rows[e], e++) {
+    int64_t x = (int64_t)off * EXP_D, w = (int64_t)e * EXP_F * EXP_D, y = (int64_t)off * EXP_F;
+    if (!wgrad) Ms[e] = rows[e], Ns[e] = EXP_F, Ks[e] = EXP_D, ao[e] = x, bo[e] = w, co[e] = y;
+    else Ms[e] = EXP_F, Ns[e] = EXP_D, Ks[e] = rows[e], ao[e] = y, bo[e] = x, co[e] = w;
+  }
+}
+
 static void test_gemm(void) {
   const int M = 67, N = 45, K = 129;
   for (int ta = 0; ta < 2; ta++)
@@ -233,26 +247,18 @@ static void test_gemm(void) {
   gpu->gemm_strided(gpu, 0, 1, M, N, K, 1.0f, up(A, (int64_t)batch * M * K), K, (int64_t)M * K,
                     up(B, (int64_t)batch * K * N), K, (int64_t)K * N, 1.0f, dC, N, (int64_t)M * N, batch);
   cmp("gemm_strided", dC, C, (int64_t)batch * M * N, TOL_GEMM);
-  /* grouped, the expert shapes: rows 30, 0, 51 -> Y = X W_e^T, then dW_e += dY_e^T X_e (K = rows, 0 for
-   * the empty expert, whose dW must stay as it was) */
-  const int E = 3, d = 40, F = 56, rows[3] = {30, 0, 51}, total = 81;
+  /* grouped: the expert shapes */
+  const int E = EXP_E, d = EXP_D, F = EXP_F, total = EXP_TOTAL;
   float *X = hrand((int64_t)total * d, 1), *W = hrand((int64_t)E * F * d, 1), *Y = hrand((int64_t)total * F, 1);
   float *dX = up(X, (int64_t)total * d), *dW = up(W, (int64_t)E * F * d), *dY = up(Y, (int64_t)total * F);
-  int Ms[3], Ns[3], Ks[3];
-  int64_t ao[3], bo[3], co[3];
-  for (int e = 0, off = 0; e < E; off += rows[e], e++) {
-    Ms[e] = rows[e], Ns[e] = F, Ks[e] = d;
-    ao[e] = (int64_t)off * d, bo[e] = (int64_t)e * F * d, co[e] = (int64_t)off * F;
-  }
+  int Ms[EXP_E], Ns[EXP_E], Ks[EXP_E];
+  int64_t ao[EXP_E], bo[EXP_E], co[EXP_E];
+  expert_shapes(0, Ms, Ns, Ks, ao, bo, co);
   cpu->gemm_grouped(cpu, 0, 1, E, Ms, Ns, Ks, 1.0f, X, ao, d, W, bo, d, 0.0f, Y, co, F);
   gpu->gemm_grouped(gpu, 0, 1, E, Ms, Ns, Ks, 1.0f, dX, ao, d, dW, bo, d, 0.0f, dY, co, F);
   cmp("gemm_grouped fwd", dY, Y, (int64_t)total * F, TOL_GEMM);
   float *G = hrand((int64_t)E * F * d, 1), *dG = up(G, (int64_t)E * F * d);
-  for (int e = 0; e < E; e++) {
-    Ms[e] = F, Ns[e] = d, Ks[e] = rows[e];
-    int64_t t = ao[e];
-    ao[e] = co[e], co[e] = bo[e], bo[e] = t;
-  }
+  expert_shapes(1, Ms, Ns, Ks, ao, bo, co);
   cpu->gemm_grouped(cpu, 1, 0, E, Ms, Ns, Ks, 1.0f, Y, ao, F, X, bo, d, 1.0f, G, co, d);
   gpu->gemm_grouped(gpu, 1, 0, E, Ms, Ns, Ks, 1.0f, dY, ao, F, dX, bo, d, 1.0f, dG, co, d);
   cmp("gemm_grouped wgrad", dG, G, (int64_t)E * F * d, TOL_GEMM);
@@ -505,6 +511,129 @@ static void test_failures(void) {
  * warm-up, host clock around a sync). Not part of ctest's run: the CPU reference takes tens
  * of seconds at these sizes. */
 
+/* ------------------------------------------------------------------ bf16 products
+ * The bf16-products instance (mc_backend_cuda_bf16) against the CPU in fp32, gemm in every
+ * transpose with padded leading dimensions, gemm_strided and gemm_grouped (an empty group,
+ * K = 0 for its weight gradient):
+ * - operands exactly representable in bf16 (multiples of 1/4 up to 2 in magnitude, so every
+ *   product and partial sum is exact in fp32): the result must equal the CPU's (norm-wise
+ *   relative error <= 1e-6), which checks the layouts and the operand copies;
+ * - random normal operands: the error must lie in (1e-5, 1e-2]: above what fp32 products
+ *   give (so the products really ran in bf16) and within the bf16 band of issue 7. */
+static mc_backend *g16; /* mc_backend_cuda_bf16(0) */
+
+/* Random operand: normal, or (exact) a multiple of 1/4 in [-2, 2]. */
+static float *b16_operand(int64_t n, int exact) {
+  float *x = kc_rand(n, stream_no++, 1.0f);
+  if (exact)
+    for (int64_t i = 0; i < n; i++) {
+      float v = roundf(x[i] * 4.0f) / 4.0f;
+      x[i] = v > 2.0f ? 2.0f : v < -2.0f ? -2.0f : v;
+    }
+  return x;
+}
+
+static float *b16_up(const float *h, int64_t n) {
+  float *d = g16->alloc(g16, (size_t)(n ? n : 1) * sizeof(float));
+  if (d) g16->from_host(g16, d, h, (size_t)n * sizeof(float));
+  return d;
+}
+
+/* Norm-wise relative error of the device result against the CPU's, checked against the
+ * band of the operand kind; frees the device buffer. */
+static void b16_cmp(const char *what, int exact, float *dC, const float *C, int64_t n) {
+  float *g = malloc((size_t)n * sizeof(float));
+  g16->to_host(g16, g, dC, (size_t)n * sizeof(float));
+  CHECK(g16->sync(g16) == 0, "%s: %s", what, mc_errmsg());
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) num += ((double)g[i] - C[i]) * ((double)g[i] - C[i]), den += (double)C[i] * C[i];
+  double e = sqrt(num / (den > 0 ? den : 1));
+  printf("  bf16 %-34s %s  rel err %.2e\n", what, exact ? "exact operands " : "normal operands", e);
+  if (exact) CHECK(e <= 1e-6, "%s with bf16-exact operands: rel err %.3e > 1e-6", what, e);
+  else CHECK(e > 1e-5 && e <= 1e-2, "%s with normal operands: rel err %.3e outside (1e-5, 1e-2]", what, e);
+  free(g);
+  g16->free(g16, dC);
+}
+
+static void b16_gemm(int exact) {
+  const int M = 67, N = 45, K = 129;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+      int64_t na = (int64_t)(ta ? K : M) * lda, nb = (int64_t)(tb ? N : K) * ldb, nc = (int64_t)M * ldc;
+      float *A = b16_operand(na, exact), *B = b16_operand(nb, exact), *C = b16_operand(nc, exact);
+      float *dA = b16_up(A, na), *dB = b16_up(B, nb), *dC = b16_up(C, nc);
+      cpu->gemm(cpu, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 0.25f, C, ldc);
+      g16->gemm(g16, ta, tb, M, N, K, 0.5f, dA, lda, dB, ldb, 0.25f, dC, ldc);
+      char what[40];
+      snprintf(what, sizeof what, "gemm ta=%d tb=%d", ta, tb);
+      b16_cmp(what, exact, dC, C, nc);
+      g16->free(g16, dA), g16->free(g16, dB);
+      free(A), free(B), free(C);
+    }
+  const int batch = 3;
+  int64_t na = (int64_t)batch * M * K, nb = (int64_t)batch * K * N, nc = (int64_t)batch * M * N;
+  float *A = b16_operand(na, exact), *B = b16_operand(nb, exact), *C = b16_operand(nc, exact);
+  float *dA = b16_up(A, na), *dB = b16_up(B, nb), *dC = b16_up(C, nc);
+  cpu->gemm_strided(cpu, 0, 1, M, N, K, 1.0f, A, K, (int64_t)M * K, B, K, (int64_t)K * N, 1.0f, C, N, (int64_t)M * N, batch);
+  g16->gemm_strided(g16, 0, 1, M, N, K, 1.0f, dA, K, (int64_t)M * K, dB, K, (int64_t)K * N, 1.0f, dC, N, (int64_t)M * N, batch);
+  b16_cmp("gemm_strided batch 3", exact, dC, C, nc);
+  g16->free(g16, dA), g16->free(g16, dB);
+  free(A), free(B), free(C);
+
+  /* the expert shapes */
+  const int E = EXP_E, d = EXP_D, F = EXP_F, total = EXP_TOTAL;
+  float *X = b16_operand((int64_t)total * d, exact), *W = b16_operand((int64_t)E * F * d, exact), *Y = b16_operand((int64_t)total * F, exact);
+  float *dX = b16_up(X, (int64_t)total * d), *dW = b16_up(W, (int64_t)E * F * d), *dY = b16_up(Y, (int64_t)total * F);
+  int Ms[EXP_E], Ns[EXP_E], Ks[EXP_E];
+  int64_t ao[EXP_E], bo[EXP_E], co[EXP_E];
+  expert_shapes(0, Ms, Ns, Ks, ao, bo, co);
+  cpu->gemm_grouped(cpu, 0, 1, E, Ms, Ns, Ks, 1.0f, X, ao, d, W, bo, d, 0.0f, Y, co, F);
+  g16->gemm_grouped(g16, 0, 1, E, Ms, Ns, Ks, 1.0f, dX, ao, d, dW, bo, d, 0.0f, dY, co, F);
+  /* keep the forward's output for the weight gradient: compare a copy */
+  float *dYc = g16->alloc(g16, (size_t)total * F * sizeof(float));
+  g16->copy(g16, dYc, dY, (int64_t)total * F);
+  b16_cmp("gemm_grouped fwd (an empty group)", exact, dYc, Y, (int64_t)total * F);
+  float *G = b16_operand((int64_t)E * F * d, exact), *dG = b16_up(G, (int64_t)E * F * d);
+  expert_shapes(1, Ms, Ns, Ks, ao, bo, co);
+  if (exact) {
+    /* the forward's output on both sides is then the same exact fp32 values, but no longer
+     * bf16-exact: give the weight gradient exact operands of its own */
+    float *Y2 = b16_operand((int64_t)total * F, 1);
+    memcpy(Y, Y2, (size_t)total * F * sizeof(float));
+    g16->from_host(g16, dY, Y2, (size_t)total * F * sizeof(float));
+    free(Y2);
+  }
+  cpu->gemm_grouped(cpu, 1, 0, E, Ms, Ns, Ks, 1.0f, Y, ao, F, X, bo, d, 1.0f, G, co, d);
+  g16->gemm_grouped(g16, 1, 0, E, Ms, Ns, Ks, 1.0f, dY, ao, F, dX, bo, d, 1.0f, dG, co, d);
+  b16_cmp("gemm_grouped wgrad (K = 0 group)", exact, dG, G, (int64_t)E * F * d);
+  g16->free(g16, dX), g16->free(g16, dW), g16->free(g16, dY);
+  free(X), free(W), free(Y), free(G);
+}
+
+/* Larger K: the error stays in the band where fp32 products would give ~1e-6. */
+static void b16_long_k(void) {
+  const int M = 256, N = 192, K = 4096;
+  float *A = b16_operand((int64_t)M * K, 0), *B = b16_operand((int64_t)N * K, 0), *C = kc_zeros((int64_t)M * N);
+  float *dA = b16_up(A, (int64_t)M * K), *dB = b16_up(B, (int64_t)N * K), *dC = b16_up(C, (int64_t)M * N);
+  cpu->gemm(cpu, 0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);
+  g16->gemm(g16, 0, 1, M, N, K, 1.0f, dA, K, dB, K, 0.0f, dC, N);
+  b16_cmp("gemm 256x192x4096 (x W^T)", 0, dC, C, (int64_t)M * N);
+  g16->free(g16, dA), g16->free(g16, dB);
+  free(A), free(B), free(C);
+}
+
+static void test_bf16(void) {
+  g16 = mc_backend_cuda_bf16(0);
+  CHECK(g16 != NULL, "the bf16-products backend failed: %s", mc_errmsg());
+  if (!g16) return;
+  CHECK(mc_backend_cuda_bf16(0) == g16, "a second mc_backend_cuda_bf16(0) returns the same instance");
+  CHECK(g16 != gpu, "the bf16-products instance is not the fp32 one");
+  b16_gemm(1);
+  b16_gemm(0);
+  b16_long_k();
+}
+
 static double now_s(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -751,6 +880,7 @@ int main(int argc, char **argv) {
   moe_case(0);
   moe_case(12);
   test_failures();
+  test_bf16();
   if (argc > 1 && strcmp(argv[1], "--shapes") == 0) run_shapes();
   printf("worst error/tolerance over all ops: %.3f\n", worst_ratio);
   return mc_check_exit("test_cuda_ops");

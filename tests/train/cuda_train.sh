@@ -1,6 +1,6 @@
 #!/bin/bash
 # mctrain on the CUDA backend against the CPU reference (tests/train/train.cmake registers it):
-#   cuda_train.sh match
+#   cuda_train.sh match|bf16
 # match:  the default configuration (configs/default.json) on a corpus of the project's
 #         sources, train.dtype=fp32, 20 steps with a checkpoint at step 10, four runs:
 #           cpu  20 steps on the CPU             gpu  20 steps on the GPU
@@ -10,13 +10,19 @@
 #         (relative; default 2e-6): gpu steps 1-20, g2c and c2g steps 11-20. mceval of the
 #         GPU's step_20 on the GPU and on the CPU agree within BAND as well.
 #         Without a CUDA device (or a build without CUDA) it prints "SKIP: no CUDA device"
-#         and passes. (The refusals of train.device=cuda under mpirun and of train.dtype=bf16
+#         and passes.
+# bf16:   the same CPU run against train.dtype=bf16 on the GPU (matrix products on bf16
+#         tensor cores, the rest fp32), and the bf16 run's step_10 resumed on the CPU in fp32:
+#         every loss within BF16_BAND (relative; default 1e-2) of the CPU run (gradient norms
+#         are printed, not checked). Skips like match.
+#         (The refusals of train.device=cuda under mpirun and of train.dtype=bf16 on the CPU
 #         are in e2e.sh errors.)
 set -u
 B=${MC_BINARY_DIR:?}
 S=${MC_SOURCE_DIR:?}
 MODE=${1:?mode}
 BAND=${MC_CUDA_LOSS_BAND:-2e-6}
+BF16_BAND=${MC_CUDA_BF16_BAND:-1e-2}
 W=$(mktemp -d /tmp/mc_cuda_train.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 cd "$W"
@@ -30,28 +36,30 @@ corpus() {
   "$B/mcdata" -o corpus.h5 $(cat files.txt) > mcdata.log 2>&1 || { cat mcdata.log; echo "FAIL: mcdata"; exit 1; }
 }
 
-# compare NAME RUN REF FIRST LAST: loss and grad_norm of steps FIRST..LAST of run RUN against
-# run REF, within BAND relative; prints every step and the worst difference.
+# compare NAME RUN REF FIRST LAST BAND KEY...: the KEYs (loss, grad_norm) of steps
+# FIRST..LAST of run RUN against run REF, within BAND relative; prints every step's loss and
+# the worst difference.
 compare() {
-  local name=$1 run=$2 ref=$3 worst=0
-  echo "== $name: $run vs $ref, steps $4-$5 (band $BAND relative)"
-  for s in $(seq "$4" "$5"); do
-    for k in loss grad_norm; do
+  local name=$1 run=$2 ref=$3 first=$4 last=$5 band=$6 worst=0
+  shift 6
+  echo "== $name: $run vs $ref, steps $first-$last, $* within $band relative"
+  for s in $(seq "$first" "$last"); do
+    for k in "$@"; do
       local x y
       x=$(field "$run/metrics.jsonl" $k $s); y=$(field "$ref/metrics.jsonl" $k $s)
       if [ -z "$x" ] || [ -z "$y" ]; then die "$name step $s: no $k (run '$x', reference '$y')"; continue; fi
       local r
       r=$(awk -v a="$x" -v b="$y" 'BEGIN { d = a - b; if (d < 0) d = -d; if (b < 0) b = -b; printf "%.3e", d / (b > 0 ? b : 1) }')
       [ "$k" = loss ] && printf '  step %2d  loss %s %.9f  %s %.9f  rel diff %s\n' "$s" "$run" "$x" "$ref" "$y" "$r"
-      awk -v r="$r" -v b="$BAND" 'BEGIN { exit !(r <= b) }' || die "$name step $s $k: $run $x, $ref $y, rel diff $r > $BAND"
+      awk -v r="$r" -v b="$band" 'BEGIN { exit !(r <= b) }' || die "$name step $s $k: $run $x, $ref $y, rel diff $r > $band"
       worst=$(awk -v r="$r" -v w="$worst" 'BEGIN { print (r > w ? r : w) }')
     done
   done
-  echo "  worst rel diff of loss and grad_norm: $worst"
+  echo "  worst rel diff of $*: $worst"
 }
 
 case "$MODE" in
-match)
+match|bf16)
   # Is there a GPU? The device is checked before the data, so a missing file is reached
   # only when the CUDA backend came up.
   "$B/mctrain" --set train.device=cuda --set data.path=/nonexistent.h5 --set checkpoint.dir=probe > probe.log 2>&1
@@ -72,6 +80,18 @@ match)
     "$B/mctrain" "${C[@]}" --set train.device=$dev --set checkpoint.dir=$name "$@" > $name.log 2>&1 || { cat $name.log; die "run $name on $dev failed"; return; }
     awk -v a="$t0" -v b="$(date +%s.%N)" -v n="$name" -v d="$dev" 'BEGIN { printf "run %s on %s: %.1f s\n", n, d, b - a }'
   }
+  if [ "$MODE" = bf16 ]; then
+    # bf16 products against the fp32 CPU run; the bf16 run's checkpoint resumed on the CPU
+    run cpu cpu --until 20
+    run bf16 cuda --set train.dtype=bf16 --until 20
+    grep -q "backend cuda, dtype bf16" bf16.log || die "the bf16 run does not report dtype bf16"
+    run b2c cpu --resume bf16/step_10 --until 20
+    compare "GPU bf16-products run against the CPU fp32 run" bf16 cpu 1 20 $BF16_BAND loss
+    compare "(gradient norms, reported only)" bf16 cpu 1 20 1e30 grad_norm
+    compare "GPU bf16 checkpoint resumed on the CPU in fp32" b2c cpu 11 20 $BF16_BAND loss
+    [ $fail = 0 ] && echo "cuda_train $MODE: ok"
+    exit $fail
+  fi
   run cpu cpu --until 20
   run gpu cuda --until 20
   grep -q "backend cuda" gpu.log || die "the GPU run does not report backend cuda"
@@ -81,9 +101,9 @@ match)
   run c2g cuda --resume cpu/step_10 --until 20
   grep -q "resumed from .*step_10 at step 10" g2c.log || die "g2c did not resume at step 10"
   grep -q "resumed from .*step_10 at step 10" c2g.log || die "c2g did not resume at step 10"
-  compare "GPU run against the CPU run" gpu cpu 1 20
-  compare "GPU checkpoint resumed on the CPU" g2c cpu 11 20
-  compare "CPU checkpoint resumed on the GPU" c2g cpu 11 20
+  compare "GPU run against the CPU run" gpu cpu 1 20 $BAND loss grad_norm
+  compare "GPU checkpoint resumed on the CPU" g2c cpu 11 20 $BAND loss grad_norm
+  compare "CPU checkpoint resumed on the GPU" c2g cpu 11 20 $BAND loss grad_norm
   # The GPU run's final weights scored on both backends.
   "$B/mceval" gpu --data corpus.h5 --device cpu > ev_cpu.log 2>&1 || { cat ev_cpu.log; die "mceval --device cpu"; }
   "$B/mceval" gpu --data corpus.h5 --device cuda > ev_gpu.log 2>&1 || { cat ev_gpu.log; die "mceval --device cuda"; }

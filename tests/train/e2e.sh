@@ -158,8 +158,8 @@ errors)
   expect "cannot resume" "$B/mctrain" "${SMALL[@]}" "${T[@]}" --set data.path=corpus.h5 --resume nowhere
   expect "missing --data" "$B/mceval" e
   expect "larger than model.vocab_size" "$B/mceval" e --data big.h5
-  # Devices and precision: bf16 is not implemented; a GPU run is one process; a bad device.
-  expect "train.dtype=bf16: only fp32 training is implemented" "$B/mctrain" "${SMALL[@]}" --set checkpoint.dir=f \
+  # Devices and precision: bf16 on the GPU only; a GPU run is one process; a bad device.
+  expect "train.dtype=bf16 needs train.device=cuda" "$B/mctrain" "${SMALL[@]}" --set checkpoint.dir=f \
     --set data.path=corpus.h5 --set train.dtype=bf16
   expect "mceval: train.device=tpu is not a device" "$B/mceval" e --data corpus.h5 --device tpu
   if [ -n "${MC_MPIRUN:-}" ]; then

@@ -2,10 +2,11 @@
 # resume (also from a checkpoint resharded by mcreshard), mceval agrees with the trainer under
 # any checkpoint layout, bad input gives clear errors. train.cuda_match (tests/train/cuda_train.sh):
 # mctrain on the CUDA backend against the CPU and checkpoints across the two; it prints
-# "SKIP: no CUDA device" and passes where there is none.
+# "SKIP: no CUDA device" and passes where there is none; train.cuda_bf16 likewise for
+# train.dtype=bf16 (bf16 products) against the fp32 CPU run.
 if(TARGET mctrain AND TARGET mceval AND TARGET mcdata AND TARGET mcreshard)
   find_program(MC_TRAIN_MPIRUN NAMES mpirun mpiexec)
-  foreach(test e2e:learn e2e:resume e2e:eval e2e:errors cuda_train:match)
+  foreach(test e2e:learn e2e:resume e2e:eval e2e:errors cuda_train:match cuda_train:bf16)
     string(REPLACE ":" ";" parts ${test})
     list(GET parts 0 script)
     list(GET parts 1 mode)
