@@ -53,9 +53,10 @@ typedef struct {
 } mc_ckpt_item;
 
 /* Collective AND over every process taking part in the save: each passes ok (1 = this
- * process has succeeded so far) and gets 1 only if every process passed 1. Called exactly
- * three times per save by every process, in the same order, also after a local failure.
- * With an async save it is called from the background thread. */
+ * process has succeeded so far) and gets 1 only if every process passed 1. A save calls it
+ * at three points (after preparing, after the rank files are durable, after the commit),
+ * also after a local failure; when it returns 0 the save stops there, on every process
+ * alike. With an async save it is called from the background thread. */
 typedef int (*mc_ckpt_barrier_fn)(void *user, int ok);
 
 typedef struct {
