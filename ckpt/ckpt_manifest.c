@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "ckpt/ckpt_internal.h"
+#include "ckpt/json_num.h"
 #include "util/error.h"
 
 #define MC_JSON_INT_MAX 9007199254740992.0 /* 2^53: larger integers do not survive JSON numbers */
@@ -55,7 +56,7 @@ char *mc_model_section_json(const mc_model *m) {
   cJSON *j = config_json(&cfg);
   if (!j) return NULL;
   cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
-  char *out = model ? cJSON_PrintUnformatted(model) : NULL;
+  char *out = model ? mc_json_print_exact(model, 0) : NULL;
   if (!model) mc_error("the run configuration has no model section");
   cJSON_Delete(j);
   return out;
@@ -264,7 +265,7 @@ int mc_manifest_build(const mc_geometry *g, const mc_config *cfg_in, const mc_tr
     cJSON_AddItemToArray(sj, o);
   }
   free(sh);
-  char *text = cJSON_Print(root);
+  char *text = mc_json_exact_numbers(root) == 0 ? cJSON_Print(root) : NULL;
   cJSON_Delete(root);
   if (!text) return mc_error("out of memory printing the manifest");
   *json_out = text;
@@ -582,9 +583,9 @@ int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
     cJSON *cm = cJSON_GetObjectItemCaseSensitive(config, "model");
     if (!cJSON_IsObject(cm)) mc_errlist_add(&errs, "key 'config.model' must be an object");
     else if (model && !cJSON_Compare(cm, model, 1)) mc_errlist_add(&errs, "'model' differs from 'config.model'");
-    m->config_json = cJSON_PrintUnformatted(config);
+    m->config_json = mc_json_print_exact(config, 0);
   }
-  if (model) m->model_json = cJSON_PrintUnformatted(model);
+  if (model) m->model_json = mc_json_print_exact(model, 0);
   if (ts) {
     parse_state(ts, &m->state, &errs);
     if (m->state.step != m->step) mc_errlist_add(&errs, "training_state.step differs from step");

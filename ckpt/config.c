@@ -2,6 +2,7 @@
  * check of the embedded default, canonical JSON output, the JSON Schema and the key
  * reference in docs/config.md, so that all of them agree by construction. */
 #include "ckpt/config.h"
+#include "ckpt/json_num.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -134,27 +135,7 @@ static const cfg_key k_keys[] = {
 
 /* ------------------------------------------------------------------ small helpers */
 
-/* Shortest text that reads back as the same double. */
-static void fmt_num(double v, char *buf, size_t cap) {
-  if (v == floor(v) && fabs(v) < 1e21) { /* integers in full, never in exponent form */
-    snprintf(buf, cap, "%.0f", v);
-    return;
-  }
-  for (int prec = 1; prec <= 17; prec++) {
-    snprintf(buf, cap, "%.*g", prec, v);
-    if (strtod(buf, NULL) == v) return;
-  }
-}
-
-/* cJSON prints doubles with 15 digits when that is within an ulp or so, which loses bits;
- * numbers are written as raw text instead. */
-static cJSON *num_json(double v) {
-  char buf[40];
-  fmt_num(v, buf, sizeof buf);
-  return cJSON_CreateRaw(buf);
-}
-
-static void add_num(cJSON *obj, const char *name, double v) { cJSON_AddItemToObject(obj, name, num_json(v)); }
+static void add_num(cJSON *obj, const char *name, double v) { cJSON_AddItemToObject(obj, name, mc_json_number(v)); }
 
 static void copy_str(char *dst, size_t cap, const char *src) {
   size_t n = strlen(src);
@@ -270,8 +251,8 @@ static void key_err(apply_ctx *c, const cfg_key *k, const char *fmt, ...) {
 
 static void range_text(const cfg_key *k, char *buf, size_t cap) {
   char lo[32], hi[32];
-  fmt_num(k->min, lo, sizeof lo);
-  fmt_num(k->max, hi, sizeof hi);
+  mc_json_number_text(k->min, lo, sizeof lo);
+  mc_json_number_text(k->max, hi, sizeof hi);
   snprintf(buf, cap, "%s%s, %s%s", k->excl & XMIN ? "(" : "[", lo, hi, k->excl & XMAX ? ")" : "]");
 }
 
@@ -360,7 +341,7 @@ static void apply_u64(apply_ctx *c, const cfg_key *k, const cJSON *v, uint64_t *
   if (cJSON_IsNumber(v)) {
     double d = v->valuedouble;
     char num[40];
-    fmt_num(d, num, sizeof num);
+    mc_json_number_text(d, num, sizeof num);
     if (!isfinite(d) || d != floor(d) || d < 0) key_err(c, k, "%s is not a non-negative integer", num);
     else if (d > U64_JSON_MAX)
       key_err(c, k, "%s is above 2^53, which a JSON number cannot carry exactly; write it as a decimal string", num);
@@ -396,7 +377,7 @@ static void apply_value(apply_ctx *c, const cfg_key *k, const cJSON *v) {
       }
       double d = v->valuedouble;
       if (d == 0) d = 0; /* -0 reads as 0 */
-      fmt_num(d, num, sizeof num);
+      mc_json_number_text(d, num, sizeof num);
       if (!isfinite(d)) {
         key_err(c, k, "%s is not a finite number", num);
         return;
@@ -692,14 +673,14 @@ int mc_config_from_args(mc_config *cfg, int *argc, char **argv) {
 static cJSON *value_json(const mc_config *cfg, const cfg_key *k) {
   const char *base = (const char *)cfg + k->off;
   switch (k->type) {
-    case K_INT: return num_json(*(const int *)base);
-    case K_FLOAT: return num_json(*(const double *)base);
+    case K_INT: return mc_json_number(*(const int *)base);
+    case K_FLOAT: return mc_json_number(*(const double *)base);
     case K_BOOL: return cJSON_CreateBool(*(const int *)base != 0);
     case K_STRING:
     case K_ENUM: return cJSON_CreateString(base);
     case K_U64: {
       uint64_t u = *(const uint64_t *)base;
-      if (u <= (uint64_t)U64_JSON_MAX) return num_json((double)u);
+      if (u <= (uint64_t)U64_JSON_MAX) return mc_json_number((double)u);
       char digits[24];
       snprintf(digits, sizeof digits, "%llu", (unsigned long long)u);
       return cJSON_CreateString(digits);
@@ -745,7 +726,7 @@ static cJSON *key_schema(const cfg_key *k, const cJSON *def) {
       if (k->allowed) {
         cJSON *e = cJSON_AddArrayToObject(p, "enum");
         for (const char *q = k->allowed; q; q = strchr(q, '|') ? strchr(q, '|') + 1 : NULL)
-          cJSON_AddItemToArray(e, num_json(atoi(q)));
+          cJSON_AddItemToArray(e, mc_json_number(atoi(q)));
       } else {
         add_num(p, "minimum", k->min);
         add_num(p, "maximum", k->max);

@@ -62,6 +62,7 @@ static inline int tiny_geometry(int tp, int pp, int dp, int ep, int sp, int zero
   l.zero = zero;
   l.split = MC_SPLIT_EQUAL;
   cfg->parallel = l;
+  cfg->train.beta2 = 0.3 + 0.6; /* 0.8999999999999999: 15 digits would print 0.9 */
   return mc_geometry_build(&cfg->model, &l, NULL, -1, g);
 }
 
@@ -117,7 +118,7 @@ static inline void make_state(int64_t step, mc_train_state *st) {
   st->beta1 = 0.9;
   st->beta2 = 0.95;
   st->adam_eps = 1e-8;
-  st->weight_decay = 0.1;
+  st->weight_decay = 0.1 + 0.2; /* 0.30000000000000004: 15 digits would print 0.3 */
   st->grad_clip = 1.0;
   st->seed = 18446744073709551557ull; /* > 2^53: must survive the manifest exactly */
   st->rng_counter = 9007199254740993ull + (uint64_t)step;

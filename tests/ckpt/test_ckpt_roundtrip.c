@@ -178,7 +178,10 @@ static void test_state_and_model(const char *root) {
         got.rng_counter);
   CHECK(got.lr == want.lr && got.beta2 == want.beta2 && got.adam_eps == want.adam_eps && got.warmup_steps == 30,
         "optimizer hyperparameters");
-  mc_config cfg;
+  CHECK(got.weight_decay == want.weight_decay, "weight_decay %.17g read back as %.17g", want.weight_decay, got.weight_decay);
+  mc_config cfg, saved;
+  CHECK_OK(mc_ckpt_config(ck, &saved));
+  CHECK(saved.train.beta2 == 0.3 + 0.6, "config train.beta2 read back as %.17g", saved.train.beta2);
   mc_config_default(&cfg);
   CHECK_OK(mc_ckpt_check_model(ck, &cfg.model));
   mc_model m = cfg.model;
