@@ -139,6 +139,15 @@ static int attr_read_ints(hid_t obj, const char *name, hid_t mtype, void *out, i
 
 /* ---------------------------------------------------------------- writing */
 
+int mc_h5_write_file_attrs(int64_t file, int64_t step, int rank) {
+  hid_t fid = (hid_t)file;
+  int64_t hdr[1] = {step};
+  if (attr_str(fid, "format", "megac-checkpoint") || attr_i32(fid, "format_version", MC_CKPT_FORMAT_VERSION) ||
+      attr_i64s(fid, "step", hdr, -1) || attr_i32(fid, "rank", rank))
+    return -1;
+  return 0;
+}
+
 int mc_h5_write_shard_attrs(int64_t dset, const mc_shard_attrs *a) {
   hid_t d = (hid_t)dset;
   const mc_ckpt_shard *s = &a->s;
@@ -181,9 +190,7 @@ int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_att
     return -1;
   }
   int rc = 0;
-  int64_t hdr[1] = {step};
-  if (attr_str(fid, "format", "megac-checkpoint") || attr_i32(fid, "format_version", MC_CKPT_FORMAT_VERSION) ||
-      attr_i64s(fid, "step", hdr, -1) || attr_i32(fid, "rank", rank))
+  if (mc_h5_write_file_attrs((int64_t)fid, step, rank))
     rc = mc_error("%s: cannot write file attributes: %s", path, h5_reason(&et));
   hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
   /* Contiguous, no fill: every byte is written once, by our H5Dwrite. */

@@ -63,6 +63,8 @@ int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_att
 /* Writes the attributes of one shard dataset (an open HDF5 dataset id), exactly as rank
  * files carry them; for writers that fill datasets themselves (e.g. streaming reshards). */
 int mc_h5_write_shard_attrs(int64_t dset, const mc_shard_attrs *a);
+/* Writes a rank file's own attributes (format, format_version, step, rank) to an open file. */
+int mc_h5_write_file_attrs(int64_t file, int64_t step, int rank);
 /* Reads back the attributes of every shard dataset in a rank file (in name order).
  * *out is malloc'd; free with mc_shard_attrs_free. */
 int mc_h5_scan_rank_file(const char *path, const char *file_name, mc_shard_attrs **out, int *n);

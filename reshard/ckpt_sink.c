@@ -37,60 +37,33 @@ struct mc_rs_sink {
   atomic_llong written;
 };
 
-/* ---------------------------------------------------------------- attributes
- * The same attribute names, types and encodings as the checkpoint library's rank files
- * (ckpt/ckpt_h5.c), which keeps its writers private. */
+/* ---------------------------------------------------------------- attributes */
 
-static int attr_write(hid_t obj, const char *name, hid_t ftype, hid_t mtype, int n, const void *v) {
-  hsize_t dims[1] = {(hsize_t)n};
-  hid_t sp = n < 0 ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, dims, NULL);
-  hid_t a = sp < 0 ? -1 : H5Acreate2(obj, name, ftype, sp, H5P_DEFAULT, H5P_DEFAULT);
-  int rc = (a >= 0 && H5Awrite(a, mtype, v) >= 0) ? 0 : -1;
-  if (a >= 0) H5Aclose(a);
-  if (sp >= 0) H5Sclose(sp);
-  return rc;
-}
-
-static int attr_str(hid_t obj, const char *name, const char *value) {
-  hid_t t = H5Tcopy(H5T_C_S1);
-  H5Tset_size(t, H5T_VARIABLE);
-  H5Tset_cset(t, H5T_CSET_UTF8);
-  int rc = attr_write(obj, name, t, t, -1, &value);
-  H5Tclose(t);
-  return rc;
-}
-
-static int attr_i64s(hid_t obj, const char *name, const int64_t *v, int n) {
-  return attr_write(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, n, v);
-}
-static int attr_i32(hid_t obj, const char *name, int v) {
-  return attr_write(obj, name, H5T_STD_I32LE, H5T_NATIVE_INT, -1, &v);
-}
-static int attr_i32s(hid_t obj, const char *name, const int *v, int n) {
-  return attr_write(obj, name, H5T_STD_I32LE, H5T_NATIVE_INT, n, v);
-}
-
+/* The shard's attributes, written by the checkpoint library's own writer so the names, types
+ * and encodings are those of every rank file. */
 static int shard_attrs(hid_t d, const mc_geometry *g, int fam, mc_state st, const mc_rs_shard *sh, const char *hex) {
   const mc_family *f = &g->fams.f[fam];
   int *reps = malloc((size_t)g->world * sizeof *reps);
   if (!reps) return mc_error("out of memory");
-  int nr = mc_shard_replicas(g, fam, st, sh->rank, reps);
-  char rule[MC_CKPT_RULE_MAX];
-  mc_placement_rule(g, fam, rule, sizeof rule);
-  int rc = 0;
-  rc |= attr_str(d, "family", f->name);
-  rc |= attr_str(d, "state", mc_state_name(st));
-  rc |= attr_str(d, "dtype", "float32");
-  rc |= attr_i64s(d, "global_shape", f->shape, f->ndim);
-  rc |= attr_i64s(d, "start", sh->slab.start, f->ndim);
-  rc |= attr_i64s(d, "count", sh->slab.count, f->ndim);
-  rc |= attr_str(d, "placement_rule", rule);
-  rc |= attr_i32(d, "stage", mc_family_stage(g, fam));
-  rc |= attr_i32s(d, "replica_group", reps, nr);
-  rc |= attr_i32(d, "primary_rank", sh->rank);
-  rc |= attr_str(d, "sha256", hex);
+  mc_shard_attrs a;
+  memset(&a, 0, sizeof a);
+  snprintf(a.s.family, sizeof a.s.family, "%s", f->name);
+  a.s.state = st;
+  a.s.ndim = f->ndim;
+  for (int i = 0; i < f->ndim; i++) {
+    a.s.start[i] = sh->slab.start[i];
+    a.s.count[i] = sh->slab.count[i];
+    a.global_shape[i] = f->shape[i];
+  }
+  a.s.stage = mc_family_stage(g, fam);
+  a.s.n_replicas = mc_shard_replicas(g, fam, st, sh->rank, reps);
+  a.s.replicas = reps;
+  a.s.rank = sh->rank;
+  snprintf(a.s.sha256, sizeof a.s.sha256, "%s", hex);
+  mc_placement_rule(g, fam, a.placement_rule, sizeof a.placement_rule);
+  int rc = mc_h5_write_shard_attrs((int64_t)d, &a);
   free(reps);
-  return rc ? -1 : 0;
+  return rc;
 }
 
 /* ---------------------------------------------------------------- files */
@@ -110,10 +83,7 @@ static int open_file(mc_rs_sink *s, const char *step_dir, int rank, int64_t step
   if (f->fid < 0) return mc_error("%s: cannot create HDF5 file", f->path);
   f->fd = open(f->path, O_WRONLY);
   s->file_of_rank[rank] = s->n_files++;
-  int64_t st[1] = {step};
-  if (attr_str(f->fid, "format", "megac-checkpoint") || attr_i32(f->fid, "format_version", MC_CKPT_FORMAT_VERSION) ||
-      attr_i64s(f->fid, "step", st, -1) || attr_i32(f->fid, "rank", rank))
-    return mc_error("%s: cannot write file attributes", f->path);
+  if (mc_h5_write_file_attrs((int64_t)f->fid, step, rank)) return mc_error("%s: cannot write file attributes", f->path);
   return 0;
 }
 
