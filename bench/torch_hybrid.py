@@ -506,9 +506,35 @@ def bench(args):
     if "mfu" in res:
         line += f", {res['model_tflops']:.1f} model TFLOP/s, MFU {100 * res['mfu']:.1f}%"
     print(line, flush=True)
+    if args.profile:
+        profile_step(step, args.profile)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(res, f, indent=1)
+
+
+def profile_step(step, rows):
+    """One more step under torch.profiler: the kernels with the most device time, and how much
+    of the step's wall time the device was busy (kernels of one stream do not overlap here)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    kernels = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(e.name, [0.0, 0])
+            k[0] += e.time_range.elapsed_us()
+            k[1] += 1
+    busy = sum(v[0] for v in kernels.values()) / 1e6
+    print(f"PROFILE step wall {wall * 1e3:.1f} ms (under the profiler), kernel time {busy * 1e3:.1f} ms "
+          f"({100 * busy / wall:.0f}% of wall), {sum(v[1] for v in kernels.values())} kernel launches")
+    for name, (us, cnt) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:rows]:
+        print(f"PROFILE {us / 1e3:9.2f} ms {100 * us / 1e6 / busy:5.1f}% {cnt:6d}x  {name[:110]}")
 
 
 # ---------------------------------------------------------------- self-check
@@ -611,6 +637,7 @@ def selfcheck():
     ce, aux = model(tok[:, :-1], tok[:, 1:])
     (ce + aux).backward()
     gn = torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1e9)
+    ce, aux = ce.detach(), aux.detach()
     ok = math.isfinite(float(ce)) and math.isfinite(float(gn)) and abs(float(ce) - math.log(cfg["model"]["vocab_size"])) < 1.0
     fails += not ok
     print(f"  {'ok  ' if ok else 'FAIL'} tiny model: loss {float(ce):.4f} (ln V = {math.log(cfg['model']['vocab_size']):.4f}), "
@@ -752,6 +779,8 @@ def main():
     ap.add_argument("--flops-per-token", type=float, default=0.0, help="mcplan's training FLOPs per token")
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="measured bf16 matmul peak for MFU")
     ap.add_argument("--json-out")
+    ap.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                    help="after timing, profile one more step and print the ROWS costliest kernels")
     ap.add_argument("--selfcheck", action="store_true")
     ap.add_argument("--count-params", action="store_true")
     ap.add_argument("--summarize", metavar="DIR", help="print the table of the run JSONs in DIR")
