@@ -65,6 +65,12 @@ typedef struct {
   int root;              /* this process writes the manifest and commits (rank 0's process) */
   mc_ckpt_barrier_fn barrier; /* NULL: this process is the only one writing */
   void *barrier_user;
+  /* Optional, for writers that stream shards instead of passing items (mcreshard): called
+   * in this process after its items are written, with the temporary step directory where
+   * its rank files must go (rank_<R>.h5, attributes as mc_h5_write_shard_attrs writes them).
+   * Returns 0, or -1 with mc_error set, which aborts the save like any write failure. */
+  int (*write_files)(void *user, const char *tmp_step_dir);
+  void *write_files_user;
 } mc_ckpt_save_opts;
 
 /* keep = 0, io_threads = 2, root = 1, no barrier. */

@@ -414,6 +414,7 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
 
   /* 2. every process writes and fsyncs its rank files */
   ok = write_rank_files(tmp, state->step, &w, opts.io_threads > 0 ? opts.io_threads : 1) == 0;
+  if (ok && opts.write_files) ok = opts.write_files(opts.write_files_user, tmp) == 0;
   if (!ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 ": %s", state->step, mc_errmsg());
   write_set_free(&w);
   if (!barrier(opts.barrier_user, ok)) {

@@ -49,7 +49,7 @@ int mc_rs_prepare(mc_rs_source *src, const mc_layout *target, mc_geometry *dst_g
   return 0;
 }
 
-/* ---------------------------------------------------------------- the barrier hook */
+/* ---------------------------------------------------------------- streaming the rank files */
 
 typedef struct {
   int (*read)(void *, const mc_rs_plan *, int, int64_t, int64_t, float *);
@@ -57,20 +57,15 @@ typedef struct {
   void *src;
   const mc_geometry *g;
   const mc_rs_plan *plan;
-  const char *tmp_root;
   int64_t step;
   const mc_rs_opts *o;
   mc_rs_exec_stats st;
-  int calls;
-  int failed;
-  char err[MC_ERRMSG_MAX];
-} hook_ctx;
+} stream_ctx;
 
-static int stream_into(hook_ctx *h) {
-  char step_dir[MC_PATH_MAX];
-  snprintf(step_dir, sizeof step_dir, "%s/step_%" PRId64 ".tmp", h->tmp_root, h->step);
-  if (!mc_path_exists(step_dir))
-    return mc_error("%s: the checkpoint library did not prepare this directory", step_dir);
+/* mc_ckpt_save's write_files hook: streams every target rank file into the library's
+ * temporary step directory; the library then builds the manifest and commits. */
+static int stream_into(void *user, const char *step_dir) {
+  stream_ctx *h = user;
   mc_rs_sink *sink = NULL;
   if (mc_rs_sink_create(step_dir, h->g, h->plan, h->step, &sink) != 0) return -1;
   mc_rs_io_ctx ctx = {h->src, sink};
@@ -80,20 +75,6 @@ static int stream_into(hook_ctx *h) {
   if (rc == 0) rc = mc_rs_sink_finish(sink);
   mc_rs_sink_free(sink);
   return rc;
-}
-
-/* Called by mc_ckpt_save at its three synchronisation points; the first comes after the
- * library has prepared <tmp_root>/step_<N>.tmp, which is where the rank files must go. */
-static int barrier_hook(void *user, int ok) {
-  hook_ctx *h = user;
-  if (h->calls++ == 0 && ok) {
-    if (stream_into(h) != 0) {
-      h->failed = 1;
-      snprintf(h->err, sizeof h->err, "%s", mc_errmsg());
-      return 0;
-    }
-  }
-  return ok;
 }
 
 int mc_rs_write_from(int (*read)(void *, const mc_rs_plan *, int, int64_t, int64_t, float *),
@@ -115,17 +96,15 @@ int mc_rs_write_from(int (*read)(void *, const mc_rs_plan *, int, int64_t, int64
   /* What an interrupted earlier run left behind. */
   if (mc_rmtree(tmp_root) != 0 || mc_rmtree(old) != 0) return mc_error_context("removing leftovers of an interrupted reshard");
 
-  hook_ctx h = {.read = read, .src_done = src_done, .src = src_ctx, .g = g, .plan = plan, .tmp_root = tmp_root,
-                .step = st->step, .o = &o};
+  stream_ctx h = {.read = read, .src_done = src_done, .src = src_ctx, .g = g, .plan = plan, .step = st->step, .o = &o};
   mc_ckpt_save_opts so;
   mc_ckpt_save_opts_default(&so);
-  so.barrier = barrier_hook;
-  so.barrier_user = &h;
-  so.root = 1;
+  so.write_files = stream_into;
+  so.write_files_user = &h;
   int rc = mc_ckpt_save(tmp_root, g, cfg, st, NULL, 0, &so);
   if (rc != 0) {
     char why[MC_ERRMSG_MAX];
-    snprintf(why, sizeof why, "%s", h.failed ? h.err : mc_errmsg());
+    snprintf(why, sizeof why, "%s", mc_errmsg());
     mc_rmtree(tmp_root);
     return mc_error("writing %s failed, nothing written: %s", dst, why);
   }
