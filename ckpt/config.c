@@ -622,9 +622,13 @@ int mc_config_set(mc_config *cfg, const char *assignment) {
 }
 
 int mc_config_from_args(mc_config *cfg, int *argc, char **argv) {
-  mc_config work;
-  if (mc_config_default(&work)) return -1;
-  int n = *argc;
+  if (mc_config_default(cfg)) return -1;
+  return mc_config_overlay_args(cfg, argc, argv, NULL);
+}
+
+int mc_config_overlay_args(mc_config *cfg, int *argc, char **argv, int *applied) {
+  mc_config work = *cfg;
+  int n = *argc, seen = 0;
   const char **sets = malloc(sizeof *sets * (size_t)(n > 0 ? n : 1));
   char *consumed = calloc((size_t)(n > 0 ? n : 1), 1);
   if (!sets || !consumed) {
@@ -643,14 +647,17 @@ int mc_config_from_args(mc_config *cfg, int *argc, char **argv) {
         break;
       }
       consumed[i] = consumed[i + 1] = 1;
+      seen++;
       if (is_config) rc = mc_config_apply_file(&work, argv[i + 1]);
       else sets[nsets++] = argv[i + 1];
       i++;
     } else if (!strncmp(a, "--config=", 9)) {
       consumed[i] = 1;
+      seen++;
       rc = a[9] ? mc_config_apply_file(&work, a + 9) : mc_error("--config= needs a file name");
     } else if (!strncmp(a, "--set=", 6)) {
       consumed[i] = 1;
+      seen++;
       sets[nsets++] = a + 6;
     }
   }
@@ -662,6 +669,7 @@ int mc_config_from_args(mc_config *cfg, int *argc, char **argv) {
     if (out < n) argv[out] = NULL;
     *argc = out;
     *cfg = work;
+    if (applied) *applied = seen;
   }
   free(sets);
   free(consumed);

@@ -87,6 +87,9 @@ int mc_config_set(mc_config *cfg, const char *assignment);
 /* Standard CLI handling: defaults, then every --config FILE, then every --set k=v, in
  * order. Consumed arguments are removed from argv; *argc is updated. */
 int mc_config_from_args(mc_config *cfg, int *argc, char **argv);
+/* The same on top of an existing config (e.g. one recorded in a checkpoint) instead of the
+ * defaults. *applied (may be NULL) receives how many --config/--set arguments were given. */
+int mc_config_overlay_args(mc_config *cfg, int *argc, char **argv, int *applied);
 /* Canonical JSON of the whole config (malloc'd; caller frees). */
 char *mc_config_to_json(const mc_config *cfg);
 

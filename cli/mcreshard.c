@@ -1,7 +1,7 @@
 /* mcreshard: rewrite a checkpoint for a new parallel layout, offline (no GPU, no MPI).
  *
  *   mcreshard SRC DST [--tp N] [--pp N] [--dp N] [--ep N] [--sp 0|1] [--zero 0|1|3]
- *             [--split equal|weighted|'AEME|AEMR'] [--layout FILE] [--consolidate]
+ *             [--split equal|weighted|'AEME|AEMR'] [--config FILE] [--set parallel.K=V] [--consolidate]
  *             [--dry-run] [--json] [--force] [--chunk-mb N] [--threads N] [--no-progress]
  *   mcreshard SRC --export FILE.safetensors
  *   mcreshard --import FILE.safetensors DST [layout options]
@@ -27,15 +27,22 @@ static void usage(FILE *f) {
           "layout options (anything not given keeps the source's value):\n"
           "  --tp N --pp N --dp N --ep N --sp 0|1 --zero 0|1|3\n"
           "  --split equal|weighted|'AEME|AEMR'   pipeline stage split (pipes in the pattern)\n"
-          "  --layout FILE    JSON with a \"parallel\" section (a \"model\" section must match the source)\n"
+          "  --config FILE    a config (JSON); its \"parallel\" section gives the target layout and a\n"
+          "                   \"model\" section must match the source (--layout FILE is the same)\n"
+          "  --set parallel.KEY=VALUE   one layout key (config syntax), applied in order with --config\n"
+          "  (--config/--set are applied first, then the flags above; other sections are not used)\n"
           "  --consolidate    world size 1 (tp=pp=dp=ep=1, zero 0)\n"
           "SRC: a run directory (uses latest) or a step directory. DST: a new run directory.\n");
 }
 
 typedef struct {
   int tp, pp, dp, ep, sp, zero; /* -1: keep */
-  const char *split, *layout_file;
+  const char *split;
   int consolidate;
+  /* --config FILE / --layout FILE / --set k=v, in command-line order (argv form for
+   * mc_config_overlay_args; cfg_argv[0] is the program name). */
+  int cfg_argc;
+  char **cfg_argv;
 } layout_args;
 
 static int parse_int(const char *flag, const char *v, int lo, int *out) {
@@ -46,15 +53,22 @@ static int parse_int(const char *flag, const char *v, int lo, int *out) {
   return 0;
 }
 
-/* Resolves the target layout: source values, then --layout FILE, then flags. */
+/* Resolves the target layout: source values, then --config/--layout files and --set
+ * assignments in order (the model must stay the source's), then the layout flags. */
 static int resolve_layout(const mc_config *src_cfg, const layout_args *a, mc_layout *out) {
   mc_config cfg = *src_cfg;
-  if (a->layout_file) {
-    if (mc_config_apply_file(&cfg, a->layout_file) != 0) return -1;
+  if (a->cfg_argc > 1) {
+    int n = a->cfg_argc;
+    char **copy = malloc(sizeof *copy * (size_t)(n + 1));
+    if (!copy) return mc_error("out of memory");
+    memcpy(copy, a->cfg_argv, sizeof *copy * (size_t)(n + 1));
+    int rc = mc_config_overlay_args(&cfg, &n, copy, NULL);
+    free(copy);
+    if (rc != 0) return -1;
     mc_errlist e;
     mc_errlist_init(&e);
     if (mc_rs_model_diff(&src_cfg->model, &cfg.model, &e))
-      return mc_errlist_raise(&e, a->layout_file);
+      return mc_errlist_raise(&e, "--config/--set would change the model");
   }
   mc_layout l = cfg.parallel;
   if (a->consolidate) mc_rs_consolidated_layout(&l);
@@ -70,7 +84,13 @@ static int resolve_layout(const mc_config *src_cfg, const layout_args *a, mc_lay
 }
 
 int main(int argc, char **argv) {
-  layout_args la = {-1, -1, -1, -1, -1, -1, NULL, NULL, 0};
+  layout_args la = {-1, -1, -1, -1, -1, -1, NULL, 0, 1, NULL};
+  la.cfg_argv = calloc((size_t)argc + 1, sizeof *la.cfg_argv);
+  if (!la.cfg_argv) {
+    fprintf(stderr, "mcreshard: out of memory\n");
+    return 1;
+  }
+  la.cfg_argv[0] = argv[0];
   const char *pos[2] = {NULL, NULL}, *export_path = NULL, *import_path = NULL;
   int npos = 0, dry = 0, json = 0, progress = isatty(2);
   mc_rs_opts o = {.chunk_bytes = (int64_t)16 << 20, .threads = 0};
@@ -84,7 +104,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--sp")) rc = parse_int(a, v, 0, &la.sp);
     else if (!strcmp(a, "--zero")) rc = parse_int(a, v, 0, &la.zero);
     else if (!strcmp(a, "--split")) rc = v ? (la.split = v, 0) : mc_error("--split needs a value");
-    else if (!strcmp(a, "--layout")) rc = v ? (la.layout_file = v, 0) : mc_error("--layout needs a file");
+    else if (!strcmp(a, "--layout") || !strcmp(a, "--config") || !strcmp(a, "--set")) {
+      if (!v) rc = mc_error("%s needs %s", a, strcmp(a, "--set") ? "a file" : "section.key=value");
+      la.cfg_argv[la.cfg_argc++] = strcmp(a, "--set") ? "--config" : "--set";
+      la.cfg_argv[la.cfg_argc++] = (char *)v;
+    }
     else if (!strcmp(a, "--export")) rc = v ? (export_path = v, 0) : mc_error("--export needs a file");
     else if (!strcmp(a, "--import")) rc = v ? (import_path = v, 0) : mc_error("--import needs a file");
     else if (!strcmp(a, "--chunk-mb")) {

@@ -135,6 +135,16 @@ def body(tmp):
     check(rc == 0, "--layout FILE: " + err)
     C, _ = assemble(j("C"))
     same_content(A, C, "--layout FILE content")
+    # --config and --set, applied in order: the last assignment wins; model keys are refused.
+    rc, out, err = run(MCRESHARD, j("A"), j("G"), "--config", j("layout.json"), "--set", "parallel.dp=2",
+                       "--set", "parallel.zero=3", "--no-progress")
+    check(rc == 0 and "dp=2" in out and "zero=3" in out, "--config/--set target: " + out + err)
+    G, _ = assemble(j("G"))
+    same_content(A, G, "--config/--set content")
+    rc, _, err = run(MCRESHARD, j("A"), j("F"), "--set", "model.n_heads=8")
+    check(rc != 0 and "model change" in err and not os.path.exists(j("F")), "--set model key refused: " + err)
+    rc, _, err = run(MCRESHARD, j("A"), j("F"), "--set", "parallel.zero=2")
+    check(rc != 0 and "parallel.zero" in err and not os.path.exists(j("F")), "--set bad value names the key: " + err)
 
     # Dry run: the plan's pieces cover every target exactly; nothing is written.
     rc, out, err = run(MCRESHARD, j("A"), j("D"), "--consolidate", "--dry-run", "--json")
