@@ -1,13 +1,15 @@
 /* mcaudit: what a checkpoint holds, who owns it, and whether it is intact.
  *
  *   mcaudit CKPT [--verify] [--json] [--map FILE.svg|FILE.html] [--no-progress]
+ *                [--config FILE] [--set section.key=value]
  *
  * CKPT is a run directory (its `latest` is used) or a step directory. Prints the layout,
  * the stage map, and per family: global shape, placement rule, stage, shards and owners,
  * and a layout-independent content digest per state; totals per rank and per memory
  * category. Checks: primaries tile every family, shards are the owners' hyperslabs, HDF5
  * attributes agree with the manifest, and with --verify every SHA-256. Any failed check:
- * exit status 1 and the list of problems. docs/audit.md. */
+ * exit status 1 and the list of problems. With --config/--set the checkpoint's model and
+ * layout must also be the configuration's. docs/audit.md. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -25,7 +27,41 @@ static const mc_mem_cat CAT[MC_AUDIT_N_CATS] = {MC_MEM_PARAMS_REPLICATED, MC_MEM
 
 static void usage(FILE *f) {
   fprintf(f, "usage: mcaudit CKPT [--verify] [--json] [--map FILE.svg|FILE.html] [--no-progress]\n"
-             "  CKPT: a run directory (uses latest) or a step directory\n");
+             "               [--config FILE] [--set section.key=value]\n"
+             "  CKPT: a run directory (uses latest) or a step directory\n"
+             "  --config/--set: also check that the checkpoint's model and layout are the ones this\n"
+             "                  configuration describes (defaults, then files and assignments in order)\n");
+}
+
+/* The checkpoint against a run configuration: the model (every key the library compares)
+ * and the layout (degrees, ZeRO, SP and the resulting stage map). */
+static void check_against_config(mc_rs_source *src, const mc_config *want, mc_errlist *problems) {
+  const mc_geometry *g = mc_rs_source_geometry(src);
+  if (mc_ckpt_check_model(mc_rs_source_ckpt(src), &want->model) != 0)
+    mc_errlist_add(problems, "checkpoint vs --config: %s", mc_errmsg());
+  const mc_layout *h = &g->layout, *w = &want->parallel;
+  const char *keys[] = {"tp", "pp", "dp", "ep", "sp", "zero"};
+  const int have[] = {h->tp, h->pp, h->dp, h->ep, h->sp, h->zero}, wanted[] = {w->tp, w->pp, w->dp, w->ep, w->sp, w->zero};
+  int same = 1;
+  for (int i = 0; i < 6; i++)
+    if (have[i] != wanted[i]) {
+      mc_errlist_add(problems, "checkpoint vs --config: parallel.%s is %d in the checkpoint, %d in the config", keys[i], have[i],
+                     wanted[i]);
+      same = 0;
+    }
+  if (!same) return;
+  mc_stage_map sm;
+  if (mc_stage_map_build(&want->model, w, &sm) != 0) {
+    mc_errlist_add(problems, "checkpoint vs --config: %s", mc_errmsg());
+    return;
+  }
+  for (int s = 0; s < sm.pp; s++)
+    if (sm.first[s] != g->stages.first[s] || sm.count[s] != g->stages.count[s]) {
+      mc_errlist_add(problems, "checkpoint vs --config: stage %d holds layers %d-%d in the checkpoint, %d-%d under the config's %s split",
+                     s, g->stages.first[s], g->stages.first[s] + g->stages.count[s] - 1, sm.first[s], sm.first[s] + sm.count[s] - 1,
+                     mc_split_name(w->split));
+      return;
+    }
 }
 
 static void slab_of(const mc_ckpt_shard *s, char *buf, int cap) {
@@ -173,7 +209,12 @@ static char *json_report(mc_rs_source *src, const mc_audit *a, const int *idx) {
 
 int main(int argc, char **argv) {
   const char *ckpt = NULL, *map = NULL;
-  int verify = 0, json = 0, progress = isatty(2);
+  int verify = 0, json = 0, progress = isatty(2), check_config = 0;
+  mc_config want;
+  if (mc_config_default(&want) != 0 || mc_config_overlay_args(&want, &argc, argv, &check_config) != 0) {
+    fprintf(stderr, "mcaudit: %s\n", mc_errmsg());
+    return 2;
+  }
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--verify")) verify = 1;
     else if (!strcmp(argv[i], "--json")) json = 1;
@@ -214,6 +255,7 @@ int main(int argc, char **argv) {
     mc_rs_source_close(src);
     return 1;
   }
+  if (check_config) check_against_config(src, &want, &a.problems);
   int *idx = NULL;
   if (mc_rs_shard_index(mc_rs_source_ckpt(src), mc_rs_source_geometry(src), &idx) != 0) {
     fprintf(stderr, "mcaudit: %s\n", mc_errmsg());

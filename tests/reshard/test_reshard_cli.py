@@ -174,6 +174,15 @@ def body(tmp):
     check(rc == 0 and "stage 3" in out and os.path.getsize(j("B.html")) > 1000, "text audit and html map")
     rc, _, err = run(MCAUDIT, j("B"), "--map", j("B.png"))
     check(rc != 0 and ".svg" in err, "map extension refused")
+    # --config/--set: the checkpoint against a run configuration (B is tp1 pp4 dp2 ep1 zero3).
+    want = ["--set", "parallel.pp=4", "--set", "parallel.dp=2", "--set", "parallel.zero=3"]
+    rc, out, err = run(MCAUDIT, j("B"), *want)
+    check(rc == 0 and "ok: no problems found" in out, "audit B against its own layout: " + err)
+    rc, _, err = run(MCAUDIT, j("B"), *want[:4], "--set", "parallel.zero=1", "--set", "model.d_model=32")
+    check(rc != 0 and "parallel.zero is 3 in the checkpoint, 1 in the config" in err and "model.d_model" in err,
+          "audit B against another layout and model: " + err)
+    rc, _, err = run(MCAUDIT, j("B"), "--set", "parallel.nope=1")
+    check(rc == 2 and "parallel.nope" in err, "audit --set with an unknown key: " + err)
 
     # Corruption: mcaudit --verify lists it; mcreshard refuses it; no DST.
     sd = step_dir(j("B"))
