@@ -1,6 +1,8 @@
 /* mcdata: text files (or pre-tokenised raw arrays) -> an HDF5 token dataset for mctrain.
  *
  *   mcdata -o OUT.h5 [--dtype bytes|uint16|uint32] [--vocab N] [--tokenizer NAME] FILE...
+ *   mcdata --config RUN.json [--set section.key=value] [options] FILE...  (-o defaults to
+ *          data.path, --vocab to model.vocab_size)
  *
  * bytes (default): every byte of the files, in order, is one token (vocab 256 unless --vocab
  * says less). uint16/uint32: the files are raw little-endian token arrays; --vocab is required.
@@ -18,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/config.h"
 #include "util/error.h"
 
 #define CHUNK (1 << 20)
@@ -25,6 +28,8 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: mcdata -o OUT.h5 [--dtype bytes|uint16|uint32] [--vocab N] [--tokenizer NAME] FILE...\n"
+          "       mcdata --config RUN.json [--set section.key=value] [options] FILE...\n"
+          "  with --config/--set: -o defaults to data.path and --vocab to model.vocab_size\n"
           "  bytes: each byte of the text files is a token (vocab 256 by default)\n"
           "  uint16/uint32: files are raw little-endian token arrays; --vocab N is required\n");
 }
@@ -186,6 +191,14 @@ int main(int argc, char **argv) {
   job j = {0};
   const char *dtype = "bytes";
   j.vocab = -1;
+  /* With --config/--set, the run's data.path and model.vocab_size are the defaults of -o and
+   * --vocab, so the dataset is made for the model that will train on it. */
+  mc_config cfg;
+  int from_config = 0;
+  if (mc_config_default(&cfg) != 0 || mc_config_overlay_args(&cfg, &argc, argv, &from_config) != 0) {
+    fprintf(stderr, "mcdata: %s\n", mc_errmsg());
+    return 2;
+  }
   j.files = malloc(sizeof(char *) * (size_t)(argc > 0 ? argc : 1));
   if (!j.files) return 1;
   for (int i = 1; i < argc; i++) {
@@ -214,6 +227,10 @@ int main(int argc, char **argv) {
     } else {
       j.files[j.n_files++] = argv[i];
     }
+  }
+  if (from_config) {
+    if (!j.out) j.out = cfg.data.path;
+    if (j.vocab < 0) j.vocab = cfg.model.vocab_size;
   }
   if (!j.out || j.n_files == 0) {
     fprintf(stderr, "mcdata: %s\n", !j.out ? "missing -o OUT.h5" : "no input files");

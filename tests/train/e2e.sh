@@ -137,6 +137,13 @@ errors)
   printf 'abc' > odd.bin
   expect "not a whole number of 2-byte tokens" "$B/mcdata" -o x.h5 --dtype uint16 --vocab 300 odd.bin
   expect "needs --vocab" "$B/mcdata" -o x.h5 --dtype uint16 odd.bin
+  # --config/--set: data.path is the output and model.vocab_size the vocabulary
+  expect "token 255 at byte offset 3 is not below vocab_size=128" "$B/mcdata" --set data.path=x.h5 \
+    --set model.vocab_size=128 hi.txt
+  expect "data.bogus: unknown key" "$B/mcdata" --set data.bogus=1 hi.txt
+  printf 'abc' > lo.txt
+  "$B/mcdata" --set data.path=cfg.h5 --set model.vocab_size=128 lo.txt > /dev/null || die "mcdata --set"
+  [ -f cfg.h5 ] || die "mcdata --set data.path did not write cfg.h5"
   T=(--set checkpoint.dir=e --set train.steps=2)
   expect "nope.h5: cannot read" "$B/mctrain" "${SMALL[@]}" "${T[@]}" --set data.path=nope.h5
   echo "not hdf5" > bad.h5
