@@ -1,10 +1,12 @@
 /* Rank files: one plain HDF5 file per writing rank, one contiguous fp32 dataset per shard
  * ("/<family>/<state>") carrying its ownership and SHA-256 as attributes. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ckpt/ckpt_internal.h"
 #include "util/error.h"
@@ -450,6 +452,37 @@ int mc_h5_check_attrs(int64_t fid, const char *file_name, const mc_ckpt_shard *s
   }
   H5Dclose(d);
   return rc;
+}
+
+int64_t mc_h5_raw_offset(int64_t fid, const char *dataset) {
+  h5_quiet();
+  hid_t d = H5Dopen2((hid_t)fid, dataset, H5P_DEFAULT);
+  if (d < 0) return -1;
+  int64_t off = -1;
+  hid_t dcpl = H5Dget_create_plist(d);
+  hid_t t = H5Dget_type(d);
+  /* Only fp32 little-endian, contiguous and unfiltered data is the raw bytes we hash. */
+  if (dcpl >= 0 && t >= 0 && H5Pget_layout(dcpl) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl) == 0 &&
+      H5Tequal(t, H5T_IEEE_F32LE) > 0) {
+    haddr_t a = H5Dget_offset(d);
+    if (a != HADDR_UNDEF) off = (int64_t)a;
+  }
+  if (t >= 0) H5Tclose(t);
+  if (dcpl >= 0) H5Pclose(dcpl);
+  H5Dclose(d);
+  return off;
+}
+
+int mc_read_raw(int fd, int64_t at, void *dst, int64_t bytes, const char *file, const char *dataset) {
+  char *p = dst;
+  while (bytes > 0) {
+    ssize_t r = pread(fd, p, (size_t)bytes, (off_t)at);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      return mc_error("%s: reading dataset %s failed: %s", file, dataset, r < 0 ? strerror(errno) : "unexpected end of file");
+    p += r, bytes -= r, at += r;
+  }
+  return 0;
 }
 
 int mc_h5_read_box(int64_t fid, const char *file_name, const mc_ckpt_shard *s, const int64_t *off,

@@ -73,6 +73,13 @@ void mc_shard_attrs_free(mc_shard_attrs *a, int n);
 /* 1 if the HDF5 library may be called from several threads (a thread-safe build). */
 int mc_h5_threadsafe(void);
 
+/* The byte offset of a contiguous, unfiltered dataset's data in its file, or -1 when it must
+ * be read through HDF5. Such data can be read with plain preads (mc_read_raw), which do not
+ * take the HDF5 library's global lock and so run in parallel on several threads. */
+int64_t mc_h5_raw_offset(int64_t fid, const char *dataset);
+/* pread of `bytes` at `at` from fd, retried until complete; errors name file and dataset. */
+int mc_read_raw(int fd, int64_t at, void *dst, int64_t bytes, const char *file, const char *dataset);
+
 /* An open rank file for reading; hid_t kept as int64_t so HDF5 stays out of this header. */
 int mc_h5_open_read(const char *path, int64_t *fid);
 void mc_h5_close(int64_t fid);

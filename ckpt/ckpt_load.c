@@ -20,8 +20,10 @@ struct mc_ckpt {
   char *manifest_text;
   mc_manifest m;
   mc_ckpt_open_opts opts;
-  pthread_mutex_t mu; /* guards fids */
+  pthread_mutex_t mu; /* guards fids and fds */
   int64_t *fids;      /* per manifest file; -1 until opened */
+  int *fds;           /* per manifest file, for raw preads; -1 until opened */
+  int64_t *raw_off;   /* per shard: data offset for raw preads, -1 = through HDF5, -2 = unknown */
   unsigned char *checked;  /* per shard: attributes compared with the manifest */
   unsigned char *verified; /* per shard: hash verified */
   int *disk_order;         /* shard indices by (rank file, family, state): the order written */
@@ -152,13 +154,16 @@ int mc_ckpt_open(const char *path, const mc_ckpt_open_opts *opts, mc_ckpt **out)
   }
   int nf = ck->m.n_files > 0 ? ck->m.n_files : 1, ns = ck->m.n_shards > 0 ? ck->m.n_shards : 1;
   ck->fids = malloc((size_t)nf * sizeof *ck->fids);
+  ck->fds = malloc((size_t)nf * sizeof *ck->fds);
+  ck->raw_off = malloc((size_t)ns * sizeof *ck->raw_off);
   ck->checked = calloc((size_t)ns, 1);
   ck->verified = calloc((size_t)ns, 1);
-  if (!ck->fids || !ck->checked || !ck->verified) {
+  if (!ck->fids || !ck->fds || !ck->raw_off || !ck->checked || !ck->verified) {
     mc_error("out of memory opening %s", path);
     goto fail;
   }
-  for (int i = 0; i < ck->m.n_files; i++) ck->fids[i] = -1;
+  for (int i = 0; i < ck->m.n_files; i++) ck->fids[i] = -1, ck->fds[i] = -1;
+  for (int i = 0; i < ck->m.n_shards; i++) ck->raw_off[i] = -2;
   /* Reading shards in the order they were written keeps each file's reads sequential. */
   order_key *keys = malloc((size_t)ns * sizeof *keys);
   ck->disk_order = malloc((size_t)ns * sizeof(int));
@@ -183,7 +188,12 @@ void mc_ckpt_close(mc_ckpt *ck) {
   if (!ck) return;
   if (ck->fids)
     for (int i = 0; i < ck->m.n_files; i++) mc_h5_close(ck->fids[i]);
+  if (ck->fds)
+    for (int i = 0; i < ck->m.n_files; i++)
+      if (ck->fds[i] >= 0) close(ck->fds[i]);
   free(ck->fids);
+  free(ck->fds);
+  free(ck->raw_off);
   free(ck->checked);
   free(ck->verified);
   free(ck->disk_order);
@@ -287,6 +297,30 @@ static int get_fid(mc_ckpt *ck, const mc_ckpt_shard *s, int64_t *fid) {
   return rc;
 }
 
+/* Reads shard si whole into buf: contiguous fp32 data with plain preads (outside the HDF5
+ * lock, so threads read in parallel), anything else through HDF5. */
+static int read_whole(mc_ckpt *ck, int si, int64_t fid, const char *where, float *buf) {
+  const mc_ckpt_shard *s = &ck->m.shards[si];
+  int fi = file_index(ck, s->file), fd = -1;
+  pthread_mutex_lock(&ck->mu);
+  if (ck->raw_off[si] == -2) ck->raw_off[si] = mc_h5_raw_offset(fid, s->dataset);
+  if (ck->raw_off[si] >= 0) {
+    if (ck->fds[fi] < 0) ck->fds[fi] = open(where, O_RDONLY);
+    fd = ck->fds[fi];
+  }
+  int64_t at = ck->raw_off[si];
+  pthread_mutex_unlock(&ck->mu);
+  if (fd >= 0) return mc_read_raw(fd, at, buf, s->numel * (int64_t)sizeof(float), where, s->dataset);
+  int64_t zero[3] = {0, 0, 0};
+  return mc_h5_read_box(fid, where, s, zero, s->count, buf, s->count, zero);
+}
+
+static int is_whole(const mc_ckpt_request *r, const mc_ckpt_shard *s) {
+  for (int k = 0; k < s->ndim; k++)
+    if (r->start[k] != s->start[k] || r->count[k] != s->count[k]) return 0;
+  return 1;
+}
+
 /* Copies box cnt at src_off of a row-major array of extent src_dims into dst at dst_off. */
 static void copy_box(const float *src, const int64_t *src_dims, const int64_t *src_off, float *dst,
                      const int64_t *dst_dims, const int64_t *dst_off, const int64_t *cnt, int ndim) {
@@ -376,7 +410,7 @@ static int read_task(void *arg, int t) {
     if (mc_h5_check_attrs(fid, where, s, f->shape) != 0) return -1;
     ck->checked[si] = 1;
   }
-  int64_t zero[3] = {0, 0, 0}, soff[3], roff[3], cnt[3];
+  int64_t soff[3], roff[3], cnt[3];
   if ((ck->opts.verify || c->force_verify) && !ck->verified[si]) {
     /* The whole shard must be hashed. When one request is exactly this shard (a load under
      * the saving layout), it is read straight into the caller's buffer; otherwise into a
@@ -384,12 +418,11 @@ static int read_task(void *arg, int t) {
     const mc_ckpt_request *only = NULL;
     if (c->req_start[t + 1] - c->req_start[t] == 1) {
       only = &c->reqs[c->req_list[c->req_start[t]]];
-      for (int k = 0; k < s->ndim && only; k++)
-        if (only->start[k] != s->start[k] || only->count[k] != s->count[k]) only = NULL;
+      if (!is_whole(only, s)) only = NULL;
     }
     float *buf = only ? only->out : malloc((size_t)s->numel * sizeof(float));
     if (!buf) return mc_error("out of memory reading %s:%s", s->file, s->dataset);
-    if (mc_h5_read_box(fid, where, s, zero, s->count, buf, s->count, zero) != 0) {
+    if (read_whole(ck, si, fid, where, buf) != 0) {
       if (!only) free(buf);
       return -1;
     }
@@ -411,8 +444,11 @@ static int read_task(void *arg, int t) {
   }
   for (int q = c->req_start[t]; q < c->req_start[t + 1]; q++) {
     const mc_ckpt_request *r = &c->reqs[c->req_list[q]];
-    if (intersect(r, s, soff, roff, cnt) && mc_h5_read_box(fid, where, s, soff, cnt, r->out, r->count, roff) != 0)
+    if (is_whole(r, s)) {
+      if (read_whole(ck, si, fid, where, r->out) != 0) return -1;
+    } else if (intersect(r, s, soff, roff, cnt) && mc_h5_read_box(fid, where, s, soff, cnt, r->out, r->count, roff) != 0) {
       return -1;
+    }
   }
   return 0;
 }

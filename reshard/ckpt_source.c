@@ -106,22 +106,6 @@ static int file_index(mc_rs_source *s, const char *name) {
   return s->n_files++;
 }
 
-/* The byte offset of a contiguous, unfiltered dataset's data, or -1 (read through HDF5). */
-static int64_t raw_offset(int64_t fid, const char *dataset) {
-  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-  hid_t d = H5Dopen2((hid_t)fid, dataset, H5P_DEFAULT);
-  if (d < 0) return -1;
-  int64_t off = -1;
-  hid_t dcpl = H5Dget_create_plist(d);
-  if (dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl) == 0) {
-    haddr_t a = H5Dget_offset(d);
-    if (a != HADDR_UNDEF) off = (int64_t)a;
-  }
-  if (dcpl >= 0) H5Pclose(dcpl);
-  H5Dclose(d);
-  return off;
-}
-
 int mc_rs_shard_index(mc_ckpt *ck, const mc_geometry *g, int **out) {
   /* Manifest families map to the geometry's by name (once), shards by (family, state, rank). */
   int nmf = mc_ckpt_n_families(ck), ns = mc_ckpt_n_shards(ck);
@@ -181,7 +165,7 @@ int mc_rs_source_bind(mc_rs_source *s, const mc_rs_plan *p) {
       src_shard *sh = &s->shards[i];
       sh->rec = rec;
       sh->file = fi;
-      sh->raw_offset = raw_offset(s->files[fi].fid, rec->dataset);
+      sh->raw_offset = mc_h5_raw_offset(s->files[fi].fid, rec->dataset);
       sh->row = 1;
       for (int d = 1; d < rec->ndim; d++) sh->row *= rec->count[d];
     }
@@ -195,20 +179,8 @@ int mc_rs_source_read(void *ctx, const mc_rs_plan *p, int i, int64_t off, int64_
   (void)p;
   const src_shard *sh = &s->shards[i];
   const src_file *f = &s->files[sh->file];
-  if (sh->raw_offset >= 0) {
-    /* Contiguous fp32 little-endian data: plain preads, outside the HDF5 library lock. */
-    char *dst = (char *)buf;
-    int64_t left = n * 4, at = sh->raw_offset + off * 4;
-    while (left > 0) {
-      ssize_t r = pread(f->fd, dst, (size_t)left, (off_t)at);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0)
-        return mc_error("%s: reading dataset %s failed: %s", sh->rec->file, sh->rec->dataset,
-                        r < 0 ? strerror(errno) : "unexpected end of file");
-      dst += r, left -= r, at += r;
-    }
-    return 0;
-  }
+  if (sh->raw_offset >= 0) /* contiguous fp32 little-endian data: plain preads, outside the HDF5 lock */
+    return mc_read_raw(f->fd, sh->raw_offset + off * 4, buf, n * 4, sh->rec->file, sh->rec->dataset);
   int64_t o[MC_CKPT_MAX_DIM] = {0}, c[MC_CKPT_MAX_DIM], z[MC_CKPT_MAX_DIM] = {0};
   for (int d = 0; d < sh->rec->ndim; d++) c[d] = sh->rec->count[d];
   o[0] = off / sh->row;

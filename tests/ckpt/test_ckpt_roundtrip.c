@@ -5,7 +5,11 @@
  * With "--write DIR" it only writes a sample checkpoint (used by the Python tests). */
 #include "tests/ckpt/test_ckpt_common.h"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <unistd.h>
+
+#include "ckpt/ckpt_internal.h"
 
 #include "tests/check.h"
 
@@ -354,6 +358,42 @@ static int write_sample(const char *dir) {
   return 0;
 }
 
+/* Saved shards are contiguous fp32 little-endian datasets, so loads read them with plain
+ * preads outside the HDF5 lock: the raw bytes at the dataset's offset are the hashed bytes. */
+static void test_raw_reads(const char *root) {
+  char dir[2048];
+  pathf(dir, sizeof dir, "%s/raw", root);
+  CHECK_OK(save_reference(dir, 2, 1, 2, 1, 0, 1, 3, 11, 0));
+  mc_ckpt *ck = NULL;
+  CHECK_OK(mc_ckpt_open(dir, NULL, &ck));
+  if (!ck) return;
+  int checked = 0;
+  for (int i = 0; i < mc_ckpt_n_shards(ck); i += 7, checked++) {
+    const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
+    char path[4096];
+    pathf(path, sizeof path, "%s/%s", mc_ckpt_step_dir(ck), s->file);
+    int64_t fid = -1;
+    CHECK_OK(mc_h5_open_read(path, &fid));
+    int64_t off = mc_h5_raw_offset(fid, s->dataset);
+    mc_h5_close(fid);
+    CHECK(off > 0, "%s:%s has no raw offset", s->file, s->dataset);
+    float *buf = malloc((size_t)s->numel * sizeof(float));
+    int fd = open(path, O_RDONLY);
+    CHECK_OK(mc_read_raw(fd, off, buf, s->numel * 4, s->file, s->dataset));
+    char hex[65];
+    mc_sha256_hex(buf, (size_t)s->numel * 4, hex);
+    CHECK(strcmp(hex, s->sha256) == 0, "%s:%s raw bytes hash to %s, manifest %s", s->file, s->dataset, hex, s->sha256);
+    /* reading past the end is an error naming the file and dataset, not a short read */
+    CHECK(mc_read_raw(fd, off + s->numel * 4 + ((int64_t)1 << 40), buf, 4, s->file, s->dataset) != 0 &&
+              strstr(mc_errmsg(), s->dataset),
+          "read past the end: %s", mc_errmsg());
+    close(fd);
+    free(buf);
+  }
+  CHECK(checked > 3, "raw reads checked on %d shards", checked);
+  mc_ckpt_close(ck);
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "--write") == 0) return write_sample(argv[2]);
   char root[2048];
@@ -361,6 +401,7 @@ int main(int argc, char **argv) {
   test_single_writer(root);
   test_state_and_model(root);
   test_several_writers(root);
+  test_raw_reads(root);
   if (mc_check_failures == 0) rm_rf(root);
   return mc_check_exit("test_ckpt_roundtrip");
 }
