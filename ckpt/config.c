@@ -621,6 +621,30 @@ int mc_config_set(mc_config *cfg, const char *assignment) {
   return 0;
 }
 
+int mc_config_take_args(int *argc, char **argv, char **taken) {
+  int n = *argc, out = 1, nt = 1;
+  taken[0] = argv[0];
+  for (int i = 1; i < n; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--")) { /* everything after "--" belongs to the program */
+      while (i < n) argv[out++] = argv[i++];
+      break;
+    }
+    if ((!strcmp(a, "--config") || !strcmp(a, "--set")) && i + 1 < n) {
+      taken[nt++] = argv[i++];
+      taken[nt++] = argv[i];
+    } else if (!strncmp(a, "--config=", 9) || !strncmp(a, "--set=", 6)) {
+      taken[nt++] = argv[i];
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  if (out < n) argv[out] = NULL;
+  taken[nt] = NULL;
+  *argc = out;
+  return nt;
+}
+
 int mc_config_from_args(mc_config *cfg, int *argc, char **argv) {
   if (mc_config_default(cfg)) return -1;
   return mc_config_overlay_args(cfg, argc, argv, NULL);

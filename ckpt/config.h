@@ -90,6 +90,11 @@ int mc_config_from_args(mc_config *cfg, int *argc, char **argv);
 /* The same on top of an existing config (e.g. one recorded in a checkpoint) instead of the
  * defaults. *applied (may be NULL) receives how many --config/--set arguments were given. */
 int mc_config_overlay_args(mc_config *cfg, int *argc, char **argv, int *applied);
+/* Moves every --config FILE / --set k=v (and = forms) out of argv into `taken` (room for
+ * *argc + 1 entries; taken[0] = argv[0]), in order, for tools that apply them later on a
+ * config they load first. Returns the number of entries in `taken` (1 when none). A trailing
+ * --config/--set without its value stays in argv, for the tool to reject. */
+int mc_config_take_args(int *argc, char **argv, char **taken);
 /* Canonical JSON of the whole config (malloc'd; caller frees). */
 char *mc_config_to_json(const mc_config *cfg);
 

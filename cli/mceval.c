@@ -1,6 +1,6 @@
 /* mceval: the loss of a checkpoint on a token file.
  *
- *   mceval CKPT --data FILE [--batches N] [--split val|all] [--no-verify]
+ *   mceval CKPT --data FILE [--batches N] [--split val|all] [--no-verify] [--config F] [--set k=v]
  *
  * CKPT is a run directory (its latest checkpoint) or a step_N directory, written under any
  * layout: every family is read whole through the checkpoint library's hyperslab reads and
@@ -23,15 +23,18 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: mceval CKPT --data FILE [--batches N] [--split val|all] [--device cpu|cuda] [--no-verify]\n"
+          "              [--config FILE] [--set section.key=value]\n"
           "  CKPT       a run directory (its latest checkpoint) or a step_N directory\n"
           "  --data     HDF5 token dataset made by mcdata\n"
           "  --batches  global batches of windows to score (default train.eval_batches; 0 = all)\n"
           "  --split    val: the held-out windows (default); all: every window of the file\n"
-          "  --device   where to compute: cpu (default) or cuda\n");
+          "  --device   where to compute: cpu (default) or cuda\n"
+          "  --config/--set  overlay the checkpoint's recorded config (windows, split, micro-batch,\n"
+          "             eval_batches; data.path is the default of --data); the model must not change\n");
 }
 
 static int eval(const char *ckpt_path, const char *data_path, int64_t batches, int split_all, int verify,
-                const char *device) {
+                const char *device, int cfg_argc, char **cfg_argv) {
   mc_backend *be = mc_train_backend(device, "fp32", 1); /* before any reading: a bad device fails fast */
   if (!be) return -1;
   mc_ckpt_open_opts oo;
@@ -42,6 +45,10 @@ static int eval(const char *ckpt_path, const char *data_path, int64_t batches, i
   mc_config cfg;
   mc_geometry geo;
   int have_geo = 0, rc = mc_ckpt_config(ck, &cfg);
+  /* --config/--set overlay the recorded config (e.g. data.val_fraction, train.micro_batch,
+   * train.eval_batches, data.path); a changed model key fails the model check below. */
+  if (rc == 0 && cfg_argc > 1) rc = mc_config_overlay_args(&cfg, &cfg_argc, cfg_argv, NULL);
+  if (rc == 0 && !data_path) data_path = cfg.data.path;
   if (rc == 0) {
     /* Evaluate on one process whatever layout wrote the checkpoint. */
     mc_layout one;
@@ -75,6 +82,9 @@ static int eval(const char *ckpt_path, const char *data_path, int64_t batches, i
 }
 
 int main(int argc, char **argv) {
+  char **cfg_argv = calloc((size_t)argc + 1, sizeof *cfg_argv);
+  if (!cfg_argv) return 1;
+  int cfg_argc = mc_config_take_args(&argc, argv, cfg_argv);
   const char *ckpt = NULL, *data = NULL;
   int64_t batches = -1;
   int split_all = 0, verify = 1;
@@ -112,12 +122,14 @@ int main(int argc, char **argv) {
       ckpt = a;
     }
   }
-  if (!ckpt || !data) {
+  if (!ckpt || (!data && cfg_argc == 1)) {
     fprintf(stderr, "mceval: %s\n", !ckpt ? "missing the checkpoint directory" : "missing --data FILE");
     usage(stderr);
     return 2;
   }
-  if (eval(ckpt, data, batches, split_all, verify, device) != 0) {
+  int rc = eval(ckpt, data, batches, split_all, verify, device, cfg_argc, cfg_argv);
+  free(cfg_argv);
+  if (rc != 0) {
     fprintf(stderr, "mceval: %s\n", mc_errmsg());
     return 1;
   }

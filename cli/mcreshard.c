@@ -90,7 +90,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "mcreshard: out of memory\n");
     return 1;
   }
-  la.cfg_argv[0] = argv[0];
+  for (int i = 1; i < argc; i++) /* --layout FILE is --config FILE */
+    if (!strcmp(argv[i], "--layout")) argv[i] = "--config";
+  la.cfg_argc = mc_config_take_args(&argc, argv, la.cfg_argv);
   const char *pos[2] = {NULL, NULL}, *export_path = NULL, *import_path = NULL;
   int npos = 0, dry = 0, json = 0, progress = isatty(2);
   mc_rs_opts o = {.chunk_bytes = (int64_t)16 << 20, .threads = 0};
@@ -104,11 +106,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--sp")) rc = parse_int(a, v, 0, &la.sp);
     else if (!strcmp(a, "--zero")) rc = parse_int(a, v, 0, &la.zero);
     else if (!strcmp(a, "--split")) rc = v ? (la.split = v, 0) : mc_error("--split needs a value");
-    else if (!strcmp(a, "--layout") || !strcmp(a, "--config") || !strcmp(a, "--set")) {
-      if (!v) rc = mc_error("%s needs %s", a, strcmp(a, "--set") ? "a file" : "section.key=value");
-      la.cfg_argv[la.cfg_argc++] = strcmp(a, "--set") ? "--config" : "--set";
-      la.cfg_argv[la.cfg_argc++] = (char *)v;
-    }
+    else if (!strcmp(a, "--config") || !strcmp(a, "--set")) /* left over only without a value */
+      rc = mc_error("%s needs %s", a, strcmp(a, "--set") ? "a file" : "section.key=value");
     else if (!strcmp(a, "--export")) rc = v ? (export_path = v, 0) : mc_error("--export needs a file");
     else if (!strcmp(a, "--import")) rc = v ? (import_path = v, 0) : mc_error("--import needs a file");
     else if (!strcmp(a, "--chunk-mb")) {

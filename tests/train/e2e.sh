@@ -120,6 +120,12 @@ eval)
   [ "$got" = "$(field run/metrics.jsonl val_loss 8)" ] || die "mceval of the resharded checkpoint gave $got"
   all=$("$B/mceval" run --data corpus.h5 --split all --batches 1 | sed -n 's/.*tokens=\([0-9]*\).*/\1/p')
   [ "$all" = 256 ] || die "--split all --batches 1 should score 8 windows x 32 tokens, got $all"
+  # --config/--set overlay the recorded config: data.path stands in for --data, and
+  # train.eval_batches=1 scores one global batch like --batches 1.
+  got=$("$B/mceval" run --set data.path=corpus.h5 --set train.eval_batches=1 --split all | sed -n 's/.*tokens=\([0-9]*\).*/\1/p')
+  [ "$got" = 256 ] || die "mceval --set data.path/train.eval_batches scored $got tokens, want 256"
+  if "$B/mceval" run --set data.path=corpus.h5 --set model.d_model=48 > /dev/null 2> mm.log; then die "mceval accepted a changed model"; fi
+  grep -q "model.d_model" mm.log || die "mceval model change not named: $(cat mm.log)"
   ;;
 errors)
   # Bad input: clear messages naming the file, key or rule, non-zero exit, nothing written.
