@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
+#include "kernels/route_row.h"
 
 void mc_cpu_moe_route(mc_backend *be, const float *logits, int n_seq, int T, int E, int k,
                       int capacity, float *probs, int32_t *idx, float *gate, int32_t *slot,
@@ -14,30 +15,8 @@ void mc_cpu_moe_route(mc_backend *be, const float *logits, int n_seq, int T, int
   const int n = n_seq * T;
   /* softmax, top-k (strict > keeps the lower index on ties), renormalised gates */
 #pragma omp parallel for if ((int64_t)n * E > MC_CPU_PAR_MIN)
-  for (int r = 0; r < n; r++) {
-    const float *lr = logits + (int64_t)r * E;
-    float *pr = probs + (int64_t)r * E;
-    float m = -INFINITY;
-    for (int e = 0; e < E; e++) m = lr[e] > m ? lr[e] : m;
-    double sum = 0.0;
-    for (int e = 0; e < E; e++) {
-      pr[e] = expf(lr[e] - m);
-      sum += pr[e];
-    }
-    for (int e = 0; e < E; e++) pr[e] = (float)(pr[e] / sum);
-    double gs = 0.0;
-    for (int j = 0; j < k; j++) {
-      int best = -1;
-      for (int e = 0; e < E; e++) {
-        int taken = 0;
-        for (int i = 0; i < j; i++) taken |= idx[(int64_t)r * k + i] == e;
-        if (!taken && (best < 0 || pr[e] > pr[best])) best = e;
-      }
-      idx[(int64_t)r * k + j] = best;
-      gs += pr[best];
-    }
-    for (int j = 0; j < k; j++) gate[(int64_t)r * k + j] = (float)(pr[idx[(int64_t)r * k + j]] / gs);
-  }
+  for (int r = 0; r < n; r++)
+    mc_route_row(logits + (int64_t)r * E, E, k, probs + (int64_t)r * E, idx + (int64_t)r * k, gate + (int64_t)r * k);
   /* capacity per sequence, statistics for the aux loss */
   int *seen = malloc((size_t)E * sizeof(int));
   int *fill = malloc((size_t)E * sizeof(int));

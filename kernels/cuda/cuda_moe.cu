@@ -3,33 +3,10 @@
  * (sequence, expert) from each assignment's rank in token order, so the decisions are
  * exactly the CPU's. Permutations are gathers or one-writer scatters (slots are unique): no atomics. */
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/route_row.h"
 
 __global__ void k_route_rows(const float *logits, int n, int E, int k, float *probs, int32_t *idx, float *gate) {
-  MC_CU_FOR(r, n) {
-    const float *lr = logits + r * E;
-    float *pr = probs + r * E;
-    int32_t *ir = idx + r * k;
-    float m = -INFINITY;
-    for (int e = 0; e < E; e++) m = lr[e] > m ? lr[e] : m;
-    double sum = 0.0;
-    for (int e = 0; e < E; e++) {
-      pr[e] = expf(lr[e] - m);
-      sum += pr[e];
-    }
-    for (int e = 0; e < E; e++) pr[e] = (float)(pr[e] / sum);
-    double gs = 0.0;
-    for (int j = 0; j < k; j++) {
-      int best = -1;
-      for (int e = 0; e < E; e++) {
-        int taken = 0;
-        for (int i = 0; i < j; i++) taken |= ir[i] == e;
-        if (!taken && (best < 0 || pr[e] > pr[best])) best = e;
-      }
-      ir[j] = best;
-      gs += pr[best];
-    }
-    for (int j = 0; j < k; j++) gate[r * k + j] = (float)(pr[ir[j]] / gs);
-  }
+  MC_CU_FOR(r, n) mc_route_row(logits + r * E, E, k, probs + r * E, idx + r * k, gate + r * k);
 }
 
 /* Routing statistics and slots run one block per (sequence, expert); thread t owns a
