@@ -17,6 +17,7 @@
 
 #include "ckpt/config.h"
 #include "comm/comm.h"
+#include "plan/plan.h"
 #include "train/trainer.h"
 #include "util/error.h"
 
@@ -41,6 +42,24 @@ static int under_mpirun(void) {
 }
 
 static int run_main(int argc, char **argv, mc_comm *world);
+
+/* mcplan's per-category prediction for rank 0 of this config (what mcplan prints with its
+ * default options), for the trainer's step-1 memory report. 0; 1 when the config has no
+ * valid geometry (the trainer reports that itself); -1 with mc_error set. */
+static int predict_memory(const mc_config *cfg, int world_size, int64_t out[MC_MEM_COUNT]) {
+  mc_geometry g;
+  if (mc_geometry_build(&cfg->model, &cfg->parallel, &cfg->train, world_size, &g) != 0) return 1;
+  mc_plan_opts po;
+  mc_plan_opts_default(&po);
+  mc_plan p;
+  int rc = mc_plan_build(&g, &cfg->train, &po, &p);
+  if (rc == 0) {
+    memcpy(out, p.ranks[0].bytes, sizeof(int64_t) * MC_MEM_COUNT);
+    mc_plan_free(&p);
+  }
+  mc_geometry_free(&g);
+  return rc;
+}
 
 int main(int argc, char **argv) {
   mc_comm *world = NULL;
@@ -101,6 +120,13 @@ static int run_main(int argc, char **argv, mc_comm *world) {
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
   opts.stop = &stop_signal;
+  int64_t predicted[MC_MEM_COUNT];
+  if (opts.progress || !world || world->rank == 0) {
+    /* Without a prediction the run still trains; the report is left out. */
+    int pr = predict_memory(&cfg, world ? world->size : 1, predicted);
+    if (pr == 0) opts.mem_predicted = predicted;
+    else if (pr < 0) fprintf(stderr, "mctrain: no memory report: mcplan's prediction failed: %s\n", mc_errmsg());
+  }
   if (mc_train(&cfg, &opts) != 0) {
     fflush(stdout);
     if (world && world->size > 1)

@@ -1,1 +1,1 @@
-set(MC_TOOL_LINK mc_train)
+set(MC_TOOL_LINK mc_train mc_plan)

@@ -7,18 +7,11 @@
 #include <string.h>
 
 #include "ckpt/cost.h"
+#include "plan/mem_cats.h"
 #include "util/error.h"
 
 #define GiB ((int64_t)1 << 30)
 #define MiB ((int64_t)1 << 20)
-
-static const char *const cat_names[MC_MEM_COUNT] = {
-    "params.replicated",       "params.tp",           "params.ep",
-    "grads",                   "optimizer.master.decay", "optimizer.master.no_decay",
-    "optimizer.moments.decay", "optimizer.moments.no_decay",
-    "zero3.buffers",           "activations",         "pipeline.buffers",
-    "moe.scratch",             "runtime.reserve",     "allocator.overhead",
-};
 
 static const char *const cat_descs[MC_MEM_COUNT] = {
     "params, replicated over TP",
@@ -37,7 +30,7 @@ static const char *const cat_descs[MC_MEM_COUNT] = {
     "allocator overhead",
 };
 
-const char *mc_mem_cat_name(mc_mem_cat c) { return c >= 0 && c < MC_MEM_COUNT ? cat_names[c] : "?"; }
+const char *mc_mem_cat_name(mc_mem_cat c) { return mc_mem_cat_label(c); }
 const char *mc_mem_cat_desc(mc_mem_cat c) { return c >= 0 && c < MC_MEM_COUNT ? cat_descs[c] : "?"; }
 
 int64_t mc_plan_default_reserve(const char *device) {
@@ -128,9 +121,7 @@ static int plan_rank(const mc_geometry *g, mc_plan *p, int rank, const stage_act
     int64_t local = 1;
     for (int k = 0; k < sh[MC_STATE_PARAM].ndim; k++) local *= sh[MC_STATE_PARAM].local_count[k];
     const int64_t working = zero3 ? sh[MC_STATE_PARAM].numel : local;
-    mc_mem_cat pc = f->place == MC_PLACE_TP   ? MC_MEM_PARAMS_TP
-                    : f->place == MC_PLACE_EP ? MC_MEM_PARAMS_EP
-                                              : MC_MEM_PARAMS_REPLICATED;
+    mc_mem_cat pc = mc_mem_param_cat(f->place);
     r->bytes[pc] += working * p->act_bytes;
     r->bytes[MC_MEM_GRADS] += working * 4;
     r->working_elems += working;

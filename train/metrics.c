@@ -28,7 +28,8 @@ int mc_metrics_open(mc_metrics *m, const char *path, int64_t keep_through) {
       while (getline(&line, &cap, in) > 0) {
         cJSON *j = cJSON_Parse(line);
         cJSON *s = j ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL;
-        if (cJSON_IsNumber(s) && s->valuedouble <= (double)keep_through) fputs(line, out);
+        /* records without a step (the step-1 memory report) are kept as well */
+        if (j && (!s || (cJSON_IsNumber(s) && s->valuedouble <= (double)keep_through))) fputs(line, out);
         cJSON_Delete(j);
       }
       free(line);

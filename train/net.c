@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plan/mem_cats.h"
 #include "train/device.h"
 #include "train/net_blocks.h"
 #include "util/error.h"
@@ -156,6 +157,7 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
     free(net->geo.fams.f), free(net->layers), free(net->params), free(net->dist), free(net);
     return NULL;
   }
+  net->zero = lay->zero; /* before the fail path can run (it reads it) */
   memcpy(net->geo.fams.f, geo->fams.f, (size_t)geo->fams.n * sizeof(mc_family));
   for (int L = 0; L < net->n_layers; L++) {
     net->layers[L].layer = L;
@@ -163,12 +165,15 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
     for (int r = 0; r < MC_ROLE_COUNT; r++) net->layers[L].p[r] = -1;
   }
   net->fam_embed = net->fam_final_norm = net->fam_head = -1;
+  /* Sizing pass: every parameter's working slice (ZeRO 3: its persistent shard) and gradient
+   * counted in its category's arena; then one allocation per category and the same tensors
+   * carved out of them in the same order. */
   for (int fi = 0; fi < geo->fams.n; fi++) {
     const mc_family *f = &geo->fams.f[fi];
     mc_shard sh;
     if (mc_shard_of(geo, fi, MC_STATE_PARAM, rank, &sh)) goto fail;
     if (!sh.in_stage) continue;
-    mc_net_param *p = &net->params[net->n_params];
+    mc_net_param *p = &net->params[net->n_params++];
     p->fam = fi;
     p->shard = sh;
     p->numel = 1;
@@ -176,18 +181,26 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
     int64_t row = p->numel / (sh.local_count[0] > 0 ? sh.local_count[0] : 1);
     p->z_off = (sh.start[0] - sh.local_start[0]) * row;
     p->z_numel = sh.count[0] * row;
-    p->w = net->be->alloc(net->be, (size_t)p->numel * sizeof(float));
-    p->g = net->be->alloc(net->be, (size_t)(net->zero == 3 ? p->z_numel : p->numel) * sizeof(float));
-    if (net->zero == 3) p->ws = net->be->alloc(net->be, (size_t)p->z_numel * sizeof(float));
-    net->n_params++;
-    if (!p->w || !p->g || (net->zero == 3 && !p->ws)) goto fail;
-    if (init_param(net, p, seed)) goto fail;
-    if (net->zero == 3) { /* keep only this rank's rows */
-      net->be->copy(net->be, p->ws, p->w + p->z_off, p->z_numel);
-      net->be->free(net->be, p->w);
+    mc_arena_count(&net->arenas.a[mc_mem_param_cat(f->place)], (net->zero == 3 ? p->z_numel : p->numel) * (int64_t)sizeof(float));
+    mc_arena_count(&net->arenas.a[MC_MEM_GRADS], (net->zero == 3 ? p->z_numel : p->numel) * (int64_t)sizeof(float));
+  }
+  for (int c = 0; c < MC_MEM_COUNT; c++)
+    if (mc_arena_open(&net->arenas.a[c], be, (mc_mem_cat)c)) goto fail;
+  for (int idx = 0; idx < net->n_params; idx++) {
+    mc_net_param *p = &net->params[idx];
+    const mc_family *f = &geo->fams.f[p->fam];
+    const int64_t held = (net->zero == 3 ? p->z_numel : p->numel) * (int64_t)sizeof(float);
+    float *w = mc_arena_take(&net->arenas.a[mc_mem_param_cat(f->place)], held, mc_mem_param_cat(f->place));
+    if (!w || !(p->g = mc_arena_take(&net->arenas.a[MC_MEM_GRADS], held, MC_MEM_GRADS))) goto fail;
+    /* ZeRO 3 initialises the whole local slice in a start-up buffer and keeps its rows. */
+    p->w = net->zero == 3 ? be->alloc(be, (size_t)p->numel * sizeof(float)) : w;
+    if (!p->w || init_param(net, p, seed)) goto fail;
+    if (net->zero == 3) {
+      p->ws = w;
+      be->copy(be, p->ws, p->w + p->z_off, p->z_numel);
+      be->free(be, p->w);
       p->w = NULL;
     }
-    int idx = net->n_params - 1;
     if (f->layer >= 0) net->layers[f->layer].p[f->role] = idx;
     else if (f->role == MC_ROLE_EMBED) net->fam_embed = idx;
     else if (f->role == MC_ROLE_FINAL_NORM) net->fam_final_norm = idx;
@@ -207,12 +220,10 @@ fail:
 }
 
 static void free_activations(mc_net *net) {
-  mc_backend *be = net->be;
   for (int L = 0; L < net->n_layers; L++) {
     mc_layer *l = &net->layers[L];
-    be->free(be, l->x_in), be->free(be, l->u), be->free(be, l->rstd);
-    for (int i = 0; i < MC_LAYER_FBUFS; i++) be->free(be, l->f[i]), l->f[i] = NULL;
-    for (int i = 0; i < MC_LAYER_IBUFS; i++) be->free(be, l->i[i]), l->i[i] = NULL;
+    for (int i = 0; i < MC_LAYER_FBUFS; i++) l->f[i] = NULL;
+    for (int i = 0; i < MC_LAYER_IBUFS; i++) l->i[i] = NULL;
     free(l->counts_host), free(l->aux_host);
     l->x_in = l->u = l->rstd = NULL;
     l->counts_host = NULL;
@@ -221,11 +232,10 @@ static void free_activations(mc_net *net) {
   float **bufs[] = {&net->x,    &net->hf,  &net->rstd_f, &net->logits, &net->loss,     &net->lse,
                     &net->dx,   &net->du,  &net->y,      &net->ush,    &net->full,     &net->pack,     &net->ufull,
                     &net->dlogits, &net->emb_rows, &net->emb_gate};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, *bufs[i]), *bufs[i] = NULL;
-  for (int i = 0; i < MC_NET_GBUFS; i++) be->free(be, net->g[i]), net->g[i] = NULL;
-  be->free(be, net->tok_in), be->free(be, net->tok_tgt);
-  be->free(be, net->emb_tok), be->free(be, net->emb_slot);
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = NULL;
+  for (int i = 0; i < MC_NET_GBUFS; i++) net->g[i] = NULL;
   net->tok_in = net->tok_tgt = net->emb_tok = net->emb_slot = NULL;
+  mc_arena_close(&net->arenas.a[MC_MEM_ACTIVATIONS]);
   free(net->loss_host), free(net->logits_host), free(net->lse_host), free(net->tgt_host);
   net->loss_host = net->logits_host = net->lse_host = NULL;
   net->tgt_host = NULL;
@@ -236,10 +246,13 @@ void mc_net_free(mc_net *net) {
   if (!net) return;
   free_activations(net);
   for (int i = 0; i < net->n_params; i++) {
-    net->be->free(net->be, net->params[i].w);
-    net->be->free(net->be, net->params[i].g);
-    net->be->free(net->be, net->params[i].ws);
+    /* Outside the arenas: ZeRO 3's gathered weights, and a whole-slice gradient a failed
+     * backward left in place of the rank's shard. */
+    mc_net_param *p = &net->params[i];
+    if (net->zero == 3) net->be->free(net->be, p->w);
+    if (net->dist && net->dist[i].g_acc && p->g != net->dist[i].g_acc) net->be->free(net->be, p->g);
   }
+  mc_arenas_close(&net->arenas);
   mc_dist_free(net);
   free(net->dist);
   free(net->params);
@@ -265,17 +278,21 @@ void mc_net_zero_grad(mc_net *net) {
 
 /* ------------------------------------------------------------------ activations */
 
-/* Allocates the activations and gradient scratch for micro-batches of up to n_seq sequences.
+/* Places the activations and gradient scratch for micro-batches of n_seq sequences in the
+ * activations arena: counts them (count = 1) or carves them (count = 0), in the same order.
  * n rows are whole sequences, nl rows the residual stream (a sequence shard under SP). */
-static int ensure_capacity(mc_net *net, int n_seq) {
-  if (n_seq <= net->n_seq_cap) return 0;
-  free_activations(net);
-  mc_backend *be = net->be;
+static int place_activations(mc_net *net, int n_seq, int count) {
+  mc_arena *a = &net->arenas.a[MC_MEM_ACTIVATIONS];
   const mc_model *m = &net->m;
   const int64_t n = (int64_t)n_seq * m->seq_len, nl = (int64_t)n_seq * net->T_res, d = m->d_model, vp = net->Vpl;
   int64_t gmax[MC_NET_GBUFS] = {0};
   int ok = 1;
-#define ALLOC(ptr, count) ok = ok && ((ptr) = be->alloc(be, (size_t)(count) * sizeof(*(ptr)))) != NULL
+#define ALLOC(ptr, elems)                                                                  \
+  do {                                                                                     \
+    int64_t bytes_ = (int64_t)(elems) * (int64_t)sizeof(*(ptr));                           \
+    if (count) mc_arena_count(a, bytes_);                                                  \
+    else ok = ok && ((ptr) = mc_arena_take(a, bytes_, MC_MEM_ACTIVATIONS)) != NULL;        \
+  } while (0)
   for (int L = 0; L < net->n_layers; L++) {
     mc_layer *l = &net->layers[L];
     mc_block_sizes s;
@@ -289,7 +306,7 @@ static int ensure_capacity(mc_net *net, int n_seq) {
     for (int i = 0; i < MC_LAYER_IBUFS; i++)
       if (s.i[i]) ALLOC(l->i[i], s.i[i]);
     for (int i = 0; i < MC_NET_GBUFS; i++) gmax[i] = s.g[i] > gmax[i] ? s.g[i] : gmax[i];
-    if (l->kind == 'E') {
+    if (l->kind == 'E' && !count) {
       l->counts_host = calloc((size_t)m->n_experts, sizeof(int32_t));
       l->aux_host = calloc((size_t)n_seq, sizeof(float));
       ok = ok && l->counts_host && l->aux_host;
@@ -318,19 +335,39 @@ static int ensure_capacity(mc_net *net, int n_seq) {
     ALLOC(net->emb_slot, n);
     ALLOC(net->emb_rows, n * d);
     ALLOC(net->emb_gate, n);
+  }
+#undef ALLOC
+  if (count || !ok) return ok ? 0 : -1;
+  /* host-side staging (not backend memory) */
+  if (net->tp > 1) {
     ok = ok && (net->logits_host = malloc((size_t)(n * vp) * sizeof(float))) != NULL;
     ok = ok && (net->lse_host = malloc((size_t)n * sizeof(float))) != NULL;
     ok = ok && (net->tgt_host = malloc((size_t)n * sizeof(int32_t))) != NULL;
   }
-#undef ALLOC
-  net->loss_host = malloc((size_t)n * sizeof(float));
-  if (!ok || !net->loss_host) {
+  ok = ok && (net->loss_host = malloc((size_t)n * sizeof(float))) != NULL;
+  return ok ? 0 : mc_error("out of host memory for the loss staging buffers");
+}
+
+/* Makes the activations arena hold micro-batches of up to n_seq sequences (one allocation;
+ * a larger micro-batch later replaces it). */
+static int ensure_capacity(mc_net *net, int n_seq) {
+  if (n_seq <= net->n_seq_cap) return 0;
+  free_activations(net);
+  if (place_activations(net, n_seq, 1) || mc_arena_open(&net->arenas.a[MC_MEM_ACTIVATIONS], net->be, MC_MEM_ACTIVATIONS) ||
+      place_activations(net, n_seq, 0)) {
     free_activations(net);
-    return mc_error("network: out of memory for the activations of %d sequences of %d tokens", n_seq, m->seq_len);
+    return mc_error_context("network: the activations of %d sequences of %d tokens", n_seq, net->m.seq_len);
   }
   net->n_seq_cap = n_seq;
   return 0;
 }
+
+int mc_net_reserve(mc_net *net, int n_seq) {
+  if (n_seq < 1) return mc_error("network: a micro-batch needs at least one sequence (got %d)", n_seq);
+  return ensure_capacity(net, n_seq);
+}
+
+void mc_net_mem_bytes(const mc_net *net, int64_t bytes[MC_MEM_COUNT]) { mc_arenas_add_bytes(&net->arenas, bytes); }
 
 /* ------------------------------------------------------------------ passes */
 

@@ -12,6 +12,7 @@
 #include "ckpt/ownership.h"
 #include "comm/comm.h"
 #include "kernels/ops.h"
+#include "plan/plan.h"
 
 typedef struct mc_net mc_net;
 
@@ -56,6 +57,13 @@ void mc_net_free(mc_net *net);
 int mc_net_n_params(const mc_net *net);
 mc_net_param *mc_net_param_at(mc_net *net, int i);
 void mc_net_zero_grad(mc_net *net);
+
+/* Sizes and allocates the activations for micro-batches of up to n_seq sequences now (the
+ * trainer calls it at start-up with train.micro_batch); otherwise the first pass does. */
+int mc_net_reserve(mc_net *net, int n_seq);
+/* Adds the bytes of the network's arenas to bytes[c] per memory category c (plan/plan.h's
+ * mc_mem_cat): params.* (working weights; ZeRO 3: the persistent shard), grads, activations. */
+void mc_net_mem_bytes(const mc_net *net, int64_t bytes[MC_MEM_COUNT]);
 
 /* tokens: n_seq rows of seq_len+1 token ids (inputs are [0, T), targets [1, T]); every rank
  * of a TP group passes the same tokens.

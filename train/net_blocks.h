@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "kernels/ops.h"
+#include "train/arena.h"
 #include "train/net.h"
 
 #define MC_LAYER_FBUFS 24 /* saved float activations per layer */
@@ -60,6 +61,10 @@ extern const mc_block_ops mc_block_attn, mc_block_mamba, mc_block_moe, mc_block_
 
 struct mc_net {
   mc_backend *be;
+  /* One allocation per category: working params by placement class, gradients and (once
+   * mc_net_reserve or the first pass sized them) activations; the tensors below point into
+   * them. ZeRO 3's gathered layers and the collectives' staging buffers are not in them. */
+  mc_arenas arenas;
   mc_geometry geo;     /* private copy (families owned) */
   int rank;
   mc_model m;

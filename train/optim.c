@@ -10,11 +10,17 @@ int mc_optim_init(mc_optim *o, const mc_geometry *geo, int rank) {
   return mc_optim_init_on(o, geo, rank, mc_backend_cpu());
 }
 
+/* Master weights go to the master arenas, both moments to the moments arenas, by the
+ * family's weight-decay group. */
+static mc_mem_cat master_cat(int decay) { return decay ? MC_MEM_MASTER_DECAY : MC_MEM_MASTER_NO_DECAY; }
+static mc_mem_cat moments_cat(int decay) { return decay ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY; }
+
 int mc_optim_init_on(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *be) {
   memset(o, 0, sizeof *o);
   o->be = be;
   o->slots = calloc((size_t)geo->fams.n, sizeof *o->slots);
   if (!o->slots) return mc_error("optimizer: out of memory");
+  mc_arena *ar = o->arenas.a;
   for (int f = 0; f < geo->fams.n; f++) {
     mc_shard sh;
     if (mc_shard_of(geo, f, MC_STATE_PARAM, rank, &sh) != 0) {
@@ -31,29 +37,37 @@ int mc_optim_init_on(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *
     int64_t row = 1;
     for (int k = 1; k < sh.ndim; k++) row *= sh.local_count[k];
     s->offset = (sh.start[0] - sh.local_start[0]) * row;
-    size_t bytes = (size_t)(s->numel > 0 ? s->numel : 1) * sizeof(float);
-    s->master = be->alloc(be, bytes); /* zero-filled */
-    s->exp_avg = be->alloc(be, bytes);
-    s->exp_avg_sq = be->alloc(be, bytes);
+    const int64_t bytes = s->numel * (int64_t)sizeof(float);
+    mc_arena_count(&ar[master_cat(s->decay)], bytes);
+    mc_arena_count(&ar[moments_cat(s->decay)], bytes);
+    mc_arena_count(&ar[moments_cat(s->decay)], bytes);
+  }
+  for (int c = 0; c < MC_MEM_COUNT; c++)
+    if (mc_arena_open(&ar[c], be, (mc_mem_cat)c) != 0) {
+      mc_optim_free(o);
+      return mc_error_context("optimizer");
+    }
+  for (int i = 0; i < o->n; i++) { /* zero-filled, in the counting order */
+    mc_optim_slot *s = &o->slots[i];
+    const int64_t bytes = s->numel * (int64_t)sizeof(float);
+    s->master = mc_arena_take(&ar[master_cat(s->decay)], bytes, master_cat(s->decay));
+    s->exp_avg = mc_arena_take(&ar[moments_cat(s->decay)], bytes, moments_cat(s->decay));
+    s->exp_avg_sq = mc_arena_take(&ar[moments_cat(s->decay)], bytes, moments_cat(s->decay));
     if (!s->master || !s->exp_avg || !s->exp_avg_sq) {
       mc_optim_free(o);
-      return mc_error("optimizer: out of %s memory for family %s", be->name, geo->fams.f[f].name);
+      return mc_error_context("optimizer, family %s", geo->fams.f[s->fam].name);
     }
   }
   return 0;
 }
 
 void mc_optim_free(mc_optim *o) {
-  if (o->slots) {
-    for (int i = 0; i < o->n; i++) {
-      o->be->free(o->be, o->slots[i].master);
-      o->be->free(o->be, o->slots[i].exp_avg);
-      o->be->free(o->be, o->slots[i].exp_avg_sq);
-    }
-  }
+  mc_arenas_close(&o->arenas);
   free(o->slots);
   memset(o, 0, sizeof *o);
 }
+
+void mc_optim_mem_bytes(const mc_optim *o, int64_t bytes[MC_MEM_COUNT]) { mc_arenas_add_bytes(&o->arenas, bytes); }
 
 int mc_optim_slot_of(const mc_optim *o, int fam) {
   for (int i = 0; i < o->n; i++)

@@ -16,6 +16,7 @@
 #include "ckpt/config.h"
 #include "ckpt/ownership.h"
 #include "kernels/ops.h"
+#include "train/arena.h"
 
 typedef struct {
   int fam;          /* index into geo->fams */
@@ -31,6 +32,9 @@ typedef struct {
   int n;
   mc_optim_slot *slots; /* one per family of the rank's stage, in family order */
   int64_t step;         /* optimizer steps taken (t of the last update) */
+  /* One allocation per category: master weights and moments, each by weight-decay group
+   * (the fp32 master copy exists in every dtype: the working weights are fp32 too). */
+  mc_arenas arenas;
 } mc_optim;
 
 /* Slots for every family the rank's stage owns, in backend memory; moments and master zero.
@@ -38,6 +42,8 @@ typedef struct {
 int mc_optim_init(mc_optim *o, const mc_geometry *geo, int rank);
 int mc_optim_init_on(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *be);
 void mc_optim_free(mc_optim *o);
+/* Adds the bytes of the optimizer's arenas to bytes[c] per memory category c. */
+void mc_optim_mem_bytes(const mc_optim *o, int64_t bytes[MC_MEM_COUNT]);
 /* Index of the slot of family `fam`, or -1. */
 int mc_optim_slot_of(const mc_optim *o, int fam);
 

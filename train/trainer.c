@@ -11,6 +11,7 @@
 
 #include "train/device.h"
 #include "train/dist.h"
+#include "train/memreport.h"
 #include "train/metrics.h"
 #include "train/optim.h"
 #include "util/error.h"
@@ -244,6 +245,8 @@ static int setup(run *r) {
   if (!r->net) return mc_error_context("creating the network");
   if (mc_dist_opt_init(&r->opt, r->net, &r->geo, r->comm, r->rank) != 0) return -1;
   r->have_opt = 1;
+  /* The activations arena is sized now, for train.micro_batch (evaluation uses the same). */
+  if (mc_net_reserve(r->net, t->micro_batch) != 0) return -1;
   r->tokens = malloc(sizeof(int32_t) * (size_t)t->micro_batch * (size_t)(cfg->model.seq_len + 1));
   if (!r->tokens) return mc_error("out of memory");
 
@@ -317,6 +320,27 @@ static int train_step(run *r, int64_t s, mc_metrics_rec *rec) {
   return 0;
 }
 
+/* Bytes per category in the rank's arenas; -1 for categories the trainer keeps no arena of. */
+static void measured_bytes(run *r, int64_t bytes[MC_MEM_COUNT]) {
+  memset(bytes, 0, sizeof(int64_t) * MC_MEM_COUNT);
+  mc_net_mem_bytes(r->net, bytes);
+  mc_optim_mem_bytes(&r->opt.opt, bytes);
+  static const mc_mem_cat none[] = {MC_MEM_ZERO3_BUFFERS, MC_MEM_PIPELINE_BUFFERS, MC_MEM_MOE_SCRATCH,
+                                    MC_MEM_RUNTIME_RESERVE, MC_MEM_ALLOCATOR_OVERHEAD};
+  for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) bytes[none[i]] = -1;
+}
+
+static int memory_report(run *r) {
+  int64_t m[MC_MEM_COUNT];
+  measured_bytes(r, m);
+  const char *be = mc_net_backend(r->net)->name;
+  if (r->opts->progress) {
+    mc_mem_report_text(r->opts->progress, r->rank, be, m, r->opts->mem_predicted);
+    fflush(r->opts->progress);
+  }
+  return r->metrics.f ? mc_mem_report_json(r->metrics.f, r->rank, be, m, r->opts->mem_predicted) : 0;
+}
+
 /* The largest stop value (a signal number, 0 = none) over the world's ranks. */
 static int agree_stop(mc_comm *world, int32_t *stop) {
   int32_t *all = malloc(sizeof(int32_t) * (size_t)world->size);
@@ -376,6 +400,7 @@ static int loop(run *r) {
     }
     int log_now = rec.has_val || done == r->end_step || done == 1 || (t->log_every > 0 && done % t->log_every == 0);
     int tty = r->opts->progress_tty;
+    if (done == 1 && r->rank == 0 && r->opts->mem_predicted && memory_report(r) != 0) return -1;
     if (log_now || (out && tty)) {
       /* Rate over the steps since the last logged line; a terminal line is redrawn every step. */
       double tn = now_s();

@@ -29,6 +29,10 @@ typedef struct {
   /* The MPI world (mc_comm_mpi_init) when launched under mpirun; NULL for one process. Its
    * size must equal tp*dp*pp of cfg->parallel. Pass progress = NULL on ranks other than 0. */
   mc_comm *world;
+  /* mcplan's prediction for rank 0 under this config (mc_plan_build's bytes per category),
+   * or NULL. When set, rank 0 prints the memory report after step 1 of a run that starts at
+   * step 0 (train/memreport.h) to progress and writes it to the metrics log. */
+  const int64_t *mem_predicted;
 } mc_trainer_opts;
 
 /* Runs (or continues) the training described by cfg. Returns 0, or -1 with mc_errmsg set. */

@@ -1,0 +1,256 @@
+/* Category arenas and the step-1 memory report (train/arena.h, train/memreport.h):
+ * - the network's and optimizer's arenas hold exactly their tensors: each arena's size is the
+ *   sum of its tensors' footprints, and the tensors' own bytes equal an independent count
+ *   (params and grads: mc_shard_of local slices x 4 bytes; master and moments: the state
+ *   hyperslabs x 4 (x 2 for the moments); activations: the block size tables);
+ * - every tensor lies inside its arena and no two overlap;
+ * - mcplan's prediction agrees with the arenas where both describe the same tensors (fp32:
+ *   params, grads and moments), for every rank of several layouts;
+ * - the activations arena is sized once for the reserved micro-batch and kept by passes that
+ *   fit it; the JSON record carries every category. */
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+
+#include "plan/mem_cats.h"
+#include "tests/train/netcheck.h"
+#include "train/memreport.h"
+#include "train/optim.h"
+
+/* A tensor placed in an arena: its address and bytes. */
+typedef struct {
+  const char *p;
+  int64_t bytes;
+} span;
+
+static int cmp_span(const void *a, const void *b) {
+  const span *x = a, *y = b;
+  return x->p < y->p ? -1 : x->p > y->p;
+}
+
+/* The spans lie inside arena a, do not overlap, and add up to its tensor bytes. */
+static void check_spans(const mc_arena *a, span *s, int n, const char *what) {
+  qsort(s, (size_t)n, sizeof *s, cmp_span);
+  int64_t sum = 0;
+  for (int i = 0; i < n; i++) {
+    sum += s[i].bytes;
+    CHECK(s[i].p >= a->base && s[i].p + s[i].bytes <= a->base + a->cap, "%s: tensor %d outside its arena", what, i);
+    if (i > 0) CHECK(s[i - 1].p + s[i - 1].bytes <= s[i].p, "%s: tensors %d and %d overlap", what, i - 1, i);
+  }
+  CHECK(n == a->tensors, "%s: %d tensors found, the arena handed out %lld", what, n, (long long)a->tensors);
+  CHECK(sum == a->tensor_bytes, "%s: tensors hold %lld bytes, the arena counts %lld", what, (long long)sum,
+        (long long)a->tensor_bytes);
+  CHECK(a->used == a->cap, "%s: %lld of %lld bytes used (sizing and placement must agree)", what, (long long)a->used,
+        (long long)a->cap);
+}
+
+static void add_span(span *s, int *n, const void *p, int64_t bytes) {
+  if (p) s[(*n)++] = (span){(const char *)p, bytes};
+}
+
+static const mc_block_ops *ops_of(char kind) {
+  return kind == 'A' ? &mc_block_attn : kind == 'M' ? &mc_block_mamba : kind == 'E' ? &mc_block_moe : &mc_block_rec;
+}
+
+/* The activation tensors of a one-rank network for n_seq sequences, with their sizes counted
+ * independently from the block size tables (train/net_blocks.h) and the network-level
+ * buffers' shapes. Returns the count. */
+static int activation_spans(const mc_net *net, int n_seq, span *s) {
+  const mc_model *m = &net->m;
+  const int64_t n = (int64_t)n_seq * m->seq_len, d = m->d_model, vp = net->Vpl;
+  int64_t gmax[MC_NET_GBUFS] = {0};
+  int cnt = 0;
+  for (int L = 0; L < net->n_layers; L++) {
+    const mc_layer *ly = &net->layers[L];
+    mc_block_sizes bs;
+    memset(&bs, 0, sizeof bs);
+    ops_of(ly->kind)->sizes(m, n_seq, &bs);
+    add_span(s, &cnt, ly->x_in, n * d * 4), add_span(s, &cnt, ly->u, n * d * 4), add_span(s, &cnt, ly->rstd, n * 4);
+    for (int i = 0; i < MC_LAYER_FBUFS; i++) add_span(s, &cnt, ly->f[i], bs.f[i] * 4);
+    for (int i = 0; i < MC_LAYER_IBUFS; i++) add_span(s, &cnt, ly->i[i], bs.i[i] * 4);
+    for (int i = 0; i < MC_NET_GBUFS; i++) gmax[i] = bs.g[i] > gmax[i] ? bs.g[i] : gmax[i];
+  }
+  for (int i = 0; i < MC_NET_GBUFS; i++) add_span(s, &cnt, net->g[i], gmax[i] * 4);
+  const void *p[] = {net->tok_in, net->tok_tgt, net->x,  net->hf, net->rstd_f, net->logits, net->loss,
+                     net->lse,    net->dx,      net->du, net->y,  net->full,   net->dlogits};
+  const int64_t el[] = {n, n, n * d, n * d, n, n * vp, n, n, n * d, n * d, n * d, n * d, n * vp};
+  for (size_t i = 0; i < sizeof el / sizeof el[0]; i++) add_span(s, &cnt, p[i], el[i] * 4);
+  return cnt;
+}
+
+static int64_t footprints(const span *s, int n) {
+  int64_t t = 0;
+  for (int i = 0; i < n; i++) t += mc_arena_footprint(s[i].bytes);
+  return t;
+}
+
+static void test_network(void) {
+  mc_model m = nc_model("AEMR");
+  mc_layout l = nc_layout(1, 1, 1);
+  mc_geometry g;
+  CHECK_OK(mc_geometry_build(&m, &l, NULL, -1, &g));
+  mc_net *net = mc_net_create(&g, 0, 7);
+  CHECK(net != NULL, "network: %s", mc_errmsg());
+  if (!net) return;
+  /* params by placement class and grads: the local slices mc_shard_of gives, x 4 bytes */
+  int64_t want[MC_MEM_COUNT] = {0};
+  for (int f = 0; f < g.fams.n; f++) {
+    mc_shard sh;
+    CHECK_OK(mc_shard_of(&g, f, MC_STATE_PARAM, 0, &sh));
+    int64_t local = 1;
+    for (int k = 0; k < sh.ndim; k++) local *= sh.local_count[k];
+    want[mc_mem_param_cat(g.fams.f[f].place)] += local * 4;
+    want[MC_MEM_GRADS] += local * 4;
+  }
+  span *s = calloc(4096, sizeof *s);
+  const mc_mem_cat pcats[] = {MC_MEM_PARAMS_REPLICATED, MC_MEM_PARAMS_TP, MC_MEM_PARAMS_EP, MC_MEM_GRADS};
+  for (size_t c = 0; c < sizeof pcats / sizeof pcats[0]; c++) {
+    const mc_arena *a = &net->arenas.a[pcats[c]];
+    CHECK(a->tensor_bytes == want[pcats[c]], "%s: arena holds %lld tensor bytes, mc_shard_of counts %lld",
+          mc_mem_cat_label(pcats[c]), (long long)a->tensor_bytes, (long long)want[pcats[c]]);
+    int n = 0;
+    for (int i = 0; i < net->n_params; i++) {
+      const mc_net_param *p = &net->params[i];
+      if (pcats[c] == MC_MEM_GRADS) add_span(s, &n, p->g, p->numel * 4);
+      else if (mc_mem_param_cat(g.fams.f[p->fam].place) == pcats[c]) add_span(s, &n, p->w, p->numel * 4);
+    }
+    check_spans(a, s, n, mc_mem_cat_label(pcats[c]));
+  }
+  CHECK(want[MC_MEM_PARAMS_EP] > 0 && want[MC_MEM_PARAMS_REPLICATED] > 0, "the model has expert and replicated families");
+
+  /* activations: sized by mc_net_reserve before any pass, kept by passes that fit */
+  const mc_arena *act = &net->arenas.a[MC_MEM_ACTIVATIONS];
+  CHECK(act->cap == 0, "no activations before a reserve or a pass");
+  CHECK_OK(mc_net_reserve(net, 3));
+  int n = activation_spans(net, 3, s);
+  CHECK(act->cap == footprints(s, n), "activations: arena of %lld bytes, its tensors' footprints %lld",
+        (long long)act->cap, (long long)footprints(s, n));
+  check_spans(act, s, n, "activations");
+  const char *base = act->base;
+  int32_t *tok = nc_tokens(&m, 5, 1);
+  mc_net_stats st;
+  CHECK_OK(mc_net_forward_backward(net, tok, 2, 1e-2, 0.5, &st));
+  CHECK_OK(mc_net_forward_backward(net, tok, 3, 1e-2, 0.5, &st));
+  CHECK(act->base == base, "a pass that fits the reserved micro-batch keeps the arena");
+  /* a larger micro-batch replaces the arena with a larger one */
+  CHECK_OK(mc_net_forward_backward(net, tok, 5, 1e-2, 0.2, &st));
+  n = activation_spans(net, 5, s);
+  CHECK(act->cap == footprints(s, n), "activations for 5 sequences: %lld bytes, expected %lld", (long long)act->cap,
+        (long long)footprints(s, n));
+  check_spans(act, s, n, "activations (5 sequences)");
+  free(tok);
+  free(s);
+  mc_net_free(net);
+  mc_geometry_free(&g);
+}
+
+/* Every rank of a layout: the optimizer's arenas hold the state hyperslabs mc_shard_of gives
+ * (master x 4 bytes, moments x 8), and mcplan (fp32) predicts exactly the moments' tensor
+ * bytes; its master prediction is 0 in fp32 (the plan counts no separate master copy when the
+ * working weights are fp32, the optimizer keeps one: docs/training.md). */
+static void test_optimizer(int tp, int dp, int ep, int zero) {
+  mc_model m = nc_model("AEMR");
+  mc_layout l = nc_layout(tp, dp, ep);
+  l.zero = zero;
+  mc_train_cfg t;
+  memset(&t, 0, sizeof t);
+  t.micro_batch = 1, t.global_batch = dp;
+  snprintf(t.recompute, sizeof t.recompute, "none");
+  snprintf(t.dtype, sizeof t.dtype, "fp32");
+  snprintf(t.device, sizeof t.device, "cpu");
+  mc_geometry g;
+  if (mc_geometry_build(&m, &l, &t, -1, &g) != 0) {
+    CHECK(0, "geometry tp=%d dp=%d ep=%d zero=%d: %s", tp, dp, ep, zero, mc_errmsg());
+    return;
+  }
+  mc_plan_opts po;
+  mc_plan_opts_default(&po);
+  mc_plan plan;
+  CHECK_OK(mc_plan_build(&g, &t, &po, &plan));
+  span *s = calloc(1024, sizeof *s);
+  for (int r = 0; r < g.world; r++) {
+    mc_optim o;
+    CHECK_OK(mc_optim_init(&o, &g, r));
+    int64_t want[MC_MEM_COUNT] = {0};
+    for (int f = 0; f < g.fams.n; f++) {
+      mc_shard sh[MC_N_STATES];
+      for (int k = 0; k < MC_N_STATES; k++) CHECK_OK(mc_shard_of(&g, f, (mc_state)k, r, &sh[k]));
+      if (!sh[0].in_stage) continue;
+      int dec = g.fams.f[f].decay;
+      want[dec ? MC_MEM_MASTER_DECAY : MC_MEM_MASTER_NO_DECAY] += sh[MC_STATE_PARAM].numel * 4;
+      want[dec ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY] +=
+          (sh[MC_STATE_EXP_AVG].numel + sh[MC_STATE_EXP_AVG_SQ].numel) * 4;
+    }
+    const mc_mem_cat cats[] = {MC_MEM_MASTER_DECAY, MC_MEM_MASTER_NO_DECAY, MC_MEM_MOMENTS_DECAY,
+                               MC_MEM_MOMENTS_NO_DECAY};
+    for (size_t c = 0; c < 4; c++) {
+      const mc_arena *a = &o.arenas.a[cats[c]];
+      CHECK(a->tensor_bytes == want[cats[c]], "tp=%d dp=%d ep=%d zero=%d rank %d %s: %lld tensor bytes, mc_shard_of %lld",
+            tp, dp, ep, zero, r, mc_mem_cat_label(cats[c]), (long long)a->tensor_bytes, (long long)want[cats[c]]);
+      int n = 0;
+      for (int i = 0; i < o.n; i++) {
+        const mc_optim_slot *sl = &o.slots[i];
+        if ((sl->decay ? MC_MEM_MASTER_DECAY : MC_MEM_MASTER_NO_DECAY) == cats[c]) add_span(s, &n, sl->master, sl->numel * 4);
+        if ((sl->decay ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY) == cats[c]) {
+          add_span(s, &n, sl->exp_avg, sl->numel * 4);
+          add_span(s, &n, sl->exp_avg_sq, sl->numel * 4);
+        }
+      }
+      check_spans(a, s, n, mc_mem_cat_label(cats[c]));
+    }
+    const int64_t *pb = plan.ranks[r].bytes;
+    CHECK(pb[MC_MEM_MOMENTS_DECAY] == want[MC_MEM_MOMENTS_DECAY] && pb[MC_MEM_MOMENTS_NO_DECAY] == want[MC_MEM_MOMENTS_NO_DECAY],
+          "rank %d: mcplan's moments %lld + %lld, the optimizer's %lld + %lld", r, (long long)pb[MC_MEM_MOMENTS_DECAY],
+          (long long)pb[MC_MEM_MOMENTS_NO_DECAY], (long long)want[MC_MEM_MOMENTS_DECAY], (long long)want[MC_MEM_MOMENTS_NO_DECAY]);
+    CHECK(pb[MC_MEM_MASTER_DECAY] == 0 && pb[MC_MEM_MASTER_NO_DECAY] == 0, "fp32: mcplan counts no master copy");
+    /* working params and grads at fp32: the local slices (ZeRO 3: the persistent shard is what
+     * the network keeps in its params arena, the plan counts the shard as working params) */
+    int64_t wp = 0, wg = 0;
+    for (int f = 0; f < g.fams.n; f++) {
+      mc_shard sh;
+      CHECK_OK(mc_shard_of(&g, f, MC_STATE_PARAM, r, &sh));
+      if (!sh.in_stage) continue;
+      int64_t local = 1;
+      for (int k = 0; k < sh.ndim; k++) local *= sh.local_count[k];
+      wp += (zero == 3 ? sh.numel : local) * 4;
+      wg += (zero == 3 ? sh.numel : local) * 4;
+    }
+    CHECK(pb[MC_MEM_PARAMS_REPLICATED] + pb[MC_MEM_PARAMS_TP] + pb[MC_MEM_PARAMS_EP] == wp && pb[MC_MEM_GRADS] == wg,
+          "rank %d: mcplan's params/grads differ from the local slices", r);
+    mc_optim_free(&o);
+  }
+  free(s);
+  mc_plan_free(&plan);
+  mc_geometry_free(&g);
+}
+
+/* The JSON record names every category, with null where nothing is measured. */
+static void test_report_json(void) {
+  int64_t m[MC_MEM_COUNT], p[MC_MEM_COUNT];
+  for (int c = 0; c < MC_MEM_COUNT; c++) m[c] = c % 3 == 2 ? -1 : 1000 + c, p[c] = 7 * c;
+  FILE *f = tmpfile();
+  CHECK_OK(mc_mem_report_json(f, 0, "cpu", m, p));
+  rewind(f);
+  char line[8192] = "";
+  CHECK(fgets(line, sizeof line, f) != NULL, "a line");
+  fclose(f);
+  cJSON *j = cJSON_Parse(line);
+  cJSON *cats = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "memory"), "categories");
+  CHECK(cJSON_GetArraySize(cats) == MC_MEM_COUNT, "%d categories in %s", cJSON_GetArraySize(cats), line);
+  for (int c = 0; c < MC_MEM_COUNT; c++) {
+    cJSON *e = cJSON_GetObjectItemCaseSensitive(cats, mc_mem_cat_label((mc_mem_cat)c));
+    cJSON *me = cJSON_GetObjectItemCaseSensitive(e, "measured"), *pe = cJSON_GetObjectItemCaseSensitive(e, "predicted");
+    CHECK(m[c] < 0 ? cJSON_IsNull(me) : cJSON_IsNumber(me) && me->valuedouble == (double)m[c], "measured of %d", c);
+    CHECK(cJSON_IsNumber(pe) && pe->valuedouble == (double)p[c], "predicted of %d", c);
+  }
+  cJSON_Delete(j);
+}
+
+int main(void) {
+  test_network();
+  test_optimizer(1, 1, 1, 0);
+  test_optimizer(2, 2, 1, 1);
+  test_optimizer(1, 4, 2, 1);
+  test_optimizer(2, 2, 1, 3);
+  test_report_json();
+  return mc_check_exit("test_memory");
+}

@@ -1,0 +1,50 @@
+/* One backend allocation per memory category (plan/plan.h's mc_mem_cat), with the tensors
+ * of that category carved out of it. An arena is sized before it is allocated: every tensor
+ * that will live in it is first counted with mc_arena_count, then mc_arena_open makes the one
+ * be->alloc of the counted size, and mc_arena_take hands out the same sequence of tensors.
+ * Each tensor starts on an MC_ARENA_ALIGN boundary (the alignment cudaMalloc gives), so the
+ * arena's size is the sum of its tensors' bytes each rounded up to that boundary. */
+#ifndef MC_TRAIN_ARENA_H
+#define MC_TRAIN_ARENA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/ops.h"
+#include "plan/plan.h"
+
+#define MC_ARENA_ALIGN 256
+
+typedef struct {
+  mc_backend *be;
+  char *base;           /* the one allocation; NULL until opened (or when nothing was counted) */
+  int64_t cap;          /* bytes counted = bytes allocated */
+  int64_t used;         /* bytes handed out (a multiple of MC_ARENA_ALIGN) */
+  int64_t tensor_bytes; /* sum of the tensors' own sizes, without the alignment padding */
+  int64_t tensors;      /* tensors handed out */
+} mc_arena;
+
+/* The arenas of a rank, one per category (unused categories stay empty). */
+typedef struct {
+  mc_arena a[MC_MEM_COUNT];
+} mc_arenas;
+
+/* Bytes a tensor of `bytes` occupies in an arena (at least one alignment unit, so that every
+ * tensor, even an empty one, has its own non-NULL address). */
+int64_t mc_arena_footprint(int64_t bytes);
+/* Sizing pass: one more tensor of `bytes`. */
+void mc_arena_count(mc_arena *a, int64_t bytes);
+/* Allocates the counted bytes from be (zero-filled, like be->alloc). 0 or -1 with mc_error
+ * naming the category. */
+int mc_arena_open(mc_arena *a, mc_backend *be, mc_mem_cat cat);
+/* The next tensor of `bytes`; NULL with mc_error when it does not fit what was counted (the
+ * sizing pass and the carving pass disagree: a bug, reported instead of overrunning). */
+void *mc_arena_take(mc_arena *a, int64_t bytes, mc_mem_cat cat);
+/* Gives the allocation back and empties the arena. */
+void mc_arena_close(mc_arena *a);
+
+/* Adds each arena's allocated bytes to bytes[cat] (the measured figure of the memory report). */
+void mc_arenas_add_bytes(const mc_arenas *as, int64_t bytes[MC_MEM_COUNT]);
+void mc_arenas_close(mc_arenas *as);
+
+#endif
