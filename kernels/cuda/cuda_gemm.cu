@@ -101,13 +101,197 @@ static void cu_gemm_strided(mc_backend *be, int ta, int tb, int M, int N, int K,
     mc_cuda_fail(be, "gemm_strided M=%d N=%d K=%d batch=%d: cuBLAS %s", M, N, K, batch, cublasGetStatusString(st));
 }
 
-/* One cuBLAS call per non-empty group: fp32 expert products are large enough per expert
- * that launch cost is minor; a batched bf16 path is future work (docs/cuda.md). */
+/* ---- grouped products: one batched cuBLAS call per chunk of up to GROUP_CHUNK non-empty
+ * groups (an MoE layer has one chunk). cuBLAS reads the operand addresses from device
+ * arrays; a one-block kernel writes them into scratch from its by-value arguments, so
+ * the host needs no pinned staging buffer and nothing waits for the copy. */
+#define GROUP_CHUNK 64
+
+struct group_ptrs {
+  const void *a[GROUP_CHUNK], *b[GROUP_CHUNK];
+  void *c[GROUP_CHUNK];
+};
+
+__global__ void k_set_ptrs(group_ptrs p, int n, const void **a, const void **b, void **c) {
+  int i = threadIdx.x;
+  if (i < n) a[i] = p.a[i], b[i] = p.b[i], c[i] = p.c[i];
+}
+
+/* Per-group operand of a padded bf16 copy: rows x cols at src (row stride ld). */
+struct pad_src {
+  const float *src[GROUP_CHUNK];
+  int rows[GROUP_CHUNK], cols[GROUP_CHUNK];
+};
+
+/* dst + g*stride = group g's operand rounded to bf16 in a rows_x x ld_x block, zero outside
+ * its rows x cols (zero rows and columns add exact zeros to the products). */
+__global__ void k_pad_bf16(pad_src s, int ld, __nv_bfloat16 *dst, int64_t stride, int rows_x, int ld_x) {
+  int g = blockIdx.y;
+  const float *src = s.src[g];
+  int rows = s.rows[g], cols = s.cols[g];
+  __nv_bfloat16 *d = dst + g * stride;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (int64_t)rows_x * ld_x;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int r = (int)(i / ld_x), c = (int)(i % ld_x);
+    d[i] = __float2bfloat16_rn(r < rows && c < cols ? src[(int64_t)r * ld + c] : 0.0f);
+  }
+}
+
+/* Group g's result rows x cols: C = alpha * P + beta * C, P its padded fp32 product
+ * (pitch ldp, groups `stride` apart); beta == 0 does not read C, as in cuBLAS. */
+struct unpad_dst {
+  float *c[GROUP_CHUNK];
+  int rows[GROUP_CHUNK], cols[GROUP_CHUNK];
+};
+
+__global__ void k_unpad(unpad_dst s, int ldc, const float *P, int64_t stride, int ldp, float alpha, float beta) {
+  int g = blockIdx.y;
+  float *C = s.c[g];
+  int rows = s.rows[g], cols = s.cols[g];
+  const float *p = P + g * stride;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (int64_t)rows * cols;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int r = (int)(i / cols), c = (int)(i % cols);
+    float *y = C + (int64_t)r * ldc + c;
+    float v = alpha * p[(int64_t)r * ldp + c];
+    *y = beta == 0.0f ? v : v + beta * *y;
+  }
+}
+
+static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* Blocks along x for a (blocks, groups) launch over `per_group` items each. */
+static unsigned group_grid(int64_t per_group) {
+  unsigned b = mc_cu_grid(per_group);
+  return b > 2048 ? 2048 : b;
+}
+
+/* The groups of one call that need a product (M, N, K > 0), as indices. */
+struct chunk {
+  int n, g[GROUP_CHUNK];
+};
+
+/* fp32: cublasGemmGroupedBatchedEx, one cuBLAS group per expert (each of its own shape). */
+static void grouped_fp32(mc_backend *be, const chunk *ch, int ta, int tb, const int *M, const int *N, const int *K,
+                         float alpha, const float *A, const int64_t *a_off, int lda, const float *B,
+                         const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
+  int n = ch->n;
+  void **dp = (void **)mc_cuda_scratch(be, 3 * GROUP_CHUNK * sizeof(void *), "gemm_grouped");
+  if (!dp) return;
+  group_ptrs p;
+  cublasOperation_t opa[GROUP_CHUNK], opb[GROUP_CHUNK];
+  int m[GROUP_CHUNK], nn[GROUP_CHUNK], k[GROUP_CHUNK], la[GROUP_CHUNK], lb[GROUP_CHUNK], lc[GROUP_CHUNK],
+      size[GROUP_CHUNK];
+  float al[GROUP_CHUNK], bt[GROUP_CHUNK];
+  for (int i = 0; i < n; i++) {
+    int g = ch->g[i];
+    /* column-major C^T = op(B)^T op(A)^T: cuBLAS's A is our B */
+    p.a[i] = B + b_off[g], p.b[i] = A + a_off[g], p.c[i] = C + c_off[g];
+    opa[i] = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb[i] = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    m[i] = N[g], nn[i] = M[g], k[i] = K[g], la[i] = ldb, lb[i] = lda, lc[i] = ldc, size[i] = 1;
+    al[i] = alpha, bt[i] = beta;
+  }
+  const void **da = (const void **)dp, **db = da + GROUP_CHUNK;
+  void **dc = dp + 2 * GROUP_CHUNK;
+  k_set_ptrs<<<1, GROUP_CHUNK, 0, mc_cu_stream(be)>>>(p, n, da, db, dc);
+  mc_cuda_check(be, "gemm_grouped (pointers)");
+  cublasStatus_t st = cublasGemmGroupedBatchedEx(mc_cu(be)->blas, opa, opb, m, nn, k, al, da, CUDA_R_32F, la, db,
+                                                 CUDA_R_32F, lb, bt, dc, CUDA_R_32F, lc, n, size, CUBLAS_COMPUTE_32F);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    mc_cuda_fail(be, "gemm_grouped: %d groups, first M=%d N=%d K=%d: cuBLAS %s", n, M[ch->g[0]], N[ch->g[0]],
+                 K[ch->g[0]], cublasGetStatusString(st));
+}
+
+/* bf16: cuBLAS's grouped call has no bf16-operand, fp32-output form (its bf16 form writes
+ * bf16), so the chunk becomes one uniform batched product (cublasGemmBatchedEx, bf16
+ * operands, fp32 accumulation and output): each group's operands are copied, rounded to
+ * bf16, into blocks of the largest M x K and K x N of the chunk, zero-padded. When every
+ * group has the largest M and N (only K varies, as in expert weight gradients) and C is
+ * 16-byte aligned, the products go straight into C; otherwise into padded fp32 scratch
+ * that one more kernel folds into C (C = alpha * P + beta * C). */
+static void grouped_bf16(mc_backend *be, const chunk *ch, int ta, int tb, const int *M, const int *N, const int *K,
+                         float alpha, const float *A, const int64_t *a_off, int lda, const float *B,
+                         const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
+  int n = ch->n, mx = 0, nx = 0, kx = 0, direct = (ldc % 4) == 0;
+  for (int i = 0; i < n; i++) {
+    int g = ch->g[i];
+    mx = M[g] > mx ? M[g] : mx, nx = N[g] > nx ? N[g] : nx, kx = K[g] > kx ? K[g] : kx;
+  }
+  for (int i = 0; i < n; i++) {
+    int g = ch->g[i];
+    if (M[g] != mx || N[g] != nx || ((uintptr_t)(C + c_off[g]) & 15)) direct = 0;
+  }
+  /* stored shapes of op(A) (mx x kx) and op(B) (kx x nx), row pitches a multiple of 8 */
+  int a_rows = ta ? kx : mx, a_ld = (int)round_up(ta ? mx : kx, 8);
+  int b_rows = tb ? nx : kx, b_ld = (int)round_up(tb ? kx : nx, 8);
+  int p_ld = (int)round_up(nx, 4);
+  int64_t sa = round_up((int64_t)a_rows * a_ld, 128), sb = round_up((int64_t)b_rows * b_ld, 128);
+  int64_t sp = direct ? 0 : round_up((int64_t)mx * p_ld, 64);
+  size_t ptr_bytes = 3 * GROUP_CHUNK * sizeof(void *);
+  size_t bytes = ptr_bytes + (size_t)n * ((sa + sb) * sizeof(__nv_bfloat16) + sp * sizeof(float));
+  char *s = (char *)mc_cuda_scratch(be, bytes, "gemm_grouped (bf16)");
+  if (!s) return;
+  void **dp = (void **)s;
+  __nv_bfloat16 *ah = (__nv_bfloat16 *)(s + ptr_bytes), *bh = ah + n * sa;
+  float *P = (float *)(bh + n * sb);
+
+  pad_src pa, pb;
+  group_ptrs p;
+  for (int i = 0; i < n; i++) {
+    int g = ch->g[i];
+    pa.src[i] = A + a_off[g], pa.rows[i] = ta ? K[g] : M[g], pa.cols[i] = ta ? M[g] : K[g];
+    pb.src[i] = B + b_off[g], pb.rows[i] = tb ? N[g] : K[g], pb.cols[i] = tb ? K[g] : N[g];
+    p.a[i] = bh + i * sb, p.b[i] = ah + i * sa, p.c[i] = direct ? C + c_off[g] : P + i * sp;
+  }
+  cudaStream_t st = mc_cu_stream(be);
+  k_pad_bf16<<<dim3(group_grid((int64_t)a_rows * a_ld), n), MC_CUDA_THREADS, 0, st>>>(pa, lda, ah, sa, a_rows, a_ld);
+  k_pad_bf16<<<dim3(group_grid((int64_t)b_rows * b_ld), n), MC_CUDA_THREADS, 0, st>>>(pb, ldb, bh, sb, b_rows, b_ld);
+  const void **da = (const void **)dp, **db = da + GROUP_CHUNK;
+  void **dc = dp + 2 * GROUP_CHUNK;
+  k_set_ptrs<<<1, GROUP_CHUNK, 0, st>>>(p, n, da, db, dc);
+  mc_cuda_check(be, "gemm_grouped (bf16 operands)");
+  float one = 1.0f, zero = 0.0f;
+  cublasStatus_t cs = cublasGemmBatchedEx(mc_cu(be)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                          nx, mx, kx, direct ? &alpha : &one, da, CUDA_R_16BF, b_ld, db, CUDA_R_16BF,
+                                          a_ld, direct ? &beta : &zero, dc, CUDA_R_32F, direct ? ldc : p_ld, n,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (cs != CUBLAS_STATUS_SUCCESS) {
+    mc_cuda_fail(be, "gemm_grouped (bf16): %d groups padded to M=%d N=%d K=%d: cuBLAS %s", n, mx, nx, kx,
+                 cublasGetStatusString(cs));
+    return;
+  }
+  if (direct) return;
+  unpad_dst u;
+  for (int i = 0; i < n; i++) {
+    int g = ch->g[i];
+    u.c[i] = C + c_off[g], u.rows[i] = M[g], u.cols[i] = N[g];
+  }
+  k_unpad<<<dim3(group_grid((int64_t)mx * nx), n), MC_CUDA_THREADS, 0, st>>>(u, ldc, P, sp, p_ld, alpha, beta);
+  mc_cuda_check(be, "gemm_grouped (bf16 result)");
+}
+
 static void cu_gemm_grouped(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K,
                             float alpha, const float *A, const int64_t *a_off, int lda, const float *B,
                             const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
-  for (int g = 0; g < groups; g++)
-    cu_gemm(be, ta, tb, M[g], N[g], K[g], alpha, A + a_off[g], lda, B + b_off[g], ldb, beta, C + c_off[g], ldc);
+  chunk ch;
+  ch.n = 0;
+  for (int g = 0; g <= groups; g++) {
+    if (g < groups) {
+      if (M[g] <= 0 || N[g] <= 0) continue;
+      if (K[g] <= 0) { /* the empty product leaves beta * C */
+        scale_block(be, C + c_off[g], M[g], N[g], ldc, beta);
+        continue;
+      }
+      ch.g[ch.n++] = g;
+    }
+    if (ch.n == GROUP_CHUNK || (g == groups && ch.n > 0)) {
+      if (mc_cu(be)->bf16_gemm)
+        grouped_bf16(be, &ch, ta, tb, M, N, K, alpha, A, a_off, lda, B, b_off, ldb, beta, C, c_off, ldc);
+      else
+        grouped_fp32(be, &ch, ta, tb, M, N, K, alpha, A, a_off, lda, B, b_off, ldb, beta, C, c_off, ldc);
+      ch.n = 0;
+    }
+  }
 }
 
 void mc_cuda_install_gemm(mc_backend *be) {

@@ -5,7 +5,8 @@
  * tolerance stated per op below. Integer outputs (routing) must match exactly.
  * The bf16-products instance's matrix products are checked against bands of their own
  * (test_bf16). Without a CUDA build or a GPU it prints "SKIP: no CUDA device" and passes.
- * `test_cuda_ops --shapes` also runs and times model-sized shapes (see run_shapes). */
+ * `test_cuda_ops --shapes` also runs and times model-sized shapes (see run_shapes);
+ * `test_cuda_ops --grouped` only the expert products at nam-small's shapes (grouped_time). */
 #include <string.h>
 #include <time.h>
 
@@ -623,6 +624,61 @@ static void b16_long_k(void) {
   free(A), free(B), free(C);
 }
 
+/* ------------------------------------------------------------------ ragged grouped products
+ * gemm_grouped with 70 groups (more than the backend batches in one cuBLAS call) of ragged
+ * shapes, M, N and K from 0 to ~30 with some of each 0, in every transpose, padded leading
+ * dimensions, alpha 0.5, beta 0.25, against the CPU. fp32 (`gpu`): within TOL_GEMM; bf16
+ * products (`g16`): the bands of b16_cmp. */
+enum { RAG_G = 70 };
+
+static void ragged_grouped(mc_backend *be, int ta, int tb, int exact) {
+  int Ms[RAG_G], Ns[RAG_G], Ks[RAG_G];
+  int64_t ao[RAG_G], bo[RAG_G], co[RAG_G];
+  int lda = 0, ldb = 0, ldc = 0;
+  for (int g = 0; g < RAG_G; g++) {
+    Ms[g] = g % 11 == 3 ? 0 : 1 + (int)mc_rng_below(11, 1, (uint64_t)g, 24);
+    Ns[g] = g % 17 == 7 ? 0 : 1 + (int)mc_rng_below(11, 2, (uint64_t)g, 20);
+    Ks[g] = g % 13 == 5 ? 0 : 1 + (int)mc_rng_below(11, 3, (uint64_t)g, 33);
+    int ac = ta ? Ms[g] : Ks[g], bc = tb ? Ks[g] : Ns[g];
+    lda = ac > lda ? ac : lda, ldb = bc > ldb ? bc : ldb, ldc = Ns[g] > ldc ? Ns[g] : ldc;
+  }
+  lda += 3, ldb += 5, ldc += 2;
+  int64_t na = 0, nb = 0, nc = 0;
+  for (int g = 0; g < RAG_G; g++) {
+    ao[g] = na * lda, bo[g] = nb * ldb, co[g] = nc * ldc;
+    na += ta ? Ks[g] : Ms[g], nb += tb ? Ns[g] : Ks[g], nc += Ms[g];
+  }
+  na *= lda, nb *= ldb, nc *= ldc;
+  float *A = b16_operand(na, exact), *B = b16_operand(nb, exact), *C = b16_operand(nc, exact);
+  float *dA = be->alloc(be, (size_t)na * 4), *dB = be->alloc(be, (size_t)nb * 4), *dC = be->alloc(be, (size_t)nc * 4);
+  be->from_host(be, dA, A, (size_t)na * 4), be->from_host(be, dB, B, (size_t)nb * 4), be->from_host(be, dC, C, (size_t)nc * 4);
+  cpu->gemm_grouped(cpu, ta, tb, RAG_G, Ms, Ns, Ks, 0.5f, A, ao, lda, B, bo, ldb, 0.25f, C, co, ldc);
+  be->gemm_grouped(be, ta, tb, RAG_G, Ms, Ns, Ks, 0.5f, dA, ao, lda, dB, bo, ldb, 0.25f, dC, co, ldc);
+  char what[48];
+  snprintf(what, sizeof what, "gemm_grouped 70 ragged ta=%d tb=%d", ta, tb);
+  if (be == g16) {
+    b16_cmp(what, exact, dC, C, nc);
+  } else {
+    cmp(what, dC, C, nc, TOL_GEMM);
+    be->free(be, dC);
+  }
+  be->free(be, dA), be->free(be, dB);
+  free(A), free(B), free(C);
+}
+
+static void test_ragged_grouped(mc_backend *be) {
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      if (be == g16) {
+        ragged_grouped(be, ta, tb, 1);
+        ragged_grouped(be, ta, tb, 0);
+      } else {
+        ragged_grouped(be, ta, tb, 0);
+      }
+    }
+  CHECK(be->sync(be) == 0, "ragged grouped: %s", mc_errmsg());
+}
+
 static void test_bf16(void) {
   g16 = mc_backend_cuda_bf16(0);
   CHECK(g16 != NULL, "the bf16-products backend failed: %s", mc_errmsg());
@@ -632,6 +688,8 @@ static void test_bf16(void) {
   b16_gemm(1);
   b16_gemm(0);
   b16_long_k();
+  test_ragged_grouped(g16);
+  test_ragged_grouped(gpu);
 }
 
 static double now_s(void) {
@@ -837,6 +895,92 @@ static void shapes_misc(void) {
   }
 }
 
+/* Expert products at nam-small's shapes (8 experts, d = 1024, F = 2048, 2 x 2048 tokens with
+ * top-2 routing: 8192 assignments, unevenly spread under the capacity of 1280): the forward
+ * Y_e = X_e W_e^T, and the backward's dX_e += dY_e W_e and dW_e += dY_e^T X_e. Each checked
+ * against the CPU once, then timed (median of 7 after a warm-up, host clock around sync) as
+ * one gemm_grouped call and as one gemm call per expert (what gemm_grouped did before it
+ * batched), on the fp32 and the bf16-products instances. */
+enum { GT_E = 8, GT_D = 1024, GT_F = 2048, GT_ROWS = 8192 };
+static const int gt_rows[GT_E] = {1224, 874, 1104, 768, 1055, 1024, 1119, 1024};
+
+static double time_median(mc_backend *be, int grouped, int ta, int tb, const int *Ms, const int *Ns,
+                          const int *Ks, const float *A, const int64_t *ao, int lda, const float *B,
+                          const int64_t *bo, int ldb, float beta, float *C, const int64_t *co, int ldc) {
+  double ts[7];
+  for (int rep = -1; rep < 7; rep++) {
+    double t0 = now_s();
+    if (grouped)
+      be->gemm_grouped(be, ta, tb, GT_E, Ms, Ns, Ks, 1.0f, A, ao, lda, B, bo, ldb, beta, C, co, ldc);
+    else
+      for (int e = 0; e < GT_E; e++)
+        be->gemm(be, ta, tb, Ms[e], Ns[e], Ks[e], 1.0f, A + ao[e], lda, B + bo[e], ldb, beta, C + co[e], ldc);
+    CHECK(be->sync(be) == 0, "expert products: %s", mc_errmsg());
+    if (rep >= 0) ts[rep] = now_s() - t0;
+  }
+  qsort(ts, 7, sizeof *ts, cmp_dbl);
+  return ts[3];
+}
+
+static void grouped_time(mc_backend *be, const char *name) {
+  const int64_t nx = (int64_t)GT_ROWS * GT_D, nw = (int64_t)GT_E * GT_F * GT_D, ny = (int64_t)GT_ROWS * GT_F;
+  float *X = hrand(nx, 1), *W = hrand(nw, 0.03f), *Y = hzeros(ny), *dY = hrand(ny, 1), *dX = hrand(nx, 1), *dW = hrand(nw, 1);
+  float *Xd = be->alloc(be, nx * 4), *Wd = be->alloc(be, nw * 4), *Yd = be->alloc(be, ny * 4), *dYd = be->alloc(be, ny * 4),
+        *dXd = be->alloc(be, nx * 4), *dWd = be->alloc(be, nw * 4);
+  CHECK(Xd && Wd && Yd && dYd && dXd && dWd, "expert products: allocation: %s", mc_errmsg());
+  if (!(Xd && Wd && Yd && dYd && dXd && dWd)) return;
+  be->from_host(be, Xd, X, nx * 4), be->from_host(be, Wd, W, nw * 4), be->from_host(be, dYd, dY, ny * 4);
+  be->from_host(be, dXd, dX, nx * 4), be->from_host(be, dWd, dW, nw * 4);
+  int Ms[3][GT_E], Ns[3][GT_E], Ks[3][GT_E];
+  int64_t ao[3][GT_E], bo[3][GT_E], co[3][GT_E];
+  for (int e = 0, r = 0; e < GT_E; r += gt_rows[e], e++) {
+    int64_t w = (int64_t)e * GT_F * GT_D;
+    /* forward: Y_e = X_e W_e^T */
+    Ms[0][e] = gt_rows[e], Ns[0][e] = GT_F, Ks[0][e] = GT_D, ao[0][e] = (int64_t)r * GT_D, bo[0][e] = w, co[0][e] = (int64_t)r * GT_F;
+    /* dX_e += dY_e W_e */
+    Ms[1][e] = gt_rows[e], Ns[1][e] = GT_D, Ks[1][e] = GT_F, ao[1][e] = (int64_t)r * GT_F, bo[1][e] = w, co[1][e] = (int64_t)r * GT_D;
+    /* dW_e += dY_e^T X_e */
+    Ms[2][e] = GT_F, Ns[2][e] = GT_D, Ks[2][e] = gt_rows[e], ao[2][e] = (int64_t)r * GT_F, bo[2][e] = (int64_t)r * GT_D, co[2][e] = w;
+  }
+  static const char *what[3] = {"fwd  Y = X W^T", "bwd dX += dY W", "bwd dW += dY^T X"};
+  const int ta[3] = {0, 0, 1}, tb[3] = {1, 0, 0}, lda[3] = {GT_D, GT_F, GT_F}, ldb[3] = {GT_D, GT_D, GT_D},
+            ldc[3] = {GT_F, GT_D, GT_D};
+  const float beta[3] = {0.0f, 1.0f, 1.0f};
+  const float *Ah[3] = {X, dY, dY}, *Bh[3] = {W, W, X}, *Ad[3] = {Xd, dYd, dYd}, *Bd[3] = {Wd, Wd, Xd};
+  float *Ch[3] = {Y, dX, dW}, *Cd[3] = {Yd, dXd, dWd};
+  const int64_t nc[3] = {ny, nx, nw};
+  const double flops = 2.0 * GT_ROWS * GT_F * GT_D;
+  int b16 = be == g16;
+  for (int p = 0; p < 3; p++) {
+    cpu->gemm_grouped(cpu, ta[p], tb[p], GT_E, Ms[p], Ns[p], Ks[p], 1.0f, Ah[p], ao[p], lda[p], Bh[p], bo[p], ldb[p],
+                      beta[p], Ch[p], co[p], ldc[p]);
+    be->gemm_grouped(be, ta[p], tb[p], GT_E, Ms[p], Ns[p], Ks[p], 1.0f, Ad[p], ao[p], lda[p], Bd[p], bo[p], ldb[p],
+                     beta[p], Cd[p], co[p], ldc[p]);
+    float *g = hzeros(nc[p]);
+    be->to_host(be, g, Cd[p], (size_t)nc[p] * 4);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < nc[p]; i++) num += ((double)g[i] - Ch[p][i]) * ((double)g[i] - Ch[p][i]), den += (double)Ch[p][i] * Ch[p][i];
+    double e = sqrt(num / (den > 0 ? den : 1));
+    printf("  %s experts %-18s rel err vs CPU %.2e\n", name, what[p], e);
+    if (b16) CHECK(e > 1e-5 && e <= 1e-2, "%s %s: rel err %.3e outside (1e-5, 1e-2]", name, what[p], e);
+    else CHECK(e <= TOL_GEMM, "%s %s: rel err %.3e above %.0e", name, what[p], e, TOL_GEMM);
+    double tg = time_median(be, 1, ta[p], tb[p], Ms[p], Ns[p], Ks[p], Ad[p], ao[p], lda[p], Bd[p], bo[p], ldb[p],
+                            beta[p], Cd[p], co[p], ldc[p]);
+    double tl = time_median(be, 0, ta[p], tb[p], Ms[p], Ns[p], Ks[p], Ad[p], ao[p], lda[p], Bd[p], bo[p], ldb[p],
+                            beta[p], Cd[p], co[p], ldc[p]);
+    printf("  time %s experts %-18s grouped %7.3f ms (%6.1f TFLOP/s)  per-expert gemm %7.3f ms (%6.1f TFLOP/s)\n",
+           name, what[p], 1e3 * tg, flops / tg * 1e-12, 1e3 * tl, flops / tl * 1e-12);
+  }
+  be->free(be, Xd), be->free(be, Wd), be->free(be, Yd), be->free(be, dYd), be->free(be, dXd), be->free(be, dWd);
+  case_end();
+}
+
+static void run_grouped_time(void) {
+  printf("expert products at nam-small shapes: 8 experts with %d..%d rows, d = %d, F = %d\n", 768, 1224, GT_D, GT_F);
+  grouped_time(gpu, "fp32");
+  if (g16) grouped_time(g16, "bf16");
+}
+
 static void run_shapes(void) {
   printf("model-sized shapes (nam-small / dense-a layers, 2 x 2048 tokens)\n");
   shapes_gemm();
@@ -844,6 +988,7 @@ static void run_shapes(void) {
   shapes_attn("dense-a H=16/16 hd=128", 2, 2048, 16, 16, 128);
   shapes_ssm(2, 2048, 32, 64, 64);
   shapes_misc();
+  run_grouped_time();
 }
 #endif
 
@@ -882,6 +1027,7 @@ int main(int argc, char **argv) {
   test_failures();
   test_bf16();
   if (argc > 1 && strcmp(argv[1], "--shapes") == 0) run_shapes();
+  if (argc > 1 && strcmp(argv[1], "--grouped") == 0) run_grouped_time();
   printf("worst error/tolerance over all ops: %.3f\n", worst_ratio);
   return mc_check_exit("test_cuda_ops");
 #endif
