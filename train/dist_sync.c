@@ -215,21 +215,58 @@ int mc_dist_gather(struct mc_net *net, const int *idx, int n, float *const *shar
   return rc ? -1 : be->sync(be);
 }
 
+/* ZeRO 3 gathers the parameters of one set at a time: a layer's, the embedding's, or the
+ * final norm's with the head's. The zero3.buffers arena holds, for the largest set, its
+ * gathered working weights, its whole-slice gradients and the reduced shards a backward
+ * adds into the rank's accumulators; each acquire starts the arena afresh. */
+static int64_t set_footprint(const struct mc_net *net, const int *idx, int n) {
+  int64_t b = 0;
+  for (int k = 0; k < n; k++) {
+    const mc_net_param *p = &net->params[idx[k]];
+    b += 2 * mc_arena_footprint(p->numel * (int64_t)sizeof(float)) + mc_arena_footprint(p->z_numel * (int64_t)sizeof(float));
+  }
+  return b;
+}
+
+int mc_zero3_arena(struct mc_net *net) {
+  if (net->zero != 3) return 0;
+  int fin[2] = {net->fam_final_norm, net->fam_head}, idx[MC_ROLE_COUNT];
+  int64_t worst = set_footprint(net, &net->fam_embed, 1);
+  if (set_footprint(net, fin, 2) > worst) worst = set_footprint(net, fin, 2);
+  for (int L = 0; L < net->n_layers; L++) {
+    int n = 0;
+    for (int r = 0; r < MC_ROLE_COUNT; r++)
+      if (net->layers[L].p[r] >= 0) idx[n++] = net->layers[L].p[r];
+    if (set_footprint(net, idx, n) > worst) worst = set_footprint(net, idx, n);
+  }
+  mc_arena *a = &net->arenas.a[MC_MEM_ZERO3_BUFFERS];
+  a->cap = worst;
+  return mc_arena_open(a, net->be, MC_MEM_ZERO3_BUFFERS);
+}
+
+/* Empties the zero3.buffers arena for the next set (its tensors are no longer used). */
+static void zero3_restart(mc_arena *a) { a->used = a->tensor_bytes = a->tensors = 0; }
+
 /* ZeRO 3: the working weights exist only between acquire and release; during a backward
  * the gradient buffer is a whole local slice whose reduced shard is added to the rank's
- * accumulator (parked in mc_dist_param.g_acc meanwhile) on release. */
+ * accumulator (parked in mc_dist_param.g_acc meanwhile) on release. All of them are carved
+ * from the zero3.buffers arena. */
 int mc_zero3_acquire(struct mc_net *net, const int *idx, int n, int for_backward) {
   if (net->zero != 3) return 0;
   mc_backend *be = net->be;
+  mc_arena *a = &net->arenas.a[MC_MEM_ZERO3_BUFFERS];
   float *shard[MC_ROLE_COUNT] = {0}, *full[MC_ROLE_COUNT] = {0};
   if (n > MC_ROLE_COUNT) return mc_error("ZeRO 3: %d parameters in one gather", n);
+  zero3_restart(a);
   for (int k = 0; k < n; k++) {
     mc_net_param *p = &net->params[idx[k]];
-    if (!p->w && !(p->w = be->alloc(be, (size_t)p->numel * sizeof(float)))) return -1;
+    const int64_t bytes = p->numel * (int64_t)sizeof(float);
+    if (!(p->w = mc_arena_take(a, bytes, MC_MEM_ZERO3_BUFFERS))) return -1;
     shard[k] = p->ws, full[k] = p->w;
     if (for_backward) {
-      float *whole = be->alloc(be, (size_t)p->numel * sizeof(float)); /* zero-filled */
+      float *whole = mc_arena_take(a, bytes, MC_MEM_ZERO3_BUFFERS);
       if (!whole) return -1;
+      be->fill(be, whole, p->numel, 0.0f); /* backward ops accumulate */
       net->dist[idx[k]].g_acc = p->g;
       p->g = whole;
     }
@@ -241,23 +278,21 @@ int mc_zero3_acquire(struct mc_net *net, const int *idx, int n, int for_backward
 int mc_zero3_release(struct mc_net *net, const int *idx, int n, int after_backward) {
   if (net->zero != 3) return 0;
   mc_backend *be = net->be;
+  mc_arena *a = &net->arenas.a[MC_MEM_ZERO3_BUFFERS];
   float *g[MC_ROLE_COUNT] = {0}, *part[MC_ROLE_COUNT] = {0};
   int rc = 0;
   for (int k = 0; k < n; k++) {
     mc_net_param *p = &net->params[idx[k]];
-    be->free(be, p->w);
     p->w = NULL;
     g[k] = p->g;
-    part[k] = after_backward ? be->alloc(be, (size_t)(p->z_numel ? p->z_numel : 1) * sizeof(float)) : NULL;
-    if (after_backward && !part[k]) rc = -1;
+    if (after_backward && !(part[k] = mc_arena_take(a, p->z_numel * (int64_t)sizeof(float), MC_MEM_ZERO3_BUFFERS)))
+      rc = -1;
   }
   if (!after_backward) return 0;
   if (!rc) rc = mc_dist_reduce_grads(net, idx, n, g, part);
   for (int k = 0; k < n; k++) {
     mc_net_param *p = &net->params[idx[k]];
     if (!rc) be->axpy(be, net->dist[idx[k]].g_acc, part[k], p->z_numel, 1.0f);
-    be->free(be, part[k]);
-    be->free(be, p->g);
     p->g = net->dist[idx[k]].g_acc;
   }
   return rc;

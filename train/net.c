@@ -210,7 +210,7 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
     mc_error("network: the family registry lacks embed.weight, final_norm.weight or head.weight");
     goto fail;
   }
-  if (mc_dist_setup(net)) goto fail;
+  if (mc_dist_setup(net) || mc_zero3_arena(net)) goto fail;
   if (net->be->sync(net->be)) goto fail;
   return net;
 fail:
@@ -245,13 +245,6 @@ static void free_activations(mc_net *net) {
 void mc_net_free(mc_net *net) {
   if (!net) return;
   free_activations(net);
-  for (int i = 0; i < net->n_params; i++) {
-    /* Outside the arenas: ZeRO 3's gathered weights, and a whole-slice gradient a failed
-     * backward left in place of the rank's shard. */
-    mc_net_param *p = &net->params[i];
-    if (net->zero == 3) net->be->free(net->be, p->w);
-    if (net->dist && net->dist[i].g_acc && p->g != net->dist[i].g_acc) net->be->free(net->be, p->g);
-  }
   mc_arenas_close(&net->arenas);
   mc_dist_free(net);
   free(net->dist);

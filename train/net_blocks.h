@@ -63,7 +63,8 @@ struct mc_net {
   mc_backend *be;
   /* One allocation per category: working params by placement class, gradients and (once
    * mc_net_reserve or the first pass sized them) activations; the tensors below point into
-   * them. ZeRO 3's gathered layers and the collectives' staging buffers are not in them. */
+   * them; ZeRO 3's gathered layer in zero3.buffers. The collectives' staging buffers are not
+   * in them. */
   mc_arenas arenas;
   mc_geometry geo;     /* private copy (families owned) */
   int rank;
@@ -132,7 +133,10 @@ int mc_sp_moe_aux(struct mc_net *net, mc_layer *L, const float *probs, float *fr
 /* ---- ZeRO (train/dist_sync.c) */
 int mc_dist_setup(struct mc_net *net);
 void mc_dist_free(struct mc_net *net);
-/* ZeRO 3: gathers the working weights of params idx[0..n) / frees them again. */
+/* ZeRO 3: sizes and allocates the zero3.buffers arena (nothing for other ZeRO stages). */
+int mc_zero3_arena(struct mc_net *net);
+/* ZeRO 3: gathers the working weights of params idx[0..n) into the zero3.buffers arena /
+ * gives them up again (one set at a time). */
 int mc_zero3_acquire(struct mc_net *net, const int *idx, int n, int for_backward);
 int mc_zero3_release(struct mc_net *net, const int *idx, int n, int after_backward);
 /* Combines the local-slice gradients g[k] of params idx[k] over the ranks holding pieces of

@@ -325,9 +325,10 @@ static void measured_bytes(run *r, int64_t bytes[MC_MEM_COUNT]) {
   memset(bytes, 0, sizeof(int64_t) * MC_MEM_COUNT);
   mc_net_mem_bytes(r->net, bytes);
   mc_optim_mem_bytes(&r->opt.opt, bytes);
-  static const mc_mem_cat none[] = {MC_MEM_ZERO3_BUFFERS, MC_MEM_PIPELINE_BUFFERS, MC_MEM_MOE_SCRATCH,
-                                    MC_MEM_RUNTIME_RESERVE, MC_MEM_ALLOCATOR_OVERHEAD};
+  static const mc_mem_cat none[] = {MC_MEM_PIPELINE_BUFFERS, MC_MEM_MOE_SCRATCH, MC_MEM_RUNTIME_RESERVE,
+                                    MC_MEM_ALLOCATOR_OVERHEAD};
   for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) bytes[none[i]] = -1;
+  if (r->cfg->parallel.zero != 3) bytes[MC_MEM_ZERO3_BUFFERS] = -1; /* only ZeRO 3 gathers layers */
 }
 
 static int memory_report(run *r) {

@@ -5,7 +5,8 @@
 # - the metrics log holds the same figures as one record, and its predictions are exactly
 #   what `mcplan --json` prints for the same config;
 # - a resumed run keeps the record (once) and does not add another;
-# - under mpirun (dp=2, ZeRO 1) rank 0 alone reports, with the sharded optimizer arenas.
+# - under mpirun (dp=2, ZeRO 1 and ZeRO 3) rank 0 alone reports, with the sharded optimizer
+#   arenas (and at ZeRO 3 the zero3.buffers arena).
 set -u
 B=${MC_BINARY_DIR:?}
 S=${MC_SOURCE_DIR:?}
@@ -29,13 +30,14 @@ runtime.reserve allocator.overhead"
 # check_run LOG METRICS [MCPLAN ARGS...]: the table and the record agree with each other and
 # with mcplan --json for rank 0.
 check_run() {
-  local log=$1 metrics=$2; shift 2
+  local log=$1 metrics=$2 Z3=; shift 2
+  case " $* " in *parallel.zero=3*) Z3=zero3 ;; esac
   [ "$(grep -c '^memory after step 1, rank 0' "$log")" = 1 ] || die "$log: expected one memory table"
   for c in $CATS; do
     [ "$(grep -cE "^  $c +" "$log")" = 1 ] || die "$log: category $c is not listed once"
   done
   "$B/mcplan" "$@" --json > plan.json 2> plan.err || { cat plan.err; die "mcplan failed"; return; }
-  "$PY" - "$log" "$metrics" plan.json <<'PY' || die "$log: table, record and mcplan disagree"
+  "$PY" - "$log" "$metrics" plan.json "$Z3" <<'PY' || die "$log: table, record and mcplan disagree"
 import json, sys
 log, metrics, plan = sys.argv[1:4]
 recs = [json.loads(l) for l in open(metrics) if l.strip()]
@@ -54,7 +56,8 @@ for c, v in cats.items():
     if v["predicted"] != pb[c]: bad.append("%s predicted %s, mcplan %s" % (c, v["predicted"], pb[c]))
     m = "-" if v["measured"] is None else str(v["measured"])
     if rows[c][1] != m or rows[c][2] != str(v["predicted"]): bad.append("%s table %s vs record %s" % (c, rows[c], v))
-arenas = ["params.replicated", "params.tp", "params.ep", "grads", "optimizer.master.decay",
+zero3 = len(sys.argv) > 4 and sys.argv[4] == "zero3"
+arenas = (["zero3.buffers"] if zero3 else []) + ["params.replicated", "params.tp", "params.ep", "grads", "optimizer.master.decay",
           "optimizer.master.no_decay", "optimizer.moments.decay", "optimizer.moments.no_decay", "activations"]
 for c in arenas:
     if cats[c]["measured"] is None or cats[c]["measured"] % 256: bad.append("%s: no arena or unaligned size" % c)
@@ -85,6 +88,12 @@ if [ -n "${MC_MPIRUN:-}" ]; then
   a_mom=$(sed -n 's/.*"optimizer.moments.decay": {"measured": \([0-9]*\).*/\1/p' a/metrics.jsonl)
   m_mom=$(sed -n 's/.*"optimizer.moments.decay": {"measured": \([0-9]*\).*/\1/p' m/metrics.jsonl)
   [ -n "$m_mom" ] && [ "$m_mom" -lt "$a_mom" ] || die "dp=2 zero=1 moments $m_mom not below one rank's $a_mom"
+  # ZeRO 3: the gathered layer's arena is measured too
+  P=(--set parallel.dp=2 --set parallel.zero=3)
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 \
+    "$MC_MPIRUN" -np 2 "$B/mctrain" "${CFG[@]}" "${P[@]}" --set data.path=corpus.h5 --set checkpoint.dir=z > z.log 2>&1 \
+    || { cat z.log; die "mpirun mctrain zero=3 failed"; }
+  check_run z.log z/metrics.jsonl "${CFG[@]}" "${P[@]}"
 fi
 [ $fail = 0 ] && echo "memreport: ok"
 exit $fail
