@@ -2,8 +2,9 @@
  * of that category carved out of it. An arena is sized before it is allocated: every tensor
  * that will live in it is first counted with mc_arena_count, then mc_arena_open makes the one
  * be->alloc of the counted size, and mc_arena_take hands out the same sequence of tensors.
- * Each tensor starts on an MC_ARENA_ALIGN boundary (the alignment cudaMalloc gives), so the
- * arena's size is the sum of its tensors' bytes each rounded up to that boundary. */
+ * Each tensor starts MC_ARENA_ALIGN bytes apart from the arena's start (cudaMalloc's base
+ * alignment, so on CUDA every tensor is so aligned), and the arena's size is the sum of its
+ * tensors' bytes each rounded up to that boundary. */
 #ifndef MC_TRAIN_ARENA_H
 #define MC_TRAIN_ARENA_H
 
