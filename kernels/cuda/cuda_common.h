@@ -24,6 +24,7 @@ typedef struct {
   size_t scratch_bytes;
   double *red;        /* sumsq partial sums (MC_CUDA_RED_BLOCKS + 1 doubles) */
   int bf16_gemm;      /* matrix products on bf16 tensor cores (mc_backend_cuda_bf16) */
+  void *prof;         /* op profile state (cuda_profile.cu) when MC_CUDA_PROFILE is set */
 } mc_cuda_ctx;
 
 #define MC_CUDA_THREADS 256
@@ -58,6 +59,8 @@ void mc_cuda_install_gemm(mc_backend *be);
 void mc_cuda_install_rows(mc_backend *be);
 void mc_cuda_install_attn(mc_backend *be);
 void mc_cuda_install_scan(mc_backend *be);
+/* Wraps every op of the table with GPU timing when MC_CUDA_PROFILE is set (last installer). */
+void mc_cuda_install_profile(mc_backend *be);
 void mc_cuda_install_moe(mc_backend *be);
 
 /* ---- device math: the same formulas as kernels/cpu/cpu.h and cpu_act.c */
