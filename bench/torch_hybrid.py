@@ -747,7 +747,8 @@ def summarize(folder, json_out):
             peak = r
         else:
             runs.append(r)
-    order = {("eager", "fp32"): 0, ("eager", "bf16"): 1, ("compile", "fp32"): 2, ("compile", "bf16"): 3}
+    order = {("megac", "fp32"): 0, ("megac", "bf16"): 1, ("eager", "fp32"): 2, ("eager", "bf16"): 3,
+             ("compile", "fp32"): 4, ("compile", "bf16"): 5}  # "megac": rows from bench/megac_run.py
     runs.sort(key=lambda r: (r["config"], order[(r["mode"], r["dtype"])]))
     print("| config | mode | dtype | step (ms) | tokens/s | model TFLOP/s | MFU (bf16 peak) | MFU (fp32 peak) "
           "| first step (s) | max mem (GiB) |")
