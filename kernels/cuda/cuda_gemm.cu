@@ -285,7 +285,10 @@ static void cu_gemm_grouped(mc_backend *be, int ta, int tb, int groups, const in
       ch.g[ch.n++] = g;
     }
     if (ch.n == GROUP_CHUNK || (g == groups && ch.n > 0)) {
-      if (mc_cu(be)->bf16_gemm)
+      if (ch.n == 1) { /* one product (a dense MLP as one expert): the plain call, no padding or pointer arrays */
+        int g1 = ch.g[0];
+        cu_gemm(be, ta, tb, M[g1], N[g1], K[g1], alpha, A + a_off[g1], lda, B + b_off[g1], ldb, beta, C + c_off[g1], ldc);
+      } else if (mc_cu(be)->bf16_gemm)
         grouped_bf16(be, &ch, ta, tb, M, N, K, alpha, A, a_off, lda, B, b_off, ldb, beta, C, c_off, ldc);
       else
         grouped_fp32(be, &ch, ta, tb, M, N, K, alpha, A, a_off, lda, B, b_off, ldb, beta, C, c_off, ldc);

@@ -625,17 +625,17 @@ static void b16_long_k(void) {
 }
 
 /* ------------------------------------------------------------------ ragged grouped products
- * gemm_grouped with 70 groups (more than the backend batches in one cuBLAS call) of ragged
- * shapes, M, N and K from 0 to ~30 with some of each 0, in every transpose, padded leading
+ * gemm_grouped with 70 groups (more than the backend batches in one cuBLAS call), and with
+ * one group (the backend's plain-product path), of ragged shapes, M, N and K from 0 to ~30 with some of each 0, in every transpose, padded leading
  * dimensions, alpha 0.5, beta 0.25, against the CPU. fp32 (`gpu`): within TOL_GEMM; bf16
  * products (`g16`): the bands of b16_cmp. */
 enum { RAG_G = 70 };
 
-static void ragged_grouped(mc_backend *be, int ta, int tb, int exact) {
+static void ragged_grouped(mc_backend *be, int ta, int tb, int exact, int ng) {
   int Ms[RAG_G], Ns[RAG_G], Ks[RAG_G];
   int64_t ao[RAG_G], bo[RAG_G], co[RAG_G];
   int lda = 0, ldb = 0, ldc = 0;
-  for (int g = 0; g < RAG_G; g++) {
+  for (int g = 0; g < ng; g++) {
     Ms[g] = g % 11 == 3 ? 0 : 1 + (int)mc_rng_below(11, 1, (uint64_t)g, 24);
     Ns[g] = g % 17 == 7 ? 0 : 1 + (int)mc_rng_below(11, 2, (uint64_t)g, 20);
     Ks[g] = g % 13 == 5 ? 0 : 1 + (int)mc_rng_below(11, 3, (uint64_t)g, 33);
@@ -644,7 +644,7 @@ static void ragged_grouped(mc_backend *be, int ta, int tb, int exact) {
   }
   lda += 3, ldb += 5, ldc += 2;
   int64_t na = 0, nb = 0, nc = 0;
-  for (int g = 0; g < RAG_G; g++) {
+  for (int g = 0; g < ng; g++) {
     ao[g] = na * lda, bo[g] = nb * ldb, co[g] = nc * ldc;
     na += ta ? Ks[g] : Ms[g], nb += tb ? Ns[g] : Ks[g], nc += Ms[g];
   }
@@ -652,10 +652,10 @@ static void ragged_grouped(mc_backend *be, int ta, int tb, int exact) {
   float *A = b16_operand(na, exact), *B = b16_operand(nb, exact), *C = b16_operand(nc, exact);
   float *dA = be->alloc(be, (size_t)na * 4), *dB = be->alloc(be, (size_t)nb * 4), *dC = be->alloc(be, (size_t)nc * 4);
   be->from_host(be, dA, A, (size_t)na * 4), be->from_host(be, dB, B, (size_t)nb * 4), be->from_host(be, dC, C, (size_t)nc * 4);
-  cpu->gemm_grouped(cpu, ta, tb, RAG_G, Ms, Ns, Ks, 0.5f, A, ao, lda, B, bo, ldb, 0.25f, C, co, ldc);
-  be->gemm_grouped(be, ta, tb, RAG_G, Ms, Ns, Ks, 0.5f, dA, ao, lda, dB, bo, ldb, 0.25f, dC, co, ldc);
+  cpu->gemm_grouped(cpu, ta, tb, ng, Ms, Ns, Ks, 0.5f, A, ao, lda, B, bo, ldb, 0.25f, C, co, ldc);
+  be->gemm_grouped(be, ta, tb, ng, Ms, Ns, Ks, 0.5f, dA, ao, lda, dB, bo, ldb, 0.25f, dC, co, ldc);
   char what[48];
-  snprintf(what, sizeof what, "gemm_grouped 70 ragged ta=%d tb=%d", ta, tb);
+  snprintf(what, sizeof what, "gemm_grouped %d ragged ta=%d tb=%d", ng, ta, tb);
   if (be == g16) {
     b16_cmp(what, exact, dC, C, nc);
   } else {
@@ -669,11 +669,13 @@ static void ragged_grouped(mc_backend *be, int ta, int tb, int exact) {
 static void test_ragged_grouped(mc_backend *be) {
   for (int ta = 0; ta < 2; ta++)
     for (int tb = 0; tb < 2; tb++) {
-      if (be == g16) {
-        ragged_grouped(be, ta, tb, 1);
-        ragged_grouped(be, ta, tb, 0);
-      } else {
-        ragged_grouped(be, ta, tb, 0);
+      for (int ng = 1; ng <= RAG_G; ng += RAG_G - 1) {
+        if (be == g16) {
+          ragged_grouped(be, ta, tb, 1, ng);
+          ragged_grouped(be, ta, tb, 0, ng);
+        } else {
+          ragged_grouped(be, ta, tb, 0, ng);
+        }
       }
     }
   CHECK(be->sync(be) == 0, "ragged grouped: %s", mc_errmsg());
