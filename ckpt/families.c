@@ -20,6 +20,20 @@ static const char *const ROLE_NAMES[MC_ROLE_COUNT] = {
 
 const char *mc_role_name(mc_role r) { return r >= 0 && r < MC_ROLE_COUNT ? ROLE_NAMES[r] : "?"; }
 
+int mc_role_is_matmul(mc_role r) {
+  switch (r) {
+    case MC_ROLE_HEAD:
+    case MC_ROLE_ATTN_WQ: case MC_ROLE_ATTN_WK: case MC_ROLE_ATTN_WV: case MC_ROLE_ATTN_WO:
+    case MC_ROLE_SSM_WZ: case MC_ROLE_SSM_WX: case MC_ROLE_SSM_WDT: case MC_ROLE_SSM_WB: case MC_ROLE_SSM_WC:
+    case MC_ROLE_SSM_WOUT:
+    case MC_ROLE_MOE_W1: case MC_ROLE_MOE_W3: case MC_ROLE_MOE_W2:
+    case MC_ROLE_REC_WX: case MC_ROLE_REC_WGATE: case MC_ROLE_REC_WR: case MC_ROLE_REC_WI: case MC_ROLE_REC_WOUT:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
 const char *mc_place_name(mc_place p) {
   switch (p) {
     case MC_PLACE_REPLICATED: return "replicated";

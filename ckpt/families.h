@@ -65,6 +65,11 @@ int mc_families_build(const mc_model *m, int sp, mc_family_set *out);
 void mc_families_free(mc_family_set *s);
 int mc_family_find(const mc_family_set *s, const char *name); /* index or -1 */
 const char *mc_role_name(mc_role r);
+/* 1 for a weight the model uses only as the weight operand of matrix products (projections,
+ * expert matrices, the head; not the router, whose logits stay fp32). Under train.dtype=bf16
+ * the trainer keeps these working weights in bf16 (their master copy stays fp32) and mcplan
+ * counts them so. */
+int mc_role_is_matmul(mc_role r);
 const char *mc_place_name(mc_place p);
 
 #endif

@@ -122,7 +122,7 @@ static int plan_rank(const mc_geometry *g, mc_plan *p, int rank, const stage_act
     for (int k = 0; k < sh[MC_STATE_PARAM].ndim; k++) local *= sh[MC_STATE_PARAM].local_count[k];
     const int64_t working = zero3 ? sh[MC_STATE_PARAM].numel : local;
     mc_mem_cat pc = mc_mem_param_cat(f->place);
-    r->bytes[pc] += working * p->act_bytes;
+    r->bytes[pc] += working * (mc_role_is_matmul(f->role) ? p->matmul_bytes : 4);
     r->bytes[MC_MEM_GRADS] += working * 4;
     r->working_elems += working;
     if (p->bf16)
@@ -141,7 +141,7 @@ static int plan_rank(const mc_geometry *g, mc_plan *p, int rank, const stage_act
       if (slot_elems[i] > worst) worst = slot_elems[i];
     /* The gathered working params of one layer plus its full gradient before the
      * reduce-scatter. */
-    r->bytes[MC_MEM_ZERO3_BUFFERS] = worst * (p->act_bytes + 4);
+    r->bytes[MC_MEM_ZERO3_BUFFERS] = worst * (p->matmul_bytes + 4); /* the layer's few non-matrix params counted alike */
   }
   r->inflight = sa->inflight;
   r->act_per_micro = sa->per_micro;
@@ -173,7 +173,9 @@ int mc_plan_build(const mc_geometry *g, const mc_train_cfg *train, const mc_plan
   p->recompute = (mc_recompute)rc;
   if (!strcmp(train->dtype, "bf16")) p->bf16 = 1;
   else if (strcmp(train->dtype, "fp32")) return mc_error("train.dtype: unknown dtype '%s' (fp32, bf16)", train->dtype);
-  p->act_bytes = p->bf16 ? 2 : 4;
+  /* What the trainer does (train/net.c): fp32 activations; bf16 matrix weights under bf16. */
+  p->act_bytes = 4;
+  p->matmul_bytes = p->bf16 ? 2 : 4;
   const mc_layout *l = &g->layout;
   if (train->micro_batch <= 0 || l->dp <= 0 || train->global_batch % (train->micro_batch * l->dp) != 0)
     return mc_error("train.global_batch=%d is not a multiple of train.micro_batch=%d * parallel.dp=%d",

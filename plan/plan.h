@@ -68,7 +68,9 @@ typedef struct {
 typedef struct {
   mc_plan_opts opts;
   mc_recompute recompute;
-  int act_bytes;              /* bytes per working param / activation element: 2 (bf16) or 4 */
+  int act_bytes;              /* bytes per activation element: 4 (the trainer keeps fp32 activations in both dtypes) */
+  int matmul_bytes;           /* bytes per working element of a matrix weight (mc_role_is_matmul): 2 under bf16,
+                                 else 4; other params are fp32 */
   int bf16;                   /* 1 when train.dtype is bf16 (separate fp32 master copy) */
   int world;
   int micro_batch;

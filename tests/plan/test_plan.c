@@ -101,7 +101,8 @@ static void test_totals_grid(void) {
                   if (!s.in_stage) continue;
                   int64_t local = 1;
                   for (int d = 0; d < s.ndim; d++) local *= s.local_count[d];
-                  bytes[g.fams.f[fi].place] += (zeros[zi] == 3 ? s.numel : local) * p.act_bytes;
+                  const int wb = bf && mc_role_is_matmul(g.fams.f[fi].role) ? 2 : 4;
+                  bytes[g.fams.f[fi].place] += (zeros[zi] == 3 ? s.numel : local) * wb;
                   master += s.numel * 4;
                   mc_shard_of(&g, fi, MC_STATE_EXP_AVG, r, &s);
                   mom += s.numel * 4;
@@ -202,16 +203,20 @@ static void test_dtype(void) {
   CHECK_OK(make_plan(&m, layout(1, 1, 1, 1, 0, 0), &t, &g4, &p4));
   strcpy(t.dtype, "bf16");
   CHECK_OK(make_plan(&m, layout(1, 1, 1, 1, 0, 0), &t, &g2, &p2));
-  int64_t params4 = 0, params2 = 0;
+  int64_t params4 = 0, params2 = 0, matmul = 0;
   for (int c = MC_MEM_PARAMS_REPLICATED; c <= MC_MEM_PARAMS_EP; c++)
     params4 += rank_bytes(&p4, 0, (mc_mem_cat)c), params2 += rank_bytes(&p2, 0, (mc_mem_cat)c);
-  CHECK(params4 == 4 * p4.model_elems && params2 == 2 * p2.model_elems, "fp32 4 bytes, bf16 2 bytes per param");
+  for (int f = 0; f < g2.fams.n; f++) matmul += mc_role_is_matmul(g2.fams.f[f].role) ? g2.fams.f[f].numel : 0;
+  CHECK(matmul > 0 && matmul < p2.model_elems, "the tiny model has matrix weights and other params");
+  CHECK(params4 == 4 * p4.model_elems && params2 == 2 * matmul + 4 * (p2.model_elems - matmul),
+        "fp32: 4 bytes per param; bf16: 2 bytes per matrix weight, 4 for the rest");
   CHECK(rank_bytes(&p2, 0, MC_MEM_MASTER_DECAY) + rank_bytes(&p2, 0, MC_MEM_MASTER_NO_DECAY) == 4 * p2.model_elems,
         "bf16 keeps an fp32 master");
   CHECK(rank_bytes(&p4, 0, MC_MEM_MOMENTS_DECAY) + rank_bytes(&p4, 0, MC_MEM_MOMENTS_NO_DECAY) == 8 * p4.model_elems,
         "two fp32 moments");
   CHECK(rank_bytes(&p2, 0, MC_MEM_GRADS) == 4 * p2.model_elems, "fp32 gradients");
-  CHECK(rank_bytes(&p2, 0, MC_MEM_ACTIVATIONS) < rank_bytes(&p4, 0, MC_MEM_ACTIVATIONS), "bf16 activations smaller");
+  CHECK(rank_bytes(&p2, 0, MC_MEM_ACTIVATIONS) == rank_bytes(&p4, 0, MC_MEM_ACTIVATIONS),
+        "fp32 activations in both dtypes (as the trainer keeps them)");
   drop(&g4, &p4);
   drop(&g2, &p2);
 }
