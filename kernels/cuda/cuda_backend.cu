@@ -164,6 +164,7 @@ static mc_backend *create(int device, int bf16_gemm) {
   mc_cuda_install_rows(be);
   mc_cuda_install_attn(be);
   mc_cuda_install_scan(be);
+  mc_cuda_install_ssd(be);
   mc_cuda_install_moe(be);
   mc_cuda_install_profile(be); /* after every other installer: it wraps the finished table */
   instances[bf16_gemm][device] = be;

@@ -59,6 +59,7 @@ void mc_cuda_install_gemm(mc_backend *be);
 void mc_cuda_install_rows(mc_backend *be);
 void mc_cuda_install_attn(mc_backend *be);
 void mc_cuda_install_scan(mc_backend *be);
+void mc_cuda_install_ssd(mc_backend *be);
 /* Wraps every op of the table with GPU timing when MC_CUDA_PROFILE is set (last installer). */
 void mc_cuda_install_profile(mc_backend *be);
 void mc_cuda_install_moe(mc_backend *be);

@@ -1,0 +1,525 @@
+/* The Mamba-2 selective scan (kernels/ops.h ssm_fwd, ssm_bwd; formulas as in
+ * kernels/cpu/cpu_ssm.c) in chunked, state-space-duality form, fp32 on CUDA cores.
+ *
+ * Time is cut into chunks of SSD_L = 64 steps. Within a chunk, with a_t = dt_t A and
+ * cum_i = a_0 + ... + a_i (summed in double, so that the differences cum_i - cum_j lose
+ * nothing to cancellation; all are <= 0, so every decay exp(cum_i - cum_j) is <= 1):
+ *   y_i  = e^{cum_i} C_i S_in^T + sum_{j<=i} (C_i . B_j) e^{cum_i - cum_j} dt_j x_j + D x_i
+ *   S_out = e^{cum_last} S_in + sum_j e^{cum_last - cum_j} dt_j x_j B_j^T
+ * (S is P x N per head). Three launches: the chunk-local end states, a pass over chunks
+ * that turns them into the state entering each chunk (kept in scratch, T/64 * P * N floats
+ * per head), and the outputs, as products of 64-row tiles staged through shared memory.
+ *
+ * The backward recomputes the entering states the same way, runs the adjoint over chunks
+ * backwards (dS entering chunk c = e^{cum_last} dS leaving it + sum_i e^{cum_i} dy_i C_i^T)
+ * and then takes each chunk's exact gradient. With K_ij = e^{cum_i - cum_j} (dy_i . x_j)
+ * for j <= i and G_ij = C_i . B_j:
+ *   dx_j = dt_j sum_i G_ij e^{cum_i - cum_j} dy_i + e^{cum_last - cum_j} dt_j dS_out B_j + D dy_j
+ *   dC_i = sum_j K_ij dt_j B_j + e^{cum_i} dy_i^T S_in,  dB_j = sum_i K_ij dt_j C_i
+ *          + e^{cum_last - cum_j} dt_j x_j^T dS_out
+ *   ddt_j = sum_i K_ij G_ij + e^{cum_last - cum_j} x_j . (dS_out B_j) + A da_j
+ * where da_k, the gradient of a_k, gathers every exponent a_k appears in: the pairs
+ * j < k <= i of the intra-chunk term, e^{cum_i} for i >= k, e^{cum_last - cum_j} for j < k
+ * and e^{cum_last} (the carried state). These are direct sums, not differences of
+ * cumulative sums. dA_log = A sum dt_k da_k since A = -exp(A_log).
+ * No atomics: dx and ddt rows belong to one block; dB and dC (one group shared by the
+ * heads) are written per head and summed over heads in order; dA_log and dD per chunk,
+ * summed over sequences and chunks in order. */
+#include <math.h>
+
+#include "kernels/cuda/cuda_common.h"
+
+#define SSD_L 64       /* chunk length, also the rows and columns of every tile */
+#define SSD_THREADS 256 /* 16 x 16 threads, 4 x 4 outputs each */
+#define SSD_KT 32      /* contraction steps staged per round */
+#define SSD_LD 68      /* staging row stride: rows stay 16-byte aligned */
+#define SSD_MS 65      /* stride of the L x L matrices: column walks avoid bank conflicts */
+/* Blocks per multiprocessor the register allocation must allow (ptxas: without a bound the
+ * forward kernels take ~240 registers a thread, one block per multiprocessor) */
+#ifndef SSD_MINB_FWD
+#define SSD_MINB_FWD 3
+#endif
+#ifndef SSD_MINB_BWD
+#define SSD_MINB_BWD 2
+#endif
+
+/* An operand of a tile product: element (i, k) = p[i si + k sk] * sci[i] * sck[k] (scales
+ * optional), zero outside ni x nk. One of si, sk is 1. */
+struct ssd_opd {
+  const float *p;
+  int64_t si, sk;
+  int ni, nk;
+  const float *sci, *sck;
+};
+
+static __device__ __forceinline__ ssd_opd ssd_op(const float *p, int64_t si, int64_t sk, int ni, int nk,
+                                                 const float *sci = nullptr, const float *sck = nullptr) {
+  ssd_opd o = {p, si, sk, ni, nk, sci, sck};
+  return o;
+}
+
+/* Stages columns [k0, k0 + SSD_KT) of an operand as S[kk][i], the threads walking along
+ * whichever index is contiguous in memory. */
+static __device__ __forceinline__ void ssd_stage(const ssd_opd &o, int k0, float *S) {
+  const bool ifast = o.si == 1;
+#pragma unroll
+  for (int m = 0; m < SSD_L * SSD_KT / SSD_THREADS; m++) {
+    const int e = threadIdx.x + m * SSD_THREADS;
+    const int i = ifast ? e % SSD_L : e / SSD_KT, kk = ifast ? e / SSD_L : e % SSD_KT, k = k0 + kk;
+    float v = 0.0f;
+    if (i < o.ni && k < o.nk) {
+      v = o.p[(int64_t)i * o.si + (int64_t)k * o.sk];
+      if (o.sci) v *= o.sci[i];
+      if (o.sck) v *= o.sck[k];
+    }
+    S[kk * SSD_LD + i] = v;
+  }
+}
+
+/* acc[r][q] += sum_k a(ty*4 + r, k) b(tx*4 + q, k) over k < a.nk (== b.nk): a 64 x 64 tile.
+ * Starts with a barrier, so shared memory written before the call is visible to it. */
+static __device__ __forceinline__ void ssd_mm(float (&acc)[4][4], const ssd_opd &a, const ssd_opd &b, float *As,
+                                              float *Bs) {
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  for (int k0 = 0; k0 < a.nk; k0 += SSD_KT) {
+    __syncthreads();
+    ssd_stage(a, k0, As);
+    ssd_stage(b, k0, Bs);
+    __syncthreads();
+#pragma unroll 8
+    for (int kk = 0; kk < SSD_KT; kk++) {
+      const float4 av = *(const float4 *)&As[kk * SSD_LD + ty * 4];
+      const float4 bv = *(const float4 *)&Bs[kk * SSD_LD + tx * 4];
+      const float ar[4] = {av.x, av.y, av.z, av.w}, br[4] = {bv.x, bv.y, bv.z, bv.w};
+#pragma unroll
+      for (int r = 0; r < 4; r++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) acc[r][q] = fmaf(ar[r], br[q], acc[r][q]);
+    }
+  }
+}
+
+static __device__ __forceinline__ void ssd_zero(float (&acc)[4][4]) {
+#pragma unroll
+  for (int r = 0; r < 4; r++)
+#pragma unroll
+    for (int q = 0; q < 4; q++) acc[r][q] = 0.0f;
+}
+
+/* Sum over the 16 threads (tx) that share a row group ty. */
+static __device__ __forceinline__ float ssd_rowsum(float v) {
+  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* Shared memory of a chunk block, in floats: the two staging buffers, cum (double), vectors
+ * of SSD_L, then SSD_MS-strided L x L matrices. */
+#define SSD_OFF_CUM (2 * SSD_KT * SSD_LD)
+#define SSD_OFF_VEC (SSD_OFF_CUM + 2 * SSD_L)
+#define SSD_NVEC 10
+#define SSD_OFF_MAT (SSD_OFF_VEC + SSD_NVEC * SSD_L + SSD_THREADS)
+static size_t ssd_smem(int mats) { return (size_t)(SSD_OFF_MAT + mats * SSD_L * SSD_MS) * sizeof(float); }
+
+struct ssd_chunk {
+  int s, h, c, len;
+  int64_t row0, idx; /* first row of the chunk; (sequence, head, chunk) index */
+  float A;
+  double *cum;
+  float *dt, *ec, *ew; /* dt_i, e^{cum_i}, e^{cum_last - cum_i}; zero past len */
+};
+
+/* Reads the chunk's dt, scans cum in double (one warp, two steps per lane) and the decays
+ * to the chunk's start and end. Ends with a barrier. */
+static __device__ ssd_chunk ssd_setup(float *sm, const float *dt, const float *A_log, int c, int T, int Hm, int nch) {
+  ssd_chunk k;
+  k.c = c, k.h = blockIdx.y, k.s = blockIdx.z;
+  k.row0 = (int64_t)k.s * T + (int64_t)c * SSD_L;
+  k.len = min(SSD_L, T - c * SSD_L);
+  k.idx = ((int64_t)k.s * Hm + k.h) * nch + c;
+  k.A = -expf(A_log[k.h]);
+  k.cum = (double *)(sm + SSD_OFF_CUM);
+  k.dt = sm + SSD_OFF_VEC, k.ec = k.dt + SSD_L, k.ew = k.ec + SSD_L;
+  const int tid = threadIdx.x;
+  if (tid < SSD_L) k.dt[tid] = tid < k.len ? dt[(k.row0 + tid) * Hm + k.h] : 0.0f;
+  __syncthreads();
+  if (tid < 32) {
+    const double v0 = (double)(k.dt[2 * tid] * k.A), v1 = (double)(k.dt[2 * tid + 1] * k.A);
+    double inc = v0 + v1;
+    for (int o = 1; o < 32; o <<= 1) {
+      const double u = __shfl_up_sync(0xffffffffu, inc, o);
+      if (tid >= o) inc += u;
+    }
+    double ex = __shfl_up_sync(0xffffffffu, inc, 1);
+    if (tid == 0) ex = 0.0;
+    k.cum[2 * tid] = ex + v0;
+    k.cum[2 * tid + 1] = ex + v0 + v1;
+  }
+  __syncthreads();
+  if (tid < SSD_L) {
+    const bool in = tid < k.len;
+    k.ec[tid] = in ? expf((float)k.cum[tid]) : 0.0f;
+    k.ew[tid] = in ? expf((float)(k.cum[k.len - 1] - k.cum[tid])) : 0.0f;
+  }
+  __syncthreads();
+  return k;
+}
+
+/* e^{cum_i - cum_j} for j <= i < len, else 0 */
+static __device__ __forceinline__ float ssd_decay(const ssd_chunk &k, int i, int j) {
+  return j <= i && i < k.len ? expf((float)(k.cum[i] - k.cum[j])) : 0.0f;
+}
+
+/* Chunk-local end states out[p][n] = sum_j w_j X_j[p] Bm_j[n] of chunk c = blockIdx.x + c0,
+ * with w_j = e^{cum_last - cum_j} dt_j (rev = 0: X = x, Bm = B) or w_j = e^{cum_j}
+ * (rev = 1: X = dy, Bm = C, the adjoint's chunk-local part). Also the chunk's total
+ * exponent tot = cum_last. */
+__global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_FWD)
+    k_ssd_states(const float *X, const float *Bm, const float *dt, const float *A_log, int T, int Hm, int P, int N,
+                 int nch, int rev, float *out, float *tot) {
+  extern __shared__ float4 ssd_sm4[];
+  float *sm = (float *)ssd_sm4, *As = sm, *Bs = sm + SSD_KT * SSD_LD;
+  const ssd_chunk k = ssd_setup(sm, dt, A_log, blockIdx.x + rev, T, Hm, nch);
+  float *w = k.ew + SSD_L;
+  if (threadIdx.x < SSD_L) w[threadIdx.x] = rev ? k.ec[threadIdx.x] : k.ew[threadIdx.x] * k.dt[threadIdx.x];
+  const int64_t xs = (int64_t)Hm * P;
+  const float *Xc = X + k.row0 * xs + (int64_t)k.h * P, *Bc = Bm + k.row0 * N;
+  float *o = out + k.idx * P * N;
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  for (int p0 = 0; p0 < P; p0 += SSD_L)
+    for (int n0 = 0; n0 < N; n0 += SSD_L) {
+      float acc[4][4];
+      ssd_zero(acc);
+      ssd_mm(acc, ssd_op(Xc + p0, 1, xs, min(SSD_L, P - p0), k.len, nullptr, w),
+             ssd_op(Bc + n0, 1, N, min(SSD_L, N - n0), k.len), As, Bs);
+#pragma unroll
+      for (int r = 0; r < 4; r++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+          const int p = p0 + ty * 4 + r, n = n0 + tx * 4 + q;
+          if (p < P && n < N) o[(int64_t)p * N + n] = acc[r][q];
+        }
+    }
+  if (threadIdx.x == 0) tot[k.idx] = (float)k.cum[SSD_L - 1];
+}
+
+/* The pass over chunks, one thread per (sequence, head, state element): buf holds the
+ * chunk-local parts and is overwritten with the state entering each chunk (rev = 0), or
+ * with the adjoint leaving each chunk (rev = 1, chunks in reverse). */
+__global__ void k_ssd_pass(float *buf, const float *tot, int nch, int64_t PN, int rev) {
+  const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= PN) return;
+  const int64_t sh = (int64_t)blockIdx.z * gridDim.y + blockIdx.y;
+  float *b = buf + sh * nch * PN + e;
+  const float *tt = tot + sh * nch;
+  float S = 0.0f;
+  for (int m = 0; m < nch; m++) {
+    const int c = rev ? nch - 1 - m : m;
+    const float u = m < nch - 1 ? b[c * PN] : 0.0f;
+    b[c * PN] = S;
+    if (m < nch - 1) S = expf(tt[c]) * S + u;
+  }
+}
+
+/* y of one chunk: e^{cum_i} C_i S_in^T + ((C B^T) o decay) (dt o x) + D x. */
+__global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_FWD)
+    k_ssd_y(const float *x, const float *dt, const float *A_log, const float *B, const float *C, const float *D,
+            const float *states, int T, int Hm, int P, int N, int nch, float *y) {
+  extern __shared__ float4 ssd_sm4[];
+  float *sm = (float *)ssd_sm4, *As = sm, *Bs = sm + SSD_KT * SSD_LD, *sM = sm + SSD_OFF_MAT;
+  const ssd_chunk k = ssd_setup(sm, dt, A_log, blockIdx.x, T, Hm, nch);
+  const int64_t xs = (int64_t)Hm * P;
+  const float *xc = x + k.row0 * xs + (int64_t)k.h * P, *Bc = B + k.row0 * N, *Cc = C + k.row0 * N;
+  const float *S0 = states + k.idx * P * N;
+  float *yc = y + k.row0 * xs + (int64_t)k.h * P;
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  float acc[4][4];
+  ssd_zero(acc);
+  ssd_mm(acc, ssd_op(Cc, N, 1, k.len, N), ssd_op(Bc, N, 1, k.len, N), As, Bs);
+#pragma unroll
+  for (int r = 0; r < 4; r++)
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      const int i = ty * 4 + r, j = tx * 4 + q;
+      sM[i * SSD_MS + j] = acc[r][q] * ssd_decay(k, i, j);
+    }
+  const float Dh = D[k.h];
+  for (int p0 = 0; p0 < P; p0 += SSD_L) {
+    const int np = min(SSD_L, P - p0);
+    ssd_zero(acc);
+    if (k.c > 0) ssd_mm(acc, ssd_op(Cc, N, 1, k.len, N, k.ec), ssd_op(S0 + (int64_t)p0 * N, N, 1, np, N), As, Bs);
+    ssd_mm(acc, ssd_op(sM, SSD_MS, 1, k.len, k.len, nullptr, k.dt), ssd_op(xc + p0, 1, xs, np, k.len), As, Bs);
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        const int i = ty * 4 + r, p = tx * 4 + q;
+        if (i < k.len && p < np) yc[i * xs + p0 + p] = acc[r][q] + Dh * xc[i * xs + p0 + p];
+      }
+  }
+}
+
+/* The gradient of one chunk (formulas at the top), given the state entering it (S0) and the
+ * adjoint leaving it (dSo). dx and ddt are added in place; dB and dC go to this head's
+ * partial rows, dA_log and dD to this chunk's partial pair. */
+__global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_BWD)
+    k_ssd_bwd(const float *x, const float *dt, const float *A_log, const float *B, const float *C, const float *D,
+              const float *dy, const float *states, const float *dstates, int T, int Hm, int P, int N, int nch,
+              float *dx, float *ddt, float *partB, float *partC, double *partAD) {
+  extern __shared__ float4 ssd_sm4[];
+  float *sm = (float *)ssd_sm4, *As = sm, *Bs = sm + SSD_KT * SSD_LD;
+  float *sG = sm + SSD_OFF_MAT, *sK = sG + SSD_L * SSD_MS, *sQ = sK + SSD_L * SSD_MS;
+  const ssd_chunk k = ssd_setup(sm, dt, A_log, blockIdx.x, T, Hm, nch);
+  float *ewdt = k.ew + SSD_L, *sv = ewdt + SSD_L, *sR = sv + SSD_L, *sdir = sR + SSD_L, *sdd = sdir + SSD_L,
+        *sda = sdd + SSD_L, *sred = sda + SSD_L;
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  if (tid < SSD_L) {
+    ewdt[tid] = k.ew[tid] * k.dt[tid];
+    sv[tid] = sR[tid] = 0.0f;
+  }
+  const int64_t xs = (int64_t)Hm * P, PN = (int64_t)P * N, nrows = (int64_t)gridDim.z * T;
+  const float *xc = x + k.row0 * xs + (int64_t)k.h * P, *dyc = dy + k.row0 * xs + (int64_t)k.h * P;
+  const float *Bc = B + k.row0 * N, *Cc = C + k.row0 * N;
+  const float *S0 = states + k.idx * PN, *dSo = dstates + k.idx * PN;
+  float *dxc = dx + k.row0 * xs + (int64_t)k.h * P;
+  const bool has_in = k.c > 0, has_out = k.c < nch - 1;
+  float acc[4][4], db[4][4];
+
+  /* G = C B^T, then K = (dY X^T) o decay, M = G o decay (over G), and K o G */
+  ssd_zero(acc);
+  ssd_mm(acc, ssd_op(Cc, N, 1, k.len, N), ssd_op(Bc, N, 1, k.len, N), As, Bs);
+#pragma unroll
+  for (int r = 0; r < 4; r++)
+#pragma unroll
+    for (int q = 0; q < 4; q++) sG[(ty * 4 + r) * SSD_MS + tx * 4 + q] = acc[r][q];
+  ssd_zero(acc);
+  ssd_mm(acc, ssd_op(dyc, xs, 1, k.len, P), ssd_op(xc, xs, 1, k.len, P), As, Bs);
+#pragma unroll
+  for (int r = 0; r < 4; r++)
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      const int i = ty * 4 + r, j = tx * 4 + q, o = i * SSD_MS + j;
+      const float d = ssd_decay(k, i, j), kk = acc[r][q] * d, g = sG[o];
+      sK[o] = kk;
+      sQ[o] = kk * g;
+      sG[o] = g * d;
+      if (i == j) sdd[i] = acc[r][q]; /* dy_i . x_i, for dD */
+    }
+  __syncthreads();
+  /* suffix sums down each column of K o G: sQ[k][j] = sum_{i >= k} K_ij G_ij */
+  if (tid < SSD_L) {
+    float run = 0.0f;
+    for (int i = SSD_L - 1; i >= tid; i--) {
+      run += sQ[i * SSD_MS + tid];
+      sQ[i * SSD_MS + tid] = run;
+    }
+    sdir[tid] = run;
+  }
+
+  const float Dh = D[k.h];
+  for (int p0 = 0; p0 < P; p0 += SSD_L) {
+    const int np = min(SSD_L, P - p0);
+    /* DB = B dS_out^T, its dot with x for ddt and da, then dx */
+    ssd_zero(db);
+    if (has_out) ssd_mm(db, ssd_op(Bc, N, 1, k.len, N), ssd_op(dSo + (int64_t)p0 * N, N, 1, np, N), As, Bs);
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+      const int j = ty * 4 + r;
+      float part = 0.0f;
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        const int p = tx * 4 + q;
+        if (j < k.len && p < np) part += xc[j * xs + p0 + p] * db[r][q];
+      }
+      part = ssd_rowsum(part);
+      if (tx == 0) sv[j] += part;
+    }
+    ssd_zero(acc);
+    ssd_mm(acc, ssd_op(sG, 1, SSD_MS, k.len, k.len), ssd_op(dyc + p0, 1, xs, np, k.len), As, Bs);
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        const int j = ty * 4 + r, p = tx * 4 + q;
+        if (j < k.len && p < np) {
+          const int64_t o = j * xs + p0 + p;
+          dxc[o] += k.dt[j] * acc[r][q] + ewdt[j] * db[r][q] + Dh * dyc[o];
+        }
+      }
+    /* R_i = e^{cum_i} dy_i . (S_in C_i) */
+    if (has_in) {
+      ssd_zero(acc);
+      ssd_mm(acc, ssd_op(Cc, N, 1, k.len, N), ssd_op(S0 + (int64_t)p0 * N, N, 1, np, N), As, Bs);
+#pragma unroll
+      for (int r = 0; r < 4; r++) {
+        const int i = ty * 4 + r;
+        float part = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+          const int p = tx * 4 + q;
+          if (i < k.len && p < np) part += dyc[i * xs + p0 + p] * acc[r][q];
+        }
+        part = ssd_rowsum(part);
+        if (tx == 0) sR[i] += k.ec[i] * part;
+      }
+    }
+  }
+
+  float *pC = partC + ((int64_t)k.h * nrows + k.row0) * N, *pB = partB + ((int64_t)k.h * nrows + k.row0) * N;
+  for (int n0 = 0; n0 < N; n0 += SSD_L) {
+    const int nn = min(SSD_L, N - n0);
+    ssd_zero(acc);
+    ssd_mm(acc, ssd_op(sK, SSD_MS, 1, k.len, k.len, nullptr, k.dt), ssd_op(Bc + n0, 1, N, nn, k.len), As, Bs);
+    if (has_in) ssd_mm(acc, ssd_op(dyc, xs, 1, k.len, P, k.ec), ssd_op(S0 + n0, 1, N, nn, P), As, Bs);
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        const int i = ty * 4 + r, n = tx * 4 + q;
+        if (i < k.len && n < nn) pC[(int64_t)i * N + n0 + n] = acc[r][q];
+      }
+    ssd_zero(acc);
+    ssd_mm(acc, ssd_op(sK, 1, SSD_MS, k.len, k.len, k.dt), ssd_op(Cc + n0, 1, N, nn, k.len), As, Bs);
+    if (has_out) ssd_mm(acc, ssd_op(xc, xs, 1, k.len, P, ewdt), ssd_op(dSo + n0, 1, N, nn, P), As, Bs);
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        const int j = ty * 4 + r, n = tx * 4 + q;
+        if (j < k.len && n < nn) pB[(int64_t)j * N + n0 + n] = acc[r][q];
+      }
+  }
+
+  /* Z = e^{cum_last} <dS_out, S_in>: every a_k of the chunk decays the carried state */
+  float z = 0.0f;
+  if (has_in && has_out)
+    for (int64_t e = tid; e < PN; e += SSD_THREADS) z += dSo[e] * S0[e];
+  sred[tid] = z;
+  __syncthreads();
+  for (int w = SSD_THREADS / 2; w > 0; w >>= 1) {
+    if (tid < w) sred[tid] += sred[tid + w];
+    __syncthreads();
+  }
+  const float Z = sred[0] * k.ec[k.len - 1];
+  if (tid < SSD_L) {
+    const int kq = tid;
+    float da = 0.0f;
+    if (kq < k.len) {
+      da = Z;
+      for (int i = kq; i < k.len; i++) da += sR[i];
+      for (int j = 0; j < kq; j++) da += ewdt[j] * sv[j] + k.dt[j] * sQ[kq * SSD_MS + j];
+      ddt[(k.row0 + kq) * Hm + k.h] += sdir[kq] + k.ew[kq] * sv[kq] + k.A * da;
+    }
+    sda[kq] = k.dt[kq] * da;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    double a = 0.0, d = 0.0;
+    for (int i = 0; i < k.len; i++) a += sda[i], d += sdd[i];
+    partAD[2 * k.idx] = (double)k.A * a;
+    partAD[2 * k.idx + 1] = d;
+  }
+}
+
+/* dB, dC += the per-head partial rows, summed over heads in order */
+__global__ void k_ssd_rows(const float *partB, const float *partC, int64_t rowsN, int Hm, float *dB, float *dC) {
+  MC_CU_FOR(e, rowsN) {
+    float sb = 0.0f, sc = 0.0f;
+    for (int h = 0; h < Hm; h++) sb += partB[h * rowsN + e], sc += partC[h * rowsN + e];
+    dB[e] += sb;
+    dC[e] += sc;
+  }
+}
+
+/* dA_log, dD += the per-chunk partial pairs, summed over sequences and chunks in order */
+__global__ void k_ssd_heads(const double *partAD, int n_seq, int Hm, int nch, float *dA_log, float *dD) {
+  MC_CU_FOR(h, Hm) {
+    double a = 0.0, d = 0.0;
+    for (int s = 0; s < n_seq; s++)
+      for (int c = 0; c < nch; c++) {
+        const int64_t idx = ((int64_t)s * Hm + h) * nch + c;
+        a += partAD[2 * idx], d += partAD[2 * idx + 1];
+      }
+    dA_log[h] += (float)a;
+    dD[h] += (float)d;
+  }
+}
+
+static int ssd_args_ok(mc_backend *be, const char *op, int n_seq, int T, int Hm, int P, int N) {
+  if (n_seq <= 0 || T <= 0 || Hm <= 0 || P <= 0) return 0;
+  if (N <= 0 || n_seq > 65535 || Hm > 65535) {
+    mc_cuda_fail(be, "%s: unsupported shape n_seq=%d heads=%d state=%d (n_seq, heads <= 65535, state >= 1)", op,
+                 n_seq, Hm, N);
+    return 0;
+  }
+  return 1;
+}
+
+static size_t ssd_round(size_t b) { return (b + 255) / 256 * 256; }
+
+/* Shared memory over 48 KB must be allowed per kernel before its launch. */
+static int ssd_allow(mc_backend *be, const void *kernel, size_t smem, const char *op) {
+  if (smem <= 48 * 1024) return 1;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e == cudaSuccess) return 1;
+  cudaGetLastError();
+  mc_cuda_fail(be, "%s: %zu bytes of shared memory: %s", op, smem, cudaGetErrorString(e));
+  return 0;
+}
+
+/* Chunk-local parts of chunks [rev, nch - 1 + rev) and the pass over chunks: buf ends up with
+ * the state entering each chunk (rev = 0) or the adjoint leaving it (rev = 1). */
+static void ssd_carry(mc_backend *be, const float *X, const float *Bm, const float *dt, const float *A_log, int n_seq,
+                      int T, int Hm, int P, int N, int nch, int rev, float *buf, float *tot) {
+  cudaStream_t st = mc_cu_stream(be);
+  const int64_t PN = (int64_t)P * N;
+  if (nch > 1)
+    k_ssd_states<<<dim3((unsigned)(nch - 1), (unsigned)Hm, (unsigned)n_seq), SSD_THREADS, ssd_smem(0), st>>>(
+        X, Bm, dt, A_log, T, Hm, P, N, nch, rev, buf, tot);
+  k_ssd_pass<<<dim3((unsigned)((PN + 255) / 256), (unsigned)Hm, (unsigned)n_seq), 256, 0, st>>>(buf, tot, nch, PN,
+                                                                                                rev);
+}
+
+static void cu_ssm_fwd(mc_backend *be, const float *x, const float *dt, const float *A_log, const float *B,
+                       const float *C, const float *D, int n_seq, int T, int Hm, int P, int N, float *y) {
+  if (!ssd_args_ok(be, "ssm_fwd", n_seq, T, Hm, P, N)) return;
+  const int nch = (T + SSD_L - 1) / SSD_L;
+  const size_t nsc = (size_t)n_seq * Hm * nch;
+  const size_t sb = ssd_round(nsc * P * N * sizeof(float));
+  char *scr = (char *)mc_cuda_scratch(be, sb + nsc * sizeof(float), "ssm_fwd");
+  if (!scr || !ssd_allow(be, (const void *)k_ssd_y, ssd_smem(1), "ssm_fwd")) return;
+  float *states = (float *)scr, *tot = (float *)(scr + sb);
+  if (nch > 1) ssd_carry(be, x, B, dt, A_log, n_seq, T, Hm, P, N, nch, 0, states, tot);
+  k_ssd_y<<<dim3((unsigned)nch, (unsigned)Hm, (unsigned)n_seq), SSD_THREADS, ssd_smem(1), mc_cu_stream(be)>>>(
+      x, dt, A_log, B, C, D, states, T, Hm, P, N, nch, y);
+  mc_cuda_check(be, "ssm_fwd");
+}
+
+static void cu_ssm_bwd(mc_backend *be, const float *x, const float *dt, const float *A_log, const float *B,
+                       const float *C, const float *D, const float *dy, int n_seq, int T, int Hm, int P, int N,
+                       float *dx, float *ddt, float *dA_log, float *dB, float *dC, float *dD) {
+  if (!ssd_args_ok(be, "ssm_bwd", n_seq, T, Hm, P, N)) return;
+  const int nch = (T + SSD_L - 1) / SSD_L;
+  const size_t nsc = (size_t)n_seq * Hm * nch, rowsN = (size_t)n_seq * T * N;
+  const size_t sb = ssd_round(nsc * P * N * sizeof(float)), tb = ssd_round(nsc * sizeof(float));
+  const size_t pb = ssd_round((size_t)Hm * rowsN * sizeof(float)), ab = ssd_round(2 * nsc * sizeof(double));
+  char *scr = (char *)mc_cuda_scratch(be, 2 * sb + tb + 2 * pb + ab, "ssm_bwd");
+  if (!scr || !ssd_allow(be, (const void *)k_ssd_bwd, ssd_smem(3), "ssm_bwd")) return;
+  float *states = (float *)scr, *dstates = (float *)(scr + sb), *tot = (float *)(scr + 2 * sb);
+  float *partB = (float *)(scr + 2 * sb + tb), *partC = (float *)(scr + 2 * sb + tb + pb);
+  double *partAD = (double *)(scr + 2 * sb + tb + 2 * pb);
+  cudaStream_t st = mc_cu_stream(be);
+  if (nch > 1) {
+    ssd_carry(be, x, B, dt, A_log, n_seq, T, Hm, P, N, nch, 0, states, tot);
+    ssd_carry(be, dy, C, dt, A_log, n_seq, T, Hm, P, N, nch, 1, dstates, tot);
+  }
+  k_ssd_bwd<<<dim3((unsigned)nch, (unsigned)Hm, (unsigned)n_seq), SSD_THREADS, ssd_smem(3), st>>>(
+      x, dt, A_log, B, C, D, dy, states, dstates, T, Hm, P, N, nch, dx, ddt, partB, partC, partAD);
+  k_ssd_rows<<<mc_cu_grid((int64_t)rowsN), MC_CUDA_THREADS, 0, st>>>(partB, partC, (int64_t)rowsN, Hm, dB, dC);
+  k_ssd_heads<<<mc_cu_grid(Hm), MC_CUDA_THREADS, 0, st>>>(partAD, n_seq, Hm, nch, dA_log, dD);
+  mc_cuda_check(be, "ssm_bwd");
+}
+
+void mc_cuda_install_ssd(mc_backend *be) {
+  be->ssm_fwd = cu_ssm_fwd;
+  be->ssm_bwd = cu_ssm_bwd;
+}
