@@ -7,8 +7,19 @@
  * products read 16 bytes at a time. The backward recomputes every probability from the
  * saved lse in two kernels, one owning dq (parallel over query tiles) and one owning dk, dv
  * (parallel over key tiles), so no gradient needs atomics. Formulas as in
- * kernels/cpu/cpu_attn.c. */
+ * kernels/cpu/cpu_attn.c.
+ * The bf16 instance (mc_backend_cuda_bf16) runs head_dim 64 and 128 on tensor cores instead
+ * (cuda_attn_tc.cu: q, k, v, p, dout and ds rounded to bf16; fp32 accumulation, softmax
+ * statistics and outputs) when every tensor is 16-byte aligned; every other case, and the
+ * fp32 instance always, runs the fp32 kernels below. */
 #include "kernels/cuda/cuda_common.h"
+
+/* cuda_attn_tc.cu */
+void mc_cuda_attn_tc_fwd(mc_backend *be, const float *q, const float *k, const float *v, int n_seq, int T, int H,
+                         int KV, int hd, float *out, float *lse);
+void mc_cuda_attn_tc_bwd(mc_backend *be, const float *q, const float *k, const float *v, const float *out,
+                         const float *lse, const float *dout, int n_seq, int T, int H, int KV, int hd, float *dq,
+                         float *dk, float *dv);
 
 #define ATT_WARPS 4
 #define ATT_MAXHD 256  /* head_dim <= 32 * 8 */
@@ -314,8 +325,9 @@ static int attn_args_ok(mc_backend *be, const char *op, int n_seq, int T, int H,
   return 1;
 }
 
-/* Dynamic shared memory above 48 KB needs the kernel's limit raised first. */
-static int smem_ok(mc_backend *be, const void *kernel, size_t bytes, const char *op) {
+/* Dynamic shared memory above 48 KB needs the kernel's limit raised first (also used by
+ * cuda_attn_tc.cu). */
+int mc_cuda_attn_smem_ok(mc_backend *be, const void *kernel, size_t bytes, const char *op) {
   if (bytes <= 48 * 1024) return 1;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
   if (e != cudaSuccess) {
@@ -326,11 +338,19 @@ static int smem_ok(mc_backend *be, const void *kernel, size_t bytes, const char 
   return 1;
 }
 
+/* The tensor-core kernels: bf16 instance, head_dim 64 or 128, and 16-byte aligned tensors
+ * (they move rows 16 bytes at a time). */
+static int use_tc(mc_backend *be, int hd, const void *a, const void *b, const void *c, const void *d, const void *e,
+                  const void *f) {
+  const uintptr_t any = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e | (uintptr_t)f;
+  return mc_cu(be)->bf16_gemm && (hd == 64 || hd == 128) && (any & 15) == 0;
+}
+
 template <int MC>
 static void attn_fwd_mc(mc_backend *be, const float *q, const float *k, const float *v, int n_seq, int T, int H,
                         int KV, int hd, float *out, float *lse) {
   size_t smem = (size_t)(ATT_WARPS * ATT_RPW * 32 + ATT_FQ * hd + ATT_KT * lane_pitch(hd) + ATT_KT * hd) * sizeof(float);
-  if (!smem_ok(be, (const void *)k_attn_fwd<MC>, smem, "attn_fwd")) return;
+  if (!mc_cuda_attn_smem_ok(be, (const void *)k_attn_fwd<MC>, smem, "attn_fwd")) return;
   dim3 grid((unsigned)((T + ATT_FQ - 1) / ATT_FQ), (unsigned)H, (unsigned)n_seq);
   k_attn_fwd<MC><<<grid, ATT_WARPS * 32, smem, mc_cu_stream(be)>>>(q, k, v, T, H, KV, hd, 1.0f / sqrtf((float)hd),
                                                                    out, lse);
@@ -346,8 +366,8 @@ static void attn_bwd_mc(mc_backend *be, const float *q, const float *k, const fl
   cudaStream_t st = mc_cu_stream(be);
   size_t smem_q = (size_t)(ATT_WARPS * ATT_RPW * 32 + 2 * ATT_FQ * hd + 2 * ATT_KT * lp) * sizeof(float);
   size_t smem_kv = (size_t)(2 * ATT_WARPS * ATT_KPW * 32 + 2 * ATT_QT * lp + 2 * ATT_BK * hd + 2 * ATT_QT) * sizeof(float);
-  if (!smem_ok(be, (const void *)k_attn_dq<MC>, smem_q, "attn_bwd") ||
-      !smem_ok(be, (const void *)k_attn_dkv<MC>, smem_kv, "attn_bwd"))
+  if (!mc_cuda_attn_smem_ok(be, (const void *)k_attn_dq<MC>, smem_q, "attn_bwd") ||
+      !mc_cuda_attn_smem_ok(be, (const void *)k_attn_dkv<MC>, smem_kv, "attn_bwd"))
     return;
   dim3 gq((unsigned)((T + ATT_FQ - 1) / ATT_FQ), (unsigned)H, (unsigned)n_seq);
   k_attn_dq<MC><<<gq, ATT_WARPS * 32, smem_q, st>>>(q, k, v, lse, D, dout, T, H, KV, hd, scale, dq);
@@ -359,6 +379,10 @@ static void attn_bwd_mc(mc_backend *be, const float *q, const float *k, const fl
 static void cu_attn_fwd(mc_backend *be, const float *q, const float *k, const float *v, int n_seq, int T, int H, int KV,
                         int hd, float *out, float *lse) {
   if (!attn_args_ok(be, "attn_fwd", n_seq, T, H, KV, hd)) return;
+  if (use_tc(be, hd, q, k, v, out, out, out)) {
+    mc_cuda_attn_tc_fwd(be, q, k, v, n_seq, T, H, KV, hd, out, lse);
+    return;
+  }
   if (hd <= 32) attn_fwd_mc<1>(be, q, k, v, n_seq, T, H, KV, hd, out, lse);
   else if (hd <= 64) attn_fwd_mc<2>(be, q, k, v, n_seq, T, H, KV, hd, out, lse);
   else if (hd <= 128) attn_fwd_mc<4>(be, q, k, v, n_seq, T, H, KV, hd, out, lse);
@@ -369,6 +393,10 @@ static void cu_attn_bwd(mc_backend *be, const float *q, const float *k, const fl
                         const float *lse, const float *dout, int n_seq, int T, int H, int KV, int hd, float *dq,
                         float *dk, float *dv) {
   if (!attn_args_ok(be, "attn_bwd", n_seq, T, H, KV, hd)) return;
+  if (use_tc(be, hd, q, k, v, out, dout, dq) && use_tc(be, hd, dk, dv, q, q, q, q)) {
+    mc_cuda_attn_tc_bwd(be, q, k, v, out, lse, dout, n_seq, T, H, KV, hd, dq, dk, dv);
+    return;
+  }
   const int64_t items = (int64_t)n_seq * T * H;
   float *D = (float *)mc_cuda_scratch(be, (size_t)items * sizeof(float), "attn_bwd");
   if (!D) return;

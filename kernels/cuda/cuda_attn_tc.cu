@@ -1,0 +1,561 @@
+/* Causal GQA attention on bf16 tensor cores, for the bf16 instance (mc_backend_cuda_bf16),
+ * head_dim 64 or 128; cuda_attn.cu dispatches here and keeps its fp32 kernels for the rest.
+ * FlashAttention-2 structure with mma.sync m16n8k16 (bf16 operands, fp32 accumulation),
+ * operands read from shared memory by ldmatrix, tiles brought in by cp.async, double
+ * buffered, in an XOR-swizzled layout (16-byte chunk c of row r sits at c ^ (r & 7)) so that
+ * ldmatrix's eight row reads hit eight different bank groups.
+ * - Forward: a block of 8 warps owns 128 query rows of one head (16 per warp, held as mma
+ *   A fragments in registers) and walks the key/value tiles (64 keys) up to its diagonal;
+ *   online softmax in fp32 (exp2 with the scale folded in), probabilities rounded to bf16 for
+ *   the P V product. The q tile is converted from fp32 while it is loaded (read once); k and v
+ *   are read once per query tile, so one pre-pass rounds them to bf16 into scratch.
+ * - Backward: one pre-pass rounds q, k, v, dout to bf16 and computes D = rowsum(out * dout)
+ *   in fp32; then one kernel owns dq (64 query rows per block, walking key tiles) and one
+ *   owns dk, dv (64 keys of a kv head per block, walking the query tiles of every head of
+ *   its group), both recomputing p = exp(s - lse) from the saved lse: no atomics, so the
+ *   result does not depend on timing. Seven products instead of five (s and dp twice).
+ * Softmax statistics, lse, D and every output stay fp32; backward ADDS, as the op contract
+ * says. Formulas as in kernels/cpu/cpu_attn.c. */
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/cuda_common.h"
+
+typedef __nv_bfloat16 bf16;
+
+/* Defined in cuda_attn.cu: raises a kernel's dynamic shared-memory limit when above 48 KB. */
+int mc_cuda_attn_smem_ok(mc_backend *be, const void *kernel, size_t bytes, const char *op);
+
+#define TC_LOG2E 1.4426950408889634f
+#define TC_LN2 0.6931471805599453f
+
+/* ------------------------------------------------------------------ PTX wrappers */
+static __device__ __forceinline__ uint32_t smem_addr(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes global -> shared, bypassing L1; zero-filled when !valid (nothing is read). */
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+static __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+/* d += a b for one 16x8x16 tile: a row-major 16x16, b 16x8, d 16x8 fp32. */
+static __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
+  return *(uint32_t *)&v;
+}
+
+/* Byte offset of 16-byte chunk c of row r in a swizzled tile with HD bf16 per row. */
+template <int HD>
+static __device__ __forceinline__ uint32_t sw(int r, int c) {
+  return (uint32_t)(r * (HD * 2) + ((c ^ (r & 7)) << 4));
+}
+
+/* ------------------------------------------------------------------ fragment helpers
+ * Accumulator layout of m16n8 (lane = 4 g + t): c[0], c[1] at row g, columns 2t, 2t+1;
+ * c[2], c[3] at row g + 8. An A fragment of k-step kk is the accumulators of n-tiles 2kk and
+ * 2kk + 1, which is how the probabilities become the next product's operand in registers. */
+
+/* A fragment (16 rows from row r0, 16 columns from chunk 2 kk) of a swizzled tile. */
+template <int HD>
+static __device__ __forceinline__ void lda_frag(uint32_t (&a)[4], uint32_t tile, int r0, int kk, int lane) {
+  ldsm_x4(a, tile + sw<HD>(r0 + (lane & 15), 2 * kk + (lane >> 4)));
+}
+/* B fragments of two n-tiles (rows n0 .. n0+15 of the tile are the n index, columns of
+ * k-step kk the k index): b[0], b[1] for rows n0..n0+7, b[2], b[3] for rows n0+8..n0+15. */
+template <int HD>
+static __device__ __forceinline__ void ldb_rows(uint32_t (&b)[4], uint32_t tile, int n0, int kk, int lane) {
+  ldsm_x4(b, tile + sw<HD>(n0 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)));
+}
+/* B fragments where the tile's rows are the k index (rows 16 kk ..) and its columns the n
+ * index (chunks 2 np, 2 np + 1): b[0], b[1] for columns 16 np .., b[2], b[3] for 16 np + 8 ... */
+template <int HD>
+static __device__ __forceinline__ void ldb_cols(uint32_t (&b)[4], uint32_t tile, int kk, int np, int lane) {
+  ldsm_x4_t(b, tile + sw<HD>(16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3), 2 * np + (lane >> 4)));
+}
+
+/* acc[16 x 8 NT] = A (16 rows from r0 of tile a, HD columns) times rows n0 .. n0 + 8 NT of
+ * tile b, transposed: scores from q and k rows, or dp from dout and v rows. */
+template <int HD, int NT>
+static __device__ __forceinline__ void mma_rows(float (&acc)[NT][4], uint32_t ta, int r0, uint32_t tb, int lane) {
+#pragma unroll
+  for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; kk++) {
+    uint32_t a[4];
+    lda_frag<HD>(a, ta, r0, kk, lane);
+#pragma unroll
+    for (int np = 0; np < NT / 2; np++) {
+      uint32_t b[4];
+      ldb_rows<HD>(b, tb, 16 * np, kk, lane);
+      mma16816(acc[2 * np], a, b[0], b[1]);
+      mma16816(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+/* o[16 x HD] += P (16 x 8 NT, fp32 accumulators, rounded to bf16 here) times the tile's
+ * first 8 NT rows (HD columns). */
+template <int HD, int NT>
+static __device__ __forceinline__ void mma_pv(float (&o)[HD / 8][4], const float (&p)[NT][4], uint32_t tb, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; kk++) {
+    const uint32_t a[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
+                           pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                           pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int np = 0; np < HD / 16; np++) {
+      uint32_t b[4];
+      ldb_cols<HD>(b, tb, kk, np, lane);
+      mma16816(o[2 * np], a, b[0], b[1]);
+      mma16816(o[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+/* Rows [r0, r0 + rows) of head `head` from a bf16 tensor (row stride `stride` elements) into
+ * a swizzled tile, asynchronously; rows at or past T are zero. */
+template <int HD>
+static __device__ __forceinline__ void tile_async(uint32_t tile, const bf16 *src, int64_t seq_row0, int r0, int rows,
+                                                  int T, int64_t stride, int head) {
+  constexpr int CH = HD / 8;
+  for (int idx = threadIdx.x; idx < rows * CH; idx += blockDim.x) {
+    const int r = idx / CH, c = idx % CH, t = r0 + r;
+    const bf16 *p = src + (seq_row0 + (t < T ? t : 0)) * stride + (int64_t)head * HD + 8 * c;
+    cp_async16(tile + sw<HD>(r, c), p, t < T);
+  }
+}
+
+/* ------------------------------------------------------------------ forward */
+#ifndef FW_WARPS
+#define FW_WARPS 8
+#endif
+#ifndef FW_MINB
+#define FW_MINB 1 /* blocks per multiprocessor the register allocation must allow */
+#endif
+#define FW_BQ (16 * FW_WARPS) /* query rows per block */
+#define FW_BK 64              /* keys per tile */
+
+template <int HD>
+static constexpr size_t fwd_smem() {
+  return (size_t)(FW_BQ + 4 * FW_BK) * HD * 2; /* q, then k and v double buffered */
+}
+
+template <int HD>
+__global__ void __launch_bounds__(FW_WARPS * 32, FW_MINB)
+    k_fa_fwd(const float *__restrict__ q, const bf16 *__restrict__ kb, const bf16 *__restrict__ vb, int T, int H,
+             int KV, float sl2, float *__restrict__ out, float *__restrict__ lse) {
+  extern __shared__ uint4 smem_fwd[];
+  const uint32_t sQ = smem_addr(smem_fwd), sK0 = sQ + FW_BQ * HD * 2;
+  constexpr uint32_t KVB = FW_BK * HD * 2; /* bytes of one k or v tile */
+  const int s = blockIdx.z, h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * FW_BQ, kh = h / (H / KV);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+  const int64_t qs = (int64_t)H * HD, ks = (int64_t)KV * HD, row0 = (int64_t)s * T;
+  const int nkt = (min(q0 + FW_BQ, T) - 1) / FW_BK + 1; /* key tiles up to the block's last row */
+
+  tile_async<HD>(sK0, kb, row0, 0, FW_BK, T, ks, kh);
+  tile_async<HD>(sK0 + 2 * KVB, vb, row0, 0, FW_BK, T, ks, kh);
+  cp_async_commit();
+  /* q: fp32 -> bf16 while loading, 8 values (one 16-byte chunk) per step */
+  {
+    constexpr int CH = HD / 8;
+    char *sq = (char *)smem_fwd;
+    for (int idx = threadIdx.x; idx < FW_BQ * CH; idx += blockDim.x) {
+      const int r = idx / CH, c = idx % CH, t = q0 + r;
+      uint4 val = make_uint4(0, 0, 0, 0);
+      if (t < T) {
+        const float4 *p = (const float4 *)(q + (row0 + t) * qs + (int64_t)h * HD + 8 * c);
+        const float4 a = p[0], b = p[1];
+        val = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+      }
+      *(uint4 *)(sq + sw<HD>(r, c)) = val;
+    }
+  }
+  __syncthreads();
+  uint32_t qf[HD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; kk++) lda_frag<HD>(qf[kk], sQ, warp * 16, kk, lane);
+
+  const int i0 = q0 + warp * 16; /* this warp's first row; the lane's rows are i0 + g, i0 + g + 8 */
+  float o[HD / 8][4];
+#pragma unroll
+  for (int j = 0; j < HD / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* m in log2 units of the scaled score */
+
+  for (int kt = 0; kt < nkt; kt++) {
+    const uint32_t sK = sK0 + (kt & 1) * KVB, sV = sK0 + (2 + (kt & 1)) * KVB;
+    if (kt + 1 < nkt) {
+      const uint32_t nK = sK0 + ((kt + 1) & 1) * KVB, nV = sK0 + (2 + ((kt + 1) & 1)) * KVB;
+      tile_async<HD>(nK, kb, row0, (kt + 1) * FW_BK, FW_BK, T, ks, kh);
+      tile_async<HD>(nV, vb, row0, (kt + 1) * FW_BK, FW_BK, T, ks, kh);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const int k0 = kt * FW_BK;
+    if (k0 <= i0 + 15) { /* warp-uniform: otherwise every key of the tile is in this warp's future */
+      float sc[FW_BK / 8][4];
+#pragma unroll
+      for (int j = 0; j < FW_BK / 8; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+        for (int np = 0; np < FW_BK / 16; np++) {
+          uint32_t b[4];
+          ldb_rows<HD>(b, sK, 16 * np, kk, lane);
+          mma16816(sc[2 * np], qf[kk], b[0], b[1]);
+          mma16816(sc[2 * np + 1], qf[kk], b[2], b[3]);
+        }
+      }
+      const bool diag = k0 + FW_BK - 1 > i0; /* some key of the tile is after some row of the warp */
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < FW_BK / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int row = i0 + g + (e >> 1) * 8, key = k0 + 8 * j + 2 * t4 + (e & 1);
+          float x = sc[j][e] * sl2;
+          if (diag && key > row) x = -INFINITY; /* causal; also every key >= T for rows < T */
+          sc[j][e] = x;
+          mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+      float corr[2];
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mn = fmaxf(m[r], mx[r]); /* finite: key 0 is in the first tile of every row */
+        corr[r] = exp2f(m[r] - mn);
+        m[r] = mn;
+        l[r] *= corr[r];
+      }
+#pragma unroll
+      for (int j = 0; j < FW_BK / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float p = exp2f(sc[j][e] - m[e >> 1]);
+          sc[j][e] = p;
+          l[e >> 1] += p; /* this lane's part; the quad's parts are summed at the end */
+        }
+#pragma unroll
+      for (int j = 0; j < HD / 8; j++) {
+        o[j][0] *= corr[0], o[j][1] *= corr[0];
+        o[j][2] *= corr[1], o[j][3] *= corr[1];
+      }
+      mma_pv<HD, FW_BK / 8>(o, sc, sV, lane);
+    }
+    __syncthreads(); /* the next iteration's loads overwrite the buffers read here */
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int i = i0 + g + 8 * r;
+    if (i >= T) continue;
+    const float inv = 1.0f / l[r];
+    float *oi = out + (row0 + i) * qs + (int64_t)h * HD + 2 * t4;
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) *(float2 *)(oi + 8 * j) = make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+    if (t4 == 0) lse[(row0 + i) * H + h] = m[r] * TC_LN2 + logf(l[r]);
+  }
+}
+
+/* ------------------------------------------------------------------ pre-passes */
+/* y = bf16(x), n a multiple of 8, both 16-byte aligned. */
+__global__ void k_tc_pack(const float *__restrict__ x, bf16 *__restrict__ y, int64_t n8) {
+  MC_CU_FOR(i, n8) {
+    const float4 a = ((const float4 *)x)[2 * i], b = ((const float4 *)x)[2 * i + 1];
+    ((uint4 *)y)[i] = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+  }
+}
+
+/* One warp per (row, head): D = dout . out in fp32 and dout rounded to bf16. */
+template <int HD>
+__global__ void k_tc_delta(const float *__restrict__ out, const float *__restrict__ dout, int64_t items,
+                           bf16 *__restrict__ dob, float *__restrict__ D) {
+  const int lane = threadIdx.x % 32;
+  for (int64_t it = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; it < items;
+       it += (int64_t)gridDim.x * (blockDim.x / 32)) {
+    float s = 0.0f;
+#pragma unroll
+    for (int c = 2 * lane; c < HD; c += 64) {
+      const float2 a = *(const float2 *)(out + it * HD + c), b = *(const float2 *)(dout + it * HD + c);
+      s += a.x * b.x + a.y * b.y;
+      *(uint32_t *)(dob + it * HD + c) = pack_bf16(b.x, b.y);
+    }
+    s = mc_d_warp_sum(s);
+    if (lane == 0) D[it] = s;
+  }
+}
+
+/* ------------------------------------------------------------------ backward: dq */
+#define BQ_WARPS 4
+#define BQ_ROWS (16 * BQ_WARPS) /* query rows per block */
+#define BQ_BK 64                /* keys per tile */
+
+template <int HD>
+static constexpr size_t dq_smem() {
+  return (size_t)(2 * BQ_ROWS + 4 * BQ_BK) * HD * 2; /* q, dout, then k and v double buffered */
+}
+
+template <int HD>
+__global__ void __launch_bounds__(BQ_WARPS * 32)
+    k_fa_dq(const bf16 *__restrict__ qb, const bf16 *__restrict__ kb, const bf16 *__restrict__ vb,
+            const bf16 *__restrict__ dob, const float *__restrict__ lse, const float *__restrict__ D, int T, int H,
+            int KV, float scale, float *__restrict__ dq) {
+  extern __shared__ uint4 smem_dq[];
+  constexpr uint32_t TB = BQ_BK * HD * 2;
+  const uint32_t sQ = smem_addr(smem_dq), sO = sQ + BQ_ROWS * HD * 2, sK0 = sO + BQ_ROWS * HD * 2;
+  const int s = blockIdx.z, h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * BQ_ROWS, kh = h / (H / KV);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+  const int64_t qs = (int64_t)H * HD, ks = (int64_t)KV * HD, row0 = (int64_t)s * T;
+  const int nkt = (min(q0 + BQ_ROWS, T) - 1) / BQ_BK + 1;
+  const float sl2 = scale * TC_LOG2E;
+
+  tile_async<HD>(sQ, qb, row0, q0, BQ_ROWS, T, qs, h);
+  tile_async<HD>(sO, dob, row0, q0, BQ_ROWS, T, qs, h);
+  tile_async<HD>(sK0, kb, row0, 0, BQ_BK, T, ks, kh);
+  tile_async<HD>(sK0 + 2 * TB, vb, row0, 0, BQ_BK, T, ks, kh);
+  cp_async_commit();
+
+  const int i0 = q0 + warp * 16;
+  float lr[2], dr[2]; /* the lane's rows' lse (log2 units) and D */
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int i = i0 + g + 8 * r;
+    lr[r] = i < T ? lse[(row0 + i) * H + h] * TC_LOG2E : INFINITY; /* p = 0 on padding rows */
+    dr[r] = i < T ? D[(row0 + i) * H + h] : 0.0f;
+  }
+  float acc[HD / 8][4];
+#pragma unroll
+  for (int j = 0; j < HD / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  for (int kt = 0; kt < nkt; kt++) {
+    const uint32_t sK = sK0 + (kt & 1) * TB, sV = sK0 + (2 + (kt & 1)) * TB;
+    if (kt + 1 < nkt) {
+      tile_async<HD>(sK0 + ((kt + 1) & 1) * TB, kb, row0, (kt + 1) * BQ_BK, BQ_BK, T, ks, kh);
+      tile_async<HD>(sK0 + (2 + ((kt + 1) & 1)) * TB, vb, row0, (kt + 1) * BQ_BK, BQ_BK, T, ks, kh);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const int k0 = kt * BQ_BK;
+    if (k0 <= i0 + 15) {
+      float sc[BQ_BK / 8][4], dp[BQ_BK / 8][4];
+      mma_rows<HD, BQ_BK / 8>(sc, sQ, warp * 16, sK, lane);
+      mma_rows<HD, BQ_BK / 8>(dp, sO, warp * 16, sV, lane);
+#pragma unroll
+      for (int j = 0; j < BQ_BK / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int row = i0 + g + (e >> 1) * 8, key = k0 + 8 * j + 2 * t4 + (e & 1);
+          const float p = key <= row ? exp2f(sc[j][e] * sl2 - lr[e >> 1]) : 0.0f;
+          sc[j][e] = p * (dp[j][e] - dr[e >> 1]); /* ds / scale */
+        }
+      mma_pv<HD, BQ_BK / 8>(acc, sc, sK, lane); /* dq += ds k */
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int i = i0 + g + 8 * r;
+    if (i >= T) continue;
+    float *di = dq + (row0 + i) * qs + (int64_t)h * HD + 2 * t4;
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) {
+      float2 v = *(float2 *)(di + 8 * j);
+      v.x += acc[j][2 * r] * scale, v.y += acc[j][2 * r + 1] * scale;
+      *(float2 *)(di + 8 * j) = v;
+    }
+  }
+}
+
+/* ------------------------------------------------------------------ backward: dk, dv */
+#define BK_WARPS 4
+#define BK_KEYS (16 * BK_WARPS) /* keys per block */
+
+/* query rows per tile: fewer for head_dim 128, whose dk and dv accumulators take 128 registers */
+template <int HD>
+static constexpr __host__ __device__ int dkv_bq() {
+  return HD == 128 ? 32 : 64;
+}
+
+template <int HD>
+static constexpr size_t dkv_smem() {
+  return (size_t)(2 * BK_KEYS + 4 * dkv_bq<HD>()) * HD * 2 + 4 * dkv_bq<HD>() * sizeof(float);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(BK_WARPS * 32)
+    k_fa_dkv(const bf16 *__restrict__ qb, const bf16 *__restrict__ kb, const bf16 *__restrict__ vb,
+             const bf16 *__restrict__ dob, const float *__restrict__ lse, const float *__restrict__ D, int T, int H,
+             int KV, float scale, float *__restrict__ dk, float *__restrict__ dv) {
+  constexpr int BQ = dkv_bq<HD>();
+  constexpr uint32_t TB = BQ * HD * 2;
+  extern __shared__ uint4 smem_dkv[];
+  const uint32_t sK = smem_addr(smem_dkv), sV = sK + BK_KEYS * HD * 2, sQ0 = sV + BK_KEYS * HD * 2;
+  float *Ls = (float *)((char *)smem_dkv + (2 * BK_KEYS + 4 * BQ) * HD * 2), *Ds = Ls + 2 * BQ;
+  const int s = blockIdx.z, kh = blockIdx.y, j0 = blockIdx.x * BK_KEYS, grp = H / KV;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+  const int64_t qs = (int64_t)H * HD, ks = (int64_t)KV * HD, row0 = (int64_t)s * T;
+  const float sl2 = scale * TC_LOG2E;
+  const int nqt = (T - j0 + BQ - 1) / BQ, n_it = grp * nqt; /* query tiles from j0 on, per head */
+
+  /* stage it's q, dout (async) and lse, D (plain stores) into buffer b */
+  auto stage = [&](int it, int b) {
+    const int h = kh * grp + it / nqt, t0 = j0 + (it % nqt) * BQ;
+    tile_async<HD>(sQ0 + b * TB, qb, row0, t0, BQ, T, qs, h);
+    tile_async<HD>(sQ0 + (2 + b) * TB, dob, row0, t0, BQ, T, qs, h);
+    for (int x = threadIdx.x; x < BQ; x += blockDim.x) {
+      const int t = t0 + x;
+      Ls[b * BQ + x] = t < T ? lse[(row0 + t) * H + h] * TC_LOG2E : INFINITY; /* p = 0 on padding */
+      Ds[b * BQ + x] = t < T ? D[(row0 + t) * H + h] : 0.0f;
+    }
+  };
+  tile_async<HD>(sK, kb, row0, j0, BK_KEYS, T, ks, kh);
+  tile_async<HD>(sV, vb, row0, j0, BK_KEYS, T, ks, kh);
+  stage(0, 0);
+  cp_async_commit();
+
+  const int jw = j0 + warp * 16; /* this warp's first key; the lane's keys are jw + g, jw + g + 8 */
+  float ak[HD / 8][4], av[HD / 8][4];
+#pragma unroll
+  for (int j = 0; j < HD / 8; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) ak[j][e] = av[j][e] = 0.0f;
+
+  for (int it = 0; it < n_it; it++) {
+    const int b = it & 1, t0 = j0 + (it % nqt) * BQ;
+    const uint32_t sQ = sQ0 + b * TB, sO = sQ0 + (2 + b) * TB;
+    if (it + 1 < n_it) stage(it + 1, b ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    if (t0 + BQ - 1 >= jw) { /* warp-uniform: some query of the tile is at or after a key of the warp */
+      float sc[BQ / 8][4], dp[BQ / 8][4]; /* transposed: rows are keys, columns queries */
+      mma_rows<HD, BQ / 8>(sc, sK, warp * 16, sQ, lane);
+      mma_rows<HD, BQ / 8>(dp, sV, warp * 16, sO, lane);
+      const float *L = Ls + b * BQ, *Dq = Ds + b * BQ;
+#pragma unroll
+      for (int j = 0; j < BQ / 8; j++) {
+        const int c = 8 * j + 2 * t4;
+        const float2 lq = *(const float2 *)(L + c), dq2 = *(const float2 *)(Dq + c);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int key = jw + g + (e >> 1) * 8, qry = t0 + c + (e & 1);
+          const float p = qry >= key ? exp2f(sc[j][e] * sl2 - ((e & 1) ? lq.y : lq.x)) : 0.0f;
+          sc[j][e] = p;
+          dp[j][e] = p * (dp[j][e] - ((e & 1) ? dq2.y : dq2.x)); /* ds / scale */
+        }
+      }
+      mma_pv<HD, BQ / 8>(av, sc, sO, lane); /* dv += p^T dout */
+      mma_pv<HD, BQ / 8>(ak, dp, sQ, lane); /* dk += ds^T q */
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int j = jw + g + 8 * r;
+    if (j >= T) continue;
+    float *pk = dk + (row0 + j) * ks + (int64_t)kh * HD + 2 * t4, *pv = dv + (row0 + j) * ks + (int64_t)kh * HD + 2 * t4;
+#pragma unroll
+    for (int c = 0; c < HD / 8; c++) {
+      float2 x = *(float2 *)(pk + 8 * c), y = *(float2 *)(pv + 8 * c);
+      x.x += ak[c][2 * r] * scale, x.y += ak[c][2 * r + 1] * scale;
+      y.x += av[c][2 * r], y.y += av[c][2 * r + 1];
+      *(float2 *)(pk + 8 * c) = x;
+      *(float2 *)(pv + 8 * c) = y;
+    }
+  }
+}
+
+/* ------------------------------------------------------------------ host side */
+static unsigned grid_cap(int64_t blocks) { return (unsigned)(blocks < (1 << 20) ? (blocks < 1 ? 1 : blocks) : (1 << 20)); }
+
+static void pack(mc_backend *be, const float *x, bf16 *y, int64_t n) {
+  k_tc_pack<<<mc_cu_grid(n / 8), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(x, y, n / 8);
+}
+
+template <int HD>
+static void fwd_hd(mc_backend *be, const float *q, const float *k, const float *v, int n_seq, int T, int H, int KV,
+                   float *out, float *lse) {
+  const int64_t nk = (int64_t)n_seq * T * KV * HD;
+  bf16 *kb = (bf16 *)mc_cuda_scratch(be, (size_t)(2 * nk) * sizeof(bf16), "attn_fwd (bf16)");
+  if (!kb) return;
+  bf16 *vb = kb + nk;
+  const size_t smem = fwd_smem<HD>();
+  if (!mc_cuda_attn_smem_ok(be, (const void *)k_fa_fwd<HD>, smem, "attn_fwd (bf16)")) return;
+  pack(be, k, kb, nk);
+  pack(be, v, vb, nk);
+  dim3 grid((unsigned)((T + FW_BQ - 1) / FW_BQ), (unsigned)H, (unsigned)n_seq);
+  k_fa_fwd<HD><<<grid, FW_WARPS * 32, smem, mc_cu_stream(be)>>>(q, kb, vb, T, H, KV,
+                                                                 TC_LOG2E / sqrtf((float)HD), out, lse);
+  mc_cuda_check(be, "attn_fwd (bf16)");
+}
+
+template <int HD>
+static void bwd_hd(mc_backend *be, const float *q, const float *k, const float *v, const float *out,
+                   const float *lse, const float *dout, int n_seq, int T, int H, int KV, float *dq, float *dk,
+                   float *dv) {
+  const int64_t n = (int64_t)n_seq * T, nq = n * H * HD, nk = n * KV * HD;
+  char *sc = (char *)mc_cuda_scratch(be, (size_t)(2 * nq + 2 * nk) * sizeof(bf16) + (size_t)n * H * sizeof(float),
+                                     "attn_bwd (bf16)");
+  if (!sc) return;
+  bf16 *qb = (bf16 *)sc, *dob = qb + nq, *kb = dob + nq, *vb = kb + nk;
+  float *D = (float *)(vb + nk); /* offsets are multiples of 128 bytes: HD >= 64 */
+  const size_t sq = dq_smem<HD>(), skv = dkv_smem<HD>();
+  if (!mc_cuda_attn_smem_ok(be, (const void *)k_fa_dq<HD>, sq, "attn_bwd (bf16)") ||
+      !mc_cuda_attn_smem_ok(be, (const void *)k_fa_dkv<HD>, skv, "attn_bwd (bf16)"))
+    return;
+  cudaStream_t st = mc_cu_stream(be);
+  pack(be, q, qb, nq);
+  pack(be, k, kb, nk);
+  pack(be, v, vb, nk);
+  k_tc_delta<HD><<<grid_cap((n * H + 7) / 8), 256, 0, st>>>(out, dout, n * H, dob, D);
+  const float scale = 1.0f / sqrtf((float)HD);
+  dim3 gq((unsigned)((T + BQ_ROWS - 1) / BQ_ROWS), (unsigned)H, (unsigned)n_seq);
+  k_fa_dq<HD><<<gq, BQ_WARPS * 32, sq, st>>>(qb, kb, vb, dob, lse, D, T, H, KV, scale, dq);
+  dim3 gk((unsigned)((T + BK_KEYS - 1) / BK_KEYS), (unsigned)KV, (unsigned)n_seq);
+  k_fa_dkv<HD><<<gk, BK_WARPS * 32, skv, st>>>(qb, kb, vb, dob, lse, D, T, H, KV, scale, dk, dv);
+  mc_cuda_check(be, "attn_bwd (bf16)");
+}
+
+void mc_cuda_attn_tc_fwd(mc_backend *be, const float *q, const float *k, const float *v, int n_seq, int T, int H,
+                         int KV, int hd, float *out, float *lse) {
+  if (hd == 64) fwd_hd<64>(be, q, k, v, n_seq, T, H, KV, out, lse);
+  else fwd_hd<128>(be, q, k, v, n_seq, T, H, KV, out, lse);
+}
+
+void mc_cuda_attn_tc_bwd(mc_backend *be, const float *q, const float *k, const float *v, const float *out,
+                         const float *lse, const float *dout, int n_seq, int T, int H, int KV, int hd, float *dq,
+                         float *dk, float *dv) {
+  if (hd == 64) bwd_hd<64>(be, q, k, v, out, lse, dout, n_seq, T, H, KV, dq, dk, dv);
+  else bwd_hd<128>(be, q, k, v, out, lse, dout, n_seq, T, H, KV, dq, dk, dv);
+}
+
+/* The backend's stream as an opaque handle, for tests that time ops with CUDA events
+ * (tests/kernels/test_cuda_attn_tc.c declares it). */
+extern "C" void *mc_cuda_stream_handle(mc_backend *be) { return (void *)mc_cu_stream(be); }
