@@ -63,6 +63,13 @@ static __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* 2^x in one MUFU instruction (ex2.approx: about 2 ulp; 2^-inf = 0). */
+static __device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
   return *(uint32_t *)&v;
@@ -153,8 +160,13 @@ static __device__ __forceinline__ void tile_async(uint32_t tile, const bf16 *src
 #ifndef FW_WARPS
 #define FW_WARPS 8
 #endif
-#ifndef FW_MINB
-#define FW_MINB 1 /* blocks per multiprocessor the register allocation must allow */
+/* blocks per multiprocessor the register allocation must allow: two 8-warp blocks at
+ * head_dim 64 (<= 128 registers, no spills), one at 128 (about 190 registers) */
+#ifndef FW_MINB64
+#define FW_MINB64 2
+#endif
+#ifndef FW_QSMEM
+#define FW_QSMEM 0 /* 1: q fragments read from shared memory per tile instead of kept in registers */
 #endif
 #define FW_BQ (16 * FW_WARPS) /* query rows per block */
 #define FW_BK 64              /* keys per tile */
@@ -165,7 +177,7 @@ static constexpr size_t fwd_smem() {
 }
 
 template <int HD>
-__global__ void __launch_bounds__(FW_WARPS * 32, FW_MINB)
+__global__ void __launch_bounds__(FW_WARPS * 32, HD == 64 ? FW_MINB64 : 1)
     k_fa_fwd(const float *__restrict__ q, const bf16 *__restrict__ kb, const bf16 *__restrict__ vb, int T, int H,
              int KV, float sl2, float *__restrict__ out, float *__restrict__ lse) {
   extern __shared__ uint4 smem_fwd[];
@@ -195,15 +207,17 @@ __global__ void __launch_bounds__(FW_WARPS * 32, FW_MINB)
     }
   }
   __syncthreads();
+#if !FW_QSMEM
   uint32_t qf[HD / 16][4];
 #pragma unroll
   for (int kk = 0; kk < HD / 16; kk++) lda_frag<HD>(qf[kk], sQ, warp * 16, kk, lane);
+#endif
 
   const int i0 = q0 + warp * 16; /* this warp's first row; the lane's rows are i0 + g, i0 + g + 8 */
   float o[HD / 8][4];
 #pragma unroll
   for (int j = 0; j < HD / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* m in log2 units of the scaled score */
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* m: running max of the raw scores q.k */
 
   for (int kt = 0; kt < nkt; kt++) {
     const uint32_t sK = sK0 + (kt & 1) * KVB, sV = sK0 + (2 + (kt & 1)) * KVB;
@@ -222,41 +236,49 @@ __global__ void __launch_bounds__(FW_WARPS * 32, FW_MINB)
       for (int j = 0; j < FW_BK / 8; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < HD / 16; kk++) {
+#if FW_QSMEM
+        uint32_t qa[4];
+        lda_frag<HD>(qa, sQ, warp * 16, kk, lane);
+#else
+        const uint32_t(&qa)[4] = qf[kk];
+#endif
 #pragma unroll
         for (int np = 0; np < FW_BK / 16; np++) {
           uint32_t b[4];
           ldb_rows<HD>(b, sK, 16 * np, kk, lane);
-          mma16816(sc[2 * np], qf[kk], b[0], b[1]);
-          mma16816(sc[2 * np + 1], qf[kk], b[2], b[3]);
+          mma16816(sc[2 * np], qa, b[0], b[1]);
+          mma16816(sc[2 * np + 1], qa, b[2], b[3]);
         }
       }
-      const bool diag = k0 + FW_BK - 1 > i0; /* some key of the tile is after some row of the warp */
-      float mx[2] = {-INFINITY, -INFINITY};
+      if (k0 + FW_BK - 1 > i0) { /* some key of the tile is after some row of the warp */
+#pragma unroll
+        for (int j = 0; j < FW_BK / 8; j++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) /* causal; also every key >= T for rows < T */
+            if (k0 + 8 * j + 2 * t4 + (e & 1) > i0 + g + (e >> 1) * 8) sc[j][e] = -INFINITY;
+      }
+      float mx[2] = {m[0], m[1]};
 #pragma unroll
       for (int j = 0; j < FW_BK / 8; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int row = i0 + g + (e >> 1) * 8, key = k0 + 8 * j + 2 * t4 + (e & 1);
-          float x = sc[j][e] * sl2;
-          if (diag && key > row) x = -INFINITY; /* causal; also every key >= T for rows < T */
-          sc[j][e] = x;
-          mx[e >> 1] = fmaxf(mx[e >> 1], x);
-        }
-      float corr[2];
+        for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
+      float corr[2], ms[2];
 #pragma unroll
       for (int r = 0; r < 2; r++) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float mn = fmaxf(m[r], mx[r]); /* finite: key 0 is in the first tile of every row */
-        corr[r] = exp2f(m[r] - mn);
-        m[r] = mn;
+        /* mx finite: key 0 is in the first tile of every row. The scale is positive, so
+         * the max of the raw scores is the max of the scaled ones. */
+        corr[r] = ex2((m[r] - mx[r]) * sl2);
+        m[r] = mx[r];
+        ms[r] = mx[r] * sl2;
         l[r] *= corr[r];
       }
 #pragma unroll
       for (int j = 0; j < FW_BK / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-          const float p = exp2f(sc[j][e] - m[e >> 1]);
+          const float p = ex2(fmaf(sc[j][e], sl2, -ms[e >> 1]));
           sc[j][e] = p;
           l[e >> 1] += p; /* this lane's part; the quad's parts are summed at the end */
         }
@@ -279,7 +301,7 @@ __global__ void __launch_bounds__(FW_WARPS * 32, FW_MINB)
     float *oi = out + (row0 + i) * qs + (int64_t)h * HD + 2 * t4;
 #pragma unroll
     for (int j = 0; j < HD / 8; j++) *(float2 *)(oi + 8 * j) = make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
-    if (t4 == 0) lse[(row0 + i) * H + h] = m[r] * TC_LN2 + logf(l[r]);
+    if (t4 == 0) lse[(row0 + i) * H + h] = m[r] * sl2 * TC_LN2 + logf(l[r]);
   }
 }
 
@@ -367,12 +389,13 @@ __global__ void __launch_bounds__(BQ_WARPS * 32)
       float sc[BQ_BK / 8][4], dp[BQ_BK / 8][4];
       mma_rows<HD, BQ_BK / 8>(sc, sQ, warp * 16, sK, lane);
       mma_rows<HD, BQ_BK / 8>(dp, sO, warp * 16, sV, lane);
+      const bool diag = k0 + BQ_BK - 1 > i0;
 #pragma unroll
       for (int j = 0; j < BQ_BK / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int row = i0 + g + (e >> 1) * 8, key = k0 + 8 * j + 2 * t4 + (e & 1);
-          const float p = key <= row ? exp2f(sc[j][e] * sl2 - lr[e >> 1]) : 0.0f;
+          const float p = diag && key > row ? 0.0f : ex2(fmaf(sc[j][e], sl2, -lr[e >> 1]));
           sc[j][e] = p * (dp[j][e] - dr[e >> 1]); /* ds / scale */
         }
       mma_pv<HD, BQ_BK / 8>(acc, sc, sK, lane); /* dq += ds k */
@@ -408,25 +431,31 @@ static constexpr size_t dkv_smem() {
   return (size_t)(2 * BK_KEYS + 4 * dkv_bq<HD>()) * HD * 2 + 4 * dkv_bq<HD>() * sizeof(float);
 }
 
+#ifndef BK_MINB64
+#define BK_MINB64 2
+#endif
 template <int HD>
-__global__ void __launch_bounds__(BK_WARPS * 32)
+__global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : 2)
     k_fa_dkv(const bf16 *__restrict__ qb, const bf16 *__restrict__ kb, const bf16 *__restrict__ vb,
              const bf16 *__restrict__ dob, const float *__restrict__ lse, const float *__restrict__ D, int T, int H,
-             int KV, float scale, float *__restrict__ dk, float *__restrict__ dv) {
+             int KV, int hps, float scale, float *__restrict__ dk, float *__restrict__ dv) {
   constexpr int BQ = dkv_bq<HD>();
   constexpr uint32_t TB = BQ * HD * 2;
   extern __shared__ uint4 smem_dkv[];
   const uint32_t sK = smem_addr(smem_dkv), sV = sK + BK_KEYS * HD * 2, sQ0 = sV + BK_KEYS * HD * 2;
   float *Ls = (float *)((char *)smem_dkv + (2 * BK_KEYS + 4 * BQ) * HD * 2), *Ds = Ls + 2 * BQ;
-  const int s = blockIdx.z, kh = blockIdx.y, j0 = blockIdx.x * BK_KEYS, grp = H / KV;
+  /* the block takes hps of the grp query heads of kv head kh: all of them (dk, dv added in
+   * place), or one part of nsplit (its sums written to per-part rows, added by k_tc_parts) */
+  const int grp = H / KV, nsplit = grp / hps, kh = blockIdx.y / nsplit, part = blockIdx.y % nsplit;
+  const int s = blockIdx.z, j0 = blockIdx.x * BK_KEYS, h0 = kh * grp + part * hps;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
   const int64_t qs = (int64_t)H * HD, ks = (int64_t)KV * HD, row0 = (int64_t)s * T;
   const float sl2 = scale * TC_LOG2E;
-  const int nqt = (T - j0 + BQ - 1) / BQ, n_it = grp * nqt; /* query tiles from j0 on, per head */
+  const int nqt = (T - j0 + BQ - 1) / BQ, n_it = hps * nqt; /* query tiles from j0 on, per head */
 
   /* stage it's q, dout (async) and lse, D (plain stores) into buffer b */
   auto stage = [&](int it, int b) {
-    const int h = kh * grp + it / nqt, t0 = j0 + (it % nqt) * BQ;
+    const int h = h0 + it / nqt, t0 = j0 + (it % nqt) * BQ;
     tile_async<HD>(sQ0 + b * TB, qb, row0, t0, BQ, T, qs, h);
     tile_async<HD>(sQ0 + (2 + b) * TB, dob, row0, t0, BQ, T, qs, h);
     for (int x = threadIdx.x; x < BQ; x += blockDim.x) {
@@ -459,6 +488,7 @@ __global__ void __launch_bounds__(BK_WARPS * 32)
       mma_rows<HD, BQ / 8>(sc, sK, warp * 16, sQ, lane);
       mma_rows<HD, BQ / 8>(dp, sV, warp * 16, sO, lane);
       const float *L = Ls + b * BQ, *Dq = Ds + b * BQ;
+      const bool diag = t0 < jw + 16; /* some query of the tile is before some key of the warp */
 #pragma unroll
       for (int j = 0; j < BQ / 8; j++) {
         const int c = 8 * j + 2 * t4;
@@ -466,7 +496,7 @@ __global__ void __launch_bounds__(BK_WARPS * 32)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int key = jw + g + (e >> 1) * 8, qry = t0 + c + (e & 1);
-          const float p = qry >= key ? exp2f(sc[j][e] * sl2 - ((e & 1) ? lq.y : lq.x)) : 0.0f;
+          const float p = diag && qry < key ? 0.0f : ex2(fmaf(sc[j][e], sl2, -((e & 1) ? lq.y : lq.x)));
           sc[j][e] = p;
           dp[j][e] = p * (dp[j][e] - ((e & 1) ? dq2.y : dq2.x)); /* ds / scale */
         }
@@ -480,15 +510,39 @@ __global__ void __launch_bounds__(BK_WARPS * 32)
   for (int r = 0; r < 2; r++) {
     const int j = jw + g + 8 * r;
     if (j >= T) continue;
-    float *pk = dk + (row0 + j) * ks + (int64_t)kh * HD + 2 * t4, *pv = dv + (row0 + j) * ks + (int64_t)kh * HD + 2 * t4;
+    if (nsplit == 1) {
+      float *pk = dk + (row0 + j) * ks + (int64_t)kh * HD + 2 * t4, *pv = dv + (row0 + j) * ks + (int64_t)kh * HD + 2 * t4;
 #pragma unroll
-    for (int c = 0; c < HD / 8; c++) {
-      float2 x = *(float2 *)(pk + 8 * c), y = *(float2 *)(pv + 8 * c);
-      x.x += ak[c][2 * r] * scale, x.y += ak[c][2 * r + 1] * scale;
-      y.x += av[c][2 * r], y.y += av[c][2 * r + 1];
-      *(float2 *)(pk + 8 * c) = x;
-      *(float2 *)(pv + 8 * c) = y;
+      for (int c = 0; c < HD / 8; c++) {
+        float2 x = *(float2 *)(pk + 8 * c), y = *(float2 *)(pv + 8 * c);
+        x.x += ak[c][2 * r] * scale, x.y += ak[c][2 * r + 1] * scale;
+        y.x += av[c][2 * r], y.y += av[c][2 * r + 1];
+        *(float2 *)(pk + 8 * c) = x;
+        *(float2 *)(pv + 8 * c) = y;
+      }
+    } else { /* rows of [n, KV * nsplit, HD] */
+      const int64_t o = ((row0 + j) * KV * nsplit + blockIdx.y) * HD + 2 * t4;
+#pragma unroll
+      for (int c = 0; c < HD / 8; c++) {
+        *(float2 *)(dk + o + 8 * c) = make_float2(ak[c][2 * r] * scale, ak[c][2 * r + 1] * scale);
+        *(float2 *)(dv + o + 8 * c) = make_float2(av[c][2 * r], av[c][2 * r + 1]);
+      }
     }
+  }
+}
+
+/* dk[r, kh, c] += the nsplit parts' sums in order (deterministic); one thread per 4 columns. */
+template <int HD>
+__global__ void k_tc_parts(const float *__restrict__ part, int64_t rows_kv, int nsplit, float *__restrict__ g) {
+  MC_CU_FOR(i, rows_kv * (HD / 4)) {
+    const int64_t rk = i / (HD / 4), c = 4 * (i % (HD / 4));
+    const float4 *p = (const float4 *)(part + rk * nsplit * HD + c);
+    float4 acc = *(float4 *)(g + rk * HD + c);
+    for (int x = 0; x < nsplit; x++) {
+      const float4 v = p[x * (HD / 4)];
+      acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+    }
+    *(float4 *)(g + rk * HD + c) = acc;
   }
 }
 
@@ -521,11 +575,22 @@ static void bwd_hd(mc_backend *be, const float *q, const float *k, const float *
                    const float *lse, const float *dout, int n_seq, int T, int H, int KV, float *dq, float *dk,
                    float *dv) {
   const int64_t n = (int64_t)n_seq * T, nq = n * H * HD, nk = n * KV * HD;
-  char *sc = (char *)mc_cuda_scratch(be, (size_t)(2 * nq + 2 * nk) * sizeof(bf16) + (size_t)n * H * sizeof(float),
+  /* Each dk/dv block walks its kv head's grp query heads in turn. When the blocks are too few
+   * to fill the device, or uneven (block 0 has the most query tiles), each query head gets
+   * its own block instead and the grp partial sums go through scratch. */
+  const int grp = H / KV, kblocks = (T + BK_KEYS - 1) / BK_KEYS;
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, mc_cu(be)->device);
+  const int hps = (int64_t)kblocks * KV * n_seq >= 4 * (int64_t)sms ? grp : 1, nsplit = grp / hps;
+  const int64_t nparts = nsplit > 1 ? n * H * HD : 0; /* floats of each of dk's and dv's parts */
+  const int64_t nD = (n * H + 3) / 4 * 4;              /* D's floats, rounded up to keep 16-byte alignment */
+  char *sc = (char *)mc_cuda_scratch(be, (size_t)(2 * nq + 2 * nk) * sizeof(bf16) + (size_t)nD * sizeof(float) +
+                                             (size_t)(2 * nparts) * sizeof(float),
                                      "attn_bwd (bf16)");
   if (!sc) return;
   bf16 *qb = (bf16 *)sc, *dob = qb + nq, *kb = dob + nq, *vb = kb + nk;
   float *D = (float *)(vb + nk); /* offsets are multiples of 128 bytes: HD >= 64 */
+  float *pk = D + nD, *pv = pk + nparts;
   const size_t sq = dq_smem<HD>(), skv = dkv_smem<HD>();
   if (!mc_cuda_attn_smem_ok(be, (const void *)k_fa_dq<HD>, sq, "attn_bwd (bf16)") ||
       !mc_cuda_attn_smem_ok(be, (const void *)k_fa_dkv<HD>, skv, "attn_bwd (bf16)"))
@@ -538,8 +603,13 @@ static void bwd_hd(mc_backend *be, const float *q, const float *k, const float *
   const float scale = 1.0f / sqrtf((float)HD);
   dim3 gq((unsigned)((T + BQ_ROWS - 1) / BQ_ROWS), (unsigned)H, (unsigned)n_seq);
   k_fa_dq<HD><<<gq, BQ_WARPS * 32, sq, st>>>(qb, kb, vb, dob, lse, D, T, H, KV, scale, dq);
-  dim3 gk((unsigned)((T + BK_KEYS - 1) / BK_KEYS), (unsigned)KV, (unsigned)n_seq);
-  k_fa_dkv<HD><<<gk, BK_WARPS * 32, skv, st>>>(qb, kb, vb, dob, lse, D, T, H, KV, scale, dk, dv);
+  dim3 gk((unsigned)kblocks, (unsigned)(KV * nsplit), (unsigned)n_seq);
+  k_fa_dkv<HD><<<gk, BK_WARPS * 32, skv, st>>>(qb, kb, vb, dob, lse, D, T, H, KV, hps, scale, nsplit > 1 ? pk : dk,
+                                                 nsplit > 1 ? pv : dv);
+  if (nsplit > 1) {
+    k_tc_parts<HD><<<mc_cu_grid(n * KV * (HD / 4)), MC_CUDA_THREADS, 0, st>>>(pk, n * KV, nsplit, dk);
+    k_tc_parts<HD><<<mc_cu_grid(n * KV * (HD / 4)), MC_CUDA_THREADS, 0, st>>>(pv, n * KV, nsplit, dv);
+  }
   mc_cuda_check(be, "attn_bwd (bf16)");
 }
 

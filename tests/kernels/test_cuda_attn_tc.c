@@ -10,9 +10,13 @@
  * - The backward runs twice on the same inputs and must give identical bits (no atomics).
  * - head_dim 32 on the bf16 instance must run the fp32 kernel: within 1e-5 of the CPU and
  *   bit-identical to the fp32 instance.
+ * - At n_seq 5, T 2048, H 8, KV 4, hd 64 (too large for the CPU) the bf16 instance is
+ *   compared with the fp32 instance instead: there dk/dv blocks walk every query head of
+ *   their group in turn, while the small cases take one query head per block.
  * `test_cuda_attn_tc --time` also times forward and backward at nam-small and dense-a shapes
  * on both instances (CUDA events on the backend's stream, 3 warm-up runs, median of 15) and
- * compares the bf16 results with the fp32 instance's there. Without a CUDA build or a GPU it
+ * compares the bf16 results with the fp32 instance's there; `--profile` runs only one
+ * forward and backward at those shapes on the bf16 instance (for a kernel profiler). Without a CUDA build or a GPU it
  * prints "SKIP: no CUDA device" and passes. */
 #include <string.h>
 
@@ -187,13 +191,15 @@ static float time_op(mc_backend *be, int which, const float *q, const float *k, 
   return ms[T_REPS / 2];
 }
 
-static void time_shape(const char *name, int n_seq, int T, int H, int KV, int hd) {
+/* The bf16 instance against the fp32 instance (within 1e-5 of the CPU, test_cuda_ops) at a
+ * shape too large for the CPU reference; timed too when `timed`. */
+static void big_case(const char *name, int n_seq, int T, int H, int KV, int hd, int timed) {
   const int64_t n = (int64_t)n_seq * T, nq = n * H * hd, nk = n * KV * hd;
   float *q = kc_rand(nq, stream_no++, 1), *k = kc_rand(nk, stream_no++, 1), *v = kc_rand(nk, stream_no++, 1);
   float *dout = kc_rand(nq, stream_no++, 1), *z = kc_zeros(nq);
   mc_backend *bes[2] = {g32, g16};
   float *res[2][5]; /* out, lse, dq, dk, dv on the host */
-  float tf[2], tb[2];
+  float tf[2] = {0, 0}, tb[2] = {0, 0};
   for (int b = 0; b < 2; b++) {
     mc_backend *be = bes[b];
     float *qd = dev_up(be, q, nq), *kd = dev_up(be, k, nk), *vd = dev_up(be, v, nk), *dod = dev_up(be, dout, nq);
@@ -205,8 +211,10 @@ static void time_shape(const char *name, int n_seq, int T, int H, int KV, int hd
     CHECK(be->sync(be) == 0, "%s: %s", name, mc_errmsg());
     res[b][0] = dev_down(be, od, nq), res[b][1] = dev_down(be, ld, n * H);
     res[b][2] = dev_down(be, dqd, nq), res[b][3] = dev_down(be, dkd, nk), res[b][4] = dev_down(be, dvd, nk);
-    tf[b] = time_op(be, 0, qd, kd, vd, od, ld, dod, n_seq, T, H, KV, hd, od, dqd, dkd, dvd);
-    tb[b] = time_op(be, 1, qd, kd, vd, od, ld, dod, n_seq, T, H, KV, hd, od, dqd, dkd, dvd);
+    if (timed) {
+      tf[b] = time_op(be, 0, qd, kd, vd, od, ld, dod, n_seq, T, H, KV, hd, od, dqd, dkd, dvd);
+      tb[b] = time_op(be, 1, qd, kd, vd, od, ld, dod, n_seq, T, H, KV, hd, od, dqd, dkd, dvd);
+    }
     float *dptr[] = {qd, kd, vd, dod, od, ld, dqd, dkd, dvd};
     for (size_t i = 0; i < sizeof dptr / sizeof *dptr; i++) be->free(be, dptr[i]);
   }
@@ -218,13 +226,30 @@ static void time_shape(const char *name, int n_seq, int T, int H, int KV, int hd
     report(what, rel_err(res[1][i], res[0][i], NULL, sizes[i]), BAND);
     free(res[0][i]), free(res[1][i]);
   }
-  /* causal: half of the T x T scores; forward 2 products, backward 2.5 times that */
-  const double ff = 2.0 * 2.0 * n_seq * H * hd * (double)T * T / 2, fb = 2.5 * ff;
-  printf("  time %-24s fwd fp32 %8.3f ms %6.1f TFLOP/s | bf16 tc %8.3f ms %6.1f TFLOP/s | %5.1fx\n", name, tf[0],
-         ff / tf[0] * 1e-9, tf[1], ff / tf[1] * 1e-9, tf[0] / tf[1]);
-  printf("  time %-24s bwd fp32 %8.3f ms %6.1f TFLOP/s | bf16 tc %8.3f ms %6.1f TFLOP/s | %5.1fx\n", name, tb[0],
-         fb / tb[0] * 1e-9, tb[1], fb / tb[1] * 1e-9, tb[0] / tb[1]);
+  if (timed) {
+    /* causal: half of the T x T scores; forward 2 products, backward 2.5 times that */
+    const double ff = 2.0 * 2.0 * n_seq * H * hd * (double)T * T / 2, fb = 2.5 * ff;
+    printf("  time %-24s fwd fp32 %8.3f ms %6.1f TFLOP/s | bf16 tc %8.3f ms %6.1f TFLOP/s | %5.1fx\n", name, tf[0],
+           ff / tf[0] * 1e-9, tf[1], ff / tf[1] * 1e-9, tf[0] / tf[1]);
+    printf("  time %-24s bwd fp32 %8.3f ms %6.1f TFLOP/s | bf16 tc %8.3f ms %6.1f TFLOP/s | %5.1fx\n", name, tb[0],
+           fb / tb[0] * 1e-9, tb[1], fb / tb[1] * 1e-9, tb[0] / tb[1]);
+  }
   free(q), free(k), free(v), free(dout), free(z);
+}
+
+/* One forward and backward on the bf16 instance only, for a kernel profiler. */
+static void profile_shape(int n_seq, int T, int H, int KV, int hd) {
+  const int64_t n = (int64_t)n_seq * T, nq = n * H * hd, nk = n * KV * hd;
+  float *q = kc_rand(nq, stream_no++, 1), *k = kc_rand(nk, stream_no++, 1), *v = kc_rand(nk, stream_no++, 1);
+  float *qd = dev_up(g16, q, nq), *kd = dev_up(g16, k, nk), *vd = dev_up(g16, v, nk), *dod = dev_up(g16, q, nq);
+  float *od = dev_nan(g16, nq), *ld = dev_nan(g16, n * H), *dqd = dev_up(g16, q, nq), *dkd = dev_up(g16, k, nk),
+        *dvd = dev_up(g16, v, nk);
+  g16->attn_fwd(g16, qd, kd, vd, n_seq, T, H, KV, hd, od, ld);
+  g16->attn_bwd(g16, qd, kd, vd, od, ld, dod, n_seq, T, H, KV, hd, dqd, dkd, dvd);
+  CHECK(g16->sync(g16) == 0, "profile: %s", mc_errmsg());
+  float *dptr[] = {qd, kd, vd, dod, od, ld, dqd, dkd, dvd};
+  for (size_t i = 0; i < sizeof dptr / sizeof *dptr; i++) g16->free(g16, dptr[i]);
+  free(q), free(k), free(v);
 }
 #endif
 
@@ -243,6 +268,11 @@ int main(int argc, char **argv) {
   g16 = mc_backend_cuda_bf16(0);
   CHECK(g32 && g16, "a device exists but a backend failed: %s", mc_errmsg());
   if (!g32 || !g16) return mc_check_exit("test_cuda_attn_tc");
+  if (argc > 1 && strcmp(argv[1], "--profile") == 0) {
+    profile_shape(2, 2048, 16, 4, 64);
+    profile_shape(2, 2048, 16, 16, 128);
+    return mc_check_exit("test_cuda_attn_tc");
+  }
   static const int Ts[5] = {1, 17, 64, 100, 257}, seqs[2] = {1, 3};
   for (int si = 0; si < 2; si++)
     for (int ti = 0; ti < 5; ti++) {
@@ -250,9 +280,12 @@ int main(int argc, char **argv) {
       attn_case(g16, seqs[si], Ts[ti], 4, 4, 128, BAND, NULL);
     }
   fp32_fallback();
+  /* enough dk/dv blocks (kv heads x 64-key tiles x sequences >= 4 per multiprocessor) that
+   * each walks all query heads of its group, instead of one block per query head */
+  big_case("GQA n_seq=5 T=2048 H=8/4 hd=64", 5, 2048, 8, 4, 64, 0);
   if (argc > 1 && strcmp(argv[1], "--time") == 0) {
-    time_shape("nam-small H=16/4 hd=64", 2, 2048, 16, 4, 64);
-    time_shape("dense-a H=16/16 hd=128", 2, 2048, 16, 16, 128);
+    big_case("nam-small H=16/4 hd=64", 2, 2048, 16, 4, 64, 1);
+    big_case("dense-a H=16/16 hd=128", 2, 2048, 16, 16, 128, 1);
   }
   printf("worst bf16 error: %.2e (band %.0e)\n", worst, BAND);
   return mc_check_exit("test_cuda_attn_tc");
