@@ -31,13 +31,18 @@
 
 #define SSD_L 64       /* chunk length, also the rows and columns of every tile */
 #define SSD_THREADS 256 /* 16 x 16 threads, 4 x 4 outputs each */
-#define SSD_KT 32      /* contraction steps staged per round */
+#ifndef SSD_KT
+#define SSD_KT 32 /* contraction steps staged per round */
+#endif
 #define SSD_LD 68      /* staging row stride: rows stay 16-byte aligned */
 #define SSD_MS 65      /* stride of the L x L matrices: column walks avoid bank conflicts */
 /* Blocks per multiprocessor the register allocation must allow (ptxas: without a bound the
  * forward kernels take ~240 registers a thread, one block per multiprocessor) */
 #ifndef SSD_MINB_FWD
 #define SSD_MINB_FWD 3
+#endif
+#ifndef SSD_MINB_STATES
+#define SSD_MINB_STATES 2
 #endif
 #ifndef SSD_MINB_BWD
 #define SSD_MINB_BWD 2
@@ -58,34 +63,64 @@ static __device__ __forceinline__ ssd_opd ssd_op(const float *p, int64_t si, int
   return o;
 }
 
-/* Stages columns [k0, k0 + SSD_KT) of an operand as S[kk][i], the threads walking along
- * whichever index is contiguous in memory. */
-static __device__ __forceinline__ void ssd_stage(const ssd_opd &o, int k0, float *S) {
-  const bool ifast = o.si == 1;
+#define SSD_PER (SSD_L * SSD_KT / SSD_THREADS) /* staged elements per thread and operand */
+
+/* Element m of this thread's share of columns [k0, k0 + SSD_KT) of an operand: the threads
+ * walk along whichever index is contiguous in memory. */
+static __device__ __forceinline__ void ssd_pos(const ssd_opd &o, int m, int &i, int &kk) {
+  const int e = threadIdx.x + m * SSD_THREADS;
+  i = o.si == 1 ? e % SSD_L : e / SSD_KT;
+  kk = o.si == 1 ? e / SSD_L : e % SSD_KT;
+}
+
+/* Loads this thread's share of columns [k0, k0 + SSD_KT) into registers. All loads come
+ * before any shared-memory store (ssd_put): an operand may itself live in shared memory, so
+ * a store in between would keep the compiler from having the loads in flight together. */
+static __device__ __forceinline__ void ssd_fetch(const ssd_opd &o, int k0, float (&v)[SSD_PER]) {
 #pragma unroll
-  for (int m = 0; m < SSD_L * SSD_KT / SSD_THREADS; m++) {
-    const int e = threadIdx.x + m * SSD_THREADS;
-    const int i = ifast ? e % SSD_L : e / SSD_KT, kk = ifast ? e / SSD_L : e % SSD_KT, k = k0 + kk;
-    float v = 0.0f;
+  for (int m = 0; m < SSD_PER; m++) {
+    int i, kk;
+    ssd_pos(o, m, i, kk);
+    const int k = k0 + kk;
+    float t = 0.0f;
     if (i < o.ni && k < o.nk) {
-      v = o.p[(int64_t)i * o.si + (int64_t)k * o.sk];
-      if (o.sci) v *= o.sci[i];
-      if (o.sck) v *= o.sck[k];
+      t = o.p[(int64_t)i * o.si + (int64_t)k * o.sk];
+      if (o.sci) t *= o.sci[i];
+      if (o.sck) t *= o.sck[k];
     }
-    S[kk * SSD_LD + i] = v;
+    v[m] = t;
+  }
+}
+
+/* Stores a fetched share as S[kk][i]. */
+static __device__ __forceinline__ void ssd_put(const ssd_opd &o, const float (&v)[SSD_PER], float *S) {
+#pragma unroll
+  for (int m = 0; m < SSD_PER; m++) {
+    int i, kk;
+    ssd_pos(o, m, i, kk);
+    S[kk * SSD_LD + i] = v[m];
   }
 }
 
 /* acc[r][q] += sum_k a(ty*4 + r, k) b(tx*4 + q, k) over k < a.nk (== b.nk): a 64 x 64 tile.
- * Starts with a barrier, so shared memory written before the call is visible to it. */
+ * The next columns are fetched while the current ones are multiplied. Starts with a
+ * barrier, so shared memory written before the call (operands, scales) is visible to it. */
 static __device__ __forceinline__ void ssd_mm(float (&acc)[4][4], const ssd_opd &a, const ssd_opd &b, float *As,
                                               float *Bs) {
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  float va[SSD_PER], vb[SSD_PER];
+  __syncthreads();
+  ssd_fetch(a, 0, va);
+  ssd_fetch(b, 0, vb);
   for (int k0 = 0; k0 < a.nk; k0 += SSD_KT) {
     __syncthreads();
-    ssd_stage(a, k0, As);
-    ssd_stage(b, k0, Bs);
+    ssd_put(a, va, As);
+    ssd_put(b, vb, Bs);
     __syncthreads();
+    if (k0 + SSD_KT < a.nk) {
+      ssd_fetch(a, k0 + SSD_KT, va);
+      ssd_fetch(b, k0 + SSD_KT, vb);
+    }
 #pragma unroll 8
     for (int kk = 0; kk < SSD_KT; kk++) {
       const float4 av = *(const float4 *)&As[kk * SSD_LD + ty * 4];
@@ -97,6 +132,18 @@ static __device__ __forceinline__ void ssd_mm(float (&acc)[4][4], const ssd_opd 
         for (int q = 0; q < 4; q++) acc[r][q] = fmaf(ar[r], br[q], acc[r][q]);
     }
   }
+}
+
+/* o[i ld + j] = acc for the thread's outputs with i < rows, j < cols */
+static __device__ __forceinline__ void ssd_store(const float (&acc)[4][4], float *o, int64_t ld, int rows, int cols) {
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+#pragma unroll
+  for (int r = 0; r < 4; r++)
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      const int i = ty * 4 + r, j = tx * 4 + q;
+      if (i < rows && j < cols) o[i * ld + j] = acc[r][q];
+    }
 }
 
 static __device__ __forceinline__ void ssd_zero(float (&acc)[4][4]) {
@@ -173,7 +220,7 @@ static __device__ __forceinline__ float ssd_decay(const ssd_chunk &k, int i, int
  * with w_j = e^{cum_last - cum_j} dt_j (rev = 0: X = x, Bm = B) or w_j = e^{cum_j}
  * (rev = 1: X = dy, Bm = C, the adjoint's chunk-local part). Also the chunk's total
  * exponent tot = cum_last. */
-__global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_FWD)
+__global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_STATES)
     k_ssd_states(const float *X, const float *Bm, const float *dt, const float *A_log, int T, int Hm, int P, int N,
                  int nch, int rev, float *out, float *tot) {
   extern __shared__ float4 ssd_sm4[];
@@ -184,20 +231,13 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_FWD)
   const int64_t xs = (int64_t)Hm * P;
   const float *Xc = X + k.row0 * xs + (int64_t)k.h * P, *Bc = Bm + k.row0 * N;
   float *o = out + k.idx * P * N;
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   for (int p0 = 0; p0 < P; p0 += SSD_L)
     for (int n0 = 0; n0 < N; n0 += SSD_L) {
       float acc[4][4];
       ssd_zero(acc);
       ssd_mm(acc, ssd_op(Xc + p0, 1, xs, min(SSD_L, P - p0), k.len, nullptr, w),
              ssd_op(Bc + n0, 1, N, min(SSD_L, N - n0), k.len), As, Bs);
-#pragma unroll
-      for (int r = 0; r < 4; r++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-          const int p = p0 + ty * 4 + r, n = n0 + tx * 4 + q;
-          if (p < P && n < N) o[(int64_t)p * N + n] = acc[r][q];
-        }
+      ssd_store(acc, o + (int64_t)p0 * N + n0, N, P - p0, N - n0);
     }
   if (threadIdx.x == 0) tot[k.idx] = (float)k.cum[SSD_L - 1];
 }
@@ -205,6 +245,7 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_FWD)
 /* The pass over chunks, one thread per (sequence, head, state element): buf holds the
  * chunk-local parts and is overwritten with the state entering each chunk (rev = 0), or
  * with the adjoint leaving each chunk (rev = 1, chunks in reverse). */
+#define SSD_PASS_G 8 /* chunks whose inputs are loaded together */
 __global__ void k_ssd_pass(float *buf, const float *tot, int nch, int64_t PN, int rev) {
   const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= PN) return;
@@ -212,11 +253,23 @@ __global__ void k_ssd_pass(float *buf, const float *tot, int nch, int64_t PN, in
   float *b = buf + sh * nch * PN + e;
   const float *tt = tot + sh * nch;
   float S = 0.0f;
-  for (int m = 0; m < nch; m++) {
-    const int c = rev ? nch - 1 - m : m;
-    const float u = m < nch - 1 ? b[c * PN] : 0.0f;
-    b[c * PN] = S;
-    if (m < nch - 1) S = expf(tt[c]) * S + u;
+  /* the last chunk in pass order has no successor: its part is neither read nor needed */
+  for (int m0 = 0; m0 < nch; m0 += SSD_PASS_G) {
+    float u[SSD_PASS_G], a[SSD_PASS_G];
+#pragma unroll
+    for (int g = 0; g < SSD_PASS_G; g++) {
+      const int m = m0 + g, c = rev ? nch - 1 - m : m;
+      const bool live = m < nch - 1;
+      u[g] = live ? b[c * PN] : 0.0f;
+      a[g] = live ? tt[c] : 0.0f;
+    }
+#pragma unroll
+    for (int g = 0; g < SSD_PASS_G; g++) {
+      const int m = m0 + g, c = rev ? nch - 1 - m : m;
+      if (m >= nch) break;
+      b[c * PN] = S;
+      S = expf(a[g]) * S + u[g];
+    }
   }
 }
 
@@ -287,10 +340,7 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_BWD)
   /* G = C B^T, then K = (dY X^T) o decay, M = G o decay (over G), and K o G */
   ssd_zero(acc);
   ssd_mm(acc, ssd_op(Cc, N, 1, k.len, N), ssd_op(Bc, N, 1, k.len, N), As, Bs);
-#pragma unroll
-  for (int r = 0; r < 4; r++)
-#pragma unroll
-    for (int q = 0; q < 4; q++) sG[(ty * 4 + r) * SSD_MS + tx * 4 + q] = acc[r][q];
+  ssd_store(acc, sG, SSD_MS, SSD_L, SSD_L);
   ssd_zero(acc);
   ssd_mm(acc, ssd_op(dyc, xs, 1, k.len, P), ssd_op(xc, xs, 1, k.len, P), As, Bs);
 #pragma unroll
@@ -370,23 +420,11 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_BWD)
     ssd_zero(acc);
     ssd_mm(acc, ssd_op(sK, SSD_MS, 1, k.len, k.len, nullptr, k.dt), ssd_op(Bc + n0, 1, N, nn, k.len), As, Bs);
     if (has_in) ssd_mm(acc, ssd_op(dyc, xs, 1, k.len, P, k.ec), ssd_op(S0 + n0, 1, N, nn, P), As, Bs);
-#pragma unroll
-    for (int r = 0; r < 4; r++)
-#pragma unroll
-      for (int q = 0; q < 4; q++) {
-        const int i = ty * 4 + r, n = tx * 4 + q;
-        if (i < k.len && n < nn) pC[(int64_t)i * N + n0 + n] = acc[r][q];
-      }
+    ssd_store(acc, pC + n0, N, k.len, nn);
     ssd_zero(acc);
     ssd_mm(acc, ssd_op(sK, 1, SSD_MS, k.len, k.len, k.dt), ssd_op(Cc + n0, 1, N, nn, k.len), As, Bs);
     if (has_out) ssd_mm(acc, ssd_op(xc, xs, 1, k.len, P, ewdt), ssd_op(dSo + n0, 1, N, nn, P), As, Bs);
-#pragma unroll
-    for (int r = 0; r < 4; r++)
-#pragma unroll
-      for (int q = 0; q < 4; q++) {
-        const int j = ty * 4 + r, n = tx * 4 + q;
-        if (j < k.len && n < nn) pB[(int64_t)j * N + n0 + n] = acc[r][q];
-      }
+    ssd_store(acc, pB + n0, N, k.len, nn);
   }
 
   /* Z = e^{cum_last} <dS_out, S_in>: every a_k of the chunk decays the carried state */
@@ -430,15 +468,18 @@ __global__ void k_ssd_rows(const float *partB, const float *partC, int64_t rowsN
   }
 }
 
-/* dA_log, dD += the per-chunk partial pairs, summed over sequences and chunks in order */
+/* dA_log, dD += the per-chunk partial pairs of each head, one warp per head: each lane sums
+ * a fixed stride of (sequence, chunk) in order, then a fixed shuffle tree (deterministic). */
 __global__ void k_ssd_heads(const double *partAD, int n_seq, int Hm, int nch, float *dA_log, float *dD) {
-  MC_CU_FOR(h, Hm) {
-    double a = 0.0, d = 0.0;
-    for (int s = 0; s < n_seq; s++)
-      for (int c = 0; c < nch; c++) {
-        const int64_t idx = ((int64_t)s * Hm + h) * nch + c;
-        a += partAD[2 * idx], d += partAD[2 * idx + 1];
-      }
+  const int h = blockIdx.x, lane = threadIdx.x;
+  double a = 0.0, d = 0.0;
+  for (int64_t q = lane; q < (int64_t)n_seq * nch; q += 32) {
+    const int64_t idx = ((q / nch) * Hm + h) * nch + q % nch;
+    a += partAD[2 * idx], d += partAD[2 * idx + 1];
+  }
+  a = mc_d_warp_sumd(a);
+  d = mc_d_warp_sumd(d);
+  if (lane == 0) {
     dA_log[h] += (float)a;
     dD[h] += (float)d;
   }
@@ -515,7 +556,7 @@ static void cu_ssm_bwd(mc_backend *be, const float *x, const float *dt, const fl
   k_ssd_bwd<<<dim3((unsigned)nch, (unsigned)Hm, (unsigned)n_seq), SSD_THREADS, ssd_smem(3), st>>>(
       x, dt, A_log, B, C, D, dy, states, dstates, T, Hm, P, N, nch, dx, ddt, partB, partC, partAD);
   k_ssd_rows<<<mc_cu_grid((int64_t)rowsN), MC_CUDA_THREADS, 0, st>>>(partB, partC, (int64_t)rowsN, Hm, dB, dC);
-  k_ssd_heads<<<mc_cu_grid(Hm), MC_CUDA_THREADS, 0, st>>>(partAD, n_seq, Hm, nch, dA_log, dD);
+  k_ssd_heads<<<(unsigned)Hm, 32, 0, st>>>(partAD, n_seq, Hm, nch, dA_log, dD);
   mc_cuda_check(be, "ssm_bwd");
 }
 

@@ -10,7 +10,7 @@
  * P 64, N 64). The backend's stream is private to it, so the time of one call is taken as
  * the host time of a batch of back-to-back calls between two syncs, divided by the batch
  * (launches are queued ahead, so the device stays busy); the median of 11 batches after a
- * warm-up. Without a CUDA build or a GPU it prints "SKIP: no CUDA device" and passes. */
+ * warm-up. `test_cuda_ssd --nam` runs only that (for a profiler). Without a CUDA build or a GPU it prints "SKIP: no CUDA device" and passes. */
 #include <string.h>
 #include <time.h>
 
@@ -190,6 +190,10 @@ int main(int argc, char **argv) {
   CHECK(gpu != NULL, "a device exists but the backend failed: %s", mc_errmsg());
   if (!gpu) return mc_check_exit("test_cuda_ssd");
   const int timing = argc > 1 && strcmp(argv[1], "--time") == 0;
+  if (argc > 1 && strcmp(argv[1], "--nam") == 0) {
+    time_nam_small();
+    return mc_check_exit("test_cuda_ssd");
+  }
   printf("relative error vs the CPU reference (tolerance %.0e)\n", TOL_SCAN);
   printf("case  seq    T  H   P   N  y       dx      ddt     dA_log  dB      dC      dD\n");
   static const int Ts[] = {1, 5, 63, 64, 65, 130, 300};
