@@ -28,6 +28,21 @@ typedef struct {
   float grad_scale; /* gradients are multiplied by this first (global-norm clipping) */
 } mc_adamw_args;
 
+/* bf16 bit pattern: the top half of an IEEE fp32 (kernels/bf16.h converts, round to nearest
+ * even). */
+typedef uint16_t mc_bf16;
+
+/* One tensor of a multi-tensor AdamW update (adamw_multi); the pointers are backend memory. */
+typedef struct {
+  float *w;            /* fp32 master weights, updated in place */
+  const float *g;      /* gradient */
+  float *m, *v;        /* moments */
+  int64_t n;
+  float weight_decay;  /* per tensor (decay group) */
+  float *w_copy;       /* optional (NULL): the updated w is also written here (fp32 working weights) */
+  mc_bf16 *w_bf16;     /* optional (NULL): the updated w rounded to bf16 is written here */
+} mc_adamw_tensor;
+
 typedef struct mc_backend mc_backend;
 
 struct mc_backend {
@@ -53,6 +68,16 @@ struct mc_backend {
   /* Fused AdamW over one tensor (w fp32 master weights, m and v its moments). */
   void (*adamw)(mc_backend *be, float *w, const float *g, float *m, float *v, int64_t n,
                 const mc_adamw_args *a);
+  /* The same update as adamw on each of `count` tensors (a->weight_decay is ignored; each
+   * tensor's own is used), bitwise equal to adamw tensor by tensor, plus the optional copies
+   * of the updated weights. The descriptors are host memory (read before the call returns).
+   * Tensors must not overlap. */
+  void (*adamw_multi)(mc_backend *be, const mc_adamw_tensor *t, int count, const mc_adamw_args *a);
+  /* Sum over `count` tensors of their sums of squares (x[i] backend memory with n[i]
+   * elements; both arrays host memory), accumulated in double, one result to the host. The
+   * order of additions depends only on the sizes. */
+  double (*sumsq_multi)(mc_backend *be, const float *const *x, const int64_t *n, int count);
+
 
   /* ---- matrix products: C[M,N] = alpha * op(A) op(B) + beta * C, op(X) = X or X^T.
    * lda/ldb/ldc are the row strides of the matrices as stored. */

@@ -37,7 +37,9 @@ int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const 
     } else {
       d->work[s] = p->w;
     }
-    net->be->copy(net->be, sl->master, d->work[s] + sl->offset, sl->numel);
+    /* the step writes the updated rows straight into the working weights */
+    sl->w_copy = d->work[s] + sl->offset;
+    net->be->copy(net->be, sl->master, sl->w_copy, sl->numel);
   }
   for (int s = 0; s < d->opt.n; s++)
     if (!d->grads[s]) {
@@ -91,15 +93,11 @@ int mc_dist_grad_norm(mc_dist_opt *d, double *norm) {
   return 0;
 }
 
-int mc_dist_publish(mc_dist_opt *d) {
+/* After the working rows hold the master weights: ZeRO 1 all-gathers the rows of every
+ * member, in member order, into each whole local slice; otherwise the rows are all there is. */
+static int gather_working(mc_dist_opt *d) {
   mc_net *net = d->net;
-  mc_backend *be = net->be;
-  for (int s = 0; s < d->opt.n; s++) {
-    mc_optim_slot *sl = &d->opt.slots[s];
-    be->copy(be, d->work[s] + sl->offset, sl->master, sl->numel);
-  }
-  if (net->zero != 1) return be->sync(be);
-  /* ZeRO 1: the rows of every member, in member order, make each whole local slice */
+  if (net->zero != 1) return net->be->sync(net->be);
   int *idx;
   float **shard, **full;
   if (all_params(net, &idx, &shard, &full)) return -1;
@@ -109,9 +107,19 @@ int mc_dist_publish(mc_dist_opt *d) {
   return rc ? mc_error_context("all-gathering the updated weights") : 0;
 }
 
+int mc_dist_publish(mc_dist_opt *d) {
+  mc_backend *be = d->net->be;
+  for (int s = 0; s < d->opt.n; s++) {
+    mc_optim_slot *sl = &d->opt.slots[s];
+    be->copy(be, sl->w_copy, sl->master, sl->numel);
+  }
+  return gather_working(d);
+}
+
+/* The step itself writes each slot's working rows (w_copy), so no separate copy here. */
 int mc_dist_update(mc_dist_opt *d, const mc_train_cfg *t, double lr, double grad_scale) {
   mc_optim_step(&d->opt, t, lr, grad_scale, d->grads);
-  return mc_dist_publish(d);
+  return gather_working(d);
 }
 
 int mc_dist_stats_sum(const mc_comm_groups *comm, mc_net_stats *st) {

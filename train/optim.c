@@ -84,13 +84,24 @@ double mc_lr_at(const mc_train_cfg *t, int64_t s) {
   return t->min_lr + 0.5 * (t->lr - t->min_lr) * (1.0 + cos(3.14159265358979323846 * p));
 }
 
+/* One sumsq_multi over the primary slots: on the CPU exactly the in-order sum of per-slot
+ * sums, on a GPU one device sync instead of one per slot. */
 double mc_optim_grad_sq(const mc_optim *o, float *const *grads) {
+  const float **x = malloc(sizeof *x * (size_t)(o->n + 1));
+  int64_t *n = malloc(sizeof *n * (size_t)(o->n + 1));
   double sum = 0;
+  int k = 0;
   for (int i = 0; i < o->n; i++) {
     const mc_optim_slot *s = &o->slots[i];
     if (!s->shard.primary || s->numel == 0) continue;
-    sum += o->be->sumsq(o->be, grads[i] + s->offset, s->numel);
+    if (x && n) {
+      x[k] = grads[i] + s->offset, n[k++] = s->numel;
+    } else { /* no host memory for the lists: slot by slot, the same sum */
+      sum += o->be->sumsq(o->be, grads[i] + s->offset, s->numel);
+    }
   }
+  if (x && n) sum = o->be->sumsq_multi(o->be, x, n, k);
+  free(x), free(n);
   return sum;
 }
 
@@ -104,10 +115,26 @@ void mc_optim_step(mc_optim *o, const mc_train_cfg *t, double lr, double grad_sc
                    float *const *grads) {
   o->step++;
   mc_adamw_args a = {(float)lr, (float)t->beta1, (float)t->beta2, (float)t->adam_eps, 0.0f, o->step, (float)grad_scale};
-  for (int i = 0; i < o->n; i++) {
+  /* Tensors update independently, so batching the list changes no result; the CUDA backend
+   * launches once per 128 tensors anyway. */
+  enum { BATCH = 128 };
+  mc_adamw_tensor upd[BATCH];
+  int k = 0;
+  for (int i = 0; i <= o->n; i++) {
+    if (k == BATCH || (i == o->n && k > 0)) {
+      o->be->adamw_multi(o->be, upd, k, &a);
+      k = 0;
+    }
+    if (i == o->n) break;
     mc_optim_slot *s = &o->slots[i];
     if (s->numel == 0) continue;
-    a.weight_decay = s->decay ? (float)t->weight_decay : 0.0f;
-    o->be->adamw(o->be, s->master, grads[i] + s->offset, s->exp_avg, s->exp_avg_sq, s->numel, &a);
+    upd[k++] = (mc_adamw_tensor){.w = s->master,
+                                 .g = grads[i] + s->offset,
+                                 .m = s->exp_avg,
+                                 .v = s->exp_avg_sq,
+                                 .n = s->numel,
+                                 .weight_decay = s->decay ? (float)t->weight_decay : 0.0f,
+                                 .w_copy = s->w_copy,
+                                 .w_bf16 = s->w_bf16};
   }
 }

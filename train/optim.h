@@ -1,6 +1,7 @@
 /* AdamW on this rank's optimizer shards, global-norm clipping and the learning-rate schedule.
  * Master weights and moments live in the memory of the optimizer's backend (device memory for
- * CUDA); the update is the backend's fused adamw op and the norm its sumsq op.
+ * CUDA); the update is the backend's multi-tensor adamw_multi op (every slot in one call) and
+ * the norm its sumsq_multi op (one result, one device sync).
  *
  * Per family, the fp32 master weight and the two moments held here are the hyperslab
  * mc_shard_of(geo, fam, state, rank) gives (the whole tensor for world size 1). The shard is
@@ -25,6 +26,12 @@ typedef struct {
   int64_t offset;   /* where the shard starts inside the rank's local (working) slice */
   int64_t numel;    /* elements held */
   float *master, *exp_avg, *exp_avg_sq; /* backend memory */
+  /* Optional destinations of the updated master weights, written by mc_optim_step in the same
+   * pass as the update (backend memory, numel elements each, NULL = none; zero after init):
+   * w_copy receives the fp32 values, w_bf16 the values rounded to bf16 (kernels/bf16.h).
+   * The caller sets them, e.g. to the shard's rows of the working weights. */
+  float *w_copy;
+  mc_bf16 *w_bf16;
 } mc_optim_slot;
 
 typedef struct {
@@ -58,8 +65,9 @@ double mc_optim_grad_sq(const mc_optim *o, float *const *grads);
 /* Clipping factor for a global gradient norm: min(1, clip / (norm + 1e-6)); 1 if clip <= 0. */
 double mc_clip_scale(double norm, double clip);
 
-/* One AdamW step on every slot (the backend's adamw op; weight decay only on decaying
- * families): grads[i] as above, multiplied by grad_scale (clipping). Queued on the backend:
+/* One AdamW step on every slot (one adamw_multi call; weight decay only on decaying
+ * families): grads[i] as above, multiplied by grad_scale (clipping). Each slot's updated
+ * master weights also go to its w_copy and w_bf16 where set. Queued on the backend:
  * failures are reported by o->be->sync(). */
 void mc_optim_step(mc_optim *o, const mc_train_cfg *t, double lr, double grad_scale,
                    float *const *grads);

@@ -14,6 +14,8 @@ void mc_cpu_axpy(mc_backend *be, float *y, const float *x, int64_t n, float alph
 double mc_cpu_sumsq(mc_backend *be, const float *x, int64_t n);
 void mc_cpu_adamw(mc_backend *be, float *w, const float *g, float *m, float *v, int64_t n,
                   const mc_adamw_args *a);
+void mc_cpu_adamw_multi(mc_backend *be, const mc_adamw_tensor *t, int count, const mc_adamw_args *a);
+double mc_cpu_sumsq_multi(mc_backend *be, const float *const *x, const int64_t *n, int count);
 
 void mc_cpu_gemm(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A,
                  int lda, const float *B, int ldb, float beta, float *C, int ldc);
