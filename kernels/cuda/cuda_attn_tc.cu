@@ -165,8 +165,15 @@ static __device__ __forceinline__ void tile_async(uint32_t tile, const bf16 *src
 #ifndef FW_MINB64
 #define FW_MINB64 2
 #endif
-#ifndef FW_QSMEM
-#define FW_QSMEM 0 /* 1: q fragments read from shared memory per tile instead of kept in registers */
+#ifndef FW_MINB128
+#define FW_MINB128 1
+#endif
+/* 1: q fragments read from shared memory per tile instead of kept in registers */
+#ifndef FW_QSMEM64
+#define FW_QSMEM64 0
+#endif
+#ifndef FW_QSMEM128
+#define FW_QSMEM128 0
 #endif
 #define FW_BQ (16 * FW_WARPS) /* query rows per block */
 #define FW_BK 64              /* keys per tile */
@@ -177,7 +184,7 @@ static constexpr size_t fwd_smem() {
 }
 
 template <int HD>
-__global__ void __launch_bounds__(FW_WARPS * 32, HD == 64 ? FW_MINB64 : 1)
+__global__ void __launch_bounds__(FW_WARPS * 32, HD == 64 ? FW_MINB64 : FW_MINB128)
     k_fa_fwd(const float *__restrict__ q, const bf16 *__restrict__ kb, const bf16 *__restrict__ vb, int T, int H,
              int KV, float sl2, float *__restrict__ out, float *__restrict__ lse) {
   extern __shared__ uint4 smem_fwd[];
@@ -207,11 +214,11 @@ __global__ void __launch_bounds__(FW_WARPS * 32, HD == 64 ? FW_MINB64 : 1)
     }
   }
   __syncthreads();
-#if !FW_QSMEM
+  constexpr bool qsm = HD == 64 ? FW_QSMEM64 : FW_QSMEM128;
   uint32_t qf[HD / 16][4];
+  if (!qsm)
 #pragma unroll
-  for (int kk = 0; kk < HD / 16; kk++) lda_frag<HD>(qf[kk], sQ, warp * 16, kk, lane);
-#endif
+    for (int kk = 0; kk < HD / 16; kk++) lda_frag<HD>(qf[kk], sQ, warp * 16, kk, lane);
 
   const int i0 = q0 + warp * 16; /* this warp's first row; the lane's rows are i0 + g, i0 + g + 8 */
   float o[HD / 8][4];
@@ -236,12 +243,9 @@ __global__ void __launch_bounds__(FW_WARPS * 32, HD == 64 ? FW_MINB64 : 1)
       for (int j = 0; j < FW_BK / 8; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < HD / 16; kk++) {
-#if FW_QSMEM
         uint32_t qa[4];
-        lda_frag<HD>(qa, sQ, warp * 16, kk, lane);
-#else
-        const uint32_t(&qa)[4] = qf[kk];
-#endif
+        if (qsm) lda_frag<HD>(qa, sQ, warp * 16, kk, lane);
+        else qa[0] = qf[kk][0], qa[1] = qf[kk][1], qa[2] = qf[kk][2], qa[3] = qf[kk][3];
 #pragma unroll
         for (int np = 0; np < FW_BK / 16; np++) {
           uint32_t b[4];
@@ -343,8 +347,14 @@ static constexpr size_t dq_smem() {
   return (size_t)(2 * BQ_ROWS + 4 * BQ_BK) * HD * 2; /* q, dout, then k and v double buffered */
 }
 
+#ifndef DQ_MINB64
+#define DQ_MINB64 3
+#endif
+#ifndef DQ_MINB128
+#define DQ_MINB128 1
+#endif
 template <int HD>
-__global__ void __launch_bounds__(BQ_WARPS * 32)
+__global__ void __launch_bounds__(BQ_WARPS * 32, HD == 64 ? DQ_MINB64 : DQ_MINB128)
     k_fa_dq(const bf16 *__restrict__ qb, const bf16 *__restrict__ kb, const bf16 *__restrict__ vb,
             const bf16 *__restrict__ dob, const float *__restrict__ lse, const float *__restrict__ D, int T, int H,
             int KV, float scale, float *__restrict__ dq) {
