@@ -156,6 +156,11 @@ static __device__ __forceinline__ void tile_async(uint32_t tile, const bf16 *src
   }
 }
 
+/* Blocks are dispatched roughly in index order, and causal tiles differ in length (the
+ * last query tile has T / 64 key tiles, the first one). The grids are 1-D with the tile
+ * index slowest, so every head's longest tiles start first and the short ones fill in at
+ * the end (largest first), instead of each head's long tiles coming in turn. */
+
 /* ------------------------------------------------------------------ forward */
 #ifndef FW_WARPS
 #define FW_WARPS 8
@@ -190,7 +195,9 @@ __global__ void __launch_bounds__(FW_WARPS * 32, HD == 64 ? FW_MINB64 : FW_MINB1
   extern __shared__ uint4 smem_fwd[];
   const uint32_t sQ = smem_addr(smem_fwd), sK0 = sQ + FW_BQ * HD * 2;
   constexpr uint32_t KVB = FW_BK * HD * 2; /* bytes of one k or v tile */
-  const int s = blockIdx.z, h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * FW_BQ, kh = h / (H / KV);
+  const unsigned per_tile = gridDim.x / (unsigned)((T + FW_BQ - 1) / FW_BQ); /* H n_seq */
+  const int hs = (int)(blockIdx.x % per_tile), h = hs % H, s = hs / H, kh = h / (H / KV);
+  const int q0 = ((T + FW_BQ - 1) / FW_BQ - 1 - (int)(blockIdx.x / per_tile)) * FW_BQ;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
   const int64_t qs = (int64_t)H * HD, ks = (int64_t)KV * HD, row0 = (int64_t)s * T;
   const int nkt = (min(q0 + FW_BQ, T) - 1) / FW_BK + 1; /* key tiles up to the block's last row */
@@ -361,7 +368,9 @@ __global__ void __launch_bounds__(BQ_WARPS * 32, HD == 64 ? DQ_MINB64 : DQ_MINB1
   extern __shared__ uint4 smem_dq[];
   constexpr uint32_t TB = BQ_BK * HD * 2;
   const uint32_t sQ = smem_addr(smem_dq), sO = sQ + BQ_ROWS * HD * 2, sK0 = sO + BQ_ROWS * HD * 2;
-  const int s = blockIdx.z, h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * BQ_ROWS, kh = h / (H / KV);
+  const unsigned per_tile = gridDim.x / (unsigned)((T + BQ_ROWS - 1) / BQ_ROWS); /* H n_seq */
+  const int hs = (int)(blockIdx.x % per_tile), h = hs % H, s = hs / H, kh = h / (H / KV);
+  const int q0 = ((T + BQ_ROWS - 1) / BQ_ROWS - 1 - (int)(blockIdx.x / per_tile)) * BQ_ROWS;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
   const int64_t qs = (int64_t)H * HD, ks = (int64_t)KV * HD, row0 = (int64_t)s * T;
   const int nkt = (min(q0 + BQ_ROWS, T) - 1) / BQ_BK + 1;
@@ -456,8 +465,10 @@ __global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : 2)
   float *Ls = (float *)((char *)smem_dkv + (2 * BK_KEYS + 4 * BQ) * HD * 2), *Ds = Ls + 2 * BQ;
   /* the block takes hps of the grp query heads of kv head kh: all of them (dk, dv added in
    * place), or one part of nsplit (its sums written to per-part rows, added by k_tc_parts) */
-  const int grp = H / KV, nsplit = grp / hps, kh = blockIdx.y / nsplit, part = blockIdx.y % nsplit;
-  const int s = blockIdx.z, j0 = blockIdx.x * BK_KEYS, h0 = kh * grp + part * hps;
+  const int grp = H / KV, nsplit = grp / hps;
+  const unsigned per_tile = gridDim.x / (unsigned)((T + BK_KEYS - 1) / BK_KEYS); /* KV nsplit n_seq */
+  const int ys = (int)(blockIdx.x % per_tile), by = ys % (KV * nsplit), s = ys / (KV * nsplit);
+  const int kh = by / nsplit, part = by % nsplit, j0 = (int)(blockIdx.x / per_tile) * BK_KEYS, h0 = kh * grp + part * hps;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
   const int64_t qs = (int64_t)H * HD, ks = (int64_t)KV * HD, row0 = (int64_t)s * T;
   const float sl2 = scale * TC_LOG2E;
@@ -531,7 +542,7 @@ __global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : 2)
         *(float2 *)(pv + 8 * c) = y;
       }
     } else { /* rows of [n, KV * nsplit, HD] */
-      const int64_t o = ((row0 + j) * KV * nsplit + blockIdx.y) * HD + 2 * t4;
+      const int64_t o = ((row0 + j) * KV * nsplit + by) * HD + 2 * t4;
 #pragma unroll
       for (int c = 0; c < HD / 8; c++) {
         *(float2 *)(dk + o + 8 * c) = make_float2(ak[c][2 * r] * scale, ak[c][2 * r + 1] * scale);
@@ -559,6 +570,17 @@ __global__ void k_tc_parts(const float *__restrict__ part, int64_t rows_kv, int 
 /* ------------------------------------------------------------------ host side */
 static unsigned grid_cap(int64_t blocks) { return (unsigned)(blocks < (1 << 20) ? (blocks < 1 ? 1 : blocks) : (1 << 20)); }
 
+/* Blocks of a 1-D grid over tiles x heads x sequences; 0 (failure recorded) past 2^31 - 1. */
+static unsigned blocks_1d(mc_backend *be, int tiles, int heads, int n_seq, const char *op) {
+  const int64_t b = (int64_t)tiles * heads * n_seq;
+  if (b > 0x7fffffff) {
+    mc_cuda_fail(be, "%s: %lld blocks (tiles %d x heads %d x sequences %d) exceed one grid", op, (long long)b, tiles,
+                 heads, n_seq);
+    return 0;
+  }
+  return (unsigned)b;
+}
+
 static void pack(mc_backend *be, const float *x, bf16 *y, int64_t n) {
   k_tc_pack<<<mc_cu_grid(n / 8), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(x, y, n / 8);
 }
@@ -574,7 +596,8 @@ static void fwd_hd(mc_backend *be, const float *q, const float *k, const float *
   if (!mc_cuda_attn_smem_ok(be, (const void *)k_fa_fwd<HD>, smem, "attn_fwd (bf16)")) return;
   pack(be, k, kb, nk);
   pack(be, v, vb, nk);
-  dim3 grid((unsigned)((T + FW_BQ - 1) / FW_BQ), (unsigned)H, (unsigned)n_seq);
+  const unsigned grid = blocks_1d(be, (T + FW_BQ - 1) / FW_BQ, H, n_seq, "attn_fwd (bf16)");
+  if (!grid) return;
   k_fa_fwd<HD><<<grid, FW_WARPS * 32, smem, mc_cu_stream(be)>>>(q, kb, vb, T, H, KV,
                                                                  TC_LOG2E / sqrtf((float)HD), out, lse);
   mc_cuda_check(be, "attn_fwd (bf16)");
@@ -585,9 +608,10 @@ static void bwd_hd(mc_backend *be, const float *q, const float *k, const float *
                    const float *lse, const float *dout, int n_seq, int T, int H, int KV, float *dq, float *dk,
                    float *dv) {
   const int64_t n = (int64_t)n_seq * T, nq = n * H * HD, nk = n * KV * HD;
-  /* Each dk/dv block walks its kv head's grp query heads in turn. When the blocks are too few
-   * to fill the device, or uneven (block 0 has the most query tiles), each query head gets
-   * its own block instead and the grp partial sums go through scratch. */
+  /* Each dk/dv block walks its kv head's grp query heads in turn. With fewer than 4 such
+   * blocks per multiprocessor (nam-small: 256 on 132), each query head gets its own block
+   * instead (more and shorter blocks: the first key tiles are the longest) and the grp
+   * partial sums go through scratch. */
   const int grp = H / KV, kblocks = (T + BK_KEYS - 1) / BK_KEYS;
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, mc_cu(be)->device);
@@ -611,9 +635,10 @@ static void bwd_hd(mc_backend *be, const float *q, const float *k, const float *
   pack(be, v, vb, nk);
   k_tc_delta<HD><<<grid_cap((n * H + 7) / 8), 256, 0, st>>>(out, dout, n * H, dob, D);
   const float scale = 1.0f / sqrtf((float)HD);
-  dim3 gq((unsigned)((T + BQ_ROWS - 1) / BQ_ROWS), (unsigned)H, (unsigned)n_seq);
+  const unsigned gq = blocks_1d(be, (T + BQ_ROWS - 1) / BQ_ROWS, H, n_seq, "attn_bwd (bf16)");
+  const unsigned gk = blocks_1d(be, kblocks, KV * nsplit, n_seq, "attn_bwd (bf16)");
+  if (!gq || !gk) return;
   k_fa_dq<HD><<<gq, BQ_WARPS * 32, sq, st>>>(qb, kb, vb, dob, lse, D, T, H, KV, scale, dq);
-  dim3 gk((unsigned)kblocks, (unsigned)(KV * nsplit), (unsigned)n_seq);
   k_fa_dkv<HD><<<gk, BK_WARPS * 32, skv, st>>>(qb, kb, vb, dob, lse, D, T, H, KV, hps, scale, nsplit > 1 ? pk : dk,
                                                  nsplit > 1 ? pv : dv);
   if (nsplit > 1) {
