@@ -48,6 +48,9 @@ typedef struct mc_backend mc_backend;
 struct mc_backend {
   const char *name; /* "cpu", "cuda" */
   void *ctx;        /* backend private state */
+  /* 1 when the model keeps its matrix weights in bf16 on this backend (train.dtype=bf16: the
+   * products read them through gemm_bw / gemm_grouped_bw); 0: fp32 weights. */
+  int bf16_weights;
 
   /* ---- memory */
   /* Zero-filled allocation in backend memory; NULL with mc_error set on failure. */
@@ -78,7 +81,6 @@ struct mc_backend {
    * order of additions depends only on the sizes. */
   double (*sumsq_multi)(mc_backend *be, const float *const *x, const int64_t *n, int count);
 
-
   /* ---- matrix products: C[M,N] = alpha * op(A) op(B) + beta * C, op(X) = X or X^T.
    * lda/ldb/ldc are the row strides of the matrices as stored. */
   void (*gemm)(mc_backend *be, int trans_a, int trans_b, int M, int N, int K, float alpha,
@@ -95,6 +97,17 @@ struct mc_backend {
                        const int *N, const int *K, float alpha, const float *A,
                        const int64_t *a_off, int lda, const float *B, const int64_t *b_off,
                        int ldb, float beta, float *C, const int64_t *c_off, int ldc);
+  /* gemm and gemm_grouped with the B operand (a weight) stored in bf16, A and C fp32: the
+   * same result as on B's values widened (exactly) to fp32. The bf16 CUDA instance feeds the
+   * stored bf16 straight to its tensor cores. */
+  void (*gemm_bw)(mc_backend *be, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+                  int lda, const mc_bf16 *B, int ldb, float beta, float *C, int ldc);
+  void (*gemm_grouped_bw)(mc_backend *be, int trans_a, int trans_b, int groups, const int *M, const int *N,
+                          const int *K, float alpha, const float *A, const int64_t *a_off, int lda,
+                          const mc_bf16 *B, const int64_t *b_off, int ldb, float beta, float *C,
+                          const int64_t *c_off, int ldc);
+  /* y = x rounded to bf16 (to nearest even, as kernels/bf16.h). */
+  void (*to_bf16)(mc_backend *be, const float *x, mc_bf16 *y, int64_t n);
 
   /* ---- bias and activations (n elements, or n rows of c columns) */
   void (*bias_fwd)(mc_backend *be, float *y, const float *b, int n, int c); /* y[r,:] += b */

@@ -26,11 +26,11 @@ static int mamba_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   const int T = m->seq_len, n = n_seq * T, d = m->d_model, di = m->mamba_inner, hm = mc_mamba_heads(m);
   const int N = m->ssm_state, K = m->conv_width;
   float **f = L->f;
-  mc_linear_fwd(be, L->u, mc_w(net, L, MC_ROLE_SSM_WZ), n, d, di, 0.0f, f[Z]);
-  mc_linear_fwd(be, L->u, mc_w(net, L, MC_ROLE_SSM_WX), n, d, di, 0.0f, f[XR]);
-  mc_linear_fwd(be, L->u, mc_w(net, L, MC_ROLE_SSM_WB), n, d, N, 0.0f, f[BR]);
-  mc_linear_fwd(be, L->u, mc_w(net, L, MC_ROLE_SSM_WC), n, d, N, 0.0f, f[CR]);
-  mc_linear_fwd(be, L->u, mc_w(net, L, MC_ROLE_SSM_WDT), n, d, hm, 0.0f, f[DTP]);
+  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WZ), n, d, di, 0.0f, f[Z]);
+  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WX), n, d, di, 0.0f, f[XR]);
+  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WB), n, d, N, 0.0f, f[BR]);
+  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WC), n, d, N, 0.0f, f[CR]);
+  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WDT), n, d, hm, 0.0f, f[DTP]);
   be->bias_fwd(be, f[DTP], mc_w(net, L, MC_ROLE_SSM_DT_BIAS), n, hm);
   be->act_fwd(be, MC_ACT_SOFTPLUS, f[DTP], f[DT], (int64_t)n * hm);
   be->conv_fwd(be, f[XR], mc_w(net, L, MC_ROLE_SSM_CONVX_W), mc_w(net, L, MC_ROLE_SSM_CONVX_B), n_seq, T, di, K, f[XCP]);
@@ -43,7 +43,7 @@ static int mamba_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
               hm, m->mamba_head_dim, N, f[Y]);
   be->glu_fwd(be, MC_ACT_SILU, f[Z], f[Y], f[G], (int64_t)n * di);
   be->rmsnorm_fwd(be, f[G], mc_w(net, L, MC_ROLE_SSM_NORM), n, di, m->mamba_head_dim, (float)m->norm_eps, f[GN], f[GRSTD]);
-  mc_linear_fwd(be, f[GN], mc_w(net, L, MC_ROLE_SSM_WOUT), n, di, d, 1.0f, x);
+  mc_linear_fwd(be, f[GN], mc_wm(net, L, MC_ROLE_SSM_WOUT), n, di, d, 1.0f, x);
   return 0;
 }
 
@@ -67,7 +67,7 @@ static int mamba_backward(struct mc_net *net, mc_layer *L, int n_seq, const floa
   const int N = m->ssm_state;
   const int64_t nd = (int64_t)n * di, nn = (int64_t)n * N, nh = (int64_t)n * hm;
   float **f = L->f, **g = net->g;
-  mc_linear_bwd(be, f[GN], mc_w(net, L, MC_ROLE_SSM_WOUT), dy, n, di, d, mc_zeroed(be, g[DGN], nd),
+  mc_linear_bwd(be, f[GN], mc_wm(net, L, MC_ROLE_SSM_WOUT), dy, n, di, d, mc_zeroed(be, g[DGN], nd),
                 mc_g(net, L, MC_ROLE_SSM_WOUT));
   be->rmsnorm_bwd(be, f[G], mc_w(net, L, MC_ROLE_SSM_NORM), f[GRSTD], g[DGN], n, di, m->mamba_head_dim,
                   mc_zeroed(be, g[DG], nd), mc_g(net, L, MC_ROLE_SSM_NORM));
@@ -81,11 +81,11 @@ static int mamba_backward(struct mc_net *net, mc_layer *L, int n_seq, const floa
   conv_silu_bwd(net, L, n_seq, di, f[XR], f[XCP], g[DXC], g[DXCP], g[DXR], MC_ROLE_SSM_CONVX_W, MC_ROLE_SSM_CONVX_B);
   conv_silu_bwd(net, L, n_seq, N, f[BR], f[BCP], g[DBC], g[DBCP], g[DBR], MC_ROLE_SSM_CONVB_W, MC_ROLE_SSM_CONVB_B);
   conv_silu_bwd(net, L, n_seq, N, f[CR], f[CCP], g[DCC], g[DCCP], g[DCR], MC_ROLE_SSM_CONVC_W, MC_ROLE_SSM_CONVC_B);
-  mc_linear_bwd(be, L->u, mc_w(net, L, MC_ROLE_SSM_WZ), g[DZ], n, d, di, du, mc_g(net, L, MC_ROLE_SSM_WZ));
-  mc_linear_bwd(be, L->u, mc_w(net, L, MC_ROLE_SSM_WX), g[DXR], n, d, di, du, mc_g(net, L, MC_ROLE_SSM_WX));
-  mc_linear_bwd(be, L->u, mc_w(net, L, MC_ROLE_SSM_WB), g[DBR], n, d, N, du, mc_g(net, L, MC_ROLE_SSM_WB));
-  mc_linear_bwd(be, L->u, mc_w(net, L, MC_ROLE_SSM_WC), g[DCR], n, d, N, du, mc_g(net, L, MC_ROLE_SSM_WC));
-  mc_linear_bwd(be, L->u, mc_w(net, L, MC_ROLE_SSM_WDT), g[DDTP], n, d, hm, du, mc_g(net, L, MC_ROLE_SSM_WDT));
+  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WZ), g[DZ], n, d, di, du, mc_g(net, L, MC_ROLE_SSM_WZ));
+  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WX), g[DXR], n, d, di, du, mc_g(net, L, MC_ROLE_SSM_WX));
+  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WB), g[DBR], n, d, N, du, mc_g(net, L, MC_ROLE_SSM_WB));
+  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WC), g[DCR], n, d, N, du, mc_g(net, L, MC_ROLE_SSM_WC));
+  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WDT), g[DDTP], n, d, hm, du, mc_g(net, L, MC_ROLE_SSM_WDT));
   return 0;
 }
 

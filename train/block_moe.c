@@ -41,7 +41,7 @@ typedef struct {
 
 /* One grouped product over the experts; a dimension given as -1 is the expert's row count. */
 static int experts_gemm(mc_backend *be, int E, const int32_t *counts, int ta, int tb, int M, int N, int K,
-                        const float *Am, int lda, off_rule ra, const float *Bm, int ldb, off_rule rb, float beta,
+                        const float *Am, int lda, off_rule ra, mc_mat Bm, int ldb, off_rule rb, float beta,
                         float *Cm, int ldc, off_rule rc) {
   int *dims = malloc((size_t)E * 3 * sizeof(int));
   int64_t *offs = malloc((size_t)E * 3 * sizeof(int64_t));
@@ -59,8 +59,12 @@ static int experts_gemm(mc_backend *be, int E, const int32_t *counts, int ta, in
     offs[2 * E + e] = before * rc.per_row + e * rc.per_expert;
     before += counts[e];
   }
-  be->gemm_grouped(be, ta, tb, E, dims, dims + E, dims + 2 * E, 1.0f, Am, offs, lda, Bm, offs + E, ldb, beta, Cm,
-                   offs + 2 * E, ldc);
+  if (Bm.h)
+    be->gemm_grouped_bw(be, ta, tb, E, dims, dims + E, dims + 2 * E, 1.0f, Am, offs, lda, Bm.h, offs + E, ldb, beta,
+                        Cm, offs + 2 * E, ldc);
+  else
+    be->gemm_grouped(be, ta, tb, E, dims, dims + E, dims + 2 * E, 1.0f, Am, offs, lda, Bm.f, offs + E, ldb, beta,
+                     Cm, offs + 2 * E, ldc);
   free(dims), free(offs);
   return 0;
 }
@@ -76,7 +80,7 @@ static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   const int T = net->moe_T, n = n_seq * T, d = m->d_model, E = m->n_experts, k = m->top_k, F = m->expert_hidden;
   float **f = L->f;
   int32_t **iv = L->i;
-  mc_linear_fwd(be, L->u, mc_w(net, L, MC_ROLE_MOE_ROUTER), n, d, E, 0.0f, f[LOGITS]);
+  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_MOE_ROUTER), n, d, E, 0.0f, f[LOGITS]);
   be->moe_route(be, f[LOGITS], n_seq, T, E, k, moe_capacity(m), f[PROBS], iv[IDX], f[GATE], iv[SLOT], iv[COUNTS],
                 f[FR], f[AUX], iv[DROPPED]);
   int32_t dropped = 0;
@@ -90,11 +94,11 @@ static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   be->moe_permute(be, L->u, iv[SLOT], n, k, d, f[XP]);
   const int32_t *c = L->counts_host;
   const off_rule xr = {d, 0}, fr = {F, 0}, w13 = {0, (int64_t)F * d};
-  if (experts_gemm(be, E, c, 0, 1, -1, F, d, f[XP], d, xr, mc_w(net, L, MC_ROLE_MOE_W1), d, w13, 0.0f, f[H1], F, fr) ||
-      experts_gemm(be, E, c, 0, 1, -1, F, d, f[XP], d, xr, mc_w(net, L, MC_ROLE_MOE_W3), d, w13, 0.0f, f[H3], F, fr))
+  if (experts_gemm(be, E, c, 0, 1, -1, F, d, f[XP], d, xr, mc_wm(net, L, MC_ROLE_MOE_W1), d, w13, 0.0f, f[H1], F, fr) ||
+      experts_gemm(be, E, c, 0, 1, -1, F, d, f[XP], d, xr, mc_wm(net, L, MC_ROLE_MOE_W3), d, w13, 0.0f, f[H3], F, fr))
     return -1;
   be->glu_fwd(be, MC_ACT_SILU, f[H1], f[H3], f[A], rows * F);
-  if (experts_gemm(be, E, c, 0, 1, -1, d, F, f[A], F, fr, mc_w(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f, f[YP], d, xr))
+  if (experts_gemm(be, E, c, 0, 1, -1, d, F, f[A], F, fr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f, f[YP], d, xr))
     return -1;
   be->moe_unpermute(be, f[YP], iv[SLOT], f[GATE], n, k, d, x);
   return 0;
@@ -114,16 +118,16 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   be->moe_unpermute_bwd(be, dy, f[YP], iv[SLOT], f[GATE], n, k, d, mc_zeroed(be, g[DYP], rows * d),
                         mc_zeroed(be, g[DGATE], (int64_t)n * k));
   /* w2[e] is [d, F]: dW2[e] += dyp_e^T a_e, da_e = dyp_e w2[e] */
-  if (experts_gemm(be, E, c, 1, 0, d, F, -1, g[DYP], d, xr, f[A], F, fr, 1.0f, mc_g(net, L, MC_ROLE_MOE_W2), F, w13) ||
-      experts_gemm(be, E, c, 0, 0, -1, F, d, g[DYP], d, xr, mc_w(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f, g[DA], F, fr))
+  if (experts_gemm(be, E, c, 1, 0, d, F, -1, g[DYP], d, xr, mc_f32(f[A]), F, fr, 1.0f, mc_g(net, L, MC_ROLE_MOE_W2), F, w13) ||
+      experts_gemm(be, E, c, 0, 0, -1, F, d, g[DYP], d, xr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f, g[DA], F, fr))
     return -1;
   be->glu_bwd(be, MC_ACT_SILU, f[H1], f[H3], g[DA], mc_zeroed(be, g[DH1], rows * F), mc_zeroed(be, g[DH3], rows * F),
               rows * F);
   /* w1[e], w3[e] are [F, d]: dW += dh_e^T xp_e, dxp_e = dh1_e w1[e] + dh3_e w3[e] */
-  if (experts_gemm(be, E, c, 1, 0, F, d, -1, g[DH1], F, fr, f[XP], d, xr, 1.0f, mc_g(net, L, MC_ROLE_MOE_W1), d, w13) ||
-      experts_gemm(be, E, c, 1, 0, F, d, -1, g[DH3], F, fr, f[XP], d, xr, 1.0f, mc_g(net, L, MC_ROLE_MOE_W3), d, w13) ||
-      experts_gemm(be, E, c, 0, 0, -1, d, F, g[DH1], F, fr, mc_w(net, L, MC_ROLE_MOE_W1), d, w13, 0.0f, g[DXP], d, xr) ||
-      experts_gemm(be, E, c, 0, 0, -1, d, F, g[DH3], F, fr, mc_w(net, L, MC_ROLE_MOE_W3), d, w13, 1.0f, g[DXP], d, xr))
+  if (experts_gemm(be, E, c, 1, 0, F, d, -1, g[DH1], F, fr, mc_f32(f[XP]), d, xr, 1.0f, mc_g(net, L, MC_ROLE_MOE_W1), d, w13) ||
+      experts_gemm(be, E, c, 1, 0, F, d, -1, g[DH3], F, fr, mc_f32(f[XP]), d, xr, 1.0f, mc_g(net, L, MC_ROLE_MOE_W3), d, w13) ||
+      experts_gemm(be, E, c, 0, 0, -1, d, F, g[DH1], F, fr, mc_wm(net, L, MC_ROLE_MOE_W1), d, w13, 0.0f, g[DXP], d, xr) ||
+      experts_gemm(be, E, c, 0, 0, -1, d, F, g[DH3], F, fr, mc_wm(net, L, MC_ROLE_MOE_W3), d, w13, 1.0f, g[DXP], d, xr))
     return -1;
   be->moe_permute_bwd(be, g[DXP], iv[SLOT], n, k, d, du);
   /* Under SP on shards f holds the sequence's fractions and P spans tp shards of T positions
@@ -132,7 +136,7 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
    * adds 1/tp of it. */
   be->moe_route_bwd(be, f[PROBS], iv[IDX], f[GATE], g[DGATE], f[FR], n_seq, T, E, k,
                     (float)(seq_weight * m->aux_loss_coef / (net->sp ? net->tp : 1)), mc_zeroed(be, g[DLOGITS], (int64_t)n * E));
-  mc_linear_bwd(be, L->u, mc_w(net, L, MC_ROLE_MOE_ROUTER), g[DLOGITS], n, d, E, du, mc_g(net, L, MC_ROLE_MOE_ROUTER));
+  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_MOE_ROUTER), g[DLOGITS], n, d, E, du, mc_g(net, L, MC_ROLE_MOE_ROUTER));
   return 0;
 }
 

@@ -33,7 +33,8 @@ typedef struct {
 } mc_dist_opt;
 
 /* Binds the optimizer slots of `rank` to the network's parameters (on the network's
- * backend) and sets the master weights from the working weights. */
+ * backend) and sets the master weights from the working weights (from the fp32 initial
+ * values where the working weights are bf16: mc_net_param_initial). */
 int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const mc_comm_groups *comm, int rank);
 void mc_dist_opt_free(mc_dist_opt *d);
 

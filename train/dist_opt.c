@@ -31,6 +31,16 @@ int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const 
       return mc_error("family %s: the network's ZeRO part and the optimizer shard disagree", geo->fams.f[p->fam].name);
     }
     d->grads[s] = p->g;
+    if (p->w16) {
+      /* bf16 working weights (zero 0: the slot is the whole slice): the step writes them
+       * rounded, and the master starts from the fp32 initial draw, not the rounded copy */
+      sl->w_bf16 = p->w16;
+      if (mc_net_param_initial(net, i, sl->master)) {
+        mc_dist_opt_free(d);
+        return mc_error_context("family %s: initial master weights", geo->fams.f[p->fam].name);
+      }
+      continue;
+    }
     if (net->zero == 3) {
       sl->offset = 0; /* the network holds the shard alone */
       d->work[s] = p->ws;
@@ -111,7 +121,8 @@ int mc_dist_publish(mc_dist_opt *d) {
   mc_backend *be = d->net->be;
   for (int s = 0; s < d->opt.n; s++) {
     mc_optim_slot *sl = &d->opt.slots[s];
-    be->copy(be, sl->w_copy, sl->master, sl->numel);
+    if (sl->w_bf16) be->to_bf16(be, sl->master, sl->w_bf16, sl->numel);
+    else be->copy(be, sl->w_copy, sl->master, sl->numel);
   }
   return gather_working(d);
 }

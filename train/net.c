@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/bf16.h"
 #include "plan/mem_cats.h"
 #include "train/device.h"
 #include "train/net_blocks.h"
@@ -52,14 +53,18 @@ static float init_value(const mc_model *m, const mc_family *f, uint64_t seed, ui
   return 0.0f;
 }
 
-/* Fills the local slice [local_start, local_start + local_count) of a family, keyed by the
- * global element index, so every layout draws identical values. */
-static int init_param(mc_net *net, mc_net_param *p, uint64_t seed) {
+/* The fp32 values of the local slice [local_start, local_start + local_count) of a family,
+ * keyed by the global element index, so every layout draws identical values; malloc'd host
+ * array of numel floats, NULL (error set) when out of memory. */
+static float *initial_values(const mc_net *net, const mc_net_param *p) {
   const mc_family *f = &net->geo.fams.f[p->fam];
   const mc_shard *s = &p->shard;
   uint64_t stream = mc_rng_stream_of(f->name);
   float *host = malloc((size_t)(p->numel ? p->numel : 1) * sizeof(float));
-  if (!host) return mc_error("out of memory initialising %s", f->name);
+  if (!host) {
+    mc_error("out of memory initialising %s", f->name);
+    return NULL;
+  }
   int64_t shp[3] = {1, 1, 1}, cnt[3] = {1, 1, 1}, st[3] = {0, 0, 0};
   for (int i = 0; i < f->ndim; i++) shp[i] = f->shape[i], cnt[i] = s->local_count[i], st[i] = s->local_start[i];
   int64_t e = 0;
@@ -67,11 +72,49 @@ static int init_param(mc_net *net, mc_net_param *p, uint64_t seed) {
     for (int64_t b = 0; b < cnt[1]; b++)
       for (int64_t c = 0; c < cnt[2]; c++) {
         uint64_t gi = (uint64_t)(((st[0] + a) * shp[1] + st[1] + b) * shp[2] + st[2] + c);
-        host[e++] = init_value(&net->m, f, seed, stream, gi);
+        host[e++] = init_value(&net->m, f, net->seed, stream, gi);
       }
-  net->be->from_host(net->be, p->w, host, (size_t)p->numel * sizeof(float));
+  return host;
+}
+
+/* Uploads host fp32 values of a param's local slice into its working weights (w, or w16
+ * rounded to bf16 on the host, bit for bit as the backends round). */
+static int upload_working(mc_net *net, mc_net_param *p, const float *host) {
+  mc_backend *be = net->be;
+  if (!p->w16) {
+    be->from_host(be, p->w, host, (size_t)p->numel * sizeof(float));
+    return 0;
+  }
+  mc_bf16 *h16 = malloc((size_t)(p->numel ? p->numel : 1) * sizeof(mc_bf16));
+  if (!h16) return mc_error("out of memory converting %s to bf16", net->geo.fams.f[p->fam].name);
+  for (int64_t i = 0; i < p->numel; i++) h16[i] = mc_bf16_from_float(host[i]);
+  be->from_host(be, p->w16, h16, (size_t)p->numel * sizeof(mc_bf16));
+  int rc = be->sync(be); /* the host buffer is freed next */
+  free(h16);
+  return rc;
+}
+
+static int init_param(mc_net *net, mc_net_param *p) {
+  float *host = initial_values(net, p);
+  if (!host) return -1;
+  int rc = upload_working(net, p, host);
   free(host);
-  return 0;
+  return rc;
+}
+
+int mc_net_param_initial(mc_net *net, int i, float *dst) {
+  if (i < 0 || i >= net->n_params) return mc_error("network: no param %d", i);
+  float *host = initial_values(net, &net->params[i]);
+  if (!host) return -1;
+  net->be->from_host(net->be, dst, host, (size_t)net->params[i].numel * sizeof(float));
+  int rc = net->be->sync(net->be);
+  free(host);
+  return rc;
+}
+
+int mc_net_load_param(mc_net *net, int i, const float *host) {
+  if (i < 0 || i >= net->n_params) return mc_error("network: no param %d", i);
+  return upload_working(net, &net->params[i], host);
 }
 
 /* ------------------------------------------------------------------ creation */
@@ -85,6 +128,10 @@ static int check_layout(const mc_geometry *geo, int rank, const mc_comm_groups *
   if (geo->world > 1 && !mc_backend_is_host(be))
     return mc_error("network: a world of %d ranks runs on the CPU backend only (got backend %s)", geo->world, be->name);
   if (l->pp != 1) return mc_error("not supported yet by the network: pp=%d (pipeline stages)", l->pp);
+  /* bf16 working weights have no ZeRO path (the shard gathers and the post-step copies move fp32). */
+  if (be->bf16_weights && l->zero != 0)
+    return mc_error("not supported yet by the network: parallel.zero=%d with bf16 working weights (train.dtype=bf16); "
+                    "set parallel.zero=0", l->zero);
   if (l->ep != 1) return mc_error("not supported yet by the network: ep=%d (expert parallelism)", l->ep);
   if (rank < 0 || rank >= geo->world) return mc_error("network: rank %d outside world %d", rank, geo->world);
   if (geo->world > 1 && !comm)
@@ -148,6 +195,7 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
   net->Vl = net->Vl < 0 ? 0 : net->Vl > net->Vpl ? net->Vpl : net->Vl;
   net->m = local_model(&geo->model, lay->tp);
   net->rank = rank;
+  net->seed = seed;
   net->n_layers = geo->model.n_layers;
   net->layers = calloc((size_t)(net->n_layers ? net->n_layers : 1), sizeof(mc_layer));
   net->params = calloc((size_t)geo->fams.n, sizeof(mc_net_param));
@@ -181,7 +229,8 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
     int64_t row = p->numel / (sh.local_count[0] > 0 ? sh.local_count[0] : 1);
     p->z_off = (sh.start[0] - sh.local_start[0]) * row;
     p->z_numel = sh.count[0] * row;
-    mc_arena_count(&net->arenas.a[mc_mem_param_cat(f->place)], (net->zero == 3 ? p->z_numel : p->numel) * (int64_t)sizeof(float));
+    const int64_t wbytes = be->bf16_weights && mc_role_is_matmul(f->role) ? (int64_t)sizeof(mc_bf16) : (int64_t)sizeof(float);
+    mc_arena_count(&net->arenas.a[mc_mem_param_cat(f->place)], (net->zero == 3 ? p->z_numel : p->numel) * wbytes);
     mc_arena_count(&net->arenas.a[MC_MEM_GRADS], (net->zero == 3 ? p->z_numel : p->numel) * (int64_t)sizeof(float));
   }
   for (int c = 0; c < MC_MEM_COUNT; c++)
@@ -190,16 +239,23 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
     mc_net_param *p = &net->params[idx];
     const mc_family *f = &geo->fams.f[p->fam];
     const int64_t held = (net->zero == 3 ? p->z_numel : p->numel) * (int64_t)sizeof(float);
-    float *w = mc_arena_take(&net->arenas.a[mc_mem_param_cat(f->place)], held, mc_mem_param_cat(f->place));
-    if (!w || !(p->g = mc_arena_take(&net->arenas.a[MC_MEM_GRADS], held, MC_MEM_GRADS))) goto fail;
-    /* ZeRO 3 initialises the whole local slice in a start-up buffer and keeps its rows. */
-    p->w = net->zero == 3 ? be->alloc(be, (size_t)p->numel * sizeof(float)) : w;
-    if (!p->w || init_param(net, p, seed)) goto fail;
-    if (net->zero == 3) {
-      p->ws = w;
-      be->copy(be, p->ws, p->w + p->z_off, p->z_numel);
-      be->free(be, p->w);
-      p->w = NULL;
+    if (be->bf16_weights && mc_role_is_matmul(f->role)) { /* bf16 working weights (zero is 0 here) */
+      p->w16 = mc_arena_take(&net->arenas.a[mc_mem_param_cat(f->place)], p->numel * (int64_t)sizeof(mc_bf16),
+                             mc_mem_param_cat(f->place));
+      if (!p->w16 || !(p->g = mc_arena_take(&net->arenas.a[MC_MEM_GRADS], held, MC_MEM_GRADS)) || init_param(net, p))
+        goto fail;
+    } else {
+      float *w = mc_arena_take(&net->arenas.a[mc_mem_param_cat(f->place)], held, mc_mem_param_cat(f->place));
+      if (!w || !(p->g = mc_arena_take(&net->arenas.a[MC_MEM_GRADS], held, MC_MEM_GRADS))) goto fail;
+      /* ZeRO 3 initialises the whole local slice in a start-up buffer and keeps its rows. */
+      p->w = net->zero == 3 ? be->alloc(be, (size_t)p->numel * sizeof(float)) : w;
+      if (!p->w || init_param(net, p)) goto fail;
+      if (net->zero == 3) {
+        p->ws = w;
+        be->copy(be, p->ws, p->w + p->z_off, p->z_numel);
+        be->free(be, p->w);
+        p->w = NULL;
+      }
     }
     if (f->layer >= 0) net->layers[f->layer].p[f->role] = idx;
     else if (f->role == MC_ROLE_EMBED) net->fam_embed = idx;
@@ -467,7 +523,7 @@ static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *
     if (net->sp) rc = mc_sp_gather(net, net->ush, net->hf, n_seq, d);
   }
   if (!rc) {
-    mc_linear_fwd(be, net->hf, net->params[net->fam_head].w, n, d, Vp, 0.0f, net->logits);
+    mc_linear_fwd(be, net->hf, mc_param_mat(&net->params[net->fam_head]), n, d, Vp, 0.0f, net->logits);
     if (net->tp > 1) {
       rc = mc_vp_xent_fwd(net, in + n, n);
     } else {
@@ -538,7 +594,8 @@ static int backward(mc_net *net, int n_seq, double ce_weight, double seq_weight)
   /* d(hf): full rows, partial over TP (the head is vocab-parallel) */
   float *dh = net->full, *dh_res = net->full;
   be->fill(be, dh, (int64_t)n * d, 0.0f);
-  mc_linear_bwd(be, net->hf, net->params[net->fam_head].w, net->dlogits, n, d, Vp, dh, net->params[net->fam_head].g);
+  mc_linear_bwd(be, net->hf, mc_param_mat(&net->params[net->fam_head]), net->dlogits, n, d, Vp, dh,
+                net->params[net->fam_head].g);
   if (net->sp) {
     if (mc_sp_reduce_scatter(net, dh, net->ush, n_seq, d)) return -1;
     dh_res = net->ush;

@@ -22,7 +22,9 @@ typedef struct {
   mc_shard shard;   /* mc_shard_of(geo, fam, MC_STATE_PARAM, rank): local_* is what w holds */
   int64_t numel;    /* elements of the local slice */
   float *w;         /* fp32 working weights in backend memory, local slice, row-major (ZeRO 3: only while a
-                       pass uses them, NULL otherwise) */
+                       pass uses them, NULL otherwise; NULL when w16 holds them) */
+  mc_bf16 *w16;     /* the working weights in bf16 instead of w: matrix weights (mc_role_is_matmul) on a
+                       backend with bf16_weights (train.dtype=bf16); NULL otherwise */
   float *g;         /* fp32 gradient accumulator, same shape (ZeRO 3: the shard, z_numel) */
   /* This rank's ZeRO part of the local slice: elements [z_off, z_off + z_numel) (the rows
    * mc_shard_of gives; the whole slice when zero = 0). */
@@ -57,6 +59,12 @@ void mc_net_free(mc_net *net);
 int mc_net_n_params(const mc_net *net);
 mc_net_param *mc_net_param_at(mc_net *net, int i);
 void mc_net_zero_grad(mc_net *net);
+/* Writes the fp32 initial values of param i's local slice (numel elements, as mc_net_create
+ * drew them) into backend memory dst: the optimizer's master copy of a param whose working
+ * weights are bf16 starts from these, not from the rounded working copy. */
+int mc_net_param_initial(mc_net *net, int i, float *dst);
+/* Sets param i's working weights (w or w16) from host fp32 values of its local slice. */
+int mc_net_load_param(mc_net *net, int i, const float *host);
 
 /* Sizes and allocates the activations for micro-batches of up to n_seq sequences now (the
  * trainer calls it at start-up with train.micro_batch); otherwise the first pass does. */

@@ -61,6 +61,7 @@ extern const mc_block_ops mc_block_attn, mc_block_mamba, mc_block_moe, mc_block_
 
 struct mc_net {
   mc_backend *be;
+  uint64_t seed;       /* of the parameter initialisation (mc_net_param_initial redraws it) */
   /* One allocation per category: working params by placement class, gradients and (once
    * mc_net_reserve or the first pass sized them) activations; the tensors below point into
    * them; ZeRO 3's gathered layer in zero3.buffers. The collectives' staging buffers are not
@@ -147,8 +148,25 @@ int mc_dist_reduce_grads(struct mc_net *net, const int *idx, int n, float *const
  * the whole local slices full[k], over the params' groups (shard[k] may be full[k] + z_off). */
 int mc_dist_gather(struct mc_net *net, const int *idx, int n, float *const *shard, float *const *full);
 
-/* Working weight / gradient of a layer's role. */
+/* Working weight / gradient of a layer's role (mc_w: an fp32 weight, not a matrix weight that
+ * may be stored in bf16; those go through mc_wm). */
 static inline float *mc_w(struct mc_net *net, const mc_layer *L, mc_role r) { return net->params[L->p[r]].w; }
+
+/* A matrix-product operand as stored: fp32 (f) or bf16 (h: matrix weights under train.dtype=bf16). */
+typedef struct {
+  const float *f;
+  const mc_bf16 *h;
+} mc_mat;
+static inline mc_mat mc_param_mat(const mc_net_param *p) { return (mc_mat){p->w, p->w16}; }
+static inline mc_mat mc_wm(struct mc_net *net, const mc_layer *L, mc_role r) { return mc_param_mat(&net->params[L->p[r]]); }
+static inline mc_mat mc_f32(const float *x) { return (mc_mat){x, NULL}; }
+
+/* gemm with B as stored (kernels/ops.h: gemm, or gemm_bw for a bf16 B). */
+static inline void mc_gemm_m(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                             mc_mat B, int ldb, float beta, float *C, int ldc) {
+  if (B.h) be->gemm_bw(be, ta, tb, M, N, K, alpha, A, lda, B.h, ldb, beta, C, ldc);
+  else be->gemm(be, ta, tb, M, N, K, alpha, A, lda, B.f, ldb, beta, C, ldc);
+}
 static inline float *mc_g(struct mc_net *net, const mc_layer *L, mc_role r) { return net->params[L->p[r]].g; }
 
 /* Zeroes a gradient buffer and returns it (backward ops accumulate). */
@@ -158,16 +176,16 @@ static inline float *mc_zeroed(mc_backend *be, float *p, int64_t n) {
 }
 
 /* y[n, out] = u[n, in] W[out, in]^T + beta * y */
-static inline void mc_linear_fwd(mc_backend *be, const float *u, const float *W, int n, int in,
-                                 int out, float beta, float *y) {
-  be->gemm(be, 0, 1, n, out, in, 1.0f, u, in, W, in, beta, y, out);
+static inline void mc_linear_fwd(mc_backend *be, const float *u, mc_mat W, int n, int in, int out, float beta,
+                                 float *y) {
+  mc_gemm_m(be, 0, 1, n, out, in, 1.0f, u, in, W, in, beta, y, out);
 }
 
 /* dW[out, in] += dy^T u;  du[n, in] += dy W (skipped when du is NULL). */
-static inline void mc_linear_bwd(mc_backend *be, const float *u, const float *W, const float *dy,
-                                 int n, int in, int out, float *du, float *dW) {
+static inline void mc_linear_bwd(mc_backend *be, const float *u, mc_mat W, const float *dy, int n, int in, int out,
+                                 float *du, float *dW) {
   be->gemm(be, 1, 0, out, in, n, 1.0f, dy, out, u, in, 1.0f, dW, in);
-  if (du) be->gemm(be, 0, 0, n, in, out, 1.0f, dy, out, W, in, 1.0f, du, in);
+  if (du) mc_gemm_m(be, 0, 0, n, in, out, 1.0f, dy, out, W, in, 1.0f, du, in);
 }
 
 #endif

@@ -88,15 +88,13 @@ int mc_net_load(mc_net *net, const mc_geometry *geo, mc_ckpt *ck) {
   for (int i = 0; i < mc_net_n_params(net); i++) {
     mc_net_param *p = mc_net_param_at(net, i);
     const char *name = geo->fams.f[p->fam].name;
-    if (!p->w) return mc_error("loading %s: the network keeps ZeRO-3 shards (load them with mc_dist_load)", name);
-    /* Device backends read through a host copy. */
-    float *host = mc_backend_is_host(be) ? p->w : malloc((size_t)(p->numel + 1) * sizeof(float));
+    if (!p->w && !p->w16)
+      return mc_error("loading %s: the network keeps ZeRO-3 shards (load them with mc_dist_load)", name);
+    /* Device backends and bf16 working weights read through a host copy. */
+    float *host = mc_backend_is_host(be) && p->w ? p->w : malloc((size_t)(p->numel + 1) * sizeof(float));
     if (!host) return mc_error("loading %s: out of host memory", name);
     int rc = mc_ckpt_read(ck, name, MC_STATE_PARAM, p->shard.local_start, p->shard.local_count, host);
-    if (rc == 0 && host != p->w) {
-      be->from_host(be, p->w, host, (size_t)p->numel * sizeof(float));
-      rc = be->sync(be);
-    }
+    if (rc == 0 && host != p->w) rc = mc_net_load_param(net, i, host);
     if (host != p->w) free(host);
     if (rc != 0) return mc_error_context("loading %s from %s", name, mc_ckpt_step_dir(ck));
   }

@@ -26,6 +26,12 @@ void mc_cpu_gemm_grouped(mc_backend *be, int ta, int tb, int groups, const int *
                          const int *K, float alpha, const float *A, const int64_t *a_off, int lda,
                          const float *B, const int64_t *b_off, int ldb, float beta, float *C,
                          const int64_t *c_off, int ldc);
+void mc_cpu_gemm_bw(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                    const mc_bf16 *B16, int ldb, float beta, float *C, int ldc);
+void mc_cpu_gemm_grouped_bw(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K,
+                            float alpha, const float *A, const int64_t *a_off, int lda, const mc_bf16 *B16,
+                            const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc);
+void mc_cpu_to_bf16(mc_backend *be, const float *x, mc_bf16 *y, int64_t n);
 
 void mc_cpu_bias_fwd(mc_backend *be, float *y, const float *b, int n, int c);
 void mc_cpu_bias_bwd(mc_backend *be, const float *dy, int n, int c, float *db);

@@ -2,7 +2,9 @@
  * instance (mc_backend_cuda_bf16: operands rounded to bf16, fp32 accumulation and output).
  * The interface is row-major; cuBLAS is column-major, and a row-major C = op(A) op(B) is the
  * column-major C^T = op(B)^T op(A)^T, so every call swaps the operands (and M with N) and
- * keeps the leading dimensions. */
+ * keeps the leading dimensions. gemm_bw / gemm_grouped_bw take the B operand (a weight) stored
+ * in bf16: the bf16 instance reads it as is (only A is rounded into scratch); the fp32
+ * instance widens it into scratch and multiplies in fp32. */
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/cuda_common.h"
@@ -31,25 +33,31 @@ static int64_t span(int rows, int cols, int ld, int64_t st, int batch) {
   return (int64_t)(batch - 1) * st + (int64_t)(rows - 1) * ld + cols;
 }
 
-/* bf16 copies of both operands in scratch, same layout; NULL on failure (recorded). */
-static __nv_bfloat16 *operands_bf16(mc_backend *be, const float *A, int64_t na, const float *B, int64_t nb,
-                                    __nv_bfloat16 **Bh, const char *op) {
+/* bf16 copies of the operands in scratch, same layout; NULL on failure (recorded). A B
+ * already stored in bf16 (B16) is used in place. */
+static __nv_bfloat16 *operands_bf16(mc_backend *be, const float *A, int64_t na, const float *B, const mc_bf16 *B16,
+                                    int64_t nb, const __nv_bfloat16 **Bh, const char *op) {
   int64_t na_pad = (na + 127) / 128 * 128; /* keep B's copy 256-byte aligned */
-  __nv_bfloat16 *Ah = (__nv_bfloat16 *)mc_cuda_scratch(be, (size_t)(na_pad + nb) * sizeof(__nv_bfloat16), op);
+  size_t elems = (size_t)na_pad + (B16 ? 0 : (size_t)nb);
+  __nv_bfloat16 *Ah = (__nv_bfloat16 *)mc_cuda_scratch(be, elems * sizeof(__nv_bfloat16), op);
   if (!Ah) return NULL;
-  *Bh = Ah + na_pad;
   k_to_bf16<<<mc_cu_grid(na), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(A, Ah, na);
-  k_to_bf16<<<mc_cu_grid(nb), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(B, *Bh, nb);
+  if (B16) {
+    *Bh = (const __nv_bfloat16 *)B16;
+  } else {
+    k_to_bf16<<<mc_cu_grid(nb), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(B, Ah + na_pad, nb);
+    *Bh = Ah + na_pad;
+  }
   mc_cuda_check(be, op);
   return Ah;
 }
 
-/* The bf16 product of gemm_strided's arguments (batch 1 for gemm). */
+/* The bf16 product of gemm_strided's arguments (batch 1 for gemm); B from B16 when given. */
 static void gemm_bf16(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                      int64_t sa, const float *B, int ldb, int64_t sb, float beta, float *C, int ldc, int64_t sc,
-                      int batch) {
-  __nv_bfloat16 *Bh;
-  __nv_bfloat16 *Ah = operands_bf16(be, A, span(ta ? K : M, ta ? M : K, lda, sa, batch), B,
+                      int64_t sa, const float *B, const mc_bf16 *B16, int ldb, int64_t sb, float beta, float *C,
+                      int ldc, int64_t sc, int batch) {
+  const __nv_bfloat16 *Bh;
+  __nv_bfloat16 *Ah = operands_bf16(be, A, span(ta ? K : M, ta ? M : K, lda, sa, batch), B, B16,
                                     span(tb ? N : K, tb ? K : N, ldb, sb, batch), &Bh, "gemm (bf16)");
   if (!Ah) return;
   cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -72,7 +80,7 @@ static void cu_gemm(mc_backend *be, int ta, int tb, int M, int N, int K, float a
     return;
   }
   if (mc_cu(be)->bf16_gemm) {
-    gemm_bf16(be, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+    gemm_bf16(be, ta, tb, M, N, K, alpha, A, lda, 0, B, NULL, ldb, 0, beta, C, ldc, 0, 1);
     return;
   }
   cublasStatus_t st = cublasSgemm(mc_cu(be)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N,
@@ -91,7 +99,7 @@ static void cu_gemm_strided(mc_backend *be, int ta, int tb, int M, int N, int K,
     return;
   }
   if (mc_cu(be)->bf16_gemm) {
-    gemm_bf16(be, ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, batch);
+    gemm_bf16(be, ta, tb, M, N, K, alpha, A, lda, sa, B, NULL, ldb, sb, beta, C, ldc, sc, batch);
     return;
   }
   cublasStatus_t st = cublasSgemmStridedBatched(mc_cu(be)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -118,22 +126,26 @@ __global__ void k_set_ptrs(group_ptrs p, int n, const void **a, const void **b, 
 }
 
 /* Per-group operand of a padded bf16 copy: rows x cols at src (row stride ld). */
-struct pad_src {
-  const float *src[GROUP_CHUNK];
+template <typename T> struct pad_src {
+  const T *src[GROUP_CHUNK];
   int rows[GROUP_CHUNK], cols[GROUP_CHUNK];
 };
 
+static __device__ __forceinline__ __nv_bfloat16 as_bf16(float v) { return __float2bfloat16_rn(v); }
+static __device__ __forceinline__ __nv_bfloat16 as_bf16(__nv_bfloat16 v) { return v; }
+
 /* dst + g*stride = group g's operand rounded to bf16 in a rows_x x ld_x block, zero outside
  * its rows x cols (zero rows and columns add exact zeros to the products). */
-__global__ void k_pad_bf16(pad_src s, int ld, __nv_bfloat16 *dst, int64_t stride, int rows_x, int ld_x) {
+template <typename T>
+__global__ void k_pad_bf16(pad_src<T> s, int ld, __nv_bfloat16 *dst, int64_t stride, int rows_x, int ld_x) {
   int g = blockIdx.y;
-  const float *src = s.src[g];
+  const T *src = s.src[g];
   int rows = s.rows[g], cols = s.cols[g];
   __nv_bfloat16 *d = dst + g * stride;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (int64_t)rows_x * ld_x;
        i += (int64_t)gridDim.x * blockDim.x) {
     int r = (int)(i / ld_x), c = (int)(i % ld_x);
-    d[i] = __float2bfloat16_rn(r < rows && c < cols ? src[(int64_t)r * ld + c] : 0.0f);
+    d[i] = r < rows && c < cols ? as_bf16(src[(int64_t)r * ld + c]) : __float2bfloat16_rn(0.0f);
   }
 }
 
@@ -211,7 +223,8 @@ static void grouped_fp32(mc_backend *be, const chunk *ch, int ta, int tb, const 
  * that one more kernel folds into C (C = alpha * P + beta * C). */
 static void grouped_bf16(mc_backend *be, const chunk *ch, int ta, int tb, const int *M, const int *N, const int *K,
                          float alpha, const float *A, const int64_t *a_off, int lda, const float *B,
-                         const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
+                         const __nv_bfloat16 *B16, const int64_t *b_off, int ldb, float beta, float *C,
+                         const int64_t *c_off, int ldc) {
   int n = ch->n, mx = 0, nx = 0, kx = 0, direct = (ldc % 4) == 0;
   for (int i = 0; i < n; i++) {
     int g = ch->g[i];
@@ -235,17 +248,22 @@ static void grouped_bf16(mc_backend *be, const chunk *ch, int ta, int tb, const 
   __nv_bfloat16 *ah = (__nv_bfloat16 *)(s + ptr_bytes), *bh = ah + n * sa;
   float *P = (float *)(bh + n * sb);
 
-  pad_src pa, pb;
+  pad_src<float> pa, pb;
+  pad_src<__nv_bfloat16> pb16;
   group_ptrs p;
   for (int i = 0; i < n; i++) {
     int g = ch->g[i];
     pa.src[i] = A + a_off[g], pa.rows[i] = ta ? K[g] : M[g], pa.cols[i] = ta ? M[g] : K[g];
-    pb.src[i] = B + b_off[g], pb.rows[i] = tb ? N[g] : K[g], pb.cols[i] = tb ? K[g] : N[g];
+    pb.rows[i] = pb16.rows[i] = tb ? N[g] : K[g], pb.cols[i] = pb16.cols[i] = tb ? K[g] : N[g];
+    if (B16) pb16.src[i] = B16 + b_off[g];
+    else pb.src[i] = B + b_off[g];
     p.a[i] = bh + i * sb, p.b[i] = ah + i * sa, p.c[i] = direct ? C + c_off[g] : P + i * sp;
   }
   cudaStream_t st = mc_cu_stream(be);
-  k_pad_bf16<<<dim3(group_grid((int64_t)a_rows * a_ld), n), MC_CUDA_THREADS, 0, st>>>(pa, lda, ah, sa, a_rows, a_ld);
-  k_pad_bf16<<<dim3(group_grid((int64_t)b_rows * b_ld), n), MC_CUDA_THREADS, 0, st>>>(pb, ldb, bh, sb, b_rows, b_ld);
+  const dim3 ga(group_grid((int64_t)a_rows * a_ld), n), gb(group_grid((int64_t)b_rows * b_ld), n);
+  k_pad_bf16<<<ga, MC_CUDA_THREADS, 0, st>>>(pa, lda, ah, sa, a_rows, a_ld);
+  if (B16) k_pad_bf16<<<gb, MC_CUDA_THREADS, 0, st>>>(pb16, ldb, bh, sb, b_rows, b_ld);
+  else k_pad_bf16<<<gb, MC_CUDA_THREADS, 0, st>>>(pb, ldb, bh, sb, b_rows, b_ld);
   const void **da = (const void **)dp, **db = da + GROUP_CHUNK;
   void **dc = dp + 2 * GROUP_CHUNK;
   k_set_ptrs<<<1, GROUP_CHUNK, 0, st>>>(p, n, da, db, dc);
@@ -270,9 +288,36 @@ static void grouped_bf16(mc_backend *be, const chunk *ch, int ta, int tb, const 
   mc_cuda_check(be, "gemm_grouped (bf16 result)");
 }
 
-static void cu_gemm_grouped(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K,
-                            float alpha, const float *A, const int64_t *a_off, int lda, const float *B,
-                            const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
+/* y = x in bf16 for the plain product of a bf16-stored B on the fp32 instance. */
+__global__ void k_from_bf16(const __nv_bfloat16 *x, float *y, int64_t n) { MC_CU_FOR(i, n) y[i] = __bfloat162float(x[i]); }
+
+static void cu_gemm_bw(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                       const mc_bf16 *B16, int ldb, float beta, float *C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    scale_block(be, C, M, N, ldc, beta);
+    return;
+  }
+  if (mc_cu(be)->bf16_gemm) {
+    gemm_bf16(be, ta, tb, M, N, K, alpha, A, lda, 0, NULL, B16, ldb, 0, beta, C, ldc, 0, 1);
+    return;
+  }
+  /* fp32 instance: the widened weight in scratch, then the fp32 product */
+  const int64_t nb = span(tb ? N : K, tb ? K : N, ldb, 0, 1);
+  float *B = (float *)mc_cuda_scratch(be, (size_t)nb * sizeof(float), "gemm_bw");
+  if (!B) return;
+  k_from_bf16<<<mc_cu_grid(nb), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>((const __nv_bfloat16 *)B16, B, nb);
+  mc_cuda_check(be, "gemm_bw (widening)");
+  cublasStatus_t st = cublasSgemm(mc_cu(be)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N,
+                                  M, K, &alpha, B, ldb, A, lda, &beta, C, ldc);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    mc_cuda_fail(be, "gemm_bw M=%d N=%d K=%d: cuBLAS %s", M, N, K, cublasGetStatusString(st));
+}
+
+/* gemm_grouped with B in fp32 (B) or stored in bf16 (B16, the other NULL). */
+static void grouped(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K, float alpha,
+                    const float *A, const int64_t *a_off, int lda, const float *B, const mc_bf16 *B16,
+                    const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
   chunk ch;
   ch.n = 0;
   for (int g = 0; g <= groups; g++) {
@@ -285,20 +330,53 @@ static void cu_gemm_grouped(mc_backend *be, int ta, int tb, int groups, const in
       ch.g[ch.n++] = g;
     }
     if (ch.n == GROUP_CHUNK || (g == groups && ch.n > 0)) {
-      if (ch.n == 1) { /* one product (a dense MLP as one expert): the plain call, no padding or pointer arrays */
-        int g1 = ch.g[0];
-        cu_gemm(be, ta, tb, M[g1], N[g1], K[g1], alpha, A + a_off[g1], lda, B + b_off[g1], ldb, beta, C + c_off[g1], ldc);
-      } else if (mc_cu(be)->bf16_gemm)
-        grouped_bf16(be, &ch, ta, tb, M, N, K, alpha, A, a_off, lda, B, b_off, ldb, beta, C, c_off, ldc);
-      else
+      if (ch.n == 1 || (B16 && !mc_cu(be)->bf16_gemm)) {
+        /* one product (a dense MLP as one expert), or bf16 weights on the fp32 instance: plain
+         * products, no padded copies or pointer arrays */
+        for (int i = 0; i < ch.n; i++) {
+          const int g1 = ch.g[i];
+          if (B16)
+            cu_gemm_bw(be, ta, tb, M[g1], N[g1], K[g1], alpha, A + a_off[g1], lda, B16 + b_off[g1], ldb, beta,
+                       C + c_off[g1], ldc);
+          else
+            cu_gemm(be, ta, tb, M[g1], N[g1], K[g1], alpha, A + a_off[g1], lda, B + b_off[g1], ldb, beta,
+                    C + c_off[g1], ldc);
+        }
+      } else if (mc_cu(be)->bf16_gemm) {
+        grouped_bf16(be, &ch, ta, tb, M, N, K, alpha, A, a_off, lda, B, (const __nv_bfloat16 *)B16, b_off, ldb, beta,
+                     C, c_off, ldc);
+      } else {
         grouped_fp32(be, &ch, ta, tb, M, N, K, alpha, A, a_off, lda, B, b_off, ldb, beta, C, c_off, ldc);
+      }
       ch.n = 0;
     }
   }
+}
+
+static void cu_gemm_grouped(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K,
+                            float alpha, const float *A, const int64_t *a_off, int lda, const float *B,
+                            const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
+  grouped(be, ta, tb, groups, M, N, K, alpha, A, a_off, lda, B, NULL, b_off, ldb, beta, C, c_off, ldc);
+}
+
+static void cu_gemm_grouped_bw(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K,
+                               float alpha, const float *A, const int64_t *a_off, int lda, const mc_bf16 *B16,
+                               const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
+  grouped(be, ta, tb, groups, M, N, K, alpha, A, a_off, lda, NULL, B16, b_off, ldb, beta, C, c_off, ldc);
+}
+
+static void cu_to_bf16(mc_backend *be, const float *x, mc_bf16 *y, int64_t n) {
+  if (n <= 0) return;
+  k_to_bf16<<<mc_cu_grid(n), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(x, (__nv_bfloat16 *)y, n);
+  mc_cuda_check(be, "to_bf16");
 }
 
 void mc_cuda_install_gemm(mc_backend *be) {
   be->gemm = cu_gemm;
   be->gemm_strided = cu_gemm_strided;
   be->gemm_grouped = cu_gemm_grouped;
+  be->gemm_bw = cu_gemm_bw;
+  be->gemm_grouped_bw = cu_gemm_grouped_bw;
+  be->to_bf16 = cu_to_bf16;
+  be->bf16_weights = mc_cu(be)->bf16_gemm; /* the bf16 instance: the model stores bf16 matrix weights */
 }

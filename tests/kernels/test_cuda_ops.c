@@ -13,6 +13,7 @@
 #include "tests/kernels/kcheck.h"
 #ifdef MC_HAVE_CUDA
 #include "kernels/backend_cuda.h"
+#include "kernels/bf16.h"
 
 /* Tolerances (norm-wise relative error), fp32 on both sides:
  * - TOL_EXACT: the same float operations per element; only FMA contraction and the
@@ -624,6 +625,17 @@ static void b16_long_k(void) {
   free(A), free(B), free(C);
 }
 
+/* A product's device result against the CPU's: the bf16 instance within b16_cmp's bands, the
+ * fp32 one within TOL_GEMM; frees the device buffer. */
+static void product_cmp(mc_backend *be, const char *what, int exact, float *dC, const float *C, int64_t n) {
+  if (be == g16) {
+    b16_cmp(what, exact, dC, C, n);
+    return;
+  }
+  cmp(what, dC, C, n, TOL_GEMM);
+  be->free(be, dC);
+}
+
 /* ------------------------------------------------------------------ ragged grouped products
  * gemm_grouped with 70 groups (more than the backend batches in one cuBLAS call), and with
  * one group (the backend's plain-product path), of ragged shapes, M, N and K from 0 to ~30 with some of each 0, in every transpose, padded leading
@@ -656,12 +668,7 @@ static void ragged_grouped(mc_backend *be, int ta, int tb, int exact, int ng) {
   be->gemm_grouped(be, ta, tb, ng, Ms, Ns, Ks, 0.5f, dA, ao, lda, dB, bo, ldb, 0.25f, dC, co, ldc);
   char what[48];
   snprintf(what, sizeof what, "gemm_grouped %d ragged ta=%d tb=%d", ng, ta, tb);
-  if (be == g16) {
-    b16_cmp(what, exact, dC, C, nc);
-  } else {
-    cmp(what, dC, C, nc, TOL_GEMM);
-    be->free(be, dC);
-  }
+  product_cmp(be, what, exact, dC, C, nc);
   be->free(be, dA), be->free(be, dB);
   free(A), free(B), free(C);
 }
@@ -681,6 +688,78 @@ static void test_ragged_grouped(mc_backend *be) {
   CHECK(be->sync(be) == 0, "ragged grouped: %s", mc_errmsg());
 }
 
+/* ------------------------------------------------------------------ bf16-stored weights
+ * gemm_bw / gemm_grouped_bw (B stored in bf16) on both instances against the CPU's fp32
+ * product on the widened weight: the bf16 instance within b16_cmp's bands (only A is rounded
+ * there), the fp32 instance within TOL_GEMM; one group and three (one empty). to_bf16 must
+ * give kernels/bf16.h's bits, NaN, infinities, ties and subnormals included. */
+static mc_bf16 *b16_weight(float *W, int64_t n, mc_backend *be) {
+  mc_bf16 *h = malloc((size_t)n * sizeof(mc_bf16));
+  for (int64_t i = 0; i < n; i++) h[i] = mc_bf16_from_float(W[i]), W[i] = mc_bf16_to_float(h[i]);
+  mc_bf16 *d = be->alloc(be, (size_t)n * sizeof(mc_bf16));
+  be->from_host(be, d, h, (size_t)n * sizeof(mc_bf16));
+  free(h);
+  return d;
+}
+
+static void b16_weights(mc_backend *be, int exact) {
+  const int M = 67, N = 45, K = 129;
+  char what[64];
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+      int64_t na = (int64_t)(ta ? K : M) * lda, nb = (int64_t)(tb ? N : K) * ldb, nc = (int64_t)M * ldc;
+      float *A = b16_operand(na, exact), *B = b16_operand(nb, exact), *C = b16_operand(nc, exact);
+      mc_bf16 *dB = b16_weight(B, nb, be);
+      float *dA = be->alloc(be, (size_t)na * 4), *dC = be->alloc(be, (size_t)nc * 4);
+      be->from_host(be, dA, A, (size_t)na * 4), be->from_host(be, dC, C, (size_t)nc * 4);
+      cpu->gemm(cpu, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 0.25f, C, ldc);
+      be->gemm_bw(be, ta, tb, M, N, K, 0.5f, dA, lda, dB, ldb, 0.25f, dC, ldc);
+      snprintf(what, sizeof what, "gemm_bw ta=%d tb=%d", ta, tb);
+      product_cmp(be, what, exact, dC, C, nc);
+      be->free(be, dA), be->free(be, dB);
+      free(A), free(B), free(C);
+    }
+  const int d = EXP_D, F = EXP_F, total = EXP_TOTAL;
+  for (int E = 1; E <= EXP_E; E += EXP_E - 1) {
+    float *X = b16_operand((int64_t)total * d, exact), *W = b16_operand((int64_t)E * F * d, exact);
+    float *Y = b16_operand((int64_t)total * F, exact);
+    mc_bf16 *dW = b16_weight(W, (int64_t)E * F * d, be);
+    float *dX = be->alloc(be, (size_t)total * d * 4), *dY = be->alloc(be, (size_t)total * F * 4);
+    be->from_host(be, dX, X, (size_t)total * d * 4), be->from_host(be, dY, Y, (size_t)total * F * 4);
+    int Ms[EXP_E], Ns[EXP_E], Ks[EXP_E];
+    int64_t ao[EXP_E], bo[EXP_E], co[EXP_E];
+    expert_shapes(0, Ms, Ns, Ks, ao, bo, co);
+    cpu->gemm_grouped(cpu, 0, 1, E, Ms, Ns, Ks, 1.0f, X, ao, d, W, bo, d, 0.5f, Y, co, F);
+    be->gemm_grouped_bw(be, 0, 1, E, Ms, Ns, Ks, 1.0f, dX, ao, d, dW, bo, d, 0.5f, dY, co, F);
+    snprintf(what, sizeof what, "gemm_grouped_bw %d group%s", E, E > 1 ? "s" : "");
+    product_cmp(be, what, exact, dY, Y, (int64_t)total * F);
+    be->free(be, dX), be->free(be, dW);
+    free(X), free(W), free(Y);
+  }
+  CHECK(be->sync(be) == 0, "bf16-stored weights: %s", mc_errmsg());
+}
+
+static void test_to_bf16(mc_backend *be) {
+  const int64_t n = 4096;
+  float *x = kc_rand(n, stream_no++, 3.0f);
+  const float special[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -3e-39f, 3.4e38f, -3.39e38f,
+                           1.00390625f /* a tie: rounds to even 1.0 */, 1.01171875f /* tie up */};
+  memcpy(x, special, sizeof special);
+  float *dx = be->alloc(be, (size_t)n * 4);
+  mc_bf16 *dy = be->alloc(be, (size_t)n * 2), *y = malloc((size_t)n * 2);
+  be->from_host(be, dx, x, (size_t)n * 4);
+  be->to_bf16(be, dx, dy, n);
+  be->to_host(be, y, dy, (size_t)n * 2);
+  CHECK(be->sync(be) == 0, "to_bf16: %s", mc_errmsg());
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; i++) bad += y[i] != mc_bf16_from_float(x[i]);
+  printf("  %-26s %9lld  mismatches %lld  %s\n", "to_bf16 (bits)", (long long)n, (long long)bad, bad ? "FAIL" : "ok");
+  CHECK(bad == 0, "to_bf16: %lld of %lld bit patterns differ from kernels/bf16.h", (long long)bad, (long long)n);
+  be->free(be, dx), be->free(be, dy);
+  free(x), free(y);
+}
+
 static void test_bf16(void) {
   g16 = mc_backend_cuda_bf16(0);
   CHECK(g16 != NULL, "the bf16-products backend failed: %s", mc_errmsg());
@@ -692,6 +771,12 @@ static void test_bf16(void) {
   b16_long_k();
   test_ragged_grouped(g16);
   test_ragged_grouped(gpu);
+  b16_weights(g16, 1);
+  b16_weights(g16, 0);
+  b16_weights(gpu, 0);
+  test_to_bf16(gpu);
+  test_to_bf16(g16);
+  CHECK(g16->bf16_weights == 1 && gpu->bf16_weights == 0, "only the bf16 instance asks for bf16 weights");
 }
 
 static double now_s(void) {

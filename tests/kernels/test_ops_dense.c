@@ -4,6 +4,7 @@
  * computed by hand so a forward bug cannot hide behind a matching backward. */
 #include <string.h>
 
+#include "kernels/bf16.h"
 #include "tests/kernels/kcheck.h"
 
 static mc_backend *be;
@@ -74,6 +75,46 @@ static void test_gemm(void) {
     for (int j = 0; j < M * N; j++) CHECK_CLOSE(Cs[i * M * N + j], ref[j], 1e-5);
   }
   free(X), free(W), free(Y), free(Yr), free(dW), free(dWr), free(d0), free(Cs), free(A3), free(B3);
+}
+
+/* gemm_bw / gemm_grouped_bw: bitwise the fp32 products on the weights widened from bf16;
+ * to_bf16: bitwise kernels/bf16.h's rounding. */
+static void test_gemm_bw(void) {
+  const int M = 7, N = 5, K = 6;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      const int lda = (ta ? M : K) + 1, ldb = (tb ? K : N) + 2, brows = tb ? N : K;
+      float *A = kc_rand((ta ? K : M) * lda, 11, 1), *Bf = kc_rand(brows * ldb, 12, 1);
+      mc_bf16 *B16 = malloc(brows * ldb * sizeof(mc_bf16));
+      be->to_bf16(be, Bf, B16, brows * ldb);
+      for (int i = 0; i < brows * ldb; i++) {
+        CHECK(B16[i] == mc_bf16_from_float(Bf[i]), "to_bf16 element %d", i);
+        Bf[i] = mc_bf16_to_float(B16[i]);
+      }
+      float *C = kc_rand(M * N, 13, 1), *R = malloc(M * N * sizeof(float));
+      memcpy(R, C, M * N * sizeof(float));
+      be->gemm_bw(be, ta, tb, M, N, K, 0.5f, A, lda, B16, ldb, 0.75f, C, N);
+      be->gemm(be, ta, tb, M, N, K, 0.5f, A, lda, Bf, ldb, 0.75f, R, N);
+      CHECK(memcmp(C, R, M * N * sizeof(float)) == 0, "gemm_bw ta=%d tb=%d equals gemm on the widened weight", ta, tb);
+      /* grouped: 3 groups of rows (2, 0, 3) against weights [3][N][K] (tb = 1 form) */
+      const int rows[3] = {2, 0, 3};
+      float *X = kc_rand(5 * K, 14, 1), *W = kc_rand(3 * N * K, 15, 1), *Y = kc_rand(5 * N, 16, 1);
+      float *Yr = malloc(5 * N * sizeof(float));
+      mc_bf16 *W16 = malloc(3 * N * K * sizeof(mc_bf16));
+      be->to_bf16(be, W, W16, 3 * N * K);
+      for (int i = 0; i < 3 * N * K; i++) W[i] = mc_bf16_to_float(W16[i]);
+      memcpy(Yr, Y, 5 * N * sizeof(float));
+      int Ms[3], Ns[3], Ks[3];
+      int64_t ao[3], bo[3], co[3];
+      for (int e = 0, off = 0; e < 3; off += rows[e], e++)
+        Ms[e] = rows[e], Ns[e] = N, Ks[e] = K, ao[e] = (int64_t)off * K, bo[e] = (int64_t)e * N * K,
+        co[e] = (int64_t)off * N;
+      be->gemm_grouped_bw(be, 0, 1, 3, Ms, Ns, Ks, 1.0f, X, ao, K, W16, bo, K, 0.5f, Y, co, N);
+      be->gemm_grouped(be, 0, 1, 3, Ms, Ns, Ks, 1.0f, X, ao, K, W, bo, K, 0.5f, Yr, co, N);
+      CHECK(memcmp(Y, Yr, 5 * N * sizeof(float)) == 0, "gemm_grouped_bw equals gemm_grouped on the widened weights");
+      free(A), free(Bf), free(B16), free(C), free(R), free(X), free(W), free(Y), free(Yr), free(W16);
+    }
+  CHECK(be->sync(be) == 0, "bf16-weight products: %s", mc_errmsg());
 }
 
 /* ------------------------------------------------------------------ activations, glu */
@@ -265,6 +306,7 @@ static void test_misc(void) {
 int main(void) {
   be = mc_backend_cpu();
   test_gemm();
+  test_gemm_bw();
   test_act();
   test_embed();
   test_rmsnorm();
