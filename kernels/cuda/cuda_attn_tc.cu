@@ -12,8 +12,10 @@
  * - Backward: one pre-pass rounds q, k, v, dout to bf16 and computes D = rowsum(out * dout)
  *   in fp32; then one kernel owns dq (64 query rows per block, walking key tiles) and one
  *   owns dk, dv (64 keys of a kv head per block, walking the query tiles of every head of
- *   its group), both recomputing p = exp(s - lse) from the saved lse: no atomics, so the
- *   result does not depend on timing. Seven products instead of five (s and dp twice).
+ *   its group, or of one head when such blocks would be too few, the group's partial sums
+ *   then added in order by k_tc_parts), both recomputing p = exp(s - lse) from the saved
+ *   lse: no atomics, so the result does not depend on timing. Seven products instead of
+ *   five (s and dp twice).
  * Softmax statistics, lse, D and every output stay fp32; backward ADDS, as the op contract
  * says. Formulas as in kernels/cpu/cpu_attn.c. */
 #include <cuda_bf16.h>
