@@ -253,7 +253,17 @@ __global__ void k_sumsq_multi(const mt_sumsq_params p, double *part, int accumul
     const int64_t start = (c - p.first[t]) * MT_CHUNK;
     const int64_t end = start + MT_CHUNK < p.n[t] ? start + MT_CHUNK : p.n[t];
     const float *x = p.x[t];
-    for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) s += (double)x[i] * x[i];
+    /* MT_UNROLL loads in flight before the adds, which stay in element order */
+    for (int64_t base = start + threadIdx.x; base < end; base += MT_UNROLL * blockDim.x) {
+      float r[MT_UNROLL];
+#pragma unroll
+      for (int u = 0; u < MT_UNROLL; u++) {
+        int64_t i = base + (int64_t)u * blockDim.x;
+        r[u] = i < end ? x[i] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < MT_UNROLL; u++) s += (double)r[u] * r[u];
+    }
   }
   s = block_sumd(s);
   if (threadIdx.x == 0) part[blockIdx.x] = accumulate ? part[blockIdx.x] + s : s;

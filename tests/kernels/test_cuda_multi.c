@@ -129,7 +129,10 @@ static void test_adamw_multi(void) {
     for (int k = 0; k < 3; k++) free(g3[k]), free(s3[k]);
     free(c), free(b);
   }
-  CHECK(moved == total, "%lld of %lld weights did not move", (long long)(total - moved), (long long)total);
+  /* a weight whose update is under half its ulp (mhat near 0, no decay) keeps its value: a
+   * handful of the 2.9M (5 seen); most must move, or the equalities above prove nothing */
+  CHECK(moved >= total - total / 10000, "%lld of %lld weights did not move", (long long)(total - moved),
+        (long long)total);
   CHECK(diff_cpu == 0, "adamw_multi vs CPU adamw: %lld of %lld values differ (max %lld ulp)", (long long)diff_cpu,
         (long long)(3 * total), (long long)max_ulp);
   CHECK(diff_single == 0, "adamw_multi vs GPU adamw: %lld values differ", (long long)diff_single);
