@@ -214,8 +214,8 @@ static void grouped_fp32(mc_backend *be, const chunk *ch, int ta, int tb, const 
                  K[ch->g[0]], cublasGetStatusString(st));
 }
 
-/* bf16: cuBLAS's grouped call has no bf16-operand, fp32-output form (its bf16 form writes
- * bf16), so the chunk becomes one uniform batched product (cublasGemmBatchedEx, bf16
+/* bf16, small groups: cuBLAS's grouped call has no bf16-operand, fp32-output form (its bf16
+ * form writes bf16), so the chunk becomes one uniform batched product (cublasGemmBatchedEx, bf16
  * operands, fp32 accumulation and output): each group's operands are copied, rounded to
  * bf16, into blocks of the largest M x K and K x N of the chunk, zero-padded. When every
  * group has the largest M and N (only K varies, as in expert weight gradients) and C is
@@ -315,6 +315,48 @@ static void cu_gemm_bw(mc_backend *be, int ta, int tb, int M, int N, int K, floa
 }
 
 /* gemm_grouped with B in fp32 (B) or stored in bf16 (B16, the other NULL). */
+/* bf16, large groups: both operands rounded once over their whole span (a bf16 B is used as
+ * stored), then one cublasGemmEx per group straight into C with alpha and beta: no padding,
+ * no pointer arrays, no fold-back pass. At expert sizes the launches cost little next to the
+ * products, which run at the plain product's speed. */
+static void grouped_bf16_each(mc_backend *be, const chunk *ch, int ta, int tb, const int *M, const int *N,
+                              const int *K, float alpha, const float *A, const int64_t *a_off, int lda, const float *B,
+                              const mc_bf16 *B16, const int64_t *b_off, int ldb, float beta, float *C,
+                              const int64_t *c_off, int ldc) {
+  int64_t na = 0, nb = 0;
+  for (int i = 0; i < ch->n; i++) {
+    const int g = ch->g[i];
+    const int64_t ea = a_off[g] + span(ta ? K[g] : M[g], ta ? M[g] : K[g], lda, 0, 1);
+    const int64_t eb = b_off[g] + span(tb ? N[g] : K[g], tb ? K[g] : N[g], ldb, 0, 1);
+    na = ea > na ? ea : na, nb = eb > nb ? eb : nb;
+  }
+  const __nv_bfloat16 *Bh;
+  __nv_bfloat16 *Ah = operands_bf16(be, A, na, B, B16, nb, &Bh, "gemm_grouped (bf16)");
+  if (!Ah) return;
+  const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  for (int i = 0; i < ch->n; i++) {
+    const int g = ch->g[i];
+    cublasStatus_t st = cublasGemmEx(mc_cu(be)->blas, opb, opa, N[g], M[g], K[g], &alpha, Bh + b_off[g], CUDA_R_16BF,
+                                     ldb, Ah + a_off[g], CUDA_R_16BF, lda, &beta, C + c_off[g], CUDA_R_32F, ldc,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      mc_cuda_fail(be, "gemm_grouped (bf16) group %d: M=%d N=%d K=%d: cuBLAS %s", g, M[g], N[g], K[g],
+                   cublasGetStatusString(st));
+      return;
+    }
+  }
+}
+
+/* Mean multiply-adds per group of a chunk from which grouped_bf16_each beats the padded
+ * batched call (expert products; the padded call wins for many tiny groups). */
+#define GROUP_EACH_MACS (1 << 22)
+
+static int large_groups(const chunk *ch, const int *M, const int *N, const int *K) {
+  double macs = 0;
+  for (int i = 0; i < ch->n; i++) macs += (double)M[ch->g[i]] * N[ch->g[i]] * K[ch->g[i]];
+  return macs >= (double)GROUP_EACH_MACS * ch->n;
+}
+
 static void grouped(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K, float alpha,
                     const float *A, const int64_t *a_off, int lda, const float *B, const mc_bf16 *B16,
                     const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
@@ -342,6 +384,8 @@ static void grouped(mc_backend *be, int ta, int tb, int groups, const int *M, co
             cu_gemm(be, ta, tb, M[g1], N[g1], K[g1], alpha, A + a_off[g1], lda, B + b_off[g1], ldb, beta,
                     C + c_off[g1], ldc);
         }
+      } else if (mc_cu(be)->bf16_gemm && large_groups(&ch, M, N, K)) {
+        grouped_bf16_each(be, &ch, ta, tb, M, N, K, alpha, A, a_off, lda, B, B16, b_off, ldb, beta, C, c_off, ldc);
       } else if (mc_cu(be)->bf16_gemm) {
         grouped_bf16(be, &ch, ta, tb, M, N, K, alpha, A, a_off, lda, B, (const __nv_bfloat16 *)B16, b_off, ldb, beta,
                      C, c_off, ldc);

@@ -22,8 +22,9 @@
  * - TOL_GEMM: fp32 products, cuBLAS blocks and orders the K sum differently (~sqrt(K) eps).
  * - TOL_ATTN: the online softmax rescales partial sums and the backward sums over keys or
  *   queries in tiles of 32 instead of one running float sum.
- * - TOL_SCAN: long fp32 recurrences (T steps) whose per-step sums run in another order;
- *   ssm_bwd adds dB, dC, ddt with float atomics over channels.
+ * - TOL_SCAN: long fp32 recurrences (T steps) whose sums run in another order: the GPU's
+ *   selective scan is the chunked (SSD) form, products inside chunks of 64 and a state pass
+ *   between them (kernels/cuda/cuda_ssd.cu), the CPU's the step-by-step recurrence.
  * - TOL_CPU_FSUM: the CPU reference itself sums over all n rows in float (conv_bwd's dw in
  *   kernels/cpu/cpu_conv.c), an error growing with n (1.1e-6 at n = 4096); the GPU sums in
  *   double, so the difference is the CPU's rounding. */
@@ -740,6 +741,51 @@ static void b16_weights(mc_backend *be, int exact) {
   CHECK(be->sync(be) == 0, "bf16-stored weights: %s", mc_errmsg());
 }
 
+/* Expert-sized groups (the bf16 instance multiplies them one cuBLAS call each, without
+ * padding): rows {300, 0, 257}, d 200, F 256, forward with fp32 and with bf16-stored weights,
+ * and the weight-gradient form (K = the ragged row count), alpha 0.5, beta 0.25. */
+static void b16_large_groups(int exact) {
+  enum { G = 3, D = 200, FF = 256, TOTAL = 557 };
+  const int rows[G] = {300, 0, 257};
+  int Ms[G], Ns[G], Ks[G];
+  int64_t ao[G], bo[G], co[G];
+  float *X = b16_operand((int64_t)TOTAL * D, exact), *W = b16_operand((int64_t)G * FF * D, exact);
+  float *Y = b16_operand((int64_t)TOTAL * FF, exact), *G0 = b16_operand((int64_t)G * FF * D, exact);
+  mc_bf16 *dW16 = b16_weight(W, (int64_t)G * FF * D, g16); /* W now holds the widened values */
+  float *dX = b16_up(X, (int64_t)TOTAL * D), *dW = b16_up(W, (int64_t)G * FF * D);
+  for (int form = 0; form < 3; form++) {
+    for (int e = 0, off = 0; e < G; off += rows[e], e++) {
+      if (form < 2) { /* Y[rows, FF] = X[rows, D] W[e]^T */
+        Ms[e] = rows[e], Ns[e] = FF, Ks[e] = D;
+        ao[e] = (int64_t)off * D, bo[e] = (int64_t)e * FF * D, co[e] = (int64_t)off * FF;
+      } else { /* dW[e][FF, D] += Y_e^T X_e */
+        Ms[e] = FF, Ns[e] = D, Ks[e] = rows[e];
+        ao[e] = (int64_t)off * FF, bo[e] = (int64_t)off * D, co[e] = (int64_t)e * FF * D;
+      }
+    }
+    const int64_t nc = form < 2 ? (int64_t)TOTAL * FF : (int64_t)G * FF * D;
+    float *C = malloc((size_t)nc * sizeof(float));
+    memcpy(C, form < 2 ? Y : G0, (size_t)nc * sizeof(float));
+    float *dC = b16_up(C, nc);
+    if (form < 2) {
+      cpu->gemm_grouped(cpu, 0, 1, G, Ms, Ns, Ks, 0.5f, X, ao, D, W, bo, D, 0.25f, C, co, FF);
+      if (form == 0) g16->gemm_grouped(g16, 0, 1, G, Ms, Ns, Ks, 0.5f, dX, ao, D, dW, bo, D, 0.25f, dC, co, FF);
+      else g16->gemm_grouped_bw(g16, 0, 1, G, Ms, Ns, Ks, 0.5f, dX, ao, D, dW16, bo, D, 0.25f, dC, co, FF);
+    } else {
+      float *dY = b16_up(Y, (int64_t)TOTAL * FF);
+      cpu->gemm_grouped(cpu, 1, 0, G, Ms, Ns, Ks, 0.5f, Y, ao, FF, X, bo, D, 0.25f, C, co, D);
+      g16->gemm_grouped(g16, 1, 0, G, Ms, Ns, Ks, 0.5f, dY, ao, FF, dX, bo, D, 0.25f, dC, co, D);
+      g16->sync(g16);
+      g16->free(g16, dY);
+    }
+    const char *what[3] = {"gemm_grouped large groups", "gemm_grouped_bw large groups", "gemm_grouped large wgrad"};
+    b16_cmp(what[form], exact, dC, C, nc);
+    free(C);
+  }
+  g16->free(g16, dX), g16->free(g16, dW), g16->free(g16, dW16);
+  free(X), free(W), free(Y), free(G0);
+}
+
 static void test_to_bf16(mc_backend *be) {
   const int64_t n = 4096;
   float *x = kc_rand(n, stream_no++, 3.0f);
@@ -771,6 +817,8 @@ static void test_bf16(void) {
   b16_long_k();
   test_ragged_grouped(g16);
   test_ragged_grouped(gpu);
+  b16_large_groups(1);
+  b16_large_groups(0);
   b16_weights(g16, 1);
   b16_weights(g16, 0);
   b16_weights(gpu, 0);
@@ -1107,7 +1155,7 @@ int main(int argc, char **argv) {
   ssm_case(2, 50, 3, 12, 40); /* P not a multiple of 8, N over one warp, a partial chunk */
   ssm_case(3, 64, 4, 32, 16); /* the default config's shape */
   ssm_case(1, 37, 2, 9, 100); /* 4 states per lane, partly masked */
-  ssm_case(2, 21, 1, 8, 256); /* the widest state supported */
+  ssm_case(2, 21, 1, 8, 256); /* a wide state (more than one tile of the chunked scan) */
   test_rglru();
   moe_case(0);
   moe_case(12);
