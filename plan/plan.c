@@ -125,7 +125,8 @@ static int plan_rank(const mc_geometry *g, mc_plan *p, int rank, const stage_act
     r->bytes[pc] += working * (mc_role_is_matmul(f->role) ? p->matmul_bytes : 4);
     r->bytes[MC_MEM_GRADS] += working * 4;
     r->working_elems += working;
-    if (p->bf16)
+    /* fp32 working weights are their own master; bf16 ones need an fp32 master copy */
+    if (p->bf16 && mc_role_is_matmul(f->role))
       r->bytes[f->decay ? MC_MEM_MASTER_DECAY : MC_MEM_MASTER_NO_DECAY] += sh[MC_STATE_PARAM].numel * 4;
     r->bytes[f->decay ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY] +=
         (sh[MC_STATE_EXP_AVG].numel + sh[MC_STATE_EXP_AVG_SQ].numel) * 4;

@@ -18,7 +18,7 @@ typedef enum {
   MC_MEM_PARAMS_TP,             /* working params of TP-sharded families */
   MC_MEM_PARAMS_EP,             /* working params of EP-sharded (expert) families */
   MC_MEM_GRADS,                 /* fp32 gradient accumulators */
-  MC_MEM_MASTER_DECAY,          /* fp32 master weights (bf16 mode only), decay group */
+  MC_MEM_MASTER_DECAY,          /* fp32 master weights of bf16 working weights (bf16 mode only), decay group */
   MC_MEM_MASTER_NO_DECAY,       /*   ... no-decay group */
   MC_MEM_MOMENTS_DECAY,         /* AdamW exp_avg + exp_avg_sq, decay group */
   MC_MEM_MOMENTS_NO_DECAY,      /*   ... no-decay group */

@@ -33,8 +33,9 @@ typedef struct {
 } mc_dist_opt;
 
 /* Binds the optimizer slots of `rank` to the network's parameters (on the network's
- * backend) and sets the master weights from the working weights (from the fp32 initial
- * values where the working weights are bf16: mc_net_param_initial). */
+ * backend). fp32 working weights are their own master copy: a slot's master points at its
+ * rows of them and the step updates them in place. bf16 working weights get a separate fp32
+ * master, filled from the fp32 initial values (mc_net_param_initial). */
 int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const mc_comm_groups *comm, int rank);
 void mc_dist_opt_free(mc_dist_opt *d);
 
@@ -47,7 +48,8 @@ int mc_dist_sync_grads(mc_dist_opt *d);
 int mc_dist_grad_norm(mc_dist_opt *d, double *norm);
 /* AdamW on the rank's shards with the clipping factor, then the working weights. */
 int mc_dist_update(mc_dist_opt *d, const mc_train_cfg *t, double lr, double grad_scale);
-/* Puts the master weights back into the working weights (after loading a checkpoint). */
+/* After loading a checkpoint: the bf16 working weights from their masters (rounded), and
+ * under ZeRO 1 the all-gather of every member's rows into the whole working slices. */
 int mc_dist_publish(mc_dist_opt *d);
 
 /* Sums the statistics of a micro-batch or step over the data-parallel group (TP ranks hold

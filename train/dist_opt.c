@@ -15,7 +15,14 @@
 int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const mc_comm_groups *comm, int rank) {
   memset(d, 0, sizeof *d);
   d->net = net, d->geo = geo, d->comm = comm, d->rank = rank;
-  if (mc_optim_init_on(&d->opt, geo, rank, net->be)) return -1;
+  /* fp32 working weights are the master copy themselves (the slot's rows of them, updated in
+   * place); only bf16 working weights need a separate fp32 master. */
+  unsigned char *external = calloc((size_t)geo->fams.n + 1, 1);
+  if (!external) return mc_error("optimizer: out of memory");
+  for (int i = 0; i < net->n_params; i++) external[net->params[i].fam] = net->params[i].w16 == NULL;
+  int rc = mc_optim_init_with(&d->opt, geo, rank, net->be, external);
+  free(external);
+  if (rc) return -1;
   d->grads = calloc((size_t)d->opt.n + 1, sizeof *d->grads);
   d->work = calloc((size_t)d->opt.n + 1, sizeof *d->work);
   if (!d->grads || !d->work) {
@@ -47,9 +54,8 @@ int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const 
     } else {
       d->work[s] = p->w;
     }
-    /* the step writes the updated rows straight into the working weights */
-    sl->w_copy = d->work[s] + sl->offset;
-    net->be->copy(net->be, sl->master, sl->w_copy, sl->numel);
+    /* the step updates this rank's rows of the working weights in place */
+    sl->master = d->work[s] + sl->offset;
   }
   for (int s = 0; s < d->opt.n; s++)
     if (!d->grads[s]) {
@@ -121,13 +127,12 @@ int mc_dist_publish(mc_dist_opt *d) {
   mc_backend *be = d->net->be;
   for (int s = 0; s < d->opt.n; s++) {
     mc_optim_slot *sl = &d->opt.slots[s];
-    if (sl->w_bf16) be->to_bf16(be, sl->master, sl->w_bf16, sl->numel);
-    else be->copy(be, sl->w_copy, sl->master, sl->numel);
+    if (sl->w_bf16) be->to_bf16(be, sl->master, sl->w_bf16, sl->numel); /* else the master is the working rows */
   }
   return gather_working(d);
 }
 
-/* The step itself writes each slot's working rows (w_copy), so no separate copy here. */
+/* The step updates each slot's master in place: the working rows themselves, or (bf16) it writes them rounded. */
 int mc_dist_update(mc_dist_opt *d, const mc_train_cfg *t, double lr, double grad_scale) {
   mc_optim_step(&d->opt, t, lr, grad_scale, d->grads);
   return gather_working(d);

@@ -16,6 +16,11 @@ static mc_mem_cat master_cat(int decay) { return decay ? MC_MEM_MASTER_DECAY : M
 static mc_mem_cat moments_cat(int decay) { return decay ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY; }
 
 int mc_optim_init_on(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *be) {
+  return mc_optim_init_with(o, geo, rank, be, NULL);
+}
+
+int mc_optim_init_with(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *be,
+                       const unsigned char *external_master) {
   memset(o, 0, sizeof *o);
   o->be = be;
   o->slots = calloc((size_t)geo->fams.n, sizeof *o->slots);
@@ -38,7 +43,8 @@ int mc_optim_init_on(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *
     for (int k = 1; k < sh.ndim; k++) row *= sh.local_count[k];
     s->offset = (sh.start[0] - sh.local_start[0]) * row;
     const int64_t bytes = s->numel * (int64_t)sizeof(float);
-    mc_arena_count(&ar[master_cat(s->decay)], bytes);
+    s->external_master = external_master && external_master[f];
+    if (!s->external_master) mc_arena_count(&ar[master_cat(s->decay)], bytes);
     mc_arena_count(&ar[moments_cat(s->decay)], bytes);
     mc_arena_count(&ar[moments_cat(s->decay)], bytes);
   }
@@ -50,10 +56,10 @@ int mc_optim_init_on(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *
   for (int i = 0; i < o->n; i++) { /* zero-filled, in the counting order */
     mc_optim_slot *s = &o->slots[i];
     const int64_t bytes = s->numel * (int64_t)sizeof(float);
-    s->master = mc_arena_take(&ar[master_cat(s->decay)], bytes, master_cat(s->decay));
+    if (!s->external_master) s->master = mc_arena_take(&ar[master_cat(s->decay)], bytes, master_cat(s->decay));
     s->exp_avg = mc_arena_take(&ar[moments_cat(s->decay)], bytes, moments_cat(s->decay));
     s->exp_avg_sq = mc_arena_take(&ar[moments_cat(s->decay)], bytes, moments_cat(s->decay));
-    if (!s->master || !s->exp_avg || !s->exp_avg_sq) {
+    if ((!s->master && !s->external_master) || !s->exp_avg || !s->exp_avg_sq) {
       mc_optim_free(o);
       return mc_error_context("optimizer, family %s", geo->fams.f[s->fam].name);
     }

@@ -32,6 +32,7 @@ typedef struct {
    * The caller sets them, e.g. to the shard's rows of the working weights. */
   float *w_copy;
   mc_bf16 *w_bf16;
+  int external_master; /* master points at the caller's memory (mc_optim_init_with) */
 } mc_optim_slot;
 
 typedef struct {
@@ -39,8 +40,8 @@ typedef struct {
   int n;
   mc_optim_slot *slots; /* one per family of the rank's stage, in family order */
   int64_t step;         /* optimizer steps taken (t of the last update) */
-  /* One allocation per category: master weights and moments, each by weight-decay group
-   * (the fp32 master copy exists in every dtype: the working weights are fp32 too). */
+  /* One allocation per category: master weights and moments, each by weight-decay group.
+   * A slot whose master is external (mc_optim_init_with) takes no master memory here. */
   mc_arenas arenas;
 } mc_optim;
 
@@ -48,6 +49,11 @@ typedef struct {
  * mc_optim_init uses the CPU backend. */
 int mc_optim_init(mc_optim *o, const mc_geometry *geo, int rank);
 int mc_optim_init_on(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *be);
+/* The same, where external_master[f] != 0 (f a family index; NULL: none) says the caller
+ * points slot.master of family f at fp32 memory of its own (the working weights, which are
+ * then the master copy), so no master memory is allocated for it; master is NULL until then. */
+int mc_optim_init_with(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *be,
+                       const unsigned char *external_master);
 void mc_optim_free(mc_optim *o);
 /* Adds the bytes of the optimizer's arenas to bytes[c] per memory category c. */
 void mc_optim_mem_bytes(const mc_optim *o, int64_t bytes[MC_MEM_COUNT]);

@@ -103,7 +103,7 @@ static void test_totals_grid(void) {
                   for (int d = 0; d < s.ndim; d++) local *= s.local_count[d];
                   const int wb = bf && mc_role_is_matmul(g.fams.f[fi].role) ? 2 : 4;
                   bytes[g.fams.f[fi].place] += (zeros[zi] == 3 ? s.numel : local) * wb;
-                  master += s.numel * 4;
+                  master += bf && mc_role_is_matmul(g.fams.f[fi].role) ? s.numel * 4 : 0;
                   mc_shard_of(&g, fi, MC_STATE_EXP_AVG, r, &s);
                   mom += s.numel * 4;
                   mc_shard_of(&g, fi, MC_STATE_EXP_AVG_SQ, r, &s);
@@ -114,7 +114,7 @@ static void test_totals_grid(void) {
                 CHECK(pr->bytes[MC_MEM_PARAMS_TP] == bytes[MC_PLACE_TP], "tp params rank %d", r);
                 CHECK(pr->bytes[MC_MEM_PARAMS_EP] == bytes[MC_PLACE_EP], "ep params rank %d", r);
                 CHECK(pr->bytes[MC_MEM_MOMENTS_DECAY] + pr->bytes[MC_MEM_MOMENTS_NO_DECAY] == mom, "moments rank %d", r);
-                CHECK(pr->bytes[MC_MEM_MASTER_DECAY] + pr->bytes[MC_MEM_MASTER_NO_DECAY] == (bf ? master : 0),
+                CHECK(pr->bytes[MC_MEM_MASTER_DECAY] + pr->bytes[MC_MEM_MASTER_NO_DECAY] == master,
                       "master rank %d (bf16=%d)", r, bf);
                 int64_t sum = 0;
                 for (int c = 0; c < MC_MEM_COUNT; c++) sum += pr->bytes[c];
@@ -210,8 +210,10 @@ static void test_dtype(void) {
   CHECK(matmul > 0 && matmul < p2.model_elems, "the tiny model has matrix weights and other params");
   CHECK(params4 == 4 * p4.model_elems && params2 == 2 * matmul + 4 * (p2.model_elems - matmul),
         "fp32: 4 bytes per param; bf16: 2 bytes per matrix weight, 4 for the rest");
-  CHECK(rank_bytes(&p2, 0, MC_MEM_MASTER_DECAY) + rank_bytes(&p2, 0, MC_MEM_MASTER_NO_DECAY) == 4 * p2.model_elems,
-        "bf16 keeps an fp32 master");
+  CHECK(rank_bytes(&p2, 0, MC_MEM_MASTER_DECAY) + rank_bytes(&p2, 0, MC_MEM_MASTER_NO_DECAY) == 4 * matmul,
+        "bf16 keeps an fp32 master of the bf16 matrix weights");
+  CHECK(rank_bytes(&p4, 0, MC_MEM_MASTER_DECAY) + rank_bytes(&p4, 0, MC_MEM_MASTER_NO_DECAY) == 0,
+        "fp32 working weights are their own master");
   CHECK(rank_bytes(&p4, 0, MC_MEM_MOMENTS_DECAY) + rank_bytes(&p4, 0, MC_MEM_MOMENTS_NO_DECAY) == 8 * p4.model_elems,
         "two fp32 moments");
   CHECK(rank_bytes(&p2, 0, MC_MEM_GRADS) == 4 * p2.model_elems, "fp32 gradients");
