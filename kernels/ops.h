@@ -43,13 +43,19 @@ typedef struct {
   mc_bf16 *w_bf16;     /* optional (NULL): the updated w rounded to bf16 is written here */
 } mc_adamw_tensor;
 
+/* A matrix-product operand as stored: fp32 (f) or bf16 (h); exactly one is set. */
+typedef struct {
+  const float *f;
+  const mc_bf16 *h;
+} mc_operand;
+
 typedef struct mc_backend mc_backend;
 
 struct mc_backend {
   const char *name; /* "cpu", "cuda" */
   void *ctx;        /* backend private state */
   /* 1 when the model keeps its matrix weights in bf16 on this backend (train.dtype=bf16: the
-   * products read them through gemm_bw / gemm_grouped_bw); 0: fp32 weights. */
+   * products read them through gemm_ex / gemm_grouped_ex); 0: fp32 weights. */
   int bf16_weights;
 
   /* ---- memory */
@@ -97,15 +103,15 @@ struct mc_backend {
                        const int *N, const int *K, float alpha, const float *A,
                        const int64_t *a_off, int lda, const float *B, const int64_t *b_off,
                        int ldb, float beta, float *C, const int64_t *c_off, int ldc);
-  /* gemm and gemm_grouped with the B operand (a weight) stored in bf16, A and C fp32: the
-   * same result as on B's values widened (exactly) to fp32. The bf16 CUDA instance feeds the
-   * stored bf16 straight to its tensor cores. */
-  void (*gemm_bw)(mc_backend *be, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
-                  int lda, const mc_bf16 *B, int ldb, float beta, float *C, int ldc);
-  void (*gemm_grouped_bw)(mc_backend *be, int trans_a, int trans_b, int groups, const int *M, const int *N,
-                          const int *K, float alpha, const float *A, const int64_t *a_off, int lda,
-                          const mc_bf16 *B, const int64_t *b_off, int ldb, float beta, float *C,
-                          const int64_t *c_off, int ldc);
+  /* gemm and gemm_grouped on operands stored in fp32 or bf16 (mc_operand: the bf16 matrix
+   * weights, and activations kept in bf16 for the products under train.dtype=bf16): the same
+   * result as on the operands widened (exactly) to fp32; C is fp32. The bf16 CUDA instance
+   * feeds stored bf16 straight to its tensor cores and rounds only fp32 operands. */
+  void (*gemm_ex)(mc_backend *be, int trans_a, int trans_b, int M, int N, int K, float alpha, mc_operand A,
+                  int lda, mc_operand B, int ldb, float beta, float *C, int ldc);
+  void (*gemm_grouped_ex)(mc_backend *be, int trans_a, int trans_b, int groups, const int *M, const int *N,
+                          const int *K, float alpha, mc_operand A, const int64_t *a_off, int lda, mc_operand B,
+                          const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc);
   /* y = x rounded to bf16 (to nearest even, as kernels/bf16.h). */
   void (*to_bf16)(mc_backend *be, const float *x, mc_bf16 *y, int64_t n);
 

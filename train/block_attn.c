@@ -5,7 +5,8 @@
 enum { Q, K, V, O, LSE };           /* saved activations */
 enum { DO, DQ, DK, DV, DQP, DKP };  /* gradient scratch */
 
-static void attn_sizes(const mc_model *m, int n_seq, mc_block_sizes *s) {
+static void attn_sizes(const mc_model *m, int n_seq, int act16, mc_block_sizes *s) {
+  (void)act16; /* its u16 is the layer's (train/net.c) */
   int64_t n = (int64_t)n_seq * m->seq_len, q = (int64_t)m->n_heads * m->head_dim;
   int64_t kv = (int64_t)m->n_kv_heads * m->head_dim;
   s->f[Q] = s->f[O] = n * q;
@@ -19,13 +20,13 @@ static int attn_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   mc_backend *be = net->be;
   const mc_model *m = &net->m;
   const int T = m->seq_len, n = n_seq * T, d = m->d_model, H = m->n_heads, KV = m->n_kv_heads, hd = m->head_dim;
-  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_ATTN_WQ), n, d, H * hd, 0.0f, L->f[Q]);
-  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_ATTN_WK), n, d, KV * hd, 0.0f, L->f[K]);
-  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_ATTN_WV), n, d, KV * hd, 0.0f, L->f[V]);
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WQ), n, d, H * hd, 0.0f, L->f[Q]);
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WK), n, d, KV * hd, 0.0f, L->f[K]);
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WV), n, d, KV * hd, 0.0f, L->f[V]);
   be->rope_fwd(be, L->f[Q], n, T, H, hd, m->rope_theta);
   be->rope_fwd(be, L->f[K], n, T, KV, hd, m->rope_theta);
   be->attn_fwd(be, L->f[Q], L->f[K], L->f[V], n_seq, T, H, KV, hd, L->f[O], L->f[LSE]);
-  mc_linear_fwd(be, L->f[O], mc_wm(net, L, MC_ROLE_ATTN_WO), n, H * hd, d, 1.0f, x);
+  mc_linear_fwd(be, mc_f32(L->f[O]), mc_wm(net, L, MC_ROLE_ATTN_WO), n, H * hd, d, 1.0f, x);
   return 0;
 }
 
@@ -37,15 +38,15 @@ static int attn_backward(struct mc_net *net, mc_layer *L, int n_seq, const float
   const int T = m->seq_len, n = n_seq * T, d = m->d_model, H = m->n_heads, KV = m->n_kv_heads, hd = m->head_dim;
   float **g = net->g;
   const int64_t nq = (int64_t)n * H * hd, nkv = (int64_t)n * KV * hd;
-  mc_linear_bwd(be, L->f[O], mc_wm(net, L, MC_ROLE_ATTN_WO), dy, n, H * hd, d, mc_zeroed(be, g[DO], nq),
+  mc_linear_bwd(be, mc_f32(L->f[O]), mc_wm(net, L, MC_ROLE_ATTN_WO), mc_f32(dy), n, H * hd, d, mc_zeroed(be, g[DO], nq),
                 mc_g(net, L, MC_ROLE_ATTN_WO));
   be->attn_bwd(be, L->f[Q], L->f[K], L->f[V], L->f[O], L->f[LSE], g[DO], n_seq, T, H, KV, hd,
                mc_zeroed(be, g[DQ], nq), mc_zeroed(be, g[DK], nkv), mc_zeroed(be, g[DV], nkv));
   be->rope_bwd(be, g[DQ], mc_zeroed(be, g[DQP], nq), n, T, H, hd, m->rope_theta);
   be->rope_bwd(be, g[DK], mc_zeroed(be, g[DKP], nkv), n, T, KV, hd, m->rope_theta);
-  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_ATTN_WQ), g[DQP], n, d, H * hd, du, mc_g(net, L, MC_ROLE_ATTN_WQ));
-  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_ATTN_WK), g[DKP], n, d, KV * hd, du, mc_g(net, L, MC_ROLE_ATTN_WK));
-  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_ATTN_WV), g[DV], n, d, KV * hd, du, mc_g(net, L, MC_ROLE_ATTN_WV));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WQ), mc_f32(g[DQP]), n, d, H * hd, du, mc_g(net, L, MC_ROLE_ATTN_WQ));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WK), mc_f32(g[DKP]), n, d, KV * hd, du, mc_g(net, L, MC_ROLE_ATTN_WK));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WV), mc_f32(g[DV]), n, d, KV * hd, du, mc_g(net, L, MC_ROLE_ATTN_WV));
   return 0;
 }
 

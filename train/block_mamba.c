@@ -8,7 +8,8 @@
 enum { Z, XR, XCP, XC, BR, BCP, BC, CR, CCP, CC, DTP, DT, Y, G, GN, GRSTD }; /* saved */
 enum { DGN, DG, DZ, DY, DXC, DXCP, DXR, DBC, DBCP, DBR, DCC, DCCP, DCR, DDT, DDTP }; /* grads */
 
-static void mamba_sizes(const mc_model *m, int n_seq, mc_block_sizes *s) {
+static void mamba_sizes(const mc_model *m, int n_seq, int act16, mc_block_sizes *s) {
+  (void)act16; /* its u16 is the layer's (train/net.c) */
   int64_t n = (int64_t)n_seq * m->seq_len, di = m->mamba_inner, hm = mc_mamba_heads(m), N = m->ssm_state;
   for (int i = Z; i <= XC; i++) s->f[i] = n * di;
   for (int i = BR; i <= CC; i++) s->f[i] = n * N;
@@ -26,11 +27,11 @@ static int mamba_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   const int T = m->seq_len, n = n_seq * T, d = m->d_model, di = m->mamba_inner, hm = mc_mamba_heads(m);
   const int N = m->ssm_state, K = m->conv_width;
   float **f = L->f;
-  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WZ), n, d, di, 0.0f, f[Z]);
-  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WX), n, d, di, 0.0f, f[XR]);
-  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WB), n, d, N, 0.0f, f[BR]);
-  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WC), n, d, N, 0.0f, f[CR]);
-  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WDT), n, d, hm, 0.0f, f[DTP]);
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WZ), n, d, di, 0.0f, f[Z]);
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WX), n, d, di, 0.0f, f[XR]);
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WB), n, d, N, 0.0f, f[BR]);
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WC), n, d, N, 0.0f, f[CR]);
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WDT), n, d, hm, 0.0f, f[DTP]);
   be->bias_fwd(be, f[DTP], mc_w(net, L, MC_ROLE_SSM_DT_BIAS), n, hm);
   be->act_fwd(be, MC_ACT_SOFTPLUS, f[DTP], f[DT], (int64_t)n * hm);
   be->conv_fwd(be, f[XR], mc_w(net, L, MC_ROLE_SSM_CONVX_W), mc_w(net, L, MC_ROLE_SSM_CONVX_B), n_seq, T, di, K, f[XCP]);
@@ -43,7 +44,7 @@ static int mamba_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
               hm, m->mamba_head_dim, N, f[Y]);
   be->glu_fwd(be, MC_ACT_SILU, f[Z], f[Y], f[G], (int64_t)n * di);
   be->rmsnorm_fwd(be, f[G], mc_w(net, L, MC_ROLE_SSM_NORM), n, di, m->mamba_head_dim, (float)m->norm_eps, f[GN], f[GRSTD]);
-  mc_linear_fwd(be, f[GN], mc_wm(net, L, MC_ROLE_SSM_WOUT), n, di, d, 1.0f, x);
+  mc_linear_fwd(be, mc_f32(f[GN]), mc_wm(net, L, MC_ROLE_SSM_WOUT), n, di, d, 1.0f, x);
   return 0;
 }
 
@@ -67,7 +68,7 @@ static int mamba_backward(struct mc_net *net, mc_layer *L, int n_seq, const floa
   const int N = m->ssm_state;
   const int64_t nd = (int64_t)n * di, nn = (int64_t)n * N, nh = (int64_t)n * hm;
   float **f = L->f, **g = net->g;
-  mc_linear_bwd(be, f[GN], mc_wm(net, L, MC_ROLE_SSM_WOUT), dy, n, di, d, mc_zeroed(be, g[DGN], nd),
+  mc_linear_bwd(be, mc_f32(f[GN]), mc_wm(net, L, MC_ROLE_SSM_WOUT), mc_f32(dy), n, di, d, mc_zeroed(be, g[DGN], nd),
                 mc_g(net, L, MC_ROLE_SSM_WOUT));
   be->rmsnorm_bwd(be, f[G], mc_w(net, L, MC_ROLE_SSM_NORM), f[GRSTD], g[DGN], n, di, m->mamba_head_dim,
                   mc_zeroed(be, g[DG], nd), mc_g(net, L, MC_ROLE_SSM_NORM));
@@ -81,11 +82,11 @@ static int mamba_backward(struct mc_net *net, mc_layer *L, int n_seq, const floa
   conv_silu_bwd(net, L, n_seq, di, f[XR], f[XCP], g[DXC], g[DXCP], g[DXR], MC_ROLE_SSM_CONVX_W, MC_ROLE_SSM_CONVX_B);
   conv_silu_bwd(net, L, n_seq, N, f[BR], f[BCP], g[DBC], g[DBCP], g[DBR], MC_ROLE_SSM_CONVB_W, MC_ROLE_SSM_CONVB_B);
   conv_silu_bwd(net, L, n_seq, N, f[CR], f[CCP], g[DCC], g[DCCP], g[DCR], MC_ROLE_SSM_CONVC_W, MC_ROLE_SSM_CONVC_B);
-  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WZ), g[DZ], n, d, di, du, mc_g(net, L, MC_ROLE_SSM_WZ));
-  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WX), g[DXR], n, d, di, du, mc_g(net, L, MC_ROLE_SSM_WX));
-  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WB), g[DBR], n, d, N, du, mc_g(net, L, MC_ROLE_SSM_WB));
-  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WC), g[DCR], n, d, N, du, mc_g(net, L, MC_ROLE_SSM_WC));
-  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_SSM_WDT), g[DDTP], n, d, hm, du, mc_g(net, L, MC_ROLE_SSM_WDT));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WZ), mc_f32(g[DZ]), n, d, di, du, mc_g(net, L, MC_ROLE_SSM_WZ));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WX), mc_f32(g[DXR]), n, d, di, du, mc_g(net, L, MC_ROLE_SSM_WX));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WB), mc_f32(g[DBR]), n, d, N, du, mc_g(net, L, MC_ROLE_SSM_WB));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WC), mc_f32(g[DCR]), n, d, N, du, mc_g(net, L, MC_ROLE_SSM_WC));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WDT), mc_f32(g[DDTP]), n, d, hm, du, mc_g(net, L, MC_ROLE_SSM_WDT));
   return 0;
 }
 

@@ -6,7 +6,8 @@
 enum { XB, GP, RP, R, IP, GX, H, O };        /* saved */
 enum { DO, DGP, DH, DGX, DR, DRP, DIP, DXB }; /* grads */
 
-static void rec_sizes(const mc_model *m, int n_seq, mc_block_sizes *s) {
+static void rec_sizes(const mc_model *m, int n_seq, int act16, mc_block_sizes *s) {
+  (void)act16; /* its u16 is the layer's (train/net.c) */
   int64_t nd = (int64_t)n_seq * m->seq_len * m->rec_width;
   for (int i = XB; i <= O; i++) s->f[i] = nd;
   for (int i = DO; i <= DXB; i++) s->g[i] = nd;
@@ -18,17 +19,17 @@ static int rec_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   const int T = m->seq_len, n = n_seq * T, d = m->d_model, dr = m->rec_width;
   const int64_t nd = (int64_t)n * dr;
   float **f = L->f;
-  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_REC_WX), n, d, dr, 0.0f, f[XB]);
-  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_REC_WGATE), n, d, dr, 0.0f, f[GP]);
-  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_REC_WR), n, d, dr, 0.0f, f[RP]);
-  mc_linear_fwd(be, L->u, mc_wm(net, L, MC_ROLE_REC_WI), n, d, dr, 0.0f, f[IP]);
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WX), n, d, dr, 0.0f, f[XB]);
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WGATE), n, d, dr, 0.0f, f[GP]);
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WR), n, d, dr, 0.0f, f[RP]);
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WI), n, d, dr, 0.0f, f[IP]);
   be->bias_fwd(be, f[RP], mc_w(net, L, MC_ROLE_REC_BR), n, dr);
   be->bias_fwd(be, f[IP], mc_w(net, L, MC_ROLE_REC_BI), n, dr);
   be->act_fwd(be, MC_ACT_SIGMOID, f[RP], f[R], nd);
   be->glu_fwd(be, MC_ACT_SIGMOID, f[IP], f[XB], f[GX], nd);
   be->rglru_fwd(be, f[GX], f[R], mc_w(net, L, MC_ROLE_REC_LAMBDA), n_seq, T, dr, f[H]);
   be->glu_fwd(be, MC_ACT_GELU, f[GP], f[H], f[O], nd);
-  mc_linear_fwd(be, f[O], mc_wm(net, L, MC_ROLE_REC_WOUT), n, dr, d, 1.0f, x);
+  mc_linear_fwd(be, mc_f32(f[O]), mc_wm(net, L, MC_ROLE_REC_WOUT), n, dr, d, 1.0f, x);
   return 0;
 }
 
@@ -40,7 +41,7 @@ static int rec_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   const int T = m->seq_len, n = n_seq * T, d = m->d_model, dr = m->rec_width;
   const int64_t nd = (int64_t)n * dr;
   float **f = L->f, **g = net->g;
-  mc_linear_bwd(be, f[O], mc_wm(net, L, MC_ROLE_REC_WOUT), dy, n, dr, d, mc_zeroed(be, g[DO], nd),
+  mc_linear_bwd(be, mc_f32(f[O]), mc_wm(net, L, MC_ROLE_REC_WOUT), mc_f32(dy), n, dr, d, mc_zeroed(be, g[DO], nd),
                 mc_g(net, L, MC_ROLE_REC_WOUT));
   be->glu_bwd(be, MC_ACT_GELU, f[GP], f[H], g[DO], mc_zeroed(be, g[DGP], nd), mc_zeroed(be, g[DH], nd), nd);
   be->rglru_bwd(be, f[GX], f[R], mc_w(net, L, MC_ROLE_REC_LAMBDA), f[H], g[DH], n_seq, T, dr,
@@ -49,10 +50,10 @@ static int rec_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   be->act_bwd(be, MC_ACT_SIGMOID, f[RP], g[DR], mc_zeroed(be, g[DRP], nd), nd);
   be->bias_bwd(be, g[DRP], n, dr, mc_g(net, L, MC_ROLE_REC_BR));
   be->bias_bwd(be, g[DIP], n, dr, mc_g(net, L, MC_ROLE_REC_BI));
-  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_REC_WX), g[DXB], n, d, dr, du, mc_g(net, L, MC_ROLE_REC_WX));
-  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_REC_WGATE), g[DGP], n, d, dr, du, mc_g(net, L, MC_ROLE_REC_WGATE));
-  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_REC_WR), g[DRP], n, d, dr, du, mc_g(net, L, MC_ROLE_REC_WR));
-  mc_linear_bwd(be, L->u, mc_wm(net, L, MC_ROLE_REC_WI), g[DIP], n, d, dr, du, mc_g(net, L, MC_ROLE_REC_WI));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WX), mc_f32(g[DXB]), n, d, dr, du, mc_g(net, L, MC_ROLE_REC_WX));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WGATE), mc_f32(g[DGP]), n, d, dr, du, mc_g(net, L, MC_ROLE_REC_WGATE));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WR), mc_f32(g[DRP]), n, d, dr, du, mc_g(net, L, MC_ROLE_REC_WR));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WI), mc_f32(g[DIP]), n, d, dr, du, mc_g(net, L, MC_ROLE_REC_WI));
   return 0;
 }
 

@@ -282,12 +282,13 @@ static void free_activations(mc_net *net) {
     for (int i = 0; i < MC_LAYER_IBUFS; i++) l->i[i] = NULL;
     free(l->counts_host), free(l->aux_host);
     l->x_in = l->u = l->rstd = NULL;
+    l->u16 = NULL;
     l->counts_host = NULL;
     l->aux_host = NULL;
   }
   float **bufs[] = {&net->x,    &net->hf,  &net->rstd_f, &net->logits, &net->loss,     &net->lse,
                     &net->dx,   &net->du,  &net->y,      &net->ush,    &net->full,     &net->pack,     &net->ufull,
-                    &net->dlogits, &net->emb_rows, &net->emb_gate};
+                    &net->dlogits, &net->emb_rows, &net->emb_gate, &net->u_shared};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = NULL;
   for (int i = 0; i < MC_NET_GBUFS; i++) net->g[i] = NULL;
   net->tok_in = net->tok_tgt = net->emb_tok = net->emb_slot = NULL;
@@ -327,6 +328,10 @@ void mc_net_zero_grad(mc_net *net) {
 
 /* ------------------------------------------------------------------ activations */
 
+/* Whether layer l keeps its normed input for the backward as bf16 only: mc_act16, and a block
+ * whose u feeds nothing but matrix products (an E block also routes and permutes it in fp32). */
+static int keeps_u16(const mc_net *net, const mc_layer *l) { return mc_act16(net) && l->kind != 'E'; }
+
 /* Places the activations and gradient scratch for micro-batches of n_seq sequences in the
  * activations arena: counts them (count = 1) or carves them (count = 0), in the same order.
  * n rows are whole sequences, nl rows the residual stream (a sequence shard under SP). */
@@ -346,9 +351,10 @@ static int place_activations(mc_net *net, int n_seq, int count) {
     mc_layer *l = &net->layers[L];
     mc_block_sizes s;
     memset(&s, 0, sizeof s);
-    block_ops(l->kind)->sizes(m, n_seq, &s);
+    block_ops(l->kind)->sizes(m, n_seq, mc_act16(net), &s);
     ALLOC(l->x_in, nl * d);
-    ALLOC(l->u, nl * d); /* under SP the shard; blocks that need whole sequences re-gather it */
+    if (keeps_u16(net, l)) ALLOC(l->u16, nl * d); /* u itself: net->u_shared */
+    else ALLOC(l->u, nl * d); /* under SP the shard; blocks that need whole sequences re-gather it */
     ALLOC(l->rstd, nl);
     for (int i = 0; i < MC_LAYER_FBUFS; i++)
       if (s.f[i]) ALLOC(l->f[i], s.f[i]);
@@ -363,6 +369,13 @@ static int place_activations(mc_net *net, int n_seq, int count) {
   }
   for (int i = 0; i < MC_NET_GBUFS; i++)
     if (gmax[i]) ALLOC(net->g[i], gmax[i]);
+  int any_u16 = 0;
+  for (int L = 0; L < net->n_layers; L++) any_u16 |= keeps_u16(net, &net->layers[L]);
+  if (any_u16) {
+    ALLOC(net->u_shared, nl * d);
+    for (int L = 0; L < net->n_layers && !count; L++)
+      if (keeps_u16(net, &net->layers[L])) net->layers[L].u = net->u_shared;
+  }
   ALLOC(net->tok_in, n);
   ALLOC(net->tok_tgt, n);
   ALLOC(net->x, nl * d);
@@ -462,6 +475,7 @@ static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
   const int d = net->m.d_model, n = n_seq * net->m.seq_len, nl = n_seq * net->T_res;
   const block_rows how = rows_of(net, l);
   be->rmsnorm_fwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), nl, d, d, (float)net->m.norm_eps, l->u, l->rstd);
+  if (l->u16) be->to_bf16(be, l->u, l->u16, (int64_t)nl * d); /* rounded once for all its products */
   const int rows = how == ROWS_LOCAL ? nl : n;
   be->fill(be, net->y, (int64_t)rows * d, 0.0f);
   if (with_whole_input(net, l, n_seq, how, 1)) return -1;
@@ -523,7 +537,7 @@ static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *
     if (net->sp) rc = mc_sp_gather(net, net->ush, net->hf, n_seq, d);
   }
   if (!rc) {
-    mc_linear_fwd(be, net->hf, mc_param_mat(&net->params[net->fam_head]), n, d, Vp, 0.0f, net->logits);
+    mc_linear_fwd(be, mc_f32(net->hf), mc_param_mat(&net->params[net->fam_head]), n, d, Vp, 0.0f, net->logits);
     if (net->tp > 1) {
       rc = mc_vp_xent_fwd(net, in + n, n);
     } else {
@@ -594,7 +608,10 @@ static int backward(mc_net *net, int n_seq, double ce_weight, double seq_weight)
   /* d(hf): full rows, partial over TP (the head is vocab-parallel) */
   float *dh = net->full, *dh_res = net->full;
   be->fill(be, dh, (int64_t)n * d, 0.0f);
-  mc_linear_bwd(be, net->hf, mc_param_mat(&net->params[net->fam_head]), net->dlogits, n, d, Vp, dh,
+  /* act16: dlogits feeds two products; rounded once, into the logits buffer (dead after xent_bwd) */
+  const mc_operand dlg = mc_act16(net) ? mc_to16(be, net->dlogits, (mc_bf16 *)net->logits, (int64_t)n * Vp)
+                                       : mc_f32(net->dlogits);
+  mc_linear_bwd(be, mc_f32(net->hf), mc_param_mat(&net->params[net->fam_head]), dlg, n, d, Vp, dh,
                 net->params[net->fam_head].g);
   if (net->sp) {
     if (mc_sp_reduce_scatter(net, dh, net->ush, n_seq, d)) return -1;

@@ -21,6 +21,9 @@ typedef struct {
   int p[MC_ROLE_COUNT];      /* index into net->params, -1 where the block has no such role */
   float *x_in, *u, *rstd;    /* residual input, normed input RMSNorm(x_in) * w, its rstd
                                 (residual rows: under SP this rank's sequence shard) */
+  mc_bf16 *u16;              /* bf16 working weights (train.dtype=bf16), blocks whose u feeds
+                                only matrix products (A, M, R): u rounded to bf16, kept for the
+                                backward, and u itself a buffer shared by all layers; else NULL */
   float *f[MC_LAYER_FBUFS];  /* block activations (meaning fixed by each block file) */
   int32_t *i[MC_LAYER_IBUFS];
   /* MoE host-side results of the last forward */
@@ -48,7 +51,8 @@ typedef struct {
 
 typedef struct {
   char kind;
-  void (*sizes)(const mc_model *m, int n_seq, mc_block_sizes *s);
+  /* act16: the block keeps its product inputs in bf16 (mc_act16) */
+  void (*sizes)(const mc_model *m, int n_seq, int act16, mc_block_sizes *s);
   /* x += f(u): u = L->u is the normed input [n, d], x the residual stream. */
   int (*forward)(struct mc_net *net, mc_layer *L, int n_seq, float *x);
   /* du += d(objective)/du given dy = d(objective)/d(block output) [n, d]; adds parameter
@@ -98,6 +102,7 @@ struct mc_net {
   float *full;         /* [n, d] gathered or to-be-scattered rows */
   float *pack;         /* [n, d] member-major staging of the SP collectives */
   float *ufull;        /* [n, d] SP: a layer's normed input gathered for its block */
+  float *u_shared;     /* [nl, d] the fp32 normed input of the layers that keep it as u16 */
   const float *bwd_dy; /* the output gradient of the block being differentiated */
   double bwd_seq_weight;
   float *dlogits;      /* [n, Vpl] */
@@ -151,22 +156,6 @@ int mc_dist_gather(struct mc_net *net, const int *idx, int n, float *const *shar
 /* Working weight / gradient of a layer's role (mc_w: an fp32 weight, not a matrix weight that
  * may be stored in bf16; those go through mc_wm). */
 static inline float *mc_w(struct mc_net *net, const mc_layer *L, mc_role r) { return net->params[L->p[r]].w; }
-
-/* A matrix-product operand as stored: fp32 (f) or bf16 (h: matrix weights under train.dtype=bf16). */
-typedef struct {
-  const float *f;
-  const mc_bf16 *h;
-} mc_mat;
-static inline mc_mat mc_param_mat(const mc_net_param *p) { return (mc_mat){p->w, p->w16}; }
-static inline mc_mat mc_wm(struct mc_net *net, const mc_layer *L, mc_role r) { return mc_param_mat(&net->params[L->p[r]]); }
-static inline mc_mat mc_f32(const float *x) { return (mc_mat){x, NULL}; }
-
-/* gemm with B as stored (kernels/ops.h: gemm, or gemm_bw for a bf16 B). */
-static inline void mc_gemm_m(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                             mc_mat B, int ldb, float beta, float *C, int ldc) {
-  if (B.h) be->gemm_bw(be, ta, tb, M, N, K, alpha, A, lda, B.h, ldb, beta, C, ldc);
-  else be->gemm(be, ta, tb, M, N, K, alpha, A, lda, B.f, ldb, beta, C, ldc);
-}
 static inline float *mc_g(struct mc_net *net, const mc_layer *L, mc_role r) { return net->params[L->p[r]].g; }
 
 /* Zeroes a gradient buffer and returns it (backward ops accumulate). */
@@ -175,16 +164,39 @@ static inline float *mc_zeroed(mc_backend *be, float *p, int64_t n) {
   return p;
 }
 
+/* Matrix-product operands as stored (kernels/ops.h mc_operand): fp32, or bf16 (the matrix
+ * weights, and activations kept in bf16 for the products, under train.dtype=bf16). */
+static inline mc_operand mc_param_mat(const mc_net_param *p) { return (mc_operand){p->w, p->w16}; }
+static inline mc_operand mc_wm(struct mc_net *net, const mc_layer *L, mc_role r) { return mc_param_mat(&net->params[L->p[r]]); }
+static inline mc_operand mc_f32(const float *x) { return (mc_operand){x, NULL}; }
+/* Whether activations that only feed matrix products are kept in bf16: bf16 working weights
+ * (the products round them anyway), one rank without TP/SP. */
+static inline int mc_act16(const struct mc_net *net) { return net->be->bf16_weights && !net->sp && net->tp == 1; }
+/* Rounds x (n elements) into the bf16 buffer h and returns it as a product operand. */
+static inline mc_operand mc_to16(mc_backend *be, const float *x, mc_bf16 *h, int64_t n) {
+  be->to_bf16(be, x, h, n);
+  return (mc_operand){NULL, h};
+}
+/* A layer's normed input as its products read it (u16 where kept, else u). */
+static inline mc_operand mc_uin(const mc_layer *L) { return L->u16 ? (mc_operand){NULL, L->u16} : mc_f32(L->u); }
+
+/* gemm on operands as stored (gemm for two fp32 operands, else gemm_ex). */
+static inline void mc_gemm_m(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, mc_operand A, int lda,
+                             mc_operand B, int ldb, float beta, float *C, int ldc) {
+  if (A.h || B.h) be->gemm_ex(be, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else be->gemm(be, ta, tb, M, N, K, alpha, A.f, lda, B.f, ldb, beta, C, ldc);
+}
+
 /* y[n, out] = u[n, in] W[out, in]^T + beta * y */
-static inline void mc_linear_fwd(mc_backend *be, const float *u, mc_mat W, int n, int in, int out, float beta,
+static inline void mc_linear_fwd(mc_backend *be, mc_operand u, mc_operand W, int n, int in, int out, float beta,
                                  float *y) {
   mc_gemm_m(be, 0, 1, n, out, in, 1.0f, u, in, W, in, beta, y, out);
 }
 
 /* dW[out, in] += dy^T u;  du[n, in] += dy W (skipped when du is NULL). */
-static inline void mc_linear_bwd(mc_backend *be, const float *u, mc_mat W, const float *dy, int n, int in, int out,
+static inline void mc_linear_bwd(mc_backend *be, mc_operand u, mc_operand W, mc_operand dy, int n, int in, int out,
                                  float *du, float *dW) {
-  be->gemm(be, 1, 0, out, in, n, 1.0f, dy, out, u, in, 1.0f, dW, in);
+  mc_gemm_m(be, 1, 0, out, in, n, 1.0f, dy, out, u, in, 1.0f, dW, in);
   if (du) mc_gemm_m(be, 0, 0, n, in, out, 1.0f, dy, out, W, in, 1.0f, du, in);
 }
 

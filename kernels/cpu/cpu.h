@@ -26,10 +26,10 @@ void mc_cpu_gemm_grouped(mc_backend *be, int ta, int tb, int groups, const int *
                          const int *K, float alpha, const float *A, const int64_t *a_off, int lda,
                          const float *B, const int64_t *b_off, int ldb, float beta, float *C,
                          const int64_t *c_off, int ldc);
-void mc_cpu_gemm_bw(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                    const mc_bf16 *B16, int ldb, float beta, float *C, int ldc);
-void mc_cpu_gemm_grouped_bw(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K,
-                            float alpha, const float *A, const int64_t *a_off, int lda, const mc_bf16 *B16,
+void mc_cpu_gemm_ex(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, mc_operand A, int lda,
+                    mc_operand B, int ldb, float beta, float *C, int ldc);
+void mc_cpu_gemm_grouped_ex(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K,
+                            float alpha, mc_operand A, const int64_t *a_off, int lda, mc_operand B,
                             const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc);
 void mc_cpu_to_bf16(mc_backend *be, const float *x, mc_bf16 *y, int64_t n);
 

@@ -54,48 +54,54 @@ void mc_cpu_gemm_grouped(mc_backend *be, int ta, int tb, int groups, const int *
                 C + c_off[g], ldc);
 }
 
-/* ---- bf16-stored B: widened (exactly) into a temporary fp32 copy of the elements the
- * product reads, then the fp32 product; so the result is gemm's on the widened weight. */
+/* ---- operands stored in bf16: each widened (exactly) into a temporary fp32 copy of the
+ * elements the product reads, then the fp32 product; so the result is gemm's on the widened
+ * values. */
 
-/* fp32 copy of n elements of B16; NULL (failure recorded) when out of memory. */
-static float *widen(const mc_bf16 *B16, int64_t n, const char *op) {
-  float *B = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-  if (!B) {
+/* fp32 view of an operand of n elements: the fp32 one itself, or a malloc'd widened copy
+ * (*owned set); NULL (failure recorded) when out of memory. */
+static const float *widen(mc_operand x, int64_t n, float **owned, const char *op) {
+  *owned = NULL;
+  if (!x.h) return x.f;
+  float *w = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+  if (!w) {
     mc_cpu_fail(op);
     return NULL;
   }
 #pragma omp parallel for schedule(static) if (n >= MC_CPU_PAR_MIN)
-  for (int64_t i = 0; i < n; i++) B[i] = mc_bf16_to_float(B16[i]);
-  return B;
+  for (int64_t i = 0; i < n; i++) w[i] = mc_bf16_to_float(x.h[i]);
+  return *owned = w;
 }
 
-void mc_cpu_gemm_bw(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                    const mc_bf16 *B16, int ldb, float beta, float *C, int ldc) {
+void mc_cpu_gemm_ex(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, mc_operand A, int lda,
+                    mc_operand B, int ldb, float beta, float *C, int ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
-    mc_cpu_gemm(be, ta, tb, M, N, K, alpha, A, lda, NULL, ldb, beta, C, ldc);
+    mc_cpu_gemm(be, ta, tb, M, N, K, alpha, NULL, lda, NULL, ldb, beta, C, ldc);
     return;
   }
-  const int64_t rows = tb ? N : K, cols = tb ? K : N;
-  float *B = widen(B16, (rows - 1) * ldb + cols, "gemm_bw: out of memory widening the bf16 operand");
-  if (!B) return;
-  mc_cpu_gemm(be, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  free(B);
+  float *oa, *ob;
+  const float *Af = widen(A, (int64_t)((ta ? K : M) - 1) * lda + (ta ? M : K), &oa, "gemm_ex: out of memory widening A");
+  const float *Bf = widen(B, (int64_t)((tb ? N : K) - 1) * ldb + (tb ? K : N), &ob, "gemm_ex: out of memory widening B");
+  if (Af && Bf) mc_cpu_gemm(be, ta, tb, M, N, K, alpha, Af, lda, Bf, ldb, beta, C, ldc);
+  free(oa), free(ob);
 }
 
-void mc_cpu_gemm_grouped_bw(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K,
-                            float alpha, const float *A, const int64_t *a_off, int lda, const mc_bf16 *B16,
+void mc_cpu_gemm_grouped_ex(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K,
+                            float alpha, mc_operand A, const int64_t *a_off, int lda, mc_operand B,
                             const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
-  int64_t span = 0; /* elements from B16 to the end of the last group's operand */
+  int64_t na = 0, nb = 0; /* elements from each base to the end of its last group's operand */
   for (int g = 0; g < groups; g++) {
     if (M[g] <= 0 || N[g] <= 0 || K[g] <= 0) continue;
-    const int64_t rows = tb ? N[g] : K[g], cols = tb ? K[g] : N[g], end = b_off[g] + (rows - 1) * ldb + cols;
-    span = end > span ? end : span;
+    const int64_t ea = a_off[g] + (int64_t)((ta ? K[g] : M[g]) - 1) * lda + (ta ? M[g] : K[g]);
+    const int64_t eb = b_off[g] + (int64_t)((tb ? N[g] : K[g]) - 1) * ldb + (tb ? K[g] : N[g]);
+    na = ea > na ? ea : na, nb = eb > nb ? eb : nb;
   }
-  float *B = widen(B16, span, "gemm_grouped_bw: out of memory widening the bf16 operand");
-  if (!B) return;
-  mc_cpu_gemm_grouped(be, ta, tb, groups, M, N, K, alpha, A, a_off, lda, B, b_off, ldb, beta, C, c_off, ldc);
-  free(B);
+  float *oa, *ob;
+  const float *Af = widen(A, na, &oa, "gemm_grouped_ex: out of memory widening A");
+  const float *Bf = widen(B, nb, &ob, "gemm_grouped_ex: out of memory widening B");
+  if (Af && Bf) mc_cpu_gemm_grouped(be, ta, tb, groups, M, N, K, alpha, Af, a_off, lda, Bf, b_off, ldb, beta, C, c_off, ldc);
+  free(oa), free(ob);
 }
 
 void mc_cpu_to_bf16(mc_backend *be, const float *x, mc_bf16 *y, int64_t n) {

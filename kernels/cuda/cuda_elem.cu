@@ -3,6 +3,8 @@
  * element (grid-stride). */
 #include <cuda_bf16.h>
 
+#include <string.h>
+
 #include "kernels/cuda/cuda_common.h"
 
 __global__ void k_fill(float *x, int64_t n, float v) { MC_CU_FOR(i, n) x[i] = v; }
@@ -11,6 +13,13 @@ __global__ void k_axpy(float *y, const float *x, int64_t n, float a) { MC_CU_FOR
 
 static void cu_fill(mc_backend *be, float *x, int64_t n, float value) {
   if (n <= 0) return;
+  uint32_t bits;
+  memcpy(&bits, &value, sizeof bits);
+  if (bits == 0) { /* +0.0 (gradient zeroing, most fills): the driver's memset writes wider than k_fill */
+    cudaError_t e = cudaMemsetAsync(x, 0, (size_t)n * sizeof(float), mc_cu_stream(be));
+    if (e != cudaSuccess) mc_cuda_fail(be, "fill of %lld floats: %s", (long long)n, cudaGetErrorString(e));
+    return;
+  }
   k_fill<<<mc_cu_grid(n), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(x, n, value);
   mc_cuda_check(be, "fill");
 }

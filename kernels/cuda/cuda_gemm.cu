@@ -2,9 +2,9 @@
  * instance (mc_backend_cuda_bf16: operands rounded to bf16, fp32 accumulation and output).
  * The interface is row-major; cuBLAS is column-major, and a row-major C = op(A) op(B) is the
  * column-major C^T = op(B)^T op(A)^T, so every call swaps the operands (and M with N) and
- * keeps the leading dimensions. gemm_bw / gemm_grouped_bw take the B operand (a weight) stored
- * in bf16: the bf16 instance reads it as is (only A is rounded into scratch); the fp32
- * instance widens it into scratch and multiplies in fp32. */
+ * keeps the leading dimensions. gemm_ex / gemm_grouped_ex take operands stored in fp32 or
+ * bf16 (mc_operand): the bf16 instance reads stored bf16 as is and rounds only fp32 operands
+ * into scratch; the fp32 instance widens bf16 operands into scratch and multiplies in fp32. */
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/cuda_common.h"
@@ -33,33 +33,38 @@ static int64_t span(int rows, int cols, int ld, int64_t st, int batch) {
   return (int64_t)(batch - 1) * st + (int64_t)(rows - 1) * ld + cols;
 }
 
-/* bf16 copies of the operands in scratch, same layout; NULL on failure (recorded). A B
- * already stored in bf16 (B16) is used in place. */
-static __nv_bfloat16 *operands_bf16(mc_backend *be, const float *A, int64_t na, const float *B, const mc_bf16 *B16,
-                                    int64_t nb, const __nv_bfloat16 **Bh, const char *op) {
-  int64_t na_pad = (na + 127) / 128 * 128; /* keep B's copy 256-byte aligned */
-  size_t elems = (size_t)na_pad + (B16 ? 0 : (size_t)nb);
-  __nv_bfloat16 *Ah = (__nv_bfloat16 *)mc_cuda_scratch(be, elems * sizeof(__nv_bfloat16), op);
-  if (!Ah) return NULL;
-  k_to_bf16<<<mc_cu_grid(na), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(A, Ah, na);
-  if (B16) {
-    *Bh = (const __nv_bfloat16 *)B16;
+/* bf16 views of both operands: an operand stored in bf16 is used in place, an fp32 one is
+ * rounded into scratch (same layout). 0, or -1 on failure (recorded). */
+static int operands_bf16(mc_backend *be, mc_operand A, int64_t na, mc_operand B, int64_t nb,
+                         const __nv_bfloat16 **Ah, const __nv_bfloat16 **Bh, const char *op) {
+  int64_t na_pad = A.h ? 0 : (na + 127) / 128 * 128; /* keep B's copy 256-byte aligned */
+  size_t elems = (size_t)na_pad + (B.h ? 0 : (size_t)nb);
+  __nv_bfloat16 *s = NULL;
+  if (elems && !(s = (__nv_bfloat16 *)mc_cuda_scratch(be, elems * sizeof(__nv_bfloat16), op))) return -1;
+  if (A.h) {
+    *Ah = (const __nv_bfloat16 *)A.h;
   } else {
-    k_to_bf16<<<mc_cu_grid(nb), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(B, Ah + na_pad, nb);
-    *Bh = Ah + na_pad;
+    k_to_bf16<<<mc_cu_grid(na), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(A.f, s, na);
+    *Ah = s;
+  }
+  if (B.h) {
+    *Bh = (const __nv_bfloat16 *)B.h;
+  } else {
+    k_to_bf16<<<mc_cu_grid(nb), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(B.f, s + na_pad, nb);
+    *Bh = s + na_pad;
   }
   mc_cuda_check(be, op);
-  return Ah;
+  return 0;
 }
 
-/* The bf16 product of gemm_strided's arguments (batch 1 for gemm); B from B16 when given. */
-static void gemm_bf16(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                      int64_t sa, const float *B, const mc_bf16 *B16, int ldb, int64_t sb, float beta, float *C,
-                      int ldc, int64_t sc, int batch) {
-  const __nv_bfloat16 *Bh;
-  __nv_bfloat16 *Ah = operands_bf16(be, A, span(ta ? K : M, ta ? M : K, lda, sa, batch), B, B16,
-                                    span(tb ? N : K, tb ? K : N, ldb, sb, batch), &Bh, "gemm (bf16)");
-  if (!Ah) return;
+/* The bf16 product of gemm_strided's arguments (batch 1 for gemm). */
+static void gemm_bf16(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, mc_operand A, int lda,
+                      int64_t sa, mc_operand B, int ldb, int64_t sb, float beta, float *C, int ldc, int64_t sc,
+                      int batch) {
+  const __nv_bfloat16 *Ah, *Bh;
+  if (operands_bf16(be, A, span(ta ? K : M, ta ? M : K, lda, sa, batch), B, span(tb ? N : K, tb ? K : N, ldb, sb, batch),
+                    &Ah, &Bh, "gemm (bf16)"))
+    return;
   cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasStatus_t st =
       batch == 1 ? cublasGemmEx(mc_cu(be)->blas, opb, opa, N, M, K, &alpha, Bh, CUDA_R_16BF, ldb, Ah, CUDA_R_16BF, lda,
@@ -72,6 +77,8 @@ static void gemm_bf16(mc_backend *be, int ta, int tb, int M, int N, int K, float
                  ldc, cublasGetStatusString(st));
 }
 
+static mc_operand f32(const float *x) { return mc_operand{x, NULL}; }
+
 static void cu_gemm(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                     const float *B, int ldb, float beta, float *C, int ldc) {
   if (M <= 0 || N <= 0) return;
@@ -80,7 +87,7 @@ static void cu_gemm(mc_backend *be, int ta, int tb, int M, int N, int K, float a
     return;
   }
   if (mc_cu(be)->bf16_gemm) {
-    gemm_bf16(be, ta, tb, M, N, K, alpha, A, lda, 0, B, NULL, ldb, 0, beta, C, ldc, 0, 1);
+    gemm_bf16(be, ta, tb, M, N, K, alpha, f32(A), lda, 0, f32(B), ldb, 0, beta, C, ldc, 0, 1);
     return;
   }
   cublasStatus_t st = cublasSgemm(mc_cu(be)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N,
@@ -99,7 +106,7 @@ static void cu_gemm_strided(mc_backend *be, int ta, int tb, int M, int N, int K,
     return;
   }
   if (mc_cu(be)->bf16_gemm) {
-    gemm_bf16(be, ta, tb, M, N, K, alpha, A, lda, sa, B, NULL, ldb, sb, beta, C, ldc, sc, batch);
+    gemm_bf16(be, ta, tb, M, N, K, alpha, f32(A), lda, sa, f32(B), ldb, sb, beta, C, ldc, sc, batch);
     return;
   }
   cublasStatus_t st = cublasSgemmStridedBatched(mc_cu(be)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -221,10 +228,25 @@ static void grouped_fp32(mc_backend *be, const chunk *ch, int ta, int tb, const 
  * group has the largest M and N (only K varies, as in expert weight gradients) and C is
  * 16-byte aligned, the products go straight into C; otherwise into padded fp32 scratch
  * that one more kernel folds into C (C = alpha * P + beta * C). */
+/* Launches k_pad_bf16 for one operand from its fp32 or bf16 storage. */
+static void pad_operand(mc_backend *be, const chunk *ch, mc_operand X, const int64_t *off, const int *R, const int *Cc,
+                        int ld, __nv_bfloat16 *dst, int64_t stride, int rows_x, int ld_x) {
+  pad_src<float> pf;
+  pad_src<__nv_bfloat16> ph;
+  for (int i = 0; i < ch->n; i++) {
+    const int g = ch->g[i];
+    pf.rows[i] = ph.rows[i] = R[g], pf.cols[i] = ph.cols[i] = Cc[g];
+    if (X.h) ph.src[i] = (const __nv_bfloat16 *)X.h + off[g];
+    else pf.src[i] = X.f + off[g];
+  }
+  const dim3 grid(group_grid((int64_t)rows_x * ld_x), ch->n);
+  if (X.h) k_pad_bf16<<<grid, MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(ph, ld, dst, stride, rows_x, ld_x);
+  else k_pad_bf16<<<grid, MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(pf, ld, dst, stride, rows_x, ld_x);
+}
+
 static void grouped_bf16(mc_backend *be, const chunk *ch, int ta, int tb, const int *M, const int *N, const int *K,
-                         float alpha, const float *A, const int64_t *a_off, int lda, const float *B,
-                         const __nv_bfloat16 *B16, const int64_t *b_off, int ldb, float beta, float *C,
-                         const int64_t *c_off, int ldc) {
+                         float alpha, mc_operand A, const int64_t *a_off, int lda, mc_operand B, const int64_t *b_off,
+                         int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
   int n = ch->n, mx = 0, nx = 0, kx = 0, direct = (ldc % 4) == 0;
   for (int i = 0; i < n; i++) {
     int g = ch->g[i];
@@ -248,22 +270,14 @@ static void grouped_bf16(mc_backend *be, const chunk *ch, int ta, int tb, const 
   __nv_bfloat16 *ah = (__nv_bfloat16 *)(s + ptr_bytes), *bh = ah + n * sa;
   float *P = (float *)(bh + n * sb);
 
-  pad_src<float> pa, pb;
-  pad_src<__nv_bfloat16> pb16;
   group_ptrs p;
   for (int i = 0; i < n; i++) {
     int g = ch->g[i];
-    pa.src[i] = A + a_off[g], pa.rows[i] = ta ? K[g] : M[g], pa.cols[i] = ta ? M[g] : K[g];
-    pb.rows[i] = pb16.rows[i] = tb ? N[g] : K[g], pb.cols[i] = pb16.cols[i] = tb ? K[g] : N[g];
-    if (B16) pb16.src[i] = B16 + b_off[g];
-    else pb.src[i] = B + b_off[g];
     p.a[i] = bh + i * sb, p.b[i] = ah + i * sa, p.c[i] = direct ? C + c_off[g] : P + i * sp;
   }
   cudaStream_t st = mc_cu_stream(be);
-  const dim3 ga(group_grid((int64_t)a_rows * a_ld), n), gb(group_grid((int64_t)b_rows * b_ld), n);
-  k_pad_bf16<<<ga, MC_CUDA_THREADS, 0, st>>>(pa, lda, ah, sa, a_rows, a_ld);
-  if (B16) k_pad_bf16<<<gb, MC_CUDA_THREADS, 0, st>>>(pb16, ldb, bh, sb, b_rows, b_ld);
-  else k_pad_bf16<<<gb, MC_CUDA_THREADS, 0, st>>>(pb, ldb, bh, sb, b_rows, b_ld);
+  pad_operand(be, ch, A, a_off, ta ? K : M, ta ? M : K, lda, ah, sa, a_rows, a_ld);
+  pad_operand(be, ch, B, b_off, tb ? N : K, tb ? K : N, ldb, bh, sb, b_rows, b_ld);
   const void **da = (const void **)dp, **db = da + GROUP_CHUNK;
   void **dc = dp + 2 * GROUP_CHUNK;
   k_set_ptrs<<<1, GROUP_CHUNK, 0, st>>>(p, n, da, db, dc);
@@ -288,41 +302,48 @@ static void grouped_bf16(mc_backend *be, const chunk *ch, int ta, int tb, const 
   mc_cuda_check(be, "gemm_grouped (bf16 result)");
 }
 
-/* y = x in bf16 for the plain product of a bf16-stored B on the fp32 instance. */
+/* y = x widened from bf16, for products of bf16-stored operands on the fp32 instance. */
 __global__ void k_from_bf16(const __nv_bfloat16 *x, float *y, int64_t n) { MC_CU_FOR(i, n) y[i] = __bfloat162float(x[i]); }
 
-static void cu_gemm_bw(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                       const mc_bf16 *B16, int ldb, float beta, float *C, int ldc) {
+static void cu_gemm_ex(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, mc_operand A, int lda,
+                       mc_operand B, int ldb, float beta, float *C, int ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     scale_block(be, C, M, N, ldc, beta);
     return;
   }
   if (mc_cu(be)->bf16_gemm) {
-    gemm_bf16(be, ta, tb, M, N, K, alpha, A, lda, 0, NULL, B16, ldb, 0, beta, C, ldc, 0, 1);
+    gemm_bf16(be, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
     return;
   }
-  /* fp32 instance: the widened weight in scratch, then the fp32 product */
-  const int64_t nb = span(tb ? N : K, tb ? K : N, ldb, 0, 1);
-  float *B = (float *)mc_cuda_scratch(be, (size_t)nb * sizeof(float), "gemm_bw");
-  if (!B) return;
-  k_from_bf16<<<mc_cu_grid(nb), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>((const __nv_bfloat16 *)B16, B, nb);
-  mc_cuda_check(be, "gemm_bw (widening)");
+  if (!A.h && !B.h) {
+    cu_gemm(be, ta, tb, M, N, K, alpha, A.f, lda, B.f, ldb, beta, C, ldc);
+    return;
+  }
+  /* fp32 instance: the widened bf16 operands in scratch, then the fp32 product */
+  const int64_t na = span(ta ? K : M, ta ? M : K, lda, 0, 1), nb = span(tb ? N : K, tb ? K : N, ldb, 0, 1);
+  const int64_t na_pad = A.h ? (na + 63) / 64 * 64 : 0;
+  float *w = (float *)mc_cuda_scratch(be, (size_t)(na_pad + (B.h ? nb : 0)) * sizeof(float), "gemm_ex");
+  if (!w) return;
+  const float *Af = A.f, *Bf = B.f;
+  if (A.h) k_from_bf16<<<mc_cu_grid(na), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>((const __nv_bfloat16 *)A.h, w, na), Af = w;
+  if (B.h)
+    k_from_bf16<<<mc_cu_grid(nb), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>((const __nv_bfloat16 *)B.h, w + na_pad, nb),
+        Bf = w + na_pad;
+  mc_cuda_check(be, "gemm_ex (widening)");
   cublasStatus_t st = cublasSgemm(mc_cu(be)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N,
-                                  M, K, &alpha, B, ldb, A, lda, &beta, C, ldc);
+                                  M, K, &alpha, Bf, ldb, Af, lda, &beta, C, ldc);
   if (st != CUBLAS_STATUS_SUCCESS)
-    mc_cuda_fail(be, "gemm_bw M=%d N=%d K=%d: cuBLAS %s", M, N, K, cublasGetStatusString(st));
+    mc_cuda_fail(be, "gemm_ex M=%d N=%d K=%d: cuBLAS %s", M, N, K, cublasGetStatusString(st));
 }
 
-/* gemm_grouped with B in fp32 (B) or stored in bf16 (B16, the other NULL). */
 /* bf16, large groups: both operands rounded once over their whole span (a bf16 B is used as
  * stored), then one cublasGemmEx per group straight into C with alpha and beta: no padding,
  * no pointer arrays, no fold-back pass. At expert sizes the launches cost little next to the
  * products, which run at the plain product's speed. */
 static void grouped_bf16_each(mc_backend *be, const chunk *ch, int ta, int tb, const int *M, const int *N,
-                              const int *K, float alpha, const float *A, const int64_t *a_off, int lda, const float *B,
-                              const mc_bf16 *B16, const int64_t *b_off, int ldb, float beta, float *C,
-                              const int64_t *c_off, int ldc) {
+                              const int *K, float alpha, mc_operand A, const int64_t *a_off, int lda, mc_operand B,
+                              const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
   int64_t na = 0, nb = 0;
   for (int i = 0; i < ch->n; i++) {
     const int g = ch->g[i];
@@ -330,9 +351,8 @@ static void grouped_bf16_each(mc_backend *be, const chunk *ch, int ta, int tb, c
     const int64_t eb = b_off[g] + span(tb ? N[g] : K[g], tb ? K[g] : N[g], ldb, 0, 1);
     na = ea > na ? ea : na, nb = eb > nb ? eb : nb;
   }
-  const __nv_bfloat16 *Bh;
-  __nv_bfloat16 *Ah = operands_bf16(be, A, na, B, B16, nb, &Bh, "gemm_grouped (bf16)");
-  if (!Ah) return;
+  const __nv_bfloat16 *Ah, *Bh;
+  if (operands_bf16(be, A, na, B, nb, &Ah, &Bh, "gemm_grouped (bf16)")) return;
   const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   for (int i = 0; i < ch->n; i++) {
     const int g = ch->g[i];
@@ -357,9 +377,11 @@ static int large_groups(const chunk *ch, const int *M, const int *N, const int *
   return macs >= (double)GROUP_EACH_MACS * ch->n;
 }
 
+/* gemm_grouped on operands as stored. */
 static void grouped(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K, float alpha,
-                    const float *A, const int64_t *a_off, int lda, const float *B, const mc_bf16 *B16,
-                    const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
+                    mc_operand A, const int64_t *a_off, int lda, mc_operand B, const int64_t *b_off, int ldb,
+                    float beta, float *C, const int64_t *c_off, int ldc) {
+  const int bf16 = mc_cu(be)->bf16_gemm, stored16 = A.h || B.h;
   chunk ch;
   ch.n = 0;
   for (int g = 0; g <= groups; g++) {
@@ -372,25 +394,21 @@ static void grouped(mc_backend *be, int ta, int tb, int groups, const int *M, co
       ch.g[ch.n++] = g;
     }
     if (ch.n == GROUP_CHUNK || (g == groups && ch.n > 0)) {
-      if (ch.n == 1 || (B16 && !mc_cu(be)->bf16_gemm)) {
-        /* one product (a dense MLP as one expert), or bf16 weights on the fp32 instance: plain
-         * products, no padded copies or pointer arrays */
+      if (ch.n == 1 || (stored16 && !bf16)) {
+        /* one product (a dense MLP as one expert), or bf16-stored operands on the fp32
+         * instance: plain products, no padded copies or pointer arrays */
         for (int i = 0; i < ch.n; i++) {
           const int g1 = ch.g[i];
-          if (B16)
-            cu_gemm_bw(be, ta, tb, M[g1], N[g1], K[g1], alpha, A + a_off[g1], lda, B16 + b_off[g1], ldb, beta,
-                       C + c_off[g1], ldc);
-          else
-            cu_gemm(be, ta, tb, M[g1], N[g1], K[g1], alpha, A + a_off[g1], lda, B + b_off[g1], ldb, beta,
-                    C + c_off[g1], ldc);
+          const mc_operand Ag = {A.f ? A.f + a_off[g1] : NULL, A.h ? A.h + a_off[g1] : NULL};
+          const mc_operand Bg = {B.f ? B.f + b_off[g1] : NULL, B.h ? B.h + b_off[g1] : NULL};
+          cu_gemm_ex(be, ta, tb, M[g1], N[g1], K[g1], alpha, Ag, lda, Bg, ldb, beta, C + c_off[g1], ldc);
         }
-      } else if (mc_cu(be)->bf16_gemm && large_groups(&ch, M, N, K)) {
-        grouped_bf16_each(be, &ch, ta, tb, M, N, K, alpha, A, a_off, lda, B, B16, b_off, ldb, beta, C, c_off, ldc);
-      } else if (mc_cu(be)->bf16_gemm) {
-        grouped_bf16(be, &ch, ta, tb, M, N, K, alpha, A, a_off, lda, B, (const __nv_bfloat16 *)B16, b_off, ldb, beta,
-                     C, c_off, ldc);
+      } else if (bf16 && large_groups(&ch, M, N, K)) {
+        grouped_bf16_each(be, &ch, ta, tb, M, N, K, alpha, A, a_off, lda, B, b_off, ldb, beta, C, c_off, ldc);
+      } else if (bf16) {
+        grouped_bf16(be, &ch, ta, tb, M, N, K, alpha, A, a_off, lda, B, b_off, ldb, beta, C, c_off, ldc);
       } else {
-        grouped_fp32(be, &ch, ta, tb, M, N, K, alpha, A, a_off, lda, B, b_off, ldb, beta, C, c_off, ldc);
+        grouped_fp32(be, &ch, ta, tb, M, N, K, alpha, A.f, a_off, lda, B.f, b_off, ldb, beta, C, c_off, ldc);
       }
       ch.n = 0;
     }
@@ -400,13 +418,7 @@ static void grouped(mc_backend *be, int ta, int tb, int groups, const int *M, co
 static void cu_gemm_grouped(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K,
                             float alpha, const float *A, const int64_t *a_off, int lda, const float *B,
                             const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
-  grouped(be, ta, tb, groups, M, N, K, alpha, A, a_off, lda, B, NULL, b_off, ldb, beta, C, c_off, ldc);
-}
-
-static void cu_gemm_grouped_bw(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K,
-                               float alpha, const float *A, const int64_t *a_off, int lda, const mc_bf16 *B16,
-                               const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
-  grouped(be, ta, tb, groups, M, N, K, alpha, A, a_off, lda, NULL, B16, b_off, ldb, beta, C, c_off, ldc);
+  grouped(be, ta, tb, groups, M, N, K, alpha, f32(A), a_off, lda, f32(B), b_off, ldb, beta, C, c_off, ldc);
 }
 
 static void cu_to_bf16(mc_backend *be, const float *x, mc_bf16 *y, int64_t n) {
@@ -419,8 +431,8 @@ void mc_cuda_install_gemm(mc_backend *be) {
   be->gemm = cu_gemm;
   be->gemm_strided = cu_gemm_strided;
   be->gemm_grouped = cu_gemm_grouped;
-  be->gemm_bw = cu_gemm_bw;
-  be->gemm_grouped_bw = cu_gemm_grouped_bw;
+  be->gemm_ex = cu_gemm_ex;
+  be->gemm_grouped_ex = grouped;
   be->to_bf16 = cu_to_bf16;
   be->bf16_weights = mc_cu(be)->bf16_gemm; /* the bf16 instance: the model stores bf16 matrix weights */
 }

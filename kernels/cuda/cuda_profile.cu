@@ -172,8 +172,8 @@ static void wrap_all(mc_backend *be, prof_state *p) {
   W(36, moe_unpermute_bwd);
   W(37, xent_fwd);
   W(38, xent_bwd);
-  W(39, gemm_bw);
-  W(40, gemm_grouped_bw);
+  W(39, gemm_ex);
+  W(40, gemm_grouped_ex);
   W(41, to_bf16);
   W(42, adamw_multi);
   W(43, sumsq_multi);

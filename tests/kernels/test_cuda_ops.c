@@ -690,9 +690,10 @@ static void test_ragged_grouped(mc_backend *be) {
 }
 
 /* ------------------------------------------------------------------ bf16-stored weights
- * gemm_bw / gemm_grouped_bw (B stored in bf16) on both instances against the CPU's fp32
- * product on the widened weight: the bf16 instance within b16_cmp's bands (only A is rounded
- * there), the fp32 instance within TOL_GEMM; one group and three (one empty). to_bf16 must
+ * gemm_ex / gemm_grouped_ex (B stored in bf16; A too in a second pass) on both instances
+ * against the CPU's fp32 product on the widened operands: the bf16 instance within b16_cmp's
+ * bands (exact: only the fp32 A is rounded there, bf16 operands are read as stored), the fp32
+ * instance within TOL_GEMM; one group and three (one empty). to_bf16 must
  * give kernels/bf16.h's bits, NaN, infinities, ties and subnormals included. */
 static mc_bf16 *b16_weight(float *W, int64_t n, mc_backend *be) {
   mc_bf16 *h = malloc((size_t)n * sizeof(mc_bf16));
@@ -715,9 +716,34 @@ static void b16_weights(mc_backend *be, int exact) {
       float *dA = be->alloc(be, (size_t)na * 4), *dC = be->alloc(be, (size_t)nc * 4);
       be->from_host(be, dA, A, (size_t)na * 4), be->from_host(be, dC, C, (size_t)nc * 4);
       cpu->gemm(cpu, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 0.25f, C, ldc);
-      be->gemm_bw(be, ta, tb, M, N, K, 0.5f, dA, lda, dB, ldb, 0.25f, dC, ldc);
-      snprintf(what, sizeof what, "gemm_bw ta=%d tb=%d", ta, tb);
+      be->gemm_ex(be, ta, tb, M, N, K, 0.5f, (mc_operand){dA, NULL}, lda, (mc_operand){NULL, dB}, ldb, 0.25f, dC, ldc);
+      snprintf(what, sizeof what, "gemm_ex B16 ta=%d tb=%d", ta, tb);
       product_cmp(be, what, exact, dC, C, nc);
+      /* A stored in bf16 as well (A rounded on the host; the CPU multiplies the widened values) */
+      float *C2 = b16_operand(nc, exact);
+      mc_bf16 *dA16 = b16_weight(A, na, be);
+      float *dC2 = be->alloc(be, (size_t)nc * 4);
+      be->from_host(be, dC2, C2, (size_t)nc * 4);
+      cpu->gemm(cpu, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 0.25f, C2, ldc);
+      be->gemm_ex(be, ta, tb, M, N, K, 0.5f, (mc_operand){NULL, dA16}, lda, (mc_operand){NULL, dB}, ldb, 0.25f, dC2, ldc);
+      snprintf(what, sizeof what, "gemm_ex A16 B16 ta=%d tb=%d", ta, tb);
+      if (be == g16) { /* both operands exact in bf16: only the accumulation order differs */
+        float *g = malloc((size_t)nc * sizeof(float));
+        g16->to_host(g16, g, dC2, (size_t)nc * sizeof(float));
+        CHECK(g16->sync(g16) == 0, "%s: %s", what, mc_errmsg());
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < nc; i++) num += ((double)g[i] - C2[i]) * ((double)g[i] - C2[i]), den += (double)C2[i] * C2[i];
+        const double e = sqrt(num / (den > 0 ? den : 1));
+        printf("  bf16 %-34s rel err %.2e\n", what, e);
+        CHECK(e <= 1e-5, "%s: rel err %.3e > 1e-5 with both operands stored in bf16", what, e);
+        free(g);
+        g16->free(g16, dC2);
+      } else {
+        cmp(what, dC2, C2, nc, TOL_GEMM);
+        be->free(be, dC2);
+      }
+      be->free(be, dA16);
+      free(C2);
       be->free(be, dA), be->free(be, dB);
       free(A), free(B), free(C);
     }
@@ -732,8 +758,9 @@ static void b16_weights(mc_backend *be, int exact) {
     int64_t ao[EXP_E], bo[EXP_E], co[EXP_E];
     expert_shapes(0, Ms, Ns, Ks, ao, bo, co);
     cpu->gemm_grouped(cpu, 0, 1, E, Ms, Ns, Ks, 1.0f, X, ao, d, W, bo, d, 0.5f, Y, co, F);
-    be->gemm_grouped_bw(be, 0, 1, E, Ms, Ns, Ks, 1.0f, dX, ao, d, dW, bo, d, 0.5f, dY, co, F);
-    snprintf(what, sizeof what, "gemm_grouped_bw %d group%s", E, E > 1 ? "s" : "");
+    be->gemm_grouped_ex(be, 0, 1, E, Ms, Ns, Ks, 1.0f, (mc_operand){dX, NULL}, ao, d, (mc_operand){NULL, dW}, bo, d, 0.5f,
+                        dY, co, F);
+    snprintf(what, sizeof what, "gemm_grouped_ex %d group%s", E, E > 1 ? "s" : "");
     product_cmp(be, what, exact, dY, Y, (int64_t)total * F);
     be->free(be, dX), be->free(be, dW);
     free(X), free(W), free(Y);
@@ -770,7 +797,8 @@ static void b16_large_groups(int exact) {
     if (form < 2) {
       cpu->gemm_grouped(cpu, 0, 1, G, Ms, Ns, Ks, 0.5f, X, ao, D, W, bo, D, 0.25f, C, co, FF);
       if (form == 0) g16->gemm_grouped(g16, 0, 1, G, Ms, Ns, Ks, 0.5f, dX, ao, D, dW, bo, D, 0.25f, dC, co, FF);
-      else g16->gemm_grouped_bw(g16, 0, 1, G, Ms, Ns, Ks, 0.5f, dX, ao, D, dW16, bo, D, 0.25f, dC, co, FF);
+      else g16->gemm_grouped_ex(g16, 0, 1, G, Ms, Ns, Ks, 0.5f, (mc_operand){dX, NULL}, ao, D, (mc_operand){NULL, dW16}, bo,
+                                D, 0.25f, dC, co, FF);
     } else {
       float *dY = b16_up(Y, (int64_t)TOTAL * FF);
       cpu->gemm_grouped(cpu, 1, 0, G, Ms, Ns, Ks, 0.5f, Y, ao, FF, X, bo, D, 0.25f, C, co, D);
@@ -778,7 +806,7 @@ static void b16_large_groups(int exact) {
       g16->sync(g16);
       g16->free(g16, dY);
     }
-    const char *what[3] = {"gemm_grouped large groups", "gemm_grouped_bw large groups", "gemm_grouped large wgrad"};
+    const char *what[3] = {"gemm_grouped large groups", "gemm_grouped_ex large groups", "gemm_grouped large wgrad"};
     b16_cmp(what[form], exact, dC, C, nc);
     free(C);
   }

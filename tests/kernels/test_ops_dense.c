@@ -77,9 +77,9 @@ static void test_gemm(void) {
   free(X), free(W), free(Y), free(Yr), free(dW), free(dWr), free(d0), free(Cs), free(A3), free(B3);
 }
 
-/* gemm_bw / gemm_grouped_bw: bitwise the fp32 products on the weights widened from bf16;
- * to_bf16: bitwise kernels/bf16.h's rounding. */
-static void test_gemm_bw(void) {
+/* gemm_ex / gemm_grouped_ex with a bf16 B, a bf16 A, or both: bitwise the fp32 products on
+ * the operands widened from bf16; to_bf16: bitwise kernels/bf16.h's rounding. */
+static void test_gemm_ex(void) {
   const int M = 7, N = 5, K = 6;
   for (int ta = 0; ta < 2; ta++)
     for (int tb = 0; tb < 2; tb++) {
@@ -93,9 +93,23 @@ static void test_gemm_bw(void) {
       }
       float *C = kc_rand(M * N, 13, 1), *R = malloc(M * N * sizeof(float));
       memcpy(R, C, M * N * sizeof(float));
-      be->gemm_bw(be, ta, tb, M, N, K, 0.5f, A, lda, B16, ldb, 0.75f, C, N);
+      be->gemm_ex(be, ta, tb, M, N, K, 0.5f, (mc_operand){A, NULL}, lda, (mc_operand){NULL, B16}, ldb, 0.75f, C, N);
       be->gemm(be, ta, tb, M, N, K, 0.5f, A, lda, Bf, ldb, 0.75f, R, N);
-      CHECK(memcmp(C, R, M * N * sizeof(float)) == 0, "gemm_bw ta=%d tb=%d equals gemm on the widened weight", ta, tb);
+      CHECK(memcmp(C, R, M * N * sizeof(float)) == 0, "gemm_ex bf16 B ta=%d tb=%d equals gemm on the widened B", ta, tb);
+      /* A in bf16 too, then A alone */
+      const int64_t na = (int64_t)(ta ? K : M) * lda;
+      mc_bf16 *A16 = malloc((size_t)na * sizeof(mc_bf16));
+      float *Aw = malloc((size_t)na * sizeof(float));
+      be->to_bf16(be, A, A16, na);
+      for (int64_t i = 0; i < na; i++) Aw[i] = mc_bf16_to_float(A16[i]);
+      memcpy(C, R, M * N * sizeof(float));
+      be->gemm_ex(be, ta, tb, M, N, K, 0.5f, (mc_operand){NULL, A16}, lda, (mc_operand){NULL, B16}, ldb, 0.75f, C, N);
+      be->gemm(be, ta, tb, M, N, K, 0.5f, Aw, lda, Bf, ldb, 0.75f, R, N);
+      CHECK(memcmp(C, R, M * N * sizeof(float)) == 0, "gemm_ex bf16 A and B ta=%d tb=%d", ta, tb);
+      be->gemm_ex(be, ta, tb, M, N, K, 0.5f, (mc_operand){NULL, A16}, lda, (mc_operand){Bf, NULL}, ldb, 0.75f, C, N);
+      be->gemm(be, ta, tb, M, N, K, 0.5f, Aw, lda, Bf, ldb, 0.75f, R, N);
+      CHECK(memcmp(C, R, M * N * sizeof(float)) == 0, "gemm_ex bf16 A ta=%d tb=%d", ta, tb);
+      free(A16), free(Aw);
       /* grouped: 3 groups of rows (2, 0, 3) against weights [3][N][K] (tb = 1 form) */
       const int rows[3] = {2, 0, 3};
       float *X = kc_rand(5 * K, 14, 1), *W = kc_rand(3 * N * K, 15, 1), *Y = kc_rand(5 * N, 16, 1);
@@ -109,9 +123,10 @@ static void test_gemm_bw(void) {
       for (int e = 0, off = 0; e < 3; off += rows[e], e++)
         Ms[e] = rows[e], Ns[e] = N, Ks[e] = K, ao[e] = (int64_t)off * K, bo[e] = (int64_t)e * N * K,
         co[e] = (int64_t)off * N;
-      be->gemm_grouped_bw(be, 0, 1, 3, Ms, Ns, Ks, 1.0f, X, ao, K, W16, bo, K, 0.5f, Y, co, N);
+      be->gemm_grouped_ex(be, 0, 1, 3, Ms, Ns, Ks, 1.0f, (mc_operand){X, NULL}, ao, K, (mc_operand){NULL, W16}, bo, K,
+                          0.5f, Y, co, N);
       be->gemm_grouped(be, 0, 1, 3, Ms, Ns, Ks, 1.0f, X, ao, K, W, bo, K, 0.5f, Yr, co, N);
-      CHECK(memcmp(Y, Yr, 5 * N * sizeof(float)) == 0, "gemm_grouped_bw equals gemm_grouped on the widened weights");
+      CHECK(memcmp(Y, Yr, 5 * N * sizeof(float)) == 0, "gemm_grouped_ex equals gemm_grouped on the widened weights");
       free(A), free(Bf), free(B16), free(C), free(R), free(X), free(W), free(Y), free(Yr), free(W16);
     }
   CHECK(be->sync(be) == 0, "bf16-weight products: %s", mc_errmsg());
@@ -306,7 +321,7 @@ static void test_misc(void) {
 int main(void) {
   be = mc_backend_cpu();
   test_gemm();
-  test_gemm_bw();
+  test_gemm_ex();
   test_act();
   test_embed();
   test_rmsnorm();

@@ -1,8 +1,10 @@
 /* bf16 working weights (train.dtype=bf16), checked on the CPU: a copy of the CPU backend with
  * bf16_weights set takes the same network path the bf16 CUDA instance takes (the matrix
- * weights held in bf16 and multiplied through gemm_bw / gemm_grouped_bw), in exact CPU
+ * weights held in bf16 and multiplied through gemm_ex / gemm_grouped_ex, the normed input of
+ * A, M and R layers kept for the backward in bf16 only), in exact CPU
  * arithmetic, against the fp32 network on the plain CPU backend:
  * - exactly the matrix-weight families (mc_role_is_matmul) are held in bf16, the rest fp32;
+ *   A, M and R layers keep u16 (u is the one shared buffer), E layers their own fp32 u;
  * - the bf16 weights are the fp32 initial values rounded (bitwise), and
  *   mc_net_param_initial returns the fp32 values themselves (bitwise), so the optimizer's
  *   master starts from the same values in both dtypes;
@@ -81,6 +83,15 @@ int main(void) {
   if (!n32 || !n16) return mc_check_exit("test_bf16_weights");
   check_layout_and_init(n32, n16);
 
+  CHECK_OK(mc_net_reserve(n16, 2));
+  CHECK_OK(mc_net_reserve(n32, 2));
+  for (int L = 0; L < n16->n_layers; L++) {
+    const mc_layer *a = &n16->layers[L], *b = &n32->layers[L];
+    const int e = a->kind == 'E';
+    CHECK(e ? !a->u16 && a->u && a->u != n16->u_shared : a->u16 && a->u == n16->u_shared,
+          "layer %d (%c): u16 %s, u %s", L, a->kind, a->u16 ? "kept" : "absent", a->u == n16->u_shared ? "shared" : "own");
+    CHECK(!b->u16 && b->u && !n32->u_shared, "fp32 layer %d keeps its own fp32 u", L);
+  }
   enum { STEPS = 4 };
   int32_t *tok = nc_tokens(&m, 2, 3);
   double l32[STEPS], l16[STEPS];
