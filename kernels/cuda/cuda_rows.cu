@@ -104,15 +104,27 @@ static void cu_rmsnorm_bwd(mc_backend *be, const float *x, const float *w, const
 }
 
 /* ---- RoPE: one thread per rotated pair; angles in double as in the CPU reference */
-__global__ void k_rope(const float *in, float *out, int accumulate, int n, int T, int heads, int hd, double theta,
-                       double sign) {
+/* (cos, sin) of position t's angle for pair i, in double and rounded to float exactly as the
+ * CPU reference does per element; one table per (T, head_dim, theta), so the rotation kernel
+ * reads two floats instead of evaluating pow, cos and sin in double per element. */
+__global__ void k_rope_table(int T, int hd, double theta, float2 *tab) {
+  const int half = hd / 2;
+  MC_CU_FOR(it, (int64_t)T * half) {
+    const int i = (int)(it % half), t = (int)(it / half);
+    const double ang = (double)t * pow(theta, -2.0 * i / hd);
+    tab[it] = make_float2((float)cos(ang), (float)sin(ang));
+  }
+}
+
+__global__ void k_rope(const float *in, float *out, int accumulate, int n, int T, int heads, int hd,
+                       const float2 *tab, float sign) {
   const int half = hd / 2;
   MC_CU_FOR(it, (int64_t)n * heads * half) {
     int i = (int)(it % half);
     int64_t rh = it / half; /* r * heads + h */
     int r = (int)(rh / heads);
-    double ang = (double)(r % T) * pow(theta, -2.0 * i / hd);
-    float c = (float)cos(ang), s = (float)(sign * sin(ang));
+    const float2 cs = tab[(int64_t)(r % T) * half + i];
+    float c = cs.x, s = sign * cs.y; /* sign is +-1: exact */
     int64_t o = rh * hd + i;
     float x1 = in[o], x2 = in[o + half];
     float y1 = x1 * c - x2 * s, y2 = x1 * s + x2 * c;
@@ -126,17 +138,43 @@ __global__ void k_rope(const float *in, float *out, int accumulate, int n, int T
   }
 }
 
+/* The (cos, sin) table for (T, hd, theta), kept until another shape asks; NULL on failure. */
+static const float2 *rope_table(mc_backend *be, int T, int hd, double theta) {
+  mc_cuda_ctx *c = mc_cu(be);
+  if (c->rope_tab && c->rope_T == T && c->rope_hd == hd && c->rope_theta == theta) return c->rope_tab;
+  if (c->rope_tab) {
+    cudaStreamSynchronize(c->stream); /* queued rotations may still read the old table */
+    cudaFree(c->rope_tab);
+    c->rope_tab = NULL;
+  }
+  const int64_t entries = (int64_t)T * (hd / 2);
+  if (cudaMalloc((void **)&c->rope_tab, (size_t)(entries > 0 ? entries : 1) * sizeof(float2)) != cudaSuccess) {
+    cudaGetLastError();
+    c->rope_tab = NULL;
+    mc_cuda_fail(be, "rope: out of device memory for a %d x %d table", T, hd / 2);
+    return NULL;
+  }
+  c->rope_T = T, c->rope_hd = hd, c->rope_theta = theta;
+  k_rope_table<<<mc_cu_grid(entries), MC_CUDA_THREADS, 0, c->stream>>>(T, hd, theta, c->rope_tab);
+  mc_cuda_check(be, "rope (table)");
+  return c->rope_tab;
+}
+
 static void cu_rope_fwd(mc_backend *be, float *x, int n, int T, int heads, int hd, double theta) {
   int64_t items = (int64_t)n * heads * (hd / 2);
   if (items <= 0) return;
-  k_rope<<<mc_cu_grid(items), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(x, x, 0, n, T, heads, hd, theta, 1.0);
+  const float2 *tab = rope_table(be, T, hd, theta);
+  if (!tab) return;
+  k_rope<<<mc_cu_grid(items), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(x, x, 0, n, T, heads, hd, tab, 1.0f);
   mc_cuda_check(be, "rope_fwd");
 }
 
 static void cu_rope_bwd(mc_backend *be, const float *dy, float *dx, int n, int T, int heads, int hd, double theta) {
   int64_t items = (int64_t)n * heads * (hd / 2);
   if (items <= 0) return;
-  k_rope<<<mc_cu_grid(items), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(dy, dx, 1, n, T, heads, hd, theta, -1.0);
+  const float2 *tab = rope_table(be, T, hd, theta);
+  if (!tab) return;
+  k_rope<<<mc_cu_grid(items), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(dy, dx, 1, n, T, heads, hd, tab, -1.0f);
   mc_cuda_check(be, "rope_bwd");
 }
 
