@@ -6,6 +6,7 @@
  * bf16 (mc_operand): the bf16 instance reads stored bf16 as is and rounds only fp32 operands
  * into scratch; the fp32 instance widens bf16 operands into scratch and multiplies in fp32. */
 #include <cuda_bf16.h>
+#include <stdlib.h>
 
 #include "kernels/cuda/cuda_common.h"
 
@@ -367,14 +368,26 @@ static void grouped_bf16_each(mc_backend *be, const chunk *ch, int ta, int tb, c
   }
 }
 
-/* Mean multiply-adds per group of a chunk from which grouped_bf16_each beats the padded
- * batched call (expert products; the padded call wins for many tiny groups). */
+/* Mean multiply-adds per group of a chunk from which grouped_bf16_each is used instead of the
+ * padded batched call (which wins for many tiny groups). The environment variable
+ * MC_CUDA_GROUP_EACH_MACS replaces it (read once; for measuring one path against the other). */
 #define GROUP_EACH_MACS (1 << 22)
+
+static double each_threshold(void) {
+  static double t = -1.0;
+  if (t < 0.0) {
+    const char *e = getenv("MC_CUDA_GROUP_EACH_MACS");
+    char *end = NULL;
+    const double v = e && *e ? strtod(e, &end) : -1.0;
+    t = e && *e && end && !*end && v >= 0.0 ? v : (double)GROUP_EACH_MACS;
+  }
+  return t;
+}
 
 static int large_groups(const chunk *ch, const int *M, const int *N, const int *K) {
   double macs = 0;
   for (int i = 0; i < ch->n; i++) macs += (double)M[ch->g[i]] * N[ch->g[i]] * K[ch->g[i]];
-  return macs >= (double)GROUP_EACH_MACS * ch->n;
+  return macs >= each_threshold() * ch->n;
 }
 
 /* gemm_grouped on operands as stored. */
