@@ -80,10 +80,94 @@ static int moe_capacity(const mc_model *m) {
   return (int)ceil((double)m->seq_len * m->top_k / m->n_experts * m->capacity_factor);
 }
 
+/* One expert with one choice and no drop possible (dense-a: a dense SwiGLU as one expert):
+ * every token goes to expert 0, in row order, with gate exactly 1 (the softmax of a single
+ * logit), f = P = 1 for the aux loss, and the router's gradient is exactly 0 (p (1 - p) = 0).
+ * The block then runs as the plain SwiGLU on u: the same products on the same operands as the
+ * routed computation, so the same values, without routing, permutation or the host round trip
+ * of the counts (net->moe_dense = 0 forces the routed path; tests compare the two). */
+static int moe_is_dense(const struct mc_net *net) {
+  const mc_model *m = &net->m;
+  const int cap = moe_capacity(m);
+  return net->moe_dense && m->n_experts == 1 && m->top_k == 1 && !net->sp && (cap == 0 || cap >= net->moe_T);
+}
+
+/* The experts on their input rows (expert-sorted, counts c, rows in all): xpo is the input as
+ * the products read it; the SwiGLU output goes to f[A] (under mc_act16 in bf16 only, made in
+ * the DA scratch), the block output y = a w2^T to out (beta 0). */
+static int experts_forward(struct mc_net *net, mc_layer *L, int E, const int32_t *c, int64_t rows, mc_operand xpo,
+                           float *out) {
+  mc_backend *be = net->be;
+  const int d = net->m.d_model, F = net->m.expert_hidden;
+  float **f = L->f;
+  const off_rule xr = {d, 0}, fr = {F, 0}, w13 = {0, (int64_t)F * d};
+  if (experts_gemm(be, E, c, 0, 1, -1, F, d, xpo, d, xr, mc_wm(net, L, MC_ROLE_MOE_W1), d, w13, 0.0f, f[H1], F, fr) ||
+      experts_gemm(be, E, c, 0, 1, -1, F, d, xpo, d, xr, mc_wm(net, L, MC_ROLE_MOE_W3), d, w13, 0.0f, f[H3], F, fr))
+    return -1;
+  const int act16 = mc_act16(net);
+  float *a = act16 ? net->g[DA] : f[A];
+  be->glu_fwd(be, MC_ACT_SILU, f[H1], f[H3], a, rows * F);
+  const mc_operand ao = act16 ? mc_to16(be, a, (mc_bf16 *)f[A], rows * F) : mc_f32(a);
+  return experts_gemm(be, E, c, 0, 1, -1, d, F, ao, F, fr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f, out, d, xr);
+}
+
+/* Backward of experts_forward from dyp (the output rows' gradient): adds the expert weights'
+ * gradients and writes the input rows' gradient to g[DXP]. */
+static int experts_backward(struct mc_net *net, mc_layer *L, int E, const int32_t *c, int64_t rows, mc_operand xpo,
+                            const float *dyp) {
+  mc_backend *be = net->be;
+  const int d = net->m.d_model, F = net->m.expert_hidden;
+  float **f = L->f, **g = net->g;
+  const off_rule xr = {d, 0}, fr = {F, 0}, w13 = {0, (int64_t)F * d};
+  const mc_operand ao = mc_act16(net) ? (mc_operand){NULL, (const mc_bf16 *)f[A]} : mc_f32(f[A]);
+  /* w2[e] is [d, F]: dW2[e] += dyp_e^T a_e, da_e = dyp_e w2[e] */
+  if (experts_gemm(be, E, c, 1, 0, d, F, -1, mc_f32(dyp), d, xr, ao, F, fr, 1.0f, mc_g(net, L, MC_ROLE_MOE_W2), F, w13) ||
+      experts_gemm(be, E, c, 0, 0, -1, F, d, mc_f32(dyp), d, xr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f, g[DA], F, fr))
+    return -1;
+  be->glu_bwd(be, MC_ACT_SILU, f[H1], f[H3], g[DA], mc_zeroed(be, g[DH1], rows * F), mc_zeroed(be, g[DH3], rows * F),
+              rows * F);
+  /* act16: dh1 and dh3 each feed two products: rounded once, into DA (consumed above, room
+   * for both in bf16) */
+  const int act16 = mc_act16(net);
+  const mc_operand dh1 = act16 ? mc_to16(be, g[DH1], (mc_bf16 *)g[DA], rows * F) : mc_f32(g[DH1]);
+  const mc_operand dh3 = act16 ? mc_to16(be, g[DH3], (mc_bf16 *)g[DA] + rows * F, rows * F) : mc_f32(g[DH3]);
+  /* w1[e], w3[e] are [F, d]: dW += dh_e^T xp_e, dxp_e = dh1_e w1[e] + dh3_e w3[e] */
+  if (experts_gemm(be, E, c, 1, 0, F, d, -1, dh1, F, fr, xpo, d, xr, 1.0f, mc_g(net, L, MC_ROLE_MOE_W1), d, w13) ||
+      experts_gemm(be, E, c, 1, 0, F, d, -1, dh3, F, fr, xpo, d, xr, 1.0f, mc_g(net, L, MC_ROLE_MOE_W3), d, w13) ||
+      experts_gemm(be, E, c, 0, 0, -1, d, F, dh1, F, fr, mc_wm(net, L, MC_ROLE_MOE_W1), d, w13, 0.0f, g[DXP], d, xr) ||
+      experts_gemm(be, E, c, 0, 0, -1, d, F, dh3, F, fr, mc_wm(net, L, MC_ROLE_MOE_W3), d, w13, 1.0f, g[DXP], d, xr))
+    return -1;
+  return 0;
+}
+
+/* The plain path's input: u itself (under mc_act16 rounded into XP). */
+static mc_operand dense_input(struct mc_net *net, mc_layer *L, int64_t n, int made) {
+  const int64_t d = net->m.d_model;
+  if (!mc_act16(net)) return mc_f32(L->u);
+  return made ? (mc_operand){NULL, (const mc_bf16 *)L->f[XP]} : mc_to16(net->be, L->u, (mc_bf16 *)L->f[XP], n * d);
+}
+
+static int moe_forward_dense(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
+  const int n = n_seq * net->moe_T;
+  L->counts_host[0] = n, L->dropped = 0;
+  for (int s = 0; s < n_seq; s++) L->aux_host[s] = 1.0f; /* E sum_e f_e P_e = 1 */
+  /* x is the block's zeroed output: x = y, as the routed path's unpermute (0 + 1 * y) gives */
+  return experts_forward(net, L, 1, L->counts_host, n, dense_input(net, L, n, 0), x);
+}
+
+static int moe_backward_dense(struct mc_net *net, mc_layer *L, int n_seq, const float *dy, float *du) {
+  const int n = n_seq * net->moe_T;
+  /* dyp = 1 * dy = dy; the routed path's permute_bwd adds dxp into du */
+  if (experts_backward(net, L, 1, L->counts_host, n, dense_input(net, L, n, 1), dy)) return -1;
+  net->be->axpy(net->be, du, net->g[DXP], (int64_t)n * net->m.d_model, 1.0f);
+  return 0;
+}
+
 static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
+  if (moe_is_dense(net)) return moe_forward_dense(net, L, n_seq, x);
   mc_backend *be = net->be;
   const mc_model *m = &net->m;
-  const int T = net->moe_T, n = n_seq * T, d = m->d_model, E = m->n_experts, k = m->top_k, F = m->expert_hidden;
+  const int T = net->moe_T, n = n_seq * T, d = m->d_model, E = m->n_experts, k = m->top_k;
   float **f = L->f;
   int32_t **iv = L->i;
   mc_linear_fwd(be, mc_f32(L->u), mc_wm(net, L, MC_ROLE_MOE_ROUTER), n, d, E, 0.0f, f[LOGITS]);
@@ -101,52 +185,26 @@ static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   float *xp = act16 ? net->g[DXP] : f[XP];
   be->moe_permute(be, L->u, iv[SLOT], n, k, d, xp);
   const mc_operand xpo = act16 ? mc_to16(be, xp, (mc_bf16 *)f[XP], rows * d) : mc_f32(xp);
-  const int32_t *c = L->counts_host;
-  const off_rule xr = {d, 0}, fr = {F, 0}, w13 = {0, (int64_t)F * d};
-  if (experts_gemm(be, E, c, 0, 1, -1, F, d, xpo, d, xr, mc_wm(net, L, MC_ROLE_MOE_W1), d, w13, 0.0f, f[H1], F, fr) ||
-      experts_gemm(be, E, c, 0, 1, -1, F, d, xpo, d, xr, mc_wm(net, L, MC_ROLE_MOE_W3), d, w13, 0.0f, f[H3], F, fr))
-    return -1;
-  float *a = act16 ? net->g[DA] : f[A];
-  be->glu_fwd(be, MC_ACT_SILU, f[H1], f[H3], a, rows * F);
-  const mc_operand ao = act16 ? mc_to16(be, a, (mc_bf16 *)f[A], rows * F) : mc_f32(a);
-  if (experts_gemm(be, E, c, 0, 1, -1, d, F, ao, F, fr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f, f[YP], d, xr))
-    return -1;
+  if (experts_forward(net, L, E, L->counts_host, rows, xpo, f[YP])) return -1;
   be->moe_unpermute(be, f[YP], iv[SLOT], f[GATE], n, k, d, x);
   return 0;
 }
 
 static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float *dy, float *du,
                         double seq_weight) {
+  if (moe_is_dense(net)) return moe_backward_dense(net, L, n_seq, dy, du);
   mc_backend *be = net->be;
   const mc_model *m = &net->m;
-  const int T = net->moe_T, n = n_seq * T, d = m->d_model, E = m->n_experts, k = m->top_k, F = m->expert_hidden;
+  const int T = net->moe_T, n = n_seq * T, d = m->d_model, E = m->n_experts, k = m->top_k;
   float **f = L->f, **g = net->g;
   int32_t **iv = L->i;
   const int32_t *c = L->counts_host;
   int64_t rows = 0;
   for (int e = 0; e < E; e++) rows += c[e];
-  const off_rule xr = {d, 0}, fr = {F, 0}, w13 = {0, (int64_t)F * d};
   be->moe_unpermute_bwd(be, dy, f[YP], iv[SLOT], f[GATE], n, k, d, mc_zeroed(be, g[DYP], rows * d),
                         mc_zeroed(be, g[DGATE], (int64_t)n * k));
-  const int act16 = mc_act16(net);
-  const mc_operand ao = act16 ? (mc_operand){NULL, (const mc_bf16 *)f[A]} : mc_f32(f[A]);
-  const mc_operand xpo = act16 ? (mc_operand){NULL, (const mc_bf16 *)f[XP]} : mc_f32(f[XP]);
-  /* w2[e] is [d, F]: dW2[e] += dyp_e^T a_e, da_e = dyp_e w2[e] */
-  if (experts_gemm(be, E, c, 1, 0, d, F, -1, mc_f32(g[DYP]), d, xr, ao, F, fr, 1.0f, mc_g(net, L, MC_ROLE_MOE_W2), F, w13) ||
-      experts_gemm(be, E, c, 0, 0, -1, F, d, mc_f32(g[DYP]), d, xr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f, g[DA], F, fr))
-    return -1;
-  be->glu_bwd(be, MC_ACT_SILU, f[H1], f[H3], g[DA], mc_zeroed(be, g[DH1], rows * F), mc_zeroed(be, g[DH3], rows * F),
-              rows * F);
-  /* act16: dh1 and dh3 each feed two products: rounded once, into DA (consumed above, room
-   * for both in bf16) */
-  const mc_operand dh1 = act16 ? mc_to16(be, g[DH1], (mc_bf16 *)g[DA], rows * F) : mc_f32(g[DH1]);
-  const mc_operand dh3 = act16 ? mc_to16(be, g[DH3], (mc_bf16 *)g[DA] + rows * F, rows * F) : mc_f32(g[DH3]);
-  /* w1[e], w3[e] are [F, d]: dW += dh_e^T xp_e, dxp_e = dh1_e w1[e] + dh3_e w3[e] */
-  if (experts_gemm(be, E, c, 1, 0, F, d, -1, dh1, F, fr, xpo, d, xr, 1.0f, mc_g(net, L, MC_ROLE_MOE_W1), d, w13) ||
-      experts_gemm(be, E, c, 1, 0, F, d, -1, dh3, F, fr, xpo, d, xr, 1.0f, mc_g(net, L, MC_ROLE_MOE_W3), d, w13) ||
-      experts_gemm(be, E, c, 0, 0, -1, d, F, dh1, F, fr, mc_wm(net, L, MC_ROLE_MOE_W1), d, w13, 0.0f, g[DXP], d, xr) ||
-      experts_gemm(be, E, c, 0, 0, -1, d, F, dh3, F, fr, mc_wm(net, L, MC_ROLE_MOE_W3), d, w13, 1.0f, g[DXP], d, xr))
-    return -1;
+  const mc_operand xpo = mc_act16(net) ? (mc_operand){NULL, (const mc_bf16 *)f[XP]} : mc_f32(f[XP]);
+  if (experts_backward(net, L, E, c, rows, xpo, g[DYP])) return -1;
   be->moe_permute_bwd(be, g[DXP], iv[SLOT], n, k, d, du);
   /* Under SP on shards f holds the sequence's fractions and P spans tp shards of T positions
    * each, so d(aux)/d(prob) = E f / (tp T): the kernel divides by T, the scale by tp. Under

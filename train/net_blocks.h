@@ -103,6 +103,8 @@ struct mc_net {
   float *pack;         /* [n, d] member-major staging of the SP collectives */
   float *ufull;        /* [n, d] SP: a layer's normed input gathered for its block */
   float *u_shared;     /* [nl, d] the fp32 normed input of the layers that keep it as u16 */
+  int moe_dense;       /* 1 (default): an E block of one expert and one choice that cannot drop
+                          runs as the plain SwiGLU (train/block_moe.c); 0: always routed */
   const float *bwd_dy; /* the output gradient of the block being differentiated */
   double bwd_seq_weight;
   float *dlogits;      /* [n, Vpl] */
