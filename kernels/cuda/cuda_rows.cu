@@ -178,7 +178,7 @@ static void cu_rope_bwd(mc_backend *be, const float *dy, float *dx, int n, int T
   mc_cuda_check(be, "rope_bwd");
 }
 
-/* ---- cross-entropy: one block per row (max, then the sum of exponentials in double) */
+/* ---- cross-entropy: one block per row (running max and sum of exponentials in double) */
 __device__ float block_maxf(float v, float *sh) {
   v = mc_d_warp_max(v);
   int w = threadIdx.x / 32, l = threadIdx.x % 32;
@@ -201,36 +201,51 @@ __device__ double block_sumd_rows(double v, double *sh) {
   return v;
 }
 
+/* One pass over the row: each thread keeps a running max and the sum of exponentials
+ * relative to it (rescaled in double when the max grows), then the block combines the pairs;
+ * the row is read once instead of twice. */
 __global__ void k_xent_fwd(const float *logits, const int32_t *target, int n, int V, int Vp, float *loss, float *lse) {
   __shared__ float shf[MC_CUDA_THREADS / 32];
   __shared__ double shd[MC_CUDA_THREADS / 32];
   for (int r = blockIdx.x; r < n; r += gridDim.x) {
     const float *lr = logits + (int64_t)r * Vp;
     float m = -INFINITY;
-    for (int c = threadIdx.x; c < V; c += blockDim.x) m = fmaxf(m, lr[c]);
-    m = block_maxf(m, shf);
     double s = 0.0;
-    for (int c = threadIdx.x; c < V; c += blockDim.x) s += exp((double)lr[c] - m);
+    for (int c = threadIdx.x; c < V; c += blockDim.x) {
+      const float v = lr[c];
+      if (v > m) {
+        s = m == -INFINITY ? 0.0 : s * exp((double)m - v);
+        m = v;
+      }
+      s += exp((double)v - m);
+    }
+    const float mb = block_maxf(m, shf);
+    s = m == -INFINITY ? 0.0 : s * exp((double)m - mb);
     s = block_sumd_rows(s, shd);
     if (threadIdx.x == 0) {
-      double l = m + log(s);
+      double l = mb + log(s);
       lse[r] = (float)l;
       loss[r] = (float)(l - lr[target[r]]);
     }
   }
 }
 
+/* Rows along y, columns along x: no 64-bit division per element. */
 __global__ void k_xent_bwd(const float *logits, const int32_t *target, const float *lse, int n, int V, int Vp,
                            float scale, float *dlogits) {
-  MC_CU_FOR(i, (int64_t)n * Vp) {
-    int64_t r = i / Vp;
-    int c = (int)(i % Vp);
-    float g = 0.0f;
-    if (c < V) {
-      g = scale * expf(logits[i] - lse[r]);
-      if (c == target[r]) g -= scale;
+  for (int r = blockIdx.y; r < n; r += gridDim.y) {
+    const float *lr = logits + (int64_t)r * Vp;
+    float *dr = dlogits + (int64_t)r * Vp;
+    const float l = lse[r];
+    const int t = target[r];
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < Vp; c += gridDim.x * blockDim.x) {
+      float g = 0.0f;
+      if (c < V) {
+        g = scale * expf(lr[c] - l);
+        if (c == t) g -= scale;
+      }
+      dr[c] = g;
     }
-    dlogits[i] = g;
   }
 }
 
@@ -244,8 +259,9 @@ static void cu_xent_fwd(mc_backend *be, const float *logits, const int32_t *targ
 static void cu_xent_bwd(mc_backend *be, const float *logits, const int32_t *target, const float *lse, int n, int V,
                         int Vp, float scale, float *dlogits) {
   if ((int64_t)n * Vp <= 0) return;
-  k_xent_bwd<<<mc_cu_grid((int64_t)n * Vp), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(logits, target, lse, n, V, Vp,
-                                                                                    scale, dlogits);
+  const unsigned gx = (unsigned)((Vp + MC_CUDA_THREADS - 1) / MC_CUDA_THREADS < 64 ? (Vp + MC_CUDA_THREADS - 1) / MC_CUDA_THREADS : 64);
+  k_xent_bwd<<<dim3(gx, n < 65535 ? n : 65535), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(logits, target, lse, n, V, Vp,
+                                                                                         scale, dlogits);
   mc_cuda_check(be, "xent_bwd");
 }
 
