@@ -1,21 +1,24 @@
 /* Causal GQA attention on bf16 tensor cores, for the bf16 instance (mc_backend_cuda_bf16),
  * head_dim 64 or 128; cuda_attn.cu dispatches here and keeps its fp32 kernels for the rest.
  * FlashAttention-2 structure with mma.sync m16n8k16 (bf16 operands, fp32 accumulation),
- * operands read from shared memory by ldmatrix, tiles brought in by cp.async, double
- * buffered, in an XOR-swizzled layout (16-byte chunk c of row r sits at c ^ (r & 7)) so that
- * ldmatrix's eight row reads hit eight different bank groups.
- * - Forward: a block of 8 warps owns 128 query rows of one head (16 per warp, held as mma
- *   A fragments in registers) and walks the key/value tiles (64 keys) up to its diagonal;
- *   online softmax in fp32 (exp2 with the scale folded in), probabilities rounded to bf16 for
- *   the P V product. The q tile is converted from fp32 while it is loaded (read once); k and v
- *   are read once per query tile, so one pre-pass rounds them to bf16 into scratch.
- * - Backward: one pre-pass rounds q, k, v, dout to bf16 and computes D = rowsum(out * dout)
- *   in fp32; then one kernel owns dq (64 query rows per block, walking key tiles) and one
- *   owns dk, dv (64 keys of a kv head per block, walking the query tiles of every head of
- *   its group, or of one head when such blocks would be too few, the group's partial sums
- *   then added in order by k_tc_parts), both recomputing p = exp(s - lse) from the saved
- *   lse: no atomics, so the result does not depend on timing. Seven products instead of
- *   five (s and dp twice).
+ * operands read from shared memory by ldmatrix, tiles brought in by cp.async (the next tile
+ * loads during a tile's products; one barrier per tile), in an XOR-swizzled layout (16-byte
+ * chunk c of row r sits at c ^ (r & 7)) so that ldmatrix's eight row reads hit eight
+ * different bank groups.
+ * - Forward: a block owns 128 query rows of one head and walks the key/value tiles up to its
+ *   diagonal. head_dim 64: 8 warps of 16 rows (q fragments kept in registers), 64-key tiles;
+ *   head_dim 128: 4 warps of 32 rows (two m16 tiles sharing every k and v fragment, q read
+ *   from shared memory), 64-key tiles. Online softmax in fp32 (exp2 with the scale folded
+ *   in), probabilities rounded to bf16 for the P V product. q is converted from fp32 while it
+ *   is loaded (read once); k and v are read once per query tile, so one pre-pass rounds both
+ *   to bf16 into scratch.
+ * - Backward: one pre-pass (one launch) rounds q, k, v, dout to bf16 and computes
+ *   D = rowsum(out * dout) in fp32; then one kernel owns dq (per block 64 query rows at
+ *   head_dim 64, 128 at 128 with 32 per warp; walking key tiles) and one owns dk, dv (64
+ *   keys of a kv head per block, walking the query tiles of every head of its group, or of
+ *   one head when such blocks would be too few, the group's partial sums then added in order
+ *   by k_tc_parts), both recomputing p = exp(s - lse) from the saved lse: no atomics, so the
+ *   result does not depend on timing. Seven products instead of five (s and dp twice).
  * Softmax statistics, lse, D and every output stay fp32; backward ADDS, as the op contract
  * says. Formulas as in kernels/cpu/cpu_attn.c. */
 #include <cuda_bf16.h>
@@ -106,43 +109,70 @@ static __device__ __forceinline__ void ldb_cols(uint32_t (&b)[4], uint32_t tile,
   ldsm_x4_t(b, tile + sw<HD>(16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3), 2 * np + (lane >> 4)));
 }
 
-/* acc[16 x 8 NT] = A (16 rows from r0 of tile a, HD columns) times rows n0 .. n0 + 8 NT of
- * tile b, transposed: scores from q and k rows, or dp from dout and v rows. */
-template <int HD, int NT>
-static __device__ __forceinline__ void mma_rows(float (&acc)[NT][4], uint32_t ta, int r0, uint32_t tb, int lane) {
+/* acc[mt][16 x 8 NT] = A (16 rows from r0 + 16 mt of tile a, HD columns) times rows n0 ..
+ * n0 + 8 NT of tile b, transposed: scores from q and k rows, or dp from dout and v rows.
+ * Each b fragment is loaded once for the MT m-tiles. */
+template <int HD, int MT, int NT>
+static __device__ __forceinline__ void mma_rows(float (&acc)[MT][NT][4], uint32_t ta, int r0, uint32_t tb, int lane) {
 #pragma unroll
-  for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
 #pragma unroll
   for (int kk = 0; kk < HD / 16; kk++) {
-    uint32_t a[4];
-    lda_frag<HD>(a, ta, r0, kk, lane);
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) lda_frag<HD>(a[mt], ta, r0 + 16 * mt, kk, lane);
 #pragma unroll
     for (int np = 0; np < NT / 2; np++) {
       uint32_t b[4];
       ldb_rows<HD>(b, tb, 16 * np, kk, lane);
-      mma16816(acc[2 * np], a, b[0], b[1]);
-      mma16816(acc[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        mma16816(acc[mt][2 * np], a[mt], b[0], b[1]);
+        mma16816(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
     }
   }
 }
 
-/* o[16 x HD] += P (16 x 8 NT, fp32 accumulators, rounded to bf16 here) times the tile's
- * first 8 NT rows (HD columns). */
-template <int HD, int NT>
-static __device__ __forceinline__ void mma_pv(float (&o)[HD / 8][4], const float (&p)[NT][4], uint32_t tb, int lane) {
+/* o[mt][16 x HD] += P[mt] (16 x 8 NT, fp32 accumulators, rounded to bf16 here) times the
+ * tile's first 8 NT rows (HD columns), each b fragment loaded once for the MT m-tiles. */
+template <int HD, int MT, int NT>
+static __device__ __forceinline__ void mma_pv(float (&o)[MT][HD / 8][4], const float (&p)[MT][NT][4], uint32_t tb,
+                                              int lane) {
 #pragma unroll
   for (int kk = 0; kk < NT / 2; kk++) {
-    const uint32_t a[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
-                           pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                           pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      a[mt][0] = pack_bf16(p[mt][2 * kk][0], p[mt][2 * kk][1]);
+      a[mt][1] = pack_bf16(p[mt][2 * kk][2], p[mt][2 * kk][3]);
+      a[mt][2] = pack_bf16(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
+      a[mt][3] = pack_bf16(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+    }
 #pragma unroll
     for (int np = 0; np < HD / 16; np++) {
       uint32_t b[4];
       ldb_cols<HD>(b, tb, kk, np, lane);
-      mma16816(o[2 * np], a, b[0], b[1]);
-      mma16816(o[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        mma16816(o[mt][2 * np], a[mt], b[0], b[1]);
+        mma16816(o[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
     }
   }
+}
+
+/* The one-m-tile forms (the dk/dv kernel). */
+template <int HD, int NT>
+static __device__ __forceinline__ void mma_rows(float (&acc)[NT][4], uint32_t ta, int r0, uint32_t tb, int lane) {
+  mma_rows<HD, 1, NT>(reinterpret_cast<float(&)[1][NT][4]>(acc), ta, r0, tb, lane);
+}
+template <int HD, int NT>
+static __device__ __forceinline__ void mma_pv(float (&o)[HD / 8][4], const float (&p)[NT][4], uint32_t tb, int lane) {
+  mma_pv<HD, 1, NT>(reinterpret_cast<float(&)[1][HD / 8][4]>(o), reinterpret_cast<const float(&)[1][NT][4]>(p), tb,
+                    lane);
 }
 
 /* Rows [r0, r0 + rows) of head `head` from a bf16 tensor (row stride `stride` elements) into
@@ -158,287 +188,390 @@ static __device__ __forceinline__ void tile_async(uint32_t tile, const bf16 *src
   }
 }
 
+/* The same rows from an fp32 tensor rounded to bf16 into a swizzled tile (generic pointer),
+ * synchronously: for tiles read once per block. */
+template <int HD>
+static __device__ __forceinline__ void tile_convert(char *tile, const float *src, int64_t seq_row0, int r0, int rows,
+                                                    int T, int64_t stride, int head) {
+  constexpr int CH = HD / 8;
+  for (int idx = threadIdx.x; idx < rows * CH; idx += blockDim.x) {
+    const int r = idx / CH, c = idx % CH, t = r0 + r;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (t < T) {
+      const float4 *p = (const float4 *)(src + (seq_row0 + t) * stride + (int64_t)head * HD + 8 * c);
+      const float4 a = p[0], b = p[1];
+      val = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+    }
+    *(uint4 *)(tile + sw<HD>(r, c)) = val;
+  }
+}
+
 /* Blocks are dispatched roughly in index order, and causal tiles differ in length (the
  * last query tile has T / 64 key tiles, the first one). The grids are 1-D with the tile
  * index slowest, so every head's longest tiles start first and the short ones fill in at
  * the end (largest first), instead of each head's long tiles coming in turn. */
 
 /* ------------------------------------------------------------------ forward */
-#ifndef FW_WARPS
-#define FW_WARPS 8
+/* Shape knobs per head_dim: MT m16 tiles (16 MT query rows) per warp, W warps per block,
+ * BK keys per tile, MINB blocks per multiprocessor the register allocation must allow, QSM 1:
+ * q fragments read from shared memory per tile instead of kept in registers (MT 2 always
+ * reads them: 64 more registers would not fit). A warp of 2 m-tiles loads each k and v
+ * fragment once for both, halving the shared-memory reads per product. The defaults are the
+ * fastest measured (tests/gpu-results/cuda_attn_tc_2026-11-26.txt). */
+#ifndef FW_MT64
+#define FW_MT64 1
 #endif
-/* blocks per multiprocessor the register allocation must allow: two 8-warp blocks at
- * head_dim 64 (<= 128 registers, no spills), one at 128 (about 190 registers) */
+#ifndef FW_W64
+#define FW_W64 8
+#endif
+#ifndef FW_BK64
+#define FW_BK64 64
+#endif
 #ifndef FW_MINB64
 #define FW_MINB64 2
+#endif
+#ifndef FW_QSMEM64
+#define FW_QSMEM64 0
+#endif
+#ifndef FW_MT128
+#define FW_MT128 2
+#endif
+#ifndef FW_W128
+#define FW_W128 4
+#endif
+#ifndef FW_BK128
+#define FW_BK128 64
 #endif
 #ifndef FW_MINB128
 #define FW_MINB128 1
 #endif
-/* 1: q fragments read from shared memory per tile instead of kept in registers */
-#ifndef FW_QSMEM64
-#define FW_QSMEM64 0
-#endif
 #ifndef FW_QSMEM128
 #define FW_QSMEM128 0
 #endif
-#define FW_BQ (16 * FW_WARPS) /* query rows per block */
-#define FW_BK 64              /* keys per tile */
+/* k, v tiles in flight: NS buffers each, the tile NS - 1 ahead loaded during a tile's products */
+#ifndef FW_NS
+#define FW_NS 2
+#endif
 
-template <int HD>
+template <int HD, int MT, int W, int BK>
 static constexpr size_t fwd_smem() {
-  return (size_t)(FW_BQ + 4 * FW_BK) * HD * 2; /* q, then k and v double buffered */
+  return (size_t)(16 * MT * W + 2 * FW_NS * BK) * HD * 2; /* q, then FW_NS k and FW_NS v tiles */
 }
 
-template <int HD>
-__global__ void __launch_bounds__(FW_WARPS * 32, HD == 64 ? FW_MINB64 : FW_MINB128)
+template <int HD, int MT, int W, int BK, int MINB, bool QSM>
+__global__ void __launch_bounds__(W * 32, MINB)
     k_fa_fwd(const float *__restrict__ q, const bf16 *__restrict__ kb, const bf16 *__restrict__ vb, int T, int H,
              int KV, float sl2, float *__restrict__ out, float *__restrict__ lse) {
+  constexpr int BQ = 16 * MT * W; /* query rows per block */
+  constexpr bool qsm = QSM || MT > 1;
   extern __shared__ uint4 smem_fwd[];
-  const uint32_t sQ = smem_addr(smem_fwd), sK0 = sQ + FW_BQ * HD * 2;
-  constexpr uint32_t KVB = FW_BK * HD * 2; /* bytes of one k or v tile */
-  const unsigned per_tile = gridDim.x / (unsigned)((T + FW_BQ - 1) / FW_BQ); /* H n_seq */
+  const uint32_t sQ = smem_addr(smem_fwd), sK0 = sQ + BQ * HD * 2;
+  constexpr uint32_t KVB = BK * HD * 2; /* bytes of one k or v tile */
+  const unsigned per_tile = gridDim.x / (unsigned)((T + BQ - 1) / BQ); /* H n_seq */
   const int hs = (int)(blockIdx.x % per_tile), h = hs % H, s = hs / H, kh = h / (H / KV);
-  const int q0 = ((T + FW_BQ - 1) / FW_BQ - 1 - (int)(blockIdx.x / per_tile)) * FW_BQ;
+  const int q0 = ((T + BQ - 1) / BQ - 1 - (int)(blockIdx.x / per_tile)) * BQ;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
   const int64_t qs = (int64_t)H * HD, ks = (int64_t)KV * HD, row0 = (int64_t)s * T;
-  const int nkt = (min(q0 + FW_BQ, T) - 1) / FW_BK + 1; /* key tiles up to the block's last row */
+  const int nkt = (min(q0 + BQ, T) - 1) / BK + 1; /* key tiles up to the block's last row */
 
-  tile_async<HD>(sK0, kb, row0, 0, FW_BK, T, ks, kh);
-  tile_async<HD>(sK0 + 2 * KVB, vb, row0, 0, FW_BK, T, ks, kh);
-  cp_async_commit();
-  /* q: fp32 -> bf16 while loading, 8 values (one 16-byte chunk) per step */
-  {
-    constexpr int CH = HD / 8;
-    char *sq = (char *)smem_fwd;
-    for (int idx = threadIdx.x; idx < FW_BQ * CH; idx += blockDim.x) {
-      const int r = idx / CH, c = idx % CH, t = q0 + r;
-      uint4 val = make_uint4(0, 0, 0, 0);
-      if (t < T) {
-        const float4 *p = (const float4 *)(q + (row0 + t) * qs + (int64_t)h * HD + 8 * c);
-        const float4 a = p[0], b = p[1];
-        val = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
-      }
-      *(uint4 *)(sq + sw<HD>(r, c)) = val;
+  constexpr int NS = FW_NS;
+  /* k tile kt in buffer kt % NS at sK0 + (kt % NS) KVB, v's NS buffers after k's */
+  auto load_kv = [&](int kt) {
+    if (kt < nkt) {
+      tile_async<HD>(sK0 + (kt % NS) * KVB, kb, row0, kt * BK, BK, T, ks, kh);
+      tile_async<HD>(sK0 + (NS + kt % NS) * KVB, vb, row0, kt * BK, BK, T, ks, kh);
     }
-  }
+    cp_async_commit(); /* one group per tile, empty past the end, so the wait below counts tiles */
+  };
+#pragma unroll
+  for (int kt = 0; kt < NS - 1; kt++) load_kv(kt);
+  tile_convert<HD>((char *)smem_fwd, q, row0, q0, BQ, T, qs, h); /* q is read once */
   __syncthreads();
-  constexpr bool qsm = HD == 64 ? FW_QSMEM64 : FW_QSMEM128;
-  uint32_t qf[HD / 16][4];
+  const int i0 = q0 + warp * 16 * MT; /* this warp's first row; m-tile mt's lane rows are i0 + 16 mt + g (+ 8) */
+  uint32_t qf[qsm ? 1 : HD / 16][4];
   if (!qsm)
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) lda_frag<HD>(qf[kk], sQ, warp * 16, kk, lane);
+    for (int kk = 0; kk < HD / 16; kk++) lda_frag<HD>(qf[qsm ? 0 : kk], sQ, warp * 16, kk, lane);
 
-  const int i0 = q0 + warp * 16; /* this warp's first row; the lane's rows are i0 + g, i0 + g + 8 */
-  float o[HD / 8][4];
+  float o[MT][HD / 8][4];
 #pragma unroll
-  for (int j = 0; j < HD / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* m: running max of the raw scores q.k */
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.0f;
+  float m[MT][2], l[MT][2]; /* m: running max of the raw scores q.k */
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
 
   for (int kt = 0; kt < nkt; kt++) {
-    const uint32_t sK = sK0 + (kt & 1) * KVB, sV = sK0 + (2 + (kt & 1)) * KVB;
-    if (kt + 1 < nkt) {
-      const uint32_t nK = sK0 + ((kt + 1) & 1) * KVB, nV = sK0 + (2 + ((kt + 1) & 1)) * KVB;
-      tile_async<HD>(nK, kb, row0, (kt + 1) * FW_BK, FW_BK, T, ks, kh);
-      tile_async<HD>(nV, vb, row0, (kt + 1) * FW_BK, FW_BK, T, ks, kh);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
+    const uint32_t sK = sK0 + (kt % NS) * KVB, sV = sK0 + (NS + kt % NS) * KVB;
+    cp_async_wait<NS - 2>(); /* this thread's copies of tile kt have landed */
+    /* everyone's have, and everyone is done with tile kt - 1, whose buffers the next load takes */
     __syncthreads();
-    const int k0 = kt * FW_BK;
-    if (k0 <= i0 + 15) { /* warp-uniform: otherwise every key of the tile is in this warp's future */
-      float sc[FW_BK / 8][4];
+    load_kv(kt + NS - 1);
+    const int k0 = kt * BK;
+    if (k0 <= i0 + 16 * MT - 1) { /* warp-uniform: otherwise every key of the tile is in this warp's future */
+      float sc[MT][BK / 8][4];
 #pragma unroll
-      for (int j = 0; j < FW_BK / 8; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+      for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int j = 0; j < BK / 8; j++) sc[mt][j][0] = sc[mt][j][1] = sc[mt][j][2] = sc[mt][j][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < HD / 16; kk++) {
-        uint32_t qa[4];
-        if (qsm) lda_frag<HD>(qa, sQ, warp * 16, kk, lane);
-        else qa[0] = qf[kk][0], qa[1] = qf[kk][1], qa[2] = qf[kk][2], qa[3] = qf[kk][3];
+        uint32_t qa[MT][4];
 #pragma unroll
-        for (int np = 0; np < FW_BK / 16; np++) {
+        for (int mt = 0; mt < MT; mt++) {
+          if (qsm) lda_frag<HD>(qa[mt], sQ, warp * 16 * MT + 16 * mt, kk, lane);
+          else qa[mt][0] = qf[qsm ? 0 : kk][0], qa[mt][1] = qf[qsm ? 0 : kk][1], qa[mt][2] = qf[qsm ? 0 : kk][2],
+               qa[mt][3] = qf[qsm ? 0 : kk][3];
+        }
+#pragma unroll
+        for (int np = 0; np < BK / 16; np++) {
           uint32_t b[4];
           ldb_rows<HD>(b, sK, 16 * np, kk, lane);
-          mma16816(sc[2 * np], qa, b[0], b[1]);
-          mma16816(sc[2 * np + 1], qa, b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < MT; mt++) {
+            mma16816(sc[mt][2 * np], qa[mt], b[0], b[1]);
+            mma16816(sc[mt][2 * np + 1], qa[mt], b[2], b[3]);
+          }
         }
       }
-      if (k0 + FW_BK - 1 > i0) { /* some key of the tile is after some row of the warp */
+      float corr[MT][2];
 #pragma unroll
-        for (int j = 0; j < FW_BK / 8; j++)
+      for (int mt = 0; mt < MT; mt++) {
+        const int ir = i0 + 16 * mt; /* the m-tile's first row */
+        if (k0 + BK - 1 > ir) {      /* some key of the tile is after some row of the m-tile */
 #pragma unroll
-          for (int e = 0; e < 4; e++) /* causal; also every key >= T for rows < T */
-            if (k0 + 8 * j + 2 * t4 + (e & 1) > i0 + g + (e >> 1) * 8) sc[j][e] = -INFINITY;
-      }
-      float mx[2] = {m[0], m[1]};
+          for (int j = 0; j < BK / 8; j++)
 #pragma unroll
-      for (int j = 0; j < FW_BK / 8; j++)
+            for (int e = 0; e < 4; e++) /* causal; also every key >= T for rows < T */
+              if (k0 + 8 * j + 2 * t4 + (e & 1) > ir + g + (e >> 1) * 8) sc[mt][j][e] = -INFINITY;
+        }
+        float mx[2] = {m[mt][0], m[mt][1]}, ms[2];
 #pragma unroll
-        for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
-      float corr[2], ms[2];
+        for (int j = 0; j < BK / 8; j++)
 #pragma unroll
-      for (int r = 0; r < 2; r++) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        /* mx finite: key 0 is in the first tile of every row. The scale is positive, so
-         * the max of the raw scores is the max of the scaled ones. */
-        corr[r] = ex2((m[r] - mx[r]) * sl2);
-        m[r] = mx[r];
-        ms[r] = mx[r] * sl2;
-        l[r] *= corr[r];
-      }
+          for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], sc[mt][j][e]);
 #pragma unroll
-      for (int j = 0; j < FW_BK / 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const float p = ex2(fmaf(sc[j][e], sl2, -ms[e >> 1]));
-          sc[j][e] = p;
-          l[e >> 1] += p; /* this lane's part; the quad's parts are summed at the end */
+        for (int r = 0; r < 2; r++) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          /* mx finite: key 0 is in the first tile of every row. The scale is positive, so
+           * the max of the raw scores is the max of the scaled ones. */
+          corr[mt][r] = ex2((m[mt][r] - mx[r]) * sl2);
+          m[mt][r] = mx[r];
+          ms[r] = mx[r] * sl2;
+          l[mt][r] *= corr[mt][r];
         }
 #pragma unroll
-      for (int j = 0; j < HD / 8; j++) {
-        o[j][0] *= corr[0], o[j][1] *= corr[0];
-        o[j][2] *= corr[1], o[j][3] *= corr[1];
+        for (int j = 0; j < BK / 8; j++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            const float p = ex2(fmaf(sc[mt][j][e], sl2, -ms[e >> 1]));
+            sc[mt][j][e] = p;
+            l[mt][e >> 1] += p; /* this lane's part; the quad's parts are summed at the end */
+          }
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++) {
+          o[mt][j][0] *= corr[mt][0], o[mt][j][1] *= corr[mt][0];
+          o[mt][j][2] *= corr[mt][1], o[mt][j][3] *= corr[mt][1];
+        }
       }
-      mma_pv<HD, FW_BK / 8>(o, sc, sV, lane);
+      mma_pv<HD, MT, BK / 8>(o, sc, sV, lane); /* o += P v */
     }
-    __syncthreads(); /* the next iteration's loads overwrite the buffers read here */
   }
 #pragma unroll
-  for (int r = 0; r < 2; r++) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const int i = i0 + g + 8 * r;
-    if (i >= T) continue;
-    const float inv = 1.0f / l[r];
-    float *oi = out + (row0 + i) * qs + (int64_t)h * HD + 2 * t4;
+  for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-    for (int j = 0; j < HD / 8; j++) *(float2 *)(oi + 8 * j) = make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
-    if (t4 == 0) lse[(row0 + i) * H + h] = m[r] * sl2 * TC_LN2 + logf(l[r]);
-  }
+    for (int r = 0; r < 2; r++) {
+      float lr = l[mt][r];
+      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const int i = i0 + 16 * mt + g + 8 * r;
+      if (i >= T) continue;
+      const float inv = 1.0f / lr;
+      float *oi = out + (row0 + i) * qs + (int64_t)h * HD + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < HD / 8; j++)
+        *(float2 *)(oi + 8 * j) = make_float2(o[mt][j][2 * r] * inv, o[mt][j][2 * r + 1] * inv);
+      if (t4 == 0) lse[(row0 + i) * H + h] = m[mt][r] * sl2 * TC_LN2 + logf(lr);
+    }
 }
 
 /* ------------------------------------------------------------------ pre-passes */
-/* y = bf16(x), n a multiple of 8, both 16-byte aligned. */
-__global__ void k_tc_pack(const float *__restrict__ x, bf16 *__restrict__ y, int64_t n8) {
-  MC_CU_FOR(i, n8) {
-    const float4 a = ((const float4 *)x)[2 * i], b = ((const float4 *)x)[2 * i + 1];
-    ((uint4 *)y)[i] = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+/* y0 = bf16(x0), y1 = bf16(x1) in one launch; n8 = elements / 8 of each, all 16-byte aligned. */
+__global__ void k_tc_pack2(const float *__restrict__ x0, bf16 *__restrict__ y0, const float *__restrict__ x1,
+                           bf16 *__restrict__ y1, int64_t n8) {
+  MC_CU_FOR(i, 2 * n8) {
+    const bool second = i >= n8;
+    const int64_t j = second ? i - n8 : i;
+    const float4 *x = (const float4 *)(second ? x1 : x0) + 2 * j;
+    const float4 a = x[0], b = x[1];
+    ((uint4 *)(second ? y1 : y0))[j] =
+        make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
   }
 }
 
-/* One warp per (row, head): D = dout . out in fp32 and dout rounded to bf16. */
+/* The backward's pre-pass in one launch. Items 0 .. nqi - 1 are (row, head) of q: q and dout
+ * rounded to bf16 and D = out . dout in fp32; items nqi .. nqi + nki - 1 are (row, kv head):
+ * k and v rounded. HD / 4 lanes per item, one float4 of each tensor per lane. */
 template <int HD>
-__global__ void k_tc_delta(const float *__restrict__ out, const float *__restrict__ dout, int64_t items,
-                           bf16 *__restrict__ dob, float *__restrict__ D) {
-  const int lane = threadIdx.x % 32;
-  for (int64_t it = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; it < items;
-       it += (int64_t)gridDim.x * (blockDim.x / 32)) {
+__global__ void k_tc_prep(const float *__restrict__ q, const float *__restrict__ out, const float *__restrict__ dout,
+                          const float *__restrict__ k, const float *__restrict__ v, int64_t nqi, int64_t nki,
+                          bf16 *__restrict__ qb, bf16 *__restrict__ dob, float *__restrict__ D,
+                          bf16 *__restrict__ kb, bf16 *__restrict__ vb) {
+  constexpr int L = HD / 4, IPW = 32 / L; /* lanes per item, items per warp */
+  const int lane = threadIdx.x % 32, c = 4 * (lane % L);
+  const int64_t nw = (int64_t)gridDim.x * (blockDim.x / 32);
+  for (int64_t w = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; w * IPW < nqi + nki; w += nw) {
+    const int64_t it = w * IPW + lane / L;
     float s = 0.0f;
-#pragma unroll
-    for (int c = 2 * lane; c < HD; c += 64) {
-      const float2 a = *(const float2 *)(out + it * HD + c), b = *(const float2 *)(dout + it * HD + c);
-      s += a.x * b.x + a.y * b.y;
-      *(uint32_t *)(dob + it * HD + c) = pack_bf16(b.x, b.y);
+    if (it < nqi) {
+      const int64_t o = it * HD + c;
+      const float4 a = *(const float4 *)(out + o), b = *(const float4 *)(dout + o), x = *(const float4 *)(q + o);
+      s = a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+      *(uint2 *)(dob + o) = make_uint2(pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+      *(uint2 *)(qb + o) = make_uint2(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w));
+    } else if (it < nqi + nki) {
+      const int64_t o = (it - nqi) * HD + c;
+      const float4 a = *(const float4 *)(k + o), b = *(const float4 *)(v + o);
+      *(uint2 *)(kb + o) = make_uint2(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w));
+      *(uint2 *)(vb + o) = make_uint2(pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
     }
-    s = mc_d_warp_sum(s);
-    if (lane == 0) D[it] = s;
+    /* the whole warp shuffles (the loop condition is per warp); the sum stays within an item */
+#pragma unroll
+    for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (it < nqi && lane % L == 0) D[it] = s;
   }
 }
 
 /* ------------------------------------------------------------------ backward: dq */
-#define BQ_WARPS 4
-#define BQ_ROWS (16 * BQ_WARPS) /* query rows per block */
-#define BQ_BK 64                /* keys per tile */
-
-template <int HD>
-static constexpr size_t dq_smem() {
-  return (size_t)(2 * BQ_ROWS + 4 * BQ_BK) * HD * 2; /* q, dout, then k and v double buffered */
-}
-
+/* Shape knobs as the forward's: MT m-tiles (16 MT query rows) per warp, W warps, BK keys per
+ * tile, MINB blocks per multiprocessor for the register allocation. */
+#ifndef DQ_MT64
+#define DQ_MT64 1
+#endif
+#ifndef DQ_W64
+#define DQ_W64 4
+#endif
+#ifndef DQ_BK64
+#define DQ_BK64 64
+#endif
 #ifndef DQ_MINB64
 #define DQ_MINB64 3
+#endif
+#ifndef DQ_MT128
+#define DQ_MT128 2
+#endif
+#ifndef DQ_W128
+#define DQ_W128 4
+#endif
+#ifndef DQ_BK128
+#define DQ_BK128 32
 #endif
 #ifndef DQ_MINB128
 #define DQ_MINB128 1
 #endif
-template <int HD>
-__global__ void __launch_bounds__(BQ_WARPS * 32, HD == 64 ? DQ_MINB64 : DQ_MINB128)
+#ifndef DQ_NS
+#define DQ_NS 2
+#endif
+
+template <int HD, int MT, int W, int BK>
+static constexpr size_t dq_smem() {
+  return (size_t)(2 * 16 * MT * W + 2 * DQ_NS * BK) * HD * 2; /* q, dout, then DQ_NS k and DQ_NS v tiles */
+}
+
+template <int HD, int MT, int W, int BK, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB)
     k_fa_dq(const bf16 *__restrict__ qb, const bf16 *__restrict__ kb, const bf16 *__restrict__ vb,
             const bf16 *__restrict__ dob, const float *__restrict__ lse, const float *__restrict__ D, int T, int H,
             int KV, float scale, float *__restrict__ dq) {
+  constexpr int BQ = 16 * MT * W; /* query rows per block */
   extern __shared__ uint4 smem_dq[];
-  constexpr uint32_t TB = BQ_BK * HD * 2;
-  const uint32_t sQ = smem_addr(smem_dq), sO = sQ + BQ_ROWS * HD * 2, sK0 = sO + BQ_ROWS * HD * 2;
-  const unsigned per_tile = gridDim.x / (unsigned)((T + BQ_ROWS - 1) / BQ_ROWS); /* H n_seq */
+  constexpr uint32_t TB = BK * HD * 2;
+  const uint32_t sQ = smem_addr(smem_dq), sO = sQ + BQ * HD * 2, sK0 = sO + BQ * HD * 2;
+  const unsigned per_tile = gridDim.x / (unsigned)((T + BQ - 1) / BQ); /* H n_seq */
   const int hs = (int)(blockIdx.x % per_tile), h = hs % H, s = hs / H, kh = h / (H / KV);
-  const int q0 = ((T + BQ_ROWS - 1) / BQ_ROWS - 1 - (int)(blockIdx.x / per_tile)) * BQ_ROWS;
+  const int q0 = ((T + BQ - 1) / BQ - 1 - (int)(blockIdx.x / per_tile)) * BQ;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
   const int64_t qs = (int64_t)H * HD, ks = (int64_t)KV * HD, row0 = (int64_t)s * T;
-  const int nkt = (min(q0 + BQ_ROWS, T) - 1) / BQ_BK + 1;
+  const int nkt = (min(q0 + BQ, T) - 1) / BK + 1;
   const float sl2 = scale * TC_LOG2E;
 
-  tile_async<HD>(sQ, qb, row0, q0, BQ_ROWS, T, qs, h);
-  tile_async<HD>(sO, dob, row0, q0, BQ_ROWS, T, qs, h);
-  tile_async<HD>(sK0, kb, row0, 0, BQ_BK, T, ks, kh);
-  tile_async<HD>(sK0 + 2 * TB, vb, row0, 0, BQ_BK, T, ks, kh);
-  cp_async_commit();
-
-  const int i0 = q0 + warp * 16;
-  float lr[2], dr[2]; /* the lane's rows' lse (log2 units) and D */
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int i = i0 + g + 8 * r;
-    lr[r] = i < T ? lse[(row0 + i) * H + h] * TC_LOG2E : INFINITY; /* p = 0 on padding rows */
-    dr[r] = i < T ? D[(row0 + i) * H + h] : 0.0f;
-  }
-  float acc[HD / 8][4];
-#pragma unroll
-  for (int j = 0; j < HD / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-
-  for (int kt = 0; kt < nkt; kt++) {
-    const uint32_t sK = sK0 + (kt & 1) * TB, sV = sK0 + (2 + (kt & 1)) * TB;
-    if (kt + 1 < nkt) {
-      tile_async<HD>(sK0 + ((kt + 1) & 1) * TB, kb, row0, (kt + 1) * BQ_BK, BQ_BK, T, ks, kh);
-      tile_async<HD>(sK0 + (2 + ((kt + 1) & 1)) * TB, vb, row0, (kt + 1) * BQ_BK, BQ_BK, T, ks, kh);
+  constexpr int NS = DQ_NS;
+  auto load_kv = [&](int kt) { /* as the forward's */
+    if (kt < nkt) {
+      tile_async<HD>(sK0 + (kt % NS) * TB, kb, row0, kt * BK, BK, T, ks, kh);
+      tile_async<HD>(sK0 + (NS + kt % NS) * TB, vb, row0, kt * BK, BK, T, ks, kh);
     }
     cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
-    const int k0 = kt * BQ_BK;
-    if (k0 <= i0 + 15) {
-      float sc[BQ_BK / 8][4], dp[BQ_BK / 8][4];
-      mma_rows<HD, BQ_BK / 8>(sc, sQ, warp * 16, sK, lane);
-      mma_rows<HD, BQ_BK / 8>(dp, sO, warp * 16, sV, lane);
-      const bool diag = k0 + BQ_BK - 1 > i0;
+  };
+  tile_async<HD>(sQ, qb, row0, q0, BQ, T, qs, h); /* in tile 0's group */
+  tile_async<HD>(sO, dob, row0, q0, BQ, T, qs, h);
 #pragma unroll
-      for (int j = 0; j < BQ_BK / 8; j++)
+  for (int kt = 0; kt < NS - 1; kt++) load_kv(kt);
+
+  const int i0 = q0 + warp * 16 * MT; /* m-tile mt's lane rows: i0 + 16 mt + g (+ 8) */
+  float lr[MT][2], dr[MT][2]; /* the lane's rows' lse (log2 units) and D */
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int row = i0 + g + (e >> 1) * 8, key = k0 + 8 * j + 2 * t4 + (e & 1);
-          const float p = diag && key > row ? 0.0f : ex2(fmaf(sc[j][e], sl2, -lr[e >> 1]));
-          sc[j][e] = p * (dp[j][e] - dr[e >> 1]); /* ds / scale */
-        }
-      mma_pv<HD, BQ_BK / 8>(acc, sc, sK, lane); /* dq += ds k */
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const int i = i0 + 16 * mt + g + 8 * r;
+      lr[mt][r] = i < T ? lse[(row0 + i) * H + h] * TC_LOG2E : INFINITY; /* p = 0 on padding rows */
+      dr[mt][r] = i < T ? D[(row0 + i) * H + h] : 0.0f;
     }
-    __syncthreads();
+  float acc[MT][HD / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
+
+  for (int kt = 0; kt < nkt; kt++) {
+    const uint32_t sK = sK0 + (kt % NS) * TB, sV = sK0 + (NS + kt % NS) * TB;
+    cp_async_wait<NS - 2>();
+    __syncthreads(); /* tile kt visible to all; tile kt - 1's buffers free for the next load */
+    load_kv(kt + NS - 1);
+    const int k0 = kt * BK;
+    if (k0 <= i0 + 16 * MT - 1) { /* warp-uniform: some key of the tile is at or before a row of the warp */
+      float sc[MT][BK / 8][4], dp[MT][BK / 8][4];
+      mma_rows<HD, MT, BK / 8>(sc, sQ, warp * 16 * MT, sK, lane);
+      mma_rows<HD, MT, BK / 8>(dp, sO, warp * 16 * MT, sV, lane);
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        const int ir = i0 + 16 * mt;
+        const bool diag = k0 + BK - 1 > ir;
+#pragma unroll
+        for (int j = 0; j < BK / 8; j++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            const int row = ir + g + (e >> 1) * 8, key = k0 + 8 * j + 2 * t4 + (e & 1);
+            const float p = diag && key > row ? 0.0f : ex2(fmaf(sc[mt][j][e], sl2, -lr[mt][e >> 1]));
+            sc[mt][j][e] = p * (dp[mt][j][e] - dr[mt][e >> 1]); /* ds / scale */
+          }
+      }
+      mma_pv<HD, MT, BK / 8>(acc, sc, sK, lane); /* dq += ds k */
+    }
   }
 #pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int i = i0 + g + 8 * r;
-    if (i >= T) continue;
-    float *di = dq + (row0 + i) * qs + (int64_t)h * HD + 2 * t4;
+  for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-    for (int j = 0; j < HD / 8; j++) {
-      float2 v = *(float2 *)(di + 8 * j);
-      v.x += acc[j][2 * r] * scale, v.y += acc[j][2 * r + 1] * scale;
-      *(float2 *)(di + 8 * j) = v;
+    for (int r = 0; r < 2; r++) {
+      const int i = i0 + 16 * mt + g + 8 * r;
+      if (i >= T) continue;
+      float *di = dq + (row0 + i) * qs + (int64_t)h * HD + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < HD / 8; j++) {
+        float2 v = *(float2 *)(di + 8 * j);
+        v.x += acc[mt][j][2 * r] * scale, v.y += acc[mt][j][2 * r + 1] * scale;
+        *(float2 *)(di + 8 * j) = v;
+      }
     }
-  }
 }
 
 /* ------------------------------------------------------------------ backward: dk, dv */
+#ifndef BK_WARPS
 #define BK_WARPS 4
+#endif
 #define BK_KEYS (16 * BK_WARPS) /* keys per block */
 
 /* query rows per tile: fewer for head_dim 128, whose dk and dv accumulators take 128 registers */
@@ -447,16 +580,24 @@ static constexpr __host__ __device__ int dkv_bq() {
   return HD == 128 ? 32 : 64;
 }
 
+#ifndef BK_NS
+#define BK_NS 2 /* query tiles (q, dout, lse, D) in flight */
+#endif
+
 template <int HD>
 static constexpr size_t dkv_smem() {
-  return (size_t)(2 * BK_KEYS + 4 * dkv_bq<HD>()) * HD * 2 + 4 * dkv_bq<HD>() * sizeof(float);
+  /* k, v, then BK_NS q and BK_NS dout tiles, then BK_NS rows of lse and of D */
+  return (size_t)(2 * BK_KEYS + 2 * BK_NS * dkv_bq<HD>()) * HD * 2 + 2 * BK_NS * dkv_bq<HD>() * sizeof(float);
 }
 
 #ifndef BK_MINB64
 #define BK_MINB64 2
 #endif
+#ifndef BK_MINB128
+#define BK_MINB128 2
+#endif
 template <int HD>
-__global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : 2)
+__global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : BK_MINB128)
     k_fa_dkv(const bf16 *__restrict__ qb, const bf16 *__restrict__ kb, const bf16 *__restrict__ vb,
              const bf16 *__restrict__ dob, const float *__restrict__ lse, const float *__restrict__ D, int T, int H,
              int KV, int hps, float scale, float *__restrict__ dk, float *__restrict__ dv) {
@@ -464,7 +605,8 @@ __global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : 2)
   constexpr uint32_t TB = BQ * HD * 2;
   extern __shared__ uint4 smem_dkv[];
   const uint32_t sK = smem_addr(smem_dkv), sV = sK + BK_KEYS * HD * 2, sQ0 = sV + BK_KEYS * HD * 2;
-  float *Ls = (float *)((char *)smem_dkv + (2 * BK_KEYS + 4 * BQ) * HD * 2), *Ds = Ls + 2 * BQ;
+  constexpr int NS = BK_NS;
+  float *Ls = (float *)((char *)smem_dkv + (2 * BK_KEYS + 2 * NS * BQ) * HD * 2), *Ds = Ls + NS * BQ;
   /* the block takes hps of the grp query heads of kv head kh: all of them (dk, dv added in
    * place), or one part of nsplit (its sums written to per-part rows, added by k_tc_parts) */
   const int grp = H / KV, nsplit = grp / hps;
@@ -476,21 +618,25 @@ __global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : 2)
   const float sl2 = scale * TC_LOG2E;
   const int nqt = (T - j0 + BQ - 1) / BQ, n_it = hps * nqt; /* query tiles from j0 on, per head */
 
-  /* stage it's q, dout (async) and lse, D (plain stores) into buffer b */
-  auto stage = [&](int it, int b) {
-    const int h = h0 + it / nqt, t0 = j0 + (it % nqt) * BQ;
-    tile_async<HD>(sQ0 + b * TB, qb, row0, t0, BQ, T, qs, h);
-    tile_async<HD>(sQ0 + (2 + b) * TB, dob, row0, t0, BQ, T, qs, h);
-    for (int x = threadIdx.x; x < BQ; x += blockDim.x) {
-      const int t = t0 + x;
-      Ls[b * BQ + x] = t < T ? lse[(row0 + t) * H + h] * TC_LOG2E : INFINITY; /* p = 0 on padding */
-      Ds[b * BQ + x] = t < T ? D[(row0 + t) * H + h] : 0.0f;
+  /* stage it's q, dout (async) and lse, D (plain stores) into buffer it % NS; one commit
+   * group per stage, empty past the end */
+  auto stage = [&](int it) {
+    if (it < n_it) {
+      const int b = it % NS, h = h0 + it / nqt, t0 = j0 + (it % nqt) * BQ;
+      tile_async<HD>(sQ0 + b * TB, qb, row0, t0, BQ, T, qs, h);
+      tile_async<HD>(sQ0 + (NS + b) * TB, dob, row0, t0, BQ, T, qs, h);
+      for (int x = threadIdx.x; x < BQ; x += blockDim.x) {
+        const int t = t0 + x;
+        Ls[b * BQ + x] = t < T ? lse[(row0 + t) * H + h] * TC_LOG2E : INFINITY; /* p = 0 on padding */
+        Ds[b * BQ + x] = t < T ? D[(row0 + t) * H + h] : 0.0f;
+      }
     }
+    cp_async_commit();
   };
-  tile_async<HD>(sK, kb, row0, j0, BK_KEYS, T, ks, kh);
+  tile_async<HD>(sK, kb, row0, j0, BK_KEYS, T, ks, kh); /* in stage 0's group */
   tile_async<HD>(sV, vb, row0, j0, BK_KEYS, T, ks, kh);
-  stage(0, 0);
-  cp_async_commit();
+#pragma unroll
+  for (int it = 0; it < NS - 1; it++) stage(it);
 
   const int jw = j0 + warp * 16; /* this warp's first key; the lane's keys are jw + g, jw + g + 8 */
   float ak[HD / 8][4], av[HD / 8][4];
@@ -500,12 +646,12 @@ __global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : 2)
     for (int e = 0; e < 4; e++) ak[j][e] = av[j][e] = 0.0f;
 
   for (int it = 0; it < n_it; it++) {
-    const int b = it & 1, t0 = j0 + (it % nqt) * BQ;
-    const uint32_t sQ = sQ0 + b * TB, sO = sQ0 + (2 + b) * TB;
-    if (it + 1 < n_it) stage(it + 1, b ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();
+    const int b = it % NS, t0 = j0 + (it % nqt) * BQ;
+    const uint32_t sQ = sQ0 + b * TB, sO = sQ0 + (NS + b) * TB;
+    cp_async_wait<NS - 2>();
+    /* stage it visible to all (the plain stores too); stage it - 1's buffers free */
     __syncthreads();
+    stage(it + NS - 1);
     if (t0 + BQ - 1 >= jw) { /* warp-uniform: some query of the tile is at or after a key of the warp */
       float sc[BQ / 8][4], dp[BQ / 8][4]; /* transposed: rows are keys, columns queries */
       mma_rows<HD, BQ / 8>(sc, sK, warp * 16, sQ, lane);
@@ -527,7 +673,6 @@ __global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : 2)
       mma_pv<HD, BQ / 8>(av, sc, sO, lane); /* dv += p^T dout */
       mma_pv<HD, BQ / 8>(ak, dp, sQ, lane); /* dk += ds^T q */
     }
-    __syncthreads();
   }
 #pragma unroll
   for (int r = 0; r < 2; r++) {
@@ -583,26 +728,40 @@ static unsigned blocks_1d(mc_backend *be, int tiles, int heads, int n_seq, const
   return (unsigned)b;
 }
 
-static void pack(mc_backend *be, const float *x, bf16 *y, int64_t n) {
-  k_tc_pack<<<mc_cu_grid(n / 8), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(x, y, n / 8);
+template <int HD, int MT, int W, int BK, int MINB, bool QSM>
+static void fwd_launch(mc_backend *be, const float *q, const float *k, const float *v, int n_seq, int T, int H,
+                       int KV, float *out, float *lse) {
+  constexpr size_t smem = fwd_smem<HD, MT, W, BK>();
+  const void *kern = (const void *)k_fa_fwd<HD, MT, W, BK, MINB, QSM>;
+  if (!mc_cuda_attn_smem_ok(be, kern, smem, "attn_fwd (bf16)")) return;
+  const unsigned grid = blocks_1d(be, (T + 16 * MT * W - 1) / (16 * MT * W), H, n_seq, "attn_fwd (bf16)");
+  if (!grid) return;
+  /* k, v are read once per query tile: rounded once into scratch */
+  const int64_t nk = (int64_t)n_seq * T * KV * HD;
+  bf16 *kb = (bf16 *)mc_cuda_scratch(be, (size_t)(2 * nk) * sizeof(bf16), "attn_fwd (bf16)");
+  if (!kb) return;
+  bf16 *vb = kb + nk;
+  k_tc_pack2<<<mc_cu_grid(2 * nk / 8), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(k, kb, v, vb, nk / 8);
+  k_fa_fwd<HD, MT, W, BK, MINB, QSM><<<grid, W * 32, smem, mc_cu_stream(be)>>>(q, kb, vb, T, H, KV,
+                                                                              TC_LOG2E / sqrtf((float)HD), out, lse);
 }
 
 template <int HD>
 static void fwd_hd(mc_backend *be, const float *q, const float *k, const float *v, int n_seq, int T, int H, int KV,
                    float *out, float *lse) {
-  const int64_t nk = (int64_t)n_seq * T * KV * HD;
-  bf16 *kb = (bf16 *)mc_cuda_scratch(be, (size_t)(2 * nk) * sizeof(bf16), "attn_fwd (bf16)");
-  if (!kb) return;
-  bf16 *vb = kb + nk;
-  const size_t smem = fwd_smem<HD>();
-  if (!mc_cuda_attn_smem_ok(be, (const void *)k_fa_fwd<HD>, smem, "attn_fwd (bf16)")) return;
-  pack(be, k, kb, nk);
-  pack(be, v, vb, nk);
-  const unsigned grid = blocks_1d(be, (T + FW_BQ - 1) / FW_BQ, H, n_seq, "attn_fwd (bf16)");
-  if (!grid) return;
-  k_fa_fwd<HD><<<grid, FW_WARPS * 32, smem, mc_cu_stream(be)>>>(q, kb, vb, T, H, KV,
-                                                                 TC_LOG2E / sqrtf((float)HD), out, lse);
+  if (HD == 64) fwd_launch<64, FW_MT64, FW_W64, FW_BK64, FW_MINB64, FW_QSMEM64>(be, q, k, v, n_seq, T, H, KV, out, lse);
+  else fwd_launch<128, FW_MT128, FW_W128, FW_BK128, FW_MINB128, FW_QSMEM128>(be, q, k, v, n_seq, T, H, KV, out, lse);
   mc_cuda_check(be, "attn_fwd (bf16)");
+}
+
+template <int HD, int MT, int W, int BK, int MINB>
+static void dq_launch(mc_backend *be, const bf16 *qb, const bf16 *kb, const bf16 *vb, const bf16 *dob,
+                      const float *lse, const float *D, int n_seq, int T, int H, int KV, float scale, float *dq) {
+  constexpr size_t smem = dq_smem<HD, MT, W, BK>();
+  if (!mc_cuda_attn_smem_ok(be, (const void *)k_fa_dq<HD, MT, W, BK, MINB>, smem, "attn_bwd (bf16)")) return;
+  const unsigned grid = blocks_1d(be, (T + 16 * MT * W - 1) / (16 * MT * W), H, n_seq, "attn_bwd (bf16)");
+  if (!grid) return;
+  k_fa_dq<HD, MT, W, BK, MINB><<<grid, W * 32, smem, mc_cu_stream(be)>>>(qb, kb, vb, dob, lse, D, T, H, KV, scale, dq);
 }
 
 template <int HD>
@@ -627,20 +786,19 @@ static void bwd_hd(mc_backend *be, const float *q, const float *k, const float *
   bf16 *qb = (bf16 *)sc, *dob = qb + nq, *kb = dob + nq, *vb = kb + nk;
   float *D = (float *)(vb + nk); /* offsets are multiples of 128 bytes: HD >= 64 */
   float *pk = D + nD, *pv = pk + nparts;
-  const size_t sq = dq_smem<HD>(), skv = dkv_smem<HD>();
-  if (!mc_cuda_attn_smem_ok(be, (const void *)k_fa_dq<HD>, sq, "attn_bwd (bf16)") ||
-      !mc_cuda_attn_smem_ok(be, (const void *)k_fa_dkv<HD>, skv, "attn_bwd (bf16)"))
-    return;
+  const size_t skv = dkv_smem<HD>();
+  if (!mc_cuda_attn_smem_ok(be, (const void *)k_fa_dkv<HD>, skv, "attn_bwd (bf16)")) return;
   cudaStream_t st = mc_cu_stream(be);
-  pack(be, q, qb, nq);
-  pack(be, k, kb, nk);
-  pack(be, v, vb, nk);
-  k_tc_delta<HD><<<grid_cap((n * H + 7) / 8), 256, 0, st>>>(out, dout, n * H, dob, D);
+  {
+    const int64_t warps = (n * (H + KV) + 32 / (HD / 4) - 1) / (32 / (HD / 4)); /* 32 / (HD / 4) items per warp */
+    k_tc_prep<HD><<<grid_cap((warps + 7) / 8), 256, 0, st>>>(q, out, dout, k, v, n * H, n * KV, qb, dob, D, kb, vb);
+  }
   const float scale = 1.0f / sqrtf((float)HD);
-  const unsigned gq = blocks_1d(be, (T + BQ_ROWS - 1) / BQ_ROWS, H, n_seq, "attn_bwd (bf16)");
   const unsigned gk = blocks_1d(be, kblocks, KV * nsplit, n_seq, "attn_bwd (bf16)");
-  if (!gq || !gk) return;
-  k_fa_dq<HD><<<gq, BQ_WARPS * 32, sq, st>>>(qb, kb, vb, dob, lse, D, T, H, KV, scale, dq);
+  if (!gk) return;
+  if (HD == 64)
+    dq_launch<64, DQ_MT64, DQ_W64, DQ_BK64, DQ_MINB64>(be, qb, kb, vb, dob, lse, D, n_seq, T, H, KV, scale, dq);
+  else dq_launch<128, DQ_MT128, DQ_W128, DQ_BK128, DQ_MINB128>(be, qb, kb, vb, dob, lse, D, n_seq, T, H, KV, scale, dq);
   k_fa_dkv<HD><<<gk, BK_WARPS * 32, skv, st>>>(qb, kb, vb, dob, lse, D, T, H, KV, hps, scale, nsplit > 1 ? pk : dk,
                                                  nsplit > 1 ? pv : dv);
   if (nsplit > 1) {
