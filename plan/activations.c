@@ -36,7 +36,7 @@ void mc_act_shape_of(const mc_model *m, const mc_layout *l, int micro_batch, int
   s->tp = l->tp > 0 ? l->tp : 1;
   s->tokens = (int64_t)micro_batch * m->seq_len;
   s->tokens_seq = l->sp ? s->tokens / s->tp : s->tokens;
-  s->abytes = abytes;
+  s->abytes = s->pbytes = abytes;
 }
 
 /* (token, expert) assignments the rank handles per micro-batch: balanced routing when
@@ -54,7 +54,8 @@ int64_t mc_act_block_bytes(const mc_model *m, const mc_act_shape *s, char block,
   if (r == MC_RECOMPUTE_FULL) return bytes;
   bytes += Ts * 4;
   const int none = r == MC_RECOMPUTE_NONE;
-  if (none) bytes += Ts * d * a; /* u = RMSNorm(x) * w, input of every projection */
+  /* u = RMSNorm(x) * w, input of every projection (an E layer also routes and permutes it) */
+  if (none) bytes += Ts * d * (block == 'E' ? a : s->pbytes);
   switch (block) {
     case 'A': {
       const int64_t q = (int64_t)m->n_heads * m->head_dim / t;
@@ -83,8 +84,9 @@ int64_t mc_act_block_bytes(const mc_model *m, const mc_act_shape *s, char block,
       const int64_t as = moe_assignments(m, s);
       bytes += Ts * e * 4;                       /* router probabilities (fp32) */
       bytes += Ts * k * (4 + 4);                 /* top-k expert index and gate */
-      bytes += as * (2 * d + 2 * f) * a;         /* dispatched input, expert output, u w1^T, u w3^T */
-      if (none) bytes += as * f * a;             /* silu(u w1^T) * (u w3^T), input of w2 */
+      bytes += as * d * s->pbytes;               /* dispatched input */
+      bytes += as * (d + 2 * f) * a;             /* expert output, u w1^T, u w3^T */
+      if (none) bytes += as * f * s->pbytes;     /* silu(u w1^T) * (u w3^T), input of w2 */
       break;
     }
     case 'R': {

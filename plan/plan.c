@@ -68,6 +68,7 @@ static void stage_activations(const mc_geometry *g, const mc_plan *p, int s, sta
   const mc_layout *l = &g->layout;
   mc_act_shape sh;
   mc_act_shape_of(m, l, p->micro_batch, p->act_bytes, &sh);
+  sh.pbytes = p->prod_bytes;
   memset(out, 0, sizeof *out);
   int64_t worst_recompute = 0; /* a recomputed layer's full working set exists one at a time */
   int has_moe = 0;
@@ -177,6 +178,7 @@ int mc_plan_build(const mc_geometry *g, const mc_train_cfg *train, const mc_plan
   /* What the trainer does (train/net.c): fp32 activations; bf16 matrix weights under bf16. */
   p->act_bytes = 4;
   p->matmul_bytes = p->bf16 ? 2 : 4;
+  p->prod_bytes = p->bf16 && g->layout.tp == 1 ? 2 : 4;
   const mc_layout *l = &g->layout;
   if (train->micro_batch <= 0 || l->dp <= 0 || train->global_batch % (train->micro_batch * l->dp) != 0)
     return mc_error("train.global_batch=%d is not a multiple of train.micro_batch=%d * parallel.dp=%d",

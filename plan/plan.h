@@ -72,6 +72,8 @@ typedef struct {
   int matmul_bytes;           /* bytes per working element of a matrix weight (mc_role_is_matmul): 2 under bf16,
                                  else 4; other params are fp32 */
   int bf16;                   /* 1 when train.dtype is bf16 (separate fp32 master copy) */
+  int prod_bytes;             /* mc_act_shape.pbytes: 2 under bf16 on one rank without TP (what the
+                                 trainer keeps in bf16, train/net_blocks.h mc_act16), else 4 */
   int world;
   int micro_batch;
   int n_micro;                /* micro-batches per step per DP rank */

@@ -112,6 +112,7 @@ static cJSON *ownership(const mc_geometry *g) {
 static cJSON *activation_table(const mc_geometry *g, const mc_plan *p) {
   mc_act_shape sh;
   mc_act_shape_of(&g->model, &g->layout, p->micro_batch, p->act_bytes, &sh);
+  sh.pbytes = p->prod_bytes;
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "tokens", (double)sh.tokens);
   cJSON_AddNumberToObject(o, "tokens_seq", (double)sh.tokens_seq);

@@ -107,6 +107,7 @@ static void print_activation_table(FILE *out, const mc_geometry *g, const mc_pla
   static const mc_recompute pols[3] = {MC_RECOMPUTE_NONE, MC_RECOMPUTE_SELECTIVE, MC_RECOMPUTE_FULL};
   mc_act_shape sh;
   mc_act_shape_of(&g->model, &g->layout, p->micro_batch, p->act_bytes, &sh);
+  sh.pbytes = p->prod_bytes;
   fprintf(out, "\n== activations per layer and micro-batch (%lld tokens, %lld per rank on TP-replicated tensors; policy in use: %s) ==\n",
           (long long)sh.tokens, (long long)sh.tokens_seq, mc_recompute_name(p->recompute));
   fprintf(out, "%-6s %14s %14s %14s\n", "block", "none", "selective", "full");
