@@ -24,7 +24,7 @@ the learning rate is held at train.lr (the schedule's cost is nil). Tokens are s
 (uniform random). fp32 runs use IEEE fp32 products (no TF32), like MegaC's fp32 mode; bf16 runs
 use torch.autocast(bfloat16) over fp32 master weights.
 
-Usage (on a CUDA machine; bench/run_torch_bench.sh drives it):
+Usage (on a CUDA machine; bench/run_bench.sh drives it, with MegaC's runs):
   torch_hybrid.py --config configs/nam-small.json --dtype bf16 --mode compile \
       [--flops-per-token F] [--peak-tflops P] [--json-out FILE]
   torch_hybrid.py --selfcheck       # scans, dispatch, conv, attention against plain references
