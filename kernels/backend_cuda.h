@@ -19,12 +19,14 @@ int mc_cuda_device_count(void);
  * mc_error set when no such device or driver exists or its set-up fails. */
 mc_backend *mc_backend_cuda(int device);
 
-/* The same device with the matrix products (gemm, gemm_strided, gemm_grouped) on bf16 tensor
- * cores: A and B are rounded to bf16 (to nearest even) into scratch memory for each call and
- * multiplied with fp32 accumulation into the fp32 C. Attention (attn_fwd, attn_bwd) at
- * head_dim 64 and 128 runs on bf16 tensor cores too: q, k, v, dout and the probabilities
- * rounded to bf16, fp32 accumulation, softmax statistics, lse and outputs (other head sizes
- * run the fp32 kernels). Every other op, and all storage, stay fp32. A separate instance
+/* The same device with the matrix products on bf16 tensor cores: gemm, gemm_strided and
+ * gemm_grouped round A and B to bf16 (to nearest even) into scratch memory for each call,
+ * gemm_ex and gemm_grouped_ex read operands stored in bf16 as they are and round only fp32
+ * ones; fp32 accumulation into the fp32 C. Attention (attn_fwd, attn_bwd) at head_dim 64
+ * and 128 runs on bf16 tensor cores too: q, k, v, dout and the probabilities rounded to
+ * bf16, fp32 accumulation, softmax statistics, lse and outputs (other head sizes run the fp32
+ * kernels). Every other op is the fp32 one. Its table sets bf16_weights, so a network on it
+ * keeps its matrix weights (and its product-only activations) in bf16. A separate instance
  * (its own stream and cuBLAS handle; one per device, never freed): memory of one instance
  * may be used by the other only after the first's sync(). */
 mc_backend *mc_backend_cuda_bf16(int device);

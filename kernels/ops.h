@@ -3,8 +3,9 @@
  * without touching the model code. The CPU backend (kernels/cpu) is the reference.
  *
  * Conventions (DESIGN.md section 2 fixes the numbers):
- * - Tensors are fp32 (token ids and routing indices int32), row-major, contiguous unless a
- *   leading dimension is given. Activations are token-major: n = n_seq * T rows, and row r is
+ * - Tensors are fp32 (token ids and routing indices int32; the operands of gemm_ex and
+ *   gemm_grouped_ex and the output of to_bf16 may be bf16, mc_bf16), row-major, contiguous
+ *   unless a leading dimension is given. Activations are token-major: n = n_seq * T rows, and row r is
  *   position r % T of sequence r / T (positions restart at 0 for every sequence).
  * - Forward ops write their outputs. Backward ops ADD into every gradient they produce (input
  *   gradients and parameter gradients alike), so a tensor used twice simply receives two
