@@ -31,6 +31,10 @@ mc_backend *mc_backend_cuda(int device);
  * may be used by the other only after the first's sync(). */
 mc_backend *mc_backend_cuda_bf16(int device);
 
+/* The cudaStream_t an instance queues its work on, as an opaque handle: for programs that time
+ * ops with CUDA events (tests/kernels/test_cuda_attn_tc.c). */
+void *mc_cuda_stream_handle(mc_backend *be);
+
 #ifdef __cplusplus
 }
 #endif

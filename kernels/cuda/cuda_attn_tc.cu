@@ -821,6 +821,3 @@ void mc_cuda_attn_tc_bwd(mc_backend *be, const float *q, const float *k, const f
   else bwd_hd<128>(be, q, k, v, out, lse, dout, n_seq, T, H, KV, dq, dk, dv);
 }
 
-/* The backend's stream as an opaque handle, for tests that time ops with CUDA events
- * (tests/kernels/test_cuda_attn_tc.c declares it). */
-extern "C" void *mc_cuda_stream_handle(mc_backend *be) { return (void *)mc_cu_stream(be); }

@@ -171,6 +171,8 @@ static mc_backend *create(int device, int bf16_gemm) {
   return be;
 }
 
+void *mc_cuda_stream_handle(mc_backend *be) { return (void *)mc_cu_stream(be); }
+
 mc_backend *mc_backend_cuda(int device) { return create(device, 0); }
 
 mc_backend *mc_backend_cuda_bf16(int device) { return create(device, 1); }

@@ -26,8 +26,6 @@
 
 #include "kernels/backend_cuda.h"
 
-/* kernels/cuda/cuda_attn_tc.cu: the backend's cudaStream_t. */
-void *mc_cuda_stream_handle(mc_backend *be);
 
 #define BAND 1e-2
 #define TOL_FP32 1e-5
