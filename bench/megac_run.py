@@ -19,7 +19,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
+
+from bench_record import add_model_flops, result_line
 
 
 def gpu_mem_sampler(pid, stop, peak):
@@ -88,18 +89,8 @@ def main():
         "loss_first": by_step[1]["loss"], "loss_last": by_step[total]["loss"],
         "max_mem_gib": peak[0] / 1024.0, "mem_source": "nvidia-smi used_memory (process, with CUDA context)",
     }
-    if args.flops_per_token:
-        res["flops_per_token"] = args.flops_per_token
-        res["model_tflops"] = args.flops_per_token * res["tokens_per_s"] / 1e12
-        if args.peak_tflops:
-            res["peak_tflops"] = args.peak_tflops
-            res["mfu"] = res["model_tflops"] / args.peak_tflops
-    line = (f"RESULT {name} megac {args.dtype}: step {med * 1e3:.1f} ms (median of {len(timed)}, "
-            f"min {min(timed) * 1e3:.1f}, max {max(timed) * 1e3:.1f}), {res['tokens_per_s']:.0f} tokens/s, "
-            f"first step {times[0]:.1f} s, peak mem {res['max_mem_gib']:.1f} GiB")
-    if "mfu" in res:
-        line += f", {res['model_tflops']:.1f} model TFLOP/s, MFU {100 * res['mfu']:.1f}%"
-    print(line, flush=True)
+    add_model_flops(res, args.flops_per_token, args.peak_tflops)
+    print(result_line(res), flush=True)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(res, f, indent=1)

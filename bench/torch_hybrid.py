@@ -41,6 +41,8 @@ import statistics
 import sys
 import time
 
+from bench_record import add_model_flops, result_line
+
 try:
     import torch
     import torch.nn.functional as F
@@ -492,20 +494,10 @@ def bench(args):
         "max_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
         "torch": torch.__version__, "card": torch.cuda.get_device_name(),
     }
-    if args.flops_per_token:
-        res["flops_per_token"] = args.flops_per_token
-        res["model_tflops"] = args.flops_per_token * res["tokens_per_s"] / 1e12
-        if args.peak_tflops:
-            res["peak_tflops"] = args.peak_tflops
-            res["mfu"] = res["model_tflops"] / args.peak_tflops
+    add_model_flops(res, args.flops_per_token, args.peak_tflops)
     if not all(math.isfinite(x) for x in losses):
         raise SystemExit(f"non-finite loss: {losses}")
-    line = (f"RESULT {res['config']} {args.mode} {args.dtype}: step {med * 1e3:.1f} ms (median of {len(timed)}, "
-            f"min {min(timed) * 1e3:.1f}, max {max(timed) * 1e3:.1f}), {res['tokens_per_s']:.0f} tokens/s, "
-            f"first step {times[0]:.1f} s, peak mem {res['max_mem_gib']:.1f} GiB")
-    if "mfu" in res:
-        line += f", {res['model_tflops']:.1f} model TFLOP/s, MFU {100 * res['mfu']:.1f}%"
-    print(line, flush=True)
+    print(result_line(res), flush=True)
     if args.profile:
         profile_step(step, args.profile)
     if args.json_out:
