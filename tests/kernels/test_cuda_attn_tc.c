@@ -20,6 +20,7 @@
  * prints "SKIP: no CUDA device" and passes. */
 #include <string.h>
 
+#include "tests/kernels/cudacheck.h"
 #include "tests/kernels/kcheck.h"
 #ifdef MC_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -252,15 +253,11 @@ static void profile_shape(int n_seq, int T, int H, int KV, int hd) {
 #endif
 
 int main(int argc, char **argv) {
+  if (!kc_cuda_usable()) return 0;
 #ifndef MC_HAVE_CUDA
   (void)argc, (void)argv;
-  printf("SKIP: no CUDA device (built without CUDA)\n");
   return 0;
 #else
-  if (mc_cuda_device_count() == 0) {
-    printf("SKIP: no CUDA device\n");
-    return 0;
-  }
   cpu = mc_backend_cpu();
   g32 = mc_backend_cuda(0);
   g16 = mc_backend_cuda_bf16(0);

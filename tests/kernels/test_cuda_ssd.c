@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tests/kernels/cudacheck.h"
 #include "tests/kernels/kcheck.h"
 #ifdef MC_HAVE_CUDA
 #include "kernels/backend_cuda.h"
@@ -176,15 +177,11 @@ static void time_nam_small(void) {
 #endif
 
 int main(int argc, char **argv) {
+  if (!kc_cuda_usable()) return 0;
 #ifndef MC_HAVE_CUDA
   (void)argc, (void)argv;
-  printf("SKIP: no CUDA device (built without CUDA)\n");
   return 0;
 #else
-  if (mc_cuda_device_count() == 0) {
-    printf("SKIP: no CUDA device\n");
-    return 0;
-  }
   cpu = mc_backend_cpu();
   gpu = mc_backend_cuda(0);
   CHECK(gpu != NULL, "a device exists but the backend failed: %s", mc_errmsg());
