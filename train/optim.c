@@ -43,8 +43,7 @@ int mc_optim_init_with(mc_optim *o, const mc_geometry *geo, int rank, mc_backend
     for (int k = 1; k < sh.ndim; k++) row *= sh.local_count[k];
     s->offset = (sh.start[0] - sh.local_start[0]) * row;
     const int64_t bytes = s->numel * (int64_t)sizeof(float);
-    s->external_master = external_master && external_master[f];
-    if (!s->external_master) mc_arena_count(&ar[master_cat(s->decay)], bytes);
+    if (!(external_master && external_master[f])) mc_arena_count(&ar[master_cat(s->decay)], bytes);
     mc_arena_count(&ar[moments_cat(s->decay)], bytes);
     mc_arena_count(&ar[moments_cat(s->decay)], bytes);
   }
@@ -56,10 +55,11 @@ int mc_optim_init_with(mc_optim *o, const mc_geometry *geo, int rank, mc_backend
   for (int i = 0; i < o->n; i++) { /* zero-filled, in the counting order */
     mc_optim_slot *s = &o->slots[i];
     const int64_t bytes = s->numel * (int64_t)sizeof(float);
-    if (!s->external_master) s->master = mc_arena_take(&ar[master_cat(s->decay)], bytes, master_cat(s->decay));
+    const int own_master = !(external_master && external_master[s->fam]);
+    if (own_master) s->master = mc_arena_take(&ar[master_cat(s->decay)], bytes, master_cat(s->decay));
     s->exp_avg = mc_arena_take(&ar[moments_cat(s->decay)], bytes, moments_cat(s->decay));
     s->exp_avg_sq = mc_arena_take(&ar[moments_cat(s->decay)], bytes, moments_cat(s->decay));
-    if ((!s->master && !s->external_master) || !s->exp_avg || !s->exp_avg_sq) {
+    if ((own_master && !s->master) || !s->exp_avg || !s->exp_avg_sq) {
       mc_optim_free(o);
       return mc_error_context("optimizer, family %s", geo->fams.f[s->fam].name);
     }
@@ -140,7 +140,6 @@ void mc_optim_step(mc_optim *o, const mc_train_cfg *t, double lr, double grad_sc
                                  .v = s->exp_avg_sq,
                                  .n = s->numel,
                                  .weight_decay = s->decay ? (float)t->weight_decay : 0.0f,
-                                 .w_copy = s->w_copy,
                                  .w_bf16 = s->w_bf16};
   }
 }

@@ -26,13 +26,10 @@ typedef struct {
   int64_t offset;   /* where the shard starts inside the rank's local (working) slice */
   int64_t numel;    /* elements held */
   float *master, *exp_avg, *exp_avg_sq; /* backend memory */
-  /* Optional destinations of the updated master weights, written by mc_optim_step in the same
-   * pass as the update (backend memory, numel elements each, NULL = none; zero after init):
-   * w_copy receives the fp32 values, w_bf16 the values rounded to bf16 (kernels/bf16.h).
-   * The caller sets them, e.g. to the shard's rows of the working weights. */
-  float *w_copy;
+  /* Optional destination of the updated master weights rounded to bf16 (kernels/bf16.h),
+   * written by mc_optim_step in the same pass as the update (backend memory, numel elements,
+   * NULL = none, the default): the caller points it at bf16 working weights. */
   mc_bf16 *w_bf16;
-  int external_master; /* master points at the caller's memory (mc_optim_init_with) */
 } mc_optim_slot;
 
 typedef struct {
@@ -73,7 +70,7 @@ double mc_clip_scale(double norm, double clip);
 
 /* One AdamW step on every slot (one adamw_multi call; weight decay only on decaying
  * families): grads[i] as above, multiplied by grad_scale (clipping). Each slot's updated
- * master weights also go to its w_copy and w_bf16 where set. Queued on the backend:
+ * master weights also go to its w_bf16 where set. Queued on the backend:
  * failures are reported by o->be->sync(). */
 void mc_optim_step(mc_optim *o, const mc_train_cfg *t, double lr, double grad_scale,
                    float *const *grads);
