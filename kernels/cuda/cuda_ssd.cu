@@ -159,6 +159,25 @@ static __device__ __forceinline__ float ssd_rowsum(float v) {
   return v;
 }
 
+/* out[j] += scale[j] * (row j of X, columns p0 .. p0 + np, dotted with the tile T that this
+ * thread holds), for the rows j < len of the thread's row group: each thread sums its four
+ * columns, the group sums over its 16 threads, the tx == 0 thread adds (scale NULL: 1). */
+static __device__ __forceinline__ void ssd_row_dots(float *out, const float *scale, const float *X, int xs, int p0,
+                                                    int len, int np, const float (&T)[4][4], int tx, int ty) {
+#pragma unroll
+  for (int r = 0; r < 4; r++) {
+    const int j = ty * 4 + r;
+    float part = 0.0f;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      const int p = tx * 4 + q;
+      if (j < len && p < np) part += X[j * xs + p0 + p] * T[r][q];
+    }
+    part = ssd_rowsum(part);
+    if (tx == 0) out[j] += (scale ? scale[j] : 1.0f) * part;
+  }
+}
+
 /* Shared memory of a chunk block, in floats: the two staging buffers, cum (double), vectors
  * of SSD_L, then SSD_MS-strided L x L matrices. */
 #define SSD_OFF_CUM (2 * SSD_KT * SSD_LD)
@@ -371,18 +390,7 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_BWD)
     /* DB = B dS_out^T, its dot with x for ddt and da, then dx */
     ssd_zero(db);
     if (has_out) ssd_mm(db, ssd_op(Bc, N, 1, k.len, N), ssd_op(dSo + (int64_t)p0 * N, N, 1, np, N), As, Bs);
-#pragma unroll
-    for (int r = 0; r < 4; r++) {
-      const int j = ty * 4 + r;
-      float part = 0.0f;
-#pragma unroll
-      for (int q = 0; q < 4; q++) {
-        const int p = tx * 4 + q;
-        if (j < k.len && p < np) part += xc[j * xs + p0 + p] * db[r][q];
-      }
-      part = ssd_rowsum(part);
-      if (tx == 0) sv[j] += part;
-    }
+    ssd_row_dots(sv, NULL, xc, xs, p0, k.len, np, db, tx, ty);
     ssd_zero(acc);
     ssd_mm(acc, ssd_op(sG, 1, SSD_MS, k.len, k.len), ssd_op(dyc + p0, 1, xs, np, k.len), As, Bs);
 #pragma unroll
@@ -399,18 +407,7 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_BWD)
     if (has_in) {
       ssd_zero(acc);
       ssd_mm(acc, ssd_op(Cc, N, 1, k.len, N), ssd_op(S0 + (int64_t)p0 * N, N, 1, np, N), As, Bs);
-#pragma unroll
-      for (int r = 0; r < 4; r++) {
-        const int i = ty * 4 + r;
-        float part = 0.0f;
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-          const int p = tx * 4 + q;
-          if (i < k.len && p < np) part += dyc[i * xs + p0 + p] * acc[r][q];
-        }
-        part = ssd_rowsum(part);
-        if (tx == 0) sR[i] += k.ec[i] * part;
-      }
+      ssd_row_dots(sR, k.ec, dyc, xs, p0, k.len, np, acc, tx, ty);
     }
   }
 
