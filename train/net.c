@@ -67,13 +67,17 @@ static float *initial_values(const mc_net *net, const mc_net_param *p) {
   }
   int64_t shp[3] = {1, 1, 1}, cnt[3] = {1, 1, 1}, st[3] = {0, 0, 0};
   for (int i = 0; i < f->ndim; i++) shp[i] = f->shape[i], cnt[i] = s->local_count[i], st[i] = s->local_start[i];
-  int64_t e = 0;
-  for (int64_t a = 0; a < cnt[0]; a++)
+  /* Each value depends only on its global index (counter-based), so rows are drawn in
+   * parallel with the same result. */
+#pragma omp parallel for schedule(static) if (p->numel >= (1 << 16))
+  for (int64_t a = 0; a < cnt[0]; a++) {
+    int64_t e = a * cnt[1] * cnt[2];
     for (int64_t b = 0; b < cnt[1]; b++)
       for (int64_t c = 0; c < cnt[2]; c++) {
         uint64_t gi = (uint64_t)(((st[0] + a) * shp[1] + st[1] + b) * shp[2] + st[2] + c);
         host[e++] = init_value(&net->m, f, net->seed, stream, gi);
       }
+  }
   return host;
 }
 
