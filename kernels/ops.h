@@ -50,6 +50,14 @@ typedef struct {
   const mc_bf16 *h;
 } mc_operand;
 
+/* An op's output as stored: fp32 (f) or bf16 (h); exactly one is set. A bf16 output holds the
+ * op's fp32 result rounded to nearest even (kernels/bf16.h), and is always written, never
+ * accumulated into (see the conventions above for gradients). */
+typedef struct {
+  float *f;
+  mc_bf16 *h;
+} mc_dst;
+
 typedef struct mc_backend mc_backend;
 
 struct mc_backend {
