@@ -26,4 +26,19 @@ static inline float mc_bf16_to_float(mc_bf16 h) {
   return f;
 }
 
+/* Element i of an op input as stored, widened to fp32. */
+static inline float mc_operand_at(mc_operand x, int64_t i) { return x.h ? mc_bf16_to_float(x.h[i]) : x.f[i]; }
+
+/* Writes v as element i of an op output (rounded when the output is bf16). */
+static inline void mc_dst_set(mc_dst y, int64_t i, float v) {
+  if (y.h) y.h[i] = mc_bf16_from_float(v);
+  else y.f[i] = v;
+}
+
+/* A gradient's contribution v to element i: added into fp32, written into bf16 (ops.h). */
+static inline void mc_dst_acc(mc_dst y, int64_t i, float v) {
+  if (y.h) y.h[i] = mc_bf16_from_float(v);
+  else y.f[i] += v;
+}
+
 #endif

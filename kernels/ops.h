@@ -3,14 +3,18 @@
  * without touching the model code. The CPU backend (kernels/cpu) is the reference.
  *
  * Conventions (DESIGN.md section 2 fixes the numbers):
- * - Tensors are fp32 (token ids and routing indices int32; the operands of gemm_ex and
- *   gemm_grouped_ex and the output of to_bf16 may be bf16, mc_bf16), row-major, contiguous
- *   unless a leading dimension is given. Activations are token-major: n = n_seq * T rows, and row r is
+ * - Tensors are fp32 (token ids and routing indices int32), row-major, contiguous unless a
+ *   leading dimension is given. Where an argument is an mc_operand (input) or mc_dst
+ *   (output) it may instead be stored in bf16 (mc_bf16): the op then computes on the bf16
+ *   input widened exactly to fp32, and rounds a bf16 output once from its fp32 value (so the
+ *   CPU reference and the CUDA backend store the same bits up to the fp32 arithmetic). Activations are token-major: n = n_seq * T rows, and row r is
  *   position r % T of sequence r / T (positions restart at 0 for every sequence).
  * - Forward ops write their outputs. Backward ops ADD into every gradient they produce (input
  *   gradients and parameter gradients alike), so a tensor used twice simply receives two
- *   contributions; callers zero gradient buffers with fill(). The one exception is
- *   xent_bwd, which writes (it produces the first gradient of the pass).
+ *   contributions; callers zero gradient buffers with fill(). The exceptions: xent_bwd,
+ *   which writes (it produces the first gradient of the pass), and any gradient stored in
+ *   bf16 (an mc_dst with h set), which is written: it must be the gradient's only
+ *   contribution, since sums are kept in fp32.
  * - Ops do not report errors one by one: a backend records the first failure and sync()
  *   returns it (0 or -1 with mc_error set), like a sticky device error. */
 #ifndef MC_KERNELS_OPS_H
@@ -113,14 +117,15 @@ struct mc_backend {
                        const int64_t *a_off, int lda, const float *B, const int64_t *b_off,
                        int ldb, float beta, float *C, const int64_t *c_off, int ldc);
   /* gemm and gemm_grouped on operands stored in fp32 or bf16 (mc_operand: the bf16 matrix
-   * weights, and activations kept in bf16 for the products under train.dtype=bf16): the same
-   * result as on the operands widened (exactly) to fp32; C is fp32. The bf16 CUDA instance
-   * feeds stored bf16 straight to its tensor cores and rounds only fp32 operands. */
+   * weights, and activations kept in bf16 under train.dtype=bf16): the same result as on the
+   * operands widened (exactly) to fp32. C is fp32, or bf16 (the fp32 result rounded) only with
+   * beta == 0. The bf16 CUDA instance feeds stored bf16 straight to its tensor cores and
+   * rounds only fp32 operands. */
   void (*gemm_ex)(mc_backend *be, int trans_a, int trans_b, int M, int N, int K, float alpha, mc_operand A,
-                  int lda, mc_operand B, int ldb, float beta, float *C, int ldc);
+                  int lda, mc_operand B, int ldb, float beta, mc_dst C, int ldc);
   void (*gemm_grouped_ex)(mc_backend *be, int trans_a, int trans_b, int groups, const int *M, const int *N,
                           const int *K, float alpha, mc_operand A, const int64_t *a_off, int lda, mc_operand B,
-                          const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc);
+                          const int64_t *b_off, int ldb, float beta, mc_dst C, const int64_t *c_off, int ldc);
   /* y = x rounded to bf16 (to nearest even, as kernels/bf16.h). */
   void (*to_bf16)(mc_backend *be, const float *x, mc_bf16 *y, int64_t n);
 
@@ -131,20 +136,21 @@ struct mc_backend {
   void (*act_bwd)(mc_backend *be, mc_act act, const float *x, const float *dy, float *dx,
                   int64_t n);
   /* Gated unit: y = act(a) * b (SwiGLU with MC_ACT_SILU, the Mamba gate, the RG-LRU output
-   * gate with MC_ACT_GELU). */
-  void (*glu_fwd)(mc_backend *be, mc_act act, const float *a, const float *b, float *y, int64_t n);
-  void (*glu_bwd)(mc_backend *be, mc_act act, const float *a, const float *b, const float *dy,
-                  float *da, float *db, int64_t n);
+   * gate with MC_ACT_GELU). Every tensor may be stored in bf16 (SwiGLU under
+   * train.dtype=bf16); da and db are then written (see the conventions). */
+  void (*glu_fwd)(mc_backend *be, mc_act act, mc_operand a, mc_operand b, mc_dst y, int64_t n);
+  void (*glu_bwd)(mc_backend *be, mc_act act, mc_operand a, mc_operand b, mc_operand dy, mc_dst da,
+                  mc_dst db, int64_t n);
 
   /* ---- embedding: y[r,:] = W[tok[r],:]; backward scatter-adds rows into dW. */
   void (*embed_fwd)(mc_backend *be, const int32_t *tok, int n, int d, const float *W, float *y);
   void (*embed_bwd)(mc_backend *be, const int32_t *tok, int n, int d, const float *dy, float *dW);
 
   /* ---- RMSNorm over groups of `group` columns (group == d: full width; group == hdm: the
-   * per-head Mamba norm): y = x / sqrt(mean_group(x^2) + eps) * w. rstd[n * d/group] is saved
-   * for the backward. */
+   * per-head Mamba norm): y = x / sqrt(mean_group(x^2) + eps) * w (y may be bf16: a normed
+   * input that only feeds products). rstd[n * d/group] is saved for the backward. */
   void (*rmsnorm_fwd)(mc_backend *be, const float *x, const float *w, int n, int d, int group,
-                      float eps, float *y, float *rstd);
+                      float eps, mc_dst y, float *rstd);
   void (*rmsnorm_bwd)(mc_backend *be, const float *x, const float *w, const float *rstd,
                       const float *dy, int n, int d, int group, float *dx, float *dw);
 
@@ -229,11 +235,12 @@ struct mc_backend {
 
   /* ---- vocab-masked cross-entropy: logits [n, Vp], columns >= V are padding and count as
    * -inf. loss[r] = logsumexp(logits[r, :V]) - logits[r, target[r]]; lse[r] is saved.
-   * xent_bwd WRITES dlogits = scale * (softmax - onehot), zero on padded columns. */
+   * xent_bwd WRITES dlogits = scale * (softmax - onehot), zero on padded columns, in fp32 or
+   * (feeding only the head's products) bf16. */
   void (*xent_fwd)(mc_backend *be, const float *logits, const int32_t *target, int n, int V,
                    int Vp, float *loss, float *lse);
   void (*xent_bwd)(mc_backend *be, const float *logits, const int32_t *target, const float *lse,
-                   int n, int V, int Vp, float scale, float *dlogits);
+                   int n, int V, int Vp, float scale, mc_dst dlogits);
 };
 
 /* The CPU reference backend (CBLAS + OpenMP). A process-wide instance; never freed. */

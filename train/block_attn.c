@@ -20,13 +20,13 @@ static int attn_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   mc_backend *be = net->be;
   const mc_model *m = &net->m;
   const int T = m->seq_len, n = n_seq * T, d = m->d_model, H = m->n_heads, KV = m->n_kv_heads, hd = m->head_dim;
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WQ), n, d, H * hd, 0.0f, L->f[Q]);
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WK), n, d, KV * hd, 0.0f, L->f[K]);
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WV), n, d, KV * hd, 0.0f, L->f[V]);
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WQ), n, d, H * hd, 0.0f, mc_o32(L->f[Q]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WK), n, d, KV * hd, 0.0f, mc_o32(L->f[K]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WV), n, d, KV * hd, 0.0f, mc_o32(L->f[V]));
   be->rope_fwd(be, L->f[Q], n, T, H, hd, m->rope_theta);
   be->rope_fwd(be, L->f[K], n, T, KV, hd, m->rope_theta);
   be->attn_fwd(be, L->f[Q], L->f[K], L->f[V], n_seq, T, H, KV, hd, L->f[O], L->f[LSE]);
-  mc_linear_fwd(be, mc_f32(L->f[O]), mc_wm(net, L, MC_ROLE_ATTN_WO), n, H * hd, d, 1.0f, x);
+  mc_linear_fwd(be, mc_f32(L->f[O]), mc_wm(net, L, MC_ROLE_ATTN_WO), n, H * hd, d, 1.0f, mc_o32(x));
   return 0;
 }
 

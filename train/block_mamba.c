@@ -27,11 +27,11 @@ static int mamba_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   const int T = m->seq_len, n = n_seq * T, d = m->d_model, di = m->mamba_inner, hm = mc_mamba_heads(m);
   const int N = m->ssm_state, K = m->conv_width;
   float **f = L->f;
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WZ), n, d, di, 0.0f, f[Z]);
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WX), n, d, di, 0.0f, f[XR]);
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WB), n, d, N, 0.0f, f[BR]);
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WC), n, d, N, 0.0f, f[CR]);
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WDT), n, d, hm, 0.0f, f[DTP]);
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WZ), n, d, di, 0.0f, mc_o32(f[Z]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WX), n, d, di, 0.0f, mc_o32(f[XR]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WB), n, d, N, 0.0f, mc_o32(f[BR]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WC), n, d, N, 0.0f, mc_o32(f[CR]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WDT), n, d, hm, 0.0f, mc_o32(f[DTP]));
   be->bias_fwd(be, f[DTP], mc_w(net, L, MC_ROLE_SSM_DT_BIAS), n, hm);
   be->act_fwd(be, MC_ACT_SOFTPLUS, f[DTP], f[DT], (int64_t)n * hm);
   be->conv_fwd(be, f[XR], mc_w(net, L, MC_ROLE_SSM_CONVX_W), mc_w(net, L, MC_ROLE_SSM_CONVX_B), n_seq, T, di, K, f[XCP]);
@@ -42,9 +42,9 @@ static int mamba_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   be->act_fwd(be, MC_ACT_SILU, f[CCP], f[CC], (int64_t)n * N);
   be->ssm_fwd(be, f[XC], f[DT], mc_w(net, L, MC_ROLE_SSM_A_LOG), f[BC], f[CC], mc_w(net, L, MC_ROLE_SSM_D), n_seq, T,
               hm, m->mamba_head_dim, N, f[Y]);
-  be->glu_fwd(be, MC_ACT_SILU, f[Z], f[Y], f[G], (int64_t)n * di);
-  be->rmsnorm_fwd(be, f[G], mc_w(net, L, MC_ROLE_SSM_NORM), n, di, m->mamba_head_dim, (float)m->norm_eps, f[GN], f[GRSTD]);
-  mc_linear_fwd(be, mc_f32(f[GN]), mc_wm(net, L, MC_ROLE_SSM_WOUT), n, di, d, 1.0f, x);
+  be->glu_fwd(be, MC_ACT_SILU, mc_f32(f[Z]), mc_f32(f[Y]), mc_o32(f[G]), (int64_t)n * di);
+  be->rmsnorm_fwd(be, f[G], mc_w(net, L, MC_ROLE_SSM_NORM), n, di, m->mamba_head_dim, (float)m->norm_eps, mc_o32(f[GN]), f[GRSTD]);
+  mc_linear_fwd(be, mc_f32(f[GN]), mc_wm(net, L, MC_ROLE_SSM_WOUT), n, di, d, 1.0f, mc_o32(x));
   return 0;
 }
 
@@ -72,7 +72,7 @@ static int mamba_backward(struct mc_net *net, mc_layer *L, int n_seq, const floa
                 mc_g(net, L, MC_ROLE_SSM_WOUT));
   be->rmsnorm_bwd(be, f[G], mc_w(net, L, MC_ROLE_SSM_NORM), f[GRSTD], g[DGN], n, di, m->mamba_head_dim,
                   mc_zeroed(be, g[DG], nd), mc_g(net, L, MC_ROLE_SSM_NORM));
-  be->glu_bwd(be, MC_ACT_SILU, f[Z], f[Y], g[DG], mc_zeroed(be, g[DZ], nd), mc_zeroed(be, g[DY], nd), nd);
+  be->glu_bwd(be, MC_ACT_SILU, mc_f32(f[Z]), mc_f32(f[Y]), mc_f32(g[DG]), mc_o32(mc_zeroed(be, g[DZ], nd)), mc_o32(mc_zeroed(be, g[DY], nd)), nd);
   be->ssm_bwd(be, f[XC], f[DT], mc_w(net, L, MC_ROLE_SSM_A_LOG), f[BC], f[CC], mc_w(net, L, MC_ROLE_SSM_D), g[DY],
               n_seq, T, hm, m->mamba_head_dim, N, mc_zeroed(be, g[DXC], nd), mc_zeroed(be, g[DDT], nh),
               mc_g(net, L, MC_ROLE_SSM_A_LOG), mc_zeroed(be, g[DBC], nn), mc_zeroed(be, g[DCC], nn),

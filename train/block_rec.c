@@ -19,17 +19,17 @@ static int rec_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   const int T = m->seq_len, n = n_seq * T, d = m->d_model, dr = m->rec_width;
   const int64_t nd = (int64_t)n * dr;
   float **f = L->f;
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WX), n, d, dr, 0.0f, f[XB]);
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WGATE), n, d, dr, 0.0f, f[GP]);
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WR), n, d, dr, 0.0f, f[RP]);
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WI), n, d, dr, 0.0f, f[IP]);
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WX), n, d, dr, 0.0f, mc_o32(f[XB]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WGATE), n, d, dr, 0.0f, mc_o32(f[GP]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WR), n, d, dr, 0.0f, mc_o32(f[RP]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WI), n, d, dr, 0.0f, mc_o32(f[IP]));
   be->bias_fwd(be, f[RP], mc_w(net, L, MC_ROLE_REC_BR), n, dr);
   be->bias_fwd(be, f[IP], mc_w(net, L, MC_ROLE_REC_BI), n, dr);
   be->act_fwd(be, MC_ACT_SIGMOID, f[RP], f[R], nd);
-  be->glu_fwd(be, MC_ACT_SIGMOID, f[IP], f[XB], f[GX], nd);
+  be->glu_fwd(be, MC_ACT_SIGMOID, mc_f32(f[IP]), mc_f32(f[XB]), mc_o32(f[GX]), nd);
   be->rglru_fwd(be, f[GX], f[R], mc_w(net, L, MC_ROLE_REC_LAMBDA), n_seq, T, dr, f[H]);
-  be->glu_fwd(be, MC_ACT_GELU, f[GP], f[H], f[O], nd);
-  mc_linear_fwd(be, mc_f32(f[O]), mc_wm(net, L, MC_ROLE_REC_WOUT), n, dr, d, 1.0f, x);
+  be->glu_fwd(be, MC_ACT_GELU, mc_f32(f[GP]), mc_f32(f[H]), mc_o32(f[O]), nd);
+  mc_linear_fwd(be, mc_f32(f[O]), mc_wm(net, L, MC_ROLE_REC_WOUT), n, dr, d, 1.0f, mc_o32(x));
   return 0;
 }
 
@@ -43,10 +43,10 @@ static int rec_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   float **f = L->f, **g = net->g;
   mc_linear_bwd(be, mc_f32(f[O]), mc_wm(net, L, MC_ROLE_REC_WOUT), mc_f32(dy), n, dr, d, mc_zeroed(be, g[DO], nd),
                 mc_g(net, L, MC_ROLE_REC_WOUT));
-  be->glu_bwd(be, MC_ACT_GELU, f[GP], f[H], g[DO], mc_zeroed(be, g[DGP], nd), mc_zeroed(be, g[DH], nd), nd);
+  be->glu_bwd(be, MC_ACT_GELU, mc_f32(f[GP]), mc_f32(f[H]), mc_f32(g[DO]), mc_o32(mc_zeroed(be, g[DGP], nd)), mc_o32(mc_zeroed(be, g[DH], nd)), nd);
   be->rglru_bwd(be, f[GX], f[R], mc_w(net, L, MC_ROLE_REC_LAMBDA), f[H], g[DH], n_seq, T, dr,
                 mc_zeroed(be, g[DGX], nd), mc_zeroed(be, g[DR], nd), mc_g(net, L, MC_ROLE_REC_LAMBDA));
-  be->glu_bwd(be, MC_ACT_SIGMOID, f[IP], f[XB], g[DGX], mc_zeroed(be, g[DIP], nd), mc_zeroed(be, g[DXB], nd), nd);
+  be->glu_bwd(be, MC_ACT_SIGMOID, mc_f32(f[IP]), mc_f32(f[XB]), mc_f32(g[DGX]), mc_o32(mc_zeroed(be, g[DIP], nd)), mc_o32(mc_zeroed(be, g[DXB], nd)), nd);
   be->act_bwd(be, MC_ACT_SIGMOID, f[RP], g[DR], mc_zeroed(be, g[DRP], nd), nd);
   be->bias_bwd(be, g[DRP], n, dr, mc_g(net, L, MC_ROLE_REC_BR));
   be->bias_bwd(be, g[DIP], n, dr, mc_g(net, L, MC_ROLE_REC_BI));

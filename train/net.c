@@ -293,7 +293,7 @@ static void free_activations(mc_net *net) {
   }
   float **bufs[] = {&net->x,    &net->hf,  &net->rstd_f, &net->logits, &net->loss,     &net->lse,
                     &net->dx,   &net->du,  &net->y,      &net->ush,    &net->full,     &net->pack,     &net->ufull,
-                    &net->dlogits, &net->emb_rows, &net->emb_gate, &net->u_shared};
+                    &net->dlogits, &net->emb_rows, &net->emb_gate};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = NULL;
   for (int i = 0; i < MC_NET_GBUFS; i++) net->g[i] = NULL;
   net->tok_in = net->tok_tgt = net->emb_tok = net->emb_slot = NULL;
@@ -333,9 +333,12 @@ void mc_net_zero_grad(mc_net *net) {
 
 /* ------------------------------------------------------------------ activations */
 
-/* Whether layer l keeps its normed input for the backward as bf16 only: mc_act16, and a block
- * whose u feeds nothing but matrix products (an E block also routes and permutes it in fp32). */
-static int keeps_u16(const mc_net *net, const mc_layer *l) { return mc_act16(net) && l->kind != 'E'; }
+/* Whether layer l keeps its normed input as bf16 only (the norm writes it so, there is no fp32
+ * u): mc_act16, and a block whose u feeds nothing but matrix products (a routed E block also
+ * routes and permutes it in fp32; a dense one does not). */
+static int keeps_u16(const mc_net *net, const mc_layer *l) {
+  return mc_act16(net) && (l->kind != 'E' || mc_moe_is_dense(net));
+}
 
 /* Places the activations and gradient scratch for micro-batches of n_seq sequences in the
  * activations arena: counts them (count = 1) or carves them (count = 0), in the same order.
@@ -358,7 +361,7 @@ static int place_activations(mc_net *net, int n_seq, int count) {
     memset(&s, 0, sizeof s);
     block_ops(l->kind)->sizes(m, n_seq, mc_act16(net), &s);
     ALLOC(l->x_in, nl * d);
-    if (keeps_u16(net, l)) ALLOC(l->u16, nl * d); /* u itself: net->u_shared */
+    if (keeps_u16(net, l)) ALLOC(l->u16, nl * d);
     else ALLOC(l->u, nl * d); /* under SP the shard; blocks that need whole sequences re-gather it */
     ALLOC(l->rstd, nl);
     for (int i = 0; i < MC_LAYER_FBUFS; i++)
@@ -374,13 +377,6 @@ static int place_activations(mc_net *net, int n_seq, int count) {
   }
   for (int i = 0; i < MC_NET_GBUFS; i++)
     if (gmax[i]) ALLOC(net->g[i], gmax[i]);
-  int any_u16 = 0;
-  for (int L = 0; L < net->n_layers; L++) any_u16 |= keeps_u16(net, &net->layers[L]);
-  if (any_u16) {
-    ALLOC(net->u_shared, nl * d);
-    for (int L = 0; L < net->n_layers && !count; L++)
-      if (keeps_u16(net, &net->layers[L])) net->layers[L].u = net->u_shared;
-  }
   ALLOC(net->tok_in, n);
   ALLOC(net->tok_tgt, n);
   ALLOC(net->x, nl * d);
@@ -479,10 +475,12 @@ static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
   mc_backend *be = net->be;
   const int d = net->m.d_model, n = n_seq * net->m.seq_len, nl = n_seq * net->T_res;
   const block_rows how = rows_of(net, l);
-  be->rmsnorm_fwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), nl, d, d, (float)net->m.norm_eps, l->u, l->rstd);
-  if (l->u16) be->to_bf16(be, l->u, l->u16, (int64_t)nl * d); /* rounded once for all its products */
-  const int rows = how == ROWS_LOCAL ? nl : n;
-  be->fill(be, net->y, (int64_t)rows * d, 0.0f);
+  be->rmsnorm_fwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), nl, d, d, (float)net->m.norm_eps,
+                  l->u16 ? mc_o16(l->u16) : mc_o32(l->u), l->rstd);
+  /* a block on its local rows adds straight into the residual stream; otherwise its output is
+   * combined over TP first */
+  if (how == ROWS_LOCAL) return block_ops(l->kind)->forward(net, l, n_seq, net->x);
+  be->fill(be, net->y, (int64_t)n * d, 0.0f);
   if (with_whole_input(net, l, n_seq, how, 1)) return -1;
   if (how == ROWS_GATHERED) {
     mc_sp_take(net, net->y, net->ush, n_seq, d);
@@ -490,12 +488,15 @@ static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
   } else if (how == ROWS_SPLIT && net->sp) {
     if (mc_sp_reduce_scatter(net, net->y, net->ush, n_seq, d)) return -1;
     be->axpy(be, net->x, net->ush, (int64_t)nl * d, 1.0f);
-  } else {
-    if (how == ROWS_SPLIT && mc_tp_allreduce(net, net->y, (int64_t)n * d)) return -1;
+  } else { /* split over TP without SP: the partial outputs summed */
+    if (mc_tp_allreduce(net, net->y, (int64_t)n * d)) return -1;
     be->axpy(be, net->x, net->y, (int64_t)nl * d, 1.0f);
   }
   return 0;
 }
+
+/* The final norm's output as the head's products read it (bf16 under mc_act16). */
+static mc_operand hf_in(const mc_net *net) { return mc_act16(net) ? mc_b16(net->hf) : mc_f32(net->hf); }
 
 static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *stats) {
   const mc_model *m = &net->m;
@@ -537,12 +538,13 @@ static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *
   }
   if (!rc) rc = mc_zero3_acquire(net, fin, 2, 0);
   if (!rc) {
-    float *hf = net->sp ? net->ush : net->hf;
+    /* under mc_act16 hf feeds only the head's products: kept in bf16 */
+    const mc_dst hf = net->sp ? mc_o32(net->ush) : mc_act16(net) ? mc_o16(net->hf) : mc_o32(net->hf);
     be->rmsnorm_fwd(be, net->x, net->params[net->fam_final_norm].w, nl, d, d, (float)m->norm_eps, hf, net->rstd_f);
     if (net->sp) rc = mc_sp_gather(net, net->ush, net->hf, n_seq, d);
   }
   if (!rc) {
-    mc_linear_fwd(be, mc_f32(net->hf), mc_param_mat(&net->params[net->fam_head]), n, d, Vp, 0.0f, net->logits);
+    mc_linear_fwd(be, hf_in(net), mc_param_mat(&net->params[net->fam_head]), n, d, Vp, 0.0f, mc_o32(net->logits));
     if (net->tp > 1) {
       rc = mc_vp_xent_fwd(net, in + n, n);
     } else {
@@ -608,15 +610,15 @@ static int backward(mc_net *net, int n_seq, double ce_weight, double seq_weight)
   if (net->tp > 1) {
     if (mc_vp_xent_bwd(net, n, (float)ce_weight)) return -1;
   } else {
-    be->xent_bwd(be, net->logits, net->tok_tgt, net->lse, n, V, Vp, (float)ce_weight, net->dlogits);
+    /* under mc_act16 dlogits feeds only the head's two products: written in bf16 */
+    be->xent_bwd(be, net->logits, net->tok_tgt, net->lse, n, V, Vp, (float)ce_weight,
+                 mc_act16(net) ? mc_o16(net->dlogits) : mc_o32(net->dlogits));
   }
   /* d(hf): full rows, partial over TP (the head is vocab-parallel) */
   float *dh = net->full, *dh_res = net->full;
   be->fill(be, dh, (int64_t)n * d, 0.0f);
-  /* act16: dlogits feeds two products; rounded once, into the logits buffer (dead after xent_bwd) */
-  const mc_operand dlg = mc_act16(net) ? mc_to16(be, net->dlogits, (mc_bf16 *)net->logits, (int64_t)n * Vp)
-                                       : mc_f32(net->dlogits);
-  mc_linear_bwd(be, mc_f32(net->hf), mc_param_mat(&net->params[net->fam_head]), dlg, n, d, Vp, dh,
+  const mc_operand dlg = mc_act16(net) ? mc_b16(net->dlogits) : mc_f32(net->dlogits);
+  mc_linear_bwd(be, hf_in(net), mc_param_mat(&net->params[net->fam_head]), dlg, n, d, Vp, dh,
                 net->params[net->fam_head].g);
   if (net->sp) {
     if (mc_sp_reduce_scatter(net, dh, net->ush, n_seq, d)) return -1;

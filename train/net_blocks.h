@@ -21,9 +21,9 @@ typedef struct {
   int p[MC_ROLE_COUNT];      /* index into net->params, -1 where the block has no such role */
   float *x_in, *u, *rstd;    /* residual input, normed input RMSNorm(x_in) * w, its rstd
                                 (residual rows: under SP this rank's sequence shard) */
-  mc_bf16 *u16;              /* bf16 working weights (train.dtype=bf16), blocks whose u feeds
-                                only matrix products (A, M, R): u rounded to bf16, kept for the
-                                backward, and u itself a buffer shared by all layers; else NULL */
+  mc_bf16 *u16;              /* mc_act16, blocks whose u feeds only matrix products (A, M, R,
+                                a dense E): the normed input in bf16, written by the norm, and
+                                u is NULL; else NULL */
   float *f[MC_LAYER_FBUFS];  /* block activations (meaning fixed by each block file) */
   int32_t *i[MC_LAYER_IBUFS];
   /* MoE host-side results of the last forward */
@@ -62,6 +62,10 @@ typedef struct {
 } mc_block_ops;
 
 extern const mc_block_ops mc_block_attn, mc_block_mamba, mc_block_moe, mc_block_rec;
+
+/* Whether the network's E blocks run as the plain SwiGLU (one expert, one choice, no drop
+ * possible; train/block_moe.c). */
+int mc_moe_is_dense(const struct mc_net *net);
 
 struct mc_net {
   mc_backend *be;
@@ -102,7 +106,6 @@ struct mc_net {
   float *full;         /* [n, d] gathered or to-be-scattered rows */
   float *pack;         /* [n, d] member-major staging of the SP collectives */
   float *ufull;        /* [n, d] SP: a layer's normed input gathered for its block */
-  float *u_shared;     /* [nl, d] the fp32 normed input of the layers that keep it as u16 */
   int moe_dense;       /* 1 (default): an E block of one expert and one choice that cannot drop
                           runs as the plain SwiGLU (train/block_moe.c); 0: always routed */
   const float *bwd_dy; /* the output gradient of the block being differentiated */
@@ -171,6 +174,10 @@ static inline float *mc_zeroed(mc_backend *be, float *p, int64_t n) {
 static inline mc_operand mc_param_mat(const mc_net_param *p) { return (mc_operand){p->w, p->w16}; }
 static inline mc_operand mc_wm(struct mc_net *net, const mc_layer *L, mc_role r) { return mc_param_mat(&net->params[L->p[r]]); }
 static inline mc_operand mc_f32(const float *x) { return (mc_operand){x, NULL}; }
+static inline mc_operand mc_b16(const void *x) { return (mc_operand){NULL, (const mc_bf16 *)x}; }
+/* Op outputs as stored (kernels/ops.h mc_dst): fp32, or bf16 in a buffer sized in floats. */
+static inline mc_dst mc_o32(float *x) { return (mc_dst){x, NULL}; }
+static inline mc_dst mc_o16(void *x) { return (mc_dst){NULL, (mc_bf16 *)x}; }
 /* Whether activations that only feed matrix products are kept in bf16: bf16 working weights
  * (the products round them anyway), one rank without TP/SP. */
 static inline int mc_act16(const struct mc_net *net) { return net->be->bf16_weights && !net->sp && net->tp == 1; }
@@ -182,24 +189,24 @@ static inline mc_operand mc_to16(mc_backend *be, const float *x, mc_bf16 *h, int
 /* A layer's normed input as its products read it (u16 where kept, else u). */
 static inline mc_operand mc_uin(const mc_layer *L) { return L->u16 ? (mc_operand){NULL, L->u16} : mc_f32(L->u); }
 
-/* gemm on operands as stored (gemm for two fp32 operands, else gemm_ex). */
+/* gemm on operands and result as stored (gemm for all fp32, else gemm_ex). */
 static inline void mc_gemm_m(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, mc_operand A, int lda,
-                             mc_operand B, int ldb, float beta, float *C, int ldc) {
-  if (A.h || B.h) be->gemm_ex(be, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  else be->gemm(be, ta, tb, M, N, K, alpha, A.f, lda, B.f, ldb, beta, C, ldc);
+                             mc_operand B, int ldb, float beta, mc_dst C, int ldc) {
+  if (A.h || B.h || C.h) be->gemm_ex(be, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else be->gemm(be, ta, tb, M, N, K, alpha, A.f, lda, B.f, ldb, beta, C.f, ldc);
 }
 
-/* y[n, out] = u[n, in] W[out, in]^T + beta * y */
+/* y[n, out] = u[n, in] W[out, in]^T + beta * y (a bf16 y: beta 0) */
 static inline void mc_linear_fwd(mc_backend *be, mc_operand u, mc_operand W, int n, int in, int out, float beta,
-                                 float *y) {
+                                 mc_dst y) {
   mc_gemm_m(be, 0, 1, n, out, in, 1.0f, u, in, W, in, beta, y, out);
 }
 
 /* dW[out, in] += dy^T u;  du[n, in] += dy W (skipped when du is NULL). */
 static inline void mc_linear_bwd(mc_backend *be, mc_operand u, mc_operand W, mc_operand dy, int n, int in, int out,
                                  float *du, float *dW) {
-  mc_gemm_m(be, 1, 0, out, in, n, 1.0f, dy, out, u, in, 1.0f, dW, in);
-  if (du) mc_gemm_m(be, 0, 0, n, in, out, 1.0f, dy, out, W, in, 1.0f, du, in);
+  mc_gemm_m(be, 1, 0, out, in, n, 1.0f, dy, out, u, in, 1.0f, mc_o32(dW), in);
+  if (du) mc_gemm_m(be, 0, 0, n, in, out, 1.0f, dy, out, W, in, 1.0f, mc_o32(du), in);
 }
 
 #endif

@@ -27,10 +27,10 @@ void mc_cpu_gemm_grouped(mc_backend *be, int ta, int tb, int groups, const int *
                          const float *B, const int64_t *b_off, int ldb, float beta, float *C,
                          const int64_t *c_off, int ldc);
 void mc_cpu_gemm_ex(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, mc_operand A, int lda,
-                    mc_operand B, int ldb, float beta, float *C, int ldc);
+                    mc_operand B, int ldb, float beta, mc_dst C, int ldc);
 void mc_cpu_gemm_grouped_ex(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K,
                             float alpha, mc_operand A, const int64_t *a_off, int lda, mc_operand B,
-                            const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc);
+                            const int64_t *b_off, int ldb, float beta, mc_dst C, const int64_t *c_off, int ldc);
 void mc_cpu_to_bf16(mc_backend *be, const float *x, mc_bf16 *y, int64_t n);
 
 void mc_cpu_bias_fwd(mc_backend *be, float *y, const float *b, int n, int c);
@@ -38,17 +38,16 @@ void mc_cpu_bias_bwd(mc_backend *be, const float *dy, int n, int c, float *db);
 void mc_cpu_act_fwd(mc_backend *be, mc_act act, const float *x, float *y, int64_t n);
 void mc_cpu_act_bwd(mc_backend *be, mc_act act, const float *x, const float *dy, float *dx,
                     int64_t n);
-void mc_cpu_glu_fwd(mc_backend *be, mc_act act, const float *a, const float *b, float *y,
+void mc_cpu_glu_fwd(mc_backend *be, mc_act act, mc_operand a, mc_operand b, mc_dst y, int64_t n);
+void mc_cpu_glu_bwd(mc_backend *be, mc_act act, mc_operand a, mc_operand b, mc_operand dy, mc_dst da, mc_dst db,
                     int64_t n);
-void mc_cpu_glu_bwd(mc_backend *be, mc_act act, const float *a, const float *b, const float *dy,
-                    float *da, float *db, int64_t n);
 
 void mc_cpu_embed_fwd(mc_backend *be, const int32_t *tok, int n, int d, const float *W, float *y);
 void mc_cpu_embed_bwd(mc_backend *be, const int32_t *tok, int n, int d, const float *dy,
                       float *dW);
 
 void mc_cpu_rmsnorm_fwd(mc_backend *be, const float *x, const float *w, int n, int d, int group,
-                        float eps, float *y, float *rstd);
+                        float eps, mc_dst y, float *rstd);
 void mc_cpu_rmsnorm_bwd(mc_backend *be, const float *x, const float *w, const float *rstd,
                         const float *dy, int n, int d, int group, float *dx, float *dw);
 
@@ -100,7 +99,7 @@ void mc_cpu_moe_unpermute_bwd(mc_backend *be, const float *dy, const float *yp,
 void mc_cpu_xent_fwd(mc_backend *be, const float *logits, const int32_t *target, int n, int V,
                      int Vp, float *loss, float *lse);
 void mc_cpu_xent_bwd(mc_backend *be, const float *logits, const int32_t *target, const float *lse,
-                     int n, int V, int Vp, float scale, float *dlogits);
+                     int n, int V, int Vp, float scale, mc_dst dlogits);
 
 /* Work (elements or multiply-adds) below which an op runs on the calling thread: a parallel
  * region costs a fork and a barrier, which on small tensors, or on a machine whose cores

@@ -1,6 +1,7 @@
 /* Bias, pointwise activations and gated units. GELU is the exact erf form. */
 #include <math.h>
 
+#include "kernels/bf16.h"
 #include "kernels/cpu/cpu.h"
 
 static inline float act_f(mc_act act, float v) {
@@ -62,19 +63,19 @@ void mc_cpu_act_bwd(mc_backend *be, mc_act act, const float *x, const float *dy,
   for (int64_t i = 0; i < n; i++) dx[i] += dy[i] * act_df(act, x[i]);
 }
 
-void mc_cpu_glu_fwd(mc_backend *be, mc_act act, const float *a, const float *b, float *y,
+void mc_cpu_glu_fwd(mc_backend *be, mc_act act, mc_operand a, mc_operand b, mc_dst y, int64_t n) {
+  (void)be;
+#pragma omp parallel for if (n > MC_CPU_PAR_MIN)
+  for (int64_t i = 0; i < n; i++) mc_dst_set(y, i, act_f(act, mc_operand_at(a, i)) * mc_operand_at(b, i));
+}
+
+void mc_cpu_glu_bwd(mc_backend *be, mc_act act, mc_operand a, mc_operand b, mc_operand dy, mc_dst da, mc_dst db,
                     int64_t n) {
   (void)be;
 #pragma omp parallel for if (n > MC_CPU_PAR_MIN)
-  for (int64_t i = 0; i < n; i++) y[i] = act_f(act, a[i]) * b[i];
-}
-
-void mc_cpu_glu_bwd(mc_backend *be, mc_act act, const float *a, const float *b, const float *dy,
-                    float *da, float *db, int64_t n) {
-  (void)be;
-#pragma omp parallel for if (n > MC_CPU_PAR_MIN)
   for (int64_t i = 0; i < n; i++) {
-    da[i] += dy[i] * b[i] * act_df(act, a[i]);
-    db[i] += dy[i] * act_f(act, a[i]);
+    const float av = mc_operand_at(a, i), g = mc_operand_at(dy, i);
+    mc_dst_acc(da, i, g * mc_operand_at(b, i) * act_df(act, av));
+    mc_dst_acc(db, i, g * act_f(act, av));
   }
 }

@@ -3,23 +3,24 @@
  *   dx = rstd * (dy*w - x * rstd^2 * mean(dy*w*x)),  dw += dy * x * rstd. */
 #include <math.h>
 
+#include "kernels/bf16.h"
 #include "kernels/cpu/cpu.h"
 
 void mc_cpu_rmsnorm_fwd(mc_backend *be, const float *x, const float *w, int n, int d, int group,
-                        float eps, float *y, float *rstd) {
+                        float eps, mc_dst y, float *rstd) {
   (void)be;
   int ng = d / group;
 #pragma omp parallel for if ((int64_t)n * d > MC_CPU_PAR_MIN)
   for (int r = 0; r < n; r++) {
     for (int gi = 0; gi < ng; gi++) {
       const float *xr = x + (int64_t)r * d + (int64_t)gi * group;
-      float *yr = y + (int64_t)r * d + (int64_t)gi * group;
+      const int64_t yo = (int64_t)r * d + (int64_t)gi * group;
       const float *wr = w + (int64_t)gi * group;
       double ss = 0.0;
       for (int j = 0; j < group; j++) ss += (double)xr[j] * xr[j];
       float rs = (float)(1.0 / sqrt(ss / group + eps));
       rstd[(int64_t)r * ng + gi] = rs;
-      for (int j = 0; j < group; j++) yr[j] = xr[j] * rs * wr[j];
+      for (int j = 0; j < group; j++) mc_dst_set(y, yo + j, xr[j] * rs * wr[j]);
     }
   }
 }

@@ -2,6 +2,7 @@
  * (they count as -inf logits), so they never win and get zero gradient. */
 #include <math.h>
 
+#include "kernels/bf16.h"
 #include "kernels/cpu/cpu.h"
 
 void mc_cpu_xent_fwd(mc_backend *be, const float *logits, const int32_t *target, int n, int V,
@@ -21,14 +22,16 @@ void mc_cpu_xent_fwd(mc_backend *be, const float *logits, const int32_t *target,
 }
 
 void mc_cpu_xent_bwd(mc_backend *be, const float *logits, const int32_t *target, const float *lse,
-                     int n, int V, int Vp, float scale, float *dlogits) {
+                     int n, int V, int Vp, float scale, mc_dst dlogits) {
   (void)be;
 #pragma omp parallel for if ((int64_t)n * V > MC_CPU_PAR_MIN)
   for (int r = 0; r < n; r++) {
     const float *lr = logits + (int64_t)r * Vp;
-    float *dr = dlogits + (int64_t)r * Vp;
-    for (int c = 0; c < V; c++) dr[c] = scale * expf(lr[c] - lse[r]);
-    for (int c = V; c < Vp; c++) dr[c] = 0.0f;
-    dr[target[r]] -= scale;
+    const int64_t o = (int64_t)r * Vp;
+    for (int c = 0; c < V; c++) {
+      const float p = scale * expf(lr[c] - lse[r]);
+      mc_dst_set(dlogits, o + c, c == target[r] ? p - scale : p);
+    }
+    for (int c = V; c < Vp; c++) mc_dst_set(dlogits, o + c, 0.0f);
   }
 }

@@ -5,6 +5,7 @@
 #define MC_KERNELS_CUDA_COMMON_H
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -70,6 +71,21 @@ void mc_cuda_install_moe(mc_backend *be);
 /* ---- device math: the same formulas as kernels/cpu/cpu.h and cpu_act.c */
 static __device__ __forceinline__ float mc_d_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 static __device__ __forceinline__ float mc_d_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+/* Element i of an op input or output as stored (kernels/ops.h mc_operand, mc_dst): fp32, or
+ * bf16 widened on load and rounded to nearest even on store. A gradient output adds into
+ * fp32 and is written in bf16 (mc_d_acc; the ops.h conventions). */
+static __device__ __forceinline__ float mc_d_ld(mc_operand x, int64_t i) {
+  return x.h ? __bfloat162float(((const __nv_bfloat16 *)x.h)[i]) : x.f[i];
+}
+static __device__ __forceinline__ void mc_d_st(mc_dst y, int64_t i, float v) {
+  if (y.h) ((__nv_bfloat16 *)y.h)[i] = __float2bfloat16_rn(v);
+  else y.f[i] = v;
+}
+static __device__ __forceinline__ void mc_d_acc(mc_dst y, int64_t i, float v) {
+  if (y.h) ((__nv_bfloat16 *)y.h)[i] = __float2bfloat16_rn(v);
+  else y.f[i] += v;
+}
 
 static __device__ __forceinline__ float mc_d_warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -18,10 +18,32 @@ __global__ void k_scale_block(float *C, int M, int N, int ldc, float beta) {
   }
 }
 
-static void scale_block(mc_backend *be, float *C, int M, int N, int ldc, float beta) {
-  if (beta == 1.0f) return;
-  k_scale_block<<<mc_cu_grid((int64_t)M * N), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(C, M, N, ldc, beta);
+__global__ void k_zero_block16(__nv_bfloat16 *C, int M, int N, int ldc) {
+  MC_CU_FOR(i, (int64_t)M * N) C[(i / N) * ldc + i % N] = __float2bfloat16_rn(0.0f);
+}
+
+/* The empty product's result beta * C (a bf16 C has beta 0: zeros). */
+static void scale_block(mc_backend *be, mc_dst C, int M, int N, int ldc, float beta) {
+  if (C.h) k_zero_block16<<<mc_cu_grid((int64_t)M * N), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>((__nv_bfloat16 *)C.h, M, N, ldc);
+  else if (beta != 1.0f)
+    k_scale_block<<<mc_cu_grid((int64_t)M * N), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(C.f, M, N, ldc, beta);
   mc_cuda_check(be, "gemm (empty product)");
+}
+
+static mc_dst dst32(float *C) { return mc_dst{C, NULL}; }
+
+/* Group or batch element at offset off of an output as stored. */
+static mc_dst dst_at(mc_dst C, int64_t off) { return mc_dst{C.f ? C.f + off : NULL, C.h ? C.h + off : NULL}; }
+static void *dst_ptr(mc_dst C) { return C.h ? (void *)C.h : (void *)C.f; }
+static cudaDataType_t dst_type(mc_dst C) { return C.h ? CUDA_R_16BF : CUDA_R_32F; }
+
+/* A bf16 result is written, never accumulated: beta must be 0 (ops.h). 0, or -1 recorded. */
+static int check_dst(mc_backend *be, mc_dst C, float beta, const char *op) {
+  if (C.h && beta != 0.0f) {
+    mc_cuda_fail(be, "%s: a bf16 result C needs beta = 0 (got %g)", op, (double)beta);
+    return -1;
+  }
+  return 0;
 }
 
 __global__ void k_to_bf16(const float *x, __nv_bfloat16 *y, int64_t n) {
@@ -60,7 +82,7 @@ static int operands_bf16(mc_backend *be, mc_operand A, int64_t na, mc_operand B,
 
 /* The bf16 product of gemm_strided's arguments (batch 1 for gemm). */
 static void gemm_bf16(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, mc_operand A, int lda,
-                      int64_t sa, mc_operand B, int ldb, int64_t sb, float beta, float *C, int ldc, int64_t sc,
+                      int64_t sa, mc_operand B, int ldb, int64_t sb, float beta, mc_dst C, int ldc, int64_t sc,
                       int batch) {
   const __nv_bfloat16 *Ah, *Bh;
   if (operands_bf16(be, A, span(ta ? K : M, ta ? M : K, lda, sa, batch), B, span(tb ? N : K, tb ? K : N, ldb, sb, batch),
@@ -69,9 +91,9 @@ static void gemm_bf16(mc_backend *be, int ta, int tb, int M, int N, int K, float
   cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasStatus_t st =
       batch == 1 ? cublasGemmEx(mc_cu(be)->blas, opb, opa, N, M, K, &alpha, Bh, CUDA_R_16BF, ldb, Ah, CUDA_R_16BF, lda,
-                                &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+                                &beta, dst_ptr(C), dst_type(C), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
                  : cublasGemmStridedBatchedEx(mc_cu(be)->blas, opb, opa, N, M, K, &alpha, Bh, CUDA_R_16BF, ldb, sb, Ah,
-                                              CUDA_R_16BF, lda, sa, &beta, C, CUDA_R_32F, ldc, sc, batch,
+                                              CUDA_R_16BF, lda, sa, &beta, dst_ptr(C), dst_type(C), ldc, sc, batch,
                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS)
     mc_cuda_fail(be, "gemm (bf16) M=%d N=%d K=%d batch=%d lda=%d ldb=%d ldc=%d: cuBLAS %s", M, N, K, batch, lda, ldb,
@@ -84,11 +106,11 @@ static void cu_gemm(mc_backend *be, int ta, int tb, int M, int N, int K, float a
                     const float *B, int ldb, float beta, float *C, int ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
-    scale_block(be, C, M, N, ldc, beta);
+    scale_block(be, dst32(C), M, N, ldc, beta);
     return;
   }
   if (mc_cu(be)->bf16_gemm) {
-    gemm_bf16(be, ta, tb, M, N, K, alpha, f32(A), lda, 0, f32(B), ldb, 0, beta, C, ldc, 0, 1);
+    gemm_bf16(be, ta, tb, M, N, K, alpha, f32(A), lda, 0, f32(B), ldb, 0, beta, dst32(C), ldc, 0, 1);
     return;
   }
   cublasStatus_t st = cublasSgemm(mc_cu(be)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N,
@@ -103,11 +125,11 @@ static void cu_gemm_strided(mc_backend *be, int ta, int tb, int M, int N, int K,
                             int batch) {
   if (M <= 0 || N <= 0 || batch <= 0) return;
   if (K <= 0) {
-    for (int i = 0; i < batch; i++) scale_block(be, C + i * sc, M, N, ldc, beta);
+    for (int i = 0; i < batch; i++) scale_block(be, dst32(C + i * sc), M, N, ldc, beta);
     return;
   }
   if (mc_cu(be)->bf16_gemm) {
-    gemm_bf16(be, ta, tb, M, N, K, alpha, f32(A), lda, sa, f32(B), ldb, sb, beta, C, ldc, sc, batch);
+    gemm_bf16(be, ta, tb, M, N, K, alpha, f32(A), lda, sa, f32(B), ldb, sb, beta, dst32(C), ldc, sc, batch);
     return;
   }
   cublasStatus_t st = cublasSgemmStridedBatched(mc_cu(be)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -159,22 +181,29 @@ __global__ void k_pad_bf16(pad_src<T> s, int ld, __nv_bfloat16 *dst, int64_t str
 
 /* Group g's result rows x cols: C = alpha * P + beta * C, P its padded fp32 product
  * (pitch ldp, groups `stride` apart); beta == 0 does not read C, as in cuBLAS. */
-struct unpad_dst {
-  float *c[GROUP_CHUNK];
+template <typename T> struct unpad_dst {
+  T *c[GROUP_CHUNK];
   int rows[GROUP_CHUNK], cols[GROUP_CHUNK];
 };
 
-__global__ void k_unpad(unpad_dst s, int ldc, const float *P, int64_t stride, int ldp, float alpha, float beta) {
+static __device__ __forceinline__ float unpad_val(float v, float beta, const float *y) {
+  return beta == 0.0f ? v : v + beta * *y;
+}
+static __device__ __forceinline__ __nv_bfloat16 unpad_val(float v, float, const __nv_bfloat16 *) {
+  return __float2bfloat16_rn(v); /* bf16 results have beta 0 */
+}
+
+template <typename T>
+__global__ void k_unpad(unpad_dst<T> s, int ldc, const float *P, int64_t stride, int ldp, float alpha, float beta) {
   int g = blockIdx.y;
-  float *C = s.c[g];
+  T *C = s.c[g];
   int rows = s.rows[g], cols = s.cols[g];
   const float *p = P + g * stride;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (int64_t)rows * cols;
        i += (int64_t)gridDim.x * blockDim.x) {
     int r = (int)(i / cols), c = (int)(i % cols);
-    float *y = C + (int64_t)r * ldc + c;
-    float v = alpha * p[(int64_t)r * ldp + c];
-    *y = beta == 0.0f ? v : v + beta * *y;
+    T *y = C + (int64_t)r * ldc + c;
+    *y = unpad_val(alpha * p[(int64_t)r * ldp + c], beta, y);
   }
 }
 
@@ -245,17 +274,31 @@ static void pad_operand(mc_backend *be, const chunk *ch, mc_operand X, const int
   else k_pad_bf16<<<grid, MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(pf, ld, dst, stride, rows_x, ld_x);
 }
 
+template <typename T>
+static void unpad(mc_backend *be, const chunk *ch, const int *M, const int *N, T *C, const int64_t *c_off, int ldc,
+                  const float *P, int64_t sp, int p_ld, int mx, int nx, float alpha, float beta) {
+  unpad_dst<T> u;
+  for (int i = 0; i < ch->n; i++) {
+    int g = ch->g[i];
+    u.c[i] = C + c_off[g], u.rows[i] = M[g], u.cols[i] = N[g];
+  }
+  k_unpad<<<dim3(group_grid((int64_t)mx * nx), ch->n), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(u, ldc, P, sp, p_ld,
+                                                                                              alpha, beta);
+  mc_cuda_check(be, "gemm_grouped (bf16 result)");
+}
+
 static void grouped_bf16(mc_backend *be, const chunk *ch, int ta, int tb, const int *M, const int *N, const int *K,
                          float alpha, mc_operand A, const int64_t *a_off, int lda, mc_operand B, const int64_t *b_off,
-                         int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
-  int n = ch->n, mx = 0, nx = 0, kx = 0, direct = (ldc % 4) == 0;
+                         int ldb, float beta, mc_dst Cd, const int64_t *c_off, int ldc) {
+  float *C = Cd.f; /* NULL for a bf16 result: never direct */
+  int n = ch->n, mx = 0, nx = 0, kx = 0, direct = !Cd.h && (ldc % 4) == 0;
   for (int i = 0; i < n; i++) {
     int g = ch->g[i];
     mx = M[g] > mx ? M[g] : mx, nx = N[g] > nx ? N[g] : nx, kx = K[g] > kx ? K[g] : kx;
   }
   for (int i = 0; i < n; i++) {
     int g = ch->g[i];
-    if (M[g] != mx || N[g] != nx || ((uintptr_t)(C + c_off[g]) & 15)) direct = 0;
+    if (direct && (M[g] != mx || N[g] != nx || ((uintptr_t)(C + c_off[g]) & 15))) direct = 0;
   }
   /* stored shapes of op(A) (mx x kx) and op(B) (kx x nx), row pitches a multiple of 8 */
   int a_rows = ta ? kx : mx, a_ld = (int)round_up(ta ? mx : kx, 8);
@@ -294,21 +337,23 @@ static void grouped_bf16(mc_backend *be, const chunk *ch, int ta, int tb, const 
     return;
   }
   if (direct) return;
-  unpad_dst u;
-  for (int i = 0; i < n; i++) {
-    int g = ch->g[i];
-    u.c[i] = C + c_off[g], u.rows[i] = M[g], u.cols[i] = N[g];
-  }
-  k_unpad<<<dim3(group_grid((int64_t)mx * nx), n), MC_CUDA_THREADS, 0, st>>>(u, ldc, P, sp, p_ld, alpha, beta);
-  mc_cuda_check(be, "gemm_grouped (bf16 result)");
+  if (Cd.h) unpad(be, ch, M, N, (__nv_bfloat16 *)Cd.h, c_off, ldc, P, sp, p_ld, mx, nx, alpha, beta);
+  else unpad(be, ch, M, N, C, c_off, ldc, P, sp, p_ld, mx, nx, alpha, beta);
 }
 
 /* y = x widened from bf16, for products of bf16-stored operands on the fp32 instance. */
 __global__ void k_from_bf16(const __nv_bfloat16 *x, float *y, int64_t n) { MC_CU_FOR(i, n) y[i] = __bfloat162float(x[i]); }
 
+__global__ void k_round_block(const float *t, __nv_bfloat16 *h, int M, int N, int ld) {
+  MC_CU_FOR(i, (int64_t)M * N) {
+    const int64_t o = (i / N) * ld + i % N;
+    h[o] = __float2bfloat16_rn(t[o]);
+  }
+}
+
 static void cu_gemm_ex(mc_backend *be, int ta, int tb, int M, int N, int K, float alpha, mc_operand A, int lda,
-                       mc_operand B, int ldb, float beta, float *C, int ldc) {
-  if (M <= 0 || N <= 0) return;
+                       mc_operand B, int ldb, float beta, mc_dst C, int ldc) {
+  if (M <= 0 || N <= 0 || check_dst(be, C, beta, "gemm_ex")) return;
   if (K <= 0) {
     scale_block(be, C, M, N, ldc, beta);
     return;
@@ -317,25 +362,34 @@ static void cu_gemm_ex(mc_backend *be, int ta, int tb, int M, int N, int K, floa
     gemm_bf16(be, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
     return;
   }
-  if (!A.h && !B.h) {
-    cu_gemm(be, ta, tb, M, N, K, alpha, A.f, lda, B.f, ldb, beta, C, ldc);
+  if (!A.h && !B.h && !C.h) {
+    cu_gemm(be, ta, tb, M, N, K, alpha, A.f, lda, B.f, ldb, beta, C.f, ldc);
     return;
   }
-  /* fp32 instance: the widened bf16 operands in scratch, then the fp32 product */
+  /* fp32 instance: the widened bf16 operands (and for a bf16 C the fp32 result) in scratch,
+   * the fp32 product, then the result rounded */
   const int64_t na = span(ta ? K : M, ta ? M : K, lda, 0, 1), nb = span(tb ? N : K, tb ? K : N, ldb, 0, 1);
-  const int64_t na_pad = A.h ? (na + 63) / 64 * 64 : 0;
-  float *w = (float *)mc_cuda_scratch(be, (size_t)(na_pad + (B.h ? nb : 0)) * sizeof(float), "gemm_ex");
+  const int64_t na_pad = A.h ? (na + 63) / 64 * 64 : 0, nb_pad = B.h ? (nb + 63) / 64 * 64 : 0;
+  const int64_t nc = C.h ? span(M, N, ldc, 0, 1) : 0;
+  float *w = (float *)mc_cuda_scratch(be, (size_t)(na_pad + nb_pad + nc) * sizeof(float), "gemm_ex");
   if (!w) return;
   const float *Af = A.f, *Bf = B.f;
+  float *Cf = C.h ? w + na_pad + nb_pad : C.f;
   if (A.h) k_from_bf16<<<mc_cu_grid(na), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>((const __nv_bfloat16 *)A.h, w, na), Af = w;
   if (B.h)
     k_from_bf16<<<mc_cu_grid(nb), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>((const __nv_bfloat16 *)B.h, w + na_pad, nb),
         Bf = w + na_pad;
   mc_cuda_check(be, "gemm_ex (widening)");
   cublasStatus_t st = cublasSgemm(mc_cu(be)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N,
-                                  M, K, &alpha, Bf, ldb, Af, lda, &beta, C, ldc);
-  if (st != CUBLAS_STATUS_SUCCESS)
+                                  M, K, &alpha, Bf, ldb, Af, lda, &beta, Cf, ldc);
+  if (st != CUBLAS_STATUS_SUCCESS) {
     mc_cuda_fail(be, "gemm_ex M=%d N=%d K=%d: cuBLAS %s", M, N, K, cublasGetStatusString(st));
+    return;
+  }
+  if (C.h) {
+    k_round_block<<<mc_cu_grid((int64_t)M * N), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(Cf, (__nv_bfloat16 *)C.h, M, N, ldc);
+    mc_cuda_check(be, "gemm_ex (bf16 result)");
+  }
 }
 
 /* bf16, large groups: both operands rounded once over their whole span (a bf16 B is used as
@@ -344,7 +398,7 @@ static void cu_gemm_ex(mc_backend *be, int ta, int tb, int M, int N, int K, floa
  * products, which run at the plain product's speed. */
 static void grouped_bf16_each(mc_backend *be, const chunk *ch, int ta, int tb, const int *M, const int *N,
                               const int *K, float alpha, mc_operand A, const int64_t *a_off, int lda, mc_operand B,
-                              const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
+                              const int64_t *b_off, int ldb, float beta, mc_dst C, const int64_t *c_off, int ldc) {
   int64_t na = 0, nb = 0;
   for (int i = 0; i < ch->n; i++) {
     const int g = ch->g[i];
@@ -358,7 +412,7 @@ static void grouped_bf16_each(mc_backend *be, const chunk *ch, int ta, int tb, c
   for (int i = 0; i < ch->n; i++) {
     const int g = ch->g[i];
     cublasStatus_t st = cublasGemmEx(mc_cu(be)->blas, opb, opa, N[g], M[g], K[g], &alpha, Bh + b_off[g], CUDA_R_16BF,
-                                     ldb, Ah + a_off[g], CUDA_R_16BF, lda, &beta, C + c_off[g], CUDA_R_32F, ldc,
+                                     ldb, Ah + a_off[g], CUDA_R_16BF, lda, &beta, dst_ptr(dst_at(C, c_off[g])), dst_type(C), ldc,
                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) {
       mc_cuda_fail(be, "gemm_grouped (bf16) group %d: M=%d N=%d K=%d: cuBLAS %s", g, M[g], N[g], K[g],
@@ -393,35 +447,36 @@ static int large_groups(const chunk *ch, const int *M, const int *N, const int *
 /* gemm_grouped on operands as stored. */
 static void grouped(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K, float alpha,
                     mc_operand A, const int64_t *a_off, int lda, mc_operand B, const int64_t *b_off, int ldb,
-                    float beta, float *C, const int64_t *c_off, int ldc) {
-  const int bf16 = mc_cu(be)->bf16_gemm, stored16 = A.h || B.h;
+                    float beta, mc_dst C, const int64_t *c_off, int ldc) {
+  if (check_dst(be, C, beta, "gemm_grouped_ex")) return;
+  const int bf16 = mc_cu(be)->bf16_gemm, stored16 = A.h || B.h || C.h;
   chunk ch;
   ch.n = 0;
   for (int g = 0; g <= groups; g++) {
     if (g < groups) {
       if (M[g] <= 0 || N[g] <= 0) continue;
       if (K[g] <= 0) { /* the empty product leaves beta * C */
-        scale_block(be, C + c_off[g], M[g], N[g], ldc, beta);
+        scale_block(be, dst_at(C, c_off[g]), M[g], N[g], ldc, beta);
         continue;
       }
       ch.g[ch.n++] = g;
     }
     if (ch.n == GROUP_CHUNK || (g == groups && ch.n > 0)) {
       if (ch.n == 1 || (stored16 && !bf16)) {
-        /* one product (a dense MLP as one expert), or bf16-stored operands on the fp32
-         * instance: plain products, no padded copies or pointer arrays */
+        /* one product (a dense MLP as one expert), or bf16-stored operands or result on the
+         * fp32 instance: plain products, no padded copies or pointer arrays */
         for (int i = 0; i < ch.n; i++) {
           const int g1 = ch.g[i];
           const mc_operand Ag = {A.f ? A.f + a_off[g1] : NULL, A.h ? A.h + a_off[g1] : NULL};
           const mc_operand Bg = {B.f ? B.f + b_off[g1] : NULL, B.h ? B.h + b_off[g1] : NULL};
-          cu_gemm_ex(be, ta, tb, M[g1], N[g1], K[g1], alpha, Ag, lda, Bg, ldb, beta, C + c_off[g1], ldc);
+          cu_gemm_ex(be, ta, tb, M[g1], N[g1], K[g1], alpha, Ag, lda, Bg, ldb, beta, dst_at(C, c_off[g1]), ldc);
         }
       } else if (bf16 && large_groups(&ch, M, N, K)) {
         grouped_bf16_each(be, &ch, ta, tb, M, N, K, alpha, A, a_off, lda, B, b_off, ldb, beta, C, c_off, ldc);
       } else if (bf16) {
         grouped_bf16(be, &ch, ta, tb, M, N, K, alpha, A, a_off, lda, B, b_off, ldb, beta, C, c_off, ldc);
       } else {
-        grouped_fp32(be, &ch, ta, tb, M, N, K, alpha, A.f, a_off, lda, B.f, b_off, ldb, beta, C, c_off, ldc);
+        grouped_fp32(be, &ch, ta, tb, M, N, K, alpha, A.f, a_off, lda, B.f, b_off, ldb, beta, C.f, c_off, ldc);
       }
       ch.n = 0;
     }
@@ -431,7 +486,7 @@ static void grouped(mc_backend *be, int ta, int tb, int groups, const int *M, co
 static void cu_gemm_grouped(mc_backend *be, int ta, int tb, int groups, const int *M, const int *N, const int *K,
                             float alpha, const float *A, const int64_t *a_off, int lda, const float *B,
                             const int64_t *b_off, int ldb, float beta, float *C, const int64_t *c_off, int ldc) {
-  grouped(be, ta, tb, groups, M, N, K, alpha, f32(A), a_off, lda, f32(B), b_off, ldb, beta, C, c_off, ldc);
+  grouped(be, ta, tb, groups, M, N, K, alpha, f32(A), a_off, lda, f32(B), b_off, ldb, beta, dst32(C), c_off, ldc);
 }
 
 static void cu_to_bf16(mc_backend *be, const float *x, mc_bf16 *y, int64_t n) {

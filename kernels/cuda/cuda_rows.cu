@@ -37,7 +37,7 @@ static unsigned warp_grid(int64_t items) {
   for (int64_t it = (int64_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32; it < (int64_t)(items); \
        it += (int64_t)gridDim.x * WARPS_PER_BLOCK)
 
-__global__ void k_rmsnorm_fwd(const float *x, const float *w, int n, int d, int group, float eps, float *y,
+__global__ void k_rmsnorm_fwd(const float *x, const float *w, int n, int d, int group, float eps, mc_dst y,
                               float *rstd) {
   const int ng = d / group, lane = threadIdx.x % 32;
   MC_WARP_FOR(it, (int64_t)n * ng) {
@@ -49,8 +49,7 @@ __global__ void k_rmsnorm_fwd(const float *x, const float *w, int n, int d, int 
     float rs = (float)(1.0 / sqrt(ss / group + eps));
     if (lane == 0) rstd[it] = rs;
     const float *wr = w + (int64_t)gi * group;
-    float *yr = y + it * group;
-    for (int j = lane; j < group; j += 32) yr[j] = xr[j] * rs * wr[j];
+    for (int j = lane; j < group; j += 32) mc_d_st(y, it * group + j, xr[j] * rs * wr[j]);
   }
 }
 
@@ -79,7 +78,7 @@ struct rms_dw {
 };
 
 static void cu_rmsnorm_fwd(mc_backend *be, const float *x, const float *w, int n, int d, int group, float eps,
-                           float *y, float *rstd) {
+                           mc_dst y, float *rstd) {
   if (n <= 0 || d <= 0) return;
   if (group <= 0 || d % group) {
     mc_cuda_fail(be, "rmsnorm_fwd: width %d is not a multiple of the group %d", d, group);
@@ -232,10 +231,10 @@ __global__ void k_xent_fwd(const float *logits, const int32_t *target, int n, in
 
 /* Rows along y, columns along x: no 64-bit division per element. */
 __global__ void k_xent_bwd(const float *logits, const int32_t *target, const float *lse, int n, int V, int Vp,
-                           float scale, float *dlogits) {
+                           float scale, mc_dst dlogits) {
   for (int r = blockIdx.y; r < n; r += gridDim.y) {
     const float *lr = logits + (int64_t)r * Vp;
-    float *dr = dlogits + (int64_t)r * Vp;
+    const int64_t o = (int64_t)r * Vp;
     const float l = lse[r];
     const int t = target[r];
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < Vp; c += gridDim.x * blockDim.x) {
@@ -244,7 +243,7 @@ __global__ void k_xent_bwd(const float *logits, const int32_t *target, const flo
         g = scale * expf(lr[c] - l);
         if (c == t) g -= scale;
       }
-      dr[c] = g;
+      mc_d_st(dlogits, o + c, g);
     }
   }
 }
@@ -257,7 +256,7 @@ static void cu_xent_fwd(mc_backend *be, const float *logits, const int32_t *targ
 }
 
 static void cu_xent_bwd(mc_backend *be, const float *logits, const int32_t *target, const float *lse, int n, int V,
-                        int Vp, float scale, float *dlogits) {
+                        int Vp, float scale, mc_dst dlogits) {
   if ((int64_t)n * Vp <= 0) return;
   const unsigned gx = (unsigned)((Vp + MC_CUDA_THREADS - 1) / MC_CUDA_THREADS < 64 ? (Vp + MC_CUDA_THREADS - 1) / MC_CUDA_THREADS : 64);
   k_xent_bwd<<<dim3(gx, n < 65535 ? n : 65535), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(logits, target, lse, n, V, Vp,

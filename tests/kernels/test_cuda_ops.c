@@ -167,15 +167,16 @@ static void test_elementwise(void) {
     gpu->act_bwd(gpu, (mc_act)a, dX, up(y, n), ddx, n);
     snprintf(what, sizeof what, "act_bwd %s", names[a]);
     cmp(what, ddx, dxc, n, TOL_EXACT);
-    cpu->glu_fwd(cpu, (mc_act)a, x, y, yc, n);
+    cpu->glu_fwd(cpu, (mc_act)a, (mc_operand){x, NULL}, (mc_operand){y, NULL}, (mc_dst){yc, NULL}, n);
     float *dg = dnan(n);
-    gpu->glu_fwd(gpu, (mc_act)a, dX, up(y, n), dg, n);
+    gpu->glu_fwd(gpu, (mc_act)a, (mc_operand){dX, NULL}, (mc_operand){up(y, n), NULL}, (mc_dst){dg, NULL}, n);
     snprintf(what, sizeof what, "glu_fwd %s", names[a]);
     cmp(what, dg, yc, n, TOL_EXACT);
     float *g = hrand(n, 1), *da = hcopy(dx, n), *db = hcopy(y, n);
     float *dda = up(da, n), *ddb = up(db, n);
-    cpu->glu_bwd(cpu, (mc_act)a, x, y, g, da, db, n);
-    gpu->glu_bwd(gpu, (mc_act)a, dX, up(y, n), up(g, n), dda, ddb, n);
+    cpu->glu_bwd(cpu, (mc_act)a, (mc_operand){x, NULL}, (mc_operand){y, NULL}, (mc_operand){g, NULL}, (mc_dst){da, NULL}, (mc_dst){db, NULL}, n);
+    gpu->glu_bwd(gpu, (mc_act)a, (mc_operand){dX, NULL}, (mc_operand){up(y, n), NULL}, (mc_operand){up(g, n), NULL}, (mc_dst){dda, NULL},
+                  (mc_dst){ddb, NULL}, n);
     snprintf(what, sizeof what, "glu_bwd %s da", names[a]);
     cmp(what, dda, da, n, TOL_EXACT);
     snprintf(what, sizeof what, "glu_bwd %s db", names[a]);
@@ -294,8 +295,8 @@ static void test_rows(void) {
     float *x = hrand(nd, 1.5f), *w = hrand(width, 1), *yy = hzeros(nd), *rs = hzeros((int64_t)rows * ng);
     float *g = hrand(nd, 1), *dx = hrand(nd, 1), *dw = hrand(width, 1);
     float *dxd = up(x, nd), *dwd = up(w, width), *yd = dnan(nd), *rsd = dnan((int64_t)rows * ng);
-    cpu->rmsnorm_fwd(cpu, x, w, rows, width, grp, 1e-5f, yy, rs);
-    gpu->rmsnorm_fwd(gpu, dxd, dwd, rows, width, grp, 1e-5f, yd, rsd);
+    cpu->rmsnorm_fwd(cpu, x, w, rows, width, grp, 1e-5f, (mc_dst){yy, NULL}, rs);
+    gpu->rmsnorm_fwd(gpu, dxd, dwd, rows, width, grp, 1e-5f, (mc_dst){yd, NULL}, rsd);
     char what[48];
     snprintf(what, sizeof what, "rmsnorm_fwd group=%d y", grp);
     cmp(what, yd, yy, nd, TOL_EXACT);
@@ -330,8 +331,8 @@ static void test_rows(void) {
   gpu->xent_fwd(gpu, lgd, tgtd, nx, Vr, Vp, lossd, lsed);
   cmp("xent_fwd loss", lossd, loss, nx, TOL_EXACT);
   cmp("xent_fwd lse", lsed, lse, nx, TOL_EXACT);
-  cpu->xent_bwd(cpu, lg, tgt, lse, nx, Vr, Vp, 0.01f, dl);
-  gpu->xent_bwd(gpu, lgd, tgtd, lsed, nx, Vr, Vp, 0.01f, dld);
+  cpu->xent_bwd(cpu, lg, tgt, lse, nx, Vr, Vp, 0.01f, (mc_dst){dl, NULL});
+  gpu->xent_bwd(gpu, lgd, tgtd, lsed, nx, Vr, Vp, 0.01f, (mc_dst){dld, NULL});
   cmp("xent_bwd", dld, dl, (int64_t)nx * Vp, TOL_EXACT);
   synced("rows");
   case_end();
@@ -717,7 +718,7 @@ static void b16_weights(mc_backend *be, int exact) {
       float *dA = be->alloc(be, (size_t)na * 4), *dC = be->alloc(be, (size_t)nc * 4);
       be->from_host(be, dA, A, (size_t)na * 4), be->from_host(be, dC, C, (size_t)nc * 4);
       cpu->gemm(cpu, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 0.25f, C, ldc);
-      be->gemm_ex(be, ta, tb, M, N, K, 0.5f, (mc_operand){dA, NULL}, lda, (mc_operand){NULL, dB}, ldb, 0.25f, dC, ldc);
+      be->gemm_ex(be, ta, tb, M, N, K, 0.5f, (mc_operand){dA, NULL}, lda, (mc_operand){NULL, dB}, ldb, 0.25f, (mc_dst){dC, NULL}, ldc);
       snprintf(what, sizeof what, "gemm_ex B16 ta=%d tb=%d", ta, tb);
       product_cmp(be, what, exact, dC, C, nc);
       /* A stored in bf16 as well (A rounded on the host; the CPU multiplies the widened values) */
@@ -726,7 +727,7 @@ static void b16_weights(mc_backend *be, int exact) {
       float *dC2 = be->alloc(be, (size_t)nc * 4);
       be->from_host(be, dC2, C2, (size_t)nc * 4);
       cpu->gemm(cpu, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 0.25f, C2, ldc);
-      be->gemm_ex(be, ta, tb, M, N, K, 0.5f, (mc_operand){NULL, dA16}, lda, (mc_operand){NULL, dB}, ldb, 0.25f, dC2, ldc);
+      be->gemm_ex(be, ta, tb, M, N, K, 0.5f, (mc_operand){NULL, dA16}, lda, (mc_operand){NULL, dB}, ldb, 0.25f, (mc_dst){dC2, NULL}, ldc);
       snprintf(what, sizeof what, "gemm_ex A16 B16 ta=%d tb=%d", ta, tb);
       if (be == g16) { /* both operands exact in bf16: only the accumulation order differs */
         float *g = malloc((size_t)nc * sizeof(float));
@@ -760,7 +761,7 @@ static void b16_weights(mc_backend *be, int exact) {
     expert_shapes(0, Ms, Ns, Ks, ao, bo, co);
     cpu->gemm_grouped(cpu, 0, 1, E, Ms, Ns, Ks, 1.0f, X, ao, d, W, bo, d, 0.5f, Y, co, F);
     be->gemm_grouped_ex(be, 0, 1, E, Ms, Ns, Ks, 1.0f, (mc_operand){dX, NULL}, ao, d, (mc_operand){NULL, dW}, bo, d, 0.5f,
-                        dY, co, F);
+                        (mc_dst){dY, NULL}, co, F);
     snprintf(what, sizeof what, "gemm_grouped_ex %d group%s", E, E > 1 ? "s" : "");
     product_cmp(be, what, exact, dY, Y, (int64_t)total * F);
     be->free(be, dX), be->free(be, dW);
@@ -799,7 +800,7 @@ static void b16_large_groups(int exact) {
       cpu->gemm_grouped(cpu, 0, 1, G, Ms, Ns, Ks, 0.5f, X, ao, D, W, bo, D, 0.25f, C, co, FF);
       if (form == 0) g16->gemm_grouped(g16, 0, 1, G, Ms, Ns, Ks, 0.5f, dX, ao, D, dW, bo, D, 0.25f, dC, co, FF);
       else g16->gemm_grouped_ex(g16, 0, 1, G, Ms, Ns, Ks, 0.5f, (mc_operand){dX, NULL}, ao, D, (mc_operand){NULL, dW16}, bo,
-                                D, 0.25f, dC, co, FF);
+                                D, 0.25f, (mc_dst){dC, NULL}, co, FF);
     } else {
       float *dY = b16_up(Y, (int64_t)TOTAL * FF);
       cpu->gemm_grouped(cpu, 1, 0, G, Ms, Ns, Ks, 0.5f, Y, ao, FF, X, bo, D, 0.25f, C, co, D);
@@ -835,6 +836,154 @@ static void test_to_bf16(mc_backend *be) {
   free(x), free(y);
 }
 
+/* ------------------------------------------------------------------ bf16 outputs
+ * Ops writing bf16 (mc_dst with h set) against the CPU writing bf16 from the same inputs:
+ * both round their fp32 results, so the stored values are equal except where the fp32 values
+ * differ across a rounding boundary (then by one bf16 step). Products on bf16-exact operands
+ * have exact fp32 results: equal bit for bit. */
+static int ordered16(mc_bf16 h) { return (h & 0x8000) ? -(int)(h & 0x7fff) : (int)h; }
+
+static void ulp_cmp(mc_backend *be, const char *what, const mc_bf16 *dev, const mc_bf16 *ref, int64_t n, int exact) {
+  mc_bf16 *g = malloc((size_t)n * sizeof(mc_bf16));
+  be->to_host(be, g, dev, (size_t)n * sizeof(mc_bf16));
+  CHECK(be->sync(be) == 0, "%s: %s", what, mc_errmsg());
+  int64_t one = 0, more = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const int d = abs(ordered16(g[i]) - ordered16(ref[i]));
+    one += d == 1, more += d > 1;
+  }
+  printf("  %-40s %8lld  one step %lld  more %lld  %s\n", what, (long long)n, (long long)one, (long long)more,
+         more == 0 && (exact ? one == 0 : one * 100 <= n) ? "ok" : "FAIL");
+  CHECK(more == 0 && (exact ? one == 0 : one * 100 <= n),
+        "%s: %lld values one bf16 step from the CPU's, %lld further (of %lld)", what, (long long)one, (long long)more,
+        (long long)n);
+  free(g);
+}
+
+static mc_bf16 *host16(const float *x, int64_t n) {
+  mc_bf16 *h = malloc((size_t)n * sizeof(mc_bf16));
+  for (int64_t i = 0; i < n; i++) h[i] = mc_bf16_from_float(x[i]);
+  return h;
+}
+
+static mc_bf16 *dev16(mc_backend *be, const mc_bf16 *h, int64_t n) {
+  mc_bf16 *d = be->alloc(be, (size_t)(n ? n : 1) * sizeof(mc_bf16));
+  be->from_host(be, d, h, (size_t)n * sizeof(mc_bf16));
+  return d;
+}
+
+static void b16_outputs(mc_backend *be) {
+  const char *inst = be == g16 ? "bf16 inst" : "fp32 inst";
+  char what[96];
+  /* products: bf16-exact operands, one group, eight expert groups (the per-expert path on the
+   * bf16 instance) and 70 small ragged groups (its padded batched path) */
+  {
+    const int M = 67, N = 45, K = 129, ldc = N + 3;
+    float *A = b16_operand((int64_t)M * K, 1), *B = b16_operand((int64_t)K * N, 1), *C = calloc((size_t)M * ldc, 4);
+    mc_bf16 *ref = calloc((size_t)M * ldc, 2), *dC = dev16(be, ref, (int64_t)M * ldc);
+    float *dA = be->alloc(be, (size_t)M * K * 4);
+    be->from_host(be, dA, A, (size_t)M * K * 4);
+    mc_bf16 *hB = host16(B, (int64_t)K * N), *dB = dev16(be, hB, (int64_t)K * N);
+    cpu->gemm(cpu, 0, 0, M, N, K, 0.5f, A, K, B, N, 0.0f, C, ldc);
+    for (int64_t i = 0; i < (int64_t)M * ldc; i++) ref[i] = i % ldc < N ? mc_bf16_from_float(C[i]) : 0;
+    be->gemm_ex(be, 0, 0, M, N, K, 0.5f, (mc_operand){dA, NULL}, K, (mc_operand){NULL, dB}, N, 0.0f,
+                (mc_dst){NULL, dC}, ldc);
+    snprintf(what, sizeof what, "%s gemm_ex -> bf16 C (ldc > N)", inst);
+    ulp_cmp(be, what, dC, ref, (int64_t)M * ldc, 1);
+    be->gemm_ex(be, 0, 0, M, N, K, 0.5f, (mc_operand){dA, NULL}, K, (mc_operand){NULL, dB}, N, 1.0f,
+                (mc_dst){NULL, dC}, ldc);
+    CHECK(be->sync(be) != 0 && strstr(mc_errmsg(), "beta"), "%s: gemm_ex into bf16 with beta 1 refused (%s)", inst,
+          mc_errmsg());
+    be->free(be, dA), be->free(be, dB), be->free(be, dC);
+    free(A), free(B), free(C), free(ref), free(hB);
+  }
+  for (int form = 0; form < 2; form++) {
+    /* form 0: 4 expert-sized groups (over 4M multiply-adds each); form 1: 70 ragged small
+     * groups, some empty */
+    const int G = form ? 70 : 4, Kd = form ? 24 : 128, Nf = form ? 20 : 256;
+    int *Ms = malloc(G * sizeof(int)), *Ns = malloc(G * sizeof(int)), *Ks = malloc(G * sizeof(int));
+    int64_t *ao = malloc(G * 8), *bo = malloc(G * 8), *co = malloc(G * 8), rows = 0;
+    for (int g = 0; g < G; g++) {
+      Ms[g] = form ? (g * 7) % 13 : 256 + 8 * g, Ns[g] = Nf, Ks[g] = Kd;
+      ao[g] = rows * Kd, bo[g] = (int64_t)g * Nf * Kd, co[g] = rows * Nf;
+      rows += Ms[g];
+    }
+    float *X = b16_operand(rows * Kd, 1), *W = b16_operand((int64_t)G * Nf * Kd, 1), *Y = calloc((size_t)rows * Nf, 4);
+    mc_bf16 *hW = host16(W, (int64_t)G * Nf * Kd), *dW = dev16(be, hW, (int64_t)G * Nf * Kd);
+    float *dX = be->alloc(be, (size_t)rows * Kd * 4);
+    be->from_host(be, dX, X, (size_t)rows * Kd * 4);
+    mc_bf16 *ref = malloc((size_t)rows * Nf * 2), *dY = be->alloc(be, (size_t)rows * Nf * 2);
+    cpu->gemm_grouped(cpu, 0, 1, G, Ms, Ns, Ks, 1.0f, X, ao, Kd, W, bo, Kd, 0.0f, Y, co, Nf);
+    for (int64_t i = 0; i < rows * Nf; i++) ref[i] = mc_bf16_from_float(Y[i]);
+    be->gemm_grouped_ex(be, 0, 1, G, Ms, Ns, Ks, 1.0f, (mc_operand){dX, NULL}, ao, Kd, (mc_operand){NULL, dW}, bo, Kd,
+                        0.0f, (mc_dst){NULL, dY}, co, Nf);
+    snprintf(what, sizeof what, "%s gemm_grouped_ex -> bf16 (%d groups)", inst, G);
+    ulp_cmp(be, what, dY, ref, rows * Nf, 1);
+    be->free(be, dX), be->free(be, dW), be->free(be, dY);
+    free(Ms), free(Ns), free(Ks), free(ao), free(bo), free(co), free(X), free(W), free(Y), free(hW), free(ref);
+  }
+  /* gated units all in bf16: n a multiple of 8 and aligned (the vectorised SiLU form), odd n,
+   * and an offset start (the per-element form) */
+  static const char *names[4] = {"silu", "gelu", "sigmoid", "softplus"};
+  for (int a = 0; a < 4; a++)
+    for (int shape = 0; shape < 3; shape++) {
+      const int64_t n = shape == 1 ? 40001 : 40000, off = shape == 2 ? 1 : 0;
+      float *x = kc_rand(n + off, stream_no++, 2.0f), *y = kc_rand(n + off, stream_no++, 1.0f);
+      float *g = kc_rand(n + off, stream_no++, 1.0f);
+      mc_bf16 *x16 = host16(x, n + off), *y16 = host16(y, n + off), *g16h = host16(g, n + off);
+      mc_bf16 *o16 = calloc((size_t)(n + off), 2), *da16 = calloc((size_t)(n + off), 2), *db16 = calloc((size_t)(n + off), 2);
+      mc_bf16 *dx = dev16(be, x16, n + off), *dy = dev16(be, y16, n + off), *dg = dev16(be, g16h, n + off);
+      mc_bf16 *dout = dev16(be, o16, n + off), *dda = dev16(be, da16, n + off), *ddb = dev16(be, db16, n + off);
+      const mc_operand hx = {NULL, x16 + off}, hy = {NULL, y16 + off}, hg = {NULL, g16h + off};
+      cpu->glu_fwd(cpu, (mc_act)a, hx, hy, (mc_dst){NULL, o16 + off}, n);
+      be->glu_fwd(be, (mc_act)a, (mc_operand){NULL, dx + off}, (mc_operand){NULL, dy + off}, (mc_dst){NULL, dout + off}, n);
+      snprintf(what, sizeof what, "%s glu_fwd %s bf16 n=%lld off=%lld", inst, names[a], (long long)n, (long long)off);
+      ulp_cmp(be, what, dout + off, o16 + off, n, 0);
+      cpu->glu_bwd(cpu, (mc_act)a, hx, hy, hg, (mc_dst){NULL, da16 + off}, (mc_dst){NULL, db16 + off}, n);
+      be->glu_bwd(be, (mc_act)a, (mc_operand){NULL, dx + off}, (mc_operand){NULL, dy + off}, (mc_operand){NULL, dg + off},
+                  (mc_dst){NULL, dda + off}, (mc_dst){NULL, ddb + off}, n);
+      snprintf(what, sizeof what, "%s glu_bwd %s bf16 da n=%lld", inst, names[a], (long long)n);
+      ulp_cmp(be, what, dda + off, da16 + off, n, 0);
+      snprintf(what, sizeof what, "%s glu_bwd %s bf16 db n=%lld", inst, names[a], (long long)n);
+      ulp_cmp(be, what, ddb + off, db16 + off, n, 0);
+      be->free(be, dx), be->free(be, dy), be->free(be, dg), be->free(be, dout), be->free(be, dda), be->free(be, ddb);
+      free(x), free(y), free(g), free(x16), free(y16), free(g16h), free(o16), free(da16), free(db16);
+    }
+  /* rmsnorm and cross-entropy gradient into bf16 */
+  {
+    const int rows = 300, width = 512;
+    float *x = kc_rand((int64_t)rows * width, stream_no++, 1.0f), *w = kc_rand(width, stream_no++, 1.0f);
+    float *rs = calloc(rows * 8, 4);
+    mc_bf16 *ref = calloc((size_t)rows * width, 2), *dyv = be->alloc(be, (size_t)rows * width * 2);
+    float *dxv = be->alloc(be, (size_t)rows * width * 4), *dw = be->alloc(be, width * 4), *drs = be->alloc(be, rows * 8 * 4);
+    be->from_host(be, dxv, x, (size_t)rows * width * 4), be->from_host(be, dw, w, width * 4);
+    for (int grp = width; grp >= 64; grp /= 8) {
+      cpu->rmsnorm_fwd(cpu, x, w, rows, width, grp, 1e-5f, (mc_dst){NULL, ref}, rs);
+      be->rmsnorm_fwd(be, dxv, dw, rows, width, grp, 1e-5f, (mc_dst){NULL, dyv}, drs);
+      snprintf(what, sizeof what, "%s rmsnorm_fwd -> bf16 group=%d", inst, grp);
+      ulp_cmp(be, what, dyv, ref, (int64_t)rows * width, 0);
+    }
+    be->free(be, dyv), be->free(be, dxv), be->free(be, dw), be->free(be, drs);
+    free(x), free(w), free(rs), free(ref);
+    const int nx = 64, V = 1000, Vp = 1024;
+    float *lg = kc_rand((int64_t)nx * Vp, stream_no++, 3.0f), *loss = calloc(nx, 4), *lse = calloc(nx, 4);
+    int32_t tgt[64];
+    for (int r = 0; r < nx; r++) tgt[r] = (r * 37) % V;
+    cpu->xent_fwd(cpu, lg, tgt, nx, V, Vp, loss, lse);
+    mc_bf16 *dref = calloc((size_t)nx * Vp, 2), *ddl = be->alloc(be, (size_t)nx * Vp * 2);
+    cpu->xent_bwd(cpu, lg, tgt, lse, nx, V, Vp, 0.5f, (mc_dst){NULL, dref});
+    float *dlg = be->alloc(be, (size_t)nx * Vp * 4), *dlse = be->alloc(be, nx * 4);
+    int32_t *dtgt = be->alloc(be, nx * 4);
+    be->from_host(be, dlg, lg, (size_t)nx * Vp * 4), be->from_host(be, dlse, lse, nx * 4), be->from_host(be, dtgt, tgt, nx * 4);
+    be->xent_bwd(be, dlg, dtgt, dlse, nx, V, Vp, 0.5f, (mc_dst){NULL, ddl});
+    snprintf(what, sizeof what, "%s xent_bwd -> bf16", inst);
+    ulp_cmp(be, what, ddl, dref, (int64_t)nx * Vp, 0);
+    be->free(be, ddl), be->free(be, dlg), be->free(be, dlse), be->free(be, dtgt);
+    free(lg), free(loss), free(lse), free(dref);
+  }
+  CHECK(be->sync(be) == 0, "bf16 outputs: %s", mc_errmsg());
+}
+
 static void test_bf16(void) {
   g16 = mc_backend_cuda_bf16(0);
   CHECK(g16 != NULL, "the bf16-products backend failed: %s", mc_errmsg());
@@ -853,6 +1002,8 @@ static void test_bf16(void) {
   b16_weights(gpu, 0);
   test_to_bf16(gpu);
   test_to_bf16(g16);
+  b16_outputs(gpu);
+  b16_outputs(g16);
   CHECK(g16->bf16_weights == 1 && gpu->bf16_weights == 0, "only the bf16 instance asks for bf16 weights");
 }
 
@@ -1003,15 +1154,15 @@ static void shapes_misc(void) {
     float *dx = hzeros(m), *dw = hzeros(c);
     float *xd = up(x, m), *wd = up(w, c), *yd = dnan(m), *rsd = dnan((int64_t)n * (c / 64)), *gd = up(g, m);
     float *dxd = up(dx, m), *dwd = up(dw, c);
-    cpu->rmsnorm_fwd(cpu, x, w, n, c, 64, 1e-5f, y, rs);
-    gpu->rmsnorm_fwd(gpu, xd, wd, n, c, 64, 1e-5f, yd, rsd);
+    cpu->rmsnorm_fwd(cpu, x, w, n, c, 64, 1e-5f, (mc_dst){y, NULL}, rs);
+    gpu->rmsnorm_fwd(gpu, xd, wd, n, c, 64, 1e-5f, (mc_dst){yd, NULL}, rsd);
     cmp("rmsnorm_fwd group=64", yd, y, m, TOL_EXACT);
     cpu->rmsnorm_bwd(cpu, x, w, rs, g, n, c, 64, dx, dw);
     gpu->rmsnorm_bwd(gpu, xd, wd, rsd, gd, n, c, 64, dxd, dwd);
     cmp("rmsnorm_bwd dw group=64", dwd, dw, c, TOL_SUM);
-    TIME_GPU("rmsnorm_fwd 4096x2048 group=64", 0, gpu->rmsnorm_fwd(gpu, xd, wd, n, c, 64, 1e-5f, yd, rsd));
+    TIME_GPU("rmsnorm_fwd 4096x2048 group=64", 0, gpu->rmsnorm_fwd(gpu, xd, wd, n, c, 64, 1e-5f, (mc_dst){yd, NULL}, rsd));
     TIME_GPU("rmsnorm_bwd 4096x2048 group=64", 0, gpu->rmsnorm_bwd(gpu, xd, wd, rsd, gd, n, c, 64, dxd, dwd));
-    TIME_GPU("rmsnorm_fwd 4096x2048 full", 0, gpu->rmsnorm_fwd(gpu, xd, wd, n, c, c, 1e-5f, yd, rsd));
+    TIME_GPU("rmsnorm_fwd 4096x2048 full", 0, gpu->rmsnorm_fwd(gpu, xd, wd, n, c, c, 1e-5f, (mc_dst){yd, NULL}, rsd));
     case_end();
   }
   /* cross-entropy over the 32768 vocabulary (1024 rows) */
@@ -1025,11 +1176,11 @@ static void shapes_misc(void) {
     cpu->xent_fwd(cpu, lg, tgt, nx, V, Vp, loss, lse);
     gpu->xent_fwd(gpu, lgd, tgtd, nx, V, Vp, lossd, lsed);
     cmp("xent_fwd 1024x32768", lossd, loss, nx, TOL_EXACT);
-    cpu->xent_bwd(cpu, lg, tgt, lse, nx, V, Vp, 1e-3f, dl);
-    gpu->xent_bwd(gpu, lgd, tgtd, lsed, nx, V, Vp, 1e-3f, dld);
+    cpu->xent_bwd(cpu, lg, tgt, lse, nx, V, Vp, 1e-3f, (mc_dst){dl, NULL});
+    gpu->xent_bwd(gpu, lgd, tgtd, lsed, nx, V, Vp, 1e-3f, (mc_dst){dld, NULL});
     cmp("xent_bwd 1024x32768", dld, dl, (int64_t)nx * Vp, TOL_EXACT);
     TIME_GPU("xent_fwd 1024x32768", 0, gpu->xent_fwd(gpu, lgd, tgtd, nx, V, Vp, lossd, lsed));
-    TIME_GPU("xent_bwd 1024x32768", 0, gpu->xent_bwd(gpu, lgd, tgtd, lsed, nx, V, Vp, 1e-3f, dld));
+    TIME_GPU("xent_bwd 1024x32768", 0, gpu->xent_bwd(gpu, lgd, tgtd, lsed, nx, V, Vp, 1e-3f, (mc_dst){dld, NULL}));
     case_end();
   }
   /* MoE routing and permutation, 8 experts, top-2, d_model 1024 */

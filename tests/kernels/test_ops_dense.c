@@ -93,7 +93,7 @@ static void test_gemm_ex(void) {
       }
       float *C = kc_rand(M * N, 13, 1), *R = malloc(M * N * sizeof(float));
       memcpy(R, C, M * N * sizeof(float));
-      be->gemm_ex(be, ta, tb, M, N, K, 0.5f, (mc_operand){A, NULL}, lda, (mc_operand){NULL, B16}, ldb, 0.75f, C, N);
+      be->gemm_ex(be, ta, tb, M, N, K, 0.5f, (mc_operand){A, NULL}, lda, (mc_operand){NULL, B16}, ldb, 0.75f, (mc_dst){C, NULL}, N);
       be->gemm(be, ta, tb, M, N, K, 0.5f, A, lda, Bf, ldb, 0.75f, R, N);
       CHECK(memcmp(C, R, M * N * sizeof(float)) == 0, "gemm_ex bf16 B ta=%d tb=%d equals gemm on the widened B", ta, tb);
       /* A in bf16 too, then A alone */
@@ -103,10 +103,10 @@ static void test_gemm_ex(void) {
       be->to_bf16(be, A, A16, na);
       for (int64_t i = 0; i < na; i++) Aw[i] = mc_bf16_to_float(A16[i]);
       memcpy(C, R, M * N * sizeof(float));
-      be->gemm_ex(be, ta, tb, M, N, K, 0.5f, (mc_operand){NULL, A16}, lda, (mc_operand){NULL, B16}, ldb, 0.75f, C, N);
+      be->gemm_ex(be, ta, tb, M, N, K, 0.5f, (mc_operand){NULL, A16}, lda, (mc_operand){NULL, B16}, ldb, 0.75f, (mc_dst){C, NULL}, N);
       be->gemm(be, ta, tb, M, N, K, 0.5f, Aw, lda, Bf, ldb, 0.75f, R, N);
       CHECK(memcmp(C, R, M * N * sizeof(float)) == 0, "gemm_ex bf16 A and B ta=%d tb=%d", ta, tb);
-      be->gemm_ex(be, ta, tb, M, N, K, 0.5f, (mc_operand){NULL, A16}, lda, (mc_operand){Bf, NULL}, ldb, 0.75f, C, N);
+      be->gemm_ex(be, ta, tb, M, N, K, 0.5f, (mc_operand){NULL, A16}, lda, (mc_operand){Bf, NULL}, ldb, 0.75f, (mc_dst){C, NULL}, N);
       be->gemm(be, ta, tb, M, N, K, 0.5f, Aw, lda, Bf, ldb, 0.75f, R, N);
       CHECK(memcmp(C, R, M * N * sizeof(float)) == 0, "gemm_ex bf16 A ta=%d tb=%d", ta, tb);
       free(A16), free(Aw);
@@ -124,12 +124,101 @@ static void test_gemm_ex(void) {
         Ms[e] = rows[e], Ns[e] = N, Ks[e] = K, ao[e] = (int64_t)off * K, bo[e] = (int64_t)e * N * K,
         co[e] = (int64_t)off * N;
       be->gemm_grouped_ex(be, 0, 1, 3, Ms, Ns, Ks, 1.0f, (mc_operand){X, NULL}, ao, K, (mc_operand){NULL, W16}, bo, K,
-                          0.5f, Y, co, N);
+                          0.5f, (mc_dst){Y, NULL}, co, N);
       be->gemm_grouped(be, 0, 1, 3, Ms, Ns, Ks, 1.0f, X, ao, K, W, bo, K, 0.5f, Yr, co, N);
       CHECK(memcmp(Y, Yr, 5 * N * sizeof(float)) == 0, "gemm_grouped_ex equals gemm_grouped on the widened weights");
       free(A), free(Bf), free(B16), free(C), free(R), free(X), free(W), free(Y), free(Yr), free(W16);
     }
   CHECK(be->sync(be) == 0, "bf16-weight products: %s", mc_errmsg());
+}
+
+/* Outputs stored in bf16 (mc_dst with h set): gemm_ex, gemm_grouped_ex, glu_fwd/bwd,
+ * rmsnorm_fwd and xent_bwd write exactly the fp32 result rounded (kernels/bf16.h), bf16
+ * gradients are written (not added), and a bf16 product result with beta != 0 is refused. */
+static int rounded_equal(const mc_bf16 *h, const float *f, int64_t n, int64_t ld, int64_t cols) {
+  for (int64_t i = 0; i < n; i++)
+    if (i % ld < cols && h[i] != mc_bf16_from_float(f[i])) return 0;
+  return 1;
+}
+
+static mc_bf16 *rounded(const float *x, int64_t n) {
+  mc_bf16 *h = malloc((size_t)n * sizeof(mc_bf16));
+  for (int64_t i = 0; i < n; i++) h[i] = mc_bf16_from_float(x[i]);
+  return h;
+}
+
+static float *widened(const mc_bf16 *h, int64_t n) {
+  float *f = malloc((size_t)n * sizeof(float));
+  for (int64_t i = 0; i < n; i++) f[i] = mc_bf16_to_float(h[i]);
+  return f;
+}
+
+static void test_bf16_outputs(void) {
+  const int M = 6, N = 5, K = 7, ldc = N + 3;
+  float *A = kc_rand(M * K, 40, 1), *B = kc_rand(K * N, 41, 1), *R = kc_zeros(M * ldc);
+  mc_bf16 *C16 = calloc(M * ldc, sizeof(mc_bf16)), *B16 = rounded(B, K * N);
+  float *Bw = widened(B16, K * N);
+  be->gemm_ex(be, 0, 0, M, N, K, 0.5f, (mc_operand){A, NULL}, K, (mc_operand){NULL, B16}, N, 0.0f,
+              (mc_dst){NULL, C16}, ldc);
+  be->gemm(be, 0, 0, M, N, K, 0.5f, A, K, Bw, N, 0.0f, R, ldc);
+  CHECK(rounded_equal(C16, R, M * ldc, ldc, N), "gemm_ex bf16 C is the fp32 product rounded");
+  int untouched = 1;
+  for (int i = 0; i < M * ldc; i++) untouched &= i % ldc < N || C16[i] == 0;
+  CHECK(untouched, "gemm_ex bf16 C: columns past N (within ldc) untouched");
+  CHECK(be->sync(be) == 0, "bf16 products: %s", mc_errmsg());
+  be->gemm_ex(be, 0, 0, M, N, K, 1.0f, (mc_operand){A, NULL}, K, (mc_operand){B, NULL}, N, 1.0f,
+              (mc_dst){NULL, C16}, ldc);
+  CHECK(be->sync(be) != 0 && strstr(mc_errmsg(), "beta"), "gemm_ex bf16 C with beta 1 refused (%s)", mc_errmsg());
+  /* grouped: rows (3, 0, 3) of A against three K x N blocks of B-like weights (tb = 0) */
+  float *W = kc_rand(3 * K * N, 42, 1), *Rg = kc_zeros(M * ldc);
+  mc_bf16 *G16 = calloc(M * ldc, sizeof(mc_bf16));
+  int Ms[3] = {3, 0, 3}, Ns[3] = {N, N, N}, Ks[3] = {K, K, K};
+  int64_t ao[3] = {0, 3 * K, 3 * K}, bo[3] = {0, K * N, 2 * K * N}, co[3] = {0, 3 * ldc, 3 * ldc};
+  be->gemm_grouped_ex(be, 0, 0, 3, Ms, Ns, Ks, 1.0f, (mc_operand){A, NULL}, ao, K, (mc_operand){W, NULL}, bo, N, 0.0f,
+                      (mc_dst){NULL, G16}, co, ldc);
+  be->gemm_grouped(be, 0, 0, 3, Ms, Ns, Ks, 1.0f, A, ao, K, W, bo, N, 0.0f, Rg, co, ldc);
+  CHECK(rounded_equal(G16, Rg, M * ldc, ldc, N), "gemm_grouped_ex bf16 C is the fp32 grouped product rounded");
+  CHECK(be->sync(be) == 0, "bf16 grouped products: %s", mc_errmsg());
+
+  /* glu: bf16 inputs and outputs against the fp32 op on the widened inputs */
+  const int64_t n = 300;
+  for (int act = 0; act < 4; act++) {
+    float *a = kc_rand(n, 43, 2), *b = kc_rand(n, 44, 1), *dy = kc_rand(n, 45, 1);
+    mc_bf16 *a16 = rounded(a, n), *b16 = rounded(b, n), *dy16 = rounded(dy, n);
+    float *aw = widened(a16, n), *bw = widened(b16, n), *dyw = widened(dy16, n);
+    float *y = kc_zeros(n), *da = kc_rand(n, 46, 1), *db = kc_rand(n, 47, 1);
+    mc_bf16 *y16 = calloc(n, sizeof(mc_bf16)), *da16 = rounded(da, n), *db16 = rounded(db, n);
+    be->glu_fwd(be, (mc_act)act, (mc_operand){NULL, a16}, (mc_operand){NULL, b16}, (mc_dst){NULL, y16}, n);
+    be->glu_fwd(be, (mc_act)act, (mc_operand){aw, NULL}, (mc_operand){bw, NULL}, (mc_dst){y, NULL}, n);
+    CHECK(rounded_equal(y16, y, n, n, n), "glu_fwd act %d: bf16 y is the fp32 y rounded", act);
+    memset(da, 0, n * sizeof(float)), memset(db, 0, n * sizeof(float));
+    be->glu_bwd(be, (mc_act)act, (mc_operand){NULL, a16}, (mc_operand){NULL, b16}, (mc_operand){NULL, dy16},
+                (mc_dst){NULL, da16}, (mc_dst){NULL, db16}, n);
+    be->glu_bwd(be, (mc_act)act, (mc_operand){aw, NULL}, (mc_operand){bw, NULL}, (mc_operand){dyw, NULL},
+                (mc_dst){da, NULL}, (mc_dst){db, NULL}, n);
+    CHECK(rounded_equal(da16, da, n, n, n) && rounded_equal(db16, db, n, n, n),
+          "glu_bwd act %d: bf16 da, db are written as the fp32 gradients rounded", act);
+    free(a), free(b), free(dy), free(a16), free(b16), free(dy16), free(aw), free(bw), free(dyw);
+    free(y), free(da), free(db), free(y16), free(da16), free(db16);
+  }
+
+  /* rmsnorm_fwd into bf16 (per-head groups), xent_bwd into bf16 */
+  float *x = kc_rand(4 * 8, 48, 1), *w = kc_rand(8, 49, 1), *yn = kc_zeros(32), *rs = kc_zeros(8), *rs16 = kc_zeros(8);
+  mc_bf16 *yn16 = calloc(32, sizeof(mc_bf16));
+  be->rmsnorm_fwd(be, x, w, 4, 8, 4, 1e-5f, (mc_dst){yn, NULL}, rs);
+  be->rmsnorm_fwd(be, x, w, 4, 8, 4, 1e-5f, (mc_dst){NULL, yn16}, rs16);
+  CHECK(rounded_equal(yn16, yn, 32, 32, 32) && memcmp(rs, rs16, 8 * sizeof(float)) == 0,
+        "rmsnorm_fwd bf16 y is the fp32 y rounded, the same rstd");
+  float *lg = kc_rand(3 * 8, 50, 2), *loss = kc_zeros(3), *lse = kc_zeros(3), *dl = kc_zeros(24);
+  mc_bf16 *dl16 = calloc(24, sizeof(mc_bf16));
+  int32_t tgt[3] = {0, 5, 2};
+  be->xent_fwd(be, lg, tgt, 3, 6, 8, loss, lse);
+  be->xent_bwd(be, lg, tgt, lse, 3, 6, 8, 0.25f, (mc_dst){dl, NULL});
+  be->xent_bwd(be, lg, tgt, lse, 3, 6, 8, 0.25f, (mc_dst){NULL, dl16});
+  CHECK(rounded_equal(dl16, dl, 24, 24, 24), "xent_bwd bf16 dlogits is the fp32 one rounded");
+  CHECK(be->sync(be) == 0, "bf16 outputs: %s", mc_errmsg());
+  free(A), free(B), free(R), free(C16), free(B16), free(Bw), free(W), free(Rg), free(G16);
+  free(x), free(w), free(yn), free(rs), free(rs16), free(yn16), free(lg), free(loss), free(lse), free(dl), free(dl16);
 }
 
 /* ------------------------------------------------------------------ activations, glu */
@@ -142,7 +231,7 @@ typedef struct {
 
 static double act_loss(void *p) {
   act_ctx *c = p;
-  if (c->glu) be->glu_fwd(be, c->act, c->a, c->b, c->y, c->n);
+  if (c->glu) be->glu_fwd(be, c->act, (mc_operand){c->a, NULL}, (mc_operand){c->b, NULL}, (mc_dst){c->y, NULL}, c->n);
   else be->act_fwd(be, c->act, c->a, c->y, c->n);
   return kc_dot(c->y, c->R, c->n);
 }
@@ -160,7 +249,9 @@ static void test_act(void) {
       const int64_t n = 40;
       act_ctx c = {(mc_act)a, glu, kc_rand(n, 10, 2), kc_rand(n, 11, 1), kc_zeros(n), kc_rand(n, 12, 1), n};
       float *da = kc_zeros(n), *db = kc_zeros(n);
-      if (glu) be->glu_bwd(be, c.act, c.a, c.b, c.R, da, db, n);
+      if (glu)
+        be->glu_bwd(be, c.act, (mc_operand){c.a, NULL}, (mc_operand){c.b, NULL}, (mc_operand){c.R, NULL},
+                    (mc_dst){da, NULL}, (mc_dst){db, NULL}, n);
       else be->act_bwd(be, c.act, c.a, c.R, da, n);
       char what[32];
       snprintf(what, sizeof what, "%s%s.a", glu ? "glu-" : "", names[a]);
@@ -206,14 +297,14 @@ typedef struct {
 
 static double norm_loss(void *p) {
   norm_ctx *c = p;
-  be->rmsnorm_fwd(be, c->x, c->w, c->n, c->d, c->group, 1e-5f, c->y, c->rstd);
+  be->rmsnorm_fwd(be, c->x, c->w, c->n, c->d, c->group, 1e-5f, (mc_dst){c->y, NULL}, c->rstd);
   return kc_dot(c->y, c->R, (int64_t)c->n * c->d);
 }
 
 static void test_rmsnorm(void) {
   /* by hand: x = (3, 4), mean square 12.5 -> y = x / sqrt(12.5 + eps) * w */
   float x[2] = {3, 4}, w[2] = {1, 2}, y[2], rs[1];
-  be->rmsnorm_fwd(be, x, w, 1, 2, 2, 1e-5f, y, rs);
+  be->rmsnorm_fwd(be, x, w, 1, 2, 2, 1e-5f, (mc_dst){y, NULL}, rs);
   CHECK_CLOSE(y[0], 3.0 / sqrt(12.50001), 1e-6);
   CHECK_CLOSE(y[1], 8.0 / sqrt(12.50001), 1e-6);
   for (int group = 8; group >= 4; group -= 4) {
@@ -281,14 +372,14 @@ static void test_xent(void) {
   int32_t t[1] = {1};
   be->xent_fwd(be, lg, t, 1, 3, 4, loss, lse);
   CHECK_CLOSE(loss[0], log(1 + exp(1.0) + exp(2.0)) - 1.0, 1e-6);
-  be->xent_bwd(be, lg, t, lse, 1, 3, 4, 1.0f, dl);
+  be->xent_bwd(be, lg, t, lse, 1, 3, 4, 1.0f, (mc_dst){dl, NULL});
   CHECK(dl[3] == 0.0f, "padded column gradient %g", dl[3]);
   CHECK_CLOSE(dl[1], exp(1.0) / (1 + exp(1.0) + exp(2.0)) - 1.0, 1e-6);
   xent_ctx c = {kc_rand(4 * 8, 50, 2), kc_zeros(4), kc_zeros(4), malloc(4 * sizeof(int32_t)), 4, 6, 8};
   for (int r = 0; r < 4; r++) c.tgt[r] = (r * 5) % 6;
   float *d = kc_zeros(32);
   xent_loss(&c);
-  be->xent_bwd(be, c.logits, c.tgt, c.lse, 4, 6, 8, 0.5f, d);
+  be->xent_bwd(be, c.logits, c.tgt, c.lse, 4, 6, 8, 0.5f, (mc_dst){d, NULL});
   kc_gradcheck("xent.logits", c.logits, d, 32, xent_loss, &c, 1000);
   free(c.logits), free(c.loss), free(c.lse), free(c.tgt), free(d);
 }
@@ -322,6 +413,7 @@ int main(void) {
   be = mc_backend_cpu();
   test_gemm();
   test_gemm_ex();
+  test_bf16_outputs();
   test_act();
   test_embed();
   test_rmsnorm();

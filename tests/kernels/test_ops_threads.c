@@ -56,9 +56,10 @@ static void run_ops(result *r, int threads) {
   be->act_fwd(be, MC_ACT_SIGMOID, g, g, (int64_t)NT2 * C);
   be->rglru_fwd(be, a, g, b, S2, T, C, out);
   be->rglru_bwd(be, a, g, b, out, a, S2, T, C, da, da, db);
-  be->rmsnorm_fwd(be, a, b, NT2, C, 64, 1e-5f, out, rs);
+  be->rmsnorm_fwd(be, a, b, NT2, C, 64, 1e-5f, (mc_dst){out, NULL}, rs);
   be->rmsnorm_bwd(be, a, b, rs, g, NT2, C, 64, da, db);
-  be->glu_bwd(be, MC_ACT_GELU, a, g, out, da, da, (int64_t)NT2 * C);
+  be->glu_bwd(be, MC_ACT_GELU, (mc_operand){a, NULL}, (mc_operand){g, NULL}, (mc_operand){out, NULL}, (mc_dst){da, NULL},
+              (mc_dst){da, NULL}, (int64_t)NT2 * C);
   r->out[4] = da, r->len[4] = (int64_t)NT2 * C;
   r->out[5] = db, r->len[5] = C;
   free(a), free(g), free(w), free(b), free(out), free(dw), free(rs);

@@ -1,10 +1,10 @@
 /* bf16 working weights (train.dtype=bf16), checked on the CPU: a copy of the CPU backend with
  * bf16_weights set takes the same network path the bf16 CUDA instance takes (the matrix
- * weights held in bf16 and multiplied through gemm_ex / gemm_grouped_ex, the normed input of
- * A, M and R layers kept for the backward in bf16 only), in exact CPU
- * arithmetic, against the fp32 network on the plain CPU backend:
+ * weights held in bf16 and multiplied through gemm_ex / gemm_grouped_ex, the activations that
+ * feed only products kept in bf16), in exact CPU arithmetic, against the fp32 network on the
+ * plain CPU backend:
  * - exactly the matrix-weight families (mc_role_is_matmul) are held in bf16, the rest fp32;
- *   A, M and R layers keep u16 (u is the one shared buffer), E layers their own fp32 u;
+ *   A, M and R layers keep only u16, routed E layers an fp32 u;
  * - the bf16 weights are the fp32 initial values rounded (bitwise), and
  *   mc_net_param_initial returns the fp32 values themselves (bitwise), so the optimizer's
  *   master starts from the same values in both dtypes;
@@ -87,10 +87,10 @@ int main(void) {
   CHECK_OK(mc_net_reserve(n32, 2));
   for (int L = 0; L < n16->n_layers; L++) {
     const mc_layer *a = &n16->layers[L], *b = &n32->layers[L];
-    const int e = a->kind == 'E';
-    CHECK(e ? !a->u16 && a->u && a->u != n16->u_shared : a->u16 && a->u == n16->u_shared,
-          "layer %d (%c): u16 %s, u %s", L, a->kind, a->u16 ? "kept" : "absent", a->u == n16->u_shared ? "shared" : "own");
-    CHECK(!b->u16 && b->u && !n32->u_shared, "fp32 layer %d keeps its own fp32 u", L);
+    const int e = a->kind == 'E'; /* routed (several experts): an fp32 u for the router */
+    CHECK(e ? !a->u16 && a->u : a->u16 && !a->u, "layer %d (%c): u16 %s, fp32 u %s", L, a->kind,
+          a->u16 ? "kept" : "absent", a->u ? "kept" : "absent");
+    CHECK(!b->u16 && b->u, "fp32 layer %d keeps its fp32 u", L);
   }
   enum { STEPS = 4 };
   int32_t *tok = nc_tokens(&m, 2, 3);
