@@ -4,6 +4,7 @@
 #ifndef MC_CKPT_CONFIG_H
 #define MC_CKPT_CONFIG_H
 
+#include <math.h>
 #include <stdint.h>
 
 #define MC_MAX_LAYERS 256
@@ -104,6 +105,19 @@ static inline int mc_vocab_padded(const mc_model *m) {
 }
 static inline int mc_mamba_heads(const mc_model *m) {
   return m->mamba_head_dim > 0 ? m->mamba_inner / m->mamba_head_dim : 0;
+}
+/* Assignments an expert takes per sequence of seq_len positions (DESIGN.md routing contract:
+ * ceil(T * k / E * capacity_factor)); 0 = dropless. */
+static inline int mc_moe_capacity(const mc_model *m) {
+  if (m->capacity_factor <= 0) return 0;
+  return (int)ceil((double)m->seq_len * m->top_k / m->n_experts * m->capacity_factor);
+}
+/* Whether an E block routing T positions per sequence is a plain SwiGLU: one expert, one
+ * choice, and no assignment can be dropped (the trainer then skips routing; mcplan counts
+ * what it keeps). */
+static inline int mc_moe_is_plain(const mc_model *m, int T) {
+  const int cap = mc_moe_capacity(m);
+  return m->n_experts == 1 && m->top_k == 1 && (cap == 0 || cap >= T);
 }
 
 /* The JSON Schema (schemas/config.schema.json) and the markdown key reference

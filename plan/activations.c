@@ -54,8 +54,10 @@ int64_t mc_act_block_bytes(const mc_model *m, const mc_act_shape *s, char block,
   if (r == MC_RECOMPUTE_FULL) return bytes;
   bytes += Ts * 4;
   const int none = r == MC_RECOMPUTE_NONE;
-  /* u = RMSNorm(x) * w, input of every projection (an E layer also routes and permutes it) */
-  if (none) bytes += Ts * d * (block == 'E' ? a : s->pbytes);
+  /* u = RMSNorm(x) * w, input of every projection (a routed E layer also routes and permutes
+   * it; a plain one, mc_moe_is_plain, only multiplies it) */
+  const int routed = block == 'E' && !mc_moe_is_plain(m, m->seq_len);
+  if (none) bytes += Ts * d * (routed ? a : s->pbytes);
   switch (block) {
     case 'A': {
       const int64_t q = (int64_t)m->n_heads * m->head_dim / t;
@@ -85,7 +87,8 @@ int64_t mc_act_block_bytes(const mc_model *m, const mc_act_shape *s, char block,
       bytes += Ts * e * 4;                       /* router probabilities (fp32) */
       bytes += Ts * k * (4 + 4);                 /* top-k expert index and gate */
       bytes += as * d * s->pbytes;               /* dispatched input */
-      bytes += as * (d + 2 * f) * a;             /* expert output, u w1^T, u w3^T */
+      bytes += as * d * a;                       /* expert output */
+      bytes += as * 2 * f * s->pbytes;           /* u w1^T, u w3^T (inputs of the SwiGLU only) */
       if (none) bytes += as * f * s->pbytes;     /* silu(u w1^T) * (u w3^T), input of w2 */
       break;
     }
@@ -109,7 +112,7 @@ int64_t mc_act_head_bytes(const mc_model *m, const mc_act_shape *s, mc_recompute
    * cross-entropy turns them into their gradient in place). The logits are needed at once
    * by the loss, so no policy recomputes them. */
   int64_t bytes = s->tokens_seq * (d * a + 4) + s->tokens * 4 + s->tokens * vp * 4;
-  if (r == MC_RECOMPUTE_NONE) bytes += s->tokens_seq * d * a; /* final-norm output, head input */
+  if (r == MC_RECOMPUTE_NONE) bytes += s->tokens_seq * d * s->pbytes; /* final-norm output, head input */
   return bytes;
 }
 

@@ -20,10 +20,11 @@ typedef struct {
   int64_t tokens_seq; /* tokens / tp under SP, else tokens: tokens of TP-replicated tensors */
   int tp;
   int abytes;         /* bytes per activation element (2 for bf16, 4 for fp32) */
-  int pbytes;         /* bytes per element of the activations kept only as matrix-product inputs
-                         (the normed input of A, M, R layers; an E layer's dispatched input and
-                         SwiGLU output): abytes unless the caller sets it (mcplan: 2 where the
-                         trainer keeps them in bf16) */
+  int pbytes;         /* bytes per element of the activations the trainer keeps in bf16 under
+                         train.dtype=bf16 (the normed input of A, M, R and plain E layers; an E
+                         layer's dispatched input, h1, h3 and SwiGLU output; the final-norm
+                         output): abytes unless the caller sets it (mcplan: 2 where the trainer
+                         keeps them in bf16) */
 } mc_act_shape;
 
 void mc_act_shape_of(const mc_model *m, const mc_layout *l, int micro_batch, int abytes,

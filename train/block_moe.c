@@ -77,11 +77,6 @@ static int experts_gemm(mc_backend *be, int E, const int32_t *counts, int ta, in
   return 0;
 }
 
-static int moe_capacity(const mc_model *m) {
-  if (m->capacity_factor <= 0) return 0;
-  return (int)ceil((double)m->seq_len * m->top_k / m->n_experts * m->capacity_factor);
-}
-
 /* One expert with one choice and no drop possible (dense-a: a dense SwiGLU as one expert):
  * every token goes to expert 0, in row order, with gate exactly 1 (the softmax of a single
  * logit), f = P = 1 for the aux loss, and the router's gradient is exactly 0 (p (1 - p) = 0).
@@ -89,9 +84,7 @@ static int moe_capacity(const mc_model *m) {
  * routed computation, so the same values, without routing, permutation or the host round trip
  * of the counts (net->moe_dense = 0 forces the routed path; tests compare the two). */
 int mc_moe_is_dense(const struct mc_net *net) {
-  const mc_model *m = &net->m;
-  const int cap = moe_capacity(m);
-  return net->moe_dense && m->n_experts == 1 && m->top_k == 1 && !net->sp && (cap == 0 || cap >= net->moe_T);
+  return net->moe_dense && !net->sp && mc_moe_is_plain(&net->m, net->moe_T);
 }
 
 /* An expert activation buffer as stored: bf16 under mc_act16, else fp32. */
@@ -180,7 +173,7 @@ static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   float **f = L->f;
   int32_t **iv = L->i;
   mc_linear_fwd(be, mc_f32(L->u), mc_wm(net, L, MC_ROLE_MOE_ROUTER), n, d, E, 0.0f, mc_o32(f[LOGITS]));
-  be->moe_route(be, f[LOGITS], n_seq, T, E, k, moe_capacity(m), f[PROBS], iv[IDX], f[GATE], iv[SLOT], iv[COUNTS],
+  be->moe_route(be, f[LOGITS], n_seq, T, E, k, mc_moe_capacity(m), f[PROBS], iv[IDX], f[GATE], iv[SLOT], iv[COUNTS],
                 f[FR], f[AUX], iv[DROPPED]);
   int32_t dropped = 0;
   be->to_host(be, L->counts_host, iv[COUNTS], (size_t)E * sizeof(int32_t));

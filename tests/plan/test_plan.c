@@ -217,7 +217,7 @@ static void test_dtype(void) {
   CHECK(rank_bytes(&p4, 0, MC_MEM_MOMENTS_DECAY) + rank_bytes(&p4, 0, MC_MEM_MOMENTS_NO_DECAY) == 8 * p4.model_elems,
         "two fp32 moments");
   CHECK(rank_bytes(&p2, 0, MC_MEM_GRADS) == 4 * p2.model_elems, "fp32 gradients");
-  /* bf16 on one rank: the product-only activations at 2 bytes, the rest at 4, as the trainer */
+  /* bf16 on one rank: the activations the trainer keeps in bf16 at 2 bytes, the rest at 4 */
   mc_act_shape s4, s2;
   mc_act_shape_of(&m, &g2.layout, p2.micro_batch, 4, &s4);
   s2 = s4;
@@ -225,6 +225,7 @@ static void test_dtype(void) {
   int64_t fewer = 0;
   for (int i = 0; m.pattern[i]; i++)
     fewer += mc_act_block_bytes(&m, &s4, m.pattern[i], p4.recompute) - mc_act_block_bytes(&m, &s2, m.pattern[i], p2.recompute);
+  fewer += mc_act_head_bytes(&m, &s4, p4.recompute) - mc_act_head_bytes(&m, &s2, p2.recompute); /* final-norm output */
   CHECK(p2.prod_bytes == 2 && p4.prod_bytes == 4 && fewer > 0, "product-only activations at 2 bytes under bf16");
   CHECK(rank_bytes(&p4, 0, MC_MEM_ACTIVATIONS) - rank_bytes(&p2, 0, MC_MEM_ACTIVATIONS) == fewer,
         "bf16 activations: %lld fewer bytes, expected %lld",
