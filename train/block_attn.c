@@ -38,15 +38,15 @@ static int attn_backward(struct mc_net *net, mc_layer *L, int n_seq, const float
   const int T = m->seq_len, n = n_seq * T, d = m->d_model, H = m->n_heads, KV = m->n_kv_heads, hd = m->head_dim;
   float **g = net->g;
   const int64_t nq = (int64_t)n * H * hd, nkv = (int64_t)n * KV * hd;
-  mc_linear_bwd(be, mc_f32(L->f[O]), mc_wm(net, L, MC_ROLE_ATTN_WO), mc_f32(dy), n, H * hd, d, mc_zeroed(be, g[DO], nq),
+  mc_linear_bwd(be, mc_f32(L->f[O]), mc_wm(net, L, MC_ROLE_ATTN_WO), mc_dy_in(net, dy, (int64_t)n * d), n, H * hd, d, g[DO], 0.0f,
                 mc_g(net, L, MC_ROLE_ATTN_WO));
   be->attn_bwd(be, L->f[Q], L->f[K], L->f[V], L->f[O], L->f[LSE], g[DO], n_seq, T, H, KV, hd,
                mc_zeroed(be, g[DQ], nq), mc_zeroed(be, g[DK], nkv), mc_zeroed(be, g[DV], nkv));
   be->rope_bwd(be, g[DQ], mc_zeroed(be, g[DQP], nq), n, T, H, hd, m->rope_theta);
   be->rope_bwd(be, g[DK], mc_zeroed(be, g[DKP], nkv), n, T, KV, hd, m->rope_theta);
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WQ), mc_f32(g[DQP]), n, d, H * hd, du, mc_g(net, L, MC_ROLE_ATTN_WQ));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WK), mc_f32(g[DKP]), n, d, KV * hd, du, mc_g(net, L, MC_ROLE_ATTN_WK));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WV), mc_f32(g[DV]), n, d, KV * hd, du, mc_g(net, L, MC_ROLE_ATTN_WV));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WQ), mc_f32(g[DQP]), n, d, H * hd, du, 0.0f, mc_g(net, L, MC_ROLE_ATTN_WQ));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WK), mc_f32(g[DKP]), n, d, KV * hd, du, 1.0f, mc_g(net, L, MC_ROLE_ATTN_WK));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WV), mc_f32(g[DV]), n, d, KV * hd, du, 1.0f, mc_g(net, L, MC_ROLE_ATTN_WV));
   return 0;
 }
 

@@ -115,16 +115,16 @@ static int experts_forward(struct mc_net *net, mc_layer *L, int E, const int32_t
 /* Backward of experts_forward from dyp (the output rows' gradient): adds the expert weights'
  * gradients and writes the input rows' gradient to dxp. */
 static int experts_backward(struct mc_net *net, mc_layer *L, int E, const int32_t *c, int64_t rows, mc_operand xpo,
-                            const float *dyp, float *dxp) {
+                            mc_operand dyp, float *dxp) {
   mc_backend *be = net->be;
   const int d = net->m.d_model, F = net->m.expert_hidden;
   float **f = L->f, **g = net->g;
   const off_rule xr = {d, 0}, fr = {F, 0}, w13 = {0, (int64_t)F * d};
   const int act16 = mc_act16(net);
   /* w2[e] is [d, F]: dW2[e] += dyp_e^T a_e, da_e = dyp_e w2[e] */
-  if (experts_gemm(be, E, c, 1, 0, d, F, -1, mc_f32(dyp), d, xr, act_in(net, f[A]), F, fr, 1.0f,
+  if (experts_gemm(be, E, c, 1, 0, d, F, -1, dyp, d, xr, act_in(net, f[A]), F, fr, 1.0f,
                    mc_o32(mc_g(net, L, MC_ROLE_MOE_W2)), F, w13) ||
-      experts_gemm(be, E, c, 0, 0, -1, F, d, mc_f32(dyp), d, xr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f,
+      experts_gemm(be, E, c, 0, 0, -1, F, d, dyp, d, xr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f,
                    act_dst(net, g[DA]), F, fr))
     return -1;
   /* bf16 dh1, dh3 are written; fp32 ones accumulate into zeroed buffers */
@@ -162,7 +162,7 @@ static int moe_backward_dense(struct mc_net *net, mc_layer *L, int n_seq, const 
   const int n = n_seq * net->moe_T;
   /* dyp = 1 * dy = dy. The routed path's permute_bwd adds dxp into the zeroed du and the
    * router adds exact zeros, so du = dxp: the input gradient's products write du itself. */
-  return experts_backward(net, L, 1, L->counts_host, n, mc_uin(L), dy, du);
+  return experts_backward(net, L, 1, L->counts_host, n, mc_uin(L), mc_dy_in(net, dy, (int64_t)n * net->m.d_model), du);
 }
 
 static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
@@ -205,15 +205,18 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   for (int e = 0; e < E; e++) rows += c[e];
   be->moe_unpermute_bwd(be, dy, f[YP], iv[SLOT], f[GATE], n, k, d, mc_zeroed(be, g[DYP], rows * d),
                         mc_zeroed(be, g[DGATE], (int64_t)n * k));
-  if (experts_backward(net, L, E, c, rows, act_in(net, f[XP]), g[DYP], g[DXP])) return -1;
-  be->moe_permute_bwd(be, g[DXP], iv[SLOT], n, k, d, du);
+  /* act16: dyp feeds two products, rounded once into DXP (read by those two products before
+   * the input-gradient products write DXP) */
+  const mc_operand dyp = mc_act16(net) ? mc_to16(be, g[DYP], (mc_bf16 *)g[DXP], rows * d) : mc_f32(g[DYP]);
+  if (experts_backward(net, L, E, c, rows, act_in(net, f[XP]), dyp, g[DXP])) return -1;
+  be->moe_permute_bwd(be, g[DXP], iv[SLOT], n, k, d, mc_zeroed(be, du, (int64_t)n * d));
   /* Under SP on shards f holds the sequence's fractions and P spans tp shards of T positions
    * each, so d(aux)/d(prob) = E f / (tp T): the kernel divides by T, the scale by tp. Under
    * SP on gathered sequences every TP rank adds the aux gradient of every token, so each
    * adds 1/tp of it. */
   be->moe_route_bwd(be, f[PROBS], iv[IDX], f[GATE], g[DGATE], f[FR], n_seq, T, E, k,
                     (float)(seq_weight * m->aux_loss_coef / (net->sp ? net->tp : 1)), mc_zeroed(be, g[DLOGITS], (int64_t)n * E));
-  mc_linear_bwd(be, mc_f32(L->u), mc_wm(net, L, MC_ROLE_MOE_ROUTER), mc_f32(g[DLOGITS]), n, d, E, du, mc_g(net, L, MC_ROLE_MOE_ROUTER));
+  mc_linear_bwd(be, mc_f32(L->u), mc_wm(net, L, MC_ROLE_MOE_ROUTER), mc_f32(g[DLOGITS]), n, d, E, du, 1.0f, mc_g(net, L, MC_ROLE_MOE_ROUTER));
   return 0;
 }
 

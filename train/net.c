@@ -586,8 +586,6 @@ static int block_backward(mc_net *net, mc_layer *l, int n_seq, double seq_weight
     if (mc_sp_gather(net, net->dx, net->full, n_seq, d)) return -1;
     dy = net->full;
   }
-  const int rows = how == ROWS_LOCAL ? nl : n;
-  be->fill(be, net->du, (int64_t)rows * d, 0.0f);
   net->bwd_dy = dy, net->bwd_seq_weight = seq_weight;
   if (with_whole_input(net, l, n_seq, how, 0)) return -1;
   if (net->sp && how != ROWS_LOCAL) {
@@ -616,9 +614,8 @@ static int backward(mc_net *net, int n_seq, double ce_weight, double seq_weight)
   }
   /* d(hf): full rows, partial over TP (the head is vocab-parallel) */
   float *dh = net->full, *dh_res = net->full;
-  be->fill(be, dh, (int64_t)n * d, 0.0f);
   const mc_operand dlg = mc_act16(net) ? mc_b16(net->dlogits) : mc_f32(net->dlogits);
-  mc_linear_bwd(be, hf_in(net), mc_param_mat(&net->params[net->fam_head]), dlg, n, d, Vp, dh,
+  mc_linear_bwd(be, hf_in(net), mc_param_mat(&net->params[net->fam_head]), dlg, n, d, Vp, dh, 0.0f,
                 net->params[net->fam_head].g);
   if (net->sp) {
     if (mc_sp_reduce_scatter(net, dh, net->ush, n_seq, d)) return -1;

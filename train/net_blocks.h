@@ -55,8 +55,9 @@ typedef struct {
   void (*sizes)(const mc_model *m, int n_seq, int act16, mc_block_sizes *s);
   /* x += f(u): u = L->u is the normed input [n, d], x the residual stream. */
   int (*forward)(struct mc_net *net, mc_layer *L, int n_seq, float *x);
-  /* du += d(objective)/du given dy = d(objective)/d(block output) [n, d]; adds parameter
-   * gradients. seq_weight scales the aux loss (E blocks). */
+  /* du = d(objective)/du given dy = d(objective)/d(block output) [n, d] (du is written: the
+   * block's first contribution sets it); adds parameter gradients. seq_weight scales the aux
+   * loss (E blocks). */
   int (*backward)(struct mc_net *net, mc_layer *L, int n_seq, const float *dy, float *du,
                   double seq_weight);
 } mc_block_ops;
@@ -101,7 +102,8 @@ struct mc_net {
                           capacity makes it gather whole sequences (train/net.c) */
   int v0, Vl, Vpl;     /* vocab rows [v0, v0 + Vpl) of embed/head are local, Vl of them real */
   mc_dist_param *dist; /* [n_params] */
-  float *y;            /* [n, d] a block's (partial) output */
+  float *y;            /* [n, d] a block's partial output under TP; under mc_act16 (no TP) the
+                          bf16 copy of a block's output gradient (mc_dy_in) */
   float *ush;          /* [nl, d] a sequence shard (SP) */
   float *full;         /* [n, d] gathered or to-be-scattered rows */
   float *pack;         /* [n, d] member-major staging of the SP collectives */
@@ -202,11 +204,18 @@ static inline void mc_linear_fwd(mc_backend *be, mc_operand u, mc_operand W, int
   mc_gemm_m(be, 0, 1, n, out, in, 1.0f, u, in, W, in, beta, y, out);
 }
 
-/* dW[out, in] += dy^T u;  du[n, in] += dy W (skipped when du is NULL). */
+/* dW[out, in] += dy^T u;  du[n, in] = dy W + du_beta * du (du_beta 0 for the first
+ * contribution to du, 1 to add; skipped when du is NULL). */
 static inline void mc_linear_bwd(mc_backend *be, mc_operand u, mc_operand W, mc_operand dy, int n, int in, int out,
-                                 float *du, float *dW) {
+                                 float *du, float du_beta, float *dW) {
   mc_gemm_m(be, 1, 0, out, in, n, 1.0f, dy, out, u, in, 1.0f, mc_o32(dW), in);
-  if (du) mc_gemm_m(be, 0, 0, n, in, out, 1.0f, dy, out, W, in, 1.0f, mc_o32(du), in);
+  if (du) mc_gemm_m(be, 0, 0, n, in, out, 1.0f, dy, out, W, in, du_beta, mc_o32(du), in);
+}
+
+/* A block's output gradient as its products read it: under mc_act16 rounded once into the
+ * free net->y (used as the TP partial output only) for blocks that multiply it twice. */
+static inline mc_operand mc_dy_in(struct mc_net *net, const float *dy, int64_t n) {
+  return mc_act16(net) ? mc_to16(net->be, dy, (mc_bf16 *)net->y, n) : mc_f32(dy);
 }
 
 #endif
