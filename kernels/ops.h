@@ -155,20 +155,19 @@ struct mc_backend {
                       const float *dy, int n, int d, int group, float *dx, float *dw);
 
   /* ---- RoPE, rotate-half: x is [n, heads*hd]; pair (i, i + hd/2), i < hd/2, at position
-   * t = r % T is rotated by t * theta^(-2i/hd). In place; the backward rotates dy back and
-   * adds it into dx (dx != dy). */
-  void (*rope_fwd)(mc_backend *be, float *x, int n, int T, int heads, int hd, double theta);
-  void (*rope_bwd)(mc_backend *be, const float *dy, float *dx, int n, int T, int heads, int hd,
-                   double theta);
+   * t = r % T is rotated by t * theta^(-2i/hd). In place, on x as stored (fp32 or bf16); the
+   * backward rotates dy back into dx (dx != dy: added into fp32, written into bf16). */
+  void (*rope_fwd)(mc_backend *be, mc_dst x, int n, int T, int heads, int hd, double theta);
+  void (*rope_bwd)(mc_backend *be, mc_operand dy, mc_dst dx, int n, int T, int heads, int hd, double theta);
 
   /* ---- causal GQA attention within each sequence: q [n, H*hd], k and v [n, KV*hd],
    * out [n, H*hd]; query head h reads kv head h / (H/KV); scale 1/sqrt(hd). lse [n, H] keeps
-   * the softmax log-normaliser so the backward recomputes probabilities (no T x T matrix). */
-  void (*attn_fwd)(mc_backend *be, const float *q, const float *k, const float *v, int n_seq,
-                   int T, int H, int KV, int hd, float *out, float *lse);
-  void (*attn_bwd)(mc_backend *be, const float *q, const float *k, const float *v,
-                   const float *out, const float *lse, const float *dout, int n_seq, int T,
-                   int H, int KV, int hd, float *dq, float *dk, float *dv);
+   * the softmax log-normaliser so the backward recomputes probabilities (no T x T matrix).
+   * q, k, v, out and dout may be stored in bf16 (train.dtype=bf16); lse, dq, dk, dv are fp32. */
+  void (*attn_fwd)(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, int n_seq, int T, int H, int KV,
+                   int hd, mc_dst out, float *lse);
+  void (*attn_bwd)(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, mc_operand out, const float *lse,
+                   mc_operand dout, int n_seq, int T, int H, int KV, int hd, float *dq, float *dk, float *dv);
 
   /* ---- causal depthwise conv over time within each sequence, x [n, c], w [c, K], b [c]:
    * y_t[ch] = b[ch] + sum_j w[ch, j] * x_{t-K+1+j}[ch] (zeros before the sequence start).

@@ -62,9 +62,9 @@ int64_t mc_act_block_bytes(const mc_model *m, const mc_act_shape *s, char block,
     case 'A': {
       const int64_t q = (int64_t)m->n_heads * m->head_dim / t;
       const int64_t kv = (int64_t)m->n_kv_heads * m->head_dim / t;
-      bytes += Tf * (q + 2 * kv) * a;            /* q, k, v (after RoPE) */
+      bytes += Tf * (q + 2 * kv) * s->pbytes;    /* q, k, v (after RoPE) */
       if (none) {
-        bytes += Tf * q * a;                     /* o, softmax(qk^T)v, input of wo */
+        bytes += Tf * q * s->pbytes;             /* o, softmax(qk^T)v, input of wo */
         bytes += Tf * (m->n_heads / t) * 4;      /* log-sum-exp per head (fused attention) */
       }
       break;

@@ -51,15 +51,13 @@ void mc_cpu_rmsnorm_fwd(mc_backend *be, const float *x, const float *w, int n, i
 void mc_cpu_rmsnorm_bwd(mc_backend *be, const float *x, const float *w, const float *rstd,
                         const float *dy, int n, int d, int group, float *dx, float *dw);
 
-void mc_cpu_rope_fwd(mc_backend *be, float *x, int n, int T, int heads, int hd, double theta);
-void mc_cpu_rope_bwd(mc_backend *be, const float *dy, float *dx, int n, int T, int heads, int hd,
-                     double theta);
+void mc_cpu_rope_fwd(mc_backend *be, mc_dst x, int n, int T, int heads, int hd, double theta);
+void mc_cpu_rope_bwd(mc_backend *be, mc_operand dy, mc_dst dx, int n, int T, int heads, int hd, double theta);
 
-void mc_cpu_attn_fwd(mc_backend *be, const float *q, const float *k, const float *v, int n_seq,
-                     int T, int H, int KV, int hd, float *out, float *lse);
-void mc_cpu_attn_bwd(mc_backend *be, const float *q, const float *k, const float *v,
-                     const float *out, const float *lse, const float *dout, int n_seq, int T,
-                     int H, int KV, int hd, float *dq, float *dk, float *dv);
+void mc_cpu_attn_fwd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, int n_seq, int T, int H, int KV,
+                     int hd, mc_dst out, float *lse);
+void mc_cpu_attn_bwd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, mc_operand out, const float *lse,
+                     mc_operand dout, int n_seq, int T, int H, int KV, int hd, float *dq, float *dk, float *dv);
 
 void mc_cpu_conv_fwd(mc_backend *be, const float *x, const float *w, const float *b, int n_seq,
                      int T, int c, int K, float *y);
@@ -108,6 +106,9 @@ void mc_cpu_xent_bwd(mc_backend *be, const float *logits, const int32_t *target,
 
 /* Records a failure inside an op (any thread); the backend's sync() reports the first one. */
 void mc_cpu_fail(const char *what);
+/* fp32 view of an op input of n elements: the fp32 one itself, or a malloc'd copy widened from
+ * bf16 (*owned set, the caller frees); NULL (failure `op` recorded) when out of memory. */
+const float *mc_cpu_widen(mc_operand x, int64_t n, float **owned, const char *op);
 
 /* Scalar activation math shared by the elementwise ops and the scans. */
 static inline float mc_sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }

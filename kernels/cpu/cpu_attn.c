@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "kernels/bf16.h"
 #include "kernels/cpu/cpu.h"
 
 static inline float dotf(const float *a, const float *b, int n) {
@@ -14,9 +15,8 @@ static inline float dotf(const float *a, const float *b, int n) {
   return s;
 }
 
-void mc_cpu_attn_fwd(mc_backend *be, const float *q, const float *k, const float *v, int n_seq,
-                     int T, int H, int KV, int hd, float *out, float *lse) {
-  (void)be;
+static void attn_fwd_f32(const float *q, const float *k, const float *v, int n_seq, int T, int H, int KV, int hd,
+                         float *out, float *lse) {
   const float scale = 1.0f / sqrtf((float)hd);
   const int grp = H / KV;
   const int64_t qs = (int64_t)H * hd, ks = (int64_t)KV * hd;
@@ -60,10 +60,8 @@ void mc_cpu_attn_fwd(mc_backend *be, const float *q, const float *k, const float
   }
 }
 
-void mc_cpu_attn_bwd(mc_backend *be, const float *q, const float *k, const float *v,
-                     const float *out, const float *lse, const float *dout, int n_seq, int T,
-                     int H, int KV, int hd, float *dq, float *dk, float *dv) {
-  (void)be;
+static void attn_bwd_f32(const float *q, const float *k, const float *v, const float *out, const float *lse,
+                         const float *dout, int n_seq, int T, int H, int KV, int hd, float *dq, float *dk, float *dv) {
   const float scale = 1.0f / sqrtf((float)hd);
   const int grp = H / KV;
   const int64_t qs = (int64_t)H * hd, ks = (int64_t)KV * hd;
@@ -97,4 +95,39 @@ void mc_cpu_attn_bwd(mc_backend *be, const float *q, const float *k, const float
       }
     }
   }
+}
+
+/* ---- inputs stored in bf16 are widened into temporaries, a bf16 out is rounded from the
+ * fp32 result: the same values as the fp32 op on the widened inputs */
+
+void mc_cpu_attn_fwd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, int n_seq, int T, int H, int KV,
+                     int hd, mc_dst out, float *lse) {
+  (void)be;
+  const int64_t n = (int64_t)n_seq * T, nq = n * H * hd, nk = n * KV * hd;
+  float *oq, *ok, *ov, *oo = NULL;
+  const float *qf = mc_cpu_widen(q, nq, &oq, "attn_fwd: out of memory widening q");
+  const float *kf = mc_cpu_widen(k, nk, &ok, "attn_fwd: out of memory widening k");
+  const float *vf = mc_cpu_widen(v, nk, &ov, "attn_fwd: out of memory widening v");
+  float *of = out.h ? (oo = malloc((size_t)(nq > 0 ? nq : 1) * sizeof(float))) : out.f;
+  if (!of) mc_cpu_fail("attn_fwd: out of memory for the fp32 output");
+  if (qf && kf && vf && of) {
+    attn_fwd_f32(qf, kf, vf, n_seq, T, H, KV, hd, of, lse);
+    if (out.h)
+      for (int64_t i = 0; i < nq; i++) out.h[i] = mc_bf16_from_float(of[i]);
+  }
+  free(oq), free(ok), free(ov), free(oo);
+}
+
+void mc_cpu_attn_bwd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, mc_operand out, const float *lse,
+                     mc_operand dout, int n_seq, int T, int H, int KV, int hd, float *dq, float *dk, float *dv) {
+  (void)be;
+  const int64_t n = (int64_t)n_seq * T, nq = n * H * hd, nk = n * KV * hd;
+  float *oq, *ok, *ov, *oo, *od;
+  const float *qf = mc_cpu_widen(q, nq, &oq, "attn_bwd: out of memory widening q");
+  const float *kf = mc_cpu_widen(k, nk, &ok, "attn_bwd: out of memory widening k");
+  const float *vf = mc_cpu_widen(v, nk, &ov, "attn_bwd: out of memory widening v");
+  const float *of = mc_cpu_widen(out, nq, &oo, "attn_bwd: out of memory widening out");
+  const float *df = mc_cpu_widen(dout, nq, &od, "attn_bwd: out of memory widening dout");
+  if (qf && kf && vf && of && df) attn_bwd_f32(qf, kf, vf, of, lse, df, n_seq, T, H, KV, hd, dq, dk, dv);
+  free(oq), free(ok), free(ov), free(oo), free(od);
 }

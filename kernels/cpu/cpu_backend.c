@@ -40,6 +40,19 @@ void mc_cpu_fail(const char *what) {
   }
 }
 
+const float *mc_cpu_widen(mc_operand x, int64_t n, float **owned, const char *op) {
+  *owned = NULL;
+  if (!x.h) return x.f;
+  float *w = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+  if (!w) {
+    mc_cpu_fail(op);
+    return NULL;
+  }
+#pragma omp parallel for schedule(static) if (n >= MC_CPU_PAR_MIN)
+  for (int64_t i = 0; i < n; i++) w[i] = mc_bf16_to_float(x.h[i]);
+  return *owned = w;
+}
+
 static int cpu_sync(mc_backend *be) {
   (void)be;
   int failed;

@@ -58,20 +58,6 @@ void mc_cpu_gemm_grouped(mc_backend *be, int ta, int tb, int groups, const int *
  * elements the product reads, then the fp32 product; so the result is gemm's on the widened
  * values. */
 
-/* fp32 view of an operand of n elements: the fp32 one itself, or a malloc'd widened copy
- * (*owned set); NULL (failure recorded) when out of memory. */
-static const float *widen(mc_operand x, int64_t n, float **owned, const char *op) {
-  *owned = NULL;
-  if (!x.h) return x.f;
-  float *w = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-  if (!w) {
-    mc_cpu_fail(op);
-    return NULL;
-  }
-#pragma omp parallel for schedule(static) if (n >= MC_CPU_PAR_MIN)
-  for (int64_t i = 0; i < n; i++) w[i] = mc_bf16_to_float(x.h[i]);
-  return *owned = w;
-}
 
 /* ---- bf16 results (beta 0 only): the fp32 product goes into a temporary spanning C's
  * elements, then each result block is rounded into C. */
@@ -109,8 +95,8 @@ void mc_cpu_gemm_ex(mc_backend *be, int ta, int tb, int M, int N, int K, float a
     mc_cpu_gemm(be, ta, tb, M, N, K, alpha, NULL, lda, NULL, ldb, beta, Cf, ldc);
   } else {
     float *oa, *ob;
-    const float *Af = widen(A, span(ta ? K : M, ta ? M : K, lda), &oa, "gemm_ex: out of memory widening A");
-    const float *Bf = widen(B, span(tb ? N : K, tb ? K : N, ldb), &ob, "gemm_ex: out of memory widening B");
+    const float *Af = mc_cpu_widen(A, span(ta ? K : M, ta ? M : K, lda), &oa, "gemm_ex: out of memory widening A");
+    const float *Bf = mc_cpu_widen(B, span(tb ? N : K, tb ? K : N, ldb), &ob, "gemm_ex: out of memory widening B");
     if (Af && Bf) mc_cpu_gemm(be, ta, tb, M, N, K, alpha, Af, lda, Bf, ldb, beta, Cf, ldc);
     free(oa), free(ob);
   }
@@ -134,8 +120,8 @@ void mc_cpu_gemm_grouped_ex(mc_backend *be, int ta, int tb, int groups, const in
   float *oa, *ob, *oc;
   float *Cf = result_buf(C, beta, nc, &oc, "gemm_grouped_ex: a bf16 result C needs beta = 0");
   if (!Cf) return;
-  const float *Af = widen(A, na, &oa, "gemm_grouped_ex: out of memory widening A");
-  const float *Bf = widen(B, nb, &ob, "gemm_grouped_ex: out of memory widening B");
+  const float *Af = mc_cpu_widen(A, na, &oa, "gemm_grouped_ex: out of memory widening A");
+  const float *Bf = mc_cpu_widen(B, nb, &ob, "gemm_grouped_ex: out of memory widening B");
   if (Af && Bf) {
     mc_cpu_gemm_grouped(be, ta, tb, groups, M, N, K, alpha, Af, a_off, lda, Bf, b_off, ldb, beta, Cf, c_off, ldc);
     for (int g = 0; oc && g < groups; g++)

@@ -90,16 +90,16 @@ static void attn_case(mc_backend *be, int n_seq, int T, int H, int KV, int hd, d
   memcpy(dq, dq0, (size_t)nq * sizeof(float));
   memcpy(dk, dk0, (size_t)nk * sizeof(float));
   memcpy(dv, dv0, (size_t)nk * sizeof(float));
-  cpu->attn_fwd(cpu, q, k, v, n_seq, T, H, KV, hd, out, lse);
-  cpu->attn_bwd(cpu, q, k, v, out, lse, dout, n_seq, T, H, KV, hd, dq, dk, dv);
+  cpu->attn_fwd(cpu, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, n_seq, T, H, KV, hd, (mc_dst){out, NULL}, lse);
+  cpu->attn_bwd(cpu, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, (mc_operand){out, NULL}, lse, (mc_operand){dout, NULL}, n_seq, T, H, KV, hd, dq, dk, dv);
 
   float *qd = dev_up(be, q, nq), *kd = dev_up(be, k, nk), *vd = dev_up(be, v, nk), *dod = dev_up(be, dout, nq);
   float *outd = dev_nan(be, nq), *lsed = dev_nan(be, n * H);
-  be->attn_fwd(be, qd, kd, vd, n_seq, T, H, KV, hd, outd, lsed);
+  be->attn_fwd(be, (mc_operand){qd, NULL}, (mc_operand){kd, NULL}, (mc_operand){vd, NULL}, n_seq, T, H, KV, hd, (mc_dst){outd, NULL}, lsed);
   /* the backward reads the CPU's forward results, so only the backward is compared */
   float *outc = dev_up(be, out, nq), *lsec = dev_up(be, lse, n * H);
   float *dqd = dev_up(be, dq0, nq), *dkd = dev_up(be, dk0, nk), *dvd = dev_up(be, dv0, nk);
-  be->attn_bwd(be, qd, kd, vd, outc, lsec, dod, n_seq, T, H, KV, hd, dqd, dkd, dvd);
+  be->attn_bwd(be, (mc_operand){qd, NULL}, (mc_operand){kd, NULL}, (mc_operand){vd, NULL}, (mc_operand){outc, NULL}, lsec, (mc_operand){dod, NULL}, n_seq, T, H, KV, hd, dqd, dkd, dvd);
   CHECK(be->sync(be) == 0, "attention n_seq=%d T=%d hd=%d: %s", n_seq, T, hd, mc_errmsg());
   float *go = dev_down(be, outd, nq), *gl = dev_down(be, lsed, n * H), *gq = dev_down(be, dqd, nq),
         *gk = dev_down(be, dkd, nk), *gv = dev_down(be, dvd, nk);
@@ -129,7 +129,7 @@ static void attn_case(mc_backend *be, int n_seq, int T, int H, int KV, int hd, d
     be->from_host(be, dqd, dq0, (size_t)nq * sizeof(float));
     be->from_host(be, dkd, dk0, (size_t)nk * sizeof(float));
     be->from_host(be, dvd, dv0, (size_t)nk * sizeof(float));
-    be->attn_bwd(be, qd, kd, vd, outc, lsec, dod, n_seq, T, H, KV, hd, dqd, dkd, dvd);
+    be->attn_bwd(be, (mc_operand){qd, NULL}, (mc_operand){kd, NULL}, (mc_operand){vd, NULL}, (mc_operand){outc, NULL}, lsec, (mc_operand){dod, NULL}, n_seq, T, H, KV, hd, dqd, dkd, dvd);
     float *rq = dev_down(be, dqd, nq), *rk = dev_down(be, dkd, nk), *rv = dev_down(be, dvd, nk);
     CHECK(memcmp(rq, gq, (size_t)nq * sizeof(float)) == 0 && memcmp(rk, gk, (size_t)nk * sizeof(float)) == 0 &&
               memcmp(rv, gv, (size_t)nk * sizeof(float)) == 0,
@@ -177,8 +177,8 @@ static float time_op(mc_backend *be, int which, const float *q, const float *k, 
   float ms[T_REPS];
   for (int r = 0; r < T_WARM + T_REPS; r++) {
     cudaEventRecord(e0, st);
-    if (which == 0) be->attn_fwd(be, q, k, v, n_seq, T, H, KV, hd, o, lse);
-    else be->attn_bwd(be, q, k, v, out, lse, dout, n_seq, T, H, KV, hd, dq, dk, dv);
+    if (which == 0) be->attn_fwd(be, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, n_seq, T, H, KV, hd, (mc_dst){o, NULL}, lse);
+    else be->attn_bwd(be, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, (mc_operand){out, NULL}, lse, (mc_operand){dout, NULL}, n_seq, T, H, KV, hd, dq, dk, dv);
     cudaEventRecord(e1, st);
     CHECK(cudaEventSynchronize(e1) == cudaSuccess, "cudaEventSynchronize");
     if (r >= T_WARM) cudaEventElapsedTime(&ms[r - T_WARM], e0, e1);
@@ -205,8 +205,8 @@ static void big_case(const char *name, int n_seq, int T, int H, int KV, int hd, 
     float *od = dev_nan(be, nq), *ld = dev_nan(be, n * H);
     float *dqd = dev_up(be, z, nq), *dkd = dev_up(be, z, nk), *dvd = dev_up(be, z, nk);
     /* one forward and one backward from zero gradients for the comparison */
-    be->attn_fwd(be, qd, kd, vd, n_seq, T, H, KV, hd, od, ld);
-    be->attn_bwd(be, qd, kd, vd, od, ld, dod, n_seq, T, H, KV, hd, dqd, dkd, dvd);
+    be->attn_fwd(be, (mc_operand){qd, NULL}, (mc_operand){kd, NULL}, (mc_operand){vd, NULL}, n_seq, T, H, KV, hd, (mc_dst){od, NULL}, ld);
+    be->attn_bwd(be, (mc_operand){qd, NULL}, (mc_operand){kd, NULL}, (mc_operand){vd, NULL}, (mc_operand){od, NULL}, ld, (mc_operand){dod, NULL}, n_seq, T, H, KV, hd, dqd, dkd, dvd);
     CHECK(be->sync(be) == 0, "%s: %s", name, mc_errmsg());
     res[b][0] = dev_down(be, od, nq), res[b][1] = dev_down(be, ld, n * H);
     res[b][2] = dev_down(be, dqd, nq), res[b][3] = dev_down(be, dkd, nk), res[b][4] = dev_down(be, dvd, nk);
@@ -243,8 +243,8 @@ static void profile_shape(int n_seq, int T, int H, int KV, int hd) {
   float *qd = dev_up(g16, q, nq), *kd = dev_up(g16, k, nk), *vd = dev_up(g16, v, nk), *dod = dev_up(g16, q, nq);
   float *od = dev_nan(g16, nq), *ld = dev_nan(g16, n * H), *dqd = dev_up(g16, q, nq), *dkd = dev_up(g16, k, nk),
         *dvd = dev_up(g16, v, nk);
-  g16->attn_fwd(g16, qd, kd, vd, n_seq, T, H, KV, hd, od, ld);
-  g16->attn_bwd(g16, qd, kd, vd, od, ld, dod, n_seq, T, H, KV, hd, dqd, dkd, dvd);
+  g16->attn_fwd(g16, (mc_operand){qd, NULL}, (mc_operand){kd, NULL}, (mc_operand){vd, NULL}, n_seq, T, H, KV, hd, (mc_dst){od, NULL}, ld);
+  g16->attn_bwd(g16, (mc_operand){qd, NULL}, (mc_operand){kd, NULL}, (mc_operand){vd, NULL}, (mc_operand){od, NULL}, ld, (mc_operand){dod, NULL}, n_seq, T, H, KV, hd, dqd, dkd, dvd);
   CHECK(g16->sync(g16) == 0, "profile: %s", mc_errmsg());
   float *dptr[] = {qd, kd, vd, dod, od, ld, dqd, dkd, dvd};
   for (size_t i = 0; i < sizeof dptr / sizeof *dptr; i++) g16->free(g16, dptr[i]);

@@ -314,11 +314,11 @@ static void test_rows(void) {
   const int T = 41, nr = 3 * 41, heads = 3, hd = 32;
   int64_t ne = (int64_t)nr * heads * hd;
   float *x = hrand(ne, 1), *xd = up(x, ne), *g = hrand(ne, 1), *dx = hrand(ne, 1), *dxd = up(dx, ne);
-  cpu->rope_fwd(cpu, x, nr, T, heads, hd, 10000.0);
-  gpu->rope_fwd(gpu, xd, nr, T, heads, hd, 10000.0);
+  cpu->rope_fwd(cpu, (mc_dst){x, NULL}, nr, T, heads, hd, 10000.0);
+  gpu->rope_fwd(gpu, (mc_dst){xd, NULL}, nr, T, heads, hd, 10000.0);
   cmp("rope_fwd", xd, x, ne, TOL_EXACT);
-  cpu->rope_bwd(cpu, g, dx, nr, T, heads, hd, 10000.0);
-  gpu->rope_bwd(gpu, up(g, ne), dxd, nr, T, heads, hd, 10000.0);
+  cpu->rope_bwd(cpu, (mc_operand){g, NULL}, (mc_dst){dx, NULL}, nr, T, heads, hd, 10000.0);
+  gpu->rope_bwd(gpu, (mc_operand){up(g, ne), NULL}, (mc_dst){dxd, NULL}, nr, T, heads, hd, 10000.0);
   cmp("rope_bwd", dxd, dx, ne, TOL_EXACT);
   /* cross-entropy with a padded vocabulary */
   const int nx = 57, Vr = 1000, Vp = 1024;
@@ -346,8 +346,8 @@ static void attn_case(int n_seq, int T, int H, int KV, int hd) {
   float *dq = hrand(nq, 1), *dk = hrand(nk, 1), *dv = hrand(nk, 1);
   float *qd = up(q, nq), *kd = up(k, nk), *vd = up(v, nk), *outd = dnan(nq), *lsed = dnan(n * H);
   float *dqd = up(dq, nq), *dkd = up(dk, nk), *dvd = up(dv, nk);
-  cpu->attn_fwd(cpu, q, k, v, n_seq, T, H, KV, hd, out, lse);
-  gpu->attn_fwd(gpu, qd, kd, vd, n_seq, T, H, KV, hd, outd, lsed);
+  cpu->attn_fwd(cpu, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, n_seq, T, H, KV, hd, (mc_dst){out, NULL}, lse);
+  gpu->attn_fwd(gpu, (mc_operand){qd, NULL}, (mc_operand){kd, NULL}, (mc_operand){vd, NULL}, n_seq, T, H, KV, hd, (mc_dst){outd, NULL}, lsed);
   char what[64];
   snprintf(what, sizeof what, "attn_fwd out T=%d H=%d/%d hd=%d", T, H, KV, hd);
   cmp(what, outd, out, nq, TOL_ATTN);
@@ -355,8 +355,8 @@ static void attn_case(int n_seq, int T, int H, int KV, int hd) {
   cmp(what, lsed, lse, n * H, TOL_ATTN);
   /* both backwards read the CPU's forward results so only the backward is compared */
   float *outc = up(out, nq), *lsec = up(lse, n * H);
-  cpu->attn_bwd(cpu, q, k, v, out, lse, dout, n_seq, T, H, KV, hd, dq, dk, dv);
-  gpu->attn_bwd(gpu, qd, kd, vd, outc, lsec, up(dout, nq), n_seq, T, H, KV, hd, dqd, dkd, dvd);
+  cpu->attn_bwd(cpu, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, (mc_operand){out, NULL}, lse, (mc_operand){dout, NULL}, n_seq, T, H, KV, hd, dq, dk, dv);
+  gpu->attn_bwd(gpu, (mc_operand){qd, NULL}, (mc_operand){kd, NULL}, (mc_operand){vd, NULL}, (mc_operand){outc, NULL}, lsec, (mc_operand){up(dout, nq), NULL}, n_seq, T, H, KV, hd, dqd, dkd, dvd);
   snprintf(what, sizeof what, "attn_bwd dq T=%d hd=%d", T, hd);
   cmp(what, dqd, dq, nq, TOL_ATTN);
   snprintf(what, sizeof what, "attn_bwd dk T=%d hd=%d", T, hd);
@@ -500,7 +500,7 @@ static void test_failures(void) {
   CHECK(gpu->sync(gpu) == 0, "a failed allocation is not sticky: %s", mc_errmsg());
   /* an unsupported head size is recorded and reported once by sync */
   float *q = dalloc(300 * sizeof(float)), *o = dalloc(300 * sizeof(float)), *l = dalloc(sizeof(float));
-  gpu->attn_fwd(gpu, q, q, q, 1, 1, 1, 1, 300, o, l);
+  gpu->attn_fwd(gpu, (mc_operand){q, NULL}, (mc_operand){q, NULL}, (mc_operand){q, NULL}, 1, 1, 1, 1, 300, (mc_dst){o, NULL}, l);
   CHECK(gpu->sync(gpu) == -1 && strstr(mc_errmsg(), "attn_fwd"), "attn head_dim 300: '%s'", mc_errmsg());
   printf("  reported: %s\n", mc_errmsg());
   CHECK(gpu->sync(gpu) == 0, "the failure was reported once: %s", mc_errmsg());
@@ -1062,12 +1062,12 @@ static void shapes_attn(const char *name, int n_seq, int T, int H, int KV, int h
   float *qd = up(q, nq), *kd = up(k, nk), *vd = up(v, nk), *dod = up(dout, nq), *outd = dnan(nq), *lsed = dnan(n * H);
   float *dqd = up(dq, nq), *dkd = up(dk, nk), *dvd = up(dv, nk);
   char what[96];
-  cpu->attn_fwd(cpu, q, k, v, n_seq, T, H, KV, hd, out, lse);
-  gpu->attn_fwd(gpu, qd, kd, vd, n_seq, T, H, KV, hd, outd, lsed);
+  cpu->attn_fwd(cpu, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, n_seq, T, H, KV, hd, (mc_dst){out, NULL}, lse);
+  gpu->attn_fwd(gpu, (mc_operand){qd, NULL}, (mc_operand){kd, NULL}, (mc_operand){vd, NULL}, n_seq, T, H, KV, hd, (mc_dst){outd, NULL}, lsed);
   snprintf(what, sizeof what, "attn_fwd %s", name);
   cmp(what, outd, out, nq, TOL_ATTN);
-  cpu->attn_bwd(cpu, q, k, v, out, lse, dout, n_seq, T, H, KV, hd, dq, dk, dv);
-  gpu->attn_bwd(gpu, qd, kd, vd, outd, lsed, dod, n_seq, T, H, KV, hd, dqd, dkd, dvd);
+  cpu->attn_bwd(cpu, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, (mc_operand){out, NULL}, lse, (mc_operand){dout, NULL}, n_seq, T, H, KV, hd, dq, dk, dv);
+  gpu->attn_bwd(gpu, (mc_operand){qd, NULL}, (mc_operand){kd, NULL}, (mc_operand){vd, NULL}, (mc_operand){outd, NULL}, lsed, (mc_operand){dod, NULL}, n_seq, T, H, KV, hd, dqd, dkd, dvd);
   snprintf(what, sizeof what, "attn_bwd dq %s", name);
   cmp(what, dqd, dq, nq, TOL_ATTN);
   snprintf(what, sizeof what, "attn_bwd dk %s", name);
@@ -1077,9 +1077,9 @@ static void shapes_attn(const char *name, int n_seq, int T, int H, int KV, int h
   /* causal: half of the T x T scores; forward 2 products, backward 5 (s, dp, dq, dk, dv) */
   double f2 = 2.0 * n_seq * H * ((double)T * T / 2) * hd;
   snprintf(what, sizeof what, "attn_fwd %s", name);
-  TIME_GPU(what, 2 * f2, gpu->attn_fwd(gpu, qd, kd, vd, n_seq, T, H, KV, hd, outd, lsed));
+  TIME_GPU(what, 2 * f2, gpu->attn_fwd(gpu, (mc_operand){qd, NULL}, (mc_operand){kd, NULL}, (mc_operand){vd, NULL}, n_seq, T, H, KV, hd, (mc_dst){outd, NULL}, lsed));
   snprintf(what, sizeof what, "attn_bwd %s", name);
-  TIME_GPU(what, 5 * f2, gpu->attn_bwd(gpu, qd, kd, vd, outd, lsed, dod, n_seq, T, H, KV, hd, dqd, dkd, dvd));
+  TIME_GPU(what, 5 * f2, gpu->attn_bwd(gpu, (mc_operand){qd, NULL}, (mc_operand){kd, NULL}, (mc_operand){vd, NULL}, (mc_operand){outd, NULL}, lsed, (mc_operand){dod, NULL}, n_seq, T, H, KV, hd, dqd, dkd, dvd));
   case_end();
 }
 
@@ -1285,16 +1285,16 @@ static void shapes_rows(void) {
     }
     /* RoPE over the same buffers as 4096 x 16 heads x 128 */
     float *r0 = hcopy(x, m), *rd0 = hcopy(dx, m);
-    cpu->rope_fwd(cpu, r0, n, T, H, hd, 10000.0);
+    cpu->rope_fwd(cpu, (mc_dst){r0, NULL}, n, T, H, hd, 10000.0);
     gpu->from_host(gpu, dxd, x, (size_t)m * 4);
-    gpu->rope_fwd(gpu, dxd, n, T, H, hd, 10000.0);
+    gpu->rope_fwd(gpu, (mc_dst){dxd, NULL}, n, T, H, hd, 10000.0);
     cmp("rope_fwd 4096x16x128", dxd, r0, m, TOL_EXACT);
-    cpu->rope_bwd(cpu, g, rd0, n, T, H, hd, 10000.0);
+    cpu->rope_bwd(cpu, (mc_operand){g, NULL}, (mc_dst){rd0, NULL}, n, T, H, hd, 10000.0);
     gpu->from_host(gpu, dxd2, dx, (size_t)m * 4);
-    gpu->rope_bwd(gpu, gd, dxd2, n, T, H, hd, 10000.0);
+    gpu->rope_bwd(gpu, (mc_operand){gd, NULL}, (mc_dst){dxd2, NULL}, n, T, H, hd, 10000.0);
     cmp("rope_bwd 4096x16x128", dxd2, rd0, m, TOL_EXACT);
-    TIME_REPS("rope_fwd 4096x16x128", m * 8, gpu->rope_fwd(gpu, dxd, n, T, H, hd, 10000.0));
-    TIME_REPS("rope_bwd 4096x16x128", m * 12, gpu->rope_bwd(gpu, gd, dxd2, n, T, H, hd, 10000.0));
+    TIME_REPS("rope_fwd 4096x16x128", m * 8, gpu->rope_fwd(gpu, (mc_dst){dxd, NULL}, n, T, H, hd, 10000.0));
+    TIME_REPS("rope_bwd 4096x16x128", m * 12, gpu->rope_bwd(gpu, (mc_operand){gd, NULL}, (mc_dst){dxd2, NULL}, n, T, H, hd, 10000.0));
     case_end();
   }
   {

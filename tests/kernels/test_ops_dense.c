@@ -328,7 +328,7 @@ static double rope_loss(void *p) {
   rope_ctx *c = p;
   int64_t m = (int64_t)c->n * c->heads * c->hd;
   memcpy(c->y, c->x, m * sizeof(float));
-  be->rope_fwd(be, c->y, c->n, c->T, c->heads, c->hd, 100.0);
+  be->rope_fwd(be, (mc_dst){c->y, NULL}, c->n, c->T, c->heads, c->hd, 100.0);
   return kc_dot(c->y, c->R, m);
 }
 
@@ -336,7 +336,7 @@ static void test_rope(void) {
   /* hd = 4, theta = 100, position 1: pair (0,2) rotated by 1 rad, pair (1,3) by 0.1 rad;
    * row 0 is position 0 (unchanged); with T = 2 row 2 is position 0 again. */
   float x[12] = {9, 9, 9, 9, 1, 0, 0, 1, 5, 6, 7, 8};
-  be->rope_fwd(be, x, 3, 2, 1, 4, 100.0);
+  be->rope_fwd(be, (mc_dst){x, NULL}, 3, 2, 1, 4, 100.0);
   CHECK(x[0] == 9 && x[3] == 9, "position 0 unchanged");
   CHECK_CLOSE(x[4], cos(1.0), 1e-6);
   CHECK_CLOSE(x[6], sin(1.0), 1e-6);
@@ -345,7 +345,7 @@ static void test_rope(void) {
   CHECK(x[8] == 5 && x[11] == 8, "positions restart every sequence");
   rope_ctx c = {kc_rand(6 * 2 * 8, 40, 1), kc_zeros(96), kc_rand(96, 41, 1), 6, 3, 2, 8};
   float *dx = kc_zeros(96);
-  be->rope_bwd(be, c.R, dx, 6, 3, 2, 8, 100.0);
+  be->rope_bwd(be, (mc_operand){c.R, NULL}, (mc_dst){dx, NULL}, 6, 3, 2, 8, 100.0);
   kc_gradcheck("rope.x", c.x, dx, 96, rope_loss, &c, 1000);
   free(c.x), free(c.y), free(c.R), free(dx);
 }

@@ -16,7 +16,7 @@ typedef struct {
 
 static double attn_loss(void *p) {
   attn_ctx *c = p;
-  be->attn_fwd(be, c->q, c->k, c->v, c->n_seq, c->T, c->H, c->KV, c->hd, c->out, c->lse);
+  be->attn_fwd(be, (mc_operand){c->q, NULL}, (mc_operand){c->k, NULL}, (mc_operand){c->v, NULL}, c->n_seq, c->T, c->H, c->KV, c->hd, (mc_dst){c->out, NULL}, c->lse);
   return kc_dot(c->out, c->R, (int64_t)c->n_seq * c->T * c->H * c->hd);
 }
 
@@ -24,7 +24,7 @@ static void test_attn(void) {
   /* by hand: T = 2, one head, hd = 2; s(1,0) = 0, s(1,1) = ln 3 -> weights 1/4, 3/4 */
   float q[4] = {7, 7, 1, 0}, k[4] = {0, 0, (float)(sqrt(2.0) * log(3.0)), 0};
   float v[4] = {1, 0, 0, 1}, out[4], lse[2];
-  be->attn_fwd(be, q, k, v, 1, 2, 1, 1, 2, out, lse);
+  be->attn_fwd(be, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, 1, 2, 1, 1, 2, (mc_dst){out, NULL}, lse);
   CHECK(out[0] == 1 && out[1] == 0, "row 0 attends only to itself: %g %g", out[0], out[1]);
   CHECK_CLOSE(out[2], 0.25, 1e-6);
   CHECK_CLOSE(out[3], 0.75, 1e-6);
@@ -35,7 +35,7 @@ static void test_attn(void) {
                 kc_zeros(n * H * hd), kc_zeros(n * H), kc_rand(n * H * hd, 63, 1), n_seq, T, H, KV, hd};
   float *dq = kc_zeros(n * H * hd), *dk = kc_zeros(n * KV * hd), *dv = kc_zeros(n * KV * hd);
   attn_loss(&c);
-  be->attn_bwd(be, c.q, c.k, c.v, c.out, c.lse, c.R, n_seq, T, H, KV, hd, dq, dk, dv);
+  be->attn_bwd(be, (mc_operand){c.q, NULL}, (mc_operand){c.k, NULL}, (mc_operand){c.v, NULL}, (mc_operand){c.out, NULL}, c.lse, (mc_operand){c.R, NULL}, n_seq, T, H, KV, hd, dq, dk, dv);
   kc_gradcheck("attn.q", c.q, dq, n * H * hd, attn_loss, &c, 1000);
   kc_gradcheck("attn.k", c.k, dk, n * KV * hd, attn_loss, &c, 1000);
   kc_gradcheck("attn.v", c.v, dv, n * KV * hd, attn_loss, &c, 1000);

@@ -30,8 +30,8 @@ static void run_ops(result *r, int threads) {
   float *v = kc_rand((int64_t)NT * KV * HD, 3, 1), *dout = kc_rand((int64_t)NT * H * HD, 4, 1);
   float *o = kc_zeros((int64_t)NT * H * HD), *lse = kc_zeros((int64_t)NT * H);
   float *dq = kc_zeros((int64_t)NT * H * HD), *dk = kc_zeros((int64_t)NT * KV * HD), *dv = kc_zeros((int64_t)NT * KV * HD);
-  be->attn_fwd(be, q, k, v, S, T, H, KV, HD, o, lse);
-  be->attn_bwd(be, q, k, v, o, lse, dout, S, T, H, KV, HD, dq, dk, dv);
+  be->attn_fwd(be, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, S, T, H, KV, HD, (mc_dst){o, NULL}, lse);
+  be->attn_bwd(be, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, (mc_operand){o, NULL}, lse, (mc_operand){dout, NULL}, S, T, H, KV, HD, dq, dk, dv);
   r->out[0] = o, r->len[0] = (int64_t)NT * H * HD;
   r->out[1] = dk, r->len[1] = (int64_t)NT * KV * HD;
   free(q), free(k), free(v), free(dout), free(lse), free(dq), free(dv);
