@@ -376,36 +376,65 @@ static void attn_bwd_mc(mc_backend *be, const float *q, const float *k, const fl
   mc_cuda_check(be, "attn_bwd");
 }
 
-static void cu_attn_fwd(mc_backend *be, const float *q, const float *k, const float *v, int n_seq, int T, int H, int KV,
-                        int hd, float *out, float *lse) {
+static const void *op_ptr(mc_operand x) { return x.h ? (const void *)x.h : (const void *)x.f; }
+static const void *dst_ptr(mc_dst x) { return x.h ? (const void *)x.h : (const void *)x.f; }
+
+/* Scratch of the fp32 kernels on bf16-stored tensors: each bf16 input widened, a bf16 output
+ * computed in fp32 first, plus `extra` floats (the backward's D), carved from one request. */
+typedef struct {
+  float *at;
+} carve;
+static const float *widened(mc_backend *be, mc_operand x, int64_t n, carve *c) {
+  if (!x.h) return x.f;
+  float *w = c->at;
+  c->at += (n + 63) / 64 * 64;
+  mc_cuda_widen(be, x.h, w, n);
+  return w;
+}
+static int64_t padded(int stored16, int64_t n) { return stored16 ? (n + 63) / 64 * 64 : 0; }
+
+static void cu_attn_fwd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, int n_seq, int T, int H, int KV,
+                        int hd, mc_dst out, float *lse) {
   if (!attn_args_ok(be, "attn_fwd", n_seq, T, H, KV, hd)) return;
-  if (use_tc(be, hd, q, k, v, out, out, out)) {
-    mc_cuda_attn_tc_fwd(be, q, k, v, n_seq, T, H, KV, hd, out, lse);
+  if (use_tc(be, hd, op_ptr(q), op_ptr(k), op_ptr(v), dst_ptr(out), dst_ptr(out), dst_ptr(out))) {
+    mc_cuda_attn_tc_fwd_ex(be, q, k, v, n_seq, T, H, KV, hd, out, lse);
     return;
   }
-  if (hd <= 32) attn_fwd_mc<1>(be, q, k, v, n_seq, T, H, KV, hd, out, lse);
-  else if (hd <= 64) attn_fwd_mc<2>(be, q, k, v, n_seq, T, H, KV, hd, out, lse);
-  else if (hd <= 128) attn_fwd_mc<4>(be, q, k, v, n_seq, T, H, KV, hd, out, lse);
-  else attn_fwd_mc<8>(be, q, k, v, n_seq, T, H, KV, hd, out, lse);
+  const int64_t n = (int64_t)n_seq * T, nq = n * H * hd, nk = n * KV * hd;
+  const int64_t need = padded(!!q.h, nq) + padded(!!k.h, nk) + padded(!!v.h, nk) + padded(!!out.h, nq);
+  carve c = {NULL};
+  if (need && !(c.at = (float *)mc_cuda_scratch(be, (size_t)need * sizeof(float), "attn_fwd"))) return;
+  const float *qf = widened(be, q, nq, &c), *kf = widened(be, k, nk, &c), *vf = widened(be, v, nk, &c);
+  float *of = out.h ? c.at : out.f;
+  if (hd <= 32) attn_fwd_mc<1>(be, qf, kf, vf, n_seq, T, H, KV, hd, of, lse);
+  else if (hd <= 64) attn_fwd_mc<2>(be, qf, kf, vf, n_seq, T, H, KV, hd, of, lse);
+  else if (hd <= 128) attn_fwd_mc<4>(be, qf, kf, vf, n_seq, T, H, KV, hd, of, lse);
+  else attn_fwd_mc<8>(be, qf, kf, vf, n_seq, T, H, KV, hd, of, lse);
+  if (out.h) mc_cuda_round(be, of, out.h, nq);
 }
 
-static void cu_attn_bwd(mc_backend *be, const float *q, const float *k, const float *v, const float *out,
-                        const float *lse, const float *dout, int n_seq, int T, int H, int KV, int hd, float *dq,
-                        float *dk, float *dv) {
+static void cu_attn_bwd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, mc_operand out, const float *lse,
+                        mc_operand dout, int n_seq, int T, int H, int KV, int hd, float *dq, float *dk, float *dv) {
   if (!attn_args_ok(be, "attn_bwd", n_seq, T, H, KV, hd)) return;
-  if (use_tc(be, hd, q, k, v, out, dout, dq) && use_tc(be, hd, dk, dv, q, q, q, q)) {
-    mc_cuda_attn_tc_bwd(be, q, k, v, out, lse, dout, n_seq, T, H, KV, hd, dq, dk, dv);
+  if (use_tc(be, hd, op_ptr(q), op_ptr(k), op_ptr(v), op_ptr(out), op_ptr(dout), dq) &&
+      use_tc(be, hd, dk, dv, dq, dq, dq, dq)) {
+    mc_cuda_attn_tc_bwd_ex(be, q, k, v, out, lse, dout, n_seq, T, H, KV, hd, dq, dk, dv);
     return;
   }
-  const int64_t items = (int64_t)n_seq * T * H;
-  float *D = (float *)mc_cuda_scratch(be, (size_t)items * sizeof(float), "attn_bwd");
-  if (!D) return;
+  const int64_t n = (int64_t)n_seq * T, nq = n * H * hd, nk = n * KV * hd, items = n * H;
+  const int64_t need = padded(!!q.h, nq) + padded(!!k.h, nk) + padded(!!v.h, nk) + padded(!!out.h, nq) +
+                       padded(!!dout.h, nq) + items;
+  carve c = {NULL};
+  if (!(c.at = (float *)mc_cuda_scratch(be, (size_t)need * sizeof(float), "attn_bwd"))) return;
+  const float *qf = widened(be, q, nq, &c), *kf = widened(be, k, nk, &c), *vf = widened(be, v, nk, &c);
+  const float *of = widened(be, out, nq, &c), *df = widened(be, dout, nq, &c);
+  float *D = c.at;
   k_attn_delta<<<(unsigned)((items + 7) / 8 < (1 << 20) ? (items + 7) / 8 : (1 << 20)), 256, 0, mc_cu_stream(be)>>>(
-      out, dout, items, hd, D);
-  if (hd <= 32) attn_bwd_mc<1>(be, q, k, v, lse, D, dout, n_seq, T, H, KV, hd, dq, dk, dv);
-  else if (hd <= 64) attn_bwd_mc<2>(be, q, k, v, lse, D, dout, n_seq, T, H, KV, hd, dq, dk, dv);
-  else if (hd <= 128) attn_bwd_mc<4>(be, q, k, v, lse, D, dout, n_seq, T, H, KV, hd, dq, dk, dv);
-  else attn_bwd_mc<8>(be, q, k, v, lse, D, dout, n_seq, T, H, KV, hd, dq, dk, dv);
+      of, df, items, hd, D);
+  if (hd <= 32) attn_bwd_mc<1>(be, qf, kf, vf, lse, D, df, n_seq, T, H, KV, hd, dq, dk, dv);
+  else if (hd <= 64) attn_bwd_mc<2>(be, qf, kf, vf, lse, D, df, n_seq, T, H, KV, hd, dq, dk, dv);
+  else if (hd <= 128) attn_bwd_mc<4>(be, qf, kf, vf, lse, D, df, n_seq, T, H, KV, hd, dq, dk, dv);
+  else attn_bwd_mc<8>(be, qf, kf, vf, lse, D, df, n_seq, T, H, KV, hd, dq, dk, dv);
 }
 
 void mc_cuda_install_attn(mc_backend *be) {

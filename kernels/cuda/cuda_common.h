@@ -64,6 +64,10 @@ void mc_cuda_install_rows(mc_backend *be);
 void mc_cuda_install_attn(mc_backend *be);
 void mc_cuda_install_scan(mc_backend *be);
 void mc_cuda_install_ssd(mc_backend *be);
+/* bf16 <-> fp32 copies on the backend's stream (cuda_gemm.cu): y = x widened exactly, or x
+ * rounded to nearest even. */
+void mc_cuda_widen(mc_backend *be, const mc_bf16 *x, float *y, int64_t n);
+void mc_cuda_round(mc_backend *be, const float *x, mc_bf16 *y, int64_t n);
 /* Wraps every op of the table with GPU timing when MC_CUDA_PROFILE is set (last installer). */
 void mc_cuda_install_profile(mc_backend *be);
 void mc_cuda_install_moe(mc_backend *be);

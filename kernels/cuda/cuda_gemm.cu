@@ -375,11 +375,8 @@ static void cu_gemm_ex(mc_backend *be, int ta, int tb, int M, int N, int K, floa
   if (!w) return;
   const float *Af = A.f, *Bf = B.f;
   float *Cf = C.h ? w + na_pad + nb_pad : C.f;
-  if (A.h) k_from_bf16<<<mc_cu_grid(na), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>((const __nv_bfloat16 *)A.h, w, na), Af = w;
-  if (B.h)
-    k_from_bf16<<<mc_cu_grid(nb), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>((const __nv_bfloat16 *)B.h, w + na_pad, nb),
-        Bf = w + na_pad;
-  mc_cuda_check(be, "gemm_ex (widening)");
+  if (A.h) mc_cuda_widen(be, A.h, w, na), Af = w;
+  if (B.h) mc_cuda_widen(be, B.h, w + na_pad, nb), Bf = w + na_pad;
   cublasStatus_t st = cublasSgemm(mc_cu(be)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N,
                                   M, K, &alpha, Bf, ldb, Af, lda, &beta, Cf, ldc);
   if (st != CUBLAS_STATUS_SUCCESS) {
@@ -489,10 +486,16 @@ static void cu_gemm_grouped(mc_backend *be, int ta, int tb, int groups, const in
   grouped(be, ta, tb, groups, M, N, K, alpha, f32(A), a_off, lda, f32(B), b_off, ldb, beta, dst32(C), c_off, ldc);
 }
 
-static void cu_to_bf16(mc_backend *be, const float *x, mc_bf16 *y, int64_t n) {
+void mc_cuda_round(mc_backend *be, const float *x, mc_bf16 *y, int64_t n) {
   if (n <= 0) return;
   k_to_bf16<<<mc_cu_grid(n), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(x, (__nv_bfloat16 *)y, n);
   mc_cuda_check(be, "to_bf16");
+}
+
+void mc_cuda_widen(mc_backend *be, const mc_bf16 *x, float *y, int64_t n) {
+  if (n <= 0) return;
+  k_from_bf16<<<mc_cu_grid(n), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>((const __nv_bfloat16 *)x, y, n);
+  mc_cuda_check(be, "bf16 widening");
 }
 
 void mc_cuda_install_gemm(mc_backend *be) {
@@ -501,6 +504,6 @@ void mc_cuda_install_gemm(mc_backend *be) {
   be->gemm_grouped = cu_gemm_grouped;
   be->gemm_ex = cu_gemm_ex;
   be->gemm_grouped_ex = grouped;
-  be->to_bf16 = cu_to_bf16;
+  be->to_bf16 = mc_cuda_round;
   be->bf16_weights = mc_cu(be)->bf16_gemm; /* the bf16 instance: the model stores bf16 matrix weights */
 }
