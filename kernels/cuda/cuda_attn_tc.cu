@@ -13,7 +13,9 @@
  *   is loaded (read once); k and v are read once per query tile, so one pre-pass rounds fp32
  *   ones to bf16 into scratch.
  * - Backward: one pre-pass (one launch) rounds the fp32 ones of q, k, v, dout to bf16 and
- *   computes D = rowsum(out * dout) in fp32; then one kernel owns dq (per block 64 query rows at
+ *   computes D = rowsum(out * dout) in fp32 (fp32 k and v are left to the dk/dv kernel where
+ *   its blocks read each k, v row once: it rounds them while loading them, writes the bf16
+ *   rows for dq and runs first); then one kernel owns dq (per block 64 query rows at
  *   head_dim 64, 128 at 128 with 32 per warp; walking key tiles) and one owns dk, dv (64
  *   keys of a kv head per block, walking the query tiles of every head of its group, or of
  *   one head when such blocks would be too few, the group's partial sums then added in order
@@ -203,10 +205,11 @@ static __device__ __forceinline__ void tile_async(uint32_t tile, const bf16 *src
 
 /* The same rows (ROWS from r0, by THREADS threads) from an fp32 tensor rounded to bf16 into a
  * swizzled tile (generic pointer), synchronously: for tiles read once per block. Up to 8 chunks
- * per thread are loaded before the first is stored, so their latencies overlap. */
+ * per thread are loaded before the first is stored, so their latencies overlap. With `copy`
+ * set, the rounded rows (those < T) are also written there, laid out as src. */
 template <int HD, int ROWS, int THREADS>
 static __device__ __forceinline__ void tile_convert(char *tile, const float *src, int64_t seq_row0, int r0, int T,
-                                                    int64_t stride, int head) {
+                                                    int64_t stride, int head, bf16 *copy = NULL) {
   constexpr int CH = HD / 8, N = ROWS * CH / THREADS, B = N < 8 ? N : 8;
   static_assert(N * THREADS == ROWS * CH && N % B == 0, "tile_convert: chunks must split evenly over the threads");
 #pragma unroll
@@ -223,10 +226,11 @@ static __device__ __forceinline__ void tile_convert(char *tile, const float *src
     }
 #pragma unroll
     for (int u = 0; u < B; u++) {
-      const int idx = threadIdx.x + (n0 + u) * THREADS, r = idx / CH, c = idx % CH;
-      *(uint4 *)(tile + sw<HD>(r, c)) =
-          make_uint4(pack_bf16(a[u].x, a[u].y), pack_bf16(a[u].z, a[u].w), pack_bf16(b[u].x, b[u].y),
-                     pack_bf16(b[u].z, b[u].w));
+      const int idx = threadIdx.x + (n0 + u) * THREADS, r = idx / CH, c = idx % CH, t = r0 + r;
+      const uint4 val = make_uint4(pack_bf16(a[u].x, a[u].y), pack_bf16(a[u].z, a[u].w), pack_bf16(b[u].x, b[u].y),
+                                   pack_bf16(b[u].z, b[u].w));
+      *(uint4 *)(tile + sw<HD>(r, c)) = val;
+      if (copy && t < T) *(uint4 *)(copy + (seq_row0 + t) * stride + (int64_t)head * HD + 8 * c) = val;
     }
   }
 }
@@ -641,17 +645,24 @@ static constexpr size_t dkv_smem() {
   return (size_t)(2 * BK_KEYS + 2 * BK_NS * dkv_bq<HD>()) * HD * 2 + 2 * BK_NS * dkv_bq<HD>() * sizeof(float);
 }
 
+#ifndef DKV_KV32
+#define DKV_KV32 1
+#endif
 #ifndef BK_MINB64
 #define BK_MINB64 2
 #endif
 #ifndef BK_MINB128
 #define BK_MINB128 2
 #endif
-template <int HD>
+/* KF: k, v come in fp32 (kf, vf; kb, vb unused), rounded here while loaded, the block of part
+ * 0 also writing the rounded rows to kc, vc (the dq kernel's k and v, which then runs after
+ * this one): the pre-pass then leaves k and v alone. */
+template <int HD, bool KF>
 __global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : BK_MINB128)
     k_fa_dkv(const bf16 *__restrict__ qb, const bf16 *__restrict__ kb, const bf16 *__restrict__ vb,
              const bf16 *__restrict__ dob, const float *__restrict__ lse, const float *__restrict__ D, int T, int H,
-             int KV, int hps, float scale, float *__restrict__ dk, float *__restrict__ dv) {
+             int KV, int hps, float scale, float *__restrict__ dk, float *__restrict__ dv, const float *__restrict__ kf,
+             const float *__restrict__ vf, bf16 *__restrict__ kc, bf16 *__restrict__ vc) {
   constexpr int BQ = dkv_bq<HD>();
   constexpr uint32_t TB = BQ * HD * 2;
   extern __shared__ uint4 smem_dkv[];
@@ -688,10 +699,17 @@ __global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : BK_MINB1
     }
     cp_async_commit();
   };
-  tile_async<HD>(sK, kb, row0, j0, BK_KEYS, T, ks, kh); /* in stage 0's group */
-  tile_async<HD>(sV, vb, row0, j0, BK_KEYS, T, ks, kh);
+  if (!KF) {
+    tile_async<HD>(sK, kb, row0, j0, BK_KEYS, T, ks, kh); /* in stage 0's group */
+    tile_async<HD>(sV, vb, row0, j0, BK_KEYS, T, ks, kh);
+  }
 #pragma unroll
   for (int it = 0; it < NS - 1; it++) stage(it);
+  if (KF) { /* while the first stages load; the loop's first barrier publishes them */
+    tile_convert<HD, BK_KEYS, BK_WARPS * 32>((char *)smem_dkv, kf, row0, j0, T, ks, kh, part ? NULL : kc);
+    tile_convert<HD, BK_KEYS, BK_WARPS * 32>((char *)smem_dkv + BK_KEYS * HD * 2, vf, row0, j0, T, ks, kh,
+                                             part ? NULL : vc);
+  }
 
   const int jw = j0 + warp * 16; /* this warp's first key; the lane's keys are jw + g, jw + g + 8 */
   float ak[HD / 8][4], av[HD / 8][4];
@@ -858,11 +876,16 @@ static void bwd_hd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, mc_
   bf16 *qc = (bf16 *)sc, *doc = qc + nqf, *kc = doc + nof, *vc = kc + nkf;
   float *D = (float *)(vc + nvf);
   float *pk = D + nD, *pv = pk + nparts;
+  /* fp32 k and v: rounded by the dk/dv kernel (which then runs first) instead of the pre-pass,
+   * where each k, v row is loaded by one dk/dv block (nsplit 1; with nsplit parts each would
+   * be read nsplit times: nam-small's backward measured 0.325 -> 0.334 ms that way) */
+  const bool kf = DKV_KV32 && k.f && v.f && nsplit == 1;
   const size_t skv = dkv_smem<HD>();
-  if (!mc_cuda_attn_smem_ok(be, (const void *)k_fa_dkv<HD>, skv, "attn_bwd (bf16)")) return;
+  const void *kdkv = kf ? (const void *)k_fa_dkv<HD, true> : (const void *)k_fa_dkv<HD, false>;
+  if (!mc_cuda_attn_smem_ok(be, kdkv, skv, "attn_bwd (bf16)")) return;
   cudaStream_t st = mc_cu_stream(be);
   {
-    const int64_t nki = k.f || v.f ? n * KV : 0; /* kv items only to round fp32 k or v */
+    const int64_t nki = !kf && (k.f || v.f) ? n * KV : 0; /* kv items only to round fp32 k or v here */
     const int64_t warps = (n * H + nki + 32 / (HD / 4) - 1) / (32 / (HD / 4)); /* 32 / (HD / 4) items per warp */
     k_tc_prep<HD><<<grid_cap((warps + 7) / 8), 256, 0, st>>>(q, out, dout, k, v, n * H, nki, qc, doc, D, kc, vc);
   }
@@ -870,11 +893,16 @@ static void bwd_hd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, mc_
   const float scale = 1.0f / sqrtf((float)HD);
   const unsigned gk = blocks_1d(be, kblocks, KV * nsplit, n_seq, "attn_bwd (bf16)");
   if (!gk) return;
+  float *dk1 = nsplit > 1 ? pk : dk, *dv1 = nsplit > 1 ? pv : dv;
+  if (kf)
+    k_fa_dkv<HD, true><<<gk, BK_WARPS * 32, skv, st>>>(qb, NULL, NULL, dob, lse, D, T, H, KV, hps, scale, dk1, dv1,
+                                                       k.f, v.f, kc, vc);
   if (HD == 64)
     dq_launch<64, DQ_MT64, DQ_W64, DQ_BK64, DQ_MINB64>(be, qb, kb, vb, dob, lse, D, n_seq, T, H, KV, scale, dq);
   else dq_launch<128, DQ_MT128, DQ_W128, DQ_BK128, DQ_MINB128>(be, qb, kb, vb, dob, lse, D, n_seq, T, H, KV, scale, dq);
-  k_fa_dkv<HD><<<gk, BK_WARPS * 32, skv, st>>>(qb, kb, vb, dob, lse, D, T, H, KV, hps, scale, nsplit > 1 ? pk : dk,
-                                                 nsplit > 1 ? pv : dv);
+  if (!kf)
+    k_fa_dkv<HD, false><<<gk, BK_WARPS * 32, skv, st>>>(qb, kb, vb, dob, lse, D, T, H, KV, hps, scale, dk1, dv1,
+                                                        NULL, NULL, NULL, NULL);
   if (nsplit > 1) {
     k_tc_parts<HD><<<mc_cu_grid(n * KV * (HD / 4)), MC_CUDA_THREADS, 0, st>>>(pk, n * KV, nsplit, dk);
     k_tc_parts<HD><<<mc_cu_grid(n * KV * (HD / 4)), MC_CUDA_THREADS, 0, st>>>(pv, n * KV, nsplit, dv);
