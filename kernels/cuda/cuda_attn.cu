@@ -20,6 +20,14 @@ void mc_cuda_attn_tc_fwd(mc_backend *be, const float *q, const float *k, const f
 void mc_cuda_attn_tc_bwd(mc_backend *be, const float *q, const float *k, const float *v, const float *out,
                          const float *lse, const float *dout, int n_seq, int T, int H, int KV, int hd, float *dq,
                          float *dk, float *dv);
+/* The same on operands stored in fp32 or bf16 (bf16 ones are read as they are, not rounded
+ * again); out in either storage (bf16: the fp32 result rounded to nearest even); dq, dk, dv
+ * fp32, added into. C linkage, for callers in C. */
+extern "C" void mc_cuda_attn_tc_fwd_ex(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, int n_seq, int T,
+                                       int H, int KV, int hd, mc_dst out, float *lse);
+extern "C" void mc_cuda_attn_tc_bwd_ex(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, mc_operand out,
+                                       const float *lse, mc_operand dout, int n_seq, int T, int H, int KV, int hd,
+                                       float *dq, float *dk, float *dv);
 
 #define ATT_WARPS 4
 #define ATT_MAXHD 256  /* head_dim <= 32 * 8 */

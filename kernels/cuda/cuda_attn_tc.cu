@@ -9,16 +9,21 @@
  *   diagonal. head_dim 64: 8 warps of 16 rows (q fragments kept in registers), 64-key tiles;
  *   head_dim 128: 4 warps of 32 rows (two m16 tiles sharing every k and v fragment, q read
  *   from shared memory), 64-key tiles. Online softmax in fp32 (exp2 with the scale folded
- *   in), probabilities rounded to bf16 for the P V product. q is converted from fp32 while it
- *   is loaded (read once); k and v are read once per query tile, so one pre-pass rounds both
- *   to bf16 into scratch.
- * - Backward: one pre-pass (one launch) rounds q, k, v, dout to bf16 and computes
- *   D = rowsum(out * dout) in fp32; then one kernel owns dq (per block 64 query rows at
+ *   in), probabilities rounded to bf16 for the P V product. An fp32 q is converted while it
+ *   is loaded (read once); k and v are read once per query tile, so one pre-pass rounds fp32
+ *   ones to bf16 into scratch.
+ * - Backward: one pre-pass (one launch) rounds the fp32 ones of q, k, v, dout to bf16 and
+ *   computes D = rowsum(out * dout) in fp32 (fp32 k and v are left to the dk/dv kernel where
+ *   its blocks read each k, v row once: it rounds them while loading them, writes the bf16
+ *   rows for dq and runs first); then one kernel owns dq (per block 64 query rows at
  *   head_dim 64, 128 at 128 with 32 per warp; walking key tiles) and one owns dk, dv (64
  *   keys of a kv head per block, walking the query tiles of every head of its group, or of
  *   one head when such blocks would be too few, the group's partial sums then added in order
  *   by k_tc_parts), both recomputing p = exp(s - lse) from the saved lse: no atomics, so the
  *   result does not depend on timing. Seven products instead of five (s and dp twice).
+ * Operands come stored in fp32 or bf16 (the _ex entry points; the fp32 ones wrap them): bf16
+ * ones are read as they are, which skips their share of the rounding pre-passes and gives the
+ * bits the fp32 entry points give on the same values. out may be written in bf16.
  * Softmax statistics, lse, D and every output stay fp32; backward ADDS, as the op contract
  * says. Formulas as in kernels/cpu/cpu_attn.c. */
 #include <cuda_bf16.h>
@@ -44,6 +49,11 @@ static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src,
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
 static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+/* 4 bytes global -> shared (through L1: .cg takes only 16); zero-filled when !valid. */
+static __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, bool valid) {
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
 template <int N>
 static __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
@@ -78,6 +88,11 @@ static __device__ __forceinline__ float ex2(float x) {
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x (low half) = lo */
   return *(uint32_t *)&v;
+}
+
+/* The two bf16 of a packed pair as floats (exact): .x from the low half. */
+static __device__ __forceinline__ float2 unpack_bf16(uint32_t u) {
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
 }
 
 /* Byte offset of 16-byte chunk c of row r in a swizzled tile with HD bf16 per row. */
@@ -188,21 +203,35 @@ static __device__ __forceinline__ void tile_async(uint32_t tile, const bf16 *src
   }
 }
 
-/* The same rows from an fp32 tensor rounded to bf16 into a swizzled tile (generic pointer),
- * synchronously: for tiles read once per block. */
-template <int HD>
-static __device__ __forceinline__ void tile_convert(char *tile, const float *src, int64_t seq_row0, int r0, int rows,
-                                                    int T, int64_t stride, int head) {
-  constexpr int CH = HD / 8;
-  for (int idx = threadIdx.x; idx < rows * CH; idx += blockDim.x) {
-    const int r = idx / CH, c = idx % CH, t = r0 + r;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (t < T) {
-      const float4 *p = (const float4 *)(src + (seq_row0 + t) * stride + (int64_t)head * HD + 8 * c);
-      const float4 a = p[0], b = p[1];
-      val = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+/* The same rows (ROWS from r0, by THREADS threads) from an fp32 tensor rounded to bf16 into a
+ * swizzled tile (generic pointer), synchronously: for tiles read once per block. Up to 8 chunks
+ * per thread are loaded before the first is stored, so their latencies overlap. With `copy`
+ * set, the rounded rows (those < T) are also written there, laid out as src. */
+template <int HD, int ROWS, int THREADS>
+static __device__ __forceinline__ void tile_convert(char *tile, const float *src, int64_t seq_row0, int r0, int T,
+                                                    int64_t stride, int head, bf16 *copy = NULL) {
+  constexpr int CH = HD / 8, N = ROWS * CH / THREADS, B = N < 8 ? N : 8;
+  static_assert(N * THREADS == ROWS * CH && N % B == 0, "tile_convert: chunks must split evenly over the threads");
+#pragma unroll
+  for (int n0 = 0; n0 < N; n0 += B) {
+    float4 a[B], b[B];
+#pragma unroll
+    for (int u = 0; u < B; u++) {
+      const int idx = threadIdx.x + (n0 + u) * THREADS, r = idx / CH, c = idx % CH, t = r0 + r;
+      a[u] = b[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (t < T) {
+        const float4 *p = (const float4 *)(src + (seq_row0 + t) * stride + (int64_t)head * HD + 8 * c);
+        a[u] = p[0], b[u] = p[1];
+      }
     }
-    *(uint4 *)(tile + sw<HD>(r, c)) = val;
+#pragma unroll
+    for (int u = 0; u < B; u++) {
+      const int idx = threadIdx.x + (n0 + u) * THREADS, r = idx / CH, c = idx % CH, t = r0 + r;
+      const uint4 val = make_uint4(pack_bf16(a[u].x, a[u].y), pack_bf16(a[u].z, a[u].w), pack_bf16(b[u].x, b[u].y),
+                                   pack_bf16(b[u].z, b[u].w));
+      *(uint4 *)(tile + sw<HD>(r, c)) = val;
+      if (copy && t < T) *(uint4 *)(copy + (seq_row0 + t) * stride + (int64_t)head * HD + 8 * c) = val;
+    }
   }
 }
 
@@ -258,10 +287,13 @@ static constexpr size_t fwd_smem() {
   return (size_t)(16 * MT * W + 2 * FW_NS * BK) * HD * 2; /* q, then FW_NS k and FW_NS v tiles */
 }
 
-template <int HD, int MT, int W, int BK, int MINB, bool QSM>
+/* q from fp32 (q32, rounded while loaded) or bf16 (qh) storage, by QB; out to fp32 (out) or,
+ * where out is NULL, to bf16 (outh, rounded to nearest even). */
+template <int HD, int MT, int W, int BK, int MINB, bool QSM, bool QB>
 __global__ void __launch_bounds__(W * 32, MINB)
-    k_fa_fwd(const float *__restrict__ q, const bf16 *__restrict__ kb, const bf16 *__restrict__ vb, int T, int H,
-             int KV, float sl2, float *__restrict__ out, float *__restrict__ lse) {
+    k_fa_fwd(const float *__restrict__ q32, const bf16 *__restrict__ qh, const bf16 *__restrict__ kb,
+             const bf16 *__restrict__ vb, int T, int H, int KV, float sl2, float *__restrict__ out,
+             bf16 *__restrict__ outh, float *__restrict__ lse) {
   constexpr int BQ = 16 * MT * W; /* query rows per block */
   constexpr bool qsm = QSM || MT > 1;
   extern __shared__ uint4 smem_fwd[];
@@ -283,9 +315,14 @@ __global__ void __launch_bounds__(W * 32, MINB)
     }
     cp_async_commit(); /* one group per tile, empty past the end, so the wait below counts tiles */
   };
+  if (QB) { /* q's own group, waited for before the k, v tiles' */
+    tile_async<HD>(sQ, qh, row0, q0, BQ, T, qs, h);
+    cp_async_commit();
+  }
 #pragma unroll
   for (int kt = 0; kt < NS - 1; kt++) load_kv(kt);
-  tile_convert<HD>((char *)smem_fwd, q, row0, q0, BQ, T, qs, h); /* q is read once */
+  if (QB) cp_async_wait<NS - 1>();
+  else tile_convert<HD, BQ, W * 32>((char *)smem_fwd, q32, row0, q0, T, qs, h); /* q is read once */
   __syncthreads();
   const int i0 = q0 + warp * 16 * MT; /* this warp's first row; m-tile mt's lane rows are i0 + 16 mt + g (+ 8) */
   uint32_t qf[qsm ? 1 : HD / 16][4];
@@ -389,21 +426,27 @@ __global__ void __launch_bounds__(W * 32, MINB)
       const int i = i0 + 16 * mt + g + 8 * r;
       if (i >= T) continue;
       const float inv = 1.0f / lr;
-      float *oi = out + (row0 + i) * qs + (int64_t)h * HD + 2 * t4;
+      const int64_t oi = (row0 + i) * qs + (int64_t)h * HD + 2 * t4;
+      if (out)
 #pragma unroll
-      for (int j = 0; j < HD / 8; j++)
-        *(float2 *)(oi + 8 * j) = make_float2(o[mt][j][2 * r] * inv, o[mt][j][2 * r + 1] * inv);
+        for (int j = 0; j < HD / 8; j++)
+          *(float2 *)(out + oi + 8 * j) = make_float2(o[mt][j][2 * r] * inv, o[mt][j][2 * r + 1] * inv);
+      else
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++)
+          *(uint32_t *)(outh + oi + 8 * j) = pack_bf16(o[mt][j][2 * r] * inv, o[mt][j][2 * r + 1] * inv);
       if (t4 == 0) lse[(row0 + i) * H + h] = m[mt][r] * sl2 * TC_LN2 + logf(lr);
     }
 }
 
 /* ------------------------------------------------------------------ pre-passes */
-/* y0 = bf16(x0), y1 = bf16(x1) in one launch; n8 = elements / 8 of each, all 16-byte aligned. */
-__global__ void k_tc_pack2(const float *__restrict__ x0, bf16 *__restrict__ y0, const float *__restrict__ x1,
-                           bf16 *__restrict__ y1, int64_t n8) {
-  MC_CU_FOR(i, 2 * n8) {
-    const bool second = i >= n8;
-    const int64_t j = second ? i - n8 : i;
+/* y0 = bf16(x0) (a0 groups of 8 elements), y1 = bf16(x1) (a1 groups) in one launch; 16-byte
+ * aligned. */
+__global__ void k_tc_pack2(const float *__restrict__ x0, bf16 *__restrict__ y0, int64_t a0,
+                           const float *__restrict__ x1, bf16 *__restrict__ y1, int64_t a1) {
+  MC_CU_FOR(i, a0 + a1) {
+    const bool second = i >= a0;
+    const int64_t j = second ? i - a0 : i;
     const float4 *x = (const float4 *)(second ? x1 : x0) + 2 * j;
     const float4 a = x[0], b = x[1];
     ((uint4 *)(second ? y1 : y0))[j] =
@@ -411,13 +454,26 @@ __global__ void k_tc_pack2(const float *__restrict__ x0, bf16 *__restrict__ y0, 
   }
 }
 
-/* The backward's pre-pass in one launch. Items 0 .. nqi - 1 are (row, head) of q: q and dout
- * rounded to bf16 and D = out . dout in fp32; items nqi .. nqi + nki - 1 are (row, kv head):
- * k and v rounded. HD / 4 lanes per item, one float4 of each tensor per lane. */
+/* 4 elements at o of an operand in either storage, as floats (bf16 widened exactly); 8 or 16
+ * bytes aligned. */
+static __device__ __forceinline__ float4 ld4(mc_operand x, int64_t o) {
+  if (x.f) return *(const float4 *)(x.f + o);
+  const uint2 u = *(const uint2 *)(x.h + o);
+  const float2 a = unpack_bf16(u.x), b = unpack_bf16(u.y);
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+/* ... and its bf16 copy at y + o, for an fp32 operand only (a bf16 one is read in place). */
+static __device__ __forceinline__ void round4(mc_operand x, float4 a, bf16 *y, int64_t o) {
+  if (x.f) *(uint2 *)(y + o) = make_uint2(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w));
+}
+
+/* The backward's pre-pass in one launch. Items 0 .. nqi - 1 are (row, head) of q: fp32 q and
+ * dout rounded to bf16 and D = out . dout in fp32; items nqi .. nqi + nki - 1 are (row, kv
+ * head): fp32 k and v rounded (nki 0 when both are bf16). HD / 4 lanes per item, 4 elements
+ * of each tensor per lane. */
 template <int HD>
-__global__ void k_tc_prep(const float *__restrict__ q, const float *__restrict__ out, const float *__restrict__ dout,
-                          const float *__restrict__ k, const float *__restrict__ v, int64_t nqi, int64_t nki,
-                          bf16 *__restrict__ qb, bf16 *__restrict__ dob, float *__restrict__ D,
+__global__ void k_tc_prep(mc_operand q, mc_operand out, mc_operand dout, mc_operand k, mc_operand v, int64_t nqi,
+                          int64_t nki, bf16 *__restrict__ qb, bf16 *__restrict__ dob, float *__restrict__ D,
                           bf16 *__restrict__ kb, bf16 *__restrict__ vb) {
   constexpr int L = HD / 4, IPW = 32 / L; /* lanes per item, items per warp */
   const int lane = threadIdx.x % 32, c = 4 * (lane % L);
@@ -427,15 +483,14 @@ __global__ void k_tc_prep(const float *__restrict__ q, const float *__restrict__
     float s = 0.0f;
     if (it < nqi) {
       const int64_t o = it * HD + c;
-      const float4 a = *(const float4 *)(out + o), b = *(const float4 *)(dout + o), x = *(const float4 *)(q + o);
+      const float4 a = ld4(out, o), b = ld4(dout, o);
       s = a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-      *(uint2 *)(dob + o) = make_uint2(pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
-      *(uint2 *)(qb + o) = make_uint2(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w));
+      round4(dout, b, dob, o);
+      if (q.f) round4(q, ld4(q, o), qb, o);
     } else if (it < nqi + nki) {
       const int64_t o = (it - nqi) * HD + c;
-      const float4 a = *(const float4 *)(k + o), b = *(const float4 *)(v + o);
-      *(uint2 *)(kb + o) = make_uint2(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w));
-      *(uint2 *)(vb + o) = make_uint2(pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+      if (k.f) round4(k, ld4(k, o), kb, o);
+      if (v.f) round4(v, ld4(v, o), vb, o);
     }
     /* the whole warp shuffles (the loop condition is per warp); the sum stays within an item */
 #pragma unroll
@@ -590,17 +645,24 @@ static constexpr size_t dkv_smem() {
   return (size_t)(2 * BK_KEYS + 2 * BK_NS * dkv_bq<HD>()) * HD * 2 + 2 * BK_NS * dkv_bq<HD>() * sizeof(float);
 }
 
+#ifndef DKV_KV32
+#define DKV_KV32 1
+#endif
 #ifndef BK_MINB64
 #define BK_MINB64 2
 #endif
 #ifndef BK_MINB128
 #define BK_MINB128 2
 #endif
-template <int HD>
+/* KF: k, v come in fp32 (kf, vf; kb, vb unused), rounded here while loaded, the block of part
+ * 0 also writing the rounded rows to kc, vc (the dq kernel's k and v, which then runs after
+ * this one): the pre-pass then leaves k and v alone. */
+template <int HD, bool KF>
 __global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : BK_MINB128)
     k_fa_dkv(const bf16 *__restrict__ qb, const bf16 *__restrict__ kb, const bf16 *__restrict__ vb,
              const bf16 *__restrict__ dob, const float *__restrict__ lse, const float *__restrict__ D, int T, int H,
-             int KV, int hps, float scale, float *__restrict__ dk, float *__restrict__ dv) {
+             int KV, int hps, float scale, float *__restrict__ dk, float *__restrict__ dv, const float *__restrict__ kf,
+             const float *__restrict__ vf, bf16 *__restrict__ kc, bf16 *__restrict__ vc) {
   constexpr int BQ = dkv_bq<HD>();
   constexpr uint32_t TB = BQ * HD * 2;
   extern __shared__ uint4 smem_dkv[];
@@ -618,8 +680,11 @@ __global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : BK_MINB1
   const float sl2 = scale * TC_LOG2E;
   const int nqt = (T - j0 + BQ - 1) / BQ, n_it = hps * nqt; /* query tiles from j0 on, per head */
 
-  /* stage it's q, dout (async) and lse, D (plain stores) into buffer it % NS; one commit
-   * group per stage, empty past the end */
+  /* stage it's q, dout, lse and D into buffer it % NS, all asynchronously (plain loads and
+   * stores here stalled their warp for the loads' latency every stage, and the block with it
+   * at the next barrier); one commit group per stage, empty past the end. Padding queries
+   * get q = dout = 0 and lse = D = 0: p = 1 there, but ds = p (0 - 0) = 0 and both products
+   * add zero. */
   auto stage = [&](int it) {
     if (it < n_it) {
       const int b = it % NS, h = h0 + it / nqt, t0 = j0 + (it % nqt) * BQ;
@@ -627,16 +692,24 @@ __global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : BK_MINB1
       tile_async<HD>(sQ0 + (NS + b) * TB, dob, row0, t0, BQ, T, qs, h);
       for (int x = threadIdx.x; x < BQ; x += blockDim.x) {
         const int t = t0 + x;
-        Ls[b * BQ + x] = t < T ? lse[(row0 + t) * H + h] * TC_LOG2E : INFINITY; /* p = 0 on padding */
-        Ds[b * BQ + x] = t < T ? D[(row0 + t) * H + h] : 0.0f;
+        const int64_t o = (row0 + (t < T ? t : 0)) * H + h;
+        cp_async4(smem_addr(Ls + b * BQ + x), lse + o, t < T);
+        cp_async4(smem_addr(Ds + b * BQ + x), D + o, t < T);
       }
     }
     cp_async_commit();
   };
-  tile_async<HD>(sK, kb, row0, j0, BK_KEYS, T, ks, kh); /* in stage 0's group */
-  tile_async<HD>(sV, vb, row0, j0, BK_KEYS, T, ks, kh);
+  if (!KF) {
+    tile_async<HD>(sK, kb, row0, j0, BK_KEYS, T, ks, kh); /* in stage 0's group */
+    tile_async<HD>(sV, vb, row0, j0, BK_KEYS, T, ks, kh);
+  }
 #pragma unroll
   for (int it = 0; it < NS - 1; it++) stage(it);
+  if (KF) { /* while the first stages load; the loop's first barrier publishes them */
+    tile_convert<HD, BK_KEYS, BK_WARPS * 32>((char *)smem_dkv, kf, row0, j0, T, ks, kh, part ? NULL : kc);
+    tile_convert<HD, BK_KEYS, BK_WARPS * 32>((char *)smem_dkv + BK_KEYS * HD * 2, vf, row0, j0, T, ks, kh,
+                                             part ? NULL : vc);
+  }
 
   const int jw = j0 + warp * 16; /* this warp's first key; the lane's keys are jw + g, jw + g + 8 */
   float ak[HD / 8][4], av[HD / 8][4];
@@ -649,7 +722,7 @@ __global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : BK_MINB1
     const int b = it % NS, t0 = j0 + (it % nqt) * BQ;
     const uint32_t sQ = sQ0 + b * TB, sO = sQ0 + (NS + b) * TB;
     cp_async_wait<NS - 2>();
-    /* stage it visible to all (the plain stores too); stage it - 1's buffers free */
+    /* stage it visible to all; stage it - 1's buffers free */
     __syncthreads();
     stage(it + NS - 1);
     if (t0 + BQ - 1 >= jw) { /* warp-uniform: some query of the tile is at or after a key of the warp */
@@ -662,10 +735,11 @@ __global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : BK_MINB1
       for (int j = 0; j < BQ / 8; j++) {
         const int c = 8 * j + 2 * t4;
         const float2 lq = *(const float2 *)(L + c), dq2 = *(const float2 *)(Dq + c);
+        const float lx = lq.x * TC_LOG2E, ly = lq.y * TC_LOG2E; /* lse in log2 units */
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int key = jw + g + (e >> 1) * 8, qry = t0 + c + (e & 1);
-          const float p = diag && qry < key ? 0.0f : ex2(fmaf(sc[j][e], sl2, -((e & 1) ? lq.y : lq.x)));
+          const float p = diag && qry < key ? 0.0f : ex2(fmaf(sc[j][e], sl2, -((e & 1) ? ly : lx)));
           sc[j][e] = p;
           dp[j][e] = p * (dp[j][e] - ((e & 1) ? dq2.y : dq2.x)); /* ds / scale */
         }
@@ -728,27 +802,42 @@ static unsigned blocks_1d(mc_backend *be, int tiles, int heads, int n_seq, const
   return (unsigned)b;
 }
 
+/* bf16 rows for a kernel: the operand's own (bf16 storage) or, for fp32 storage, `copy` (the
+ * pre-pass's rounding goes there). */
+static const bf16 *bf16_rows(mc_operand x, bf16 *copy) { return x.h ? (const bf16 *)x.h : copy; }
+
 template <int HD, int MT, int W, int BK, int MINB, bool QSM>
-static void fwd_launch(mc_backend *be, const float *q, const float *k, const float *v, int n_seq, int T, int H,
-                       int KV, float *out, float *lse) {
+static void fwd_launch(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, int n_seq, int T, int H, int KV,
+                       mc_dst out, float *lse) {
   constexpr size_t smem = fwd_smem<HD, MT, W, BK>();
-  const void *kern = (const void *)k_fa_fwd<HD, MT, W, BK, MINB, QSM>;
+  const void *kern = q.h ? (const void *)k_fa_fwd<HD, MT, W, BK, MINB, QSM, true>
+                         : (const void *)k_fa_fwd<HD, MT, W, BK, MINB, QSM, false>;
   if (!mc_cuda_attn_smem_ok(be, kern, smem, "attn_fwd (bf16)")) return;
   const unsigned grid = blocks_1d(be, (T + 16 * MT * W - 1) / (16 * MT * W), H, n_seq, "attn_fwd (bf16)");
   if (!grid) return;
-  /* k, v are read once per query tile: rounded once into scratch */
-  const int64_t nk = (int64_t)n_seq * T * KV * HD;
-  bf16 *kb = (bf16 *)mc_cuda_scratch(be, (size_t)(2 * nk) * sizeof(bf16), "attn_fwd (bf16)");
-  if (!kb) return;
-  bf16 *vb = kb + nk;
-  k_tc_pack2<<<mc_cu_grid(2 * nk / 8), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(k, kb, v, vb, nk / 8);
-  k_fa_fwd<HD, MT, W, BK, MINB, QSM><<<grid, W * 32, smem, mc_cu_stream(be)>>>(q, kb, vb, T, H, KV,
-                                                                              TC_LOG2E / sqrtf((float)HD), out, lse);
+  /* k, v are read once per query tile: fp32 ones are rounded once into scratch */
+  const int64_t nk = (int64_t)n_seq * T * KV * HD, nkf = k.f ? nk : 0, nvf = v.f ? nk : 0;
+  bf16 *kb = NULL, *vb = NULL;
+  if (nkf + nvf) {
+    kb = (bf16 *)mc_cuda_scratch(be, (size_t)(nkf + nvf) * sizeof(bf16), "attn_fwd (bf16)");
+    if (!kb) return;
+    vb = kb + nkf;
+    /* one launch for both; an operand already in bf16 contributes no work */
+    k_tc_pack2<<<mc_cu_grid((nkf + nvf) / 8), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(k.f, kb, nkf / 8, v.f, vb,
+                                                                                      nvf / 8);
+  }
+  const float sl2 = TC_LOG2E / sqrtf((float)HD);
+  if (q.h)
+    k_fa_fwd<HD, MT, W, BK, MINB, QSM, true><<<grid, W * 32, smem, mc_cu_stream(be)>>>(
+        NULL, (const bf16 *)q.h, bf16_rows(k, kb), bf16_rows(v, vb), T, H, KV, sl2, out.f, (bf16 *)out.h, lse);
+  else
+    k_fa_fwd<HD, MT, W, BK, MINB, QSM, false><<<grid, W * 32, smem, mc_cu_stream(be)>>>(
+        q.f, NULL, bf16_rows(k, kb), bf16_rows(v, vb), T, H, KV, sl2, out.f, (bf16 *)out.h, lse);
 }
 
 template <int HD>
-static void fwd_hd(mc_backend *be, const float *q, const float *k, const float *v, int n_seq, int T, int H, int KV,
-                   float *out, float *lse) {
+static void fwd_hd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, int n_seq, int T, int H, int KV,
+                   mc_dst out, float *lse) {
   if (HD == 64) fwd_launch<64, FW_MT64, FW_W64, FW_BK64, FW_MINB64, FW_QSMEM64>(be, q, k, v, n_seq, T, H, KV, out, lse);
   else fwd_launch<128, FW_MT128, FW_W128, FW_BK128, FW_MINB128, FW_QSMEM128>(be, q, k, v, n_seq, T, H, KV, out, lse);
   mc_cuda_check(be, "attn_fwd (bf16)");
@@ -765,9 +854,8 @@ static void dq_launch(mc_backend *be, const bf16 *qb, const bf16 *kb, const bf16
 }
 
 template <int HD>
-static void bwd_hd(mc_backend *be, const float *q, const float *k, const float *v, const float *out,
-                   const float *lse, const float *dout, int n_seq, int T, int H, int KV, float *dq, float *dk,
-                   float *dv) {
+static void bwd_hd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, mc_operand out, const float *lse,
+                   mc_operand dout, int n_seq, int T, int H, int KV, float *dq, float *dk, float *dv) {
   const int64_t n = (int64_t)n_seq * T, nq = n * H * HD, nk = n * KV * HD;
   /* Each dk/dv block walks its kv head's grp query heads in turn. With fewer than 4 such
    * blocks per multiprocessor (nam-small: 256 on 132), each query head gets its own block
@@ -779,28 +867,42 @@ static void bwd_hd(mc_backend *be, const float *q, const float *k, const float *
   const int hps = (int64_t)kblocks * KV * n_seq >= 4 * (int64_t)sms ? grp : 1, nsplit = grp / hps;
   const int64_t nparts = nsplit > 1 ? n * H * HD : 0; /* floats of each of dk's and dv's parts */
   const int64_t nD = (n * H + 3) / 4 * 4;              /* D's floats, rounded up to keep 16-byte alignment */
-  char *sc = (char *)mc_cuda_scratch(be, (size_t)(2 * nq + 2 * nk) * sizeof(bf16) + (size_t)nD * sizeof(float) +
+  /* bf16 copies of the fp32 operands only; each size a multiple of 128 bytes (HD >= 64) */
+  const int64_t nqf = q.f ? nq : 0, nof = dout.f ? nq : 0, nkf = k.f ? nk : 0, nvf = v.f ? nk : 0;
+  char *sc = (char *)mc_cuda_scratch(be, (size_t)(nqf + nof + nkf + nvf) * sizeof(bf16) + (size_t)nD * sizeof(float) +
                                              (size_t)(2 * nparts) * sizeof(float),
                                      "attn_bwd (bf16)");
   if (!sc) return;
-  bf16 *qb = (bf16 *)sc, *dob = qb + nq, *kb = dob + nq, *vb = kb + nk;
-  float *D = (float *)(vb + nk); /* offsets are multiples of 128 bytes: HD >= 64 */
+  bf16 *qc = (bf16 *)sc, *doc = qc + nqf, *kc = doc + nof, *vc = kc + nkf;
+  float *D = (float *)(vc + nvf);
   float *pk = D + nD, *pv = pk + nparts;
+  /* fp32 k and v: rounded by the dk/dv kernel (which then runs first) instead of the pre-pass,
+   * where each k, v row is loaded by one dk/dv block (nsplit 1; with nsplit parts each would
+   * be read nsplit times: nam-small's backward measured 0.325 -> 0.334 ms that way) */
+  const bool kf = DKV_KV32 && k.f && v.f && nsplit == 1;
   const size_t skv = dkv_smem<HD>();
-  if (!mc_cuda_attn_smem_ok(be, (const void *)k_fa_dkv<HD>, skv, "attn_bwd (bf16)")) return;
+  const void *kdkv = kf ? (const void *)k_fa_dkv<HD, true> : (const void *)k_fa_dkv<HD, false>;
+  if (!mc_cuda_attn_smem_ok(be, kdkv, skv, "attn_bwd (bf16)")) return;
   cudaStream_t st = mc_cu_stream(be);
   {
-    const int64_t warps = (n * (H + KV) + 32 / (HD / 4) - 1) / (32 / (HD / 4)); /* 32 / (HD / 4) items per warp */
-    k_tc_prep<HD><<<grid_cap((warps + 7) / 8), 256, 0, st>>>(q, out, dout, k, v, n * H, n * KV, qb, dob, D, kb, vb);
+    const int64_t nki = !kf && (k.f || v.f) ? n * KV : 0; /* kv items only to round fp32 k or v here */
+    const int64_t warps = (n * H + nki + 32 / (HD / 4) - 1) / (32 / (HD / 4)); /* 32 / (HD / 4) items per warp */
+    k_tc_prep<HD><<<grid_cap((warps + 7) / 8), 256, 0, st>>>(q, out, dout, k, v, n * H, nki, qc, doc, D, kc, vc);
   }
+  const bf16 *qb = bf16_rows(q, qc), *dob = bf16_rows(dout, doc), *kb = bf16_rows(k, kc), *vb = bf16_rows(v, vc);
   const float scale = 1.0f / sqrtf((float)HD);
   const unsigned gk = blocks_1d(be, kblocks, KV * nsplit, n_seq, "attn_bwd (bf16)");
   if (!gk) return;
+  float *dk1 = nsplit > 1 ? pk : dk, *dv1 = nsplit > 1 ? pv : dv;
+  if (kf)
+    k_fa_dkv<HD, true><<<gk, BK_WARPS * 32, skv, st>>>(qb, NULL, NULL, dob, lse, D, T, H, KV, hps, scale, dk1, dv1,
+                                                       k.f, v.f, kc, vc);
   if (HD == 64)
     dq_launch<64, DQ_MT64, DQ_W64, DQ_BK64, DQ_MINB64>(be, qb, kb, vb, dob, lse, D, n_seq, T, H, KV, scale, dq);
   else dq_launch<128, DQ_MT128, DQ_W128, DQ_BK128, DQ_MINB128>(be, qb, kb, vb, dob, lse, D, n_seq, T, H, KV, scale, dq);
-  k_fa_dkv<HD><<<gk, BK_WARPS * 32, skv, st>>>(qb, kb, vb, dob, lse, D, T, H, KV, hps, scale, nsplit > 1 ? pk : dk,
-                                                 nsplit > 1 ? pv : dv);
+  if (!kf)
+    k_fa_dkv<HD, false><<<gk, BK_WARPS * 32, skv, st>>>(qb, kb, vb, dob, lse, D, T, H, KV, hps, scale, dk1, dv1,
+                                                        NULL, NULL, NULL, NULL);
   if (nsplit > 1) {
     k_tc_parts<HD><<<mc_cu_grid(n * KV * (HD / 4)), MC_CUDA_THREADS, 0, st>>>(pk, n * KV, nsplit, dk);
     k_tc_parts<HD><<<mc_cu_grid(n * KV * (HD / 4)), MC_CUDA_THREADS, 0, st>>>(pv, n * KV, nsplit, dv);
@@ -808,16 +910,81 @@ static void bwd_hd(mc_backend *be, const float *q, const float *k, const float *
   mc_cuda_check(be, "attn_bwd (bf16)");
 }
 
-void mc_cuda_attn_tc_fwd(mc_backend *be, const float *q, const float *k, const float *v, int n_seq, int T, int H,
-                         int KV, int hd, float *out, float *lse) {
+/* ------------------------------------------------------------------ entry points */
+/* An operand with exactly one storage set, 16-byte aligned (rows move 16 bytes at a time). */
+static int operand_ok(mc_backend *be, const char *op, const char *name, mc_operand x) {
+  if (!x.f == !x.h) {
+    mc_cuda_fail(be, "%s: operand %s must have exactly one of fp32 (f) and bf16 (h) storage set", op, name);
+    return 0;
+  }
+  if (((uintptr_t)x.f | (uintptr_t)x.h) & 15) {
+    mc_cuda_fail(be, "%s: operand %s is not 16-byte aligned", op, name);
+    return 0;
+  }
+  return 1;
+}
+
+static int ptr_ok(mc_backend *be, const char *op, const char *name, const void *p, uintptr_t align) {
+  if (!p || ((uintptr_t)p & (align - 1))) {
+    mc_cuda_fail(be, "%s: %s is %s", op, name, p ? "misaligned" : "NULL");
+    return 0;
+  }
+  return 1;
+}
+
+static int shape_ok(mc_backend *be, const char *op, int n_seq, int T, int H, int KV, int hd) {
+  if (n_seq < 1 || T < 1 || H < 1 || KV < 1 || H % KV || (hd != 64 && hd != 128)) {
+    mc_cuda_fail(be, "%s: unsupported shape n_seq=%d T=%d H=%d KV=%d head_dim=%d (tensor-core attention: head_dim 64 "
+                 "or 128, H a multiple of KV, every size >= 1)",
+                 op, n_seq, T, H, KV, hd);
+    return 0;
+  }
+  return 1;
+}
+
+extern "C" void mc_cuda_attn_tc_fwd_ex(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, int n_seq, int T,
+                                       int H, int KV, int hd, mc_dst out, float *lse) {
+  static const char op[] = "attn_fwd (bf16)";
+  if (!shape_ok(be, op, n_seq, T, H, KV, hd) || !operand_ok(be, op, "q", q) || !operand_ok(be, op, "k", k) ||
+      !operand_ok(be, op, "v", v) || !ptr_ok(be, op, "lse", lse, 4))
+    return;
+  if (!out.f == !out.h) {
+    mc_cuda_fail(be, "%s: out must have exactly one of fp32 (f) and bf16 (h) storage set", op);
+    return;
+  }
+  if (!ptr_ok(be, op, "out", out.f ? (const void *)out.f : (const void *)out.h, 16)) return;
   if (hd == 64) fwd_hd<64>(be, q, k, v, n_seq, T, H, KV, out, lse);
   else fwd_hd<128>(be, q, k, v, n_seq, T, H, KV, out, lse);
+}
+
+extern "C" void mc_cuda_attn_tc_bwd_ex(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, mc_operand out,
+                                       const float *lse, mc_operand dout, int n_seq, int T, int H, int KV, int hd,
+                                       float *dq, float *dk, float *dv) {
+  static const char op[] = "attn_bwd (bf16)";
+  if (!shape_ok(be, op, n_seq, T, H, KV, hd) || !operand_ok(be, op, "q", q) || !operand_ok(be, op, "k", k) ||
+      !operand_ok(be, op, "v", v) || !operand_ok(be, op, "out", out) || !operand_ok(be, op, "dout", dout) ||
+      !ptr_ok(be, op, "lse", lse, 4) || !ptr_ok(be, op, "dq", dq, 16) || !ptr_ok(be, op, "dk", dk, 16) ||
+      !ptr_ok(be, op, "dv", dv, 16))
+    return;
+  if (hd == 64) bwd_hd<64>(be, q, k, v, out, lse, dout, n_seq, T, H, KV, dq, dk, dv);
+  else bwd_hd<128>(be, q, k, v, out, lse, dout, n_seq, T, H, KV, dq, dk, dv);
+}
+
+static mc_operand opf(const float *f) {
+  mc_operand x;
+  x.f = f, x.h = NULL;
+  return x;
+}
+
+void mc_cuda_attn_tc_fwd(mc_backend *be, const float *q, const float *k, const float *v, int n_seq, int T, int H,
+                         int KV, int hd, float *out, float *lse) {
+  mc_dst o;
+  o.f = out, o.h = NULL;
+  mc_cuda_attn_tc_fwd_ex(be, opf(q), opf(k), opf(v), n_seq, T, H, KV, hd, o, lse);
 }
 
 void mc_cuda_attn_tc_bwd(mc_backend *be, const float *q, const float *k, const float *v, const float *out,
                          const float *lse, const float *dout, int n_seq, int T, int H, int KV, int hd, float *dq,
                          float *dk, float *dv) {
-  if (hd == 64) bwd_hd<64>(be, q, k, v, out, lse, dout, n_seq, T, H, KV, dq, dk, dv);
-  else bwd_hd<128>(be, q, k, v, out, lse, dout, n_seq, T, H, KV, dq, dk, dv);
+  mc_cuda_attn_tc_bwd_ex(be, opf(q), opf(k), opf(v), opf(out), lse, opf(dout), n_seq, T, H, KV, hd, dq, dk, dv);
 }
-

@@ -10,12 +10,17 @@
  * - The backward runs twice on the same inputs and must give identical bits (no atomics).
  * - head_dim 32 on the bf16 instance must run the fp32 kernel: within 1e-5 of the CPU and
  *   bit-identical to the fp32 instance.
- * - At n_seq 5, T 2048, H 8, KV 4, hd 64 (too large for the CPU) the bf16 instance is
- *   compared with the fp32 instance instead: there dk/dv blocks walk every query head of
+ * - At n_seq 5, T 2048, H 8, KV 4, hd 64 and 128 (too large for the CPU) the bf16 instance
+ *   is compared with the fp32 instance instead: there dk/dv blocks walk every query head of
  *   their group in turn, while the small cases take one query head per block.
+ * - Operands stored in bf16 (mc_cuda_attn_tc_fwd_ex / _bwd_ex): every operand and the
+ *   forward's out in bf16 and in fp32 over three mixes, on bf16-representable values, against
+ *   the CPU fed the same values (band) and bit for bit against the fp32 entry points on the
+ *   same values; bad operands and shapes must fail with their message.
  * `test_cuda_attn_tc --time` also times forward and backward at nam-small and dense-a shapes
- * on both instances (CUDA events on the backend's stream, 3 warm-up runs, median of 15) and
- * compares the bf16 results with the fp32 instance's there; `--profile` runs only one
+ * on both instances and through the _ex entry points on bf16-stored operands (CUDA events on
+ * the backend's stream, 3 warm-up runs, median of 15) and compares the bf16 results with the
+ * fp32 instance's there; `--profile` runs only one
  * forward and backward at those shapes on the bf16 instance (for a kernel profiler). Without a CUDA build or a GPU it
  * prints "SKIP: no CUDA device" and passes. */
 #include <string.h>
@@ -26,7 +31,15 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/backend_cuda.h"
+#include "kernels/bf16.h"
 
+/* kernels/cuda/cuda_attn_tc.cu: the entry points on operands stored in fp32 or bf16 (declared
+ * with C linkage in kernels/cuda/cuda_attn.cu; no public header has them yet). */
+void mc_cuda_attn_tc_fwd_ex(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, int n_seq, int T, int H, int KV,
+                            int hd, mc_dst out, float *lse);
+void mc_cuda_attn_tc_bwd_ex(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, mc_operand out,
+                            const float *lse, mc_operand dout, int n_seq, int T, int H, int KV, int hd, float *dq,
+                            float *dk, float *dv);
 
 #define BAND 1e-2
 #define TOL_FP32 1e-5
@@ -34,14 +47,21 @@
 static mc_backend *cpu, *g32, *g16;
 static uint64_t stream_no = 7000;
 
-static float *dev_up(mc_backend *be, const float *h, int64_t n) {
-  float *d = be->alloc(be, (size_t)n * sizeof(float));
+/* n elements of `size` bytes from the host into a new device buffer */
+static void *dev_copy(mc_backend *be, const void *h, int64_t n, size_t size) {
+  void *d = be->alloc(be, (size_t)n * size);
   if (!d) {
-    fprintf(stderr, "device allocation of %lld floats failed: %s\n", (long long)n, mc_errmsg());
+    fprintf(stderr, "device allocation of %lld elements of %zu bytes failed: %s\n", (long long)n, size, mc_errmsg());
     exit(1);
   }
-  be->from_host(be, d, h, (size_t)n * sizeof(float));
+  be->from_host(be, d, h, (size_t)n * size);
   return d;
+}
+static float *dev_up(mc_backend *be, const float *h, int64_t n) { return dev_copy(be, h, n, sizeof(float)); }
+static float *host_copy(const float *x, int64_t n) {
+  float *y = malloc((size_t)n * sizeof(float));
+  memcpy(y, x, (size_t)n * sizeof(float));
+  return y;
 }
 static float *dev_nan(mc_backend *be, int64_t n) {
   float *h = malloc((size_t)n * sizeof(float));
@@ -85,11 +105,7 @@ static void attn_case(mc_backend *be, int n_seq, int T, int H, int KV, int hd, d
   float *dout = kc_rand(nq, stream_no++, 1), *dq0 = kc_rand(nq, stream_no++, 1);
   float *dk0 = kc_rand(nk, stream_no++, 1), *dv0 = kc_rand(nk, stream_no++, 1);
   float *out = kc_zeros(nq), *lse = kc_zeros(n * H);
-  float *dq = malloc((size_t)nq * sizeof(float)), *dk = malloc((size_t)nk * sizeof(float)),
-        *dv = malloc((size_t)nk * sizeof(float));
-  memcpy(dq, dq0, (size_t)nq * sizeof(float));
-  memcpy(dk, dk0, (size_t)nk * sizeof(float));
-  memcpy(dv, dv0, (size_t)nk * sizeof(float));
+  float *dq = host_copy(dq0, nq), *dk = host_copy(dk0, nk), *dv = host_copy(dv0, nk);
   cpu->attn_fwd(cpu, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, n_seq, T, H, KV, hd, (mc_dst){out, NULL}, lse);
   cpu->attn_bwd(cpu, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, (mc_operand){out, NULL}, lse, (mc_operand){dout, NULL}, n_seq, T, H, KV, hd, dq, dk, dv);
 
@@ -157,6 +173,130 @@ static void fp32_fallback(void) {
   free(a), free(b);
 }
 
+/* ------------------------------------------------------------------ bf16 storage */
+/* x rounded to bf16 in place; the bits in *h (malloc'd). */
+static mc_bf16 *round_bf16(float *x, int64_t n) {
+  mc_bf16 *h = malloc((size_t)n * sizeof(mc_bf16));
+  for (int64_t i = 0; i < n; i++) h[i] = mc_bf16_from_float(x[i]), x[i] = mc_bf16_to_float(h[i]);
+  return h;
+}
+static mc_bf16 *dev_up16(const mc_bf16 *h, int64_t n) { return dev_copy(g16, h, n, sizeof(mc_bf16)); }
+/* operand i of a case stored in bf16 when bit i of `mix` is set, else in fp32 */
+static mc_operand pick(int mix, int i, const float *f, const mc_bf16 *h) {
+  mc_operand x = {NULL, NULL};
+  if (mix >> i & 1) x.h = h;
+  else x.f = f;
+  return x;
+}
+static int same_bits(const void *a, const void *b, int64_t n) { return memcmp(a, b, (size_t)n * 4) == 0; }
+
+/* The _ex entry points with q, k, v, out, dout (bits 0..4 of mix) stored in bf16 or fp32 and
+ * the forward's out written in bf16 (bit 5) or fp32, on bf16-representable values: against
+ * the CPU reference fed the same values (band), and bit for bit against the fp32 entry points
+ * on the same values stored in fp32 (rounding an exact value changes nothing, so the two must
+ * agree exactly; a bf16 out must be the fp32 out rounded to nearest even). */
+static void storage_case(int n_seq, int T, int H, int KV, int hd, int mix) {
+  const int64_t n = (int64_t)n_seq * T, nq = n * H * hd, nk = n * KV * hd;
+  float *q = kc_rand(nq, stream_no++, 1), *k = kc_rand(nk, stream_no++, 1), *v = kc_rand(nk, stream_no++, 1);
+  float *dout = kc_rand(nq, stream_no++, 1), *dq0 = kc_rand(nq, stream_no++, 1);
+  float *dk0 = kc_rand(nk, stream_no++, 1), *dv0 = kc_rand(nk, stream_no++, 1);
+  mc_bf16 *qh = round_bf16(q, nq), *kh = round_bf16(k, nk), *vh = round_bf16(v, nk), *doh = round_bf16(dout, nq);
+  float *out = kc_zeros(nq), *lse = kc_zeros(n * H);
+  float *dq = host_copy(dq0, nq), *dk = host_copy(dk0, nk), *dv = host_copy(dv0, nk);
+  cpu->attn_fwd(cpu, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, n_seq, T, H, KV, hd, (mc_dst){out, NULL}, lse);
+  float *fwd_out = host_copy(out, nq); /* the CPU forward's out, before rounding */
+  mc_bf16 *oh = round_bf16(out, nq); /* the backward reads out rounded: the same for every form */
+  cpu->attn_bwd(cpu, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, (mc_operand){out, NULL}, lse, (mc_operand){dout, NULL}, n_seq, T, H, KV, hd, dq, dk, dv);
+
+  /* A: the fp32 entry points (the backend's ops) on the rounded values in fp32 */
+  float *qd = dev_up(g16, q, nq), *kd = dev_up(g16, k, nk), *vd = dev_up(g16, v, nk), *dod = dev_up(g16, dout, nq);
+  float *od = dev_up(g16, out, nq), *ld = dev_up(g16, lse, n * H);
+  float *oa = dev_nan(g16, nq), *la = dev_nan(g16, n * H);
+  float *dqa = dev_up(g16, dq0, nq), *dka = dev_up(g16, dk0, nk), *dva = dev_up(g16, dv0, nk);
+  g16->attn_fwd(g16, (mc_operand){qd, NULL}, (mc_operand){kd, NULL}, (mc_operand){vd, NULL}, n_seq, T, H, KV, hd, (mc_dst){oa, NULL}, la);
+  g16->attn_bwd(g16, (mc_operand){qd, NULL}, (mc_operand){kd, NULL}, (mc_operand){vd, NULL}, (mc_operand){od, NULL}, ld, (mc_operand){dod, NULL}, n_seq, T, H, KV, hd, dqa, dka, dva);
+  /* B: the _ex entry points, each operand in the form mix asks for */
+  mc_bf16 *qhd = dev_up16(qh, nq), *khd = dev_up16(kh, nk), *vhd = dev_up16(vh, nk), *dohd = dev_up16(doh, nq),
+          *ohd = dev_up16(oh, nq);
+  const int out16 = mix >> 5 & 1;
+  mc_bf16 *obh = NULL;
+  float *obf = NULL;
+  mc_dst ob = {NULL, NULL};
+  if (out16) {
+    mc_bf16 *poison = malloc((size_t)nq * sizeof(mc_bf16));
+    for (int64_t i = 0; i < nq; i++) poison[i] = 0x7fc0; /* NaN */
+    obh = dev_up16(poison, nq);
+    free(poison);
+    ob.h = obh;
+  } else {
+    obf = dev_nan(g16, nq);
+    ob.f = obf;
+  }
+  float *lb = dev_nan(g16, n * H), *dqb = dev_up(g16, dq0, nq), *dkb = dev_up(g16, dk0, nk), *dvb = dev_up(g16, dv0, nk);
+  mc_cuda_attn_tc_fwd_ex(g16, pick(mix, 0, qd, qhd), pick(mix, 1, kd, khd), pick(mix, 2, vd, vhd), n_seq, T, H, KV,
+                         hd, ob, lb);
+  mc_cuda_attn_tc_bwd_ex(g16, pick(mix, 0, qd, qhd), pick(mix, 1, kd, khd), pick(mix, 2, vd, vhd),
+                         pick(mix, 3, od, ohd), ld, pick(mix, 4, dod, dohd), n_seq, T, H, KV, hd, dqb, dkb, dvb);
+  CHECK(g16->sync(g16) == 0, "bf16 storage n_seq=%d T=%d hd=%d: %s", n_seq, T, hd, mc_errmsg());
+
+  float *a_out = dev_down(g16, oa, nq), *a_l = dev_down(g16, la, n * H), *a_q = dev_down(g16, dqa, nq),
+        *a_k = dev_down(g16, dka, nk), *a_v = dev_down(g16, dva, nk);
+  float *b_out = malloc((size_t)nq * sizeof(float)), *b_l = dev_down(g16, lb, n * H), *b_q = dev_down(g16, dqb, nq),
+        *b_k = dev_down(g16, dkb, nk), *b_v = dev_down(g16, dvb, nk);
+  int out_same = 1;
+  if (out16) {
+    mc_bf16 *bh = malloc((size_t)nq * sizeof(mc_bf16));
+    g16->to_host(g16, bh, obh, (size_t)nq * sizeof(mc_bf16));
+    for (int64_t i = 0; i < nq; i++) {
+      b_out[i] = mc_bf16_to_float(bh[i]);
+      out_same &= bh[i] == mc_bf16_from_float(a_out[i]);
+    }
+    free(bh);
+  } else {
+    g16->to_host(g16, b_out, obf, (size_t)nq * sizeof(float));
+    out_same = same_bits(b_out, a_out, nq);
+  }
+  char what[96];
+  snprintf(what, sizeof what, "bf16 storage mix 0x%02x fwd out T=%d H=%d/%d hd=%d", mix, T, H, KV, hd);
+  report(what, rel_err(b_out, fwd_out, NULL, nq), BAND);
+  report("  fwd lse", rel_err(b_l, lse, NULL, n * H), BAND);
+  report("  bwd dq", rel_err(b_q, dq, dq0, nq), BAND);
+  report("  bwd dk", rel_err(b_k, dk, dk0, nk), BAND);
+  report("  bwd dv", rel_err(b_v, dv, dv0, nk), BAND);
+  const int bits = out_same && same_bits(b_l, a_l, n * H) && same_bits(b_q, a_q, nq) && same_bits(b_k, a_k, nk) &&
+                   same_bits(b_v, a_v, nk);
+  printf("    bit-identical to the fp32 entry points: %s\n", bits ? "yes" : "NO");
+  CHECK(bits, "bf16 storage mix 0x%02x T=%d hd=%d: results differ from the fp32 entry points on the same values", mix,
+        T, hd);
+
+  void *dptr[] = {qd, kd, vd, dod, od, ld, oa, la, dqa, dka, dva, qhd, khd, vhd, dohd, ohd, lb, dqb, dkb, dvb};
+  for (size_t i = 0; i < sizeof dptr / sizeof *dptr; i++) g16->free(g16, dptr[i]);
+  if (obh) g16->free(g16, obh);
+  if (obf) g16->free(g16, obf);
+  void *hptr[] = {q, k, v, dout, dq0, dk0, dv0, qh, kh, vh, doh, oh, out, fwd_out, lse, dq, dk, dv,
+                  a_out, a_l, a_q, a_k, a_v, b_out, b_l, b_q, b_k, b_v};
+  for (size_t i = 0; i < sizeof hptr / sizeof *hptr; i++) free(hptr[i]);
+}
+
+/* Bad operands get a clear error, not a launch. */
+static void storage_errors(void) {
+  float *x = dev_nan(g16, 4 * 64), *l = dev_nan(g16, 4);
+  const mc_operand both = {x, (const mc_bf16 *)x}, ok = {x, NULL}, none = {NULL, NULL};
+  const mc_dst o = {x, NULL};
+  int rejected = 0;
+  mc_cuda_attn_tc_fwd_ex(g16, both, ok, ok, 1, 4, 1, 1, 64, o, l);
+  rejected += g16->sync(g16) != 0 && strstr(mc_errmsg(), "q must have exactly one") != NULL;
+  printf("  fwd_ex, q in both storages: %s\n", mc_errmsg());
+  mc_cuda_attn_tc_bwd_ex(g16, ok, ok, ok, ok, l, none, 1, 4, 1, 1, 64, x, x, x);
+  rejected += g16->sync(g16) != 0 && strstr(mc_errmsg(), "dout must have exactly one") != NULL;
+  printf("  bwd_ex, dout in no storage: %s\n", mc_errmsg());
+  mc_cuda_attn_tc_fwd_ex(g16, ok, ok, ok, 1, 4, 1, 1, 32, o, l);
+  rejected += g16->sync(g16) != 0 && strstr(mc_errmsg(), "head_dim=32") != NULL;
+  printf("  fwd_ex, head_dim 32: %s\n", mc_errmsg());
+  CHECK(rejected == 3, "the _ex entry points rejected %d of 3 bad calls with the expected message", rejected);
+  g16->free(g16, x), g16->free(g16, l);
+}
+
 /* ------------------------------------------------------------------ timing */
 static int cmp_f(const void *a, const void *b) {
   float x = *(const float *)a, y = *(const float *)b;
@@ -166,8 +306,13 @@ static int cmp_f(const void *a, const void *b) {
 #define T_WARM 3
 #define T_REPS 15
 
-/* Median ms of `reps` runs of fwd (which = 0) or bwd (which = 1), each between two events
- * recorded on the backend's stream. */
+/* bf16-stored q, k, v, out, dout for timing the _ex entry points (which = 2, 3) */
+static mc_operand ex_q, ex_k, ex_v, ex_out, ex_dout;
+static mc_dst ex_o;
+
+/* Median ms of `reps` runs of fwd (which = 0) or bwd (which = 1), or of the _ex entry points
+ * on the ex_ operands (2: fwd, 3: bwd), each between two events recorded on the backend's
+ * stream. */
 static float time_op(mc_backend *be, int which, const float *q, const float *k, const float *v, const float *out,
                      float *lse, const float *dout, int n_seq, int T, int H, int KV, int hd, float *o, float *dq,
                      float *dk, float *dv) {
@@ -178,6 +323,9 @@ static float time_op(mc_backend *be, int which, const float *q, const float *k, 
   for (int r = 0; r < T_WARM + T_REPS; r++) {
     cudaEventRecord(e0, st);
     if (which == 0) be->attn_fwd(be, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, n_seq, T, H, KV, hd, (mc_dst){o, NULL}, lse);
+    else if (which == 2) mc_cuda_attn_tc_fwd_ex(be, ex_q, ex_k, ex_v, n_seq, T, H, KV, hd, ex_o, lse);
+    else if (which == 3)
+      mc_cuda_attn_tc_bwd_ex(be, ex_q, ex_k, ex_v, ex_out, lse, ex_dout, n_seq, T, H, KV, hd, dq, dk, dv);
     else be->attn_bwd(be, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, (mc_operand){out, NULL}, lse, (mc_operand){dout, NULL}, n_seq, T, H, KV, hd, dq, dk, dv);
     cudaEventRecord(e1, st);
     CHECK(cudaEventSynchronize(e1) == cudaSuccess, "cudaEventSynchronize");
@@ -198,7 +346,7 @@ static void big_case(const char *name, int n_seq, int T, int H, int KV, int hd, 
   float *dout = kc_rand(nq, stream_no++, 1), *z = kc_zeros(nq);
   mc_backend *bes[2] = {g32, g16};
   float *res[2][5]; /* out, lse, dq, dk, dv on the host */
-  float tf[2] = {0, 0}, tb[2] = {0, 0};
+  float tf[2] = {0, 0}, tb[2] = {0, 0}, tf16 = 0, tb16 = 0;
   for (int b = 0; b < 2; b++) {
     mc_backend *be = bes[b];
     float *qd = dev_up(be, q, nq), *kd = dev_up(be, k, nk), *vd = dev_up(be, v, nk), *dod = dev_up(be, dout, nq);
@@ -213,6 +361,28 @@ static void big_case(const char *name, int n_seq, int T, int H, int KV, int hd, 
     if (timed) {
       tf[b] = time_op(be, 0, qd, kd, vd, od, ld, dod, n_seq, T, H, KV, hd, od, dqd, dkd, dvd);
       tb[b] = time_op(be, 1, qd, kd, vd, od, ld, dod, n_seq, T, H, KV, hd, od, dqd, dkd, dvd);
+      if (be == g16) { /* the same on bf16-stored operands: no rounding pre-passes */
+        mc_bf16 *h = malloc((size_t)nq * sizeof(mc_bf16));
+        mc_bf16 *dev[5];
+        const float *src[5] = {q, k, v, dout, NULL};
+        float *o_host = dev_down(be, od, nq);
+        src[4] = o_host;
+        for (int i = 0; i < 5; i++) {
+          const int64_t m = i == 1 || i == 2 ? nk : nq;
+          for (int64_t j = 0; j < m; j++) h[j] = mc_bf16_from_float(src[i][j]);
+          dev[i] = dev_up16(h, m);
+        }
+        ex_q.f = ex_k.f = ex_v.f = ex_dout.f = ex_out.f = NULL;
+        ex_q.h = dev[0], ex_k.h = dev[1], ex_v.h = dev[2], ex_dout.h = dev[3], ex_out.h = dev[4];
+        mc_bf16 *ob = be->alloc(be, (size_t)nq * sizeof(mc_bf16));
+        CHECK(ob != NULL, "bf16 out: %s", mc_errmsg());
+        ex_o.f = NULL, ex_o.h = ob;
+        tf16 = time_op(be, 2, qd, kd, vd, od, ld, dod, n_seq, T, H, KV, hd, od, dqd, dkd, dvd);
+        tb16 = time_op(be, 3, qd, kd, vd, od, ld, dod, n_seq, T, H, KV, hd, od, dqd, dkd, dvd);
+        for (int i = 0; i < 5; i++) be->free(be, dev[i]);
+        be->free(be, ob);
+        free(h), free(o_host);
+      }
     }
     float *dptr[] = {qd, kd, vd, dod, od, ld, dqd, dkd, dvd};
     for (size_t i = 0; i < sizeof dptr / sizeof *dptr; i++) be->free(be, dptr[i]);
@@ -232,6 +402,8 @@ static void big_case(const char *name, int n_seq, int T, int H, int KV, int hd, 
            ff / tf[0] * 1e-9, tf[1], ff / tf[1] * 1e-9, tf[0] / tf[1]);
     printf("  time %-24s bwd fp32 %8.3f ms %6.1f TFLOP/s | bf16 tc %8.3f ms %6.1f TFLOP/s | %5.1fx\n", name, tb[0],
            fb / tb[0] * 1e-9, tb[1], fb / tb[1] * 1e-9, tb[0] / tb[1]);
+    printf("  time %-24s bf16-stored q k v out dout (_ex): fwd %8.3f ms %6.1f TFLOP/s | bwd %8.3f ms %6.1f TFLOP/s\n",
+           name, tf16, ff / tf16 * 1e-9, tb16, fb / tb16 * 1e-9);
   }
   free(q), free(k), free(v), free(dout), free(z);
 }
@@ -274,10 +446,21 @@ int main(int argc, char **argv) {
       attn_case(g16, seqs[si], Ts[ti], 8, 2, 64, BAND, NULL); /* GQA groups of 4 */
       attn_case(g16, seqs[si], Ts[ti], 4, 4, 128, BAND, NULL);
     }
+  /* GQA at head_dim 128: the split dk/dv path (one query head per block) */
+  attn_case(g16, 2, 257, 8, 2, 128, BAND, NULL);
+  attn_case(g16, 1, 100, 4, 2, 128, BAND, NULL);
   fp32_fallback();
+  /* every operand form at least once in bf16 and once in fp32, out both ways */
+  static const int mixes[3] = {0x3f, 0x15, 0x2a};
+  for (int mi = 0; mi < 3; mi++) {
+    storage_case(3, 100, 8, 2, 64, mixes[mi]);
+    storage_case(1, 257, 4, 4, 128, mixes[mi]);
+  }
+  storage_errors();
   /* enough dk/dv blocks (kv heads x 64-key tiles x sequences >= 4 per multiprocessor) that
    * each walks all query heads of its group, instead of one block per query head */
   big_case("GQA n_seq=5 T=2048 H=8/4 hd=64", 5, 2048, 8, 4, 64, 0);
+  big_case("GQA n_seq=5 T=2048 H=8/4 hd=128", 5, 2048, 8, 4, 128, 0);
   if (argc > 1 && strcmp(argv[1], "--time") == 0) {
     big_case("nam-small H=16/4 hd=64", 2, 2048, 16, 4, 64, 1);
     big_case("dense-a H=16/16 hd=128", 2, 2048, 16, 16, 128, 1);
