@@ -159,21 +159,52 @@ static const float2 *rope_table(mc_backend *be, int T, int hd, double theta) {
   return c->rope_tab;
 }
 
-static void cu_rope_fwd(mc_backend *be, float *x, int n, int T, int heads, int hd, double theta) {
+/* RoPE on tensors stored in bf16 (either side): per element through the stored-type loads;
+ * bf16 in place rounds the rotated pair, a bf16 gradient is written (ops.h). */
+__global__ void k_rope_stored(mc_operand in, mc_dst out, int accumulate, int n, int T, int heads, int hd,
+                              const float2 *tab, float sign) {
+  const int half = hd / 2;
+  MC_CU_FOR(it, (int64_t)n * heads * half) {
+    const int i = (int)(it % half);
+    const int64_t rh = it / half; /* r * heads + h */
+    const float2 cs = tab[(int64_t)((int)(rh / heads) % T) * half + i];
+    const float c = cs.x, s = sign * cs.y;
+    const int64_t o = rh * hd + i;
+    const float x1 = mc_d_ld(in, o), x2 = mc_d_ld(in, o + half);
+    const float y1 = x1 * c - x2 * s, y2 = x1 * s + x2 * c;
+    if (accumulate) {
+      mc_d_acc(out, o, y1);
+      mc_d_acc(out, o + half, y2);
+    } else {
+      mc_d_st(out, o, y1);
+      mc_d_st(out, o + half, y2);
+    }
+  }
+}
+
+static void rope_stored(mc_backend *be, mc_operand in, mc_dst out, int accumulate, int n, int T, int heads, int hd,
+                        const float2 *tab, float sign) {
+  k_rope_stored<<<mc_cu_grid((int64_t)n * heads * (hd / 2)), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(
+      in, out, accumulate, n, T, heads, hd, tab, sign);
+}
+
+static void cu_rope_fwd(mc_backend *be, mc_dst x, int n, int T, int heads, int hd, double theta) {
   int64_t items = (int64_t)n * heads * (hd / 2);
   if (items <= 0) return;
   const float2 *tab = rope_table(be, T, hd, theta);
   if (!tab) return;
-  k_rope<<<mc_cu_grid(items), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(x, x, 0, n, T, heads, hd, tab, 1.0f);
+  if (x.h) rope_stored(be, mc_operand{NULL, x.h}, x, 0, n, T, heads, hd, tab, 1.0f);
+  else k_rope<<<mc_cu_grid(items), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(x.f, x.f, 0, n, T, heads, hd, tab, 1.0f);
   mc_cuda_check(be, "rope_fwd");
 }
 
-static void cu_rope_bwd(mc_backend *be, const float *dy, float *dx, int n, int T, int heads, int hd, double theta) {
+static void cu_rope_bwd(mc_backend *be, mc_operand dy, mc_dst dx, int n, int T, int heads, int hd, double theta) {
   int64_t items = (int64_t)n * heads * (hd / 2);
   if (items <= 0) return;
   const float2 *tab = rope_table(be, T, hd, theta);
   if (!tab) return;
-  k_rope<<<mc_cu_grid(items), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(dy, dx, 1, n, T, heads, hd, tab, -1.0f);
+  if (dy.h || dx.h) rope_stored(be, dy, dx, 1, n, T, heads, hd, tab, -1.0f);
+  else k_rope<<<mc_cu_grid(items), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(dy.f, dx.f, 1, n, T, heads, hd, tab, -1.0f);
   mc_cuda_check(be, "rope_bwd");
 }
 
