@@ -983,6 +983,83 @@ static void b16_outputs(mc_backend *be) {
     be->free(be, ddl), be->free(be, dlg), be->free(be, dlse), be->free(be, dtgt);
     free(lg), free(loss), free(lse), free(dref);
   }
+  /* RoPE in place on bf16, and rotated back from fp32 into a written bf16 gradient */
+  {
+    const int rows = 130, T = 65, heads = 4, hd = 64;
+    const int64_t ne = (int64_t)rows * heads * hd;
+    float *x = kc_rand(ne, stream_no++, 1.0f), *g = kc_rand(ne, stream_no++, 1.0f);
+    mc_bf16 *x16 = host16(x, ne), *ref = host16(x, ne), *dref = calloc((size_t)ne, 2);
+    mc_bf16 *dx16 = dev16(be, x16, ne), *ddx = dev16(be, dref, ne);
+    float *dg = be->alloc(be, (size_t)ne * 4);
+    be->from_host(be, dg, g, (size_t)ne * 4);
+    cpu->rope_fwd(cpu, (mc_dst){NULL, ref}, rows, T, heads, hd, 10000.0);
+    be->rope_fwd(be, (mc_dst){NULL, dx16}, rows, T, heads, hd, 10000.0);
+    snprintf(what, sizeof what, "%s rope_fwd in place bf16", inst);
+    ulp_cmp(be, what, dx16, ref, ne, 0);
+    cpu->rope_bwd(cpu, (mc_operand){g, NULL}, (mc_dst){NULL, dref}, rows, T, heads, hd, 10000.0);
+    be->rope_bwd(be, (mc_operand){dg, NULL}, (mc_dst){NULL, ddx}, rows, T, heads, hd, 10000.0);
+    snprintf(what, sizeof what, "%s rope_bwd -> bf16", inst);
+    ulp_cmp(be, what, ddx, dref, ne, 0);
+    be->free(be, dx16), be->free(be, ddx), be->free(be, dg);
+    free(x), free(g), free(x16), free(ref), free(dref);
+  }
+  /* attention on bf16-stored q, k, v, out, dout (out written in bf16) against the CPU on the
+   * widened values: the fp32 instance's kernels within the fp32 bands, the bf16 instance's
+   * tensor-core kernels (p and ds rounded to bf16) within 1e-2 */
+  {
+    const int n_seq = 2, T = 80, H = 4, KV = 2, hd = 64;
+    const int64_t n = (int64_t)n_seq * T, nq = n * H * hd, nk = n * KV * hd;
+    float *q = kc_rand(nq, stream_no++, 1.0f), *k = kc_rand(nk, stream_no++, 1.0f), *v = kc_rand(nk, stream_no++, 1.0f);
+    float *dout = kc_rand(nq, stream_no++, 1.0f);
+    mc_bf16 *q16 = host16(q, nq), *k16 = host16(k, nk), *v16 = host16(v, nk), *do16 = host16(dout, nq);
+    mc_bf16 *o16 = calloc((size_t)nq, 2);
+    float *lse = calloc((size_t)n * H, 4), *dq = calloc((size_t)nq, 4), *dk = calloc((size_t)nk, 4), *dv = calloc((size_t)nk, 4);
+    cpu->attn_fwd(cpu, (mc_operand){NULL, q16}, (mc_operand){NULL, k16}, (mc_operand){NULL, v16}, n_seq, T, H, KV, hd,
+                  (mc_dst){NULL, o16}, lse);
+    cpu->attn_bwd(cpu, (mc_operand){NULL, q16}, (mc_operand){NULL, k16}, (mc_operand){NULL, v16}, (mc_operand){NULL, o16},
+                  lse, (mc_operand){NULL, do16}, n_seq, T, H, KV, hd, dq, dk, dv);
+    mc_bf16 *dq16 = dev16(be, q16, nq), *dk16 = dev16(be, k16, nk), *dv16 = dev16(be, v16, nk), *ddo = dev16(be, do16, nq);
+    mc_bf16 *dout16 = be->alloc(be, (size_t)nq * 2);
+    float *dlse = be->alloc(be, (size_t)n * H * 4), *gq = be->alloc(be, (size_t)nq * 4), *gk = be->alloc(be, (size_t)nk * 4),
+          *gv = be->alloc(be, (size_t)nk * 4);
+    be->attn_fwd(be, (mc_operand){NULL, dq16}, (mc_operand){NULL, dk16}, (mc_operand){NULL, dv16}, n_seq, T, H, KV, hd,
+                 (mc_dst){NULL, dout16}, dlse);
+    const int tc = be == g16;
+    snprintf(what, sizeof what, "%s attn_fwd bf16 q k v -> bf16 out", inst);
+    if (tc) {
+      mc_bf16 *g = malloc((size_t)nq * 2);
+      be->to_host(be, g, dout16, (size_t)nq * 2);
+      CHECK(be->sync(be) == 0, "%s: %s", what, mc_errmsg());
+      double num = 0, den = 0;
+      for (int64_t i = 0; i < nq; i++) {
+        const double a = mc_bf16_to_float(g[i]), b = mc_bf16_to_float(o16[i]);
+        num += (a - b) * (a - b), den += b * b;
+      }
+      const double rel = sqrt(num / den);
+      printf("  %-40s %8lld  rel %.2e  %s\n", what, (long long)nq, rel, rel <= 1e-2 ? "ok" : "FAIL");
+      CHECK(rel <= 1e-2, "%s: rel %.3e > 1e-2", what, rel);
+      free(g);
+    } else {
+      ulp_cmp(be, what, dout16, o16, nq, 0);
+    }
+    /* the backward reads the CPU's out (both sides the same bf16 values) */
+    be->from_host(be, dout16, o16, (size_t)nq * 2);
+    be->from_host(be, dlse, lse, (size_t)n * H * 4);
+    be->attn_bwd(be, (mc_operand){NULL, dq16}, (mc_operand){NULL, dk16}, (mc_operand){NULL, dv16},
+                 (mc_operand){NULL, dout16}, dlse, (mc_operand){NULL, ddo}, n_seq, T, H, KV, hd, gq, gk, gv);
+    CHECK(be->sync(be) == 0, "%s attn_bwd bf16: %s", inst, mc_errmsg()); /* cmp reads through the fp32 instance */
+    const double tol = tc ? 1e-2 : TOL_ATTN;
+    snprintf(what, sizeof what, "%s attn_bwd bf16 in dq", inst);
+    cmp(what, gq, dq, nq, tol);
+    snprintf(what, sizeof what, "%s attn_bwd bf16 in dk", inst);
+    cmp(what, gk, dk, nk, tol);
+    snprintf(what, sizeof what, "%s attn_bwd bf16 in dv", inst);
+    cmp(what, gv, dv, nk, tol);
+    be->free(be, dq16), be->free(be, dk16), be->free(be, dv16), be->free(be, ddo), be->free(be, dout16);
+    be->free(be, dlse), be->free(be, gq), be->free(be, gk), be->free(be, gv);
+    free(q), free(k), free(v), free(dout), free(q16), free(k16), free(v16), free(do16), free(o16), free(lse), free(dq),
+        free(dk), free(dv);
+  }
   CHECK(be->sync(be) == 0, "bf16 outputs: %s", mc_errmsg());
 }
 
