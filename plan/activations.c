@@ -55,8 +55,8 @@ int64_t mc_act_block_bytes(const mc_model *m, const mc_act_shape *s, char block,
   bytes += Ts * 4;
   const int none = r == MC_RECOMPUTE_NONE;
   /* u = RMSNorm(x) * w, input of every projection (a routed E layer also routes and permutes
-   * it; a plain one, mc_moe_is_plain, only multiplies it) */
-  const int routed = block == 'E' && !mc_moe_is_plain(m, m->seq_len);
+   * it; a plain one, mc_moe_is_plain without SP, only multiplies it) */
+  const int plain = block == 'E' && mc_moe_is_plain(m, m->seq_len) && Ts == Tf, routed = block == 'E' && !plain;
   if (none) bytes += Ts * d * (routed ? a : s->pbytes);
   switch (block) {
     case 'A': {
@@ -86,8 +86,7 @@ int64_t mc_act_block_bytes(const mc_model *m, const mc_act_shape *s, char block,
       const int64_t as = moe_assignments(m, s);
       bytes += Ts * e * 4;                       /* router probabilities (fp32) */
       bytes += Ts * k * (4 + 4);                 /* top-k expert index and gate */
-      bytes += as * d * s->pbytes;               /* dispatched input */
-      bytes += as * d * a;                       /* expert output */
+      if (!plain) bytes += as * d * (s->pbytes + a); /* dispatched input, expert output */
       bytes += as * 2 * f * s->pbytes;           /* u w1^T, u w3^T (inputs of the SwiGLU only) */
       if (none) bytes += as * f * s->pbytes;     /* silu(u w1^T) * (u w3^T), input of w2 */
       break;
@@ -108,10 +107,10 @@ int64_t mc_act_embed_bytes(const mc_act_shape *s) { return s->tokens * 4; }
 int64_t mc_act_head_bytes(const mc_model *m, const mc_act_shape *s, mc_recompute r) {
   const int64_t a = s->abytes, d = m->d_model;
   const int64_t vp = mc_vocab_padded(m) / s->tp;
-  /* Final-norm input and 1/rms, labels, and the fp32 logits of the vocab slice (the fused
-   * cross-entropy turns them into their gradient in place). The logits are needed at once
-   * by the loss, so no policy recomputes them. */
-  int64_t bytes = s->tokens_seq * (d * a + 4) + s->tokens * 4 + s->tokens * vp * 4;
+  /* Final-norm input and 1/rms, labels, the fp32 logits of the vocab slice and their gradient
+   * (the product-input dtype). The logits are needed at once by the loss, so no policy
+   * recomputes them. */
+  int64_t bytes = s->tokens_seq * (d * a + 4) + s->tokens * 4 + s->tokens * vp * (4 + s->pbytes);
   if (r == MC_RECOMPUTE_NONE) bytes += s->tokens_seq * d * s->pbytes; /* final-norm output, head input */
   return bytes;
 }

@@ -8,7 +8,9 @@
 enum { Q, K, V, O, LSE };           /* saved activations */
 enum { DO, DQ, DK, DV, DQP, DKP, DV16 };  /* gradient scratch */
 
-static void attn_sizes(const mc_model *m, int n_seq, int act16, mc_block_sizes *s) {
+static void attn_sizes(const struct mc_net *net, int n_seq, mc_block_sizes *s) {
+  const mc_model *m = &net->m;
+  const int act16 = mc_act16(net);
   int64_t n = (int64_t)n_seq * m->seq_len, q = (int64_t)m->n_heads * m->head_dim;
   int64_t kv = (int64_t)m->n_kv_heads * m->head_dim;
   /* bf16 tensors take half the floats */

@@ -8,8 +8,8 @@
 enum { Z, XR, XCP, XC, BR, BCP, BC, CR, CCP, CC, DTP, DT, Y, G, GN, GRSTD }; /* saved */
 enum { DGN, DG, DZ, DY, DXC, DXCP, DXR, DBC, DBCP, DBR, DCC, DCCP, DCR, DDT, DDTP }; /* grads */
 
-static void mamba_sizes(const mc_model *m, int n_seq, int act16, mc_block_sizes *s) {
-  (void)act16; /* its u16 is the layer's (train/net.c) */
+static void mamba_sizes(const struct mc_net *net, int n_seq, mc_block_sizes *s) {
+  const mc_model *m = &net->m; /* fp32 activations; its u16 is the layer's (train/net.c) */
   int64_t n = (int64_t)n_seq * m->seq_len, di = m->mamba_inner, hm = mc_mamba_heads(m), N = m->ssm_state;
   for (int i = Z; i <= XC; i++) s->f[i] = n * di;
   for (int i = BR; i <= CC; i++) s->f[i] = n * N;

@@ -23,15 +23,18 @@ enum { DYP, DA, DH1, DH3, DXP, DGATE, DLOGITS };               /* grads */
 /* act16: XP, H1, H3, A and DA, DH1, DH3 hold bf16 (half the floats); the routed path's fp32
  * permuted input exists only while the forward makes it, in the DXP gradient scratch (free
  * during a forward). */
-static void moe_sizes(const mc_model *m, int n_seq, int act16, mc_block_sizes *s) {
+static void moe_sizes(const struct mc_net *net, int n_seq, mc_block_sizes *s) {
+  const mc_model *m = &net->m;
+  const int act16 = mc_act16(net), plain = mc_moe_is_dense(net);
   int64_t n = (int64_t)n_seq * m->seq_len, E = m->n_experts, k = m->top_k, F = m->expert_hidden, d = m->d_model;
   const int64_t nkf = act16 ? (n * k * F + 1) / 2 : n * k * F;
   s->f[LOGITS] = s->f[PROBS] = n * E;
   s->f[GATE] = n * k;
   s->f[FR] = n_seq * E;
   s->f[AUX] = n_seq;
-  s->f[XP] = act16 ? (n * k * d + 1) / 2 : n * k * d;
-  s->f[YP] = n * k * d;
+  /* the plain path reads u and adds its output through gradient scratch: no XP, YP */
+  s->f[XP] = plain ? 0 : act16 ? (n * k * d + 1) / 2 : n * k * d;
+  s->f[YP] = plain ? 0 : n * k * d;
   s->f[H1] = s->f[H3] = s->f[A] = nkf;
   s->i[IDX] = s->i[SLOT] = n * k;
   s->i[COUNTS] = E;

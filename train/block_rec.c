@@ -6,8 +6,8 @@
 enum { XB, GP, RP, R, IP, GX, H, O };        /* saved */
 enum { DO, DGP, DH, DGX, DR, DRP, DIP, DXB }; /* grads */
 
-static void rec_sizes(const mc_model *m, int n_seq, int act16, mc_block_sizes *s) {
-  (void)act16; /* its u16 is the layer's (train/net.c) */
+static void rec_sizes(const struct mc_net *net, int n_seq, mc_block_sizes *s) {
+  const mc_model *m = &net->m; /* fp32 activations; its u16 is the layer's (train/net.c) */
   int64_t nd = (int64_t)n_seq * m->seq_len * m->rec_width;
   for (int i = XB; i <= O; i++) s->f[i] = nd;
   for (int i = DO; i <= DXB; i++) s->g[i] = nd;

@@ -359,7 +359,7 @@ static int place_activations(mc_net *net, int n_seq, int count) {
     mc_layer *l = &net->layers[L];
     mc_block_sizes s;
     memset(&s, 0, sizeof s);
-    block_ops(l->kind)->sizes(m, n_seq, mc_act16(net), &s);
+    block_ops(l->kind)->sizes(net, n_seq, &s);
     ALLOC(l->x_in, nl * d);
     if (keeps_u16(net, l)) ALLOC(l->u16, nl * d);
     else ALLOC(l->u, nl * d); /* under SP the shard; blocks that need whole sequences re-gather it */
@@ -380,7 +380,7 @@ static int place_activations(mc_net *net, int n_seq, int count) {
   ALLOC(net->tok_in, n);
   ALLOC(net->tok_tgt, n);
   ALLOC(net->x, nl * d);
-  ALLOC(net->hf, n * d);
+  ALLOC(net->hf, mc_act16(net) ? (n * d + 1) / 2 : n * d); /* bf16 under mc_act16 */
   ALLOC(net->rstd_f, nl);
   ALLOC(net->logits, n * vp);
   ALLOC(net->loss, n);
@@ -389,7 +389,7 @@ static int place_activations(mc_net *net, int n_seq, int count) {
   ALLOC(net->du, n * d);
   ALLOC(net->y, n * d);
   ALLOC(net->full, n * d);
-  ALLOC(net->dlogits, n * vp);
+  ALLOC(net->dlogits, mc_act16(net) ? (n * vp + 1) / 2 : n * vp); /* bf16 under mc_act16 */
   if (net->tp > 1) {
     ALLOC(net->ush, nl * d);
     if (net->sp) ALLOC(net->ufull, n * d);

@@ -51,8 +51,9 @@ typedef struct {
 
 typedef struct {
   char kind;
-  /* act16: the block keeps its product inputs in bf16 (mc_act16) */
-  void (*sizes)(const mc_model *m, int n_seq, int act16, mc_block_sizes *s);
+  /* Buffer sizes for n_seq sequences of the network's model, in the storage the network uses
+   * (mc_act16: bf16 tensors take half the floats). */
+  void (*sizes)(const struct mc_net *net, int n_seq, mc_block_sizes *s);
   /* x += f(u): u = L->u is the normed input [n, d], x the residual stream. */
   int (*forward)(struct mc_net *net, mc_layer *L, int n_seq, float *x);
   /* du = d(objective)/du given dy = d(objective)/d(block output) [n, d] (du is written: the

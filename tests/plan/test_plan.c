@@ -293,7 +293,8 @@ static void test_block_formulas(void) {
   CHECK(mc_act_block_bytes(&m, &sh, 'E', MC_RECOMPUTE_SELECTIVE) ==
             tok * (d * 2 + 4) + tok * 4 * 4 + tok * 2 * 8 + as * (2 * d + 2 * 128) * 2,
         "E selective");
-  CHECK(mc_act_head_bytes(&m, &sh, MC_RECOMPUTE_NONE) == tok * (2 * d * 2 + 4) + tok * 4 + tok * 256 / 2 * 4, "head");
+  CHECK(mc_act_head_bytes(&m, &sh, MC_RECOMPUTE_NONE) == tok * (2 * d * 2 + 4) + tok * 4 + tok * 256 / 2 * (4 + 2),
+        "head: fp32 logits and their gradient at the activation bytes");
   l.sp = 1;
   mc_act_shape_of(&m, &l, 3, 2, &sh);
   CHECK(sh.tokens_seq == tok / 2, "sp splits the sequence over tp");

@@ -63,7 +63,7 @@ static int activation_spans(const mc_net *net, int n_seq, span *s) {
     const mc_layer *ly = &net->layers[L];
     mc_block_sizes bs;
     memset(&bs, 0, sizeof bs);
-    ops_of(ly->kind)->sizes(m, n_seq, 0, &bs); /* fp32 networks here */
+    ops_of(ly->kind)->sizes(net, n_seq, &bs); /* fp32 networks here */
     add_span(s, &cnt, ly->x_in, n * d * 4), add_span(s, &cnt, ly->u, n * d * 4), add_span(s, &cnt, ly->rstd, n * 4);
     for (int i = 0; i < MC_LAYER_FBUFS; i++) add_span(s, &cnt, ly->f[i], bs.f[i] * 4);
     for (int i = 0; i < MC_LAYER_IBUFS; i++) add_span(s, &cnt, ly->i[i], bs.i[i] * 4);
