@@ -983,9 +983,10 @@ static void b16_outputs(mc_backend *be) {
     be->free(be, ddl), be->free(be, dlg), be->free(be, dlse), be->free(be, dtgt);
     free(lg), free(loss), free(lse), free(dref);
   }
-  /* RoPE in place on bf16, and rotated back from fp32 into a written bf16 gradient */
-  {
-    const int rows = 130, T = 65, heads = 4, hd = 64;
+  /* RoPE in place on bf16, and rotated back from fp32 into a written bf16 gradient: head_dim
+   * 64 (the vectorised kernel) and 6 (one thread per pair) */
+  for (int hd = 64; hd >= 6; hd = hd == 64 ? 6 : 0) {
+    const int rows = 130, T = 65, heads = 4;
     const int64_t ne = (int64_t)rows * heads * hd;
     float *x = kc_rand(ne, stream_no++, 1.0f), *g = kc_rand(ne, stream_no++, 1.0f);
     mc_bf16 *x16 = host16(x, ne), *ref = host16(x, ne), *dref = calloc((size_t)ne, 2);
@@ -994,11 +995,11 @@ static void b16_outputs(mc_backend *be) {
     be->from_host(be, dg, g, (size_t)ne * 4);
     cpu->rope_fwd(cpu, (mc_dst){NULL, ref}, rows, T, heads, hd, 10000.0);
     be->rope_fwd(be, (mc_dst){NULL, dx16}, rows, T, heads, hd, 10000.0);
-    snprintf(what, sizeof what, "%s rope_fwd in place bf16", inst);
+    snprintf(what, sizeof what, "%s rope_fwd in place bf16 hd=%d", inst, hd);
     ulp_cmp(be, what, dx16, ref, ne, 0);
     cpu->rope_bwd(cpu, (mc_operand){g, NULL}, (mc_dst){NULL, dref}, rows, T, heads, hd, 10000.0);
     be->rope_bwd(be, (mc_operand){dg, NULL}, (mc_dst){NULL, ddx}, rows, T, heads, hd, 10000.0);
-    snprintf(what, sizeof what, "%s rope_bwd -> bf16", inst);
+    snprintf(what, sizeof what, "%s rope_bwd -> bf16 hd=%d", inst, hd);
     ulp_cmp(be, what, ddx, dref, ne, 0);
     be->free(be, dx16), be->free(be, ddx), be->free(be, dg);
     free(x), free(g), free(x16), free(ref), free(dref);
