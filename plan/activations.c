@@ -71,11 +71,13 @@ int64_t mc_act_block_bytes(const mc_model *m, const mc_act_shape *s, char block,
     }
     case 'M': {
       const int64_t di = m->mamba_inner / t, hm = mc_mamba_heads(m) / t, n = m->ssm_state;
-      bytes += Tf * (2 * di + hm) * a;           /* z, x (before conv), dt (before softplus) */
+      bytes += Tf * di * s->pbytes;              /* z (input of the gate only) */
+      bytes += Tf * (di + hm) * a;               /* x (before conv), dt (before softplus) */
       bytes += Tf * 2 * n * a;                   /* B, C (before conv), on every TP rank */
       if (none) {
         bytes += Tf * 2 * n * a;                 /* conv outputs of B, C */
-        bytes += Tf * 4 * di * a;                /* conv output of x, y, g = y*silu(z), norm(g) */
+        bytes += Tf * 3 * di * a;                /* conv output of x, y, g = y*silu(z) */
+        bytes += Tf * di * s->pbytes;            /* norm(g), input of wout */
         bytes += Tf * hm * 4;                    /* per-head 1/rms of the gated norm */
         bytes += Tf * di * n * 4 / MC_SSM_CHUNK; /* scan state at chunk boundaries */
       }
@@ -93,8 +95,9 @@ int64_t mc_act_block_bytes(const mc_model *m, const mc_act_shape *s, char block,
     }
     case 'R': {
       const int64_t dr = m->rec_width / t;
-      bytes += Tf * 4 * dr * a;                  /* u w_x^T, u w_gate^T, u w_r^T, u w_i^T */
-      if (none) bytes += Tf * 2 * dr * a;        /* h (scan output), h * gelu(gate), input of w_out */
+      bytes += Tf * 2 * dr * s->pbytes;          /* u w_x^T, u w_gate^T (inputs of gates only) */
+      bytes += Tf * 2 * dr * a;                  /* u w_r^T, u w_i^T (biased in place) */
+      if (none) bytes += Tf * dr * (a + s->pbytes); /* h (scan output); h * gelu(gate), input of w_out */
       break;
     }
     default: break;

@@ -22,8 +22,9 @@ typedef struct {
   int abytes;         /* bytes per activation element (2 for bf16, 4 for fp32) */
   int pbytes;         /* bytes per element of the activations the trainer keeps in bf16 under
                          train.dtype=bf16 (the normed input of A, M, R and plain E layers; an A
-                         layer's q, k, v and attention output; an E layer's dispatched input,
-                         h1, h3 and SwiGLU output; the final-norm output): abytes unless the caller sets it (mcplan: 2 where the trainer
+                         layer's q, k, v and attention output; an M layer's z and norm(g); an R
+                         layer's u w_x^T, u w_gate^T and gated output; an E layer's dispatched
+                         input, h1, h3 and SwiGLU output; the final-norm output): abytes unless the caller sets it (mcplan: 2 where the trainer
                          keeps them in bf16) */
 } mc_act_shape;
 

@@ -13,8 +13,7 @@ static void attn_sizes(const struct mc_net *net, int n_seq, mc_block_sizes *s) {
   const int act16 = mc_act16(net);
   int64_t n = (int64_t)n_seq * m->seq_len, q = (int64_t)m->n_heads * m->head_dim;
   int64_t kv = (int64_t)m->n_kv_heads * m->head_dim;
-  /* bf16 tensors take half the floats */
-  const int64_t hq = act16 ? (n * q + 1) / 2 : n * q, hkv = act16 ? (n * kv + 1) / 2 : n * kv;
+  const int64_t hq = mc_a16_floats(net, n * q), hkv = mc_a16_floats(net, n * kv);
   s->f[Q] = s->f[O] = hq;
   s->f[K] = s->f[V] = hkv;
   s->f[LSE] = n * m->n_heads;
@@ -25,24 +24,18 @@ static void attn_sizes(const struct mc_net *net, int n_seq, mc_block_sizes *s) {
   if (act16) s->g[DV16] = hkv;
 }
 
-/* An activation or product-input gradient as stored: bf16 under mc_act16, else fp32. */
-static mc_dst a_dst(const struct mc_net *net, float *buf) { return mc_act16(net) ? mc_o16(buf) : mc_o32(buf); }
-static mc_operand a_in(const struct mc_net *net, const float *buf) {
-  return mc_act16(net) ? mc_b16(buf) : mc_f32(buf);
-}
-
 static int attn_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   mc_backend *be = net->be;
   const mc_model *m = &net->m;
   const int T = m->seq_len, n = n_seq * T, d = m->d_model, H = m->n_heads, KV = m->n_kv_heads, hd = m->head_dim;
   float **f = L->f;
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WQ), n, d, H * hd, 0.0f, a_dst(net, f[Q]));
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WK), n, d, KV * hd, 0.0f, a_dst(net, f[K]));
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WV), n, d, KV * hd, 0.0f, a_dst(net, f[V]));
-  be->rope_fwd(be, a_dst(net, f[Q]), n, T, H, hd, m->rope_theta);
-  be->rope_fwd(be, a_dst(net, f[K]), n, T, KV, hd, m->rope_theta);
-  be->attn_fwd(be, a_in(net, f[Q]), a_in(net, f[K]), a_in(net, f[V]), n_seq, T, H, KV, hd, a_dst(net, f[O]), f[LSE]);
-  mc_linear_fwd(be, a_in(net, f[O]), mc_wm(net, L, MC_ROLE_ATTN_WO), n, H * hd, d, 1.0f, mc_o32(x));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WQ), n, d, H * hd, 0.0f, mc_a16_dst(net, f[Q]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WK), n, d, KV * hd, 0.0f, mc_a16_dst(net, f[K]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WV), n, d, KV * hd, 0.0f, mc_a16_dst(net, f[V]));
+  be->rope_fwd(be, mc_a16_dst(net, f[Q]), n, T, H, hd, m->rope_theta);
+  be->rope_fwd(be, mc_a16_dst(net, f[K]), n, T, KV, hd, m->rope_theta);
+  be->attn_fwd(be, mc_a16_in(net, f[Q]), mc_a16_in(net, f[K]), mc_a16_in(net, f[V]), n_seq, T, H, KV, hd, mc_a16_dst(net, f[O]), f[LSE]);
+  mc_linear_fwd(be, mc_a16_in(net, f[O]), mc_wm(net, L, MC_ROLE_ATTN_WO), n, H * hd, d, 1.0f, mc_o32(x));
   return 0;
 }
 
@@ -57,21 +50,18 @@ static int attn_backward(struct mc_net *net, mc_layer *L, int n_seq, const float
   const int64_t nq = (int64_t)n * H * hd, nkv = (int64_t)n * KV * hd;
   /* dout = dy wo: written by the product (bf16 under act16: it feeds only the attention) */
   const mc_operand dyo = mc_dy_in(net, dy, (int64_t)n * d);
-  mc_linear_bwd(be, a_in(net, f[O]), mc_wm(net, L, MC_ROLE_ATTN_WO), dyo, n, H * hd, d, NULL, 0.0f,
+  mc_linear_bwd(be, mc_a16_in(net, f[O]), mc_wm(net, L, MC_ROLE_ATTN_WO), dyo, n, H * hd, d, NULL, 0.0f,
                 mc_g(net, L, MC_ROLE_ATTN_WO));
-  mc_gemm_m(be, 0, 0, n, H * hd, d, 1.0f, dyo, d, mc_wm(net, L, MC_ROLE_ATTN_WO), H * hd, 0.0f, a_dst(net, g[DO]),
+  mc_gemm_m(be, 0, 0, n, H * hd, d, 1.0f, dyo, d, mc_wm(net, L, MC_ROLE_ATTN_WO), H * hd, 0.0f, mc_a16_dst(net, g[DO]),
             H * hd);
-  be->attn_bwd(be, a_in(net, f[Q]), a_in(net, f[K]), a_in(net, f[V]), a_in(net, f[O]), f[LSE], a_in(net, g[DO]), n_seq,
+  be->attn_bwd(be, mc_a16_in(net, f[Q]), mc_a16_in(net, f[K]), mc_a16_in(net, f[V]), mc_a16_in(net, f[O]), f[LSE], mc_a16_in(net, g[DO]), n_seq,
                T, H, KV, hd, mc_zeroed(be, g[DQ], nq), mc_zeroed(be, g[DK], nkv), mc_zeroed(be, g[DV], nkv));
-  /* rotated back: written in bf16, added into zeroed fp32 */
-  be->rope_bwd(be, mc_f32(g[DQ]), act16 ? mc_o16(g[DQP]) : mc_o32(mc_zeroed(be, g[DQP], nq)), n, T, H, hd,
-               m->rope_theta);
-  be->rope_bwd(be, mc_f32(g[DK]), act16 ? mc_o16(g[DKP]) : mc_o32(mc_zeroed(be, g[DKP], nkv)), n, T, KV, hd,
-               m->rope_theta);
+  be->rope_bwd(be, mc_f32(g[DQ]), mc_a16_grad(net, g[DQP], nq), n, T, H, hd, m->rope_theta);
+  be->rope_bwd(be, mc_f32(g[DK]), mc_a16_grad(net, g[DKP], nkv), n, T, KV, hd, m->rope_theta);
   const mc_operand dv = act16 ? mc_to16(be, g[DV], (mc_bf16 *)g[DV16], nkv) : mc_f32(g[DV]);
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WQ), a_in(net, g[DQP]), n, d, H * hd, du, 0.0f,
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WQ), mc_a16_in(net, g[DQP]), n, d, H * hd, du, 0.0f,
                 mc_g(net, L, MC_ROLE_ATTN_WQ));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WK), a_in(net, g[DKP]), n, d, KV * hd, du, 1.0f,
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WK), mc_a16_in(net, g[DKP]), n, d, KV * hd, du, 1.0f,
                 mc_g(net, L, MC_ROLE_ATTN_WK));
   mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WV), dv, n, d, KV * hd, du, 1.0f,
                 mc_g(net, L, MC_ROLE_ATTN_WV));

@@ -25,15 +25,15 @@ enum { DYP, DA, DH1, DH3, DXP, DGATE, DLOGITS };               /* grads */
  * during a forward). */
 static void moe_sizes(const struct mc_net *net, int n_seq, mc_block_sizes *s) {
   const mc_model *m = &net->m;
-  const int act16 = mc_act16(net), plain = mc_moe_is_dense(net);
+  const int plain = mc_moe_is_dense(net);
   int64_t n = (int64_t)n_seq * m->seq_len, E = m->n_experts, k = m->top_k, F = m->expert_hidden, d = m->d_model;
-  const int64_t nkf = act16 ? (n * k * F + 1) / 2 : n * k * F;
+  const int64_t nkf = mc_a16_floats(net, n * k * F);
   s->f[LOGITS] = s->f[PROBS] = n * E;
   s->f[GATE] = n * k;
   s->f[FR] = n_seq * E;
   s->f[AUX] = n_seq;
   /* the plain path reads u and adds its output through gradient scratch: no XP, YP */
-  s->f[XP] = plain ? 0 : act16 ? (n * k * d + 1) / 2 : n * k * d;
+  s->f[XP] = plain ? 0 : mc_a16_floats(net, n * k * d);
   s->f[YP] = plain ? 0 : n * k * d;
   s->f[H1] = s->f[H3] = s->f[A] = nkf;
   s->i[IDX] = s->i[SLOT] = n * k;
@@ -90,12 +90,6 @@ int mc_moe_is_dense(const struct mc_net *net) {
   return net->moe_dense && !net->sp && mc_moe_is_plain(&net->m, net->moe_T);
 }
 
-/* An expert activation buffer as stored: bf16 under mc_act16, else fp32. */
-static mc_dst act_dst(const struct mc_net *net, float *buf) { return mc_act16(net) ? mc_o16(buf) : mc_o32(buf); }
-static mc_operand act_in(const struct mc_net *net, const float *buf) {
-  return mc_act16(net) ? mc_b16(buf) : mc_f32(buf);
-}
-
 /* The experts on their input rows (expert-sorted, counts c, rows in all): xpo is the input as
  * the products read it; h1, h3 and the SwiGLU output are saved, the block output y = a w2^T
  * goes to out (beta 0). */
@@ -106,12 +100,12 @@ static int experts_forward(struct mc_net *net, mc_layer *L, int E, const int32_t
   float **f = L->f;
   const off_rule xr = {d, 0}, fr = {F, 0}, w13 = {0, (int64_t)F * d};
   if (experts_gemm(be, E, c, 0, 1, -1, F, d, xpo, d, xr, mc_wm(net, L, MC_ROLE_MOE_W1), d, w13, 0.0f,
-                   act_dst(net, f[H1]), F, fr) ||
+                   mc_a16_dst(net, f[H1]), F, fr) ||
       experts_gemm(be, E, c, 0, 1, -1, F, d, xpo, d, xr, mc_wm(net, L, MC_ROLE_MOE_W3), d, w13, 0.0f,
-                   act_dst(net, f[H3]), F, fr))
+                   mc_a16_dst(net, f[H3]), F, fr))
     return -1;
-  be->glu_fwd(be, MC_ACT_SILU, act_in(net, f[H1]), act_in(net, f[H3]), act_dst(net, f[A]), rows * F);
-  return experts_gemm(be, E, c, 0, 1, -1, d, F, act_in(net, f[A]), F, fr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f,
+  be->glu_fwd(be, MC_ACT_SILU, mc_a16_in(net, f[H1]), mc_a16_in(net, f[H3]), mc_a16_dst(net, f[A]), rows * F);
+  return experts_gemm(be, E, c, 0, 1, -1, d, F, mc_a16_in(net, f[A]), F, fr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f,
                       mc_o32(out), d, xr);
 }
 
@@ -123,18 +117,15 @@ static int experts_backward(struct mc_net *net, mc_layer *L, int E, const int32_
   const int d = net->m.d_model, F = net->m.expert_hidden;
   float **f = L->f, **g = net->g;
   const off_rule xr = {d, 0}, fr = {F, 0}, w13 = {0, (int64_t)F * d};
-  const int act16 = mc_act16(net);
   /* w2[e] is [d, F]: dW2[e] += dyp_e^T a_e, da_e = dyp_e w2[e] */
-  if (experts_gemm(be, E, c, 1, 0, d, F, -1, dyp, d, xr, act_in(net, f[A]), F, fr, 1.0f,
+  if (experts_gemm(be, E, c, 1, 0, d, F, -1, dyp, d, xr, mc_a16_in(net, f[A]), F, fr, 1.0f,
                    mc_o32(mc_g(net, L, MC_ROLE_MOE_W2)), F, w13) ||
       experts_gemm(be, E, c, 0, 0, -1, F, d, dyp, d, xr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f,
-                   act_dst(net, g[DA]), F, fr))
+                   mc_a16_dst(net, g[DA]), F, fr))
     return -1;
-  /* bf16 dh1, dh3 are written; fp32 ones accumulate into zeroed buffers */
-  const mc_dst dh1 = act16 ? mc_o16(g[DH1]) : mc_o32(mc_zeroed(be, g[DH1], rows * F));
-  const mc_dst dh3 = act16 ? mc_o16(g[DH3]) : mc_o32(mc_zeroed(be, g[DH3], rows * F));
-  be->glu_bwd(be, MC_ACT_SILU, act_in(net, f[H1]), act_in(net, f[H3]), act_in(net, g[DA]), dh1, dh3, rows * F);
-  const mc_operand dh1i = act_in(net, g[DH1]), dh3i = act_in(net, g[DH3]);
+  be->glu_bwd(be, MC_ACT_SILU, mc_a16_in(net, f[H1]), mc_a16_in(net, f[H3]), mc_a16_in(net, g[DA]),
+              mc_a16_grad(net, g[DH1], rows * F), mc_a16_grad(net, g[DH3], rows * F), rows * F);
+  const mc_operand dh1i = mc_a16_in(net, g[DH1]), dh3i = mc_a16_in(net, g[DH3]);
   /* w1[e], w3[e] are [F, d]: dW += dh_e^T xp_e, dxp_e = dh1_e w1[e] + dh3_e w3[e] */
   if (experts_gemm(be, E, c, 1, 0, F, d, -1, dh1i, F, fr, xpo, d, xr, 1.0f, mc_o32(mc_g(net, L, MC_ROLE_MOE_W1)), d,
                    w13) ||
@@ -211,7 +202,7 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   /* act16: dyp feeds two products, rounded once into DXP (read by those two products before
    * the input-gradient products write DXP) */
   const mc_operand dyp = mc_act16(net) ? mc_to16(be, g[DYP], (mc_bf16 *)g[DXP], rows * d) : mc_f32(g[DYP]);
-  if (experts_backward(net, L, E, c, rows, act_in(net, f[XP]), dyp, g[DXP])) return -1;
+  if (experts_backward(net, L, E, c, rows, mc_a16_in(net, f[XP]), dyp, g[DXP])) return -1;
   be->moe_permute_bwd(be, g[DXP], iv[SLOT], n, k, d, mc_zeroed(be, du, (int64_t)n * d));
   /* Under SP on shards f holds the sequence's fractions and P spans tp shards of T positions
    * each, so d(aux)/d(prob) = E f / (tp T): the kernel divides by T, the scale by tp. Under

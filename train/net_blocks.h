@@ -184,6 +184,20 @@ static inline mc_dst mc_o16(void *x) { return (mc_dst){NULL, (mc_bf16 *)x}; }
 /* Whether activations that only feed matrix products are kept in bf16: bf16 working weights
  * (the products round them anyway), one rank without TP/SP. */
 static inline int mc_act16(const struct mc_net *net) { return net->be->bf16_weights && !net->sp && net->tp == 1; }
+/* A block tensor that the network keeps in bf16 under mc_act16 (in a buffer sized in floats,
+ * half used), else in fp32: as an op output, as an op input, and as a gradient output (a bf16
+ * one is written by its op, an fp32 one accumulates into the buffer zeroed here). */
+static inline mc_dst mc_a16_dst(const struct mc_net *net, float *buf) { return mc_act16(net) ? mc_o16(buf) : mc_o32(buf); }
+static inline mc_operand mc_a16_in(const struct mc_net *net, const float *buf) {
+  return mc_act16(net) ? mc_b16(buf) : mc_f32(buf);
+}
+static inline mc_dst mc_a16_grad(const struct mc_net *net, float *buf, int64_t n) {
+  if (mc_act16(net)) return mc_o16(buf);
+  net->be->fill(net->be, buf, n, 0.0f);
+  return mc_o32(buf);
+}
+/* Floats that hold n elements of such a tensor. */
+static inline int64_t mc_a16_floats(const struct mc_net *net, int64_t n) { return mc_act16(net) ? (n + 1) / 2 : n; }
 /* Rounds x (n elements) into the bf16 buffer h and returns it as a product operand. */
 static inline mc_operand mc_to16(mc_backend *be, const float *x, mc_bf16 *h, int64_t n) {
   be->to_bf16(be, x, h, n);
