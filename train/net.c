@@ -647,9 +647,7 @@ static int backward(mc_net *net, int n_seq, double ce_weight, double seq_weight)
     be->embed_bwd(be, net->tok_in, n, d, net->dx, net->params[net->fam_embed].g);
   }
   if (mc_zero3_release(net, &net->fam_embed, 1, 1)) return -1;
-  /* no sync: the host returns while the backend runs the backward (the trainer reads the next
-   * micro-batch meanwhile); a backend failure in it is reported by the next sync */
-  return 0;
+  return be->sync(be);
 }
 
 int mc_net_forward_backward(mc_net *net, const int32_t *tokens, int n_seq, double ce_weight,

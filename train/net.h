@@ -79,10 +79,7 @@ void mc_net_mem_bytes(const mc_net *net, int64_t bytes[MC_MEM_COUNT]);
  * (for a global batch of G sequences: ce_weight = 1/(G*T), seq_weight = 1/G).
  * Fills stats (sums, not means; equal on every rank of a TP group). Under TP the gradients
  * of partial-gradient families are this rank's partial sums until mc_dist_sync_grads
- * (train/dist.h) combines them; under ZeRO 3 they are already reduced into each rank's shard.
- * Returns once the backward is queued on the backend: later backend ops and copies see the
- * finished gradients (stream order), and a backend failure during the backward is reported
- * by the next sync (the next forward, or the optimizer's gradient norm). */
+ * (train/dist.h) combines them; under ZeRO 3 they are already reduced into each rank's shard. */
 int mc_net_forward_backward(mc_net *net, const int32_t *tokens, int n_seq, double ce_weight,
                             double seq_weight, mc_net_stats *stats);
 /* Forward only (evaluation). */
