@@ -22,11 +22,12 @@ mc_backend *mc_backend_cuda(int device);
 /* The same device with the matrix products on bf16 tensor cores: gemm, gemm_strided and
  * gemm_grouped round A and B to bf16 (to nearest even) into scratch memory for each call,
  * gemm_ex and gemm_grouped_ex read operands stored in bf16 as they are and round only fp32
- * ones; fp32 accumulation into the fp32 C. Attention (attn_fwd, attn_bwd) at head_dim 64
- * and 128 runs on bf16 tensor cores too: q, k, v, dout and the probabilities rounded to
- * bf16, fp32 accumulation, softmax statistics, lse and outputs (other head sizes run the fp32
- * kernels). Every other op is the fp32 one. Its table sets bf16_weights, so a network on it
- * keeps its matrix weights (and its product-only activations) in bf16. A separate instance
+ * ones; fp32 accumulation into an fp32 or bf16 C. Attention (attn_fwd, attn_bwd) at head_dim
+ * 64 and 128 runs on bf16 tensor cores too: q, k, v, dout (as stored, or rounded) and the
+ * probabilities in bf16, fp32 accumulation, softmax statistics, lse and gradients (other head
+ * sizes run the fp32 kernels). Every other op computes in fp32 on its inputs as stored. Its
+ * table sets bf16_weights, so a network on it keeps its matrix weights and the activations
+ * that feed only products, gates, RoPE or attention in bf16. A separate instance
  * (its own stream and cuBLAS handle; one per device, never freed): memory of one instance
  * may be used by the other only after the first's sync(). */
 mc_backend *mc_backend_cuda_bf16(int device);
