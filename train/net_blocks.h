@@ -181,8 +181,9 @@ static inline mc_operand mc_b16(const void *x) { return (mc_operand){NULL, (cons
 /* Op outputs as stored (kernels/ops.h mc_dst): fp32, or bf16 in a buffer sized in floats. */
 static inline mc_dst mc_o32(float *x) { return (mc_dst){x, NULL}; }
 static inline mc_dst mc_o16(void *x) { return (mc_dst){NULL, (mc_bf16 *)x}; }
-/* Whether activations that only feed matrix products are kept in bf16: bf16 working weights
- * (the products round them anyway), one rank without TP/SP. */
+/* Whether the activations and gradients that feed only products, gated units, RoPE or
+ * attention are kept in bf16 (the mc_a16_* helpers below, docs/cuda.md): bf16 working weights
+ * (the products round their inputs anyway), one rank without TP/SP. */
 static inline int mc_act16(const struct mc_net *net) { return net->be->bf16_weights && !net->sp && net->tp == 1; }
 /* A block tensor that the network keeps in bf16 under mc_act16 (in a buffer sized in floats,
  * half used), else in fp32: as an op output, as an op input, and as a gradient output (a bf16
