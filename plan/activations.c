@@ -107,6 +107,50 @@ int64_t mc_act_block_bytes(const mc_model *m, const mc_act_shape *s, char block,
 
 int64_t mc_act_embed_bytes(const mc_act_shape *s) { return s->tokens * 4; }
 
+/* The gradient buffers one block's backward uses (the trainer shares them between layers):
+ * fp32 sums, and at the product-input bytes the gradients that feed only products or gates. */
+int64_t mc_act_bwd_scratch_bytes(const mc_model *m, const mc_act_shape *s, char block) {
+  const int64_t a = 4, p = s->pbytes, t = s->tp, d = m->d_model, Tf = s->tokens;
+  switch (block) {
+    case 'A': {
+      const int64_t q = (int64_t)m->n_heads * m->head_dim / t, kv = (int64_t)m->n_kv_heads * m->head_dim / t;
+      /* dq, dk, dv sums; dout, rotated-back dq, dk (and a bf16 copy of dv) */
+      return Tf * (q + 2 * kv) * a + Tf * (2 * q + kv + (p < a ? kv : 0)) * p;
+    }
+    case 'M': {
+      const int64_t di = m->mamba_inner / t, hm = mc_mamba_heads(m) / t, n = m->ssm_state;
+      /* d(norm g), dg, dy, d conv x (3), dz; dB, dC through their convs (6); ddt (2) */
+      return Tf * (6 * di * a + di * p + 6 * n * a + 2 * hm * a);
+    }
+    case 'E': {
+      const int64_t as = moe_assignments(m, s), f = m->expert_hidden, e = m->n_experts, k = m->top_k;
+      /* d(expert output), d(dispatched input); da, dh1, dh3; gate and router gradients */
+      return as * 2 * d * a + as * 3 * f * p + s->tokens_seq * (k + e) * 4;
+    }
+    case 'R': {
+      const int64_t dr = m->rec_width / t;
+      /* dh, dgx, dr, d(r pre), d(i pre); dout, d(gate pre), dxb */
+      return Tf * dr * (5 * a + 3 * p);
+    }
+    default: return 0;
+  }
+}
+
+int64_t mc_act_working_bytes(const mc_model *m, const mc_layout *l, const mc_act_shape *s, const char *blocks,
+                             int has_head) {
+  const int64_t d = m->d_model, Ts = s->tokens_seq, Tf = s->tokens;
+  int64_t scratch = 0;
+  for (const char *b = blocks; *b; b++) {
+    const int64_t x = mc_act_bwd_scratch_bytes(m, s, *b);
+    scratch = x > scratch ? x : scratch;
+  }
+  /* x (the head counts it) and its gradient (residual rows), a block input's gradient, a
+   * block's output and the gathered rows (whole rows); tokens in and out, loss, lse */
+  int64_t rows = ((has_head ? 1 : 2) * Ts + 3 * Tf) * d * 4 + Tf * 4 * 4;
+  if (s->tp > 1) rows += (Ts + 2 * Tf + (l->sp ? Tf : 0)) * d * 4; /* shard, staging, embedding rows, gathered u */
+  return scratch + rows;
+}
+
 int64_t mc_act_head_bytes(const mc_model *m, const mc_act_shape *s, mc_recompute r) {
   const int64_t a = s->abytes, d = m->d_model;
   const int64_t vp = mc_vocab_padded(m) / s->tp;

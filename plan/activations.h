@@ -38,6 +38,16 @@ int64_t mc_act_embed_bytes(const mc_act_shape *s);
 /* Last stage: final norm, head and loss (fp32 logits, labels). */
 int64_t mc_act_head_bytes(const mc_model *m, const mc_act_shape *s, mc_recompute r);
 
+/* Gradient scratch of one block's backward (the trainer shares it between layers). */
+int64_t mc_act_bwd_scratch_bytes(const mc_model *m, const mc_act_shape *s, char block);
+/* The backward's working set, held once (not per micro-batch in flight): the scratch of the
+ * largest block of the stage's kinds (`blocks`, a pattern string) and the residual stream's
+ * working rows (x unless the head counts it as the final norm's input, its gradient, a block
+ * input's gradient, a block's output, gathered rows, the TP/SP staging rows), the tokens and
+ * the per-token loss. */
+int64_t mc_act_working_bytes(const mc_model *m, const mc_layout *l, const mc_act_shape *s, const char *blocks,
+                             int has_head);
+
 /* MoE routing scratch of one E layer for one micro-batch (freed before the next layer). */
 typedef struct {
   int64_t assignments; /* (token, expert) pairs this rank's experts receive, as sized */

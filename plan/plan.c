@@ -59,7 +59,7 @@ double mc_plan_stage_step_flops(const mc_geometry *g, const mc_plan *p, int stag
 /* Activation-side terms, identical for every rank of a stage. */
 typedef struct {
   int inflight;
-  int64_t per_micro, transient, activations, pipe;
+  int64_t per_micro, transient, working, activations, pipe;
   mc_moe_scratch moe;
 } stage_act;
 
@@ -89,7 +89,12 @@ static void stage_activations(const mc_geometry *g, const mc_plan *p, int s, sta
   }
   out->transient = worst_recompute;
   out->inflight = l->pp - s < p->n_micro ? l->pp - s : p->n_micro;
-  out->activations = out->inflight * out->per_micro + out->transient;
+  char kinds[MC_MAX_LAYERS + 1];
+  int nk = 0;
+  for (int i = 0; i < g->stages.count[s]; i++) kinds[nk++] = m->pattern[g->stages.first[s] + i];
+  kinds[nk] = 0;
+  out->working = mc_act_working_bytes(m, l, &sh, kinds, s == l->pp - 1);
+  out->activations = out->inflight * out->per_micro + out->transient + out->working;
   /* 1F1B: one buffer for the incoming activation and one for the incoming gradient. */
   if (l->pp > 1) out->pipe = 2 * sh.tokens_seq * m->d_model * p->act_bytes;
   if (has_moe) mc_act_moe_scratch(m, l, &sh, &out->moe);
@@ -148,6 +153,7 @@ static int plan_rank(const mc_geometry *g, mc_plan *p, int rank, const stage_act
   r->inflight = sa->inflight;
   r->act_per_micro = sa->per_micro;
   r->act_transient = sa->transient;
+  r->act_working = sa->working;
   r->moe = sa->moe;
   r->bytes[MC_MEM_ACTIVATIONS] = sa->activations;
   r->bytes[MC_MEM_PIPELINE_BUFFERS] = sa->pipe;

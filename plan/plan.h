@@ -62,6 +62,7 @@ typedef struct {
   int inflight;               /* micro-batches in flight under 1F1B: min(pp - stage, n_micro) */
   int64_t act_per_micro;      /* bytes kept per micro-batch (layers + embed/head) */
   int64_t act_transient;      /* recompute working set of one layer, one micro-batch */
+  int64_t act_working;        /* the backward's gradient scratch and residual working rows */
   mc_moe_scratch moe;         /* routing scratch detail (zeros if the stage has no E layer) */
 } mc_plan_rank;
 

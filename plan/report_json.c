@@ -153,6 +153,7 @@ static cJSON *memory_rank(const mc_plan *p, const mc_plan_rank *r) {
   cJSON_AddNumberToObject(act, "inflight_micro_batches", r->inflight);
   cJSON_AddNumberToObject(act, "per_micro_batch", (double)r->act_per_micro);
   cJSON_AddNumberToObject(act, "recompute_working_set", (double)r->act_transient);
+  cJSON_AddNumberToObject(act, "backward_working_set", (double)r->act_working);
   cJSON *moe = cJSON_AddObjectToObject(o, "moe_detail");
   cJSON_AddNumberToObject(moe, "assignments", (double)r->moe.assignments);
   cJSON_AddNumberToObject(moe, "counts", (double)r->moe.counts);

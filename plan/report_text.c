@@ -133,8 +133,9 @@ static void print_class(FILE *out, const mc_plan *p, const mc_rank_class *cl) {
   for (int c = 0; c < MC_MEM_COUNT; c++) {
     fprintf(out, "    %-36s %12s", mc_mem_cat_desc((mc_mem_cat)c), mc_format_bytes(r->bytes[c], b1, sizeof b1));
     if (c == MC_MEM_ACTIVATIONS)
-      fprintf(out, "   %d in flight x %s + %s recompute working set", r->inflight,
-              mc_format_bytes(r->act_per_micro, b2, sizeof b2), mc_format_bytes(r->act_transient, b3, sizeof b3));
+      fprintf(out, "   %d in flight x %s + %s recompute working set + %s backward working set", r->inflight,
+              mc_format_bytes(r->act_per_micro, b2, sizeof b2), mc_format_bytes(r->act_transient, b3, sizeof b3),
+              mc_format_bytes(r->act_working, b4, sizeof b4));
     if (c == MC_MEM_MOE_SCRATCH && r->moe.total > 0)
       fprintf(out, "   %lld assignments: counts %s, send %s, recv %s, combine %s", (long long)r->moe.assignments,
               mc_format_bytes(r->moe.counts, b2, sizeof b2), mc_format_bytes(r->moe.send, b3, sizeof b3),

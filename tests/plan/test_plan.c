@@ -226,6 +226,7 @@ static void test_dtype(void) {
   for (int i = 0; m.pattern[i]; i++)
     fewer += mc_act_block_bytes(&m, &s4, m.pattern[i], p4.recompute) - mc_act_block_bytes(&m, &s2, m.pattern[i], p2.recompute);
   fewer += mc_act_head_bytes(&m, &s4, p4.recompute) - mc_act_head_bytes(&m, &s2, p2.recompute); /* final-norm output */
+  fewer += mc_act_working_bytes(&m, &g2.layout, &s4, m.pattern, 1) - mc_act_working_bytes(&m, &g2.layout, &s2, m.pattern, 1);
   CHECK(p2.prod_bytes == 2 && p4.prod_bytes == 4 && fewer > 0, "product-only activations at 2 bytes under bf16");
   CHECK(rank_bytes(&p4, 0, MC_MEM_ACTIVATIONS) - rank_bytes(&p2, 0, MC_MEM_ACTIVATIONS) == fewer,
         "bf16 activations: %lld fewer bytes, expected %lld",
@@ -276,6 +277,18 @@ static void test_block_formulas(void) {
   CHECK(mc_act_block_bytes(&m, &sh, 'R', MC_RECOMPUTE_NONE) == tok * (2 * d * 2 + 4) + tok * 6 * dr * 2, "R none");
   CHECK(mc_act_block_bytes(&m, &sh, 'R', MC_RECOMPUTE_SELECTIVE) == tok * (d * 2 + 4) + tok * 4 * dr * 2, "R selective");
   CHECK(mc_act_block_bytes(&m, &sh, 'R', MC_RECOMPUTE_FULL) == tok * d * 2, "R full");
+  /* backward scratch (fp32 sums; product-input gradients at pbytes = 2 here) and the working
+   * set: the largest block's scratch plus the residual rows (tp = 2: staging rows too) */
+  CHECK(mc_act_bwd_scratch_bytes(&m, &sh, 'R') == tok * dr * (5 * 4 + 3 * 2), "R scratch");
+  const int64_t sq = 4 * 16 / 2, skv = 4 * 16 / 2;
+  CHECK(mc_act_bwd_scratch_bytes(&m, &sh, 'A') == tok * (sq + 2 * skv) * 4 + tok * (2 * sq + skv + skv) * 2, "A scratch");
+  const int64_t big = mc_act_bwd_scratch_bytes(&m, &sh, 'R') > mc_act_bwd_scratch_bytes(&m, &sh, 'A')
+                          ? mc_act_bwd_scratch_bytes(&m, &sh, 'R')
+                          : mc_act_bwd_scratch_bytes(&m, &sh, 'A');
+  CHECK(mc_act_working_bytes(&m, &l, &sh, "AR", 1) == big + (tok + 3 * tok) * d * 4 + tok * 16 + (tok + 2 * tok) * d * 4,
+        "working set, last stage, tp 2 without sp");
+  CHECK(mc_act_working_bytes(&m, &l, &sh, "AR", 0) - mc_act_working_bytes(&m, &l, &sh, "AR", 1) == tok * d * 4,
+        "a stage without the head also holds x");
   const int64_t q = 4 * 16 / 2, kv = 4 * 16 / 2, heads = 4 / 2;
   CHECK(mc_act_block_bytes(&m, &sh, 'A', MC_RECOMPUTE_NONE) == tok * (2 * d * 2 + 4) + tok * (2 * q + 2 * kv) * 2 + tok * heads * 4,
         "A none");
@@ -324,7 +337,15 @@ static void test_pipeline(void) {
   if (p.ranks) {
     CHECK(p.ranks[0].inflight == 3 && p.ranks[1].inflight == 2 && p.ranks[2].inflight == 1, "1F1B in flight %d %d %d",
           p.ranks[0].inflight, p.ranks[1].inflight, p.ranks[2].inflight);
-    CHECK(p.ranks[0].bytes[MC_MEM_ACTIVATIONS] == 3 * p.ranks[0].act_per_micro + p.ranks[0].act_transient, "stage 0");
+    CHECK(p.ranks[0].bytes[MC_MEM_ACTIVATIONS] ==
+              3 * p.ranks[0].act_per_micro + p.ranks[0].act_transient + p.ranks[0].act_working,
+          "stage 0");
+    /* the stages hold the same block kinds; the first also holds x (the last counts it as
+     * the final norm's input) */
+    CHECK(p.ranks[2].act_working > 0 &&
+              p.ranks[0].act_working - p.ranks[2].act_working == (int64_t)t.micro_batch * m.seq_len * m.d_model * 4,
+          "backward working sets %lld (stage 0), %lld (last stage)", (long long)p.ranks[0].act_working,
+          (long long)p.ranks[2].act_working);
     CHECK(p.ranks[1].bytes[MC_MEM_PIPELINE_BUFFERS] > 0, "pp buffers");
     drop(&g, &p);
   }
