@@ -346,6 +346,21 @@ static void test_rope(void) {
   rope_ctx c = {kc_rand(6 * 2 * 8, 40, 1), kc_zeros(96), kc_rand(96, 41, 1), 6, 3, 2, 8};
   float *dx = kc_zeros(96);
   be->rope_bwd(be, (mc_operand){c.R, NULL}, (mc_dst){dx, NULL}, 6, 3, 2, 8, 100.0);
+  /* bf16 storage: in place, the fp32 rotation of the widened values rounded; the backward into
+   * a bf16 dx writes the rounded rotation (not added) */
+  {
+    float wx[96], wd[96];
+    mc_bf16 h[96], hd16[96];
+    for (int i = 0; i < 96; i++) h[i] = mc_bf16_from_float(c.x[i]), wx[i] = mc_bf16_to_float(h[i]), hd16[i] = 0x3f80;
+    be->rope_fwd(be, (mc_dst){wx, NULL}, 6, 3, 2, 8, 100.0);
+    be->rope_fwd(be, (mc_dst){NULL, h}, 6, 3, 2, 8, 100.0);
+    memset(wd, 0, sizeof wd);
+    be->rope_bwd(be, (mc_operand){c.R, NULL}, (mc_dst){wd, NULL}, 6, 3, 2, 8, 100.0);
+    be->rope_bwd(be, (mc_operand){c.R, NULL}, (mc_dst){NULL, hd16}, 6, 3, 2, 8, 100.0);
+    int bad = 0;
+    for (int i = 0; i < 96; i++) bad += h[i] != mc_bf16_from_float(wx[i]) || hd16[i] != mc_bf16_from_float(wd[i]);
+    CHECK(bad == 0, "rope on bf16 storage: %d elements differ from the rounded fp32 rotation", bad);
+  }
   kc_gradcheck("rope.x", c.x, dx, 96, rope_loss, &c, 1000);
   free(c.x), free(c.y), free(c.R), free(dx);
 }

@@ -4,6 +4,7 @@
  * against values computed by hand. */
 #include <string.h>
 
+#include "kernels/bf16.h"
 #include "tests/kernels/kcheck.h"
 
 static mc_backend *be;
@@ -51,6 +52,41 @@ static void test_attn(void) {
         "other sequence changed");
   free(before), free(c.q), free(c.k), free(c.v), free(c.out), free(c.lse), free(c.R);
   free(dq), free(dk), free(dv);
+}
+
+/* Attention on bf16-stored q, k, v, out, dout (kernels/ops.h): the same bits as the fp32 op on
+ * the widened values, a bf16 out being the fp32 out rounded; the gradients stay fp32 sums. */
+static void test_attn_bf16(void) {
+  const int n_seq = 2, T = 6, H = 4, KV = 2, hd = 8, n = n_seq * T;
+  const int64_t nq = (int64_t)n * H * hd, nk = (int64_t)n * KV * hd;
+  float *q = kc_rand(nq, 70, 1), *k = kc_rand(nk, 71, 1), *v = kc_rand(nk, 72, 1), *g = kc_rand(nq, 73, 1);
+  mc_bf16 *q16 = malloc(nq * 2), *k16 = malloc(nk * 2), *v16 = malloc(nk * 2), *g16 = malloc(nq * 2), *o16 = malloc(nq * 2);
+  for (int64_t i = 0; i < nq; i++) q16[i] = mc_bf16_from_float(q[i]), q[i] = mc_bf16_to_float(q16[i]);
+  for (int64_t i = 0; i < nq; i++) g16[i] = mc_bf16_from_float(g[i]), g[i] = mc_bf16_to_float(g16[i]);
+  for (int64_t i = 0; i < nk; i++) k16[i] = mc_bf16_from_float(k[i]), k[i] = mc_bf16_to_float(k16[i]);
+  for (int64_t i = 0; i < nk; i++) v16[i] = mc_bf16_from_float(v[i]), v[i] = mc_bf16_to_float(v16[i]);
+  float *out = kc_zeros(nq), *lse = kc_zeros((int64_t)n * H), *lse16 = kc_zeros((int64_t)n * H);
+  be->attn_fwd(be, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, n_seq, T, H, KV, hd,
+               (mc_dst){out, NULL}, lse);
+  be->attn_fwd(be, (mc_operand){NULL, q16}, (mc_operand){NULL, k16}, (mc_operand){NULL, v16}, n_seq, T, H, KV, hd,
+               (mc_dst){NULL, o16}, lse16);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < nq; i++) bad += o16[i] != mc_bf16_from_float(out[i]);
+  CHECK(bad == 0 && memcmp(lse, lse16, (size_t)n * H * sizeof(float)) == 0,
+        "attn_fwd on bf16 storage: %lld outputs differ from the fp32 op's rounded, or lse differs", (long long)bad);
+  /* backward from the bf16 out (widened for the fp32 call) */
+  for (int64_t i = 0; i < nq; i++) out[i] = mc_bf16_to_float(o16[i]);
+  float *dq = kc_zeros(nq), *dk = kc_zeros(nk), *dv = kc_zeros(nk);
+  float *dq16 = kc_zeros(nq), *dk16 = kc_zeros(nk), *dv16 = kc_zeros(nk);
+  be->attn_bwd(be, (mc_operand){q, NULL}, (mc_operand){k, NULL}, (mc_operand){v, NULL}, (mc_operand){out, NULL}, lse,
+               (mc_operand){g, NULL}, n_seq, T, H, KV, hd, dq, dk, dv);
+  be->attn_bwd(be, (mc_operand){NULL, q16}, (mc_operand){NULL, k16}, (mc_operand){NULL, v16}, (mc_operand){NULL, o16},
+               lse16, (mc_operand){NULL, g16}, n_seq, T, H, KV, hd, dq16, dk16, dv16);
+  CHECK(memcmp(dq, dq16, nq * 4) == 0 && memcmp(dk, dk16, nk * 4) == 0 && memcmp(dv, dv16, nk * 4) == 0,
+        "attn_bwd on bf16 storage equals the fp32 op on the widened values");
+  CHECK(be->sync(be) == 0, "attention on bf16 storage: %s", mc_errmsg());
+  free(q), free(k), free(v), free(g), free(q16), free(k16), free(v16), free(g16), free(o16), free(out), free(lse);
+  free(lse16), free(dq), free(dk), free(dv), free(dq16), free(dk16), free(dv16);
 }
 
 /* ------------------------------------------------------------------ conv */
@@ -162,6 +198,7 @@ static void test_rglru(void) {
 int main(void) {
   be = mc_backend_cpu();
   test_attn();
+  test_attn_bf16();
   test_conv();
   test_ssm();
   test_rglru();
