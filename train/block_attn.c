@@ -49,21 +49,18 @@ static int attn_backward(struct mc_net *net, mc_layer *L, int n_seq, const float
   const int act16 = mc_act16(net);
   const int64_t nq = (int64_t)n * H * hd, nkv = (int64_t)n * KV * hd;
   /* dout = dy wo: written by the product (bf16 under act16: it feeds only the attention) */
-  const mc_operand dyo = mc_dy_in(net, dy, (int64_t)n * d);
-  mc_linear_bwd(be, mc_a16_in(net, f[O]), mc_wm(net, L, MC_ROLE_ATTN_WO), dyo, n, H * hd, d, NULL, 0.0f,
-                mc_g(net, L, MC_ROLE_ATTN_WO));
-  mc_gemm_m(be, 0, 0, n, H * hd, d, 1.0f, dyo, d, mc_wm(net, L, MC_ROLE_ATTN_WO), H * hd, 0.0f, mc_a16_dst(net, g[DO]),
-            H * hd);
+  mc_linear_bwd(be, mc_a16_in(net, f[O]), mc_wm(net, L, MC_ROLE_ATTN_WO), mc_dy_in(net, dy, (int64_t)n * d), n, H * hd,
+                d, mc_a16_dst(net, g[DO]), 0.0f, mc_g(net, L, MC_ROLE_ATTN_WO));
   be->attn_bwd(be, mc_a16_in(net, f[Q]), mc_a16_in(net, f[K]), mc_a16_in(net, f[V]), mc_a16_in(net, f[O]), f[LSE], mc_a16_in(net, g[DO]), n_seq,
                T, H, KV, hd, mc_zeroed(be, g[DQ], nq), mc_zeroed(be, g[DK], nkv), mc_zeroed(be, g[DV], nkv));
   be->rope_bwd(be, mc_f32(g[DQ]), mc_a16_grad(net, g[DQP], nq), n, T, H, hd, m->rope_theta);
   be->rope_bwd(be, mc_f32(g[DK]), mc_a16_grad(net, g[DKP], nkv), n, T, KV, hd, m->rope_theta);
   const mc_operand dv = act16 ? mc_to16(be, g[DV], (mc_bf16 *)g[DV16], nkv) : mc_f32(g[DV]);
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WQ), mc_a16_in(net, g[DQP]), n, d, H * hd, du, 0.0f,
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WQ), mc_a16_in(net, g[DQP]), n, d, H * hd, mc_o32(du), 0.0f,
                 mc_g(net, L, MC_ROLE_ATTN_WQ));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WK), mc_a16_in(net, g[DKP]), n, d, KV * hd, du, 1.0f,
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WK), mc_a16_in(net, g[DKP]), n, d, KV * hd, mc_o32(du), 1.0f,
                 mc_g(net, L, MC_ROLE_ATTN_WK));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WV), dv, n, d, KV * hd, du, 1.0f,
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WV), dv, n, d, KV * hd, mc_o32(du), 1.0f,
                 mc_g(net, L, MC_ROLE_ATTN_WV));
   return 0;
 }

@@ -75,7 +75,7 @@ static int mamba_backward(struct mc_net *net, mc_layer *L, int n_seq, const floa
   const int64_t nd = (int64_t)n * di, nn = (int64_t)n * N, nh = (int64_t)n * hm;
   float **f = L->f, **g = net->g;
   mc_linear_bwd(be, mc_a16_in(net, f[GN]), mc_wm(net, L, MC_ROLE_SSM_WOUT), mc_dy_in(net, dy, (int64_t)n * d), n, di, d,
-                g[DGN], 0.0f, mc_g(net, L, MC_ROLE_SSM_WOUT));
+                mc_o32(g[DGN]), 0.0f, mc_g(net, L, MC_ROLE_SSM_WOUT));
   be->rmsnorm_bwd(be, f[G], mc_w(net, L, MC_ROLE_SSM_NORM), f[GRSTD], g[DGN], n, di, m->mamba_head_dim,
                   mc_zeroed(be, g[DG], nd), mc_g(net, L, MC_ROLE_SSM_NORM));
   be->glu_bwd(be, MC_ACT_SILU, mc_a16_in(net, f[Z]), mc_f32(f[Y]), mc_f32(g[DG]), mc_a16_grad(net, g[DZ], nd),
@@ -89,12 +89,12 @@ static int mamba_backward(struct mc_net *net, mc_layer *L, int n_seq, const floa
   conv_silu_bwd(net, L, n_seq, di, f[XR], f[XCP], g[DXC], g[DXCP], g[DXR], MC_ROLE_SSM_CONVX_W, MC_ROLE_SSM_CONVX_B);
   conv_silu_bwd(net, L, n_seq, N, f[BR], f[BCP], g[DBC], g[DBCP], g[DBR], MC_ROLE_SSM_CONVB_W, MC_ROLE_SSM_CONVB_B);
   conv_silu_bwd(net, L, n_seq, N, f[CR], f[CCP], g[DCC], g[DCCP], g[DCR], MC_ROLE_SSM_CONVC_W, MC_ROLE_SSM_CONVC_B);
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WZ), mc_a16_in(net, g[DZ]), n, d, di, du, 0.0f,
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WZ), mc_a16_in(net, g[DZ]), n, d, di, mc_o32(du), 0.0f,
                 mc_g(net, L, MC_ROLE_SSM_WZ));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WX), mc_f32(g[DXR]), n, d, di, du, 1.0f, mc_g(net, L, MC_ROLE_SSM_WX));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WB), mc_f32(g[DBR]), n, d, N, du, 1.0f, mc_g(net, L, MC_ROLE_SSM_WB));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WC), mc_f32(g[DCR]), n, d, N, du, 1.0f, mc_g(net, L, MC_ROLE_SSM_WC));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WDT), mc_f32(g[DDTP]), n, d, hm, du, 1.0f, mc_g(net, L, MC_ROLE_SSM_WDT));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WX), mc_f32(g[DXR]), n, d, di, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WX));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WB), mc_f32(g[DBR]), n, d, N, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WB));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WC), mc_f32(g[DCR]), n, d, N, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WC));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WDT), mc_f32(g[DDTP]), n, d, hm, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WDT));
   return 0;
 }
 

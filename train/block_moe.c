@@ -210,7 +210,7 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
    * adds 1/tp of it. */
   be->moe_route_bwd(be, f[PROBS], iv[IDX], f[GATE], g[DGATE], f[FR], n_seq, T, E, k,
                     (float)(seq_weight * m->aux_loss_coef / (net->sp ? net->tp : 1)), mc_zeroed(be, g[DLOGITS], (int64_t)n * E));
-  mc_linear_bwd(be, mc_f32(L->u), mc_wm(net, L, MC_ROLE_MOE_ROUTER), mc_f32(g[DLOGITS]), n, d, E, du, 1.0f, mc_g(net, L, MC_ROLE_MOE_ROUTER));
+  mc_linear_bwd(be, mc_f32(L->u), mc_wm(net, L, MC_ROLE_MOE_ROUTER), mc_f32(g[DLOGITS]), n, d, E, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_MOE_ROUTER));
   return 0;
 }
 

@@ -46,10 +46,8 @@ static int rec_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   const int T = m->seq_len, n = n_seq * T, d = m->d_model, dr = m->rec_width;
   const int64_t nd = (int64_t)n * dr;
   float **f = L->f, **g = net->g;
-  const mc_operand dyo = mc_dy_in(net, dy, (int64_t)n * d);
-  mc_linear_bwd(be, mc_a16_in(net, f[O]), mc_wm(net, L, MC_ROLE_REC_WOUT), dyo, n, dr, d, NULL, 0.0f,
-                mc_g(net, L, MC_ROLE_REC_WOUT));
-  mc_gemm_m(be, 0, 0, n, dr, d, 1.0f, dyo, d, mc_wm(net, L, MC_ROLE_REC_WOUT), dr, 0.0f, mc_a16_dst(net, g[DO]), dr);
+  mc_linear_bwd(be, mc_a16_in(net, f[O]), mc_wm(net, L, MC_ROLE_REC_WOUT), mc_dy_in(net, dy, (int64_t)n * d), n, dr, d,
+                mc_a16_dst(net, g[DO]), 0.0f, mc_g(net, L, MC_ROLE_REC_WOUT));
   be->glu_bwd(be, MC_ACT_GELU, mc_a16_in(net, f[GP]), mc_f32(f[H]), mc_a16_in(net, g[DO]), mc_a16_grad(net, g[DGP], nd),
               mc_o32(mc_zeroed(be, g[DH], nd)), nd);
   be->rglru_bwd(be, f[GX], f[R], mc_w(net, L, MC_ROLE_REC_LAMBDA), f[H], g[DH], n_seq, T, dr,
@@ -59,12 +57,12 @@ static int rec_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   be->act_bwd(be, MC_ACT_SIGMOID, f[RP], g[DR], mc_zeroed(be, g[DRP], nd), nd);
   be->bias_bwd(be, g[DRP], n, dr, mc_g(net, L, MC_ROLE_REC_BR));
   be->bias_bwd(be, g[DIP], n, dr, mc_g(net, L, MC_ROLE_REC_BI));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WX), mc_a16_in(net, g[DXB]), n, d, dr, du, 0.0f,
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WX), mc_a16_in(net, g[DXB]), n, d, dr, mc_o32(du), 0.0f,
                 mc_g(net, L, MC_ROLE_REC_WX));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WGATE), mc_a16_in(net, g[DGP]), n, d, dr, du, 1.0f,
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WGATE), mc_a16_in(net, g[DGP]), n, d, dr, mc_o32(du), 1.0f,
                 mc_g(net, L, MC_ROLE_REC_WGATE));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WR), mc_f32(g[DRP]), n, d, dr, du, 1.0f, mc_g(net, L, MC_ROLE_REC_WR));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WI), mc_f32(g[DIP]), n, d, dr, du, 1.0f, mc_g(net, L, MC_ROLE_REC_WI));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WR), mc_f32(g[DRP]), n, d, dr, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_REC_WR));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WI), mc_f32(g[DIP]), n, d, dr, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_REC_WI));
   return 0;
 }
 

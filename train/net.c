@@ -615,7 +615,7 @@ static int backward(mc_net *net, int n_seq, double ce_weight, double seq_weight)
   /* d(hf): full rows, partial over TP (the head is vocab-parallel) */
   float *dh = net->full, *dh_res = net->full;
   const mc_operand dlg = mc_act16(net) ? mc_b16(net->dlogits) : mc_f32(net->dlogits);
-  mc_linear_bwd(be, hf_in(net), mc_param_mat(&net->params[net->fam_head]), dlg, n, d, Vp, dh, 0.0f,
+  mc_linear_bwd(be, hf_in(net), mc_param_mat(&net->params[net->fam_head]), dlg, n, d, Vp, mc_o32(dh), 0.0f,
                 net->params[net->fam_head].g);
   if (net->sp) {
     if (mc_sp_reduce_scatter(net, dh, net->ush, n_seq, d)) return -1;

@@ -220,12 +220,12 @@ static inline void mc_linear_fwd(mc_backend *be, mc_operand u, mc_operand W, int
   mc_gemm_m(be, 0, 1, n, out, in, 1.0f, u, in, W, in, beta, y, out);
 }
 
-/* dW[out, in] += dy^T u;  du[n, in] = dy W + du_beta * du (du_beta 0 for the first
- * contribution to du, 1 to add; skipped when du is NULL). */
+/* dW[out, in] += dy^T u;  du[n, in] = dy W + du_beta * du, du as stored (du_beta 0 for the
+ * first contribution to du, 1 to add; a bf16 du takes 0). */
 static inline void mc_linear_bwd(mc_backend *be, mc_operand u, mc_operand W, mc_operand dy, int n, int in, int out,
-                                 float *du, float du_beta, float *dW) {
+                                 mc_dst du, float du_beta, float *dW) {
   mc_gemm_m(be, 1, 0, out, in, n, 1.0f, dy, out, u, in, 1.0f, mc_o32(dW), in);
-  if (du) mc_gemm_m(be, 0, 0, n, in, out, 1.0f, dy, out, W, in, du_beta, mc_o32(du), in);
+  mc_gemm_m(be, 0, 0, n, in, out, 1.0f, dy, out, W, in, du_beta, du, in);
 }
 
 /* A block's output gradient as its products read it: under mc_act16 rounded once into the
