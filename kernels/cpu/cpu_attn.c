@@ -6,7 +6,6 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "kernels/bf16.h"
 #include "kernels/cpu/cpu.h"
 
 static inline float dotf(const float *a, const float *b, int n) {
@@ -102,7 +101,6 @@ static void attn_bwd_f32(const float *q, const float *k, const float *v, const f
 
 void mc_cpu_attn_fwd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, int n_seq, int T, int H, int KV,
                      int hd, mc_dst out, float *lse) {
-  (void)be;
   const int64_t n = (int64_t)n_seq * T, nq = n * H * hd, nk = n * KV * hd;
   float *oq, *ok, *ov, *oo = NULL;
   const float *qf = mc_cpu_widen(q, nq, &oq, "attn_fwd: out of memory widening q");
@@ -112,8 +110,7 @@ void mc_cpu_attn_fwd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, i
   if (!of) mc_cpu_fail("attn_fwd: out of memory for the fp32 output");
   if (qf && kf && vf && of) {
     attn_fwd_f32(qf, kf, vf, n_seq, T, H, KV, hd, of, lse);
-    if (out.h)
-      for (int64_t i = 0; i < nq; i++) out.h[i] = mc_bf16_from_float(of[i]);
+    if (out.h) mc_cpu_to_bf16(be, of, out.h, nq);
   }
   free(oq), free(ok), free(ov), free(oo);
 }

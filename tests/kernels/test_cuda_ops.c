@@ -1107,17 +1107,24 @@ static void report_time(const char *what, double *ts, int n, double flops) {
     printf("  time %-32s %9.3f ms\n", what, 1e3 * med);
 }
 
-#define TIME_GPU(what, flops, stmt)                                      \
+/* Five samples ts[0..5) of stmt's per-call time, after one warm-up call: each sample times
+ * reps back-to-back calls with the host clock around a sync. */
+#define TIME_SAMPLES(what, reps, ts, stmt)                               \
   do {                                                                   \
-    double ts_[5];                                                       \
     stmt;                                                                \
     gpu->sync(gpu);                                                      \
     for (int i_ = 0; i_ < 5; i_++) {                                     \
       double t0_ = now_s();                                              \
-      stmt;                                                              \
+      for (int k_ = 0; k_ < (reps); k_++) stmt;                          \
       CHECK(gpu->sync(gpu) == 0, "%s: %s", what, mc_errmsg());           \
-      ts_[i_] = now_s() - t0_;                                           \
+      (ts)[i_] = (now_s() - t0_) / (reps);                               \
     }                                                                    \
+  } while (0)
+
+#define TIME_GPU(what, flops, stmt)                                      \
+  do {                                                                   \
+    double ts_[5];                                                       \
+    TIME_SAMPLES(what, 1, ts_, stmt);                                    \
     report_time(what, ts_, 5, flops);                                    \
   } while (0)
 
@@ -1296,14 +1303,7 @@ static void shapes_misc(void) {
 #define TIME_REPS(what, bytes, stmt)                                                              \
   do {                                                                                            \
     double ts_[5];                                                                                \
-    stmt;                                                                                         \
-    gpu->sync(gpu);                                                                               \
-    for (int i_ = 0; i_ < 5; i_++) {                                                              \
-      double t0_ = now_s();                                                                       \
-      for (int k_ = 0; k_ < 20; k_++) stmt;                                                       \
-      CHECK(gpu->sync(gpu) == 0, "%s: %s", what, mc_errmsg());                                    \
-      ts_[i_] = (now_s() - t0_) / 20;                                                             \
-    }                                                                                             \
+    TIME_SAMPLES(what, 20, ts_, stmt);                                                            \
     qsort(ts_, 5, sizeof *ts_, cmp_dbl);                                                          \
     printf("  time %-36s %8.1f us  %6.0f GB/s\n", what, 1e6 * ts_[2], (double)(bytes) / ts_[2] * 1e-9); \
   } while (0)
