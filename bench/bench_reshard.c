@@ -25,7 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ckpt/families.h"
+#include "core/families.h"
 #include "reshard/reshard.h"
 #include "reshard/synth.h"
 

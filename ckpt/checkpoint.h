@@ -5,7 +5,7 @@
  * <dir>/step_<N>/manifest.json indexes everything; <dir>/latest names the newest committed
  * step and the SHA-256 of its manifest (the root hash).
  *
- * Ownership always comes from mc_shard_of (ckpt/ownership.h). The library links neither MPI
+ * Ownership always comes from mc_shard_of (core/ownership.h). The library links neither MPI
  * nor CUDA: one process may write the files of several ranks, or several processes may each
  * write their own rank file, synchronised by a barrier callback the caller supplies. */
 #ifndef MC_CKPT_CHECKPOINT_H
@@ -13,8 +13,8 @@
 
 #include <stdint.h>
 
-#include "ckpt/config.h"
-#include "ckpt/ownership.h"
+#include "core/config.h"
+#include "core/ownership.h"
 
 #define MC_CKPT_FORMAT_VERSION 1
 #define MC_CKPT_MAX_DIM 3

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "ckpt/ckpt_internal.h"
-#include "ckpt/json_num.h"
+#include "core/json_num.h"
 #include "util/error.h"
 
 #define MC_JSON_INT_MAX 9007199254740992.0 /* 2^53: larger integers do not survive JSON numbers */

@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt/config.h"
+#include "core/config.h"
 #include "util/error.h"
 
 #define CHUNK (1 << 20)

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/config.h"
-#include "ckpt/ownership.h"
+#include "core/config.h"
+#include "core/ownership.h"
 #include "plan/plan.h"
 #include "plan/report.h"
 #include "plan/units.h"

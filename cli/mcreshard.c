@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ckpt/layout.h"
+#include "core/layout.h"
 #include "reshard/export.h"
 #include "reshard/plan_print.h"
 #include "reshard/reshard.h"

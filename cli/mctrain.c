@@ -15,7 +15,7 @@
 
 #include <mpi.h>
 
-#include "ckpt/config.h"
+#include "core/config.h"
 #include "comm/comm.h"
 #include "plan/plan.h"
 #include "train/trainer.h"

@@ -7,7 +7,7 @@
 
 #include <stdint.h>
 
-#include "ckpt/layout.h"
+#include "core/layout.h"
 
 typedef enum { MC_DT_F32 = 0, MC_DT_F64 = 1, MC_DT_I32 = 2, MC_DT_I64 = 3, MC_DT_U8 = 4 } mc_dtype;
 size_t mc_dtype_size(mc_dtype t);

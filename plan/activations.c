@@ -15,22 +15,6 @@
  * inside a chunk during backward. */
 #define MC_SSM_CHUNK 64
 
-int mc_recompute_parse(const char *name) {
-  if (!strcmp(name, "none")) return MC_RECOMPUTE_NONE;
-  if (!strcmp(name, "selective")) return MC_RECOMPUTE_SELECTIVE;
-  if (!strcmp(name, "full")) return MC_RECOMPUTE_FULL;
-  return -1;
-}
-
-const char *mc_recompute_name(mc_recompute r) {
-  switch (r) {
-    case MC_RECOMPUTE_NONE: return "none";
-    case MC_RECOMPUTE_SELECTIVE: return "selective";
-    case MC_RECOMPUTE_FULL: return "full";
-  }
-  return "?";
-}
-
 void mc_act_shape_of(const mc_model *m, const mc_layout *l, int micro_batch, int abytes,
                      mc_act_shape *s) {
   s->tp = l->tp > 0 ? l->tp : 1;

@@ -6,13 +6,7 @@
 
 #include <stdint.h>
 
-#include "ckpt/config.h"
-
-typedef enum { MC_RECOMPUTE_NONE = 0, MC_RECOMPUTE_SELECTIVE = 1, MC_RECOMPUTE_FULL = 2 } mc_recompute;
-
-/* "none" | "selective" | "full" -> policy, or -1. */
-int mc_recompute_parse(const char *name);
-const char *mc_recompute_name(mc_recompute r);
+#include "core/config.h"
 
 /* One micro-batch as one rank sees it. */
 typedef struct {

@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#include "ckpt/ownership.h"
+#include "core/ownership.h"
 
 typedef struct {
   int ndim;

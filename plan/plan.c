@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/cost.h"
-#include "plan/mem_cats.h"
+#include "core/cost.h"
+#include "core/mem_cats.h"
 #include "util/error.h"
 
 #define GiB ((int64_t)1 << 30)

@@ -8,28 +8,12 @@
 
 #include <stdint.h>
 
-#include "ckpt/config.h"
-#include "ckpt/layout.h"
-#include "ckpt/ownership.h"
+#include "core/config.h"
+#include "core/layout.h"
+#include "core/ownership.h"
+#include "core/mem_cats.h"
 #include "plan/activations.h"
 
-typedef enum {
-  MC_MEM_PARAMS_REPLICATED = 0, /* working params of families replicated over TP */
-  MC_MEM_PARAMS_TP,             /* working params of TP-sharded families */
-  MC_MEM_PARAMS_EP,             /* working params of EP-sharded (expert) families */
-  MC_MEM_GRADS,                 /* fp32 gradient accumulators */
-  MC_MEM_MASTER_DECAY,          /* fp32 master weights of bf16 working weights (bf16 mode only), decay group */
-  MC_MEM_MASTER_NO_DECAY,       /*   ... no-decay group */
-  MC_MEM_MOMENTS_DECAY,         /* AdamW exp_avg + exp_avg_sq, decay group */
-  MC_MEM_MOMENTS_NO_DECAY,      /*   ... no-decay group */
-  MC_MEM_ZERO3_BUFFERS,         /* zero=3: gathered params and full grads of one layer */
-  MC_MEM_ACTIVATIONS,           /* kept for backward over the in-flight micro-batches */
-  MC_MEM_PIPELINE_BUFFERS,      /* pp > 1: boundary activation / gradient receive buffers */
-  MC_MEM_MOE_SCRATCH,           /* routing scratch of one E layer in flight */
-  MC_MEM_RUNTIME_RESERVE,       /* context, library workspaces, communicator buffers */
-  MC_MEM_ALLOCATOR_OVERHEAD,    /* fragmentation and rounding, a fraction of the above */
-  MC_MEM_COUNT
-} mc_mem_cat;
 
 /* Stable short name, e.g. "params.tp", "optimizer.moments.decay" (used as JSON keys). */
 const char *mc_mem_cat_name(mc_mem_cat c);

@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/cost.h"
+#include "core/cost.h"
 #include "plan/owners.h"
 #include "plan/report.h"
 #include "plan/units.h"

@@ -5,7 +5,7 @@
 #ifndef MC_RESHARD_OWNMAP_H
 #define MC_RESHARD_OWNMAP_H
 
-#include "ckpt/ownership.h"
+#include "core/ownership.h"
 
 /* Writes `path` (.svg, .html or .htm). `title` may be NULL. */
 int mc_rs_ownership_map(const mc_geometry *g, const char *path, const char *title);

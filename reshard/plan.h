@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "ckpt/ownership.h"
+#include "core/ownership.h"
 #include "reshard/slab.h"
 #include "util/error.h"
 

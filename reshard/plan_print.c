@@ -3,7 +3,7 @@
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 
-#include "ckpt/layout.h"
+#include "core/layout.h"
 
 void mc_rs_layout_format(const mc_layout *l, char *buf, int cap) {
   snprintf(buf, (size_t)cap, "tp=%d pp=%d dp=%d ep=%d sp=%d zero=%d split=%s", l->tp, l->pp, l->dp, l->ep,

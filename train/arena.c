@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "plan/mem_cats.h"
+#include "core/mem_cats.h"
 #include "util/error.h"
 
 static const char *cat_label(mc_mem_cat c) { return mc_mem_cat_label(c); }

@@ -1,4 +1,4 @@
-/* One backend allocation per memory category (plan/plan.h's mc_mem_cat), with the tensors
+/* One backend allocation per memory category (core/mem_cats.h's mc_mem_cat), with the tensors
  * of that category carved out of it. An arena is sized before it is allocated: every tensor
  * that will live in it is first counted with mc_arena_count, then mc_arena_open makes the one
  * be->alloc of the counted size, and mc_arena_take hands out the same sequence of tensors.
@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "kernels/ops.h"
-#include "plan/plan.h"
+#include "core/mem_cats.h"
 
 #define MC_ARENA_ALIGN 256
 

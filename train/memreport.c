@@ -1,7 +1,7 @@
 /* Step-1 memory report (train/memreport.h). */
 #include "train/memreport.h"
 
-#include "plan/mem_cats.h"
+#include "core/mem_cats.h"
 #include "util/error.h"
 
 static double mib(int64_t b) { return (double)b / (1024.0 * 1024.0); }

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "plan/plan.h"
+#include "core/mem_cats.h"
 
 /* measured[c] < 0: the trainer keeps no arena of category c (printed "-"). */
 void mc_mem_report_text(FILE *f, int rank, const char *backend, const int64_t measured[MC_MEM_COUNT],

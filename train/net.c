@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "kernels/bf16.h"
-#include "plan/mem_cats.h"
+#include "core/mem_cats.h"
 #include "train/device.h"
 #include "train/net_blocks.h"
 #include "util/error.h"
@@ -28,7 +28,7 @@ static const mc_block_ops *block_ops(char kind) {
 
 /* ------------------------------------------------------------------ initialisation */
 
-/* Initial value of global element gi of family f (ckpt/families.h documents the kinds). */
+/* Initial value of global element gi of family f (core/families.h documents the kinds). */
 static float init_value(const mc_model *m, const mc_family *f, uint64_t seed, uint64_t stream,
                         uint64_t gi) {
   switch (f->init) {

@@ -9,10 +9,10 @@
 
 #include <stdint.h>
 
-#include "ckpt/ownership.h"
+#include "core/ownership.h"
 #include "comm/comm.h"
 #include "kernels/ops.h"
-#include "plan/plan.h"
+#include "core/mem_cats.h"
 
 typedef struct mc_net mc_net;
 
@@ -69,7 +69,7 @@ int mc_net_load_param(mc_net *net, int i, const float *host);
 /* Sizes and allocates the activations for micro-batches of up to n_seq sequences now (the
  * trainer calls it at start-up with train.micro_batch); otherwise the first pass does. */
 int mc_net_reserve(mc_net *net, int n_seq);
-/* Adds the bytes of the network's arenas to bytes[c] per memory category c (plan/plan.h's
+/* Adds the bytes of the network's arenas to bytes[c] per memory category c (core/mem_cats.h's
  * mc_mem_cat): params.* (working weights; ZeRO 3: the persistent shard), grads, activations. */
 void mc_net_mem_bytes(const mc_net *net, int64_t bytes[MC_MEM_COUNT]);
 

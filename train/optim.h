@@ -14,8 +14,8 @@
 
 #include <stdint.h>
 
-#include "ckpt/config.h"
-#include "ckpt/ownership.h"
+#include "core/config.h"
+#include "core/ownership.h"
 #include "kernels/ops.h"
 #include "train/arena.h"
 

@@ -10,7 +10,7 @@
 #include <stdio.h>
 
 #include "ckpt/checkpoint.h"
-#include "ckpt/config.h"
+#include "core/config.h"
 #include "comm/comm.h"
 #include "train/data.h"
 #include "train/net.h"

@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
-#include "ckpt/config.h"
-#include "ckpt/ownership.h"
+#include "core/config.h"
+#include "core/ownership.h"
 #include "util/error.h"
 #include "util/rng.h"
 

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/config.h"
-#include "ckpt/layout.h"
+#include "core/config.h"
+#include "core/layout.h"
 #include "tests/check.h"
 
 static char g_src[1024], g_bin[1024];
@@ -372,7 +372,7 @@ static void test_generated(void) {
   int same = json_equal(a, b);
   FMT(out, "%s/config.schema.json", g_bin);
   if (gen) write_text(out, gen);
-  CHECK(same, "%s is not what ckpt/config.c generates; the generated one is in %s", path, out);
+  CHECK(same, "%s is not what core/config.c generates; the generated one is in %s", path, out);
   cJSON_Delete(a);
   cJSON_Delete(b);
   free(gen);
@@ -385,7 +385,7 @@ static void test_generated(void) {
   same = md && file && strstr(file, md) != NULL;
   FMT(out, "%s/config-keys.md", g_bin);
   if (md) write_text(out, md);
-  CHECK(same, "%s does not contain the key reference ckpt/config.c generates; it is in %s", path, out);
+  CHECK(same, "%s does not contain the key reference core/config.c generates; it is in %s", path, out);
   free(md);
   free(file);
 }

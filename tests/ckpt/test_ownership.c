@@ -6,9 +6,9 @@
 #include <string.h>
 
 #include "../check.h"
-#include "ckpt/config.h"
-#include "ckpt/cost.h"
-#include "ckpt/ownership.h"
+#include "core/config.h"
+#include "core/cost.h"
+#include "core/ownership.h"
 #include "util/rng.h"
 
 static uint64_t ctr = 0;

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "../check.h"
-#include "ckpt/cost.h"
+#include "core/cost.h"
 #include "plan/owners.h"
 #include "plan/plan.h"
 #include "plan/report.h"

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/ownership.h"
+#include "core/ownership.h"
 #include "reshard/slab.h"
 #include "util/rng.h"
 

@@ -11,7 +11,7 @@
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 
-#include "plan/mem_cats.h"
+#include "plan/plan.h"
 #include "tests/train/netcheck.h"
 #include "train/memreport.h"
 #include "train/optim.h"

@@ -1,4 +1,4 @@
-#include "ckpt/ownership.h"
+#include "core/ownership.h"
 
 #include <stdio.h>
 #include <string.h>

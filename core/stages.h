@@ -1,8 +1,8 @@
 /* Pipeline stage assignment for the three split modes (DESIGN.md section 3). */
-#ifndef MC_CKPT_STAGES_H
-#define MC_CKPT_STAGES_H
+#ifndef MC_CORE_STAGES_H
+#define MC_CORE_STAGES_H
 
-#include "ckpt/config.h"
+#include "core/config.h"
 #include "util/error.h"
 
 typedef struct {
@@ -15,7 +15,7 @@ typedef struct {
 
 /* Builds the stage map. equal: layer counts differ by at most one, earlier stages get the
  * extra layers; weighted: contiguous split minimising the most expensive stage under the
- * cost model (ckpt/cost.h), ties to the earliest boundary; explicit: the pipes. */
+ * cost model (core/cost.h), ties to the earliest boundary; explicit: the pipes. */
 int mc_stage_map_build(const mc_model *m, const mc_layout *l, mc_stage_map *out);
 
 #endif

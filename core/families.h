@@ -1,11 +1,11 @@
 /* The family registry: every logical, global tensor of a model (unfused), with its global
  * shape, placement rule, optimizer group and initialisation rule (DESIGN.md section 2). */
-#ifndef MC_CKPT_FAMILIES_H
-#define MC_CKPT_FAMILIES_H
+#ifndef MC_CORE_FAMILIES_H
+#define MC_CORE_FAMILIES_H
 
 #include <stdint.h>
 
-#include "ckpt/config.h"
+#include "core/config.h"
 
 typedef enum { MC_PLACE_REPLICATED = 0, MC_PLACE_TP = 1, MC_PLACE_EP = 2 } mc_place;
 

@@ -1,8 +1,8 @@
 /* Exact JSON numbers. cJSON prints a double with 15 digits whenever that is within about an
  * ulp, which loses bits (0.1+0.2 prints as 0.3); configs and manifests must round-trip
  * exactly, so their numbers are written as the shortest text that reads back identically. */
-#ifndef MC_CKPT_JSON_NUM_H
-#define MC_CKPT_JSON_NUM_H
+#ifndef MC_CORE_JSON_NUM_H
+#define MC_CORE_JSON_NUM_H
 
 #include <cjson/cJSON.h>
 #include <stddef.h>

@@ -1,8 +1,8 @@
 /* Per-block cost model, shared by the weighted stage split and the planner. */
-#ifndef MC_CKPT_COST_H
-#define MC_CKPT_COST_H
+#ifndef MC_CORE_COST_H
+#define MC_CORE_COST_H
 
-#include "ckpt/config.h"
+#include "core/config.h"
 
 /* Forward FLOPs per token of one block (including its pre-norm), counting a multiply-add as
  * 2 FLOPs, with causal attention at its average context of (T+1)/2 keys. */

@@ -1,4 +1,4 @@
-#include "ckpt/cost.h"
+#include "core/cost.h"
 
 #include <string.h>
 

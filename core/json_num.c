@@ -1,4 +1,4 @@
-#include "ckpt/json_num.h"
+#include "core/json_num.h"
 
 #include <math.h>
 #include <stdio.h>

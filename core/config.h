@@ -1,8 +1,8 @@
 /* The run configuration: one JSON document with sections model, parallel, train, data and
  * checkpoint (schemas/config.schema.json). Every CLI takes --config FILE and repeatable
  * --set section.key=value; with neither it uses the embedded default (configs/default.json). */
-#ifndef MC_CKPT_CONFIG_H
-#define MC_CKPT_CONFIG_H
+#ifndef MC_CORE_CONFIG_H
+#define MC_CORE_CONFIG_H
 
 #include <math.h>
 #include <stdint.h>
@@ -39,6 +39,13 @@ typedef struct {
   /* With MC_SPLIT_EXPLICIT: the pattern with pipes, e.g. "AEME|AEMR". */
   char split_pattern[2 * MC_MAX_LAYERS + 2];
 } mc_layout;
+
+/* Activation recomputation policy (train.recompute). */
+typedef enum { MC_RECOMPUTE_NONE = 0, MC_RECOMPUTE_SELECTIVE = 1, MC_RECOMPUTE_FULL = 2 } mc_recompute;
+
+/* "none" | "selective" | "full" -> policy, or -1. */
+int mc_recompute_parse(const char *name);
+const char *mc_recompute_name(mc_recompute r);
 
 typedef struct {
   int steps;
@@ -96,6 +103,10 @@ int mc_config_overlay_args(mc_config *cfg, int *argc, char **argv, int *applied)
  * config they load first. Returns the number of entries in `taken` (1 when none). A trailing
  * --config/--set without its value stays in argv, for the tool to reject. */
 int mc_config_take_args(int *argc, char **argv, char **taken);
+/* Parses a split argument: "equal", "weighted", "explicit" (keeps l->split_pattern) or a
+ * pattern with pipes ("AEME|AEMR"). */
+int mc_layout_parse_split(mc_layout *l, const char *text);
+const char *mc_split_name(mc_split_mode s);
 /* Canonical JSON of the whole config (malloc'd; caller frees). */
 char *mc_config_to_json(const mc_config *cfg);
 

@@ -1,4 +1,4 @@
-#include "ckpt/families.h"
+#include "core/families.h"
 
 #include <stdio.h>
 #include <stdlib.h>

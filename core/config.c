@@ -1,8 +1,8 @@
 /* Configuration: one table of keys drives parsing (JSON files and --set), the completeness
  * check of the embedded default, canonical JSON output, the JSON Schema and the key
  * reference in docs/config.md, so that all of them agree by construction. */
-#include "ckpt/config.h"
-#include "ckpt/json_num.h"
+#include "core/config.h"
+#include "core/json_num.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/layout.h"
 #include "mc_default_config.h"
 #include "util/error.h"
 
@@ -846,7 +845,7 @@ char *mc_config_schema_json(void) {
   cJSON_AddStringToObject(root, "title", "MegaC run configuration");
   cJSON_AddStringToObject(root, "description",
                           "Every key is optional: a file is overlaid on the embedded default (configs/default.json). "
-                          "Generated from the key table in ckpt/config.c; tests/ckpt/test_config checks this file "
+                          "Generated from the key table in core/config.c; tests/ckpt/test_config checks this file "
                           "against it.");
   cJSON_AddStringToObject(root, "type", "object");
   cJSON_AddFalseToObject(root, "additionalProperties");
@@ -964,4 +963,54 @@ char *mc_config_reference_markdown(void) {
     return NULL;
   }
   return b.p;
+}
+
+/* ------------------------------------------------------------------ pipeline split */
+
+const char *mc_split_name(mc_split_mode s) {
+  switch (s) {
+    case MC_SPLIT_EQUAL: return "equal";
+    case MC_SPLIT_WEIGHTED: return "weighted";
+    case MC_SPLIT_EXPLICIT: return "explicit";
+  }
+  return "?";
+}
+
+int mc_layout_parse_split(mc_layout *l, const char *text) {
+  if (!strcmp(text, "equal")) { l->split = MC_SPLIT_EQUAL; return 0; }
+  if (!strcmp(text, "weighted")) { l->split = MC_SPLIT_WEIGHTED; return 0; }
+  if (!strcmp(text, "explicit")) {
+    if (!strchr(l->split_pattern, '|'))
+      return mc_error("parallel.pp_split: \"explicit\" needs stage boundaries ('|') in model.pattern");
+    l->split = MC_SPLIT_EXPLICIT;
+    return 0;
+  }
+  if (!strchr(text, '|'))
+    return mc_error("parallel.pp_split: \"%s\" is not equal, weighted, explicit or a pattern with '|' stage boundaries", text);
+  if (strlen(text) >= sizeof l->split_pattern)
+    return mc_error("parallel.pp_split: pattern \"%.40s...\" is too long", text);
+  for (const char *p = text; *p; p++)
+    if (!strchr("AMER|", *p))
+      return mc_error("parallel.pp_split: unknown block letter '%c' in \"%s\"", *p, text);
+  l->split = MC_SPLIT_EXPLICIT;
+  snprintf(l->split_pattern, sizeof l->split_pattern, "%s", text);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ recompute policy */
+
+int mc_recompute_parse(const char *name) {
+  if (!strcmp(name, "none")) return MC_RECOMPUTE_NONE;
+  if (!strcmp(name, "selective")) return MC_RECOMPUTE_SELECTIVE;
+  if (!strcmp(name, "full")) return MC_RECOMPUTE_FULL;
+  return -1;
+}
+
+const char *mc_recompute_name(mc_recompute r) {
+  switch (r) {
+    case MC_RECOMPUTE_NONE: return "none";
+    case MC_RECOMPUTE_SELECTIVE: return "selective";
+    case MC_RECOMPUTE_FULL: return "full";
+  }
+  return "?";
 }

@@ -1,9 +1,9 @@
 /* Rank arithmetic and layout validation (DESIGN.md section 3).
  * world = tp*dp*pp; rank = tp_rank + tp*(dp_rank + dp*pp_rank) (TP innermost). */
-#ifndef MC_CKPT_LAYOUT_H
-#define MC_CKPT_LAYOUT_H
+#ifndef MC_CORE_LAYOUT_H
+#define MC_CORE_LAYOUT_H
 
-#include "ckpt/config.h"
+#include "core/config.h"
 #include "util/error.h"
 
 typedef struct {
@@ -35,9 +35,5 @@ int mc_layout_check(const mc_model *m, const mc_layout *l, const mc_train_cfg *t
 /* Model-only rules (block letters, dimension consistency). Returns problems added. */
 int mc_model_check(const mc_model *m, mc_errlist *errs);
 
-/* Parses a split argument: "equal", "weighted", "explicit" (keeps l->split_pattern) or a
- * pattern with pipes ("AEME|AEMR"). */
-int mc_layout_parse_split(mc_layout *l, const char *text);
-const char *mc_split_name(mc_split_mode s);
 
 #endif

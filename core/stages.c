@@ -1,10 +1,10 @@
-#include "ckpt/stages.h"
+#include "core/stages.h"
 
 #include <float.h>
 #include <string.h>
 
-#include "ckpt/cost.h"
-#include "ckpt/layout.h"
+#include "core/cost.h"
+#include "core/layout.h"
 
 /* Minimises the most expensive stage over contiguous splits of `n` layers into `pp` stages
  * (classic linear partition, O(pp*n^2)); ties go to the earliest boundary so the result is

@@ -1,15 +1,15 @@
 /* Ownership: the one function that says which slice of which family and state a rank holds
  * and whether it is the primary copy (DESIGN.md section 3). Training, save, load, reshard,
  * audit and the planner all call mc_shard_of; nothing else re-derives ownership. */
-#ifndef MC_CKPT_OWNERSHIP_H
-#define MC_CKPT_OWNERSHIP_H
+#ifndef MC_CORE_OWNERSHIP_H
+#define MC_CORE_OWNERSHIP_H
 
 #include <stdint.h>
 
-#include "ckpt/config.h"
-#include "ckpt/families.h"
-#include "ckpt/layout.h"
-#include "ckpt/stages.h"
+#include "core/config.h"
+#include "core/families.h"
+#include "core/layout.h"
+#include "core/stages.h"
 
 typedef enum { MC_STATE_PARAM = 0, MC_STATE_EXP_AVG = 1, MC_STATE_EXP_AVG_SQ = 2, MC_N_STATES = 3 } mc_state;
 const char *mc_state_name(mc_state s);

@@ -1,4 +1,4 @@
-#include "ckpt/layout.h"
+#include "core/layout.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -45,36 +45,6 @@ int mc_group_dp(const mc_layout *l, int rank, int *out) { return group_members(l
 int mc_group_pp(const mc_layout *l, int rank, int *out) { return group_members(l, rank, out, same_pp); }
 int mc_group_ep(const mc_layout *l, int rank, int *out) { return group_members(l, rank, out, same_ep); }
 int mc_group_edp(const mc_layout *l, int rank, int *out) { return group_members(l, rank, out, same_edp); }
-
-const char *mc_split_name(mc_split_mode s) {
-  switch (s) {
-    case MC_SPLIT_EQUAL: return "equal";
-    case MC_SPLIT_WEIGHTED: return "weighted";
-    case MC_SPLIT_EXPLICIT: return "explicit";
-  }
-  return "?";
-}
-
-int mc_layout_parse_split(mc_layout *l, const char *text) {
-  if (!strcmp(text, "equal")) { l->split = MC_SPLIT_EQUAL; return 0; }
-  if (!strcmp(text, "weighted")) { l->split = MC_SPLIT_WEIGHTED; return 0; }
-  if (!strcmp(text, "explicit")) {
-    if (!strchr(l->split_pattern, '|'))
-      return mc_error("parallel.pp_split: \"explicit\" needs stage boundaries ('|') in model.pattern");
-    l->split = MC_SPLIT_EXPLICIT;
-    return 0;
-  }
-  if (!strchr(text, '|'))
-    return mc_error("parallel.pp_split: \"%s\" is not equal, weighted, explicit or a pattern with '|' stage boundaries", text);
-  if (strlen(text) >= sizeof l->split_pattern)
-    return mc_error("parallel.pp_split: pattern \"%.40s...\" is too long", text);
-  for (const char *p = text; *p; p++)
-    if (!strchr("AMER|", *p))
-      return mc_error("parallel.pp_split: unknown block letter '%c' in \"%s\"", *p, text);
-  l->split = MC_SPLIT_EXPLICIT;
-  snprintf(l->split_pattern, sizeof l->split_pattern, "%s", text);
-  return 0;
-}
 
 static int has_block(const mc_model *m, char b) { return strchr(m->pattern, b) != NULL; }
 
