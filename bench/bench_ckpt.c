@@ -161,7 +161,7 @@ static int64_t dir_bytes(const char *dir) {
   return n;
 }
 
-/* nam-small widths (DESIGN.md section 7) with "AEMR" repeated until the three states of
+/* nam-small widths (docs/design.md section 7) with "AEMR" repeated until the three states of
  * every family reach the requested size. */
 static int build_model(double gib, int tp, int dp, int zero, mc_config *cfg, mc_geometry *g) {
   if (mc_config_default(cfg) != 0) return -1;

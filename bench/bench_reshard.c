@@ -58,7 +58,7 @@ static int64_t model_bytes(const mc_model *m) {
   return n * 4 * MC_N_STATES;
 }
 
-/* nam-small's shape (DESIGN.md section 7), widened until the checkpoint reaches `bytes`. */
+/* nam-small's shape (docs/design.md section 7), widened until the checkpoint reaches `bytes`. */
 static int make_config(double gib, mc_config *cfg) {
   if (mc_config_default(cfg) != 0) return -1;
   mc_model *m = &cfg->model;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch peer of MegaC's hybrid model, for the speed comparison of issue 7.
 
-The model is the math of DESIGN.md section 2 as docs/model.md spells it out (pre-norm blocks
+The model is the math of docs/design.md section 2 as docs/model.md spells it out (pre-norm blocks
 A, M, E, R, final norm, untied head, cross-entropy over the V real vocabulary columns), with
 the same parameter families and shapes, so its parameter count equals mcplan's. It is written
 the way a PyTorch user would write it, not tuned against MegaC:
@@ -86,7 +86,7 @@ def padded_vocab(m):
 
 
 def family_shapes(m):
-    """(name, shape, init kind) of every family, as DESIGN.md section 2 lists them."""
+    """(name, shape, init kind) of every family, as docs/design.md section 2 lists them."""
     d, vp = m["d_model"], padded_vocab(m)
     fam = [("embed.weight", (vp, d), "normal")]
     for li, blk in enumerate(m["pattern"].replace("|", "")):

@@ -1,4 +1,4 @@
-/* Distributed checkpoints (DESIGN.md section 5; format in docs/checkpoint.md).
+/* Distributed checkpoints (docs/design.md section 5; format in docs/checkpoint.md).
  *
  * <dir>/step_<N>/rank_<R>.h5 holds one HDF5 dataset "/<family>/<state>" per shard that rank R
  * is the primary of, each carrying its ownership and SHA-256 as attributes;
@@ -22,7 +22,7 @@
 
 /* ---------------------------------------------------------------- training state */
 
-/* Everything besides tensors that a run needs to continue exactly (DESIGN.md section 4).
+/* Everything besides tensors that a run needs to continue exactly (docs/design.md section 4).
  * Nothing in it depends on the rank grid. */
 typedef struct {
   int64_t step;          /* optimizer steps completed */

@@ -827,11 +827,11 @@ static cJSON *key_schema(const cfg_key *k, const cJSON *def) {
 
 static const char *section_desc(int s) {
   static const char *const d[N_SECTIONS] = {
-      "Model shape (DESIGN.md section 2); independent of the parallel layout.",
-      "Parallel layout (DESIGN.md section 3).",
+      "Model shape (docs/design.md section 2); independent of the parallel layout.",
+      "Parallel layout (docs/design.md section 3).",
       "Optimizer, schedule, batch, precision and logging.",
       "Training data.",
-      "Checkpointing (DESIGN.md section 5).",
+      "Checkpointing (docs/design.md section 5).",
   };
   return d[s];
 }

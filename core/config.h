@@ -13,7 +13,7 @@
 
 typedef enum { MC_SPLIT_EQUAL = 0, MC_SPLIT_WEIGHTED = 1, MC_SPLIT_EXPLICIT = 2 } mc_split_mode;
 
-/* Model shape (DESIGN.md section 2). Layout-independent. */
+/* Model shape (docs/design.md section 2). Layout-independent. */
 typedef struct {
   char pattern[MC_MAX_LAYERS + 1]; /* block letters in depth order, no pipes */
   int n_layers;                    /* strlen(pattern) */
@@ -30,7 +30,7 @@ typedef struct {
   double rope_theta, norm_eps, init_std;
 } mc_model;
 
-/* Parallel layout (DESIGN.md section 3). */
+/* Parallel layout (docs/design.md section 3). */
 typedef struct {
   int tp, pp, dp, ep;
   int sp;   /* 0/1 */
@@ -117,7 +117,7 @@ static inline int mc_vocab_padded(const mc_model *m) {
 static inline int mc_mamba_heads(const mc_model *m) {
   return m->mamba_head_dim > 0 ? m->mamba_inner / m->mamba_head_dim : 0;
 }
-/* Assignments an expert takes per sequence of seq_len positions (DESIGN.md routing contract:
+/* Assignments an expert takes per sequence of seq_len positions (docs/design.md routing contract:
  * ceil(T * k / E * capacity_factor)); 0 = dropless. */
 static inline int mc_moe_capacity(const mc_model *m) {
   if (m->capacity_factor <= 0) return 0;

@@ -1,5 +1,5 @@
 /* The family registry: every logical, global tensor of a model (unfused), with its global
- * shape, placement rule, optimizer group and initialisation rule (DESIGN.md section 2). */
+ * shape, placement rule, optimizer group and initialisation rule (docs/design.md section 2). */
 #ifndef MC_CORE_FAMILIES_H
 #define MC_CORE_FAMILIES_H
 

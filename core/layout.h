@@ -1,4 +1,4 @@
-/* Rank arithmetic and layout validation (DESIGN.md section 3).
+/* Rank arithmetic and layout validation (docs/design.md section 3).
  * world = tp*dp*pp; rank = tp_rank + tp*(dp_rank + dp*pp_rank) (TP innermost). */
 #ifndef MC_CORE_LAYOUT_H
 #define MC_CORE_LAYOUT_H

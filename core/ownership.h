@@ -1,5 +1,5 @@
 /* Ownership: the one function that says which slice of which family and state a rank holds
- * and whether it is the primary copy (DESIGN.md section 3). Training, save, load, reshard,
+ * and whether it is the primary copy (docs/design.md section 3). Training, save, load, reshard,
  * audit and the planner all call mc_shard_of; nothing else re-derives ownership. */
 #ifndef MC_CORE_OWNERSHIP_H
 #define MC_CORE_OWNERSHIP_H

@@ -1,4 +1,4 @@
-/* Pipeline stage assignment for the three split modes (DESIGN.md section 3). */
+/* Pipeline stage assignment for the three split modes (docs/design.md section 3). */
 #ifndef MC_CORE_STAGES_H
 #define MC_CORE_STAGES_H
 

@@ -2,7 +2,7 @@
  * computation on it goes through one of these function pointers, so a CUDA backend plugs in
  * without touching the model code. The CPU backend (kernels/cpu) is the reference.
  *
- * Conventions (DESIGN.md section 2 fixes the numbers):
+ * Conventions (docs/design.md section 2 fixes the numbers):
  * - Tensors are fp32 (token ids and routing indices int32), row-major, contiguous unless a
  *   leading dimension is given. Where an argument is an mc_operand (input) or mc_dst
  *   (output) it may instead be stored in bf16 (mc_bf16): the op then computes on the bf16

@@ -1,5 +1,5 @@
 /* The per-token routing math of the MoE router, shared by the CPU and CUDA backends so both
- * follow the routing contract (DESIGN.md section 2) with the same code: fp32 softmax of the
+ * follow the routing contract (docs/design.md section 2) with the same code: fp32 softmax of the
  * logits, top-k by probability (strict > keeps the lower expert index on ties), gates
  * renormalised to sum 1 over the k choices. */
 #ifndef MC_KERNELS_ROUTE_ROW_H

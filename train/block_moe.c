@@ -1,6 +1,6 @@
 /* E block: mixture of SwiGLU experts.
  *   logits = u router^T (fp32), route: softmax, top-k (ties to the lower index), gates
- *   renormalised over the k choices, per-sequence capacity (DESIGN.md routing contract);
+ *   renormalised over the k choices, per-sequence capacity (docs/design.md routing contract);
  *   kept assignments are permuted into an expert-sorted buffer, each expert computes
  *   (silu(xp w1[e]^T) * (xp w3[e]^T)) w2[e]^T with grouped products, and the outputs come back
  *   weighted by their gates: x += sum_j gate_j y_j. Dropped assignments add nothing (the

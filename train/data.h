@@ -1,4 +1,4 @@
-/* The token dataset (an HDF5 file made by mcdata) and the sample order (DESIGN.md section 4).
+/* The token dataset (an HDF5 file made by mcdata) and the sample order (docs/design.md section 4).
  *
  * Windows: window i is tokens [i*T, i*T + T + 1) (T = seq_len): inputs [0, T), targets [1, T].
  * Consecutive windows overlap by one token so that every token is a target exactly once.

@@ -1,6 +1,6 @@
 /* The hybrid network on one rank: its parameters (the families of the rank's stage, as the
  * TP/EP-local slices given by mc_shard_of), their gradients, and the forward/backward pass
- * over a micro-batch. All tensors live in backend memory; the math is DESIGN.md section 2.
+ * over a micro-batch. All tensors live in backend memory; the math is docs/design.md section 2.
  * Under tensor parallelism (and SP) the pass communicates over the layout's TP group; under
  * ZeRO 3 it all-gathers each layer's weights over the (expert-)DP group when it needs them
  * and reduce-scatters the layer's gradients right after its backward (docs/parallel.md). */

@@ -1,6 +1,6 @@
 /* Counter-based randomness (Philox4x32-10): a value is a pure function of
  * (seed, stream, index), so the model, the data order and any sampling are identical under
- * every layout and every order of evaluation (DESIGN.md section 4). */
+ * every layout and every order of evaluation (docs/design.md section 4). */
 #ifndef MC_UTIL_RNG_H
 #define MC_UTIL_RNG_H
 

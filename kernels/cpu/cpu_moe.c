@@ -1,4 +1,4 @@
-/* MoE routing (DESIGN.md section 2, routing contract) and the token permutation to and from
+/* MoE routing (docs/design.md section 2, routing contract) and the token permutation to and from
  * the expert-sorted buffer. Routing runs per sequence in token order, so capacity decisions
  * depend only on the sequence, never on the micro-batch or the layout. */
 #include <math.h>

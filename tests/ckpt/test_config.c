@@ -138,7 +138,7 @@ static void test_good_files(void) {
       check_round_trip(&c, path);
     }
   }
-  /* The reference configurations of DESIGN.md section 7 are shipped. */
+  /* The reference configurations of docs/design.md section 7 are shipped. */
   const char *refs[] = {"tiny", "nam-small", "nam-medium", "dense-a"};
   for (int i = 0; i < 4; i++) {
     FMT(path, "%s/configs/%s.json", g_src, refs[i]);

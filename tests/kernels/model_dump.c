@@ -1,5 +1,5 @@
 /* Writes a small network's parameters, a token batch and the network's forward results to a
- * binary file, for the independent numpy implementation of DESIGN.md section 2
+ * binary file, for the independent numpy implementation of docs/design.md section 2
  * (reference_model.py) to recompute and compare.
  * usage: model_dump OUT PATTERN CAPACITY_FACTOR SEED
  * Format (little endian): "MCDUMP1\n", int32 length + JSON of the model settings, int32

@@ -1,4 +1,4 @@
-# The network's forward against an independent float64 numpy implementation of DESIGN.md
+# The network's forward against an independent float64 numpy implementation of docs/design.md
 # section 2 (reference_model.py reads what model_dump writes).
 if(TARGET mc_train)
   add_executable(model_dump ${CMAKE_CURRENT_LIST_DIR}/model_dump.c)

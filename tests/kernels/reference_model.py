@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Independent float64 numpy implementation of the model math of DESIGN.md section 2, checked
+"""Independent float64 numpy implementation of the model math of docs/design.md section 2, checked
 against the C network's forward: model_dump writes the parameters, a token batch and the
 network's per-token losses, aux loss and drop count; this script recomputes them from the
 contract alone (it shares no code with the C side) and compares.

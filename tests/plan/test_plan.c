@@ -11,7 +11,7 @@
 #include "plan/report.h"
 #include "plan/units.h"
 
-/* The tiny reference model (DESIGN.md section 7) with two of each block. */
+/* The tiny reference model (docs/design.md section 7) with two of each block. */
 static void tiny_model(mc_model *m) {
   memset(m, 0, sizeof *m);
   strcpy(m->pattern, "AEMRAEMR");
