@@ -845,7 +845,7 @@ char *mc_config_schema_json(void) {
   cJSON_AddStringToObject(root, "title", "MegaC run configuration");
   cJSON_AddStringToObject(root, "description",
                           "Every key is optional: a file is overlaid on the embedded default (configs/default.json). "
-                          "Generated from the key table in core/config.c; tests/ckpt/test_config checks this file "
+                          "Generated from the key table in core/config.c; tests/core/test_config checks this file "
                           "against it.");
   cJSON_AddStringToObject(root, "type", "object");
   cJSON_AddFalseToObject(root, "additionalProperties");

@@ -108,7 +108,7 @@ int mc_shard_of(const mc_geometry *g, int fam, mc_state state, int rank, mc_shar
 
   /* 3. Replicas: ranks of the stage whose hyperslab is the same. Which coordinates the
    * hyperslab depends on follows from steps 1-2; the lowest rank varying the others is the
-   * primary. (tests/ckpt/test_ownership.c checks this against brute force.) */
+   * primary. (tests/core/test_ownership.c checks this against brute force.) */
   int sharded = l->zero > 0;
   switch (f->place) {
     case MC_PLACE_REPLICATED: /* depends on dp_rank only when sharded */

@@ -116,7 +116,7 @@ static void test_defaults(void) {
 static void test_good_files(void) {
   static char names[256][128];
   char dir[1200], path[1400];
-  const char *dirs[2] = {"configs", "tests/ckpt/config_cases"};
+  const char *dirs[2] = {"configs", "tests/core/config_cases"};
   const char *prefix[2] = {"", "good_"};
   int total = 0;
   for (int d = 0; d < 2; d++) {
@@ -153,7 +153,7 @@ static void test_good_files(void) {
  * and leaves the config untouched; every bad_*.json file is listed there. */
 static void test_bad_files(void) {
   char dir[1200], path[1400];
-  FMT(dir, "%s/tests/ckpt/config_cases", g_src);
+  FMT(dir, "%s/tests/core/config_cases", g_src);
   FMT(path, "%s/expect.tsv", dir);
   char *tsv = read_text(path);
   CHECK(tsv != NULL, "cannot read %s", path);
@@ -309,7 +309,7 @@ static void test_apply_json(void) {
 
 static void test_args(void) {
   char cfgpath[1400], p2[1400];
-  FMT(cfgpath, "%s/tests/ckpt/config_cases/good_partial.json", g_src);
+  FMT(cfgpath, "%s/tests/core/config_cases/good_partial.json", g_src);
   FMT(p2, "%s/configs/nam-small.json", g_src);
   char a_config_eq[1500];
   FMT(a_config_eq, "--config=%s", cfgpath);
@@ -341,7 +341,7 @@ static void test_args(void) {
   CHECK(rc != 0 && strstr(mc_errmsg(), "/nonexistent/dir/x.json: cannot open config file") != NULL, "%s", mc_errmsg());
   CHECK(argc == 3, "argv untouched on error");
   char syntax[1400];
-  FMT(syntax, "%s/tests/ckpt/config_cases/bad_syntax.json", g_src);
+  FMT(syntax, "%s/tests/core/config_cases/bad_syntax.json", g_src);
   char *bad[] = {"prog", "--config", syntax, NULL};
   argc = 3;
   rc = mc_config_from_args(&d, &argc, bad);

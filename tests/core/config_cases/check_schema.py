@@ -22,7 +22,7 @@ from jsonschema import Draft202012Validator
 
 SRC = os.environ.get("MC_SOURCE_DIR", ".")
 TOOL = sys.argv[1]
-CASES = os.path.join(SRC, "tests", "ckpt", "config_cases")
+CASES = os.path.join(SRC, "tests", "core", "config_cases")
 failures = []
 
 
