@@ -4,10 +4,12 @@
 # {nam-small, dense-a} x {bf16, fp32} (bench/megac_run.py; MEGAC_BIN holds mctrain and mcdata),
 # then the peer's {nam-small, dense-a} x {eager, compile} x {fp32, bf16}; each run is its own
 # process with a time limit inside BUDGET seconds; ends with one table. FLOPs per token and
-# parameter counts come from bench/results/torch_mcplan.txt (mcplan, run on the CPU host).
+# parameter counts come from results/bench/torch_mcplan.txt (mcplan, run on the CPU host).
 # Usage (repository root): OUT=DIR MC_COMMIT=SHA BUDGET=600 MEGAC_BIN=DIR [TORCH=0] [CROSSCHECK=NPZ]
 #   bash bench/run_bench.sh
 # (TORCH=0 skips the peer; CROSSCHECK: a file from torch_hybrid.py --export-megac, see docs/bench-torch.md)
+# Writes $OUT/bench.log and $OUT/bench_results.json; committed runs go to results/bench/ as
+# bench_<date>.txt and bench_results_<date>.json (results/README.md says what a file records).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/torch_bench_out}
@@ -40,7 +42,7 @@ left() { echo $((BUDGET - ($(date +%s) - start))); }
     for spec in "nam-small bf16 90" "dense-a bf16 90" "nam-small fp32 90" "dense-a fp32 120"; do
       set -- $spec
       cfg=$1 dtype=$2 cap=$3
-      flops=$(awk -v c=$cfg '$1 == c {print $4}' bench/results/torch_mcplan.txt)
+      flops=$(awk -v c=$cfg '$1 == c {print $4}' results/bench/torch_mcplan.txt)
       lim=$(left)
       [ "$lim" -gt "$cap" ] && lim=$cap
       if [ "$lim" -lt 20 ]; then echo "== $cfg megac $dtype: SKIPPED (budget spent)"; continue; fi
@@ -57,7 +59,7 @@ left() { echo $((BUDGET - ($(date +%s) - start))); }
     set -- $spec
     mode=$1 dtype=$2 cap=$3
     for cfg in nam-small dense-a; do
-      flops=$(awk -v c=$cfg '$1 == c {print $4}' bench/results/torch_mcplan.txt)
+      flops=$(awk -v c=$cfg '$1 == c {print $4}' results/bench/torch_mcplan.txt)
       [ "${TORCH:-1}" = 0 ] && continue
       lim=$(left)
       [ "$lim" -gt "$cap" ] && lim=$cap

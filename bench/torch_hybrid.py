@@ -611,8 +611,8 @@ def selfcheck():
     ref = torch.stack([sum(gates[r, j] * swiglu(uu[r], w1[topi[r, j]], w3[topi[r, j]], w2[topi[r, j]])
                            for j in range(k)) for r in range(n)])
     report("MoE dropless dispatch", _experts_dropless(uu, topi, gates, w1, w3, w2), ref)
-    # family table against mcplan's parameter counts (bench/results/torch_mcplan.txt)
-    plan = os.path.join(REPO, "bench", "results", "torch_mcplan.txt")
+    # family table against mcplan's parameter counts (results/bench/torch_mcplan.txt)
+    plan = os.path.join(REPO, "results", "bench", "torch_mcplan.txt")
     if os.path.exists(plan):
         for line in open(plan):
             if line.startswith("#") or not line.strip():
