@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
-#include "ckpt/ckpt_internal.h"
+#include "ckpt/format.h"
 #include "util/error.h"
 
 /* Paths here are short; vsnprintf keeps -Wformat-truncation out of it. */

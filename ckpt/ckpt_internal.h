@@ -1,4 +1,5 @@
-/* Pieces shared by the checkpoint save and load paths; not a public interface. */
+/* Pieces shared by the checkpoint save and load paths, private to the .c files of ckpt/:
+ * not a public interface. What other modules may use of the format is in ckpt/format.h. */
 #ifndef MC_CKPT_CKPT_INTERNAL_H
 #define MC_CKPT_CKPT_INTERNAL_H
 
@@ -6,9 +7,10 @@
 #include <stdint.h>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/format.h"
 
 /* ---------------------------------------------------------------- hashing (ckpt_hash.c) */
-void mc_sha256_hex(const void *data, size_t len, char hex[65]);
+/* mc_sha256_hex: ckpt/format.h. */
 
 /* A pool running jobs 0..n-1 on `threads` threads, taken in index order, so a consumer can
  * wait for job j while later ones still run. fn returns 0 or -1 (with mc_error). */
@@ -25,20 +27,18 @@ int mc_pool_finish(mc_pool *p);
 int mc_parallel(int n_jobs, int threads, mc_job_fn fn, void *ctx);
 
 /* ---------------------------------------------------------------- files (ckpt_fs.c) */
+/* mc_path_exists, mc_fsync_path, mc_rmtree: ckpt/format.h. */
 /* out (MC_PATH_MAX bytes) = dir/name; -1 with an error if it does not fit. */
 int mc_path_join(char *out, const char *dir, const char *name);
-int mc_fsync_path(const char *path, int is_dir);
 /* Asks the kernel to start writing a file's dirty pages back, without waiting (best effort). */
 void mc_start_writeback(const char *path);
 int mc_mkdir_p(const char *path);
-int mc_rmtree(const char *path);
 /* Writes a whole file and fsyncs it; fault points name the write and the fsync. */
 int mc_write_file_durable(const char *path, const void *data, size_t len,
                           const char *fault_write, const char *fault_fsync);
 /* Reads a whole file (NUL-terminated); caller frees. */
 int mc_read_file(const char *path, char **data, size_t *len);
 int mc_file_size(const char *path, int64_t *size);
-int mc_path_exists(const char *path);
 
 /* Fault injection: 0 if `point` is not armed, else -1 with an ENOSPC error (or the process
  * exits with status 3 for a crash fault). */
@@ -46,13 +46,9 @@ int mc_ckpt_fault(const char *point);
 
 /* ---------------------------------------------------------------- rank files (ckpt_h5.c) */
 
-/* Attribute values of one shard dataset (save writes them, load checks them). */
-typedef struct {
-  mc_ckpt_shard s;
-  int64_t global_shape[MC_CKPT_MAX_DIM];
-  char placement_rule[MC_CKPT_RULE_MAX];
-  int *replica_buf; /* owns s.replicas while scanning */
-} mc_shard_attrs;
+/* mc_shard_attrs, mc_h5_write_shard_attrs, mc_h5_write_file_attrs and the readers
+ * (mc_h5_open_read, mc_h5_close, mc_h5_check_attrs, mc_h5_raw_offset, mc_read_raw,
+ * mc_h5_read_box): ckpt/format.h. */
 
 /* Writes rank file `path`: every shard dataset with its attributes. data[i] holds shard i;
  * its hash is ready once mc_pool_wait_job(hashes, hash_base + i) returns, and is then in
@@ -60,11 +56,6 @@ typedef struct {
  * caller fsyncs it. */
 int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_attrs *attrs,
                           const float *const *data, int n, mc_pool *hashes, int hash_base);
-/* Writes the attributes of one shard dataset (an open HDF5 dataset id), exactly as rank
- * files carry them; for writers that fill datasets themselves (e.g. streaming reshards). */
-int mc_h5_write_shard_attrs(int64_t dset, const mc_shard_attrs *a);
-/* Writes a rank file's own attributes (format, format_version, step, rank) to an open file. */
-int mc_h5_write_file_attrs(int64_t file, int64_t step, int rank);
 /* Reads back the attributes of every shard dataset in a rank file (in name order).
  * *out is malloc'd; free with mc_shard_attrs_free. */
 int mc_h5_scan_rank_file(const char *path, const char *file_name, mc_shard_attrs **out, int *n);
@@ -72,26 +63,6 @@ void mc_shard_attrs_free(mc_shard_attrs *a, int n);
 
 /* 1 if the HDF5 library may be called from several threads (a thread-safe build). */
 int mc_h5_threadsafe(void);
-
-/* The byte offset of a contiguous, unfiltered dataset's data in its file, or -1 when it must
- * be read through HDF5. Such data can be read with plain preads (mc_read_raw), which do not
- * take the HDF5 library's global lock and so run in parallel on several threads. */
-int64_t mc_h5_raw_offset(int64_t fid, const char *dataset);
-/* pread of `bytes` at `at` from fd, retried until complete; errors name file and dataset. */
-int mc_read_raw(int fd, int64_t at, void *dst, int64_t bytes, const char *file, const char *dataset);
-
-/* An open rank file for reading; hid_t kept as int64_t so HDF5 stays out of this header. */
-int mc_h5_open_read(const char *path, int64_t *fid);
-void mc_h5_close(int64_t fid);
-/* Checks a dataset's attributes against the manifest's record (names the first mismatch). */
-int mc_h5_check_attrs(int64_t fid, const char *file_name, const mc_ckpt_shard *s,
-                      const int64_t *global_shape);
-/* Reads the box (off, cnt) of dataset s (offsets relative to the shard) into `out`, whose
- * extent is out_dims with the box placed at out_off. Whole shard: off = 0, cnt = s->count,
- * out_dims = s->count, out_off = 0. */
-int mc_h5_read_box(int64_t fid, const char *file_name, const mc_ckpt_shard *s,
-                   const int64_t *off, const int64_t *cnt, float *out, const int64_t *out_dims,
-                   const int64_t *out_off);
 
 /* ---------------------------------------------------------------- manifest (ckpt_manifest.c) */
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/ckpt_internal.h"
+#include "ckpt/format.h"
 #include "reshard/execute.h"
 #include "reshard/reshard.h"
 

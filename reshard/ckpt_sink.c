@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ckpt/ckpt_internal.h"
+#include "ckpt/format.h"
 #include "reshard/ckpt_source.h"
 
 typedef struct {

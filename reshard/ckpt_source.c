@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ckpt/ckpt_internal.h"
+#include "ckpt/format.h"
 
 typedef struct {
   char name[32];

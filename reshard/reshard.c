@@ -10,7 +10,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "ckpt/ckpt_internal.h"
+#include "ckpt/format.h"
 #include "reshard/ckpt_sink.h"
 #include "reshard/execute.h"
 

@@ -9,7 +9,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
-#include "ckpt/ckpt_internal.h"
+#include "ckpt/format.h"
 
 #include "tests/check.h"
 
