@@ -15,6 +15,7 @@
 
 #include <mpi.h>
 
+#include "cli/cli_opts.h"
 #include "core/config.h"
 #include "comm/comm.h"
 #include "plan/plan.h"
@@ -23,6 +24,15 @@
 
 static volatile sig_atomic_t stop_signal = 0;
 static void on_signal(int sig) { stop_signal = sig; }
+
+enum { OPT_RESUME = CLI_LONG, OPT_UNTIL, OPT_QUIET };
+static const struct option LONG_OPTS[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"resume", required_argument, NULL, OPT_RESUME},
+    {"until", required_argument, NULL, OPT_UNTIL},
+    {"quiet", no_argument, NULL, OPT_QUIET},
+    {NULL, 0, NULL, 0},
+};
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -87,26 +97,28 @@ static int run_main(int argc, char **argv, mc_comm *world) {
   memset(&opts, 0, sizeof opts);
   opts.progress = world && world->rank != 0 ? NULL : stdout; /* rank 0 reports */
   opts.world = world;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+  cli_parser p;
+  int npos = 0;
+  cli_init(&p, argc, argv, "h", LONG_OPTS);
+  for (int c; (c = cli_next(&p)) != -1;) {
+    switch (c) {
+    case 'h':
       usage(stdout);
       return 0;
-    } else if (!strcmp(a, "--resume") && i + 1 < argc) {
-      opts.resume = argv[++i];
-    } else if (!strcmp(a, "--until") && i + 1 < argc) {
-      char *end;
-      opts.until = strtoll(argv[++i], &end, 10);
-      if (*end || opts.until < 1) {
-        fprintf(stderr, "mctrain: --until %s is not a positive step count\n", argv[i]);
-        return 2;
-      }
-    } else if (!strcmp(a, "--quiet")) {
+    case OPT_RESUME:
+      opts.resume = p.arg;
+      break;
+    case OPT_UNTIL:
+      if (cli_int(p.opt, p.arg, 1, INT64_MAX, "a positive step count", &opts.until) != 0) return cli_bad_usage("mctrain", NULL);
+      break;
+    case OPT_QUIET:
       opts.progress = NULL;
-    } else {
-      fprintf(stderr, "mctrain: unknown argument or missing value: %s\n", a);
-      usage(stderr);
-      return 2;
+      break;
+    case CLI_ARG:
+      cli_positional(&p, NULL, 0, &npos); /* takes none: sets the message */
+      return cli_bad_usage("mctrain", usage);
+    default:
+      return cli_bad_usage("mctrain", usage);
     }
   }
   opts.progress_tty = opts.progress && isatty(fileno(opts.progress));
