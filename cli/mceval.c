@@ -13,12 +13,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli_opts.h"
 #include "ckpt/checkpoint.h"
 #include "train/data.h"
 #include "train/device.h"
 #include "train/net.h"
 #include "train/trainer.h"
 #include "util/error.h"
+
+/* --config/--set are here only to name them when their value is missing (main moves them
+ * out of argv first, for eval to apply on the checkpoint's config). */
+enum { OPT_DATA = CLI_LONG, OPT_BATCHES, OPT_SPLIT, OPT_DEVICE, OPT_NO_VERIFY, OPT_CONFIG, OPT_SET };
+static const struct option LONG_OPTS[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"data", required_argument, NULL, OPT_DATA},
+    {"batches", required_argument, NULL, OPT_BATCHES},
+    {"split", required_argument, NULL, OPT_SPLIT},
+    {"device", required_argument, NULL, OPT_DEVICE},
+    {"no-verify", no_argument, NULL, OPT_NO_VERIFY},
+    {"config", required_argument, NULL, OPT_CONFIG},
+    {"set", required_argument, NULL, OPT_SET},
+    {NULL, 0, NULL, 0},
+};
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -89,37 +105,38 @@ int main(int argc, char **argv) {
   int64_t batches = -1;
   int split_all = 0, verify = 1;
   const char *device = "cpu";
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+  cli_parser p;
+  int npos = 0;
+  cli_init(&p, argc, argv, "h", LONG_OPTS);
+  for (int c; (c = cli_next(&p)) != -1;) {
+    switch (c) {
+    case 'h':
       usage(stdout);
       return 0;
-    } else if (!strcmp(a, "--data") && i + 1 < argc) {
-      data = argv[++i];
-    } else if (!strcmp(a, "--batches") && i + 1 < argc) {
-      char *end;
-      batches = strtoll(argv[++i], &end, 10);
-      if (*end || batches < 0) {
-        fprintf(stderr, "mceval: --batches %s is not a non-negative integer\n", argv[i]);
+    case OPT_DATA:
+      data = p.arg;
+      break;
+    case OPT_BATCHES:
+      if (cli_int(p.opt, p.arg, 0, INT64_MAX, "a non-negative integer", &batches) != 0) return cli_bad_usage("mceval", NULL);
+      break;
+    case OPT_SPLIT:
+      if (strcmp(p.arg, "val") && strcmp(p.arg, "all")) {
+        fprintf(stderr, "mceval: --split %s: expected val or all\n", p.arg);
         return 2;
       }
-    } else if (!strcmp(a, "--split") && i + 1 < argc) {
-      const char *s = argv[++i];
-      if (strcmp(s, "val") && strcmp(s, "all")) {
-        fprintf(stderr, "mceval: --split %s: expected val or all\n", s);
-        return 2;
-      }
-      split_all = !strcmp(s, "all");
-    } else if (!strcmp(a, "--device") && i + 1 < argc) {
-      device = argv[++i];
-    } else if (!strcmp(a, "--no-verify")) {
+      split_all = !strcmp(p.arg, "all");
+      break;
+    case OPT_DEVICE:
+      device = p.arg;
+      break;
+    case OPT_NO_VERIFY:
       verify = 0;
-    } else if (a[0] == '-' || ckpt) {
-      fprintf(stderr, "mceval: unexpected argument: %s\n", a);
-      usage(stderr);
-      return 2;
-    } else {
-      ckpt = a;
+      break;
+    case CLI_ARG:
+      if (cli_positional(&p, &ckpt, 1, &npos) == 0) break;
+      return cli_bad_usage("mceval", usage);
+    default: /* CLI_BAD (also a --config/--set left in argv: it has no value) */
+      return cli_bad_usage("mceval", usage);
     }
   }
   if (!ckpt || (!data && cfg_argc == 1)) {
