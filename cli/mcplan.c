@@ -6,12 +6,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli_opts.h"
 #include "core/config.h"
 #include "core/ownership.h"
 #include "plan/plan.h"
 #include "plan/report.h"
 #include "plan/units.h"
 #include "util/error.h"
+
+enum { OPT_DEVICE_MEM = CLI_LONG, OPT_RESERVE, OPT_ALLOC_OVERHEAD, OPT_MARGIN, OPT_DETAIL, OPT_JSON };
+static const struct option LONG_OPTS[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"device-mem", required_argument, NULL, OPT_DEVICE_MEM},
+    {"reserve", required_argument, NULL, OPT_RESERVE},
+    {"alloc-overhead", required_argument, NULL, OPT_ALLOC_OVERHEAD},
+    {"margin", required_argument, NULL, OPT_MARGIN},
+    {"detail", required_argument, NULL, OPT_DETAIL},
+    {"json", no_argument, NULL, OPT_JSON},
+    {NULL, 0, NULL, 0},
+};
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -38,58 +51,45 @@ static int parse_percent(const char *opt, const char *text, double *out) {
   return 0;
 }
 
-static int parse_int(const char *opt, const char *text, int *out) {
-  char *end = NULL;
-  errno = 0;
-  long v = strtol(text, &end, 10);
-  if (errno != 0 || end == text || *end != 0 || v < 1 || v > 1000000)
-    return mc_error("%s: '%s' is not a positive integer", opt, text);
-  *out = (int)v;
-  return 0;
-}
-
-/* Accepts "--opt VALUE" and "--opt=VALUE"; returns the value or NULL if argv[*i] is not opt. */
-static const char *option_value(int argc, char **argv, int *i, const char *opt, int *missing) {
-  size_t n = strlen(opt);
-  if (strncmp(argv[*i], opt, n) != 0) return NULL;
-  if (argv[*i][n] == '=') return argv[*i] + n + 1;
-  if (argv[*i][n] != 0) return NULL;
-  if (*i + 1 >= argc) {
-    *missing = 1;
-    return NULL;
-  }
-  return argv[++*i];
-}
-
 typedef struct {
   mc_plan_opts opts;
   int json;
   int detail;
-} cli_opts;
+} plan_args;
 
-static int parse_args(int argc, char **argv, cli_opts *o) {
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v;
-    int missing = 0;
-    if (!strcmp(a, "--json")) {
+/* 0; 1 for --help; -1 with mc_error set. */
+static int parse_args(int argc, char **argv, plan_args *o) {
+  cli_parser p;
+  int npos = 0;
+  cli_init(&p, argc, argv, "h", LONG_OPTS);
+  for (int c; (c = cli_next(&p)) != -1;) {
+    switch (c) {
+    case 'h':
+      return 1;
+    case OPT_JSON:
       o->json = 1;
-    } else if ((v = option_value(argc, argv, &i, "--device-mem", &missing))) {
-      if (mc_parse_bytes(v, &o->opts.device_mem)) return mc_error_context("--device-mem");
-      if (o->opts.device_mem <= 0) return mc_error("--device-mem: '%s' must be positive", v);
-    } else if ((v = option_value(argc, argv, &i, "--reserve", &missing))) {
-      if (mc_parse_bytes(v, &o->opts.reserve)) return mc_error_context("--reserve");
-    } else if ((v = option_value(argc, argv, &i, "--alloc-overhead", &missing))) {
-      if (parse_percent("--alloc-overhead", v, &o->opts.alloc_overhead)) return -1;
-    } else if ((v = option_value(argc, argv, &i, "--margin", &missing))) {
-      if (parse_percent("--margin", v, &o->opts.margin)) return -1;
-    } else if ((v = option_value(argc, argv, &i, "--detail", &missing))) {
-      if (parse_int("--detail", v, &o->detail)) return -1;
-    } else if (missing) {
-      return mc_error("%s needs a value", a);
-    } else {
-      return mc_error("unknown argument '%s' (see mcplan --help)", a);
+      break;
+    case OPT_DEVICE_MEM:
+      if (mc_parse_bytes(p.arg, &o->opts.device_mem)) return mc_error_context("--device-mem");
+      if (o->opts.device_mem <= 0) return mc_error("--device-mem: '%s' must be positive", p.arg);
+      break;
+    case OPT_RESERVE:
+      if (mc_parse_bytes(p.arg, &o->opts.reserve)) return mc_error_context("--reserve");
+      break;
+    case OPT_ALLOC_OVERHEAD:
+      if (parse_percent(p.opt, p.arg, &o->opts.alloc_overhead)) return -1;
+      break;
+    case OPT_MARGIN:
+      if (parse_percent(p.opt, p.arg, &o->opts.margin)) return -1;
+      break;
+    case OPT_DETAIL:
+      if (cli_int32(p.opt, p.arg, 1, 1000000, "a positive integer", &o->detail)) return -1;
+      break;
+    case CLI_ARG:
+      return cli_positional(&p, NULL, 0, &npos); /* takes none: -1 naming it */
+    default:
+      return -1;
     }
-    if (missing) return mc_error("%s needs a value", a);
   }
   return 0;
 }
@@ -105,12 +105,14 @@ int main(int argc, char **argv) {
     fprintf(stderr, "mcplan: %s\n", mc_errmsg());
     return 2;
   }
-  cli_opts o = {.json = 0, .detail = 16};
+  plan_args o = {.json = 0, .detail = 16};
   mc_plan_opts_default(&o.opts);
-  if (parse_args(argc, argv, &o) != 0) {
-    fprintf(stderr, "mcplan: %s\n", mc_errmsg());
-    return 2;
+  const int parsed = parse_args(argc, argv, &o);
+  if (parsed == 1) {
+    usage(stdout);
+    return 0;
   }
+  if (parsed != 0) return cli_bad_usage("mcplan", NULL);
   mc_geometry g;
   if (mc_geometry_build(&cfg.model, &cfg.parallel, &cfg.train, -1, &g) != 0) {
     fprintf(stderr, "mcplan: %s\n", mc_errmsg());
