@@ -20,10 +20,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli/cli_opts.h"
 #include "core/config.h"
 #include "util/error.h"
 
 #define CHUNK (1 << 20)
+
+enum { OPT_DTYPE = CLI_LONG, OPT_VOCAB, OPT_TOKENIZER };
+static const struct option LONG_OPTS[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"output", required_argument, NULL, 'o'},
+    {"dtype", required_argument, NULL, OPT_DTYPE},
+    {"vocab", required_argument, NULL, OPT_VOCAB},
+    {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
+    {NULL, 0, NULL, 0},
+};
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -201,31 +212,30 @@ int main(int argc, char **argv) {
   }
   j.files = malloc(sizeof(char *) * (size_t)(argc > 0 ? argc : 1));
   if (!j.files) return 1;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    int has_val = i + 1 < argc;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+  cli_parser p;
+  cli_init(&p, argc, argv, "ho:", LONG_OPTS);
+  for (int c; (c = cli_next(&p)) != -1;) {
+    switch (c) {
+    case 'h':
       usage(stdout);
       return 0;
-    } else if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && has_val) {
-      j.out = argv[++i];
-    } else if (!strcmp(a, "--dtype") && has_val) {
-      dtype = argv[++i];
-    } else if (!strcmp(a, "--vocab") && has_val) {
-      char *end;
-      j.vocab = strtoll(argv[++i], &end, 10);
-      if (*end || j.vocab < 1 || j.vocab > 4294967296LL) {
-        fprintf(stderr, "mcdata: --vocab %s is not an integer in [1, 2^32]\n", argv[i]);
-        return 2;
-      }
-    } else if (!strcmp(a, "--tokenizer") && has_val) {
-      j.tokenizer = argv[++i];
-    } else if (a[0] == '-' && a[1]) {
-      fprintf(stderr, "mcdata: unknown option or missing value: %s\n", a);
-      usage(stderr);
-      return 2;
-    } else {
-      j.files[j.n_files++] = argv[i];
+    case 'o':
+      j.out = p.arg;
+      break;
+    case OPT_DTYPE:
+      dtype = p.arg;
+      break;
+    case OPT_VOCAB:
+      if (cli_int(p.opt, p.arg, 1, 4294967296LL, "an integer in [1, 2^32]", &j.vocab) != 0) return cli_bad_usage("mcdata", NULL);
+      break;
+    case OPT_TOKENIZER:
+      j.tokenizer = p.arg;
+      break;
+    case CLI_ARG:
+      j.files[j.n_files++] = (char *)p.arg;
+      break;
+    default:
+      return cli_bad_usage("mcdata", usage);
     }
   }
   if (from_config) {
