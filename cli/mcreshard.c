@@ -14,10 +14,42 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/cli_opts.h"
 #include "core/layout.h"
 #include "reshard/export.h"
 #include "reshard/plan_print.h"
 #include "reshard/reshard.h"
+
+/* --config/--set (and --layout, the same as --config) are here only to name them when their
+ * value is missing: main moves them out of argv first, for resolve_layout to apply on the
+ * source's config. */
+enum {
+  OPT_TP = CLI_LONG, OPT_PP, OPT_DP, OPT_EP, OPT_SP, OPT_ZERO, OPT_SPLIT, OPT_CONFIG, OPT_SET, OPT_EXPORT, OPT_IMPORT,
+  OPT_CHUNK_MB, OPT_THREADS, OPT_CONSOLIDATE, OPT_DRY_RUN, OPT_JSON, OPT_FORCE, OPT_NO_PROGRESS
+};
+static const struct option LONG_OPTS[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"tp", required_argument, NULL, OPT_TP},
+    {"pp", required_argument, NULL, OPT_PP},
+    {"dp", required_argument, NULL, OPT_DP},
+    {"ep", required_argument, NULL, OPT_EP},
+    {"sp", required_argument, NULL, OPT_SP},
+    {"zero", required_argument, NULL, OPT_ZERO},
+    {"split", required_argument, NULL, OPT_SPLIT},
+    {"config", required_argument, NULL, OPT_CONFIG},
+    {"set", required_argument, NULL, OPT_SET},
+    {"layout", required_argument, NULL, OPT_CONFIG},
+    {"export", required_argument, NULL, OPT_EXPORT},
+    {"import", required_argument, NULL, OPT_IMPORT},
+    {"chunk-mb", required_argument, NULL, OPT_CHUNK_MB},
+    {"threads", required_argument, NULL, OPT_THREADS},
+    {"consolidate", no_argument, NULL, OPT_CONSOLIDATE},
+    {"dry-run", no_argument, NULL, OPT_DRY_RUN},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"force", no_argument, NULL, OPT_FORCE},
+    {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
+    {NULL, 0, NULL, 0},
+};
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -45,12 +77,9 @@ typedef struct {
   char **cfg_argv;
 } layout_args;
 
-static int parse_int(const char *flag, const char *v, int lo, int *out) {
-  char *end = NULL;
-  long x = v ? strtol(v, &end, 10) : 0;
-  if (!v || !*v || *end || x < lo || x > 1 << 20) return mc_error("%s needs an integer >= %d, got '%s'", flag, lo, v ? v : "");
-  *out = (int)x;
-  return 0;
+/* An integer option's value in [lo, 2^20]. */
+static int parse_int(const cli_parser *p, int lo, int *out) {
+  return cli_int32(p->opt, p->arg, lo, 1 << 20, lo ? "an integer in [1, 1048576]" : "an integer in [0, 1048576]", out);
 }
 
 /* Resolves the target layout: source values, then --config/--layout files and --set
@@ -90,57 +119,48 @@ int main(int argc, char **argv) {
     fprintf(stderr, "mcreshard: out of memory\n");
     return 1;
   }
-  for (int i = 1; i < argc; i++) /* --layout FILE is --config FILE */
+  for (int i = 1; i + 1 < argc; i++) /* --layout FILE is --config FILE */
     if (!strcmp(argv[i], "--layout")) argv[i] = "--config";
   la.cfg_argc = mc_config_take_args(&argc, argv, la.cfg_argv);
   const char *pos[2] = {NULL, NULL}, *export_path = NULL, *import_path = NULL;
   int npos = 0, dry = 0, json = 0, progress = isatty(2);
   mc_rs_opts o = {.chunk_bytes = (int64_t)16 << 20, .threads = 0};
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    int rc = 0, takes = 1;
-    if (!strcmp(a, "--tp")) rc = parse_int(a, v, 1, &la.tp);
-    else if (!strcmp(a, "--pp")) rc = parse_int(a, v, 1, &la.pp);
-    else if (!strcmp(a, "--dp")) rc = parse_int(a, v, 1, &la.dp);
-    else if (!strcmp(a, "--ep")) rc = parse_int(a, v, 1, &la.ep);
-    else if (!strcmp(a, "--sp")) rc = parse_int(a, v, 0, &la.sp);
-    else if (!strcmp(a, "--zero")) rc = parse_int(a, v, 0, &la.zero);
-    else if (!strcmp(a, "--split")) rc = v ? (la.split = v, 0) : mc_error("--split needs a value");
-    else if (!strcmp(a, "--config") || !strcmp(a, "--set")) /* left over only without a value */
-      rc = mc_error("%s needs %s", a, strcmp(a, "--set") ? "a file" : "section.key=value");
-    else if (!strcmp(a, "--export")) rc = v ? (export_path = v, 0) : mc_error("--export needs a file");
-    else if (!strcmp(a, "--import")) rc = v ? (import_path = v, 0) : mc_error("--import needs a file");
-    else if (!strcmp(a, "--chunk-mb")) {
+  cli_parser p;
+  cli_init(&p, argc, argv, "h", LONG_OPTS);
+  for (int c; (c = cli_next(&p)) != -1;) {
+    int rc = 0;
+    switch (c) {
+    case 'h':
+      usage(stdout);
+      return 0;
+    case OPT_TP: rc = parse_int(&p, 1, &la.tp); break;
+    case OPT_PP: rc = parse_int(&p, 1, &la.pp); break;
+    case OPT_DP: rc = parse_int(&p, 1, &la.dp); break;
+    case OPT_EP: rc = parse_int(&p, 1, &la.ep); break;
+    case OPT_SP: rc = parse_int(&p, 0, &la.sp); break;
+    case OPT_ZERO: rc = parse_int(&p, 0, &la.zero); break;
+    case OPT_SPLIT: la.split = p.arg; break;
+    case OPT_EXPORT: export_path = p.arg; break;
+    case OPT_IMPORT: import_path = p.arg; break;
+    case OPT_CHUNK_MB: {
       int mb = 0;
-      rc = parse_int(a, v, 1, &mb);
+      rc = parse_int(&p, 1, &mb);
       o.chunk_bytes = (int64_t)mb << 20;
-    } else if (!strcmp(a, "--threads")) rc = parse_int(a, v, 1, &o.threads);
-    else {
-      takes = 0;
-      if (!strcmp(a, "--consolidate")) la.consolidate = 1;
-      else if (!strcmp(a, "--dry-run")) dry = 1;
-      else if (!strcmp(a, "--json")) json = 1;
-      else if (!strcmp(a, "--force")) o.force = 1;
-      else if (!strcmp(a, "--no-progress")) progress = 0;
-      else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-        usage(stdout);
-        return 0;
-      } else if (a[0] == '-' && a[1]) {
-        fprintf(stderr, "mcreshard: unknown option %s\n", a);
-        usage(stderr);
-        return 2;
-      } else if (npos < 2) pos[npos++] = a;
-      else {
-        fprintf(stderr, "mcreshard: unexpected argument %s\n", a);
-        usage(stderr);
-        return 2;
-      }
+      break;
     }
-    if (rc) {
-      fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
-      return 2;
+    case OPT_THREADS: rc = parse_int(&p, 1, &o.threads); break;
+    case OPT_CONSOLIDATE: la.consolidate = 1; break;
+    case OPT_DRY_RUN: dry = 1; break;
+    case OPT_JSON: json = 1; break;
+    case OPT_FORCE: o.force = 1; break;
+    case OPT_NO_PROGRESS: progress = 0; break;
+    case CLI_ARG:
+      if (cli_positional(&p, pos, 2, &npos) == 0) break;
+      return cli_bad_usage("mcreshard", usage);
+    default: /* CLI_BAD (also a --config/--set left in argv: it has no value) */
+      return cli_bad_usage("mcreshard", usage);
     }
-    i += takes;
+    if (rc) return cli_bad_usage("mcreshard", NULL);
   }
   if (la.zero >= 0 && la.zero != 0 && la.zero != 1 && la.zero != 3) {
     fprintf(stderr, "mcreshard: --zero must be 0, 1 or 3, got %d\n", la.zero);
