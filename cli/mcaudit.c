@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/cli_opts.h"
 #include "plan/plan.h"
 #include "reshard/audit.h"
 #include "reshard/ownmap.h"
@@ -24,6 +25,16 @@
 
 static const mc_mem_cat CAT[MC_AUDIT_N_CATS] = {MC_MEM_PARAMS_REPLICATED, MC_MEM_PARAMS_TP, MC_MEM_PARAMS_EP,
                                                MC_MEM_MOMENTS_DECAY, MC_MEM_MOMENTS_NO_DECAY};
+
+enum { OPT_VERIFY = CLI_LONG, OPT_JSON, OPT_MAP, OPT_NO_PROGRESS };
+static const struct option LONG_OPTS[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"verify", no_argument, NULL, OPT_VERIFY},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"map", required_argument, NULL, OPT_MAP},
+    {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
+    {NULL, 0, NULL, 0},
+};
 
 static void usage(FILE *f) {
   fprintf(f, "usage: mcaudit CKPT [--verify] [--json] [--map FILE.svg|FILE.html] [--no-progress]\n"
@@ -215,19 +226,24 @@ int main(int argc, char **argv) {
     fprintf(stderr, "mcaudit: %s\n", mc_errmsg());
     return 2;
   }
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--verify")) verify = 1;
-    else if (!strcmp(argv[i], "--json")) json = 1;
-    else if (!strcmp(argv[i], "--no-progress")) progress = 0;
-    else if (!strcmp(argv[i], "--map") && i + 1 < argc) map = argv[++i];
-    else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+  cli_parser p;
+  int npos = 0;
+  cli_init(&p, argc, argv, "h", LONG_OPTS);
+  for (int c; (c = cli_next(&p)) != -1;) {
+    switch (c) {
+    case 'h':
       usage(stdout);
       return 0;
-    } else if (argv[i][0] == '-' || ckpt) {
-      fprintf(stderr, "mcaudit: unexpected argument %s\n", argv[i]);
-      usage(stderr);
-      return 2;
-    } else ckpt = argv[i];
+    case OPT_VERIFY: verify = 1; break;
+    case OPT_JSON: json = 1; break;
+    case OPT_MAP: map = p.arg; break;
+    case OPT_NO_PROGRESS: progress = 0; break;
+    case CLI_ARG:
+      if (cli_positional(&p, &ckpt, 1, &npos) == 0) break;
+      return cli_bad_usage("mcaudit", usage);
+    default:
+      return cli_bad_usage("mcaudit", usage);
+    }
   }
   if (!ckpt) {
     usage(stderr);
