@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "ckpt/ckpt_internal.h"
+#include "core/box.h"
 #include "util/error.h"
 
 struct mc_ckpt {
@@ -315,10 +316,15 @@ static int read_whole(mc_ckpt *ck, int si, int64_t fid, const char *where, float
   return mc_h5_read_box(fid, where, s, zero, s->count, buf, s->count, zero);
 }
 
+/* The boxes of a request and of a shard (a request has its family's ndim: the shard's). */
+static mc_box request_box(const mc_ckpt_request *r, const mc_ckpt_shard *s) {
+  return mc_box_make(s->ndim, r->start, r->count);
+}
+static mc_box shard_box(const mc_ckpt_shard *s) { return mc_box_make(s->ndim, s->start, s->count); }
+
 static int is_whole(const mc_ckpt_request *r, const mc_ckpt_shard *s) {
-  for (int k = 0; k < s->ndim; k++)
-    if (r->start[k] != s->start[k] || r->count[k] != s->count[k]) return 0;
-  return 1;
+  mc_box rb = request_box(r, s), sb = shard_box(s);
+  return mc_box_equal(&rb, &sb);
 }
 
 /* Copies box cnt at src_off of a row-major array of extent src_dims into dst at dst_off. */
@@ -342,18 +348,31 @@ static void copy_box(const float *src, const int64_t *src_dims, const int64_t *s
     }
 }
 
-/* Intersection of a request with a shard; 0 if empty. Offsets are relative to each. */
-static int intersect(const mc_ckpt_request *r, const mc_ckpt_shard *s, int64_t *soff, int64_t *roff, int64_t *cnt) {
-  for (int k = 0; k < s->ndim; k++) {
-    int64_t lo = r->start[k] > s->start[k] ? r->start[k] : s->start[k];
-    int64_t hi1 = r->start[k] + r->count[k], hi2 = s->start[k] + s->count[k];
-    int64_t hi = hi1 < hi2 ? hi1 : hi2;
-    if (hi <= lo) return 0;
-    soff[k] = lo - s->start[k];
-    roff[k] = lo - r->start[k];
-    cnt[k] = hi - lo;
-  }
-  return 1;
+/* Intersection of a request with a shard (global coordinates); returns its element count,
+ * 0 if empty. */
+static int64_t intersect(const mc_ckpt_request *r, const mc_ckpt_shard *s, mc_box *out) {
+  mc_box rb = request_box(r, s), sb = shard_box(s);
+  return mc_box_intersect(&rb, &sb, out);
+}
+
+/* Copies the part of shard s (whole, in buf) that request r wants into r->out. */
+static void scatter(const mc_ckpt_request *r, const mc_ckpt_shard *s, const float *buf) {
+  mc_box ib, rb = request_box(r, s), sb = shard_box(s);
+  if (!mc_box_intersect(&rb, &sb, &ib)) return;
+  int64_t soff[3], roff[3];
+  mc_box_offset(&ib, &sb, soff);
+  mc_box_offset(&ib, &rb, roff);
+  copy_box(buf, s->count, soff, r->out, r->count, roff, ib.count, s->ndim);
+}
+
+/* Reads the part of shard s that request r wants straight into r->out, through HDF5. */
+static int read_part(int64_t fid, const char *where, const mc_ckpt_request *r, const mc_ckpt_shard *s) {
+  mc_box ib, rb = request_box(r, s), sb = shard_box(s);
+  if (!mc_box_intersect(&rb, &sb, &ib)) return 0;
+  int64_t soff[3], roff[3];
+  mc_box_offset(&ib, &sb, soff);
+  mc_box_offset(&ib, &rb, roff);
+  return mc_h5_read_box(fid, where, s, soff, ib.count, r->out, r->count, roff);
 }
 
 typedef struct {
@@ -410,7 +429,6 @@ static int read_task(void *arg, int t) {
     if (mc_h5_check_attrs(fid, where, s, f->shape) != 0) return -1;
     ck->checked[si] = 1;
   }
-  int64_t soff[3], roff[3], cnt[3];
   if ((ck->opts.verify || c->force_verify) && !ck->verified[si]) {
     /* The whole shard must be hashed. When one request is exactly this shard (a load under
      * the saving layout), it is read straight into the caller's buffer; otherwise into a
@@ -435,10 +453,7 @@ static int read_task(void *arg, int t) {
     }
     ck->verified[si] = 1;
     if (only) return 0;
-    for (int q = c->req_start[t]; q < c->req_start[t + 1]; q++) {
-      const mc_ckpt_request *r = &c->reqs[c->req_list[q]];
-      if (intersect(r, s, soff, roff, cnt)) copy_box(buf, s->count, soff, r->out, r->count, roff, cnt, s->ndim);
-    }
+    for (int q = c->req_start[t]; q < c->req_start[t + 1]; q++) scatter(&c->reqs[c->req_list[q]], s, buf);
     free(buf);
     return 0;
   }
@@ -446,7 +461,7 @@ static int read_task(void *arg, int t) {
     const mc_ckpt_request *r = &c->reqs[c->req_list[q]];
     if (is_whole(r, s)) {
       if (read_whole(ck, si, fid, where, r->out) != 0) return -1;
-    } else if (intersect(r, s, soff, roff, cnt) && mc_h5_read_box(fid, where, s, soff, cnt, r->out, r->count, roff) != 0) {
+    } else if (read_part(fid, where, r, s) != 0) {
       return -1;
     }
   }
@@ -484,7 +499,7 @@ static int run_reads(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, int all_sh
     free(rfam);
     return mc_error("out of memory");
   }
-  int64_t soff[3], roff[3], cnt[3];
+  mc_box part;
   for (int i = 0; i < n; i++) {
     const mc_ckpt_request *r = &reqs[i];
     int fi = r->family ? mc_ckpt_find_family(ck, r->family) : -1;
@@ -519,9 +534,8 @@ static int run_reads(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, int all_sh
     int64_t got = 0;
     for (int s = 0; s < ns; s++) {
       const mc_ckpt_shard *sh = &ck->m.shards[s];
-      if (sh->family_index != fi || sh->state != r->state || !intersect(r, sh, soff, roff, cnt)) continue;
-      int64_t v = 1;
-      for (int k = 0; k < sh->ndim; k++) v *= cnt[k];
+      int64_t v = sh->family_index == fi && sh->state == r->state ? intersect(r, sh, &part) : 0;
+      if (!v) continue;
       got += v;
       touch[s]++;
     }
@@ -554,7 +568,7 @@ static int run_reads(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, int all_sh
       for (int i = 0; i < n && touch[s]; i++) {
         const mc_ckpt_shard *sh = &ck->m.shards[s];
         if (sh->family_index == rfam[i] && sh->state == reqs[i].state &&
-            intersect(&reqs[i], sh, soff, roff, cnt))
+            intersect(&reqs[i], sh, &part))
           c.req_list[q++] = i;
       }
       t++;

@@ -1,14 +1,20 @@
-#include "reshard/slab.h"
+#include "core/box.h"
 
 #include <stdio.h>
 
-int64_t mc_slab_numel(const mc_slab *s) {
+mc_box mc_box_make(int ndim, const int64_t *start, const int64_t *count) {
+  mc_box b = {ndim, {0, 0, 0}, {0, 0, 0}};
+  for (int d = 0; d < ndim && d < MC_BOX_MAX_DIM; d++) b.start[d] = start[d], b.count[d] = count[d];
+  return b;
+}
+
+int64_t mc_box_numel(const mc_box *b) {
   int64_t n = 1;
-  for (int d = 0; d < s->ndim; d++) n *= s->count[d];
+  for (int d = 0; d < b->ndim; d++) n *= b->count[d];
   return n;
 }
 
-int64_t mc_slab_intersect(const mc_slab *a, const mc_slab *b, mc_slab *out) {
+int64_t mc_box_intersect(const mc_box *a, const mc_box *b, mc_box *out) {
   out->ndim = a->ndim;
   for (int d = 0; d < 3; d++) out->start[d] = out->count[d] = 0;
   if (a->ndim != b->ndim) return 0;
@@ -23,10 +29,10 @@ int64_t mc_slab_intersect(const mc_slab *a, const mc_slab *b, mc_slab *out) {
     out->start[d] = lo;
     out->count[d] = hi - lo;
   }
-  return mc_slab_numel(out);
+  return mc_box_numel(out);
 }
 
-int mc_slab_contains(const mc_slab *outer, const mc_slab *inner) {
+int mc_box_contains(const mc_box *outer, const mc_box *inner) {
   if (outer->ndim != inner->ndim) return 0;
   for (int d = 0; d < outer->ndim; d++)
     if (inner->start[d] < outer->start[d] ||
@@ -35,10 +41,21 @@ int mc_slab_contains(const mc_slab *outer, const mc_slab *inner) {
   return 1;
 }
 
-void mc_slab_format(const mc_slab *s, char *buf, int cap) {
+int mc_box_equal(const mc_box *a, const mc_box *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int d = 0; d < a->ndim; d++)
+    if (a->start[d] != b->start[d] || a->count[d] != b->count[d]) return 0;
+  return 1;
+}
+
+void mc_box_offset(const mc_box *inner, const mc_box *outer, int64_t *off) {
+  for (int d = 0; d < inner->ndim; d++) off[d] = inner->start[d] - outer->start[d];
+}
+
+void mc_box_format(const mc_box *b, char *buf, int cap) {
   int off = snprintf(buf, (size_t)cap, "[");
-  for (int d = 0; d < s->ndim && off < cap; d++)
+  for (int d = 0; d < b->ndim && off < cap; d++)
     off += snprintf(buf + off, (size_t)(cap - off), "%s%lld:%lld", d ? ", " : "",
-                    (long long)s->start[d], (long long)(s->start[d] + s->count[d]));
+                    (long long)b->start[d], (long long)(b->start[d] + b->count[d]));
   if (off < cap) snprintf(buf + off, (size_t)(cap - off), "]");
 }

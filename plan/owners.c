@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/box.h"
 #include "util/error.h"
 
 typedef struct {
@@ -129,9 +130,6 @@ void mc_format_ranks(const int *ranks, int n, char *buf, int cap) {
 }
 
 void mc_format_slab(int ndim, const int64_t *start, const int64_t *count, char *buf, int cap) {
-  int off = snprintf(buf, (size_t)cap, "[");
-  for (int k = 0; k < ndim && off < cap; k++)
-    off += snprintf(buf + off, (size_t)(cap - off), "%s%lld:%lld", k ? ", " : "", (long long)start[k],
-                    (long long)(start[k] + count[k]));
-  if (off < cap) snprintf(buf + off, (size_t)(cap - off), "]");
+  mc_box b = mc_box_make(ndim, start, count);
+  mc_box_format(&b, buf, cap);
 }

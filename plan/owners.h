@@ -31,7 +31,8 @@ void mc_own_table_free(mc_own_table *t);
 
 /* Writes a rank list compactly: "0-7", "0,4,..,28" (arithmetic runs) or "0,3,5". */
 void mc_format_ranks(const int *ranks, int n, char *buf, int cap);
-/* "[0:32, 0:64]" for a hyperslab (start:start+count per dim). */
+/* "[0:32, 0:64]" for a hyperslab (start:start+count per dim): mc_box_format (core/box.h)
+ * of these arrays. */
 void mc_format_slab(int ndim, const int64_t *start, const int64_t *count, char *buf, int cap);
 
 #endif

@@ -10,14 +10,14 @@
 #include "reshard/execute.h"
 #include "reshard/reshard.h"
 
-int mc_audit_tiling(const char *what, int ndim, const int64_t *shape, const mc_slab *s, const int *ranks, int n,
+int mc_audit_tiling(const char *what, int ndim, const int64_t *shape, const mc_box *s, const int *ranks, int n,
                     mc_errlist *errs) {
   int before = errs->n;
   char b1[128], b2[128];
   int64_t numel = 1, sum = 0;
   for (int d = 0; d < ndim; d++) numel *= shape[d];
   for (int i = 0; i < n; i++) {
-    mc_slab_format(&s[i], b1, sizeof b1);
+    mc_box_format(&s[i], b1, sizeof b1);
     int ok = s[i].ndim == ndim;
     for (int d = 0; ok && d < ndim; d++)
       ok = s[i].start[d] >= 0 && s[i].count[d] >= 0 && s[i].start[d] + s[i].count[d] <= shape[d];
@@ -25,11 +25,11 @@ int mc_audit_tiling(const char *what, int ndim, const int64_t *shape, const mc_s
       mc_errlist_add(errs, "%s: shard of rank %d %s lies outside the global shape", what, ranks[i], b1);
       continue;
     }
-    sum += mc_slab_numel(&s[i]);
+    sum += mc_box_numel(&s[i]);
     for (int j = i + 1; j < n; j++) {
-      mc_slab x;
-      if (mc_slab_intersect(&s[i], &s[j], &x) > 0) {
-        mc_slab_format(&s[j], b2, sizeof b2);
+      mc_box x;
+      if (mc_box_intersect(&s[i], &s[j], &x) > 0) {
+        mc_box_format(&s[j], b2, sizeof b2);
         mc_errlist_add(errs, "%s: shards of rank %d %s and rank %d %s overlap", what, ranks[i], b1, ranks[j], b2);
       }
     }
@@ -113,7 +113,7 @@ static void check_manifest(mc_rs_source *src, mc_audit *a) {
   mc_ckpt *ck = mc_rs_source_ckpt(src);
   const mc_geometry *g = mc_rs_source_geometry(src);
   int ns = mc_ckpt_n_shards(ck);
-  mc_slab *slabs = malloc((size_t)(ns + 1) * sizeof *slabs);
+  mc_box *slabs = malloc((size_t)(ns + 1) * sizeof *slabs);
   int *ranks = malloc((size_t)(ns + 1) * sizeof *ranks);
   int *reps = malloc((size_t)g->world * sizeof *reps);
   if (!slabs || !ranks || !reps) {
@@ -133,8 +133,7 @@ static void check_manifest(mc_rs_source *src, mc_audit *a) {
         int k = idx[((size_t)f * MC_N_STATES + (size_t)st) * (size_t)g->world + (size_t)r];
         if (k < 0) continue;
         const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, k);
-        slabs[n].ndim = s->ndim;
-        for (int d = 0; d < 3; d++) slabs[n].start[d] = d < s->ndim ? s->start[d] : 0, slabs[n].count[d] = d < s->ndim ? s->count[d] : 0;
+        slabs[n] = mc_box_make(s->ndim, s->start, s->count);
         ranks[n++] = s->rank;
       }
       char what[MC_FAMILY_NAME_MAX + 16];
@@ -154,8 +153,8 @@ static void check_manifest(mc_rs_source *src, mc_audit *a) {
       mc_errlist_add(&a->problems, "%s: dataset %s: family or rank unknown to the layout", s->file, s->dataset);
       continue;
     }
-    int same = want.primary && want.ndim == s->ndim && want.stage == s->stage;
-    for (int d = 0; same && d < s->ndim; d++) same = want.start[d] == s->start[d] && want.count[d] == s->count[d];
+    mc_box want_box = mc_box_make(want.ndim, want.start, want.count), got_box = mc_box_make(s->ndim, s->start, s->count);
+    int same = want.primary && want.stage == s->stage && mc_box_equal(&want_box, &got_box);
     int nr = mc_shard_replicas(g, f, s->state, s->rank, reps);
     int same_reps = nr == s->n_replicas;
     for (int k = 0; same_reps && k < nr; k++) same_reps = reps[k] == s->replicas[k];

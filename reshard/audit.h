@@ -13,8 +13,8 @@
 
 #include <stdint.h>
 
+#include "core/box.h"
 #include "reshard/ckpt_source.h"
-#include "reshard/slab.h"
 
 /* Checkpoint memory categories: the partition mcplan uses for parameters and optimizer
  * state (plan/plan.h MC_MEM_PARAMS_REPLICATED / _TP / _EP, MC_MEM_MOMENTS_DECAY /
@@ -44,12 +44,17 @@ typedef struct {
 
 /* Tiling check of one family/state's shards against its global shape. Adds problems
  * naming `what` and the ranks involved; returns the number added. */
-int mc_audit_tiling(const char *what, int ndim, const int64_t *shape, const mc_slab *slabs, const int *ranks, int n,
+int mc_audit_tiling(const char *what, int ndim, const int64_t *shape, const mc_box *slabs, const int *ranks, int n,
                     mc_errlist *errs);
 
 /* Runs every check on an open source. Returns 0 when it could run (problems may still be
  * listed in out->problems), -1 when it could not. */
 int mc_audit_run(mc_rs_source *src, int verify, int progress, mc_audit *out);
 void mc_audit_free(mc_audit *a);
+
+/* Transitional, for cli/mcaudit.c only, which still spells the box mc_slab / mc_slab_format:
+ * delete these two lines once it says mc_box / mc_box_format (core/box.h). */
+typedef mc_box mc_slab;
+#define mc_slab_format mc_box_format
 
 #endif

@@ -149,10 +149,8 @@ int mc_rs_source_bind(mc_rs_source *s, const mc_rs_plan *p) {
                       mc_state_name(tn->state), want->rank);
         break;
       }
-      int same = rec->ndim == want->slab.ndim;
-      for (int d = 0; same && d < rec->ndim; d++)
-        same = rec->start[d] == want->slab.start[d] && rec->count[d] == want->slab.count[d];
-      if (!same) {
+      mc_box rec_box = mc_box_make(rec->ndim, rec->start, rec->count);
+      if (!mc_box_equal(&rec_box, &want->slab)) {
         rc = mc_error("%s: dataset %s is not the hyperslab that rank %d owns under the recorded layout", rec->file,
                       rec->dataset, rec->rank);
         break;

@@ -10,14 +10,16 @@
 #include <time.h>
 #include <unistd.h>
 
-/* A shard in the tensor's "view": the tensor seen as [D0, D1, D2]. When every shard of the
- * tensor spans full trailing dimensions, the view is flat ([numel, 1, 1]) so that bands can
- * be any size; otherwise 2-D tensors are [rows, 1, cols] and 3-D tensors are themselves. */
+/* A shard as the streaming executor sees it: its box in the tensor's "view", the tensor
+ * seen as [D0, D1, D2] and streamed in bands of whole view rows (dimension 0). When every
+ * shard of the tensor spans full trailing dimensions, the view is flat ([numel, 1, 1]) so
+ * that bands can be any size; otherwise 2-D tensors are [rows, 1, cols] and 3-D tensors are
+ * themselves. The view box is always 3-D; it is not a box of the global tensor. */
 typedef struct {
-  int64_t st[3], ct[3];
+  mc_box view;            /* ndim 3, in view coordinates (to_view) */
   int alias;              /* target only: the source shard holding exactly its slab, or -1 */
   unsigned char sha[32];  /* source only: its digest, once complete */
-} vbox;
+} stream_shard;
 
 typedef struct {
   const mc_rs_plan *p;
@@ -54,41 +56,42 @@ static void set_error(exec_shared *x) {
 static int64_t tensor_bytes(const mc_rs_plan *p, int t) {
   int64_t b = 0;
   const mc_rs_tensor *tn = &p->tensors[t];
-  for (int i = 0; i < tn->n_src; i++) b += mc_slab_numel(&p->src[tn->first_src + i].slab) * 4;
+  for (int i = 0; i < tn->n_src; i++) b += mc_box_numel(&p->src[tn->first_src + i].slab) * 4;
   return b;
 }
 
-static int full_width(const mc_slab *s, const mc_family *f) {
+static int full_width(const mc_box *s, const mc_family *f) {
   for (int d = 1; d < f->ndim; d++)
     if (s->start[d] != 0 || s->count[d] != f->shape[d]) return 0;
   return 1;
 }
 
-static void to_view(const mc_slab *s, const mc_family *f, int flat, vbox *v) {
+/* The view box of global box s (see stream_shard). */
+static mc_box to_view(const mc_box *s, const mc_family *f, int flat) {
+  mc_box v = {3, {0, 0, 0}, {1, 1, 1}};
   if (flat) {
     int64_t rowel = 1;
     for (int d = 1; d < f->ndim; d++) rowel *= f->shape[d];
-    v->st[0] = s->start[0] * rowel, v->ct[0] = s->count[0] * rowel;
-    v->st[1] = v->st[2] = 0, v->ct[1] = v->ct[2] = 1;
+    v.start[0] = s->start[0] * rowel, v.count[0] = s->count[0] * rowel;
   } else if (f->ndim == 2) {
-    v->st[0] = s->start[0], v->ct[0] = s->count[0];
-    v->st[1] = 0, v->ct[1] = 1;
-    v->st[2] = s->start[1], v->ct[2] = s->count[1];
+    v.start[0] = s->start[0], v.count[0] = s->count[0];
+    v.start[2] = s->start[1], v.count[2] = s->count[1];
   } else {
-    for (int d = 0; d < 3; d++) v->st[d] = s->start[d], v->ct[d] = s->count[d];
+    for (int d = 0; d < 3; d++) v.start[d] = s->start[d], v.count[d] = s->count[d];
   }
+  return v;
 }
 
 /* Copies rows [a, e) of a shard between its packed buffer and the band (rows [r0, ...)). */
-static void move_rows(float *band, const int64_t D[3], int64_t r0, const vbox *b, int64_t a, int64_t e,
+static void move_rows(float *band, const int64_t D[3], int64_t r0, const mc_box *b, int64_t a, int64_t e,
                       float *packed, int to_band) {
-  int64_t rowel = D[1] * D[2], srow = b->ct[1] * b->ct[2];
+  int64_t rowel = D[1] * D[2], srow = b->count[1] * b->count[2];
   for (int64_t r = a; r < e; r++)
-    for (int64_t i = 0; i < b->ct[1]; i++) {
-      float *bp = band + (r - r0) * rowel + (b->st[1] + i) * D[2] + b->st[2];
-      float *pp = packed + (r - a) * srow + i * b->ct[2];
-      if (to_band) memcpy(bp, pp, (size_t)b->ct[2] * sizeof(float));
-      else memcpy(pp, bp, (size_t)b->ct[2] * sizeof(float));
+    for (int64_t i = 0; i < b->count[1]; i++) {
+      float *bp = band + (r - r0) * rowel + (b->start[1] + i) * D[2] + b->start[2];
+      float *pp = packed + (r - a) * srow + i * b->count[2];
+      if (to_band) memcpy(bp, pp, (size_t)b->count[2] * sizeof(float));
+      else memcpy(pp, bp, (size_t)b->count[2] * sizeof(float));
     }
 }
 
@@ -98,7 +101,7 @@ static int sha_finish(EVP_MD_CTX *c, unsigned char out[32]) {
   return 0;
 }
 
-static int run_tensor(exec_shared *x, int ti, float *band, float *tmp, EVP_MD_CTX **ctx, vbox *boxes) {
+static int run_tensor(exec_shared *x, int ti, float *band, float *tmp, EVP_MD_CTX **ctx, stream_shard *boxes) {
   const mc_rs_plan *p = x->p;
   const mc_rs_tensor *tn = &p->tensors[ti];
   const mc_family *f = &x->g->fams.f[tn->fam];
@@ -109,19 +112,15 @@ static int run_tensor(exec_shared *x, int ti, float *band, float *tmp, EVP_MD_CT
   if (flat) D[0] = f->numel, D[1] = D[2] = 1;
   else if (f->ndim == 2) D[0] = f->shape[0], D[1] = 1, D[2] = f->shape[1];
   else D[0] = f->shape[0], D[1] = f->shape[1], D[2] = f->shape[2];
-  for (int i = 0; i < ns; i++) to_view(&p->src[tn->first_src + i].slab, f, flat, &boxes[i]);
-  for (int i = 0; i < nt; i++) to_view(&p->targets[tn->first_tgt + i].shard.slab, f, flat, &boxes[ns + i]);
+  for (int i = 0; i < ns; i++) boxes[i].view = to_view(&p->src[tn->first_src + i].slab, f, flat);
+  for (int i = 0; i < nt; i++) boxes[ns + i].view = to_view(&p->targets[tn->first_tgt + i].shard.slab, f, flat);
   /* A target that is exactly one source shard gets the same bytes, so the same digest: its
    * hash is the source's, verified, without a second pass of SHA-256 over the data. */
   for (int i = 0; i < nt; i++) {
-    const mc_slab *t = &p->targets[tn->first_tgt + i].shard.slab;
+    const mc_box *t = &p->targets[tn->first_tgt + i].shard.slab;
     boxes[ns + i].alias = -1;
-    for (int k = 0; k < ns && boxes[ns + i].alias < 0; k++) {
-      const mc_slab *q = &p->src[tn->first_src + k].slab;
-      int same = q->ndim == t->ndim;
-      for (int d = 0; same && d < t->ndim; d++) same = q->start[d] == t->start[d] && q->count[d] == t->count[d];
-      if (same) boxes[ns + i].alias = k;
-    }
+    for (int k = 0; k < ns && boxes[ns + i].alias < 0; k++)
+      if (mc_box_equal(&p->src[tn->first_src + k].slab, t)) boxes[ns + i].alias = k;
   }
   for (int i = 0; i < ns + nt; i++)
     if (EVP_DigestInit_ex(ctx[i], EVP_sha256(), NULL) != 1) return mc_error("SHA-256 init failed");
@@ -139,11 +138,11 @@ static int run_tensor(exec_shared *x, int ti, float *band, float *tmp, EVP_MD_CT
     int64_t r1 = r0 + rows < D[0] ? r0 + rows : D[0];
     for (int i = 0; i < ns + nt; i++) {
       int is_src = i < ns;
-      const vbox *b = &boxes[i];
-      int64_t a = r0 > b->st[0] ? r0 : b->st[0], e = r1 < b->st[0] + b->ct[0] ? r1 : b->st[0] + b->ct[0];
+      const mc_box *b = &boxes[i].view;
+      int64_t a = r0 > b->start[0] ? r0 : b->start[0], e = r1 < b->start[0] + b->count[0] ? r1 : b->start[0] + b->count[0];
       if (a >= e) continue;
-      int64_t srow = b->ct[1] * b->ct[2], n = (e - a) * srow, off = (a - b->st[0]) * srow;
-      int full = b->ct[1] == D[1] && b->ct[2] == D[2];
+      int64_t srow = b->count[1] * b->count[2], n = (e - a) * srow, off = (a - b->start[0]) * srow;
+      int full = b->count[1] == D[1] && b->count[2] == D[2];
       float *buf = full ? band + (a - r0) * rowel : tmp;
       if (is_src) {
         if (x->io->read(x->io->ctx, p, tn->first_src + i, off, n, buf) != 0) return -1;
@@ -154,9 +153,9 @@ static int run_tensor(exec_shared *x, int ti, float *band, float *tmp, EVP_MD_CT
         if (x->io->write(x->io->ctx, p, tn->first_tgt + i - ns, off, n, buf) != 0) return -1;
         atomic_fetch_add(&x->bytes_written, n * 4);
       }
-      int alias = is_src ? -1 : b->alias;
+      int alias = is_src ? -1 : boxes[i].alias;
       if (alias < 0 && EVP_DigestUpdate(ctx[i], buf, (size_t)n * 4) != 1) return mc_error("SHA-256 update failed");
-      if (e == b->st[0] + b->ct[0]) {
+      if (e == b->start[0] + b->count[0]) {
         /* Sources come before targets in every band, so an alias's source is complete. */
         unsigned char sha[32];
         if (alias >= 0) memcpy(sha, boxes[alias].sha, 32);
@@ -187,7 +186,7 @@ static void *worker(void *arg) {
   int64_t cap = x->chunk / 4 > maxrow ? x->chunk / 4 : maxrow;
   float *band = malloc((size_t)cap * 4), *tmp = malloc((size_t)cap * 4);
   EVP_MD_CTX **ctx = calloc((size_t)(maxn ? maxn : 1), sizeof *ctx);
-  vbox *boxes = malloc((size_t)(maxn ? maxn : 1) * sizeof *boxes);
+  stream_shard *boxes = malloc((size_t)(maxn ? maxn : 1) * sizeof *boxes);
   int ok = band && tmp && ctx && boxes;
   for (int i = 0; ok && i < maxn; i++) ok = (ctx[i] = EVP_MD_CTX_new()) != NULL;
   if (!ok) {

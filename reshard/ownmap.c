@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/box.h"
 #include "reshard/plan_print.h"
 
 enum { CELL_W = 18, CELL_H = 12, LEFT = 230, TOP = 60 };
@@ -55,14 +56,12 @@ static void write_svg(FILE *f, const mc_geometry *g) {
       mc_shard s;
       if (mc_shard_of(g, fi, MC_STATE_PARAM, r, &s) != 0 || !s.held) continue;
       char slab[160];
-      int off = 0;
-      for (int d = 0; d < s.ndim; d++)
-        off += snprintf(slab + off, sizeof slab - (size_t)off, "%s%lld:%lld", d ? ", " : "", (long long)s.start[d],
-                        (long long)(s.start[d] + s.count[d]));
+      mc_box box = mc_box_make(s.ndim, s.start, s.count);
+      mc_box_format(&box, slab, (int)sizeof slab);
       double share = fam->numel > 0 ? (double)s.numel / (double)fam->numel : 1.0;
       fprintf(f,
               "<rect x='%d' y='%d' width='%d' height='%d' fill='%s' fill-opacity='%.3f' stroke='%s' "
-              "stroke-width='%s'><title>rank %d %s [%s] %s%s, %d replica(s)</title></rect>\n",
+              "stroke-width='%s'><title>rank %d %s %s %s%s, %d replica(s)</title></rect>\n",
               LEFT + r * CELL_W + 1, y + 1, CELL_W - 2, CELL_H - 2, rule_color(fam->place), 0.25 + 0.75 * share,
               s.primary ? "#111" : "none", s.primary ? "1.2" : "0", r, fam->name, slab, rule,
               s.primary ? ", primary" : "", s.n_replicas);

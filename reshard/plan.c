@@ -39,13 +39,7 @@ int mc_rs_model_diff(const mc_model *a, const mc_model *b, mc_errlist *errs) {
   return errs->n - before;
 }
 
-static void shard_to_slab(const mc_shard *s, mc_slab *out) {
-  out->ndim = s->ndim;
-  for (int d = 0; d < 3; d++) {
-    out->start[d] = d < s->ndim ? s->start[d] : 0;
-    out->count[d] = d < s->ndim ? s->count[d] : 0;
-  }
-}
+static void shard_to_slab(const mc_shard *s, mc_box *out) { *out = mc_box_make(s->ndim, s->start, s->count); }
 
 int mc_rs_primaries(const mc_geometry *g, int fam, mc_state state, mc_rs_shard *out) {
   int n = 0;
@@ -100,7 +94,7 @@ int mc_rs_plan_build(const mc_geometry *src, const mc_geometry *dst, unsigned st
       for (int i = 0; i < ns; i++) {
         MC_RS_PUSH(out->src, out->n_src, cap_s, tmp[i]);
         src_writer[tmp[i].rank] = 1;
-        out->bytes += mc_slab_numel(&tmp[i].slab) * 4;
+        out->bytes += mc_box_numel(&tmp[i].slab) * 4;
       }
       t.n_src = ns;
       int nt = mc_rs_primaries(dst, f, (mc_state)st, tmp);
@@ -110,19 +104,19 @@ int mc_rs_plan_build(const mc_geometry *src, const mc_geometry *dst, unsigned st
         int64_t covered = 0;
         for (int s = t.first_src; s < t.first_src + ns; s++) {
           mc_rs_piece pc = {.src = s};
-          int64_t n = mc_slab_intersect(&out->src[s].slab, &tmp[i].slab, &pc.slab);
+          int64_t n = mc_box_intersect(&out->src[s].slab, &tmp[i].slab, &pc.slab);
           if (n == 0) continue;
           covered += n;
           MC_RS_PUSH(out->pieces, out->n_pieces, cap_p, pc);
         }
         tg.n_pieces = out->n_pieces - tg.first_piece;
-        if (covered != mc_slab_numel(&tmp[i].slab)) {
+        if (covered != mc_box_numel(&tmp[i].slab)) {
           char sb[128];
-          mc_slab_format(&tmp[i].slab, sb, sizeof sb);
+          mc_box_format(&tmp[i].slab, sb, sizeof sb);
           mc_error("reshard plan: %s/%s target shard %s of rank %d is covered by %lld of %lld elements "
                    "of the source primaries (source ownership does not tile the family)",
                    src->fams.f[f].name, mc_state_name((mc_state)st), sb, tmp[i].rank,
-                   (long long)covered, (long long)mc_slab_numel(&tmp[i].slab));
+                   (long long)covered, (long long)mc_box_numel(&tmp[i].slab));
           goto fail;
         }
         dst_writer[tmp[i].rank] = 1;

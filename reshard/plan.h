@@ -6,21 +6,21 @@
 
 #include <stdint.h>
 
+#include "core/box.h"
 #include "core/ownership.h"
-#include "reshard/slab.h"
 #include "util/error.h"
 
 /* A primary shard of one side: the rank that writes it and its hyperslab (global coords). */
 typedef struct {
   int rank;
   int n_replicas;
-  mc_slab slab;
+  mc_box slab;
 } mc_rs_shard;
 
 /* One piece: the part of source shard `src` (index into plan.src) that lands in a target. */
 typedef struct {
   int src;
-  mc_slab slab; /* global coordinates; inside both the source and the target shard */
+  mc_box slab; /* global coordinates; inside both the source and the target shard */
 } mc_rs_piece;
 
 typedef struct {

@@ -18,12 +18,12 @@ void mc_rs_plan_print(FILE *f, const mc_rs_plan *p, const mc_geometry *src, cons
   for (int i = 0; i < p->n_targets; i++) {
     const mc_rs_target *t = &p->targets[i];
     const mc_rs_tensor *tn = &p->tensors[t->tensor];
-    mc_slab_format(&t->shard.slab, sb, sizeof sb);
+    mc_box_format(&t->shard.slab, sb, sizeof sb);
     fprintf(f, "%s/%s -> rank %d %s (%d replica%s) <-", src->fams.f[tn->fam].name, mc_state_name(tn->state),
             t->shard.rank, sb, t->shard.n_replicas, t->shard.n_replicas == 1 ? "" : "s");
     for (int k = 0; k < t->n_pieces; k++) {
       const mc_rs_piece *pc = &p->pieces[t->first_piece + k];
-      mc_slab_format(&pc->slab, sb, sizeof sb);
+      mc_box_format(&pc->slab, sb, sizeof sb);
       fprintf(f, "%s rank %d %s", k ? "," : "", p->src[pc->src].rank, sb);
     }
     fputc('\n', f);
@@ -48,7 +48,7 @@ cJSON *mc_rs_layout_json(const mc_geometry *g) {
   return o;
 }
 
-static void add_slab(cJSON *o, const mc_slab *s) {
+static void add_slab(cJSON *o, const mc_box *s) {
   double st[3], ct[3];
   for (int d = 0; d < s->ndim; d++) st[d] = (double)s->start[d], ct[d] = (double)s->count[d];
   cJSON_AddItemToObject(o, "start", cJSON_CreateDoubleArray(st, s->ndim));

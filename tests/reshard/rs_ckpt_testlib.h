@@ -49,7 +49,7 @@ static inline int rs_save_reference(const char *dir, const mc_geometry *g, int64
       for (int s = 0; s < MC_N_STATES; s++) {
         mc_shard sh;
         if (mc_shard_of(g, f, (mc_state)s, r, &sh) != 0 || !sh.primary) continue;
-        mc_slab sl = {sh.ndim, {0}, {0}};
+        mc_box sl = {sh.ndim, {0}, {0}};
         for (int d = 0; d < sh.ndim; d++) sl.start[d] = sh.start[d], sl.count[d] = sh.count[d];
         bufs[n] = malloc((size_t)sh.numel * 4);
         rs_pack(f, s, g->fams.f[f].shape, g->fams.f[f].ndim, &sl, bufs[n]);
@@ -76,7 +76,7 @@ static inline int64_t rs_check_content(const char *path) {
   for (int f = 0; f < mc_ckpt_n_families(ck) && bad >= 0; f++) {
     const mc_ckpt_family *fam = mc_ckpt_family_at(ck, f);
     int64_t start[3] = {0, 0, 0};
-    mc_slab all = {fam->ndim, {0, 0, 0}, {0, 0, 0}};
+    mc_box all = {fam->ndim, {0, 0, 0}, {0, 0, 0}};
     for (int d = 0; d < fam->ndim; d++) all.count[d] = fam->shape[d];
     float *got = malloc((size_t)fam->numel * 4 + 4), *want = malloc((size_t)fam->numel * 4 + 4);
     for (int s = 0; s < MC_N_STATES && bad >= 0; s++) {

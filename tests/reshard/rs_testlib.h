@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/box.h"
 #include "core/ownership.h"
-#include "reshard/slab.h"
 #include "util/rng.h"
 
 /* Odd sizes on purpose: ZeRO chunks are uneven, some members hold nothing. */
@@ -84,7 +84,7 @@ static inline float rs_value(int fam, int state, int64_t idx) {
 }
 
 /* Packs the hyperslab `s` of the global tensor (shape) filled by rs_value into out. */
-static inline void rs_pack(int fam, int state, const int64_t *shape, int ndim, const mc_slab *s, float *out) {
+static inline void rs_pack(int fam, int state, const int64_t *shape, int ndim, const mc_box *s, float *out) {
   int64_t n = 0;
   int64_t c1 = ndim > 1 ? s->count[1] : 1, c2 = ndim > 2 ? s->count[2] : 1;
   int64_t S1 = ndim > 1 ? shape[1] : 1, S2 = ndim > 2 ? shape[2] : 1;

@@ -29,7 +29,7 @@ static void sha(const void *d, size_t n, unsigned char out[32]) {
 /* Callbacks run on worker threads: they count contract breaches; main checks the count. */
 static atomic_int not_whole_rows;
 
-static int64_t row_of(const mc_slab *s) {
+static int64_t row_of(const mc_box *s) {
   int64_t r = 1;
   for (int d = 1; d < s->ndim; d++) r *= s->count[d];
   return r;
@@ -72,14 +72,14 @@ static void check_plan(const mc_rs_plan *p) {
     int64_t sum = 0;
     for (int i = 0; i < tg->n_pieces; i++) {
       const mc_rs_piece *a = &p->pieces[tg->first_piece + i];
-      sum += mc_slab_numel(&a->slab);
-      if (!mc_slab_contains(&tg->shard.slab, &a->slab) || !mc_slab_contains(&p->src[a->src].slab, &a->slab)) bad = 1;
+      sum += mc_box_numel(&a->slab);
+      if (!mc_box_contains(&tg->shard.slab, &a->slab) || !mc_box_contains(&p->src[a->src].slab, &a->slab)) bad = 1;
       for (int j = i + 1; j < tg->n_pieces; j++) {
-        mc_slab x;
-        if (mc_slab_intersect(&a->slab, &p->pieces[tg->first_piece + j].slab, &x)) bad = 2;
+        mc_box x;
+        if (mc_box_intersect(&a->slab, &p->pieces[tg->first_piece + j].slab, &x)) bad = 2;
       }
     }
-    if (sum != mc_slab_numel(&tg->shard.slab)) bad = 3;
+    if (sum != mc_box_numel(&tg->shard.slab)) bad = 3;
     CHECK(!bad, "target %d: pieces wrong (%d)", t, bad);
   }
 }
@@ -92,7 +92,7 @@ static float **run(const mc_rs_plan *p, const mc_geometry *g, float **src_in, in
   m.src_sha = malloc((size_t)p->n_src * 32);
   for (int s = 0; s < p->n_src; s++) {
     const mc_rs_shard *sh = &p->src[s];
-    int64_t n = mc_slab_numel(&sh->slab);
+    int64_t n = mc_box_numel(&sh->slab);
     m.src[s] = malloc((size_t)n * 4 + 4);
     if (src_in) memcpy(m.src[s], src_in[s], (size_t)n * 4);
     else {
@@ -106,7 +106,7 @@ static float **run(const mc_rs_plan *p, const mc_geometry *g, float **src_in, in
   }
   m.tgt = malloc((size_t)p->n_targets * sizeof *m.tgt);
   m.tgt_sha = calloc((size_t)p->n_targets, 32);
-  for (int t = 0; t < p->n_targets; t++) m.tgt[t] = calloc((size_t)mc_slab_numel(&p->targets[t].shard.slab) + 1, 4);
+  for (int t = 0; t < p->n_targets; t++) m.tgt[t] = calloc((size_t)mc_box_numel(&p->targets[t].shard.slab) + 1, 4);
   mc_rs_io io = IO;
   io.ctx = &m;
   mc_rs_exec_opts o = {.chunk_bytes = chunk, .threads = threads};
@@ -152,7 +152,7 @@ static int pair_case(uint64_t seed, const mc_model *mdl, int verbose, int same) 
     const mc_rs_target *tg = &ab.targets[t];
     const mc_rs_tensor *tn = &ab.tensors[tg->tensor];
     const mc_family *f = &a.fams.f[tn->fam];
-    int64_t n = mc_slab_numel(&tg->shard.slab);
+    int64_t n = mc_box_numel(&tg->shard.slab);
     float *want = malloc((size_t)n * 4 + 4);
     rs_pack(tn->fam, tn->state, f->shape, f->ndim, &tg->shard.slab, want);
     unsigned char h[32];
@@ -169,7 +169,7 @@ static int pair_case(uint64_t seed, const mc_model *mdl, int verbose, int same) 
     const mc_rs_target *tg = &ba.targets[t];
     const mc_rs_tensor *tn = &ba.tensors[tg->tensor];
     const mc_family *f = &a.fams.f[tn->fam];
-    int64_t n = mc_slab_numel(&tg->shard.slab);
+    int64_t n = mc_box_numel(&tg->shard.slab);
     float *orig = malloc((size_t)n * 4 + 4);
     rs_pack(tn->fam, tn->state, f->shape, f->ndim, &ab.src[t].slab, orig);
     unsigned char h[32];

@@ -102,7 +102,7 @@ static void test_export_import(void) {
       continue;
     }
     float *got = malloc((size_t)fam->numel * 4), *want = malloc((size_t)fam->numel * 4);
-    mc_slab all = {fam->ndim, {0, 0, 0}, {fam->shape[0], fam->shape[1], fam->shape[2]}};
+    mc_box all = {fam->ndim, {0, 0, 0}, {fam->shape[0], fam->shape[1], fam->shape[2]}};
     rs_pack(i, MC_STATE_PARAM, fam->shape, fam->ndim, &all, want);
     mc_st_pread(&f, t, 0, got, fam->numel * 4);
     unsigned char h[32];
@@ -175,17 +175,17 @@ static void test_tiling(void) {
   int64_t shape[2] = {10, 4};
   int ranks[3] = {0, 1, 2};
   mc_errlist e;
-  mc_slab ok[2] = {{2, {0, 0}, {6, 4}}, {2, {6, 0}, {4, 4}}};
+  mc_box ok[2] = {{2, {0, 0}, {6, 4}}, {2, {6, 0}, {4, 4}}};
   mc_errlist_init(&e);
   CHECK(mc_audit_tiling("f/param", 2, shape, ok, ranks, 2, &e) == 0, "exact tiling flagged: %s", e.n ? e.msg[0] : "");
-  mc_slab gap[2] = {{2, {0, 0}, {5, 4}}, {2, {6, 0}, {4, 4}}};
+  mc_box gap[2] = {{2, {0, 0}, {5, 4}}, {2, {6, 0}, {4, 4}}};
   mc_errlist_init(&e);
   CHECK(mc_audit_tiling("f/param", 2, shape, gap, ranks, 2, &e) == 1 && mc_errlist_has(&e, "gap"), "gap not found");
-  mc_slab ovl[3] = {{2, {0, 0}, {6, 4}}, {2, {5, 0}, {5, 2}}, {2, {5, 2}, {5, 2}}};
+  mc_box ovl[3] = {{2, {0, 0}, {6, 4}}, {2, {5, 0}, {5, 2}}, {2, {5, 2}, {5, 2}}};
   mc_errlist_init(&e);
   CHECK(mc_audit_tiling("f/param", 2, shape, ovl, ranks, 3, &e) == 2 && mc_errlist_has(&e, "rank 0 [0:6, 0:4] and rank 1"),
         "overlap: %d %s", e.n, e.n ? e.msg[0] : "");
-  mc_slab out[1] = {{2, {8, 0}, {4, 4}}};
+  mc_box out[1] = {{2, {8, 0}, {4, 4}}};
   mc_errlist_init(&e);
   CHECK(mc_audit_tiling("f/param", 2, shape, out, ranks, 1, &e) == 1 && mc_errlist_has(&e, "outside"), "bounds");
 }
