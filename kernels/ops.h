@@ -1,6 +1,8 @@
 /* The backend op interface: every tensor the model touches lives in backend memory and every
  * computation on it goes through one of these function pointers, so a CUDA backend plugs in
- * without touching the model code. The CPU backend (kernels/cpu) is the reference.
+ * without touching the model code. The CPU backend (kernels/cpu) is the reference. Each op's
+ * CPU and CUDA source files (kernels/cpu/cpu_<family>.c, kernels/cuda/cuda_<family>.cu) are
+ * listed in docs/kernels.md.
  *
  * Conventions (docs/design.md section 2 fixes the numbers):
  * - Tensors are fp32 (token ids and routing indices int32), row-major, contiguous unless a

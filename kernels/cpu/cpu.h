@@ -1,5 +1,6 @@
 /* The CPU reference backend's op implementations (kernels/ops.h documents each op). One
- * source file per op family; cpu_backend.c assembles them into the backend table. */
+ * source file per op family (docs/kernels.md maps each op to its file); cpu_backend.c
+ * assembles them into the backend table. */
 #ifndef MC_KERNELS_CPU_H
 #define MC_KERNELS_CPU_H
 

@@ -1,6 +1,7 @@
 /* The CUDA backend: device selection, memory, the sticky failure record, scratch memory and
- * the op table (each source file installs its ops). Everything is queued on one stream;
- * to_host and from_host return only when the copy is complete, like the CPU backend. */
+ * the op table (each op family's source file, cuda_<family>.cu, installs its ops; the map is
+ * docs/kernels.md). Everything is queued on one stream; to_host and from_host return only when
+ * the copy is complete, like the CPU backend. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -161,11 +162,16 @@ static mc_backend *create(int device, int bf16_gemm) {
   be->sync = cu_sync;
   mc_cuda_install_elem(be);
   mc_cuda_install_gemm(be);
-  mc_cuda_install_rows(be);
+  mc_cuda_install_act(be);
+  mc_cuda_install_embed(be);
+  mc_cuda_install_rmsnorm(be);
+  mc_cuda_install_rope(be);
   mc_cuda_install_attn(be);
-  mc_cuda_install_scan(be);
-  mc_cuda_install_ssd(be);
+  mc_cuda_install_conv(be);
+  mc_cuda_install_ssm(be);
+  mc_cuda_install_rglru(be);
   mc_cuda_install_moe(be);
+  mc_cuda_install_xent(be);
   mc_cuda_install_profile(be); /* after every other installer: it wraps the finished table */
   instances[bf16_gemm][device] = be;
   return be;

@@ -57,20 +57,26 @@ static inline unsigned mc_cu_grid(int64_t n) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (int64_t)(n); \
        i += (int64_t)gridDim.x * blockDim.x)
 
-/* The table installers, one per source file. */
+/* The table installers, one per op family's source file, cuda_<family>.cu (docs/kernels.md
+ * maps every op to its file). */
 void mc_cuda_install_elem(mc_backend *be);
 void mc_cuda_install_gemm(mc_backend *be);
-void mc_cuda_install_rows(mc_backend *be);
+void mc_cuda_install_act(mc_backend *be);
+void mc_cuda_install_embed(mc_backend *be);
+void mc_cuda_install_rmsnorm(mc_backend *be);
+void mc_cuda_install_rope(mc_backend *be);
 void mc_cuda_install_attn(mc_backend *be);
-void mc_cuda_install_scan(mc_backend *be);
-void mc_cuda_install_ssd(mc_backend *be);
+void mc_cuda_install_conv(mc_backend *be);
+void mc_cuda_install_ssm(mc_backend *be);
+void mc_cuda_install_rglru(mc_backend *be);
+void mc_cuda_install_xent(mc_backend *be);
 /* bf16 <-> fp32 copies on the backend's stream (cuda_gemm.cu): y = x widened exactly, or x
  * rounded to nearest even. */
 void mc_cuda_widen(mc_backend *be, const mc_bf16 *x, float *y, int64_t n);
 void mc_cuda_round(mc_backend *be, const float *x, mc_bf16 *y, int64_t n);
+void mc_cuda_install_moe(mc_backend *be);
 /* Wraps every op of the table with GPU timing when MC_CUDA_PROFILE is set (last installer). */
 void mc_cuda_install_profile(mc_backend *be);
-void mc_cuda_install_moe(mc_backend *be);
 
 /* ---- device math: the same formulas as kernels/cpu/cpu.h and cpu_act.c */
 static __device__ __forceinline__ float mc_d_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }

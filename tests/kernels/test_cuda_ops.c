@@ -25,7 +25,7 @@
  *   queries in tiles of 32 instead of one running float sum.
  * - TOL_SCAN: long fp32 recurrences (T steps) whose sums run in another order: the GPU's
  *   selective scan is the chunked (SSD) form, products inside chunks of 64 and a state pass
- *   between them (kernels/cuda/cuda_ssd.cu), the CPU's the step-by-step recurrence.
+ *   between them (kernels/cuda/cuda_ssm.cu), the CPU's the step-by-step recurrence.
  * - TOL_CPU_FSUM: the CPU reference itself sums over all n rows in float (conv_bwd's dw in
  *   kernels/cpu/cpu_conv.c), an error growing with n (1.1e-6 at n = 4096); the GPU sums in
  *   double, so the difference is the CPU's rounding. */

@@ -557,7 +557,7 @@ static void cu_ssm_bwd(mc_backend *be, const float *x, const float *dt, const fl
   mc_cuda_check(be, "ssm_bwd");
 }
 
-void mc_cuda_install_ssd(mc_backend *be) {
+void mc_cuda_install_ssm(mc_backend *be) {
   be->ssm_fwd = cu_ssm_fwd;
   be->ssm_bwd = cu_ssm_bwd;
 }
