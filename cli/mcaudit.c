@@ -76,9 +76,8 @@ static void check_against_config(mc_rs_source *src, const mc_config *want, mc_er
 }
 
 static void slab_of(const mc_ckpt_shard *s, char *buf, int cap) {
-  mc_slab sl = {s->ndim, {0}, {0}};
-  for (int d = 0; d < s->ndim; d++) sl.start[d] = s->start[d], sl.count[d] = s->count[d];
-  mc_slab_format(&sl, buf, cap);
+  const mc_box b = mc_box_make(s->ndim, s->start, s->count);
+  mc_box_format(&b, buf, cap);
 }
 
 static void shape_of(const mc_family *f, char *buf, int cap) {

@@ -111,7 +111,7 @@ static const cfg_key k_keys[] = {
     {"train", "seed", K_U64, _Generic(CFG(train.seed), uint64_t: offsetof(mc_config, train.seed)), sizeof(uint64_t), 0,
      18446744073709551615.0, 0, NULL,
      "Seed of all counter-based randomness (initialisation, data order). Above 2^53 write it as a decimal string."},
-    ENUM_KEY("train", "recompute", train.recompute, "none|selective|full", "Activation recomputation policy."),
+    ENUM_KEY("train", "recompute", train.recompute, "none|selective|full", "Activation recomputation policy: mcplan plans all three; mctrain keeps every activation and refuses selective and full."),
     ENUM_KEY("train", "dtype", train.dtype, "fp32|bf16",
              "Compute dtype; master weights and optimizer moments stay fp32."),
     ENUM_KEY("train", "device", train.device, "cpu|cuda", "Where the trainer computes."),

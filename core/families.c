@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/blocks.h"
 #include "util/error.h"
 
 static const char *const ROLE_NAMES[MC_ROLE_COUNT] = {
@@ -84,64 +85,26 @@ static void add(builder *b, int layer, char block, mc_role role, mc_place place,
 }
 
 int mc_families_build(const mc_model *m, int sp, mc_family_set *out) {
-  int64_t d = m->d_model, vp = mc_vocab_padded(m);
-  int64_t q = (int64_t)m->n_heads * m->head_dim, kv = (int64_t)m->n_kv_heads * m->head_dim;
-  int64_t di = m->mamba_inner, hm = mc_mamba_heads(m), n = m->ssm_state, k = m->conv_width;
-  int64_t e = m->n_experts, f = m->expert_hidden, dr = m->rec_width;
-  int cap = 3 + m->n_layers * 24;
+  const int64_t d = m->d_model, vp = mc_vocab_padded(m);
+  int cap = 3 + m->n_layers;
+  for (int L = 0; L < m->n_layers; L++) {
+    const mc_block_kind *k = mc_block_kind_of(m->pattern[L]);
+    if (!k) return mc_error("model.pattern: unknown block letter '%c' at position %d", m->pattern[L], L);
+    cap += k->n_families;
+  }
   out->n = 0;
   out->f = calloc((size_t)cap, sizeof *out->f);
   if (!out->f) return mc_error("out of memory building the family registry");
   builder b = {out, sp};
-  const mc_place R = MC_PLACE_REPLICATED, T = MC_PLACE_TP, X = MC_PLACE_EP;
+  const mc_place R = MC_PLACE_REPLICATED, T = MC_PLACE_TP;
   add(&b, -1, 0, MC_ROLE_EMBED, T, 0, MC_INIT_NORMAL, vp, d, 0);
   for (int L = 0; L < m->n_layers; L++) {
-    char c = m->pattern[L];
-    add(&b, L, c, MC_ROLE_NORM, R, -1, MC_INIT_ONES, d, 0, 0);
-    switch (c) {
-      case 'A':
-        add(&b, L, c, MC_ROLE_ATTN_WQ, T, 0, MC_INIT_NORMAL, q, d, 0);
-        add(&b, L, c, MC_ROLE_ATTN_WK, T, 0, MC_INIT_NORMAL, kv, d, 0);
-        add(&b, L, c, MC_ROLE_ATTN_WV, T, 0, MC_INIT_NORMAL, kv, d, 0);
-        add(&b, L, c, MC_ROLE_ATTN_WO, T, 1, MC_INIT_NORMAL_OUT, d, q, 0);
-        break;
-      case 'M':
-        add(&b, L, c, MC_ROLE_SSM_WZ, T, 0, MC_INIT_NORMAL, di, d, 0);
-        add(&b, L, c, MC_ROLE_SSM_WX, T, 0, MC_INIT_NORMAL, di, d, 0);
-        add(&b, L, c, MC_ROLE_SSM_WDT, T, 0, MC_INIT_NORMAL, hm, d, 0);
-        add(&b, L, c, MC_ROLE_SSM_WB, R, -1, MC_INIT_NORMAL, n, d, 0);
-        add(&b, L, c, MC_ROLE_SSM_WC, R, -1, MC_INIT_NORMAL, n, d, 0);
-        add(&b, L, c, MC_ROLE_SSM_CONVX_W, T, 0, MC_INIT_CONV, di, k, 0);
-        add(&b, L, c, MC_ROLE_SSM_CONVX_B, T, 0, MC_INIT_ZEROS, di, 0, 0);
-        add(&b, L, c, MC_ROLE_SSM_CONVB_W, R, -1, MC_INIT_CONV, n, k, 0);
-        add(&b, L, c, MC_ROLE_SSM_CONVB_B, R, -1, MC_INIT_ZEROS, n, 0, 0);
-        add(&b, L, c, MC_ROLE_SSM_CONVC_W, R, -1, MC_INIT_CONV, n, k, 0);
-        add(&b, L, c, MC_ROLE_SSM_CONVC_B, R, -1, MC_INIT_ZEROS, n, 0, 0);
-        add(&b, L, c, MC_ROLE_SSM_DT_BIAS, T, 0, MC_INIT_DT_BIAS, hm, 0, 0);
-        add(&b, L, c, MC_ROLE_SSM_A_LOG, T, 0, MC_INIT_A_LOG, hm, 0, 0);
-        add(&b, L, c, MC_ROLE_SSM_D, T, 0, MC_INIT_ONES, hm, 0, 0);
-        add(&b, L, c, MC_ROLE_SSM_NORM, T, 0, MC_INIT_ONES, di, 0, 0);
-        add(&b, L, c, MC_ROLE_SSM_WOUT, T, 1, MC_INIT_NORMAL_OUT, d, di, 0);
-        break;
-      case 'E':
-        add(&b, L, c, MC_ROLE_MOE_ROUTER, R, -1, MC_INIT_NORMAL, e, d, 0);
-        add(&b, L, c, MC_ROLE_MOE_W1, X, 0, MC_INIT_NORMAL, e, f, d);
-        add(&b, L, c, MC_ROLE_MOE_W3, X, 0, MC_INIT_NORMAL, e, f, d);
-        add(&b, L, c, MC_ROLE_MOE_W2, X, 0, MC_INIT_NORMAL_OUT, e, d, f);
-        break;
-      case 'R':
-        add(&b, L, c, MC_ROLE_REC_WX, T, 0, MC_INIT_NORMAL, dr, d, 0);
-        add(&b, L, c, MC_ROLE_REC_WGATE, T, 0, MC_INIT_NORMAL, dr, d, 0);
-        add(&b, L, c, MC_ROLE_REC_WR, T, 0, MC_INIT_NORMAL, dr, d, 0);
-        add(&b, L, c, MC_ROLE_REC_WI, T, 0, MC_INIT_NORMAL, dr, d, 0);
-        add(&b, L, c, MC_ROLE_REC_BR, T, 0, MC_INIT_ZEROS, dr, 0, 0);
-        add(&b, L, c, MC_ROLE_REC_BI, T, 0, MC_INIT_ZEROS, dr, 0, 0);
-        add(&b, L, c, MC_ROLE_REC_LAMBDA, T, 0, MC_INIT_REC_LAMBDA, dr, 0, 0);
-        add(&b, L, c, MC_ROLE_REC_WOUT, T, 1, MC_INIT_NORMAL_OUT, d, dr, 0);
-        break;
-      default:
-        mc_families_free(out);
-        return mc_error("model.pattern: unknown block letter '%c' at position %d", c, L);
+    const mc_block_kind *k = mc_block_kind_of(m->pattern[L]);
+    add(&b, L, k->letter, MC_ROLE_NORM, R, -1, MC_INIT_ONES, d, 0, 0);
+    for (int i = 0; i < k->n_families; i++) {
+      const mc_block_family *bf = &k->families[i];
+      add(&b, L, k->letter, bf->role, bf->place, bf->split_dim, bf->init, mc_dim_of(m, bf->shape[0]),
+          mc_dim_of(m, bf->shape[1]), mc_dim_of(m, bf->shape[2]));
     }
   }
   add(&b, -1, 0, MC_ROLE_FINAL_NORM, R, -1, MC_INIT_ONES, d, 0, 0);

@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/blocks.h"
+
 int mc_layout_world(const mc_layout *l) { return l->tp * l->dp * l->pp; }
 
 int mc_layout_rank_of(const mc_layout *l, int tp_rank, int dp_rank, int pp_rank) {
@@ -54,33 +56,14 @@ int mc_model_check(const mc_model *m, mc_errlist *e) {
   if (n == 0) mc_errlist_add(e, "model.pattern is empty");
   if (n != m->n_layers) mc_errlist_add(e, "model.n_layers=%d does not match pattern length %d", m->n_layers, n);
   for (int i = 0; i < n; i++)
-    if (!strchr("AMER", m->pattern[i]))
+    if (!mc_block_kind_of(m->pattern[i]))
       mc_errlist_add(e, "model.pattern: unknown block letter '%c' at position %d (known: A, M, E, R)", m->pattern[i], i);
   if (m->vocab_size < 1) mc_errlist_add(e, "model.vocab_size=%d must be >= 1", m->vocab_size);
   if (m->vocab_pad < 1) mc_errlist_add(e, "model.vocab_pad=%d must be >= 1", m->vocab_pad);
   if (m->d_model < 1) mc_errlist_add(e, "model.d_model=%d must be >= 1", m->d_model);
   if (m->seq_len < 1) mc_errlist_add(e, "model.seq_len=%d must be >= 1", m->seq_len);
-  if (has_block(m, 'A')) {
-    if (m->n_heads < 1 || m->n_kv_heads < 1 || m->head_dim < 2)
-      mc_errlist_add(e, "attention needs n_heads>=1, n_kv_heads>=1, head_dim>=2 (got %d, %d, %d)", m->n_heads, m->n_kv_heads, m->head_dim);
-    else if (m->n_heads % m->n_kv_heads)
-      mc_errlist_add(e, "n_kv_heads=%d does not divide n_heads=%d (GQA)", m->n_kv_heads, m->n_heads);
-    if (m->head_dim % 2) mc_errlist_add(e, "head_dim=%d must be even (RoPE rotates pairs)", m->head_dim);
-  }
-  if (has_block(m, 'E')) {
-    if (m->n_experts < 1 || m->expert_hidden < 1)
-      mc_errlist_add(e, "MoE needs n_experts>=1 and expert_hidden>=1 (got %d, %d)", m->n_experts, m->expert_hidden);
-    if (m->top_k < 1 || m->top_k > m->n_experts)
-      mc_errlist_add(e, "top_k=%d must be in [1, n_experts=%d]", m->top_k, m->n_experts);
-  }
-  if (has_block(m, 'M')) {
-    if (m->mamba_inner < 1 || m->mamba_head_dim < 1 || m->ssm_state < 1 || m->conv_width < 1)
-      mc_errlist_add(e, "Mamba needs mamba_inner, mamba_head_dim, ssm_state, conv_width >= 1 (got %d, %d, %d, %d)",
-                     m->mamba_inner, m->mamba_head_dim, m->ssm_state, m->conv_width);
-    else if (m->mamba_inner % m->mamba_head_dim)
-      mc_errlist_add(e, "mamba_head_dim=%d does not divide mamba_inner=%d", m->mamba_head_dim, m->mamba_inner);
-  }
-  if (has_block(m, 'R') && m->rec_width < 1) mc_errlist_add(e, "rec_width=%d must be >= 1", m->rec_width);
+  for (const char *k = mc_block_letters(); *k; k++)
+    if (has_block(m, *k)) mc_block_kind_of(*k)->check_model(m, e);
   return e->n - before;
 }
 
@@ -98,15 +81,21 @@ int mc_layout_check(const mc_model *m, const mc_layout *l, const mc_train_cfg *t
   if (l->pp > MC_MAX_STAGES) mc_errlist_add(e, "pp=%d exceeds the supported maximum of %d stages", l->pp, MC_MAX_STAGES);
   if (e->n > before) return e->n - before; /* the rules below divide by these */
 
-  if (has_block(m, 'A')) {
-    check_divides(e, "tp", l->tp, "n_heads", m->n_heads);
-    check_divides(e, "tp", l->tp, "n_kv_heads", m->n_kv_heads);
+  for (const char *k = mc_block_letters(); *k; k++) {
+    const mc_block_kind *bk = mc_block_kind_of(*k);
+    if (!has_block(m, *k)) continue;
+    for (int i = 0; i < bk->n_tp_divides; i++)
+      check_divides(e, "tp", l->tp, bk->tp_divides_name[i], (int)mc_dim_of(m, bk->tp_divides[i]));
   }
-  if (has_block(m, 'M')) check_divides(e, "tp", l->tp, "mamba_heads (mamba_inner/mamba_head_dim)", mc_mamba_heads(m));
   check_divides(e, "tp", l->tp, "padded vocab", mc_vocab_padded(m));
-  if (has_block(m, 'R')) check_divides(e, "tp", l->tp, "rec_width", m->rec_width);
-  if (l->ep > 1 && !has_block(m, 'E')) mc_errlist_add(e, "ep=%d needs E blocks but the pattern has none", l->ep);
-  if (has_block(m, 'E')) check_divides(e, "ep", l->ep, "n_experts", m->n_experts);
+  int has_ep = 0;
+  for (const char *k = mc_block_letters(); *k; k++) {
+    const mc_block_kind *bk = mc_block_kind_of(*k);
+    if (!has_block(m, *k) || bk->ep_divides == MC_DIM_NONE) continue;
+    has_ep = 1;
+    check_divides(e, "ep", l->ep, "n_experts", (int)mc_dim_of(m, bk->ep_divides));
+  }
+  if (l->ep > 1 && !has_ep) mc_errlist_add(e, "ep=%d needs E blocks but the pattern has none", l->ep);
   check_divides(e, "ep", l->ep, "tp*dp", l->tp * l->dp);
   if (l->tp > 1 && l->ep > 1 && !l->sp) mc_errlist_add(e, "tp=%d with ep=%d requires sp (sequence parallelism)", l->tp, l->ep);
   if (l->sp && l->tp > 1) check_divides(e, "tp (sp)", l->tp, "seq_len", m->seq_len);

@@ -4,6 +4,8 @@
 #ifndef MC_CORE_MEM_CATS_H
 #define MC_CORE_MEM_CATS_H
 
+#include <stdint.h>
+
 #include "core/families.h"
 
 typedef enum {
@@ -31,6 +33,15 @@ static const char *const mc_mem_cat_names[MC_MEM_COUNT] = {
     "zero3.buffers",           "activations",         "pipeline.buffers",
     "moe.scratch",             "runtime.reserve",     "allocator.overhead",
 };
+
+/* Every tensor of a category lives in that category's one allocation, aligned to
+ * MC_MEM_ALIGN bytes; a tensor of `bytes` occupies its footprint there (at least one unit, so
+ * that every tensor, even an empty one, has its own address). */
+#define MC_MEM_ALIGN 256
+static inline int64_t mc_mem_footprint(int64_t bytes) {
+  if (bytes < 1) bytes = 1;
+  return (bytes + MC_MEM_ALIGN - 1) / MC_MEM_ALIGN * MC_MEM_ALIGN;
+}
 
 static inline const char *mc_mem_cat_label(mc_mem_cat c) {
   return c >= 0 && c < MC_MEM_COUNT ? mc_mem_cat_names[c] : "?";

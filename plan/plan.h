@@ -1,8 +1,8 @@
-/* The memory planner: predicted bytes per device by category, for every rank of a layout.
- * Parameter, gradient and optimizer categories are sums over the hyperslabs mc_shard_of
- * gives (never re-derived); activations follow plan/activations.h. The trainer can report
- * measured memory next to these categories, and mcaudit can reuse them. docs/mcplan.md says
- * how each term is computed. */
+/* The memory planner: bytes per device by category, for every rank of a layout. What a rank
+ * holds comes from the holdings function (core/holdings.h), the one the trainer allocates
+ * from, so the plan equals the trainer's allocation for every category it owns; the planner
+ * adds the runtime reserve and the allocator overhead it assumes. docs/mcplan.md says how
+ * each term is computed. */
 #ifndef MC_PLAN_PLAN_H
 #define MC_PLAN_PLAN_H
 
@@ -11,8 +11,8 @@
 #include "core/config.h"
 #include "core/layout.h"
 #include "core/ownership.h"
+#include "core/holdings.h"
 #include "core/mem_cats.h"
-#include "plan/activations.h"
 
 
 /* Stable short name, e.g. "params.tp", "optimizer.moments.decay" (used as JSON keys). */
@@ -42,23 +42,16 @@ typedef struct {
   int64_t working_elems;      /* working params resident (local slice, or state shard at zero=3) */
   int64_t state_elems[MC_N_STATES];   /* state hyperslab elements held */
   int64_t primary_elems[MC_N_STATES]; /* ... of which this rank is the primary (it writes them) */
-  /* Activation detail of this rank's stage. */
-  int inflight;               /* micro-batches in flight under 1F1B: min(pp - stage, n_micro) */
-  int64_t act_per_micro;      /* bytes kept per micro-batch (layers + embed/head) */
-  int64_t act_transient;      /* recompute working set of one layer, one micro-batch */
-  int64_t act_working;        /* the backward's gradient scratch and residual working rows */
-  mc_moe_scratch moe;         /* routing scratch detail (zeros if the stage has no E layer) */
+  /* Activation detail of this rank's stage (in flight, per micro-batch, recompute working
+   * set, gradient scratch, network buffers, pipeline buffers, MoE dispatch scratch). */
+  mc_stage_hold act;
 } mc_plan_rank;
 
 typedef struct {
   mc_plan_opts opts;
   mc_recompute recompute;
-  int act_bytes;              /* bytes per activation element: 4 (the trainer keeps fp32 activations in both dtypes) */
-  int matmul_bytes;           /* bytes per working element of a matrix weight (mc_role_is_matmul): 2 under bf16,
-                                 else 4; other params are fp32 */
-  int bf16;                   /* 1 when train.dtype is bf16 (separate fp32 master copy) */
-  int prod_bytes;             /* mc_act_shape.pbytes: 2 under bf16 on one rank without TP (what the
-                                 trainer keeps in bf16, train/net_blocks.h mc_act16), else 4 */
+  mc_hold_opts hold;          /* the settings the holdings follow (bf16 weights, bf16 product
+                                 activations, micro-batch, recompute) */
   int world;
   int micro_batch;
   int n_micro;                /* micro-batches per step per DP rank */

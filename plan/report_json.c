@@ -108,25 +108,28 @@ static cJSON *ownership(const mc_geometry *g) {
   return a;
 }
 
-/* Bytes per layer and micro-batch for each block type in the model, under every policy. */
+/* Bytes per layer and micro-batch for each block kind in the model, under every policy, and
+ * the network buffers of each stage. */
 static cJSON *activation_table(const mc_geometry *g, const mc_plan *p) {
   mc_act_shape sh;
-  mc_act_shape_of(&g->model, &g->layout, p->micro_batch, p->act_bytes, &sh);
-  sh.pbytes = p->prod_bytes;
+  mc_act_shape_of(g, 0, &p->hold, p->micro_batch, &sh);
   cJSON *o = cJSON_CreateObject();
-  cJSON_AddNumberToObject(o, "tokens", (double)sh.tokens);
-  cJSON_AddNumberToObject(o, "tokens_seq", (double)sh.tokens_seq);
+  cJSON_AddNumberToObject(o, "tokens", (double)sh.n_seq * sh.local.seq_len);
+  cJSON_AddNumberToObject(o, "residual_rows", (double)sh.n_seq * sh.T_res);
   cJSON *blocks = cJSON_AddObjectToObject(o, "per_layer");
-  for (int k = 0; k < 5; k++) {
-    char name[2] = {"AMERH"[k], 0};
-    if (k < 4 && !strchr(g->model.pattern, name[0])) continue;
-    cJSON *b = cJSON_AddObjectToObject(blocks, k < 4 ? name : "head");
+  for (const char *k = mc_block_letters(); *k; k++) {
+    char name[2] = {*k, 0};
+    if (!strchr(g->model.pattern, *k)) continue;
+    cJSON *b = cJSON_AddObjectToObject(blocks, name);
     for (int r = 0; r < 3; r++)
       cJSON_AddNumberToObject(b, mc_recompute_name((mc_recompute)r),
-                              (double)(k < 4 ? mc_act_block_bytes(&g->model, &sh, name[0], (mc_recompute)r)
-                                             : mc_act_head_bytes(&g->model, &sh, (mc_recompute)r)));
+                              (double)mc_act_layer_bytes(mc_block_kind_of(*k), &sh, (mc_recompute)r));
   }
-  cJSON_AddNumberToObject(o, "embed", (double)mc_act_embed_bytes(&sh));
+  cJSON *net = cJSON_AddArrayToObject(o, "network_per_stage");
+  for (int s = 0; s < g->layout.pp; s++) {
+    mc_act_shape_of(g, s, &p->hold, p->micro_batch, &sh);
+    cJSON_AddItemToArray(net, cJSON_CreateNumber((double)mc_act_net_bytes(&sh)));
+  }
   return o;
 }
 
@@ -150,16 +153,17 @@ static cJSON *memory_rank(const mc_plan *p, const mc_plan_rank *r) {
   cJSON_AddNumberToObject(o, "headroom", (double)r->headroom);
   cJSON_AddStringToObject(o, "fit", fits[mc_plan_fit(p, r)]);
   cJSON *act = cJSON_AddObjectToObject(o, "activation_detail");
-  cJSON_AddNumberToObject(act, "inflight_micro_batches", r->inflight);
-  cJSON_AddNumberToObject(act, "per_micro_batch", (double)r->act_per_micro);
-  cJSON_AddNumberToObject(act, "recompute_working_set", (double)r->act_transient);
-  cJSON_AddNumberToObject(act, "backward_working_set", (double)r->act_working);
+  cJSON_AddNumberToObject(act, "inflight_micro_batches", r->act.inflight);
+  cJSON_AddNumberToObject(act, "per_micro_batch", (double)r->act.per_micro);
+  cJSON_AddNumberToObject(act, "recompute_working_set", (double)r->act.transient);
+  cJSON_AddNumberToObject(act, "gradient_scratch", (double)r->act.scratch);
+  cJSON_AddNumberToObject(act, "network_buffers", (double)r->act.network);
   cJSON *moe = cJSON_AddObjectToObject(o, "moe_detail");
-  cJSON_AddNumberToObject(moe, "assignments", (double)r->moe.assignments);
-  cJSON_AddNumberToObject(moe, "counts", (double)r->moe.counts);
-  cJSON_AddNumberToObject(moe, "send", (double)r->moe.send);
-  cJSON_AddNumberToObject(moe, "recv", (double)r->moe.recv);
-  cJSON_AddNumberToObject(moe, "combine", (double)r->moe.combine);
+  cJSON_AddNumberToObject(moe, "assignments", (double)r->act.moe_assignments);
+  cJSON_AddNumberToObject(moe, "counts", (double)r->act.moe_counts);
+  cJSON_AddNumberToObject(moe, "send", (double)r->act.moe_send);
+  cJSON_AddNumberToObject(moe, "recv", (double)r->act.moe_recv);
+  cJSON_AddNumberToObject(moe, "combine", (double)r->act.moe_combine);
   cJSON *el = cJSON_AddObjectToObject(o, "elements");
   cJSON_AddNumberToObject(el, "working", (double)r->working_elems);
   cJSON_AddItemToObject(el, "held", states_object(r->state_elems));
@@ -209,7 +213,7 @@ cJSON *mc_plan_to_json(const mc_geometry *g, const mc_plan *p) {
   cJSON *bp = cJSON_AddObjectToObject(mod, "params_by_placement");
   for (int k = 0; k < 3; k++) cJSON_AddNumberToObject(bp, mc_place_name((mc_place)k), (double)p->model_elems_by_place[k]);
   cJSON *tr = cJSON_AddObjectToObject(root, "train");
-  cJSON_AddStringToObject(tr, "dtype", p->bf16 ? "bf16" : "fp32");
+  cJSON_AddStringToObject(tr, "dtype", p->hold.bf16_weights ? "bf16" : "fp32");
   cJSON_AddStringToObject(tr, "recompute", mc_recompute_name(p->recompute));
   cJSON_AddNumberToObject(tr, "micro_batch", p->micro_batch);
   cJSON_AddNumberToObject(tr, "micro_batches_per_step", p->n_micro);

@@ -18,7 +18,7 @@ static void print_header(FILE *out, const mc_geometry *g, const mc_plan *p) {
           g->model.pattern, g->model.n_layers, g->world, l->tp, l->dp, l->pp, l->ep, l->sp ? "on" : "off",
           l->zero, mc_split_name(l->split));
   fprintf(out, "dtype %s, recompute %s, micro_batch %d, %d micro-batches per step per DP rank, %lld tokens per step\n",
-          p->bf16 ? "bf16" : "fp32", mc_recompute_name(p->recompute), p->micro_batch, p->n_micro,
+          p->hold.bf16_weights ? "bf16" : "fp32", mc_recompute_name(p->recompute), p->micro_batch, p->n_micro,
           (long long)p->tokens_per_step);
   fprintf(out, "parameters: %lld elements (replicated %lld, tp-sharded %lld, ep-sharded %lld)\n",
           (long long)p->model_elems, (long long)p->model_elems_by_place[MC_PLACE_REPLICATED],
@@ -106,21 +106,23 @@ static int print_ownership(FILE *out, const mc_geometry *g, int detail_max) {
 static void print_activation_table(FILE *out, const mc_geometry *g, const mc_plan *p) {
   static const mc_recompute pols[3] = {MC_RECOMPUTE_NONE, MC_RECOMPUTE_SELECTIVE, MC_RECOMPUTE_FULL};
   mc_act_shape sh;
-  mc_act_shape_of(&g->model, &g->layout, p->micro_batch, p->act_bytes, &sh);
-  sh.pbytes = p->prod_bytes;
-  fprintf(out, "\n== activations per layer and micro-batch (%lld tokens, %lld per rank on TP-replicated tensors; policy in use: %s) ==\n",
-          (long long)sh.tokens, (long long)sh.tokens_seq, mc_recompute_name(p->recompute));
-  fprintf(out, "%-6s %14s %14s %14s\n", "block", "none", "selective", "full");
-  for (const char *b = "AMER"; *b; b++) {
+  mc_act_shape_of(g, 0, &p->hold, p->micro_batch, &sh);
+  fprintf(out, "\n== activations per layer and micro-batch (%lld tokens, %lld residual rows per rank; policy in use: %s) ==\n",
+          (long long)sh.n_seq * sh.local.seq_len, (long long)sh.n_seq * sh.T_res, mc_recompute_name(p->recompute));
+  fprintf(out, "%-8s %14s %14s %14s\n", "block", "none", "selective", "full");
+  for (const char *b = mc_block_letters(); *b; b++) {
     if (!strchr(g->model.pattern, *b)) continue;
     char c[3][32];
-    for (int k = 0; k < 3; k++) mc_format_bytes(mc_act_block_bytes(&g->model, &sh, *b, pols[k]), c[k], sizeof c[k]);
-    fprintf(out, "%-6c %14s %14s %14s\n", *b, c[0], c[1], c[2]);
+    for (int k = 0; k < 3; k++) mc_format_bytes(mc_act_layer_bytes(mc_block_kind_of(*b), &sh, pols[k]), c[k], sizeof c[k]);
+    fprintf(out, "%-8c %14s %14s %14s\n", *b, c[0], c[1], c[2]);
   }
-  char c[3][32];
-  for (int k = 0; k < 3; k++) mc_format_bytes(mc_act_head_bytes(&g->model, &sh, pols[k]), c[k], sizeof c[k]);
-  fprintf(out, "%-6s %14s %14s %14s\n", "head", c[0], c[1], c[2]);
-  fprintf(out, "%-6s %14s\n", "embed", mc_format_bytes(mc_act_embed_bytes(&sh), c[0], sizeof c[0]));
+  fprintf(out, "network buffers, held once per stage (residual stream, embedding, head and loss, staging rows):");
+  for (int s = 0; s < g->layout.pp; s++) {
+    char c[32];
+    mc_act_shape_of(g, s, &p->hold, p->micro_batch, &sh);
+    fprintf(out, "%s stage %d %s", s ? "," : "", s, mc_format_bytes(mc_act_net_bytes(&sh), c, sizeof c));
+  }
+  fprintf(out, "\n");
 }
 
 static void print_class(FILE *out, const mc_plan *p, const mc_rank_class *cl) {
@@ -133,13 +135,14 @@ static void print_class(FILE *out, const mc_plan *p, const mc_rank_class *cl) {
   for (int c = 0; c < MC_MEM_COUNT; c++) {
     fprintf(out, "    %-36s %12s", mc_mem_cat_desc((mc_mem_cat)c), mc_format_bytes(r->bytes[c], b1, sizeof b1));
     if (c == MC_MEM_ACTIVATIONS)
-      fprintf(out, "   %d in flight x %s + %s recompute working set + %s backward working set", r->inflight,
-              mc_format_bytes(r->act_per_micro, b2, sizeof b2), mc_format_bytes(r->act_transient, b3, sizeof b3),
-              mc_format_bytes(r->act_working, b4, sizeof b4));
-    if (c == MC_MEM_MOE_SCRATCH && r->moe.total > 0)
-      fprintf(out, "   %lld assignments: counts %s, send %s, recv %s, combine %s", (long long)r->moe.assignments,
-              mc_format_bytes(r->moe.counts, b2, sizeof b2), mc_format_bytes(r->moe.send, b3, sizeof b3),
-              mc_format_bytes(r->moe.recv, b4, sizeof b4), mc_format_bytes(r->moe.combine, b5, sizeof b5));
+      fprintf(out, "   %d in flight x %s + %s recompute working set + %s gradient scratch + %s network buffers",
+              r->act.inflight, mc_format_bytes(r->act.per_micro, b2, sizeof b2),
+              mc_format_bytes(r->act.transient, b3, sizeof b3), mc_format_bytes(r->act.scratch, b4, sizeof b4),
+              mc_format_bytes(r->act.network, b5, sizeof b5));
+    if (c == MC_MEM_MOE_SCRATCH && r->act.moe_scratch > 0)
+      fprintf(out, "   %lld assignments: counts %s, send %s, recv %s, combine %s", (long long)r->act.moe_assignments,
+              mc_format_bytes(r->act.moe_counts, b2, sizeof b2), mc_format_bytes(r->act.moe_send, b3, sizeof b3),
+              mc_format_bytes(r->act.moe_recv, b4, sizeof b4), mc_format_bytes(r->act.moe_combine, b5, sizeof b5));
     fprintf(out, "\n");
   }
   fprintf(out, "    %-36s %12s (decay) %s (no-decay)\n", "optimizer state by group",

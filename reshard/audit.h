@@ -52,9 +52,4 @@ int mc_audit_tiling(const char *what, int ndim, const int64_t *shape, const mc_b
 int mc_audit_run(mc_rs_source *src, int verify, int progress, mc_audit *out);
 void mc_audit_free(mc_audit *a);
 
-/* Transitional, for cli/mcaudit.c only, which still spells the box mc_slab / mc_slab_format:
- * delete these two lines once it says mc_box / mc_box_format (core/box.h). */
-typedef mc_box mc_slab;
-#define mc_slab_format mc_box_format
-
 #endif

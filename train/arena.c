@@ -8,12 +8,7 @@
 
 static const char *cat_label(mc_mem_cat c) { return mc_mem_cat_label(c); }
 
-int64_t mc_arena_footprint(int64_t bytes) {
-  if (bytes < 1) bytes = 1;
-  return (bytes + MC_ARENA_ALIGN - 1) / MC_ARENA_ALIGN * MC_ARENA_ALIGN;
-}
-
-void mc_arena_count(mc_arena *a, int64_t bytes) { a->cap += mc_arena_footprint(bytes); }
+void mc_arena_count(mc_arena *a, int64_t bytes) { a->cap += mc_mem_footprint(bytes); }
 
 int mc_arena_open(mc_arena *a, mc_backend *be, mc_mem_cat cat) {
   a->be = be;
@@ -26,7 +21,7 @@ int mc_arena_open(mc_arena *a, mc_backend *be, mc_mem_cat cat) {
 }
 
 void *mc_arena_take(mc_arena *a, int64_t bytes, mc_mem_cat cat) {
-  int64_t fp = mc_arena_footprint(bytes);
+  int64_t fp = mc_mem_footprint(bytes);
   if (!a->base || a->used + fp > a->cap) {
     mc_error("the %s arena holds %lld bytes, %lld in use: no room for %lld more (sizing and placement disagree)",
              cat_label(cat), (long long)a->cap, (long long)a->used, (long long)fp);

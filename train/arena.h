@@ -2,7 +2,7 @@
  * of that category carved out of it. An arena is sized before it is allocated: every tensor
  * that will live in it is first counted with mc_arena_count, then mc_arena_open makes the one
  * be->alloc of the counted size, and mc_arena_take hands out the same sequence of tensors.
- * Each tensor starts MC_ARENA_ALIGN bytes apart from the arena's start (cudaMalloc's base
+ * Each tensor starts MC_MEM_ALIGN bytes apart from the arena's start (cudaMalloc's base
  * alignment, so on CUDA every tensor is so aligned), and the arena's size is the sum of its
  * tensors' bytes each rounded up to that boundary. */
 #ifndef MC_TRAIN_ARENA_H
@@ -14,13 +14,11 @@
 #include "kernels/ops.h"
 #include "core/mem_cats.h"
 
-#define MC_ARENA_ALIGN 256
-
 typedef struct {
   mc_backend *be;
   char *base;           /* the one allocation; NULL until opened (or when nothing was counted) */
   int64_t cap;          /* bytes counted = bytes allocated */
-  int64_t used;         /* bytes handed out (a multiple of MC_ARENA_ALIGN) */
+  int64_t used;         /* bytes handed out (a multiple of MC_MEM_ALIGN) */
   int64_t tensor_bytes; /* sum of the tensors' own sizes, without the alignment padding */
   int64_t tensors;      /* tensors handed out */
 } mc_arena;
@@ -30,9 +28,6 @@ typedef struct {
   mc_arena a[MC_MEM_COUNT];
 } mc_arenas;
 
-/* Bytes a tensor of `bytes` occupies in an arena (at least one alignment unit, so that every
- * tensor, even an empty one, has its own non-NULL address). */
-int64_t mc_arena_footprint(int64_t bytes);
 /* Sizing pass: one more tensor of `bytes`. */
 void mc_arena_count(mc_arena *a, int64_t bytes);
 /* Allocates the counted bytes from be (zero-filled, like be->alloc). 0 or -1 with mc_error

@@ -4,27 +4,9 @@
  *   y = selective scan(xc, dt, A = -exp(A_log), Bc, Cc) + D xc
  *   g = y * silu(z), gn = RMSNorm per head (group hdm) of g times norm.weight, x += gn wout^T
  * Under mc_act16 z and gn (they feed only the gate and products) and dz are kept in bf16; the
- * conv, scan and norm inputs stay fp32. */
+ * conv, scan and norm inputs stay fp32.
+ * The buffers are the M row of core/blocks.h. */
 #include "train/net_blocks.h"
-
-enum { Z, XR, XCP, XC, BR, BCP, BC, CR, CCP, CC, DTP, DT, Y, G, GN, GRSTD }; /* saved */
-enum { DGN, DG, DZ, DY, DXC, DXCP, DXR, DBC, DBCP, DBR, DCC, DCCP, DCR, DDT, DDTP }; /* grads */
-
-static void mamba_sizes(const struct mc_net *net, int n_seq, mc_block_sizes *s) {
-  const mc_model *m = &net->m; /* its u16 is the layer's (train/net.c) */
-  int64_t n = (int64_t)n_seq * m->seq_len, di = m->mamba_inner, hm = mc_mamba_heads(m), N = m->ssm_state;
-  for (int i = Z; i <= XC; i++) s->f[i] = n * di;
-  s->f[Z] = mc_a16_floats(net, n * di);
-  for (int i = BR; i <= CC; i++) s->f[i] = n * N;
-  s->f[DTP] = s->f[DT] = n * hm;
-  s->f[Y] = s->f[G] = n * di;
-  s->f[GN] = mc_a16_floats(net, n * di);
-  s->f[GRSTD] = n * hm;
-  for (int i = DGN; i <= DXR; i++) s->g[i] = n * di;
-  s->g[DZ] = mc_a16_floats(net, n * di);
-  for (int i = DBC; i <= DCR; i++) s->g[i] = n * N;
-  s->g[DDT] = s->g[DDTP] = n * hm;
-}
 
 static int mamba_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   mc_backend *be = net->be;
@@ -32,25 +14,25 @@ static int mamba_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   const int T = m->seq_len, n = n_seq * T, d = m->d_model, di = m->mamba_inner, hm = mc_mamba_heads(m);
   const int N = m->ssm_state, K = m->conv_width;
   float **f = L->f;
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WZ), n, d, di, 0.0f, mc_a16_dst(net, f[Z]));
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WX), n, d, di, 0.0f, mc_o32(f[XR]));
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WB), n, d, N, 0.0f, mc_o32(f[BR]));
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WC), n, d, N, 0.0f, mc_o32(f[CR]));
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WDT), n, d, hm, 0.0f, mc_o32(f[DTP]));
-  be->bias_fwd(be, f[DTP], mc_w(net, L, MC_ROLE_SSM_DT_BIAS), n, hm);
-  be->act_fwd(be, MC_ACT_SOFTPLUS, f[DTP], f[DT], (int64_t)n * hm);
-  be->conv_fwd(be, f[XR], mc_w(net, L, MC_ROLE_SSM_CONVX_W), mc_w(net, L, MC_ROLE_SSM_CONVX_B), n_seq, T, di, K, f[XCP]);
-  be->conv_fwd(be, f[BR], mc_w(net, L, MC_ROLE_SSM_CONVB_W), mc_w(net, L, MC_ROLE_SSM_CONVB_B), n_seq, T, N, K, f[BCP]);
-  be->conv_fwd(be, f[CR], mc_w(net, L, MC_ROLE_SSM_CONVC_W), mc_w(net, L, MC_ROLE_SSM_CONVC_B), n_seq, T, N, K, f[CCP]);
-  be->act_fwd(be, MC_ACT_SILU, f[XCP], f[XC], (int64_t)n * di);
-  be->act_fwd(be, MC_ACT_SILU, f[BCP], f[BC], (int64_t)n * N);
-  be->act_fwd(be, MC_ACT_SILU, f[CCP], f[CC], (int64_t)n * N);
-  be->ssm_fwd(be, f[XC], f[DT], mc_w(net, L, MC_ROLE_SSM_A_LOG), f[BC], f[CC], mc_w(net, L, MC_ROLE_SSM_D), n_seq, T,
-              hm, m->mamba_head_dim, N, f[Y]);
-  be->glu_fwd(be, MC_ACT_SILU, mc_a16_in(net, f[Z]), mc_f32(f[Y]), mc_o32(f[G]), (int64_t)n * di);
-  be->rmsnorm_fwd(be, f[G], mc_w(net, L, MC_ROLE_SSM_NORM), n, di, m->mamba_head_dim, (float)m->norm_eps,
-                  mc_a16_dst(net, f[GN]), f[GRSTD]);
-  mc_linear_fwd(be, mc_a16_in(net, f[GN]), mc_wm(net, L, MC_ROLE_SSM_WOUT), n, di, d, 1.0f, mc_o32(x));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WZ), n, d, di, 0.0f, mc_saved_out(L, MC_M_Z));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WX), n, d, di, 0.0f, mc_o32(f[MC_M_XR]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WB), n, d, N, 0.0f, mc_o32(f[MC_M_BR]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WC), n, d, N, 0.0f, mc_o32(f[MC_M_CR]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WDT), n, d, hm, 0.0f, mc_o32(f[MC_M_DTP]));
+  be->bias_fwd(be, f[MC_M_DTP], mc_w(net, L, MC_ROLE_SSM_DT_BIAS), n, hm);
+  be->act_fwd(be, MC_ACT_SOFTPLUS, f[MC_M_DTP], f[MC_M_DT], (int64_t)n * hm);
+  be->conv_fwd(be, f[MC_M_XR], mc_w(net, L, MC_ROLE_SSM_CONVX_W), mc_w(net, L, MC_ROLE_SSM_CONVX_B), n_seq, T, di, K, f[MC_M_XCP]);
+  be->conv_fwd(be, f[MC_M_BR], mc_w(net, L, MC_ROLE_SSM_CONVB_W), mc_w(net, L, MC_ROLE_SSM_CONVB_B), n_seq, T, N, K, f[MC_M_BCP]);
+  be->conv_fwd(be, f[MC_M_CR], mc_w(net, L, MC_ROLE_SSM_CONVC_W), mc_w(net, L, MC_ROLE_SSM_CONVC_B), n_seq, T, N, K, f[MC_M_CCP]);
+  be->act_fwd(be, MC_ACT_SILU, f[MC_M_XCP], f[MC_M_XC], (int64_t)n * di);
+  be->act_fwd(be, MC_ACT_SILU, f[MC_M_BCP], f[MC_M_BC], (int64_t)n * N);
+  be->act_fwd(be, MC_ACT_SILU, f[MC_M_CCP], f[MC_M_CC], (int64_t)n * N);
+  be->ssm_fwd(be, f[MC_M_XC], f[MC_M_DT], mc_w(net, L, MC_ROLE_SSM_A_LOG), f[MC_M_BC], f[MC_M_CC], mc_w(net, L, MC_ROLE_SSM_D), n_seq, T,
+              hm, m->mamba_head_dim, N, f[MC_M_Y]);
+  be->glu_fwd(be, MC_ACT_SILU, mc_saved_in(L, MC_M_Z), mc_f32(f[MC_M_Y]), mc_o32(f[MC_M_G]), (int64_t)n * di);
+  be->rmsnorm_fwd(be, f[MC_M_G], mc_w(net, L, MC_ROLE_SSM_NORM), n, di, m->mamba_head_dim, (float)m->norm_eps,
+                  mc_saved_out(L, MC_M_GN), f[MC_M_GRSTD]);
+  mc_linear_fwd(be, mc_saved_in(L, MC_M_GN), mc_wm(net, L, MC_ROLE_SSM_WOUT), n, di, d, 1.0f, mc_o32(x));
   return 0;
 }
 
@@ -74,28 +56,28 @@ static int mamba_backward(struct mc_net *net, mc_layer *L, int n_seq, const floa
   const int N = m->ssm_state;
   const int64_t nd = (int64_t)n * di, nn = (int64_t)n * N, nh = (int64_t)n * hm;
   float **f = L->f, **g = net->g;
-  mc_linear_bwd(be, mc_a16_in(net, f[GN]), mc_wm(net, L, MC_ROLE_SSM_WOUT), mc_dy_in(net, dy, (int64_t)n * d), n, di, d,
-                mc_o32(g[DGN]), 0.0f, mc_g(net, L, MC_ROLE_SSM_WOUT));
-  be->rmsnorm_bwd(be, f[G], mc_w(net, L, MC_ROLE_SSM_NORM), f[GRSTD], g[DGN], n, di, m->mamba_head_dim,
-                  mc_zeroed(be, g[DG], nd), mc_g(net, L, MC_ROLE_SSM_NORM));
-  be->glu_bwd(be, MC_ACT_SILU, mc_a16_in(net, f[Z]), mc_f32(f[Y]), mc_f32(g[DG]), mc_a16_grad(net, g[DZ], nd),
-              mc_o32(mc_zeroed(be, g[DY], nd)), nd);
-  be->ssm_bwd(be, f[XC], f[DT], mc_w(net, L, MC_ROLE_SSM_A_LOG), f[BC], f[CC], mc_w(net, L, MC_ROLE_SSM_D), g[DY],
-              n_seq, T, hm, m->mamba_head_dim, N, mc_zeroed(be, g[DXC], nd), mc_zeroed(be, g[DDT], nh),
-              mc_g(net, L, MC_ROLE_SSM_A_LOG), mc_zeroed(be, g[DBC], nn), mc_zeroed(be, g[DCC], nn),
+  mc_linear_bwd(be, mc_saved_in(L, MC_M_GN), mc_wm(net, L, MC_ROLE_SSM_WOUT), mc_dy_in(net, dy, (int64_t)n * d), n, di, d,
+                mc_o32(g[MC_M_DGN]), 0.0f, mc_g(net, L, MC_ROLE_SSM_WOUT));
+  be->rmsnorm_bwd(be, f[MC_M_G], mc_w(net, L, MC_ROLE_SSM_NORM), f[MC_M_GRSTD], g[MC_M_DGN], n, di, m->mamba_head_dim,
+                  mc_zeroed(be, g[MC_M_DG], nd), mc_g(net, L, MC_ROLE_SSM_NORM));
+  be->glu_bwd(be, MC_ACT_SILU, mc_saved_in(L, MC_M_Z), mc_f32(f[MC_M_Y]), mc_f32(g[MC_M_DG]), mc_scratch_grad(net, L, MC_M_DZ, nd),
+              mc_o32(mc_zeroed(be, g[MC_M_DY], nd)), nd);
+  be->ssm_bwd(be, f[MC_M_XC], f[MC_M_DT], mc_w(net, L, MC_ROLE_SSM_A_LOG), f[MC_M_BC], f[MC_M_CC], mc_w(net, L, MC_ROLE_SSM_D), g[MC_M_DY],
+              n_seq, T, hm, m->mamba_head_dim, N, mc_zeroed(be, g[MC_M_DXC], nd), mc_zeroed(be, g[MC_M_DDT], nh),
+              mc_g(net, L, MC_ROLE_SSM_A_LOG), mc_zeroed(be, g[MC_M_DBC], nn), mc_zeroed(be, g[MC_M_DCC], nn),
               mc_g(net, L, MC_ROLE_SSM_D));
-  be->act_bwd(be, MC_ACT_SOFTPLUS, f[DTP], g[DDT], mc_zeroed(be, g[DDTP], nh), nh);
-  be->bias_bwd(be, g[DDTP], n, hm, mc_g(net, L, MC_ROLE_SSM_DT_BIAS));
-  conv_silu_bwd(net, L, n_seq, di, f[XR], f[XCP], g[DXC], g[DXCP], g[DXR], MC_ROLE_SSM_CONVX_W, MC_ROLE_SSM_CONVX_B);
-  conv_silu_bwd(net, L, n_seq, N, f[BR], f[BCP], g[DBC], g[DBCP], g[DBR], MC_ROLE_SSM_CONVB_W, MC_ROLE_SSM_CONVB_B);
-  conv_silu_bwd(net, L, n_seq, N, f[CR], f[CCP], g[DCC], g[DCCP], g[DCR], MC_ROLE_SSM_CONVC_W, MC_ROLE_SSM_CONVC_B);
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WZ), mc_a16_in(net, g[DZ]), n, d, di, mc_o32(du), 0.0f,
+  be->act_bwd(be, MC_ACT_SOFTPLUS, f[MC_M_DTP], g[MC_M_DDT], mc_zeroed(be, g[MC_M_DDTP], nh), nh);
+  be->bias_bwd(be, g[MC_M_DDTP], n, hm, mc_g(net, L, MC_ROLE_SSM_DT_BIAS));
+  conv_silu_bwd(net, L, n_seq, di, f[MC_M_XR], f[MC_M_XCP], g[MC_M_DXC], g[MC_M_DXCP], g[MC_M_DXR], MC_ROLE_SSM_CONVX_W, MC_ROLE_SSM_CONVX_B);
+  conv_silu_bwd(net, L, n_seq, N, f[MC_M_BR], f[MC_M_BCP], g[MC_M_DBC], g[MC_M_DBCP], g[MC_M_DBR], MC_ROLE_SSM_CONVB_W, MC_ROLE_SSM_CONVB_B);
+  conv_silu_bwd(net, L, n_seq, N, f[MC_M_CR], f[MC_M_CCP], g[MC_M_DCC], g[MC_M_DCCP], g[MC_M_DCR], MC_ROLE_SSM_CONVC_W, MC_ROLE_SSM_CONVC_B);
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WZ), mc_scratch_in(net, L, MC_M_DZ), n, d, di, mc_o32(du), 0.0f,
                 mc_g(net, L, MC_ROLE_SSM_WZ));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WX), mc_f32(g[DXR]), n, d, di, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WX));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WB), mc_f32(g[DBR]), n, d, N, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WB));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WC), mc_f32(g[DCR]), n, d, N, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WC));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WDT), mc_f32(g[DDTP]), n, d, hm, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WDT));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WX), mc_f32(g[MC_M_DXR]), n, d, di, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WX));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WB), mc_f32(g[MC_M_DBR]), n, d, N, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WB));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WC), mc_f32(g[MC_M_DCR]), n, d, N, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WC));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WDT), mc_f32(g[MC_M_DDTP]), n, d, hm, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WDT));
   return 0;
 }
 
-const mc_block_ops mc_block_mamba = {'M', mamba_sizes, mamba_forward, mamba_backward};
+const mc_block_ops mc_block_mamba = {'M', mamba_forward, mamba_backward};

@@ -9,41 +9,14 @@
  * rank's shard of every sequence, whose f and P are then completed over the TP group.
  * Under mc_act16 the expert activations are kept in bf16 only: the permuted input (the dense
  * path reads the layer's u16), h1, h3 and the SwiGLU output, and in the backward da, dh1 and
- * dh3 (each written once by the op that makes it, no fp32 copy). */
+ * dh3 (each written once by the op that makes it, no fp32 copy); the routed path's fp32
+ * permuted input exists only while the forward makes it, in the DXP gradient scratch (free
+ * during a forward). The buffers are the E row of core/blocks.h. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "train/net_blocks.h"
 #include "util/error.h"
-
-enum { LOGITS, PROBS, GATE, FR, AUX, XP, H1, H3, A, YP };      /* saved floats */
-enum { IDX, SLOT, COUNTS, DROPPED };                           /* saved int32 */
-enum { DYP, DA, DH1, DH3, DXP, DGATE, DLOGITS };               /* grads */
-
-/* act16: XP, H1, H3, A and DA, DH1, DH3 hold bf16 (half the floats); the routed path's fp32
- * permuted input exists only while the forward makes it, in the DXP gradient scratch (free
- * during a forward). */
-static void moe_sizes(const struct mc_net *net, int n_seq, mc_block_sizes *s) {
-  const mc_model *m = &net->m;
-  const int plain = mc_moe_is_dense(net);
-  int64_t n = (int64_t)n_seq * m->seq_len, E = m->n_experts, k = m->top_k, F = m->expert_hidden, d = m->d_model;
-  const int64_t nkf = mc_a16_floats(net, n * k * F);
-  s->f[LOGITS] = s->f[PROBS] = n * E;
-  s->f[GATE] = n * k;
-  s->f[FR] = n_seq * E;
-  s->f[AUX] = n_seq;
-  /* the plain path reads u and adds its output through gradient scratch: no XP, YP */
-  s->f[XP] = plain ? 0 : mc_a16_floats(net, n * k * d);
-  s->f[YP] = plain ? 0 : n * k * d;
-  s->f[H1] = s->f[H3] = s->f[A] = nkf;
-  s->i[IDX] = s->i[SLOT] = n * k;
-  s->i[COUNTS] = E;
-  s->i[DROPPED] = 1;
-  s->g[DYP] = s->g[DXP] = n * k * d;
-  s->g[DA] = s->g[DH1] = s->g[DH3] = nkf;
-  s->g[DGATE] = n * k;
-  s->g[DLOGITS] = n * E;
-}
 
 /* Where operand data of expert e starts: rows_before(e) * per_row + e * per_expert. */
 typedef struct {
@@ -97,15 +70,14 @@ static int experts_forward(struct mc_net *net, mc_layer *L, int E, const int32_t
                            float *out) {
   mc_backend *be = net->be;
   const int d = net->m.d_model, F = net->m.expert_hidden;
-  float **f = L->f;
   const off_rule xr = {d, 0}, fr = {F, 0}, w13 = {0, (int64_t)F * d};
   if (experts_gemm(be, E, c, 0, 1, -1, F, d, xpo, d, xr, mc_wm(net, L, MC_ROLE_MOE_W1), d, w13, 0.0f,
-                   mc_a16_dst(net, f[H1]), F, fr) ||
+                   mc_saved_out(L, MC_E_H1), F, fr) ||
       experts_gemm(be, E, c, 0, 1, -1, F, d, xpo, d, xr, mc_wm(net, L, MC_ROLE_MOE_W3), d, w13, 0.0f,
-                   mc_a16_dst(net, f[H3]), F, fr))
+                   mc_saved_out(L, MC_E_H3), F, fr))
     return -1;
-  be->glu_fwd(be, MC_ACT_SILU, mc_a16_in(net, f[H1]), mc_a16_in(net, f[H3]), mc_a16_dst(net, f[A]), rows * F);
-  return experts_gemm(be, E, c, 0, 1, -1, d, F, mc_a16_in(net, f[A]), F, fr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f,
+  be->glu_fwd(be, MC_ACT_SILU, mc_saved_in(L, MC_E_H1), mc_saved_in(L, MC_E_H3), mc_saved_out(L, MC_E_A), rows * F);
+  return experts_gemm(be, E, c, 0, 1, -1, d, F, mc_saved_in(L, MC_E_A), F, fr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f,
                       mc_o32(out), d, xr);
 }
 
@@ -115,17 +87,16 @@ static int experts_backward(struct mc_net *net, mc_layer *L, int E, const int32_
                             mc_operand dyp, float *dxp) {
   mc_backend *be = net->be;
   const int d = net->m.d_model, F = net->m.expert_hidden;
-  float **f = L->f, **g = net->g;
   const off_rule xr = {d, 0}, fr = {F, 0}, w13 = {0, (int64_t)F * d};
   /* w2[e] is [d, F]: dW2[e] += dyp_e^T a_e, da_e = dyp_e w2[e] */
-  if (experts_gemm(be, E, c, 1, 0, d, F, -1, dyp, d, xr, mc_a16_in(net, f[A]), F, fr, 1.0f,
+  if (experts_gemm(be, E, c, 1, 0, d, F, -1, dyp, d, xr, mc_saved_in(L, MC_E_A), F, fr, 1.0f,
                    mc_o32(mc_g(net, L, MC_ROLE_MOE_W2)), F, w13) ||
       experts_gemm(be, E, c, 0, 0, -1, F, d, dyp, d, xr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f,
-                   mc_a16_dst(net, g[DA]), F, fr))
+                   mc_scratch_out(net, L, MC_E_DA), F, fr))
     return -1;
-  be->glu_bwd(be, MC_ACT_SILU, mc_a16_in(net, f[H1]), mc_a16_in(net, f[H3]), mc_a16_in(net, g[DA]),
-              mc_a16_grad(net, g[DH1], rows * F), mc_a16_grad(net, g[DH3], rows * F), rows * F);
-  const mc_operand dh1i = mc_a16_in(net, g[DH1]), dh3i = mc_a16_in(net, g[DH3]);
+  be->glu_bwd(be, MC_ACT_SILU, mc_saved_in(L, MC_E_H1), mc_saved_in(L, MC_E_H3), mc_scratch_in(net, L, MC_E_DA),
+              mc_scratch_grad(net, L, MC_E_DH1, rows * F), mc_scratch_grad(net, L, MC_E_DH3, rows * F), rows * F);
+  const mc_operand dh1i = mc_scratch_in(net, L, MC_E_DH1), dh3i = mc_scratch_in(net, L, MC_E_DH3);
   /* w1[e], w3[e] are [F, d]: dW += dh_e^T xp_e, dxp_e = dh1_e w1[e] + dh3_e w3[e] */
   if (experts_gemm(be, E, c, 1, 0, F, d, -1, dh1i, F, fr, xpo, d, xr, 1.0f, mc_o32(mc_g(net, L, MC_ROLE_MOE_W1)), d,
                    w13) ||
@@ -146,7 +117,7 @@ static int moe_forward_dense(struct mc_net *net, mc_layer *L, int n_seq, float *
   L->counts_host[0] = n, L->dropped = 0;
   for (int s = 0; s < n_seq; s++) L->aux_host[s] = 1.0f; /* E sum_e f_e P_e = 1 */
   /* x += y as the routed path's unpermute adds 1 * y: the product into scratch, then added */
-  float *y = net->g[DYP];
+  float *y = net->g[MC_E_DYP];
   if (experts_forward(net, L, 1, L->counts_host, n, mc_uin(L), y)) return -1;
   net->be->axpy(net->be, x, y, (int64_t)n * net->m.d_model, 1.0f);
   return 0;
@@ -166,23 +137,23 @@ static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   const int T = net->moe_T, n = n_seq * T, d = m->d_model, E = m->n_experts, k = m->top_k;
   float **f = L->f;
   int32_t **iv = L->i;
-  mc_linear_fwd(be, mc_f32(L->u), mc_wm(net, L, MC_ROLE_MOE_ROUTER), n, d, E, 0.0f, mc_o32(f[LOGITS]));
-  be->moe_route(be, f[LOGITS], n_seq, T, E, k, mc_moe_capacity(m), f[PROBS], iv[IDX], f[GATE], iv[SLOT], iv[COUNTS],
-                f[FR], f[AUX], iv[DROPPED]);
+  mc_linear_fwd(be, mc_f32(L->u), mc_wm(net, L, MC_ROLE_MOE_ROUTER), n, d, E, 0.0f, mc_o32(f[MC_E_LOGITS]));
+  be->moe_route(be, f[MC_E_LOGITS], n_seq, T, E, k, mc_moe_capacity(m), f[MC_E_PROBS], iv[MC_E_IDX], f[MC_E_GATE], iv[MC_E_SLOT], iv[MC_E_COUNTS],
+                f[MC_E_FR], f[MC_E_AUX], iv[MC_E_DROPPED]);
   int32_t dropped = 0;
-  be->to_host(be, L->counts_host, iv[COUNTS], (size_t)E * sizeof(int32_t));
-  be->to_host(be, L->aux_host, f[AUX], (size_t)n_seq * sizeof(float));
-  be->to_host(be, &dropped, iv[DROPPED], sizeof(int32_t));
+  be->to_host(be, L->counts_host, iv[MC_E_COUNTS], (size_t)E * sizeof(int32_t));
+  be->to_host(be, L->aux_host, f[MC_E_AUX], (size_t)n_seq * sizeof(float));
+  be->to_host(be, &dropped, iv[MC_E_DROPPED], sizeof(int32_t));
   L->dropped = dropped;
-  if (net->moe_T != m->seq_len && mc_sp_moe_aux(net, L, f[PROBS], f[FR], n_seq, T)) return -1;
+  if (net->moe_T != m->seq_len && mc_sp_moe_aux(net, L, f[MC_E_PROBS], f[MC_E_FR], n_seq, T)) return -1;
   int64_t rows = 0;
   for (int e = 0; e < E; e++) rows += L->counts_host[e];
-  const int act16 = mc_act16(net);
-  float *xp = act16 ? net->g[DXP] : f[XP];
-  be->moe_permute(be, L->u, iv[SLOT], n, k, d, xp);
-  const mc_operand xpo = act16 ? mc_to16(be, xp, (mc_bf16 *)f[XP], rows * d) : mc_f32(xp);
-  if (experts_forward(net, L, E, L->counts_host, rows, xpo, f[YP])) return -1;
-  be->moe_unpermute(be, f[YP], iv[SLOT], f[GATE], n, k, d, x);
+  const int act16 = mc_saved_bf16(L, MC_E_XP);
+  float *xp = act16 ? net->g[MC_E_DXP] : f[MC_E_XP];
+  be->moe_permute(be, L->u, iv[MC_E_SLOT], n, k, d, xp);
+  const mc_operand xpo = act16 ? mc_to16(be, xp, (mc_bf16 *)f[MC_E_XP], rows * d) : mc_f32(xp);
+  if (experts_forward(net, L, E, L->counts_host, rows, xpo, f[MC_E_YP])) return -1;
+  be->moe_unpermute(be, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d, x);
   return 0;
 }
 
@@ -197,21 +168,21 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   const int32_t *c = L->counts_host;
   int64_t rows = 0;
   for (int e = 0; e < E; e++) rows += c[e];
-  be->moe_unpermute_bwd(be, dy, f[YP], iv[SLOT], f[GATE], n, k, d, mc_zeroed(be, g[DYP], rows * d),
-                        mc_zeroed(be, g[DGATE], (int64_t)n * k));
+  be->moe_unpermute_bwd(be, dy, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d, mc_zeroed(be, g[MC_E_DYP], rows * d),
+                        mc_zeroed(be, g[MC_E_DGATE], (int64_t)n * k));
   /* act16: dyp feeds two products, rounded once into DXP (read by those two products before
    * the input-gradient products write DXP) */
-  const mc_operand dyp = mc_act16(net) ? mc_to16(be, g[DYP], (mc_bf16 *)g[DXP], rows * d) : mc_f32(g[DYP]);
-  if (experts_backward(net, L, E, c, rows, mc_a16_in(net, f[XP]), dyp, g[DXP])) return -1;
-  be->moe_permute_bwd(be, g[DXP], iv[SLOT], n, k, d, mc_zeroed(be, du, (int64_t)n * d));
+  const mc_operand dyp = mc_saved_bf16(L, MC_E_XP) ? mc_to16(be, g[MC_E_DYP], (mc_bf16 *)g[MC_E_DXP], rows * d) : mc_f32(g[MC_E_DYP]);
+  if (experts_backward(net, L, E, c, rows, mc_saved_in(L, MC_E_XP), dyp, g[MC_E_DXP])) return -1;
+  be->moe_permute_bwd(be, g[MC_E_DXP], iv[MC_E_SLOT], n, k, d, mc_zeroed(be, du, (int64_t)n * d));
   /* Under SP on shards f holds the sequence's fractions and P spans tp shards of T positions
    * each, so d(aux)/d(prob) = E f / (tp T): the kernel divides by T, the scale by tp. Under
    * SP on gathered sequences every TP rank adds the aux gradient of every token, so each
    * adds 1/tp of it. */
-  be->moe_route_bwd(be, f[PROBS], iv[IDX], f[GATE], g[DGATE], f[FR], n_seq, T, E, k,
-                    (float)(seq_weight * m->aux_loss_coef / (net->sp ? net->tp : 1)), mc_zeroed(be, g[DLOGITS], (int64_t)n * E));
-  mc_linear_bwd(be, mc_f32(L->u), mc_wm(net, L, MC_ROLE_MOE_ROUTER), mc_f32(g[DLOGITS]), n, d, E, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_MOE_ROUTER));
+  be->moe_route_bwd(be, f[MC_E_PROBS], iv[MC_E_IDX], f[MC_E_GATE], g[MC_E_DGATE], f[MC_E_FR], n_seq, T, E, k,
+                    (float)(seq_weight * m->aux_loss_coef / (net->sp ? net->tp : 1)), mc_zeroed(be, g[MC_E_DLOGITS], (int64_t)n * E));
+  mc_linear_bwd(be, mc_f32(L->u), mc_wm(net, L, MC_ROLE_MOE_ROUTER), mc_f32(g[MC_E_DLOGITS]), n, d, E, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_MOE_ROUTER));
   return 0;
 }
 
-const mc_block_ops mc_block_moe = {'E', moe_sizes, moe_forward, moe_backward};
+const mc_block_ops mc_block_moe = {'E', moe_forward, moe_backward};

@@ -16,13 +16,8 @@ int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const 
   memset(d, 0, sizeof *d);
   d->net = net, d->geo = geo, d->comm = comm, d->rank = rank;
   /* fp32 working weights are the master copy themselves (the slot's rows of them, updated in
-   * place); only bf16 working weights need a separate fp32 master. */
-  unsigned char *external = calloc((size_t)geo->fams.n + 1, 1);
-  if (!external) return mc_error("optimizer: out of memory");
-  for (int i = 0; i < net->n_params; i++) external[net->params[i].fam] = net->params[i].w16 == NULL;
-  int rc = mc_optim_init_with(&d->opt, geo, rank, net->be, external);
-  free(external);
-  if (rc) return -1;
+   * place); only bf16 working weights need a separate fp32 master (the network's holdings). */
+  if (mc_optim_init_with(&d->opt, geo, rank, net->be, &net->hold)) return -1;
   d->grads = calloc((size_t)d->opt.n + 1, sizeof *d->grads);
   d->work = calloc((size_t)d->opt.n + 1, sizeof *d->work);
   if (!d->grads || !d->work) {

@@ -223,7 +223,7 @@ static int64_t set_footprint(const struct mc_net *net, const int *idx, int n) {
   int64_t b = 0;
   for (int k = 0; k < n; k++) {
     const mc_net_param *p = &net->params[idx[k]];
-    b += 2 * mc_arena_footprint(p->numel * (int64_t)sizeof(float)) + mc_arena_footprint(p->z_numel * (int64_t)sizeof(float));
+    b += 2 * mc_mem_footprint(p->numel * (int64_t)sizeof(float)) + mc_mem_footprint(p->z_numel * (int64_t)sizeof(float));
   }
   return b;
 }

@@ -150,15 +150,6 @@ static int check_layout(const mc_geometry *geo, int rank, const mc_comm_groups *
   return 0;
 }
 
-/* The model the block files see: TP-split widths become this rank's local widths. */
-static mc_model local_model(const mc_model *g, int tp) {
-  mc_model m = *g;
-  m.n_heads /= tp, m.n_kv_heads /= tp;
-  m.mamba_inner /= tp;
-  m.rec_width /= tp;
-  return m;
-}
-
 mc_net *mc_net_create(const mc_geometry *geo, int rank, uint64_t seed) {
   return mc_net_create_dist_on(geo, rank, seed, NULL, mc_backend_cpu());
 }
@@ -174,6 +165,7 @@ mc_net *mc_net_create_dist(const mc_geometry *geo, int rank, uint64_t seed, cons
 mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, const mc_comm_groups *comm,
                               mc_backend *be) {
   if (check_layout(geo, rank, comm, be)) return NULL;
+  mc_param_hold *holds = NULL;
   mc_net *net = calloc(1, sizeof *net);
   if (!net) {
     mc_error("out of memory creating the network");
@@ -197,10 +189,11 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
   net->v0 = net->Vpl * co.tp_rank;
   net->Vl = geo->model.vocab_size - net->v0;
   net->Vl = net->Vl < 0 ? 0 : net->Vl > net->Vpl ? net->Vpl : net->Vl;
-  net->m = local_model(&geo->model, lay->tp);
+  net->m = mc_model_local(&geo->model, lay->tp); /* the blocks see this rank's local widths */
   net->rank = rank;
   net->seed = seed;
   net->moe_dense = 1;
+  net->hold = (mc_hold_opts){.bf16_weights = be->bf16_weights, .act16 = be->bf16_weights && lay->tp == 1, .moe_dense = 1};
   net->n_layers = geo->model.n_layers;
   net->layers = calloc((size_t)(net->n_layers ? net->n_layers : 1), sizeof(mc_layer));
   net->params = calloc((size_t)geo->fams.n, sizeof(mc_net_param));
@@ -215,43 +208,45 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
   for (int L = 0; L < net->n_layers; L++) {
     net->layers[L].layer = L;
     net->layers[L].kind = geo->model.pattern[L];
+    net->layers[L].bk = mc_block_kind_of(geo->model.pattern[L]);
     for (int r = 0; r < MC_ROLE_COUNT; r++) net->layers[L].p[r] = -1;
   }
   net->fam_embed = net->fam_final_norm = net->fam_head = -1;
-  /* Sizing pass: every parameter's working slice (ZeRO 3: its persistent shard) and gradient
-   * counted in its category's arena; then one allocation per category and the same tensors
-   * carved out of them in the same order. */
+  /* Sizing pass: every parameter's working slice (ZeRO 3: its persistent shard) and gradient,
+   * as the holdings function gives them (core/holdings.h), counted in its category's arena;
+   * then one allocation per category and the same tensors carved out of them in the same order. */
+  holds = malloc((size_t)geo->fams.n * sizeof *holds);
+  if (!holds) {
+    mc_error("out of memory creating the network");
+    goto fail;
+  }
   for (int fi = 0; fi < geo->fams.n; fi++) {
-    const mc_family *f = &geo->fams.f[fi];
-    mc_shard sh;
-    if (mc_shard_of(geo, fi, MC_STATE_PARAM, rank, &sh)) goto fail;
-    if (!sh.in_stage) continue;
+    mc_param_hold h;
+    if (mc_param_hold_of(geo, fi, rank, &net->hold, &h)) goto fail;
+    if (!h.in_stage) continue;
+    holds[net->n_params] = h;
     mc_net_param *p = &net->params[net->n_params++];
     p->fam = fi;
-    p->shard = sh;
-    p->numel = 1;
-    for (int i = 0; i < f->ndim; i++) p->numel *= sh.local_count[i];
-    int64_t row = p->numel / (sh.local_count[0] > 0 ? sh.local_count[0] : 1);
-    p->z_off = (sh.start[0] - sh.local_start[0]) * row;
-    p->z_numel = sh.count[0] * row;
-    const int64_t wbytes = be->bf16_weights && mc_role_is_matmul(f->role) ? (int64_t)sizeof(mc_bf16) : (int64_t)sizeof(float);
-    mc_arena_count(&net->arenas.a[mc_mem_param_cat(f->place)], (net->zero == 3 ? p->z_numel : p->numel) * wbytes);
-    mc_arena_count(&net->arenas.a[MC_MEM_GRADS], (net->zero == 3 ? p->z_numel : p->numel) * (int64_t)sizeof(float));
+    p->shard = h.shard;
+    p->numel = h.local_numel;
+    p->z_off = h.z_off;
+    p->z_numel = h.z_numel;
+    mc_arena_count(&net->arenas.a[h.param_cat], h.working_bytes);
+    mc_arena_count(&net->arenas.a[MC_MEM_GRADS], h.grad_bytes);
   }
   for (int c = 0; c < MC_MEM_COUNT; c++)
     if (mc_arena_open(&net->arenas.a[c], be, (mc_mem_cat)c)) goto fail;
   for (int idx = 0; idx < net->n_params; idx++) {
     mc_net_param *p = &net->params[idx];
     const mc_family *f = &geo->fams.f[p->fam];
-    const int64_t held = (net->zero == 3 ? p->z_numel : p->numel) * (int64_t)sizeof(float);
-    if (be->bf16_weights && mc_role_is_matmul(f->role)) { /* bf16 working weights (zero is 0 here) */
-      p->w16 = mc_arena_take(&net->arenas.a[mc_mem_param_cat(f->place)], p->numel * (int64_t)sizeof(mc_bf16),
-                             mc_mem_param_cat(f->place));
-      if (!p->w16 || !(p->g = mc_arena_take(&net->arenas.a[MC_MEM_GRADS], held, MC_MEM_GRADS)) || init_param(net, p))
+    const mc_param_hold *h = &holds[idx];
+    if (h->working_bf16) { /* bf16 working weights (zero is 0 here) */
+      p->w16 = mc_arena_take(&net->arenas.a[h->param_cat], h->working_bytes, h->param_cat);
+      if (!p->w16 || !(p->g = mc_arena_take(&net->arenas.a[MC_MEM_GRADS], h->grad_bytes, MC_MEM_GRADS)) || init_param(net, p))
         goto fail;
     } else {
-      float *w = mc_arena_take(&net->arenas.a[mc_mem_param_cat(f->place)], held, mc_mem_param_cat(f->place));
-      if (!w || !(p->g = mc_arena_take(&net->arenas.a[MC_MEM_GRADS], held, MC_MEM_GRADS))) goto fail;
+      float *w = mc_arena_take(&net->arenas.a[h->param_cat], h->working_bytes, h->param_cat);
+      if (!w || !(p->g = mc_arena_take(&net->arenas.a[MC_MEM_GRADS], h->grad_bytes, MC_MEM_GRADS))) goto fail;
       /* ZeRO 3 initialises the whole local slice in a start-up buffer and keeps its rows. */
       p->w = net->zero == 3 ? be->alloc(be, (size_t)p->numel * sizeof(float)) : w;
       if (!p->w || init_param(net, p)) goto fail;
@@ -273,9 +268,11 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
   }
   if (mc_dist_setup(net) || mc_zero3_arena(net)) goto fail;
   if (net->be->sync(net->be)) goto fail;
+  free(holds);
   return net;
 fail:
   mc_error_context("creating the network");
+  free(holds);
   mc_net_free(net);
   return NULL;
 }
@@ -333,75 +330,86 @@ void mc_net_zero_grad(mc_net *net) {
 
 /* ------------------------------------------------------------------ activations */
 
-/* Whether layer l keeps its normed input as bf16 only (the norm writes it so, there is no fp32
- * u): mc_act16, and a block whose u feeds nothing but matrix products (a routed E block also
- * routes and permutes it in fp32; a dense one does not). */
-static int keeps_u16(const mc_net *net, const mc_layer *l) {
-  return mc_act16(net) && (l->kind != 'E' || mc_moe_is_dense(net));
+/* One buffer of the activations arena: counted (count = 1, NULL returned) or carved. */
+static void *place_buf(mc_arena *a, int count, const mc_act_buf *b, const mc_act_shape *s, int *ok) {
+  const int64_t bytes = mc_act_buf_bytes(b, s);
+  if (count) {
+    mc_arena_count(a, bytes);
+    return NULL;
+  }
+  void *p = mc_arena_take(a, bytes, MC_MEM_ACTIVATIONS);
+  *ok = *ok && p != NULL;
+  return p;
 }
 
 /* Places the activations and gradient scratch for micro-batches of n_seq sequences in the
  * activations arena: counts them (count = 1) or carves them (count = 0), in the same order.
- * n rows are whole sequences, nl rows the residual stream (a sequence shard under SP). */
+ * What exists, its size and its storage are the block-kind table's and the holdings
+ * function's (core/blocks.h, core/holdings.h), so mcplan counts exactly these buffers. */
 static int place_activations(mc_net *net, int n_seq, int count) {
   mc_arena *a = &net->arenas.a[MC_MEM_ACTIVATIONS];
-  const mc_model *m = &net->m;
-  const int64_t n = (int64_t)n_seq * m->seq_len, nl = (int64_t)n_seq * net->T_res, d = m->d_model, vp = net->Vpl;
+  mc_hold_opts o = net->hold;
+  o.moe_dense = net->moe_dense;
+  mc_act_shape s;
+  mc_act_shape_of(&net->geo, 0, &o, n_seq, &s); /* one stage (pp = 1) */
   int64_t gmax[MC_NET_GBUFS] = {0};
   int ok = 1;
-#define ALLOC(ptr, elems)                                                                  \
-  do {                                                                                     \
-    int64_t bytes_ = (int64_t)(elems) * (int64_t)sizeof(*(ptr));                           \
-    if (count) mc_arena_count(a, bytes_);                                                  \
-    else ok = ok && ((ptr) = mc_arena_take(a, bytes_, MC_MEM_ACTIVATIONS)) != NULL;        \
-  } while (0)
   for (int L = 0; L < net->n_layers; L++) {
     mc_layer *l = &net->layers[L];
-    mc_block_sizes s;
-    memset(&s, 0, sizeof s);
-    block_ops(l->kind)->sizes(net, n_seq, &s);
-    ALLOC(l->x_in, nl * d);
-    if (keeps_u16(net, l)) ALLOC(l->u16, nl * d);
-    else ALLOC(l->u, nl * d); /* under SP the shard; blocks that need whole sequences re-gather it */
-    ALLOC(l->rstd, nl);
-    for (int i = 0; i < MC_LAYER_FBUFS; i++)
-      if (s.f[i]) ALLOC(l->f[i], s.f[i]);
-    for (int i = 0; i < MC_LAYER_IBUFS; i++)
-      if (s.i[i]) ALLOC(l->i[i], s.i[i]);
-    for (int i = 0; i < MC_NET_GBUFS; i++) gmax[i] = s.g[i] > gmax[i] ? s.g[i] : gmax[i];
-    if (l->kind == 'E' && !count) {
-      l->counts_host = calloc((size_t)m->n_experts, sizeof(int32_t));
+    const mc_block_kind *k = l->bk;
+    l->f16 = l->g16 = 0;
+    for (int j = 0; j < MC_L_NBUFS; j++) {
+      const mc_act_buf *b = &mc_layer_bufs[j];
+      if (!mc_act_buf_exists(b, &s, k)) continue;
+      void *p = place_buf(a, count, b, &s, &ok);
+      if (j == MC_L_X_IN) l->x_in = p;
+      else if (j == MC_L_RSTD) l->rstd = p;
+      else if (mc_act_buf_bf16(b, &s)) l->u16 = p; /* the norm writes it in bf16, there is no fp32 u */
+      else l->u = p; /* under SP the shard; blocks that need whole sequences re-gather it */
+    }
+    for (int i = 0; i < k->n_saved; i++)
+      if (mc_act_buf_exists(&k->saved[i], &s, k)) {
+        l->f[i] = place_buf(a, count, &k->saved[i], &s, &ok);
+        l->f16 |= (unsigned)mc_act_buf_bf16(&k->saved[i], &s) << i;
+      }
+    for (int i = 0; i < k->n_saved_i32; i++)
+      if (mc_act_buf_exists(&k->saved_i32[i], &s, k)) l->i[i] = place_buf(a, count, &k->saved_i32[i], &s, &ok);
+    for (int i = 0; i < k->n_grads; i++)
+      if (mc_act_buf_exists(&k->grads[i], &s, k)) {
+        const int64_t b = mc_act_buf_bytes(&k->grads[i], &s);
+        gmax[i] = b > gmax[i] ? b : gmax[i];
+        l->g16 |= (unsigned)mc_act_buf_bf16(&k->grads[i], &s) << i;
+      }
+    if (k->routes && !count) {
+      l->counts_host = calloc((size_t)net->m.n_experts, sizeof(int32_t));
       l->aux_host = calloc((size_t)n_seq, sizeof(float));
       ok = ok && l->counts_host && l->aux_host;
     }
   }
-  for (int i = 0; i < MC_NET_GBUFS; i++)
-    if (gmax[i]) ALLOC(net->g[i], gmax[i]);
-  ALLOC(net->tok_in, n);
-  ALLOC(net->tok_tgt, n);
-  ALLOC(net->x, nl * d);
-  ALLOC(net->hf, mc_act16(net) ? (n * d + 1) / 2 : n * d); /* bf16 under mc_act16 */
-  ALLOC(net->rstd_f, nl);
-  ALLOC(net->logits, n * vp);
-  ALLOC(net->loss, n);
-  ALLOC(net->lse, n);
-  ALLOC(net->dx, nl * d);
-  ALLOC(net->du, n * d);
-  ALLOC(net->y, n * d);
-  ALLOC(net->full, n * d);
-  ALLOC(net->dlogits, mc_act16(net) ? (n * vp + 1) / 2 : n * vp); /* bf16 under mc_act16 */
-  if (net->tp > 1) {
-    ALLOC(net->ush, nl * d);
-    if (net->sp) ALLOC(net->ufull, n * d);
-    ALLOC(net->pack, n * d);
-    ALLOC(net->emb_tok, n);
-    ALLOC(net->emb_slot, n);
-    ALLOC(net->emb_rows, n * d);
-    ALLOC(net->emb_gate, n);
+  /* gradient scratch i: the largest buffer i of any kind (the backward is sequential) */
+  for (int i = 0; i < MC_NET_GBUFS; i++) {
+    if (!gmax[i]) continue;
+    if (count) mc_arena_count(a, gmax[i]);
+    else ok = ok && (net->g[i] = mc_arena_take(a, gmax[i], MC_MEM_ACTIVATIONS)) != NULL;
   }
-#undef ALLOC
+  net->nb16 = 0;
+  void *nb[MC_NB_COUNT] = {0};
+  for (int j = 0; j < MC_NB_COUNT; j++)
+    if (mc_act_buf_exists(&mc_net_bufs[j], &s, NULL)) {
+      nb[j] = place_buf(a, count, &mc_net_bufs[j], &s, &ok);
+      net->nb16 |= (unsigned)mc_act_buf_bf16(&mc_net_bufs[j], &s) << j;
+    }
   if (count || !ok) return ok ? 0 : -1;
+  net->tok_in = nb[MC_NB_TOK_IN], net->tok_tgt = nb[MC_NB_TOK_TGT];
+  net->x = nb[MC_NB_X], net->hf = nb[MC_NB_HF], net->rstd_f = nb[MC_NB_RSTD_F];
+  net->logits = nb[MC_NB_LOGITS], net->loss = nb[MC_NB_LOSS], net->lse = nb[MC_NB_LSE];
+  net->dx = nb[MC_NB_DX], net->du = nb[MC_NB_DU], net->y = nb[MC_NB_Y], net->full = nb[MC_NB_FULL];
+  net->dlogits = nb[MC_NB_DLOGITS];
+  net->ush = nb[MC_NB_USH], net->ufull = nb[MC_NB_UFULL], net->pack = nb[MC_NB_PACK];
+  net->emb_tok = nb[MC_NB_EMB_TOK], net->emb_slot = nb[MC_NB_EMB_SLOT];
+  net->emb_rows = nb[MC_NB_EMB_ROWS], net->emb_gate = nb[MC_NB_EMB_GATE];
   /* host-side staging (not backend memory) */
+  const int64_t n = (int64_t)n_seq * net->m.seq_len, vp = net->Vpl;
   if (net->tp > 1) {
     ok = ok && (net->logits_host = malloc((size_t)(n * vp) * sizeof(float))) != NULL;
     ok = ok && (net->lse_host = malloc((size_t)n * sizeof(float))) != NULL;
@@ -450,7 +458,7 @@ typedef enum { ROWS_LOCAL, ROWS_SPLIT, ROWS_GATHERED } block_rows;
 
 static block_rows rows_of(const mc_net *net, const mc_layer *l) {
   if (net->tp <= 1) return ROWS_LOCAL;
-  if (l->kind != 'E') return ROWS_SPLIT;
+  if (!l->bk->routes) return ROWS_SPLIT;
   return net->sp && net->moe_T != net->T_res ? ROWS_GATHERED : ROWS_LOCAL;
 }
 
@@ -496,7 +504,7 @@ static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
 }
 
 /* The final norm's output as the head's products read it (bf16 under mc_act16). */
-static mc_operand hf_in(const mc_net *net) { return mc_act16(net) ? mc_b16(net->hf) : mc_f32(net->hf); }
+static mc_operand hf_in(const mc_net *net) { return mc_netbuf_in(net, MC_NB_HF, net->hf); }
 
 static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *stats) {
   const mc_model *m = &net->m;
@@ -539,7 +547,7 @@ static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *
   if (!rc) rc = mc_zero3_acquire(net, fin, 2, 0);
   if (!rc) {
     /* under mc_act16 hf feeds only the head's products: kept in bf16 */
-    const mc_dst hf = net->sp ? mc_o32(net->ush) : mc_act16(net) ? mc_o16(net->hf) : mc_o32(net->hf);
+    const mc_dst hf = net->sp ? mc_o32(net->ush) : mc_netbuf_out(net, MC_NB_HF, net->hf);
     be->rmsnorm_fwd(be, net->x, net->params[net->fam_final_norm].w, nl, d, d, (float)m->norm_eps, hf, net->rstd_f);
     if (net->sp) rc = mc_sp_gather(net, net->ush, net->hf, n_seq, d);
   }
@@ -562,7 +570,7 @@ static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *
   stats->n_seqs = n_seq;
   for (int L = 0; L < net->n_layers; L++) {
     mc_layer *l = &net->layers[L];
-    if (l->kind != 'E') continue;
+    if (!l->bk->routes) continue;
     for (int s = 0; s < n_seq; s++) stats->aux_sum += m->aux_loss_coef * l->aux_host[s];
     stats->dropped += l->dropped;
   }
@@ -610,11 +618,11 @@ static int backward(mc_net *net, int n_seq, double ce_weight, double seq_weight)
   } else {
     /* under mc_act16 dlogits feeds only the head's two products: written in bf16 */
     be->xent_bwd(be, net->logits, net->tok_tgt, net->lse, n, V, Vp, (float)ce_weight,
-                 mc_act16(net) ? mc_o16(net->dlogits) : mc_o32(net->dlogits));
+                 mc_netbuf_out(net, MC_NB_DLOGITS, net->dlogits));
   }
   /* d(hf): full rows, partial over TP (the head is vocab-parallel) */
   float *dh = net->full, *dh_res = net->full;
-  const mc_operand dlg = mc_act16(net) ? mc_b16(net->dlogits) : mc_f32(net->dlogits);
+  const mc_operand dlg = mc_netbuf_in(net, MC_NB_DLOGITS, net->dlogits);
   mc_linear_bwd(be, hf_in(net), mc_param_mat(&net->params[net->fam_head]), dlg, n, d, Vp, mc_o32(dh), 0.0f,
                 net->params[net->fam_head].g);
   if (net->sp) {

@@ -6,36 +6,37 @@
 
 #include <stdint.h>
 
+#include "core/blocks.h"
+#include "core/holdings.h"
 #include "kernels/ops.h"
 #include "train/arena.h"
 #include "train/net.h"
 
-#define MC_LAYER_FBUFS 24 /* saved float activations per layer */
-#define MC_LAYER_IBUFS 4  /* saved int32 activations per layer (routing) */
-#define MC_NET_GBUFS 24   /* gradient scratch, shared by all layers (backward is sequential) */
+#define MC_LAYER_FBUFS MC_BLOCK_MAX_BUFS /* saved float activations per layer */
+#define MC_LAYER_IBUFS 4                 /* saved int32 activations per layer (routing) */
+#define MC_NET_GBUFS MC_BLOCK_MAX_BUFS   /* gradient scratch, shared by all layers (backward is sequential) */
 
 /* One layer of the stack: its parameter indices by role and its saved activations. */
 typedef struct {
   int layer;                 /* global layer index */
   char kind;                 /* 'A', 'M', 'E', 'R' */
+  const mc_block_kind *bk;   /* its row of the block-kind table (core/blocks.h) */
   int p[MC_ROLE_COUNT];      /* index into net->params, -1 where the block has no such role */
   float *x_in, *u, *rstd;    /* residual input, normed input RMSNorm(x_in) * w, its rstd
                                 (residual rows: under SP this rank's sequence shard) */
   mc_bf16 *u16;              /* mc_act16, blocks whose u feeds only matrix products (A, M, R,
                                 a dense E): the normed input in bf16, written by the norm, and
                                 u is NULL; else NULL */
-  float *f[MC_LAYER_FBUFS];  /* block activations (meaning fixed by each block file) */
-  int32_t *i[MC_LAYER_IBUFS];
+  float *f[MC_LAYER_FBUFS];  /* block activations: bk->saved[i] (core/blocks.h) */
+  int32_t *i[MC_LAYER_IBUFS]; /* bk->saved_i32[i] */
+  /* Storage of f[i] and of the gradient scratch net->g[i] as this layer's kind uses it, set
+   * once when the buffers are placed: bit i set = bf16 (in a buffer sized in floats). */
+  unsigned f16, g16;
   /* MoE host-side results of the last forward */
   int32_t *counts_host;      /* [E] rows per expert */
   float *aux_host;           /* [n_seq] E * sum_e f_e P_e */
   int64_t dropped;
 } mc_layer;
-
-/* Buffer sizes (elements) of a block for n tokens; unused entries stay 0. */
-typedef struct {
-  int64_t f[MC_LAYER_FBUFS], i[MC_LAYER_IBUFS], g[MC_NET_GBUFS];
-} mc_block_sizes;
 
 struct mc_net;
 
@@ -51,9 +52,6 @@ typedef struct {
 
 typedef struct {
   char kind;
-  /* Buffer sizes for n_seq sequences of the network's model, in the storage the network uses
-   * (mc_act16: bf16 tensors take half the floats). */
-  void (*sizes)(const struct mc_net *net, int n_seq, mc_block_sizes *s);
   /* x += f(u): u = L->u is the normed input [n, d], x the residual stream. */
   int (*forward)(struct mc_net *net, mc_layer *L, int n_seq, float *x);
   /* du = d(objective)/du given dy = d(objective)/d(block output) [n, d] (du is written: the
@@ -71,6 +69,9 @@ int mc_moe_is_dense(const struct mc_net *net);
 
 struct mc_net {
   mc_backend *be;
+  /* What this rank holds follows these settings (core/holdings.h): bf16 matrix weights on a
+   * backend with bf16_weights, bf16 product activations (act16) on one rank without TP. */
+  mc_hold_opts hold;
   uint64_t seed;       /* of the parameter initialisation (mc_net_param_initial redraws it) */
   /* One allocation per category: working params by placement class, gradients and (once
    * mc_net_reserve or the first pass sized them) activations; the tensors below point into
@@ -109,6 +110,7 @@ struct mc_net {
   float *full;         /* [n, d] gathered or to-be-scattered rows */
   float *pack;         /* [n, d] member-major staging of the SP collectives */
   float *ufull;        /* [n, d] SP: a layer's normed input gathered for its block */
+  unsigned nb16;       /* bit MC_NB_x set: network buffer x is bf16 (core/holdings.h) */
   int moe_dense;       /* 1 (default): an E block of one expert and one choice that cannot drop
                           runs as the plain SwiGLU (train/block_moe.c); 0: always routed */
   const float *bwd_dy; /* the output gradient of the block being differentiated */
@@ -182,23 +184,37 @@ static inline mc_operand mc_b16(const void *x) { return (mc_operand){NULL, (cons
 static inline mc_dst mc_o32(float *x) { return (mc_dst){x, NULL}; }
 static inline mc_dst mc_o16(void *x) { return (mc_dst){NULL, (mc_bf16 *)x}; }
 /* Whether the activations and gradients that feed only products, gated units, RoPE or
- * attention are kept in bf16 (the mc_a16_* helpers below, docs/cuda.md): bf16 working weights
- * (the products round their inputs anyway), one rank without TP/SP. */
-static inline int mc_act16(const struct mc_net *net) { return net->be->bf16_weights && !net->sp && net->tp == 1; }
-/* A block tensor that the network keeps in bf16 under mc_act16 (in a buffer sized in floats,
- * half used), else in fp32: as an op output, as an op input, and as a gradient output (a bf16
- * one is written by its op, an fp32 one accumulates into the buffer zeroed here). */
-static inline mc_dst mc_a16_dst(const struct mc_net *net, float *buf) { return mc_act16(net) ? mc_o16(buf) : mc_o32(buf); }
-static inline mc_operand mc_a16_in(const struct mc_net *net, const float *buf) {
-  return mc_act16(net) ? mc_b16(buf) : mc_f32(buf);
+ * attention are kept in bf16 (docs/cuda.md): bf16 working weights (the products round their
+ * inputs anyway), one rank without TP/SP. Set once at creation (net->hold). */
+static inline int mc_act16(const struct mc_net *net) { return net->hold.act16; }
+/* A layer's saved buffer i and the gradient scratch i as that layer uses them, in the storage
+ * set when they were placed (L->f16, L->g16): as an op input, as an op output, and as a
+ * gradient output (a bf16 one is written by its op, an fp32 one accumulates into the buffer
+ * zeroed here). */
+static inline int mc_saved_bf16(const mc_layer *L, int i) { return (L->f16 >> i) & 1u; }
+static inline int mc_scratch_bf16(const mc_layer *L, int i) { return (L->g16 >> i) & 1u; }
+static inline mc_operand mc_saved_in(const mc_layer *L, int i) {
+  return mc_saved_bf16(L, i) ? mc_b16(L->f[i]) : mc_f32(L->f[i]);
 }
-static inline mc_dst mc_a16_grad(const struct mc_net *net, float *buf, int64_t n) {
-  if (mc_act16(net)) return mc_o16(buf);
-  net->be->fill(net->be, buf, n, 0.0f);
-  return mc_o32(buf);
+static inline mc_dst mc_saved_out(const mc_layer *L, int i) { return mc_saved_bf16(L, i) ? mc_o16(L->f[i]) : mc_o32(L->f[i]); }
+static inline mc_operand mc_scratch_in(const struct mc_net *net, const mc_layer *L, int i) {
+  return mc_scratch_bf16(L, i) ? mc_b16(net->g[i]) : mc_f32(net->g[i]);
 }
-/* Floats that hold n elements of such a tensor. */
-static inline int64_t mc_a16_floats(const struct mc_net *net, int64_t n) { return mc_act16(net) ? (n + 1) / 2 : n; }
+static inline mc_dst mc_scratch_out(const struct mc_net *net, const mc_layer *L, int i) {
+  return mc_scratch_bf16(L, i) ? mc_o16(net->g[i]) : mc_o32(net->g[i]);
+}
+static inline mc_dst mc_scratch_grad(const struct mc_net *net, const mc_layer *L, int i, int64_t n) {
+  if (mc_scratch_bf16(L, i)) return mc_o16(net->g[i]);
+  net->be->fill(net->be, net->g[i], n, 0.0f);
+  return mc_o32(net->g[i]);
+}
+/* A network buffer (core/holdings.h mc_net_bufs) as an op input or output, in its storage. */
+static inline mc_operand mc_netbuf_in(const struct mc_net *net, int nb, const float *buf) {
+  return (net->nb16 >> nb) & 1u ? mc_b16(buf) : mc_f32(buf);
+}
+static inline mc_dst mc_netbuf_out(const struct mc_net *net, int nb, float *buf) {
+  return (net->nb16 >> nb) & 1u ? mc_o16(buf) : mc_o32(buf);
+}
 /* Rounds x (n elements) into the bf16 buffer h and returns it as a product operand. */
 static inline mc_operand mc_to16(mc_backend *be, const float *x, mc_bf16 *h, int64_t n) {
   be->to_bf16(be, x, h, n);

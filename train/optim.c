@@ -10,59 +10,60 @@ int mc_optim_init(mc_optim *o, const mc_geometry *geo, int rank) {
   return mc_optim_init_on(o, geo, rank, mc_backend_cpu());
 }
 
-/* Master weights go to the master arenas, both moments to the moments arenas, by the
- * family's weight-decay group. */
-static mc_mem_cat master_cat(int decay) { return decay ? MC_MEM_MASTER_DECAY : MC_MEM_MASTER_NO_DECAY; }
-static mc_mem_cat moments_cat(int decay) { return decay ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY; }
-
 int mc_optim_init_on(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *be) {
   return mc_optim_init_with(o, geo, rank, be, NULL);
 }
 
-int mc_optim_init_with(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *be,
-                       const unsigned char *external_master) {
+/* Each slot's tensors are the family's optimizer holdings (core/holdings.h): the master copy
+ * (where the working weights are not fp32 themselves) in the master arena of its weight-decay
+ * group, both moments in the moments arena of its group. */
+int mc_optim_init_with(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *be, const mc_hold_opts *hold) {
   memset(o, 0, sizeof *o);
   o->be = be;
   o->slots = calloc((size_t)geo->fams.n, sizeof *o->slots);
-  if (!o->slots) return mc_error("optimizer: out of memory");
+  mc_param_hold *holds = calloc((size_t)geo->fams.n + 1, sizeof *holds);
+  if (!o->slots || !holds) {
+    free(holds);
+    mc_optim_free(o);
+    return mc_error("optimizer: out of memory");
+  }
+  /* standalone (no network): fp32 working weights elsewhere, so every slot keeps a master */
+  mc_hold_opts own = {.moe_dense = 1};
   mc_arena *ar = o->arenas.a;
   for (int f = 0; f < geo->fams.n; f++) {
-    mc_shard sh;
-    if (mc_shard_of(geo, f, MC_STATE_PARAM, rank, &sh) != 0) {
+    mc_param_hold h;
+    if (mc_param_hold_of(geo, f, rank, hold ? hold : &own, &h) != 0) {
+      free(holds);
       mc_optim_free(o);
       return -1;
     }
-    if (!sh.in_stage) continue;
+    if (!h.in_stage) continue;
+    if (!hold) h.has_master = 1, h.master_bytes = h.moment_bytes;
+    holds[o->n] = h;
     mc_optim_slot *s = &o->slots[o->n++];
     s->fam = f;
     s->decay = geo->fams.f[f].decay;
-    s->shard = sh;
-    s->numel = sh.numel;
-    /* Rows of the local slice before the held ones, times the local row size. */
-    int64_t row = 1;
-    for (int k = 1; k < sh.ndim; k++) row *= sh.local_count[k];
-    s->offset = (sh.start[0] - sh.local_start[0]) * row;
-    const int64_t bytes = s->numel * (int64_t)sizeof(float);
-    if (!(external_master && external_master[f])) mc_arena_count(&ar[master_cat(s->decay)], bytes);
-    mc_arena_count(&ar[moments_cat(s->decay)], bytes);
-    mc_arena_count(&ar[moments_cat(s->decay)], bytes);
+    s->shard = h.shard;
+    s->numel = h.shard.numel;
+    s->offset = h.z_off; /* where the shard starts inside the rank's local (working) slice */
+    if (h.has_master) mc_arena_count(&ar[h.master_cat], h.master_bytes);
+    mc_arena_count(&ar[h.moments_cat], h.moment_bytes);
+    mc_arena_count(&ar[h.moments_cat], h.moment_bytes);
   }
-  for (int c = 0; c < MC_MEM_COUNT; c++)
-    if (mc_arena_open(&ar[c], be, (mc_mem_cat)c) != 0) {
-      mc_optim_free(o);
-      return mc_error_context("optimizer");
-    }
-  for (int i = 0; i < o->n; i++) { /* zero-filled, in the counting order */
+  int rc = 0;
+  for (int c = 0; c < MC_MEM_COUNT && rc == 0; c++) rc = mc_arena_open(&ar[c], be, (mc_mem_cat)c);
+  for (int i = 0; i < o->n && rc == 0; i++) { /* zero-filled, in the counting order */
     mc_optim_slot *s = &o->slots[i];
-    const int64_t bytes = s->numel * (int64_t)sizeof(float);
-    const int own_master = !(external_master && external_master[s->fam]);
-    if (own_master) s->master = mc_arena_take(&ar[master_cat(s->decay)], bytes, master_cat(s->decay));
-    s->exp_avg = mc_arena_take(&ar[moments_cat(s->decay)], bytes, moments_cat(s->decay));
-    s->exp_avg_sq = mc_arena_take(&ar[moments_cat(s->decay)], bytes, moments_cat(s->decay));
-    if ((own_master && !s->master) || !s->exp_avg || !s->exp_avg_sq) {
-      mc_optim_free(o);
-      return mc_error_context("optimizer, family %s", geo->fams.f[s->fam].name);
-    }
+    const mc_param_hold *h = &holds[i];
+    if (h->has_master) rc = !(s->master = mc_arena_take(&ar[h->master_cat], h->master_bytes, h->master_cat));
+    if (!rc) rc = !(s->exp_avg = mc_arena_take(&ar[h->moments_cat], h->moment_bytes, h->moments_cat));
+    if (!rc) rc = !(s->exp_avg_sq = mc_arena_take(&ar[h->moments_cat], h->moment_bytes, h->moments_cat));
+    if (rc) mc_error_context("optimizer, family %s", geo->fams.f[s->fam].name);
+  }
+  free(holds);
+  if (rc) {
+    mc_optim_free(o);
+    return mc_error_context("optimizer");
   }
   return 0;
 }

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "core/config.h"
+#include "core/holdings.h"
 #include "core/ownership.h"
 #include "kernels/ops.h"
 #include "train/arena.h"
@@ -46,11 +47,11 @@ typedef struct {
  * mc_optim_init uses the CPU backend. */
 int mc_optim_init(mc_optim *o, const mc_geometry *geo, int rank);
 int mc_optim_init_on(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *be);
-/* The same, where external_master[f] != 0 (f a family index; NULL: none) says the caller
- * points slot.master of family f at fp32 memory of its own (the working weights, which are
- * then the master copy), so no master memory is allocated for it; master is NULL until then. */
-int mc_optim_init_with(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *be,
-                       const unsigned char *external_master);
+/* The same for a network's rank: the slots are the holdings under `hold` (the network's
+ * settings, core/holdings.h): a slot whose working weights are fp32 takes no master memory
+ * here (master is NULL until the caller points it at those working weights, then the master
+ * copy); bf16 working weights get an fp32 master. hold = NULL: every slot has its own master. */
+int mc_optim_init_with(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *be, const mc_hold_opts *hold);
 void mc_optim_free(mc_optim *o);
 /* Adds the bytes of the optimizer's arenas to bytes[c] per memory category c. */
 void mc_optim_mem_bytes(const mc_optim *o, int64_t bytes[MC_MEM_COUNT]);

@@ -231,6 +231,11 @@ static int setup(run *r) {
     if (mc_comm_make_groups(world, &cfg->parallel, &r->groups) != 0) return -1;
     r->comm = &r->groups;
   }
+  /* The network keeps every activation for backward; planning another policy is mcplan's */
+  if (strcmp(t->recompute, "none") != 0)
+    return mc_error("train.recompute=%s is not implemented by the trainer: it keeps every activation for the "
+                    "backward (set train.recompute=none; mcplan --set train.recompute=%s shows what it would save)",
+                    t->recompute, t->recompute);
   mc_backend *be = mc_train_backend(t->device, t->dtype, world_size);
   if (!be) return -1;
   if (t->steps < 1) return mc_error("train.steps=%d must be at least 1", t->steps);

@@ -101,13 +101,14 @@ static void test_totals_grid(void) {
                   if (!s.in_stage) continue;
                   int64_t local = 1;
                   for (int d = 0; d < s.ndim; d++) local *= s.local_count[d];
+                  /* each tensor at its footprint in its category's allocation */
                   const int wb = bf && mc_role_is_matmul(g.fams.f[fi].role) ? 2 : 4;
-                  bytes[g.fams.f[fi].place] += (zeros[zi] == 3 ? s.numel : local) * wb;
-                  master += bf && mc_role_is_matmul(g.fams.f[fi].role) ? s.numel * 4 : 0;
+                  bytes[g.fams.f[fi].place] += mc_mem_footprint((zeros[zi] == 3 ? s.numel : local) * wb);
+                  master += bf && mc_role_is_matmul(g.fams.f[fi].role) ? mc_mem_footprint(s.numel * 4) : 0;
                   mc_shard_of(&g, fi, MC_STATE_EXP_AVG, r, &s);
-                  mom += s.numel * 4;
+                  mom += mc_mem_footprint(s.numel * 4);
                   mc_shard_of(&g, fi, MC_STATE_EXP_AVG_SQ, r, &s);
-                  mom += s.numel * 4;
+                  mom += mc_mem_footprint(s.numel * 4);
                 }
                 const mc_plan_rank *pr = &p.ranks[r];
                 CHECK(pr->bytes[MC_MEM_PARAMS_REPLICATED] == bytes[MC_PLACE_REPLICATED], "replicated params rank %d", r);
@@ -136,10 +137,15 @@ static void test_tp_halves(void) {
   mc_plan p1, p2;
   CHECK_OK(make_plan(&m, layout(1, 1, 1, 1, 0, 0), &t, &g1, &p1));
   CHECK_OK(make_plan(&m, layout(2, 1, 1, 1, 0, 0), &t, &g2, &p2));
+  /* every TP-sharded family at half its elements (each tensor at its footprint) */
+  int64_t half = 0, whole = 0;
+  for (int f = 0; f < g1.fams.n; f++)
+    if (g1.fams.f[f].place == MC_PLACE_TP)
+      half += mc_mem_footprint(g1.fams.f[f].numel / 2 * 4), whole += mc_mem_footprint(g1.fams.f[f].numel * 4);
+  CHECK(rank_bytes(&p1, 0, MC_MEM_PARAMS_TP) == whole, "tp=1 holds every TP-sharded family whole");
   for (int r = 0; r < 2; r++) {
-    CHECK(2 * rank_bytes(&p2, r, MC_MEM_PARAMS_TP) == rank_bytes(&p1, 0, MC_MEM_PARAMS_TP),
-          "tp=2 rank %d TP-sharded %lld vs tp=1 %lld", r, (long long)rank_bytes(&p2, r, MC_MEM_PARAMS_TP),
-          (long long)rank_bytes(&p1, 0, MC_MEM_PARAMS_TP));
+    CHECK(rank_bytes(&p2, r, MC_MEM_PARAMS_TP) == half, "tp=2 rank %d TP-sharded %lld vs half of each family %lld", r,
+          (long long)rank_bytes(&p2, r, MC_MEM_PARAMS_TP), (long long)half);
     CHECK(rank_bytes(&p2, r, MC_MEM_PARAMS_REPLICATED) == rank_bytes(&p1, 0, MC_MEM_PARAMS_REPLICATED),
           "replicated params do not change with tp");
     CHECK(rank_bytes(&p2, r, MC_MEM_PARAMS_EP) == rank_bytes(&p1, 0, MC_MEM_PARAMS_EP),
@@ -160,18 +166,23 @@ static void test_zero_shards_optimizer(void) {
   mc_plan p0, p1;
   CHECK_OK(make_plan(&m, layout(1, dp, 1, 1, 0, 0), &t, &g0, &p0));
   CHECK_OK(make_plan(&m, layout(1, dp, 1, 1, 0, 1), &t, &g1, &p1));
+  /* the optimizer states: replicated at zero=0, sharded at zero=1 (their elements tile the
+   * replicated copy; bytes are per-tensor footprints, so compared as fewer) */
   const mc_mem_cat opt[4] = {MC_MEM_MASTER_DECAY, MC_MEM_MASTER_NO_DECAY, MC_MEM_MOMENTS_DECAY, MC_MEM_MOMENTS_NO_DECAY};
-  for (int k = 0; k < 4; k++) {
-    int64_t sum = 0;
+  for (int k = 0; k < 4; k++)
     for (int r = 0; r < dp; r++) {
-      sum += rank_bytes(&p1, r, opt[k]);
       CHECK(rank_bytes(&p0, r, opt[k]) == rank_bytes(&p0, 0, opt[k]), "zero=0 replicates %s", mc_mem_cat_name(opt[k]));
+      CHECK(rank_bytes(&p1, r, opt[k]) < rank_bytes(&p0, r, opt[k]) || rank_bytes(&p0, r, opt[k]) == 0, "zero=1 shards %s",
+            mc_mem_cat_name(opt[k]));
     }
-    CHECK(sum == rank_bytes(&p0, 0, opt[k]), "%s: zero=1 shards sum to %lld, zero=0 holds %lld",
-          mc_mem_cat_name(opt[k]), (long long)sum, (long long)rank_bytes(&p0, 0, opt[k]));
+  for (int st = 0; st < MC_N_STATES; st++) {
+    int64_t sum = 0;
+    for (int r = 0; r < dp; r++) sum += p1.ranks[r].state_elems[st];
+    CHECK(sum == p0.ranks[0].state_elems[st] && sum == p0.model_elems, "%s: zero=1 shards hold %lld elements, zero=0 %lld",
+          mc_state_name((mc_state)st), (long long)sum, (long long)p0.ranks[0].state_elems[st]);
   }
   /* The dp members of zero=1 hold a quarter each here (every row count divides by 4). */
-  CHECK(4 * rank_bytes(&p1, 1, MC_MEM_MOMENTS_DECAY) == rank_bytes(&p0, 1, MC_MEM_MOMENTS_DECAY), "moments / dp");
+  CHECK(4 * p1.ranks[1].state_elems[MC_STATE_EXP_AVG] == p0.ranks[1].state_elems[MC_STATE_EXP_AVG], "moments / dp");
   for (int r = 0; r < dp; r++) {
     CHECK(rank_bytes(&p1, r, MC_MEM_PARAMS_TP) == rank_bytes(&p0, r, MC_MEM_PARAMS_TP), "zero=1 keeps working params");
     CHECK(rank_bytes(&p1, r, MC_MEM_GRADS) == rank_bytes(&p0, r, MC_MEM_GRADS), "zero=1 keeps full gradients");
@@ -181,11 +192,8 @@ static void test_zero_shards_optimizer(void) {
   mc_plan p3;
   CHECK_OK(make_plan(&m, layout(1, dp, 1, 1, 0, 3), &t, &g3, &p3));
   int64_t work = 0;
-  for (int r = 0; r < dp; r++) work += rank_bytes(&p3, r, MC_MEM_PARAMS_TP) + rank_bytes(&p3, r, MC_MEM_PARAMS_EP) +
-                                      rank_bytes(&p3, r, MC_MEM_PARAMS_REPLICATED);
-  CHECK(work == rank_bytes(&p0, 0, MC_MEM_PARAMS_TP) + rank_bytes(&p0, 0, MC_MEM_PARAMS_EP) +
-                    rank_bytes(&p0, 0, MC_MEM_PARAMS_REPLICATED),
-        "zero=3 working params tile the full set");
+  for (int r = 0; r < dp; r++) work += p3.ranks[r].working_elems;
+  CHECK(work == p0.ranks[0].working_elems && work == p0.model_elems, "zero=3 working params tile the full set");
   CHECK(rank_bytes(&p3, 0, MC_MEM_ZERO3_BUFFERS) > 0 && rank_bytes(&p0, 0, MC_MEM_ZERO3_BUFFERS) == 0, "zero3 buffers");
   CHECK(rank_bytes(&p3, 0, MC_MEM_GRADS) < rank_bytes(&p0, 0, MC_MEM_GRADS), "zero=3 shards gradients");
   drop(&g0, &p0);
@@ -203,34 +211,46 @@ static void test_dtype(void) {
   CHECK_OK(make_plan(&m, layout(1, 1, 1, 1, 0, 0), &t, &g4, &p4));
   strcpy(t.dtype, "bf16");
   CHECK_OK(make_plan(&m, layout(1, 1, 1, 1, 0, 0), &t, &g2, &p2));
-  int64_t params4 = 0, params2 = 0, matmul = 0;
+  /* every tensor at its footprint in its category's allocation */
+  int64_t params4 = 0, params2 = 0, matmul = 0, want4 = 0, want2 = 0, master2 = 0, moments = 0, grads = 0;
   for (int c = MC_MEM_PARAMS_REPLICATED; c <= MC_MEM_PARAMS_EP; c++)
     params4 += rank_bytes(&p4, 0, (mc_mem_cat)c), params2 += rank_bytes(&p2, 0, (mc_mem_cat)c);
-  for (int f = 0; f < g2.fams.n; f++) matmul += mc_role_is_matmul(g2.fams.f[f].role) ? g2.fams.f[f].numel : 0;
+  for (int f = 0; f < g2.fams.n; f++) {
+    const int64_t n = g2.fams.f[f].numel;
+    const int mm = mc_role_is_matmul(g2.fams.f[f].role);
+    matmul += mm ? n : 0;
+    want4 += mc_mem_footprint(4 * n), want2 += mc_mem_footprint((mm ? 2 : 4) * n);
+    master2 += mm ? mc_mem_footprint(4 * n) : 0;
+    moments += 2 * mc_mem_footprint(4 * n), grads += mc_mem_footprint(4 * n);
+  }
   CHECK(matmul > 0 && matmul < p2.model_elems, "the tiny model has matrix weights and other params");
-  CHECK(params4 == 4 * p4.model_elems && params2 == 2 * matmul + 4 * (p2.model_elems - matmul),
-        "fp32: 4 bytes per param; bf16: 2 bytes per matrix weight, 4 for the rest");
-  CHECK(rank_bytes(&p2, 0, MC_MEM_MASTER_DECAY) + rank_bytes(&p2, 0, MC_MEM_MASTER_NO_DECAY) == 4 * matmul,
+  CHECK(params4 == want4 && params2 == want2, "fp32: 4 bytes per param; bf16: 2 bytes per matrix weight, 4 for the rest");
+  CHECK(rank_bytes(&p2, 0, MC_MEM_MASTER_DECAY) + rank_bytes(&p2, 0, MC_MEM_MASTER_NO_DECAY) == master2,
         "bf16 keeps an fp32 master of the bf16 matrix weights");
   CHECK(rank_bytes(&p4, 0, MC_MEM_MASTER_DECAY) + rank_bytes(&p4, 0, MC_MEM_MASTER_NO_DECAY) == 0,
         "fp32 working weights are their own master");
-  CHECK(rank_bytes(&p4, 0, MC_MEM_MOMENTS_DECAY) + rank_bytes(&p4, 0, MC_MEM_MOMENTS_NO_DECAY) == 8 * p4.model_elems,
+  CHECK(rank_bytes(&p4, 0, MC_MEM_MOMENTS_DECAY) + rank_bytes(&p4, 0, MC_MEM_MOMENTS_NO_DECAY) == moments,
         "two fp32 moments");
-  CHECK(rank_bytes(&p2, 0, MC_MEM_GRADS) == 4 * p2.model_elems, "fp32 gradients");
-  /* bf16 on one rank: the activations the trainer keeps in bf16 at 2 bytes, the rest at 4 */
+  CHECK(rank_bytes(&p2, 0, MC_MEM_GRADS) == grads, "fp32 gradients");
+  /* bf16 on one rank: the product tensors in bf16, the rest in fp32 */
+  CHECK(p2.hold.act16 && !p4.hold.act16, "bf16 on one rank keeps product activations in bf16");
   mc_act_shape s4, s2;
-  mc_act_shape_of(&m, &g2.layout, p2.micro_batch, 4, &s4);
-  s2 = s4;
-  s2.pbytes = 2;
+  mc_act_shape_of(&g4, 0, &p4.hold, p4.micro_batch, &s4);
+  mc_act_shape_of(&g2, 0, &p2.hold, p2.micro_batch, &s2);
   int64_t fewer = 0;
-  for (int i = 0; m.pattern[i]; i++)
-    fewer += mc_act_block_bytes(&m, &s4, m.pattern[i], p4.recompute) - mc_act_block_bytes(&m, &s2, m.pattern[i], p2.recompute);
-  fewer += mc_act_head_bytes(&m, &s4, p4.recompute) - mc_act_head_bytes(&m, &s2, p2.recompute); /* final-norm output */
-  fewer += mc_act_working_bytes(&m, &g2.layout, &s4, m.pattern, 1) - mc_act_working_bytes(&m, &g2.layout, &s2, m.pattern, 1);
-  CHECK(p2.prod_bytes == 2 && p4.prod_bytes == 4 && fewer > 0, "product-only activations at 2 bytes under bf16");
-  CHECK(rank_bytes(&p4, 0, MC_MEM_ACTIVATIONS) - rank_bytes(&p2, 0, MC_MEM_ACTIVATIONS) == fewer,
+  for (int i = 0; m.pattern[i]; i++) {
+    const mc_block_kind *k = mc_block_kind_of(m.pattern[i]);
+    fewer += mc_act_layer_bytes(k, &s4, p4.recompute) - mc_act_layer_bytes(k, &s2, p2.recompute);
+  }
+  fewer += mc_act_scratch_bytes(m.pattern, &s4) - mc_act_scratch_bytes(m.pattern, &s2);
+  fewer += mc_act_net_bytes(&s4) - mc_act_net_bytes(&s2);
+  CHECK(fewer > 0 && rank_bytes(&p4, 0, MC_MEM_ACTIVATIONS) - rank_bytes(&p2, 0, MC_MEM_ACTIVATIONS) == fewer,
         "bf16 activations: %lld fewer bytes, expected %lld",
         (long long)(rank_bytes(&p4, 0, MC_MEM_ACTIVATIONS) - rank_bytes(&p2, 0, MC_MEM_ACTIVATIONS)), (long long)fewer);
+  /* a bf16 product tensor of n elements takes ceil(n / 2) floats */
+  const mc_act_buf *q = &mc_block_kind_of('A')->saved[MC_A_Q];
+  CHECK(mc_act_buf_bytes(q, &s2) == (mc_act_buf_numel(q, &s2) + 1) / 2 * 4 && mc_act_buf_bytes(q, &s4) == mc_act_buf_numel(q, &s4) * 4,
+        "q: bf16 %lld bytes, fp32 %lld bytes", (long long)mc_act_buf_bytes(q, &s2), (long long)mc_act_buf_bytes(q, &s4));
   drop(&g4, &p4);
   drop(&g2, &p2);
 }
@@ -256,72 +276,84 @@ static void test_recompute_order(void) {
     CHECK(act[0][li] < act[1][li] && act[1][li] < act[2][li], "layout %d: full %lld < selective %lld < none %lld", li,
           (long long)act[0][li], (long long)act[1][li], (long long)act[2][li]);
   /* Per block too. */
+  mc_geometry g;
+  mc_plan p;
+  CHECK_OK(make_plan(&m, layout(1, 1, 1, 1, 0, 0), &t, &g, &p));
   mc_act_shape sh;
-  mc_layout l = layout(1, 1, 1, 1, 0, 0);
-  mc_act_shape_of(&m, &l, 2, 2, &sh);
-  for (const char *b = "AEMR"; *b; b++)
-    CHECK(mc_act_block_bytes(&m, &sh, *b, MC_RECOMPUTE_FULL) < mc_act_block_bytes(&m, &sh, *b, MC_RECOMPUTE_SELECTIVE) &&
-              mc_act_block_bytes(&m, &sh, *b, MC_RECOMPUTE_SELECTIVE) < mc_act_block_bytes(&m, &sh, *b, MC_RECOMPUTE_NONE),
+  mc_act_shape_of(&g, 0, &p.hold, 2, &sh);
+  for (const char *b = "AEMR"; *b; b++) {
+    const mc_block_kind *k = mc_block_kind_of(*b);
+    CHECK(mc_act_layer_bytes(k, &sh, MC_RECOMPUTE_FULL) < mc_act_layer_bytes(k, &sh, MC_RECOMPUTE_SELECTIVE) &&
+              mc_act_layer_bytes(k, &sh, MC_RECOMPUTE_SELECTIVE) < mc_act_layer_bytes(k, &sh, MC_RECOMPUTE_NONE),
           "block %c ordering", *b);
+  }
+  drop(&g, &p);
 }
 
-/* The R block formula of docs/mcplan.md, evaluated by hand; and SP divides the sequence part. */
+static int64_t fp(int64_t bytes) { return mc_mem_footprint(bytes); }
+
+/* The per-layer, scratch and network bytes written out by hand for the tiny model at tp = 2
+ * (fp32, three sequences of 64 tokens): what the trainer's block files keep; SP divides the
+ * residual rows; the MoE dispatch scratch exists under ep > 1 only. */
 static void test_block_formulas(void) {
   mc_model m;
   tiny_model(&m);
+  mc_train_cfg t;
+  base_train(&t);
+  t.global_batch = 6, t.micro_batch = 3;
+  mc_geometry g;
+  mc_plan p;
+  CHECK_OK(make_plan(&m, layout(2, 1, 1, 1, 0, 0), &t, &g, &p));
+  if (!p.ranks) return;
   mc_act_shape sh;
-  mc_layout l = layout(2, 1, 1, 1, 0, 0);
-  mc_act_shape_of(&m, &l, 3, 2, &sh);
-  const int64_t tok = 3 * 64, d = 64, dr = 64 / 2;
-  CHECK(sh.tokens == tok && sh.tokens_seq == tok, "shape without sp");
-  CHECK(mc_act_block_bytes(&m, &sh, 'R', MC_RECOMPUTE_NONE) == tok * (2 * d * 2 + 4) + tok * 6 * dr * 2, "R none");
-  CHECK(mc_act_block_bytes(&m, &sh, 'R', MC_RECOMPUTE_SELECTIVE) == tok * (d * 2 + 4) + tok * 4 * dr * 2, "R selective");
-  CHECK(mc_act_block_bytes(&m, &sh, 'R', MC_RECOMPUTE_FULL) == tok * d * 2, "R full");
-  /* backward scratch (fp32 sums; product-input gradients at pbytes = 2 here) and the working
-   * set: the largest block's scratch plus the residual rows (tp = 2: staging rows too) */
-  CHECK(mc_act_bwd_scratch_bytes(&m, &sh, 'R') == tok * dr * (5 * 4 + 3 * 2), "R scratch");
-  const int64_t sq = 4 * 16 / 2, skv = 4 * 16 / 2;
-  CHECK(mc_act_bwd_scratch_bytes(&m, &sh, 'A') == tok * (sq + 2 * skv) * 4 + tok * (2 * sq + skv + skv) * 2, "A scratch");
-  const int64_t big = mc_act_bwd_scratch_bytes(&m, &sh, 'R') > mc_act_bwd_scratch_bytes(&m, &sh, 'A')
-                          ? mc_act_bwd_scratch_bytes(&m, &sh, 'R')
-                          : mc_act_bwd_scratch_bytes(&m, &sh, 'A');
-  CHECK(mc_act_working_bytes(&m, &l, &sh, "AR", 1) == big + (tok + 3 * tok) * d * 4 + tok * 16 + (tok + 2 * tok) * d * 4,
-        "working set, last stage, tp 2 without sp");
-  CHECK(mc_act_working_bytes(&m, &l, &sh, "AR", 0) - mc_act_working_bytes(&m, &l, &sh, "AR", 1) == tok * d * 4,
-        "a stage without the head also holds x");
-  const int64_t q = 4 * 16 / 2, kv = 4 * 16 / 2, heads = 4 / 2;
-  CHECK(mc_act_block_bytes(&m, &sh, 'A', MC_RECOMPUTE_NONE) == tok * (2 * d * 2 + 4) + tok * (2 * q + 2 * kv) * 2 + tok * heads * 4,
+  mc_act_shape_of(&g, 0, &p.hold, 3, &sh);
+  const int64_t tok = 3 * 64, d = 64, dr = 64 / 2, q = 4 * 16 / 2, kv = 4 * 16 / 2, heads = 4 / 2;
+  const int64_t x = fp(tok * d * 4), r = fp(tok * 4); /* a row of d, a row of one */
+  CHECK(sh.n_seq * sh.local.seq_len == tok && sh.n_seq * sh.T_res == tok && !sh.act16, "shape without sp");
+  const mc_block_kind *R = mc_block_kind_of('R'), *A = mc_block_kind_of('A'), *M = mc_block_kind_of('M'),
+                      *E = mc_block_kind_of('E');
+  CHECK(mc_act_layer_bytes(R, &sh, MC_RECOMPUTE_NONE) == 2 * x + r + 8 * fp(tok * dr * 4), "R none");
+  CHECK(mc_act_layer_bytes(R, &sh, MC_RECOMPUTE_SELECTIVE) == x + r + 4 * fp(tok * dr * 4), "R selective");
+  CHECK(mc_act_layer_bytes(R, &sh, MC_RECOMPUTE_FULL) == x, "R full");
+  CHECK(mc_act_layer_bytes(A, &sh, MC_RECOMPUTE_NONE) == 2 * x + r + 2 * fp(tok * q * 4) + 2 * fp(tok * kv * 4) + fp(tok * heads * 4),
         "A none");
-  CHECK(mc_act_block_bytes(&m, &sh, 'A', MC_RECOMPUTE_SELECTIVE) == tok * (d * 2 + 4) + tok * (q + 2 * kv) * 2, "A selective");
+  CHECK(mc_act_layer_bytes(A, &sh, MC_RECOMPUTE_SELECTIVE) == x + r + fp(tok * q * 4) + 2 * fp(tok * kv * 4), "A selective");
   const int64_t di = 128 / 2, hm = 4 / 2, n = 16;
-  CHECK(mc_act_block_bytes(&m, &sh, 'M', MC_RECOMPUTE_NONE) ==
-            tok * (2 * d * 2 + 4) + tok * (6 * di + hm + 4 * n) * 2 + tok * hm * 4 + tok * di * n * 4 / 64,
+  CHECK(mc_act_layer_bytes(M, &sh, MC_RECOMPUTE_NONE) ==
+            2 * x + r + 7 * fp(tok * di * 4) + 6 * fp(tok * n * 4) + 3 * fp(tok * hm * 4),
         "M none");
-  CHECK(mc_act_block_bytes(&m, &sh, 'M', MC_RECOMPUTE_SELECTIVE) == tok * (d * 2 + 4) + tok * (2 * di + hm + 2 * n) * 2,
+  CHECK(mc_act_layer_bytes(M, &sh, MC_RECOMPUTE_SELECTIVE) == x + r + 2 * fp(tok * di * 4) + 2 * fp(tok * n * 4) + fp(tok * hm * 4),
         "M selective");
-  const int64_t as = tok * 2; /* dropless: top_k assignments per token */
-  CHECK(mc_act_block_bytes(&m, &sh, 'E', MC_RECOMPUTE_NONE) ==
-            tok * (2 * d * 2 + 4) + tok * 4 * 4 + tok * 2 * 8 + as * (2 * d + 3 * 128) * 2,
-        "E none");
-  CHECK(mc_act_block_bytes(&m, &sh, 'E', MC_RECOMPUTE_SELECTIVE) ==
-            tok * (d * 2 + 4) + tok * 4 * 4 + tok * 2 * 8 + as * (2 * d + 2 * 128) * 2,
-        "E selective");
-  CHECK(mc_act_head_bytes(&m, &sh, MC_RECOMPUTE_NONE) == tok * (2 * d * 2 + 4) + tok * 4 + tok * 256 / 2 * (4 + 2),
-        "head: fp32 logits and their gradient at the activation bytes");
-  l.sp = 1;
-  mc_act_shape_of(&m, &l, 3, 2, &sh);
-  CHECK(sh.tokens_seq == tok / 2, "sp splits the sequence over tp");
-  CHECK(mc_act_block_bytes(&m, &sh, 'R', MC_RECOMPUTE_FULL) == tok / 2 * d * 2, "R full under sp");
-  /* Expert activations scale with top-k; the capacity factor bounds them. */
-  mc_act_shape_of(&m, &l, 3, 2, &sh);
-  int64_t e2 = mc_act_block_bytes(&m, &sh, 'E', MC_RECOMPUTE_NONE);
+  const int64_t E4 = 4, k = 2, F = 128; /* experts are never TP-split */
+  CHECK(mc_act_layer_bytes(E, &sh, MC_RECOMPUTE_NONE) ==
+            2 * x + r + 2 * fp(tok * E4 * 4) + fp(tok * k * 4) + fp(3 * E4 * 4) + fp(3 * 4) + 2 * fp(tok * k * d * 4) +
+                3 * fp(tok * k * F * 4) + 2 * fp(tok * k * 4) + fp(E4 * 4) + fp(4),
+        "E none (routed: 4 experts)");
+  /* gradient scratch of A and R: every width is 32, so buffer i is tok x 32 for i < 8 */
+  CHECK(mc_act_scratch_bytes("AR", &sh) == 8 * fp(tok * 32 * 4), "scratch of A and R");
+  const int64_t vpl = 256 / 2;
+  CHECK(mc_act_net_bytes(&sh) == 2 * r + x + x + r + fp(tok * vpl * 4) + 2 * r + 4 * x + fp(tok * vpl * 4) + /* one stage */
+                                     2 * x + 2 * r + x + r, /* tp > 1: shard and staging rows, embedding lists */
+        "network buffers, tp 2 without sp");
+  drop(&g, &p);
+  /* SP: the residual rows split over tp */
+  CHECK_OK(make_plan(&m, layout(2, 1, 1, 1, 1, 0), &t, &g, &p));
+  if (!p.ranks) return;
+  mc_act_shape_of(&g, 0, &p.hold, 3, &sh);
+  CHECK(sh.n_seq * sh.T_res == tok / 2, "sp splits the sequence over tp");
+  CHECK(mc_act_layer_bytes(R, &sh, MC_RECOMPUTE_FULL) == fp(tok / 2 * d * 4), "R full under sp");
+  CHECK(p.ranks[0].act.moe_scratch == 0 && p.ranks[0].bytes[MC_MEM_MOE_SCRATCH] == 0, "no dispatch scratch at ep = 1");
+  drop(&g, &p);
+  /* ep = 2: the dispatch scratch; a capacity factor bounds the assignments */
   m.capacity_factor = 0.5;
-  int64_t ecf = mc_act_block_bytes(&m, &sh, 'E', MC_RECOMPUTE_NONE);
-  CHECK(ecf < e2, "capacity factor 0.5 bounds expert activations (%lld vs %lld)", (long long)ecf, (long long)e2);
-  mc_moe_scratch s;
-  mc_act_moe_scratch(&m, &l, &sh, &s);
-  CHECK(s.assignments == (int64_t)(tok / 2 * 2 * 0.5), "assignments with cf=0.5: %lld", (long long)s.assignments);
-  CHECK(s.total == s.counts + s.send + s.recv + s.combine, "scratch total");
+  CHECK_OK(make_plan(&m, layout(2, 1, 1, 2, 1, 0), &t, &g, &p));
+  if (!p.ranks) return;
+  const mc_stage_hold *s = &p.ranks[0].act;
+  CHECK(s->moe_assignments == (int64_t)(tok / 2 * 2 * 0.5), "assignments with cf=0.5: %lld", (long long)s->moe_assignments);
+  CHECK(s->moe_scratch == s->moe_counts + s->moe_send + s->moe_recv + s->moe_combine && s->moe_scratch > 0 &&
+            p.ranks[0].bytes[MC_MEM_MOE_SCRATCH] == s->moe_scratch,
+        "scratch total");
+  drop(&g, &p);
 }
 
 static void test_pipeline(void) {
@@ -335,32 +367,29 @@ static void test_pipeline(void) {
   strcpy(m.pattern, "AEMRAEMRAEMR"), m.n_layers = 12;
   CHECK_OK(make_plan(&m, layout(1, 1, 3, 1, 0, 0), &t, &g, &p));
   if (p.ranks) {
-    CHECK(p.ranks[0].inflight == 3 && p.ranks[1].inflight == 2 && p.ranks[2].inflight == 1, "1F1B in flight %d %d %d",
-          p.ranks[0].inflight, p.ranks[1].inflight, p.ranks[2].inflight);
-    CHECK(p.ranks[0].bytes[MC_MEM_ACTIVATIONS] ==
-              3 * p.ranks[0].act_per_micro + p.ranks[0].act_transient + p.ranks[0].act_working,
-          "stage 0");
-    /* the stages hold the same block kinds; the first also holds x (the last counts it as
-     * the final norm's input) */
-    CHECK(p.ranks[2].act_working > 0 &&
-              p.ranks[0].act_working - p.ranks[2].act_working == (int64_t)t.micro_batch * m.seq_len * m.d_model * 4,
-          "backward working sets %lld (stage 0), %lld (last stage)", (long long)p.ranks[0].act_working,
-          (long long)p.ranks[2].act_working);
+    const mc_stage_hold *a0 = &p.ranks[0].act, *a2 = &p.ranks[2].act;
+    CHECK(a0->inflight == 3 && p.ranks[1].act.inflight == 2 && a2->inflight == 1, "1F1B in flight %d %d %d",
+          a0->inflight, p.ranks[1].act.inflight, a2->inflight);
+    CHECK(p.ranks[0].bytes[MC_MEM_ACTIVATIONS] == 3 * a0->per_micro + a0->transient + a0->scratch + a0->network, "stage 0");
+    /* the stages hold the same block kinds; the last also holds the final norm, head and loss */
+    const int64_t tok = (int64_t)t.micro_batch * m.seq_len, vp = 256;
+    CHECK(a2->network - a0->network == fp(tok * m.d_model * 4) + 3 * fp(tok * 4) + 2 * fp(tok * vp * 4),
+          "network buffers %lld (stage 0), %lld (last stage)", (long long)a0->network, (long long)a2->network);
     CHECK(p.ranks[1].bytes[MC_MEM_PIPELINE_BUFFERS] > 0, "pp buffers");
     drop(&g, &p);
   }
   t.global_batch = 2; /* one micro-batch: nothing else can be in flight */
   CHECK_OK(make_plan(&m, layout(1, 1, 3, 1, 0, 0), &t, &g, &p));
   if (p.ranks) {
-    CHECK(p.ranks[0].inflight == 1, "min(pp - s, n_micro) with n_micro=1");
+    CHECK(p.ranks[0].act.inflight == 1, "min(pp - s, n_micro) with n_micro=1");
     drop(&g, &p);
   }
-  /* Stages without an E layer have no routing scratch. */
+  /* Stages without an E layer have no routing scratch (ep > 1). */
   strcpy(m.pattern, "AMRE"), m.n_layers = 4;
   t.global_batch = 8;
-  CHECK_OK(make_plan(&m, layout(1, 1, 2, 1, 0, 0), &t, &g, &p));
+  CHECK_OK(make_plan(&m, layout(1, 2, 2, 2, 0, 0), &t, &g, &p));
   if (p.ranks) {
-    CHECK(p.ranks[0].bytes[MC_MEM_MOE_SCRATCH] == 0 && p.ranks[1].bytes[MC_MEM_MOE_SCRATCH] > 0, "moe scratch by stage");
+    CHECK(p.ranks[0].bytes[MC_MEM_MOE_SCRATCH] == 0 && p.ranks[2].bytes[MC_MEM_MOE_SCRATCH] > 0, "moe scratch by stage");
     drop(&g, &p);
   }
 }

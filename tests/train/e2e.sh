@@ -175,6 +175,10 @@ errors)
   expect "train.dtype=bf16 needs train.device=cuda" "$B/mctrain" "${SMALL[@]}" --set checkpoint.dir=f \
     --set data.path=corpus.h5 --set train.dtype=bf16
   expect "mceval: train.device=tpu is not a device" "$B/mceval" e --data corpus.h5 --device tpu
+  # A recomputation policy the trainer does not implement is refused, not ignored.
+  expect "train.recompute=selective is not implemented by the trainer" "$B/mctrain" "${SMALL[@]}" \
+    --set checkpoint.dir=rc --set data.path=corpus.h5 --set train.recompute=selective
+  [ ! -e rc/latest ] || die "a refused recompute policy left a checkpoint"
   if [ -n "${MC_MPIRUN:-}" ]; then
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 \
       expect "train.device=cuda with 2 processes: multi-process (mpirun) runs train on the CPU backend only" \

@@ -2,10 +2,12 @@
  * - the network's and optimizer's arenas hold exactly their tensors: each arena's size is the
  *   sum of its tensors' footprints, and the tensors' own bytes equal an independent count
  *   (params and grads: mc_shard_of local slices x 4 bytes; master and moments: the state
- *   hyperslabs x 4 (x 2 for the moments); activations: the block size tables);
+ *   hyperslabs x 4 (x 2 for the moments); activations: sizes written out by hand from the
+ *   block files' equations, which the block-kind table must reproduce);
  * - every tensor lies inside its arena and no two overlap;
- * - mcplan's prediction agrees with the arenas where both describe the same tensors (fp32:
- *   params, grads and moments), for every rank of several layouts;
+ * - the holdings function equals the network's arenas, and mcplan's prediction equals the
+ *   arenas' footprints where both describe the same tensors (fp32: params, grads and
+ *   moments), for every rank of several layouts;
  * - the activations arena is sized once for the reserved micro-batch and kept by passes that
  *   fit it; the JSON record carries every category. */
 #include <cjson/cJSON.h>
@@ -47,13 +49,50 @@ static void add_span(span *s, int *n, const void *p, int64_t bytes) {
   if (p) s[(*n)++] = (span){(const char *)p, bytes};
 }
 
-static const mc_block_ops *ops_of(char kind) {
-  return kind == 'A' ? &mc_block_attn : kind == 'M' ? &mc_block_mamba : kind == 'E' ? &mc_block_moe : &mc_block_rec;
+/* Buffer sizes (elements) of one block kind for n tokens of an fp32 network, written out by
+ * hand from the block files' equations: the independent count the block-kind table
+ * (core/blocks.h), which the trainer allocates from, must reproduce. */
+typedef struct {
+  int64_t f[MC_LAYER_FBUFS], i[MC_LAYER_IBUFS], g[MC_NET_GBUFS];
+} sizes;
+
+static void oracle_sizes(const mc_net *net, char kind, int n_seq, sizes *s) {
+  const mc_model *m = &net->m;
+  const int64_t n = (int64_t)n_seq * m->seq_len, d = m->d_model;
+  memset(s, 0, sizeof *s);
+  if (kind == 'A') {
+    const int64_t q = (int64_t)m->n_heads * m->head_dim, kv = (int64_t)m->n_kv_heads * m->head_dim;
+    s->f[MC_A_Q] = s->f[MC_A_O] = n * q, s->f[MC_A_K] = s->f[MC_A_V] = n * kv, s->f[MC_A_LSE] = n * m->n_heads;
+    s->g[MC_A_DO] = s->g[MC_A_DQ] = s->g[MC_A_DQP] = n * q;
+    s->g[MC_A_DK] = s->g[MC_A_DV] = s->g[MC_A_DKP] = n * kv;
+  } else if (kind == 'M') {
+    const int64_t di = m->mamba_inner, hm = m->mamba_inner / m->mamba_head_dim, N = m->ssm_state;
+    const int fdi[] = {MC_M_Z, MC_M_XR, MC_M_XCP, MC_M_XC, MC_M_Y, MC_M_G, MC_M_GN};
+    const int fn[] = {MC_M_BR, MC_M_BCP, MC_M_BC, MC_M_CR, MC_M_CCP, MC_M_CC};
+    const int gdi[] = {MC_M_DGN, MC_M_DG, MC_M_DZ, MC_M_DY, MC_M_DXC, MC_M_DXCP, MC_M_DXR};
+    const int gn[] = {MC_M_DBC, MC_M_DBCP, MC_M_DBR, MC_M_DCC, MC_M_DCCP, MC_M_DCR};
+    for (int k = 0; k < 7; k++) s->f[fdi[k]] = s->g[gdi[k]] = n * di;
+    for (int k = 0; k < 6; k++) s->f[fn[k]] = s->g[gn[k]] = n * N;
+    s->f[MC_M_DTP] = s->f[MC_M_DT] = s->f[MC_M_GRSTD] = s->g[MC_M_DDT] = s->g[MC_M_DDTP] = n * hm;
+  } else if (kind == 'E') {
+    const int64_t E = m->n_experts, k = m->top_k, F = m->expert_hidden;
+    s->f[MC_E_LOGITS] = s->f[MC_E_PROBS] = n * E, s->f[MC_E_GATE] = n * k;
+    s->f[MC_E_FR] = n_seq * E, s->f[MC_E_AUX] = n_seq;
+    s->f[MC_E_XP] = s->f[MC_E_YP] = n * k * d; /* a routed block (the model has several experts) */
+    s->f[MC_E_H1] = s->f[MC_E_H3] = s->f[MC_E_A] = n * k * F;
+    s->i[MC_E_IDX] = s->i[MC_E_SLOT] = n * k, s->i[MC_E_COUNTS] = E, s->i[MC_E_DROPPED] = 1;
+    s->g[MC_E_DYP] = s->g[MC_E_DXP] = n * k * d;
+    s->g[MC_E_DA] = s->g[MC_E_DH1] = s->g[MC_E_DH3] = n * k * F;
+    s->g[MC_E_DGATE] = n * k, s->g[MC_E_DLOGITS] = n * E;
+  } else {
+    for (int k = 0; k < MC_R_NSAVED; k++) s->f[k] = n * m->rec_width;
+    for (int k = 0; k < MC_R_NGRADS; k++) s->g[k] = n * m->rec_width;
+  }
 }
 
-/* The activation tensors of a one-rank network for n_seq sequences, with their sizes counted
- * independently from the block size tables (train/net_blocks.h) and the network-level
- * buffers' shapes. Returns the count. */
+/* The activation tensors of a one-rank fp32 network for n_seq sequences, with their sizes
+ * counted independently (oracle_sizes and the network-level buffers' shapes). Returns the
+ * count. */
 static int activation_spans(const mc_net *net, int n_seq, span *s) {
   const mc_model *m = &net->m;
   const int64_t n = (int64_t)n_seq * m->seq_len, d = m->d_model, vp = net->Vpl;
@@ -61,11 +100,14 @@ static int activation_spans(const mc_net *net, int n_seq, span *s) {
   int cnt = 0;
   for (int L = 0; L < net->n_layers; L++) {
     const mc_layer *ly = &net->layers[L];
-    mc_block_sizes bs;
-    memset(&bs, 0, sizeof bs);
-    ops_of(ly->kind)->sizes(net, n_seq, &bs); /* fp32 networks here */
+    sizes bs;
+    oracle_sizes(net, ly->kind, n_seq, &bs);
     add_span(s, &cnt, ly->x_in, n * d * 4), add_span(s, &cnt, ly->u, n * d * 4), add_span(s, &cnt, ly->rstd, n * 4);
-    for (int i = 0; i < MC_LAYER_FBUFS; i++) add_span(s, &cnt, ly->f[i], bs.f[i] * 4);
+    for (int i = 0; i < MC_LAYER_FBUFS; i++) {
+      CHECK((ly->f[i] != NULL) == (bs.f[i] > 0), "layer %d (%c): saved buffer %d %s", L, ly->kind, i,
+            ly->f[i] ? "placed, not expected" : "expected, not placed");
+      add_span(s, &cnt, ly->f[i], bs.f[i] * 4);
+    }
     for (int i = 0; i < MC_LAYER_IBUFS; i++) add_span(s, &cnt, ly->i[i], bs.i[i] * 4);
     for (int i = 0; i < MC_NET_GBUFS; i++) gmax[i] = bs.g[i] > gmax[i] ? bs.g[i] : gmax[i];
   }
@@ -79,7 +121,7 @@ static int activation_spans(const mc_net *net, int n_seq, span *s) {
 
 static int64_t footprints(const span *s, int n) {
   int64_t t = 0;
-  for (int i = 0; i < n; i++) t += mc_arena_footprint(s[i].bytes);
+  for (int i = 0; i < n; i++) t += mc_mem_footprint(s[i].bytes);
   return t;
 }
 
@@ -137,6 +179,16 @@ static void test_network(void) {
   CHECK(act->cap == footprints(s, n), "activations for 5 sequences: %lld bytes, expected %lld", (long long)act->cap,
         (long long)footprints(s, n));
   check_spans(act, s, n, "activations (5 sequences)");
+  /* the holdings function (what mcplan reports) equals every arena the network keeps */
+  mc_hold_opts ho = {.micro_batch = 5, .n_micro = 1, .moe_dense = 1};
+  int64_t held[MC_MEM_COUNT], arena[MC_MEM_COUNT] = {0};
+  CHECK_OK(mc_holdings_of(&g, 0, &ho, held));
+  mc_net_mem_bytes(net, arena);
+  const mc_mem_cat owned[] = {MC_MEM_PARAMS_REPLICATED, MC_MEM_PARAMS_TP, MC_MEM_PARAMS_EP,
+                              MC_MEM_GRADS, MC_MEM_ZERO3_BUFFERS, MC_MEM_ACTIVATIONS};
+  for (size_t c = 0; c < sizeof owned / sizeof owned[0]; c++)
+    CHECK(held[owned[c]] == arena[owned[c]], "%s: holdings %lld bytes, the network's arena %lld",
+          mc_mem_cat_label(owned[c]), (long long)held[owned[c]], (long long)arena[owned[c]]);
   free(tok);
   free(s);
   mc_net_free(net);
@@ -144,8 +196,8 @@ static void test_network(void) {
 }
 
 /* Every rank of a layout: the optimizer's arenas hold the state hyperslabs mc_shard_of gives
- * (master x 4 bytes, moments x 8), and mcplan (fp32) predicts exactly the moments' tensor
- * bytes; its master prediction is 0 in fp32 (the plan counts no separate master copy when the
+ * (master x 4 bytes, moments x 8), and mcplan (fp32) predicts exactly the moments' arena
+ * bytes (their footprints); its master prediction is 0 in fp32 (the plan counts no separate master copy when the
  * working weights are fp32, the optimizer keeps one: docs/training.md). */
 static void test_optimizer(int tp, int dp, int ep, int zero) {
   mc_model m = nc_model("AEMR");
@@ -170,7 +222,7 @@ static void test_optimizer(int tp, int dp, int ep, int zero) {
   for (int r = 0; r < g.world; r++) {
     mc_optim o;
     CHECK_OK(mc_optim_init(&o, &g, r));
-    int64_t want[MC_MEM_COUNT] = {0};
+    int64_t want[MC_MEM_COUNT] = {0}, fp[MC_MEM_COUNT] = {0}; /* tensor bytes, their footprints */
     for (int f = 0; f < g.fams.n; f++) {
       mc_shard sh[MC_N_STATES];
       for (int k = 0; k < MC_N_STATES; k++) CHECK_OK(mc_shard_of(&g, f, (mc_state)k, r, &sh[k]));
@@ -179,6 +231,8 @@ static void test_optimizer(int tp, int dp, int ep, int zero) {
       want[dec ? MC_MEM_MASTER_DECAY : MC_MEM_MASTER_NO_DECAY] += sh[MC_STATE_PARAM].numel * 4;
       want[dec ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY] +=
           (sh[MC_STATE_EXP_AVG].numel + sh[MC_STATE_EXP_AVG_SQ].numel) * 4;
+      fp[dec ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY] +=
+          mc_mem_footprint(sh[MC_STATE_EXP_AVG].numel * 4) + mc_mem_footprint(sh[MC_STATE_EXP_AVG_SQ].numel * 4);
     }
     const mc_mem_cat cats[] = {MC_MEM_MASTER_DECAY, MC_MEM_MASTER_NO_DECAY, MC_MEM_MOMENTS_DECAY,
                                MC_MEM_MOMENTS_NO_DECAY};
@@ -198,21 +252,24 @@ static void test_optimizer(int tp, int dp, int ep, int zero) {
       check_spans(a, s, n, mc_mem_cat_label(cats[c]));
     }
     const int64_t *pb = plan.ranks[r].bytes;
-    CHECK(pb[MC_MEM_MOMENTS_DECAY] == want[MC_MEM_MOMENTS_DECAY] && pb[MC_MEM_MOMENTS_NO_DECAY] == want[MC_MEM_MOMENTS_NO_DECAY],
-          "rank %d: mcplan's moments %lld + %lld, the optimizer's %lld + %lld", r, (long long)pb[MC_MEM_MOMENTS_DECAY],
-          (long long)pb[MC_MEM_MOMENTS_NO_DECAY], (long long)want[MC_MEM_MOMENTS_DECAY], (long long)want[MC_MEM_MOMENTS_NO_DECAY]);
+    CHECK(pb[MC_MEM_MOMENTS_DECAY] == fp[MC_MEM_MOMENTS_DECAY] && pb[MC_MEM_MOMENTS_NO_DECAY] == fp[MC_MEM_MOMENTS_NO_DECAY] &&
+              fp[MC_MEM_MOMENTS_DECAY] == o.arenas.a[MC_MEM_MOMENTS_DECAY].cap &&
+              fp[MC_MEM_MOMENTS_NO_DECAY] == o.arenas.a[MC_MEM_MOMENTS_NO_DECAY].cap,
+          "rank %d: mcplan's moments %lld + %lld, the optimizer's arenas %lld + %lld", r, (long long)pb[MC_MEM_MOMENTS_DECAY],
+          (long long)pb[MC_MEM_MOMENTS_NO_DECAY], (long long)o.arenas.a[MC_MEM_MOMENTS_DECAY].cap,
+          (long long)o.arenas.a[MC_MEM_MOMENTS_NO_DECAY].cap);
     CHECK(pb[MC_MEM_MASTER_DECAY] == 0 && pb[MC_MEM_MASTER_NO_DECAY] == 0, "fp32: mcplan counts no master copy");
     /* working params and grads at fp32: the local slices (ZeRO 3: the persistent shard is what
      * the network keeps in its params arena, the plan counts the shard as working params) */
-    int64_t wp = 0, wg = 0;
+    int64_t wp = 0, wg = 0; /* footprints: one tensor per family in each category */
     for (int f = 0; f < g.fams.n; f++) {
       mc_shard sh;
       CHECK_OK(mc_shard_of(&g, f, MC_STATE_PARAM, r, &sh));
       if (!sh.in_stage) continue;
       int64_t local = 1;
       for (int k = 0; k < sh.ndim; k++) local *= sh.local_count[k];
-      wp += (zero == 3 ? sh.numel : local) * 4;
-      wg += (zero == 3 ? sh.numel : local) * 4;
+      wp += mc_mem_footprint((zero == 3 ? sh.numel : local) * 4);
+      wg += mc_mem_footprint((zero == 3 ? sh.numel : local) * 4);
     }
     CHECK(pb[MC_MEM_PARAMS_REPLICATED] + pb[MC_MEM_PARAMS_TP] + pb[MC_MEM_PARAMS_EP] == wp && pb[MC_MEM_GRADS] == wg,
           "rank %d: mcplan's params/grads differ from the local slices", r);

@@ -1,0 +1,284 @@
+/* What a rank holds (core/holdings.h). Parameter tensors follow mc_shard_of; activations follow
+ * the block-kind table; every tensor is counted at its footprint in its category. */
+#include "core/holdings.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+int mc_hold_opts_of(const mc_geometry *g, const mc_train_cfg *t, mc_hold_opts *o) {
+  memset(o, 0, sizeof *o);
+  if (!strcmp(t->dtype, "bf16")) o->bf16_weights = 1;
+  else if (strcmp(t->dtype, "fp32")) return mc_error("train.dtype: unknown dtype '%s' (fp32, bf16)", t->dtype);
+  int rc = mc_recompute_parse(t->recompute);
+  if (rc < 0) return mc_error("train.recompute: unknown policy '%s' (none, selective, full)", t->recompute);
+  o->recompute = (mc_recompute)rc;
+  const mc_layout *l = &g->layout;
+  if (t->micro_batch <= 0 || l->dp <= 0 || t->global_batch % (t->micro_batch * l->dp) != 0)
+    return mc_error("train.global_batch=%d is not a multiple of train.micro_batch=%d * parallel.dp=%d", t->global_batch,
+                    t->micro_batch, l->dp);
+  /* product tensors in bf16 need whole rows on one rank: no TP (and so no SP) */
+  o->act16 = o->bf16_weights && l->tp == 1;
+  o->micro_batch = t->micro_batch;
+  o->n_micro = t->global_batch / (t->micro_batch * l->dp);
+  o->moe_dense = 1;
+  return 0;
+}
+
+/* ------------------------------------------------------------------ parameters */
+
+int mc_param_hold_of(const mc_geometry *g, int fam, int rank, const mc_hold_opts *o, mc_param_hold *out) {
+  memset(out, 0, sizeof *out);
+  const mc_family *f = &g->fams.f[fam];
+  out->fam = fam;
+  if (mc_shard_of(g, fam, MC_STATE_PARAM, rank, &out->shard)) return -1;
+  if (!(out->in_stage = out->shard.in_stage)) return 0;
+  const mc_shard *sh = &out->shard;
+  out->local_numel = 1;
+  for (int i = 0; i < f->ndim; i++) out->local_numel *= sh->local_count[i];
+  /* the state hyperslab is rows of the local slice (ZeRO splits dim 0) */
+  const int64_t row = out->local_numel / (sh->local_count[0] > 0 ? sh->local_count[0] : 1);
+  out->z_off = (sh->start[0] - sh->local_start[0]) * row;
+  out->z_numel = sh->count[0] * row;
+  out->working_bf16 = o->bf16_weights && mc_role_is_matmul(f->role);
+  out->param_cat = mc_mem_param_cat(f->place);
+  out->working_numel = g->layout.zero == 3 ? out->z_numel : out->local_numel;
+  out->working_bytes = out->working_numel * (out->working_bf16 ? 2 : 4);
+  out->grad_bytes = out->working_numel * 4;
+  out->master_cat = f->decay ? MC_MEM_MASTER_DECAY : MC_MEM_MASTER_NO_DECAY;
+  out->moments_cat = f->decay ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY;
+  /* fp32 working weights are the master copy themselves; bf16 ones need an fp32 master */
+  out->has_master = out->working_bf16;
+  out->master_bytes = out->has_master ? sh->numel * 4 : 0;
+  out->moment_bytes = sh->numel * 4;
+  return 0;
+}
+
+/* ------------------------------------------------------------------ activations */
+
+void mc_act_shape_of(const mc_geometry *g, int stage, const mc_hold_opts *o, int n_seq, mc_act_shape *s) {
+  const mc_layout *l = &g->layout;
+  memset(s, 0, sizeof *s);
+  s->tp = l->tp > 0 ? l->tp : 1;
+  s->local = mc_model_local(&g->model, s->tp);
+  s->sp = l->sp && s->tp > 1;
+  s->n_seq = n_seq;
+  s->T_res = s->sp ? g->model.seq_len / s->tp : g->model.seq_len;
+  s->act16 = o->act16;
+  /* an E block runs as the plain SwiGLU when it cannot route anything (train/block_moe.c) */
+  s->routed = !(o->moe_dense && !s->sp && mc_moe_is_plain(&s->local, s->local.seq_len));
+  s->first = stage == 0;
+  s->last = stage == l->pp - 1;
+}
+
+/* Whether the buffer's conditions hold in a block that routes (`routes`) or not. */
+static int exists_in(const mc_act_buf *b, const mc_act_shape *s, int routes) {
+  const unsigned w = b->when;
+  const int routed = routes && s->routed;
+  return !((w & MC_IF_ROUTED) && !routed) && !((w & MC_IF_NOT_ROUTED) && routed) && !((w & MC_IF_ACT16) && !s->act16) &&
+         !((w & MC_IF_TP) && s->tp <= 1) && !((w & MC_IF_SP) && !s->sp) && !((w & MC_IF_FIRST) && !s->first) &&
+         !((w & MC_IF_LAST) && !s->last);
+}
+
+int mc_act_buf_exists(const mc_act_buf *b, const mc_act_shape *s, const mc_block_kind *k) {
+  return exists_in(b, s, k && k->routes);
+}
+
+int64_t mc_act_buf_numel(const mc_act_buf *b, const mc_act_shape *s) {
+  const int64_t T = s->local.seq_len;
+  int64_t rows = 1;
+  switch (b->rows) {
+    case MC_ROWS_TOKENS: rows = (int64_t)s->n_seq * T; break;
+    case MC_ROWS_SEQS: rows = s->n_seq; break;
+    case MC_ROWS_ONE: rows = 1; break;
+    case MC_ROWS_RESIDUAL: rows = (int64_t)s->n_seq * s->T_res; break;
+  }
+  const int64_t width = b->width == MC_DIM_VP ? mc_vocab_padded(&s->local) / s->tp : mc_dim_of(&s->local, b->width);
+  return rows * width;
+}
+
+int mc_act_buf_bf16(const mc_act_buf *b, const mc_act_shape *s) { return b->store == MC_STORE_PROD && s->act16; }
+
+int64_t mc_act_buf_bytes(const mc_act_buf *b, const mc_act_shape *s) {
+  const int64_t n = mc_act_buf_numel(b, s);
+  return mc_act_buf_bf16(b, s) ? (n + 1) / 2 * 4 : n * 4; /* bf16 in whole floats */
+}
+
+#define TOK(name, width, store, when, keep) {name, MC_ROWS_TOKENS, MC_DIM_##width, MC_STORE_##store, when, keep}
+#define RES(name, width, store, when, keep) {name, MC_ROWS_RESIDUAL, MC_DIM_##width, MC_STORE_##store, when, keep}
+
+/* The residual input, the normed input (bf16 under act16 where it feeds only products: every
+ * block but a routing one, which also routes and permutes it), its 1/rms. */
+const mc_act_buf mc_layer_bufs[MC_L_NBUFS] = {
+    [MC_L_X_IN] = RES("x_in", D, F32, MC_IF_ALWAYS, 1),
+    [MC_L_U16] = RES("u", D, PROD, MC_IF_NOT_ROUTED, 0),
+    [MC_L_U] = RES("u", D, F32, MC_IF_ROUTED, 0),
+    [MC_L_RSTD] = RES("rstd", ONE, F32, MC_IF_ALWAYS, 1),
+};
+
+/* Token ids, the residual stream and its gradient, the final norm and head (the logits of the
+ * rank's vocabulary slice and their gradient), the block output and input gradient rows, the
+ * TP/SP staging rows and the vocab-parallel embedding's gather lists. */
+const mc_act_buf mc_net_bufs[MC_NB_COUNT] = {
+    [MC_NB_TOK_IN] = TOK("tokens_in", ONE, I32, MC_IF_ALWAYS, 1),
+    [MC_NB_TOK_TGT] = TOK("tokens_target", ONE, I32, MC_IF_ALWAYS, 1),
+    [MC_NB_X] = RES("x", D, F32, MC_IF_ALWAYS, 1),
+    [MC_NB_HF] = TOK("final_norm_out", D, PROD, MC_IF_LAST, 1),
+    [MC_NB_RSTD_F] = RES("final_norm_rstd", ONE, F32, MC_IF_LAST, 1),
+    [MC_NB_LOGITS] = TOK("logits", VP, F32, MC_IF_LAST, 1),
+    [MC_NB_LOSS] = TOK("loss", ONE, F32, MC_IF_LAST, 1),
+    [MC_NB_LSE] = TOK("lse", ONE, F32, MC_IF_LAST, 1),
+    [MC_NB_DX] = RES("dx", D, F32, MC_IF_ALWAYS, 1),
+    [MC_NB_DU] = TOK("du", D, F32, MC_IF_ALWAYS, 1),
+    [MC_NB_Y] = TOK("block_out", D, F32, MC_IF_ALWAYS, 1),
+    [MC_NB_FULL] = TOK("full_rows", D, F32, MC_IF_ALWAYS, 1),
+    [MC_NB_DLOGITS] = TOK("dlogits", VP, PROD, MC_IF_LAST, 1),
+    [MC_NB_USH] = RES("shard_rows", D, F32, MC_IF_TP, 1),
+    [MC_NB_UFULL] = TOK("gathered_u", D, F32, MC_IF_SP, 1),
+    [MC_NB_PACK] = TOK("sp_staging", D, F32, MC_IF_TP, 1),
+    [MC_NB_EMB_TOK] = TOK("emb_tokens", ONE, I32, MC_IF_TP | MC_IF_FIRST, 1),
+    [MC_NB_EMB_SLOT] = TOK("emb_slots", ONE, I32, MC_IF_TP | MC_IF_FIRST, 1),
+    [MC_NB_EMB_ROWS] = TOK("emb_rows", D, F32, MC_IF_TP | MC_IF_FIRST, 1),
+    [MC_NB_EMB_GATE] = TOK("emb_gates", ONE, F32, MC_IF_TP | MC_IF_FIRST, 1),
+};
+
+/* Footprint of the buffers of a list that exist, kept under policy r (saved buffers). */
+static int64_t list_bytes(const mc_act_buf *b, int n, const mc_act_shape *s, int routes, mc_recompute r) {
+  int64_t sum = 0;
+  for (int i = 0; i < n; i++) {
+    if (!exists_in(&b[i], s, routes)) continue;
+    if (r == MC_RECOMPUTE_FULL || (r == MC_RECOMPUTE_SELECTIVE && !b[i].keep_selective)) continue;
+    sum += mc_mem_footprint(mc_act_buf_bytes(&b[i], s));
+  }
+  return sum;
+}
+
+int64_t mc_act_layer_bytes(const mc_block_kind *k, const mc_act_shape *s, mc_recompute r) {
+  /* every policy keeps the layer input x_in */
+  int64_t sum = r == MC_RECOMPUTE_FULL ? mc_mem_footprint(mc_act_buf_bytes(&mc_layer_bufs[MC_L_X_IN], s))
+                                       : list_bytes(mc_layer_bufs, MC_L_NBUFS, s, k->routes, r);
+  sum += list_bytes(k->saved, k->n_saved, s, k->routes, r);
+  sum += list_bytes(k->saved_i32, k->n_saved_i32, s, k->routes, r);
+  return sum;
+}
+
+int64_t mc_act_scratch_bytes(const char *kinds, const mc_act_shape *s) {
+  int64_t most[MC_BLOCK_MAX_BUFS] = {0};
+  for (const char *c = kinds; *c; c++) {
+    const mc_block_kind *k = mc_block_kind_of(*c);
+    if (!k) continue;
+    for (int i = 0; i < k->n_grads; i++)
+      if (exists_in(&k->grads[i], s, k->routes)) {
+        const int64_t b = mc_act_buf_bytes(&k->grads[i], s);
+        most[i] = b > most[i] ? b : most[i];
+      }
+  }
+  int64_t sum = 0;
+  for (int i = 0; i < MC_BLOCK_MAX_BUFS; i++)
+    if (most[i]) sum += mc_mem_footprint(most[i]);
+  return sum;
+}
+
+int64_t mc_act_net_bytes(const mc_act_shape *s) { return list_bytes(mc_net_bufs, MC_NB_COUNT, s, 0, MC_RECOMPUTE_NONE); }
+
+/* (token, expert) assignments the rank's experts handle per micro-batch under ep > 1: balanced
+ * routing when dropless, the capacity bound cf * average with a capacity factor. */
+static void moe_scratch(const mc_geometry *g, const mc_act_shape *s, mc_stage_hold *h) {
+  const mc_model *m = &g->model;
+  const int ep = g->layout.ep;
+  const int64_t tokens = (int64_t)s->n_seq * s->T_res, d = m->d_model, sent = tokens * m->top_k;
+  const double rf = m->capacity_factor > 0 ? m->capacity_factor : 1.0;
+  h->moe_assignments = (int64_t)((double)sent * rf + 0.999999);
+  h->moe_counts = (int64_t)m->n_experts * 4 + 2 * (int64_t)ep * 8 + sent * 4;
+  h->moe_send = sent * d * 4;
+  h->moe_recv = h->moe_assignments * d * 4;
+  h->moe_combine = sent * d * 4;
+  h->moe_scratch = h->moe_counts + h->moe_send + h->moe_recv + h->moe_combine;
+}
+
+int mc_stage_hold_of(const mc_geometry *g, int stage, const mc_hold_opts *o, mc_stage_hold *out) {
+  memset(out, 0, sizeof *out);
+  const mc_layout *l = &g->layout;
+  if (stage < 0 || stage >= l->pp) return mc_error("holdings: stage %d outside the %d stages", stage, l->pp);
+  mc_act_shape s;
+  mc_act_shape_of(g, stage, o, o->micro_batch, &s);
+  char kinds[MC_MAX_LAYERS + 1];
+  int nk = 0, has_moe = 0;
+  for (int i = 0; i < g->stages.count[stage]; i++) {
+    const char c = g->model.pattern[g->stages.first[stage] + i];
+    const mc_block_kind *k = mc_block_kind_of(c);
+    if (!k) return mc_error("holdings: block '%c' has no row in the block-kind table", c);
+    kinds[nk++] = c;
+    const int64_t kept = mc_act_layer_bytes(k, &s, o->recompute), all = mc_act_layer_bytes(k, &s, MC_RECOMPUTE_NONE);
+    out->per_micro += kept;
+    /* a recomputed layer's whole working set exists one layer at a time */
+    if (all - kept > out->transient) out->transient = all - kept;
+    has_moe |= k->routes;
+  }
+  kinds[nk] = 0;
+  out->inflight = l->pp - stage < o->n_micro ? l->pp - stage : o->n_micro;
+  out->scratch = mc_act_scratch_bytes(kinds, &s);
+  out->network = mc_act_net_bytes(&s);
+  out->activations = out->inflight * out->per_micro + out->transient + out->scratch + out->network;
+  /* 1F1B: one buffer for the incoming activation and one for the incoming gradient */
+  if (l->pp > 1) out->pipeline = 2 * mc_mem_footprint((int64_t)s.n_seq * s.T_res * g->model.d_model * 4);
+  if (has_moe && l->ep > 1) moe_scratch(g, &s, out);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ totals */
+
+/* The gather set a family belongs to under ZeRO 3: its layer, or the embedding (0) and the
+ * final norm with the head (n_layers + 1) on their own. */
+static int gather_set(const mc_geometry *g, const mc_family *f) {
+  if (f->layer >= 0) return f->layer + 1;
+  return f->role == MC_ROLE_EMBED ? 0 : g->model.n_layers + 1;
+}
+
+int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts *o) {
+  if (g->layout.zero != 3) return 0;
+  int64_t *set = calloc((size_t)g->model.n_layers + 2, sizeof *set);
+  if (!set) return mc_error("holdings: out of memory");
+  int64_t worst = 0;
+  for (int fi = 0; fi < g->fams.n; fi++) {
+    mc_param_hold h;
+    if (mc_param_hold_of(g, fi, rank, o, &h)) {
+      free(set);
+      return -1;
+    }
+    if (!h.in_stage) continue;
+    /* the gathered working weights and the whole-slice gradient, and the reduced shard a
+     * backward adds into the accumulator */
+    int64_t *b = &set[gather_set(g, &g->fams.f[fi])];
+    *b += 2 * mc_mem_footprint(h.local_numel * 4) + mc_mem_footprint(h.z_numel * 4);
+    worst = *b > worst ? *b : worst;
+  }
+  free(set);
+  return worst;
+}
+
+int mc_holdings_of(const mc_geometry *g, int rank, const mc_hold_opts *o, int64_t bytes[MC_MEM_COUNT]) {
+  memset(bytes, 0, sizeof(int64_t) * MC_MEM_COUNT);
+  for (int fi = 0; fi < g->fams.n; fi++) {
+    mc_param_hold h;
+    if (mc_param_hold_of(g, fi, rank, o, &h))
+      return mc_error_context("holdings of rank %d, family %s", rank, g->fams.f[fi].name);
+    if (!h.in_stage) continue;
+    bytes[h.param_cat] += mc_mem_footprint(h.working_bytes);
+    bytes[MC_MEM_GRADS] += mc_mem_footprint(h.grad_bytes);
+    if (h.has_master) bytes[h.master_cat] += mc_mem_footprint(h.master_bytes);
+    bytes[h.moments_cat] += 2 * mc_mem_footprint(h.moment_bytes);
+  }
+  const int64_t z3 = mc_zero3_buffer_bytes(g, rank, o);
+  if (z3 < 0) return -1;
+  bytes[MC_MEM_ZERO3_BUFFERS] = z3;
+  mc_coords c;
+  mc_layout_coords(&g->layout, rank, &c);
+  mc_stage_hold sh;
+  if (mc_stage_hold_of(g, c.pp_rank, o, &sh)) return -1;
+  bytes[MC_MEM_ACTIVATIONS] = sh.activations;
+  bytes[MC_MEM_PIPELINE_BUFFERS] = sh.pipeline;
+  bytes[MC_MEM_MOE_SCRATCH] = sh.moe_scratch;
+  return 0;
+}

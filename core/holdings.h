@@ -1,0 +1,133 @@
+/* What a rank holds: for a layout, a rank and the training settings, every tensor of the
+ * training state and of the working set, with its memory category and bytes. This is the one
+ * answer to "what does this rank hold, in which memory category, at how many bytes":
+ *   - the trainer allocates from it (train/net.c: working weights, gradients, activations;
+ *     train/optim.c: master weights and moments);
+ *   - the planner reports it (plan/plan.c), so the plan equals the allocation by construction;
+ *   - the audit checks a checkpoint's shards against the primary states it lists.
+ * Parameter-derived tensors come from mc_shard_of (core/ownership.h); activations from the
+ * block-kind table (core/blocks.h). Every tensor occupies mc_mem_footprint(bytes) in its
+ * category's one allocation (the trainer's arenas). */
+#ifndef MC_CORE_HOLDINGS_H
+#define MC_CORE_HOLDINGS_H
+
+#include <stdint.h>
+
+#include "core/blocks.h"
+#include "core/mem_cats.h"
+#include "core/ownership.h"
+
+/* The training settings that change what a rank holds. */
+typedef struct {
+  int bf16_weights;  /* matrix weights (mc_role_is_matmul) kept in bf16, with an fp32 master copy */
+  int act16;         /* MC_STORE_PROD activations kept in bf16 (bf16 weights on one rank, no TP/SP) */
+  int micro_batch;   /* sequences per micro-batch */
+  int n_micro;       /* micro-batches per optimizer step per DP rank */
+  mc_recompute recompute;
+  int moe_dense;     /* 1: an E block of one expert, one choice and no possible drop runs as the
+                        plain SwiGLU (mc_moe_is_plain; the trainer's default); 0: always routed */
+} mc_hold_opts;
+
+/* The settings a training configuration implies: train.dtype=bf16 keeps bf16 matrix weights
+ * and, on one rank without TP or SP, bf16 product activations. Fails (message naming the key)
+ * on an unknown dtype or recompute policy, or a batch that does not divide. */
+int mc_hold_opts_of(const mc_geometry *g, const mc_train_cfg *t, mc_hold_opts *o);
+
+/* ------------------------------------------------------------------ parameters */
+
+/* One family's tensors on one rank (nothing when the family's stage is not the rank's). */
+typedef struct {
+  int fam;
+  int in_stage;
+  mc_shard shard;          /* mc_shard_of(g, fam, MC_STATE_PARAM, rank) */
+  int64_t local_numel;     /* elements of the TP/EP-local slice */
+  int64_t z_off, z_numel;  /* this rank's ZeRO part of the local slice (the state hyperslab's rows) */
+  int working_bf16;        /* the working weights are bf16 */
+  mc_mem_cat param_cat;    /* params.replicated / params.tp / params.ep, by placement */
+  int64_t working_numel;   /* resident working weights: the local slice, or at zero=3 the ZeRO part */
+  int64_t working_bytes;
+  int64_t grad_bytes;      /* fp32 gradient accumulator of the resident elements (category grads) */
+  mc_mem_cat master_cat;   /* optimizer.master.{decay,no_decay} */
+  int has_master;          /* an fp32 master copy of the state hyperslab: bf16 working weights
+                              only (fp32 working weights are their own master) */
+  int64_t master_bytes;    /* its bytes (0 with an empty hyperslab: still a tensor) */
+  mc_mem_cat moments_cat;  /* optimizer.moments.{decay,no_decay} */
+  int64_t moment_bytes;    /* each of exp_avg and exp_avg_sq (two tensors) */
+} mc_param_hold;
+
+int mc_param_hold_of(const mc_geometry *g, int fam, int rank, const mc_hold_opts *o, mc_param_hold *out);
+
+/* ------------------------------------------------------------------ activations */
+
+/* A micro-batch as one rank of a stage sees it. */
+typedef struct {
+  mc_model local;   /* the model the rank computes with (mc_model_local) */
+  int tp, sp;       /* sp: sequence parallelism in effect (sp and tp > 1) */
+  int n_seq;        /* sequences of the micro-batch */
+  int T_res;        /* positions per sequence in the residual stream: T, or T / tp under SP */
+  int act16;
+  int routed;       /* the stage's E blocks route (not the plain SwiGLU) */
+  int first, last;  /* the stage holds the embedding / the head */
+} mc_act_shape;
+
+void mc_act_shape_of(const mc_geometry *g, int stage, const mc_hold_opts *o, int n_seq, mc_act_shape *s);
+
+/* Whether a buffer exists under the shape (its `when` conditions) in a layer of kind k (NULL:
+ * a network buffer), its elements and its bytes (bf16 storage rounds up to whole floats, as
+ * the trainer sizes buffers in floats). */
+int mc_act_buf_exists(const mc_act_buf *b, const mc_act_shape *s, const mc_block_kind *k);
+int64_t mc_act_buf_numel(const mc_act_buf *b, const mc_act_shape *s);
+int mc_act_buf_bf16(const mc_act_buf *b, const mc_act_shape *s);
+int64_t mc_act_buf_bytes(const mc_act_buf *b, const mc_act_shape *s);
+
+/* Per-layer buffers of every kind: the residual input, the normed input, its 1/rms. */
+enum { MC_L_X_IN, MC_L_U16, MC_L_U, MC_L_RSTD, MC_L_NBUFS };
+extern const mc_act_buf mc_layer_bufs[MC_L_NBUFS];
+/* Buffers of the network around the layers (the residual stream, embedding, head and loss,
+ * the TP/SP staging rows), held once whatever the depth. */
+enum {
+  MC_NB_TOK_IN, MC_NB_TOK_TGT, MC_NB_X, MC_NB_HF, MC_NB_RSTD_F, MC_NB_LOGITS, MC_NB_LOSS, MC_NB_LSE, MC_NB_DX, MC_NB_DU,
+  MC_NB_Y, MC_NB_FULL, MC_NB_DLOGITS, MC_NB_USH, MC_NB_UFULL, MC_NB_PACK, MC_NB_EMB_TOK, MC_NB_EMB_SLOT, MC_NB_EMB_ROWS,
+  MC_NB_EMB_GATE, MC_NB_COUNT
+};
+extern const mc_act_buf mc_net_bufs[MC_NB_COUNT];
+
+/* Footprint bytes one layer of `kind` keeps for backward under a recompute policy (per-layer
+ * buffers and the kind's saved buffers; selective keeps x_in, rstd and the buffers marked
+ * keep_selective; full keeps x_in only). */
+int64_t mc_act_layer_bytes(const mc_block_kind *k, const mc_act_shape *s, mc_recompute r);
+/* Footprint bytes of the gradient scratch the layers of `kinds` (block letters) share: buffer
+ * index i holds the largest buffer i of any of the kinds. */
+int64_t mc_act_scratch_bytes(const char *kinds, const mc_act_shape *s);
+/* Footprint bytes of the network buffers (mc_net_bufs) present under the shape. */
+int64_t mc_act_net_bytes(const mc_act_shape *s);
+
+/* Activation-side holdings of one stage. */
+typedef struct {
+  int inflight;          /* micro-batches in flight under 1F1B: min(pp - stage, n_micro) */
+  int64_t per_micro;     /* the stage's layers, per micro-batch in flight */
+  int64_t transient;     /* recomputation working set of the largest layer (0 without recompute) */
+  int64_t scratch;       /* gradient scratch shared by the layers */
+  int64_t network;       /* network buffers */
+  int64_t activations;   /* inflight * per_micro + transient + scratch + network */
+  int64_t pipeline;      /* pp > 1: receive buffers of one boundary activation and gradient */
+  /* MoE dispatch scratch of the all-to-all under ep > 1 (0 at ep = 1, where routing lives in
+   * the E layers' saved buffers) */
+  int64_t moe_assignments, moe_counts, moe_send, moe_recv, moe_combine, moe_scratch;
+} mc_stage_hold;
+
+int mc_stage_hold_of(const mc_geometry *g, int stage, const mc_hold_opts *o, mc_stage_hold *out);
+
+/* ------------------------------------------------------------------ totals */
+
+/* Bytes per memory category of everything the rank holds (parameters, gradients, optimizer
+ * states, ZeRO-3 gather buffers, activations, pipeline buffers, MoE scratch); the runtime
+ * reserve and allocator overhead are left 0 (the planner's assumptions, not holdings). */
+int mc_holdings_of(const mc_geometry *g, int rank, const mc_hold_opts *o, int64_t bytes[MC_MEM_COUNT]);
+
+/* ZeRO 3: bytes of the zero3.buffers allocation: the largest gather set (the embedding, one
+ * layer, or the final norm with the head) as whole local slices of working weights plus, for
+ * the backward, their whole-slice gradients. */
+int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts *o);
+
+#endif
