@@ -23,9 +23,6 @@
 #include "reshard/ownmap.h"
 #include "reshard/plan_print.h"
 
-static const mc_mem_cat CAT[MC_AUDIT_N_CATS] = {MC_MEM_PARAMS_REPLICATED, MC_MEM_PARAMS_TP, MC_MEM_PARAMS_EP,
-                                               MC_MEM_MOMENTS_DECAY, MC_MEM_MOMENTS_NO_DECAY};
-
 enum { OPT_VERIFY = CLI_LONG, OPT_JSON, OPT_MAP, OPT_NO_PROGRESS };
 static const struct option LONG_OPTS[] = {
     {"help", no_argument, NULL, 'h'},
@@ -129,14 +126,14 @@ static void print_text(mc_rs_source *src, const mc_audit *a, const int *idx) {
   for (int st = 0; st < MC_N_STATES; st++)
     if (a->states & (1u << st)) printf(" %12s", mc_state_name((mc_state)st));
   printf(" %12s |", "stored");
-  for (int c = 0; c < MC_AUDIT_N_CATS; c++) printf(" %s", mc_mem_cat_name(CAT[c]));
+  for (int c = 0; c < MC_AUDIT_N_CATS; c++) printf(" %s", mc_mem_cat_name(mc_audit_cats[c]));
   printf("\n");
   for (int r = 0; r < a->world; r++) {
     printf("  %-5d", r);
     for (int st = 0; st < MC_N_STATES; st++)
       if (a->states & (1u << st)) printf(" %12lld", (long long)a->held[r * MC_N_STATES + st]);
     printf(" %12lld |", (long long)a->stored[r]);
-    for (int c = 0; c < MC_AUDIT_N_CATS; c++) printf(" %lld", (long long)a->cat[r * MC_AUDIT_N_CATS + c]);
+    for (int c = 0; c < MC_AUDIT_N_CATS; c++) printf(" %lld", (long long)a->cat[r * MC_MEM_COUNT + mc_audit_cats[c]]);
     printf("\n");
   }
   printf("checks: tiling, ownership (mc_shard_of), HDF5 attributes vs manifest%s%s\n",
@@ -203,7 +200,7 @@ static char *json_report(mc_rs_source *src, const mc_audit *a, const int *idx) {
     cJSON_AddNumberToObject(o, "stored_bytes", (double)a->stored[r]);
     cJSON *cats = cJSON_AddObjectToObject(o, "categories");
     for (int c = 0; c < MC_AUDIT_N_CATS; c++)
-      cJSON_AddNumberToObject(cats, mc_mem_cat_name(CAT[c]), (double)a->cat[r * MC_AUDIT_N_CATS + c]);
+      cJSON_AddNumberToObject(cats, mc_mem_cat_name(mc_audit_cats[c]), (double)a->cat[r * MC_MEM_COUNT + mc_audit_cats[c]]);
     cJSON_AddItemToArray(ranks, o);
   }
   cJSON_AddBoolToObject(root, "verified", a->verified);

@@ -67,7 +67,7 @@ typedef enum {
 typedef enum {
   MC_STORE_F32,  /* fp32 */
   MC_STORE_PROD, /* a tensor that feeds only products, gated units, RoPE or attention: bf16 when
-                    the network keeps such tensors in bf16 (mc_act_opts.act16), else fp32 */
+                    the network keeps such tensors in bf16 (mc_hold_opts.act16), else fp32 */
   MC_STORE_I32,  /* int32 (routing) */
 } mc_store;
 

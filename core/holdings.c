@@ -52,6 +52,13 @@ int mc_param_hold_of(const mc_geometry *g, int fam, int rank, const mc_hold_opts
   out->has_master = out->working_bf16;
   out->master_bytes = out->has_master ? sh->numel * 4 : 0;
   out->moment_bytes = sh->numel * 4;
+  for (int st = 0; st < MC_N_STATES; st++) {
+    mc_shard ss;
+    if (mc_shard_of(g, fam, (mc_state)st, rank, &ss)) return -1;
+    out->state_bytes[st] = ss.numel * 4;
+    out->state_primary[st] = ss.primary;
+    out->state_cat[st] = st == MC_STATE_PARAM ? out->param_cat : out->moments_cat;
+  }
   return 0;
 }
 

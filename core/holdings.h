@@ -4,7 +4,8 @@
  *   - the trainer allocates from it (train/net.c: working weights, gradients, activations;
  *     train/optim.c: master weights and moments);
  *   - the planner reports it (plan/plan.c), so the plan equals the allocation by construction;
- *   - the audit checks a checkpoint's shards against the primary states it lists.
+ *   - the audit (reshard/audit.c) totals a checkpoint's states per rank and category from it,
+ *     and checks that every rank wrote exactly the bytes of the states it is primary for.
  * Parameter-derived tensors come from mc_shard_of (core/ownership.h); activations from the
  * block-kind table (core/blocks.h). Every tensor occupies mc_mem_footprint(bytes) in its
  * category's one allocation (the trainer's arenas). */
@@ -20,7 +21,7 @@
 /* The training settings that change what a rank holds. */
 typedef struct {
   int bf16_weights;  /* matrix weights (mc_role_is_matmul) kept in bf16, with an fp32 master copy */
-  int act16;         /* MC_STORE_PROD activations kept in bf16 (bf16 weights on one rank, no TP/SP) */
+  int act16;         /* MC_STORE_PROD activations kept in bf16 (bf16 weights without TP) */
   int micro_batch;   /* sequences per micro-batch */
   int n_micro;       /* micro-batches per optimizer step per DP rank */
   mc_recompute recompute;
@@ -29,7 +30,7 @@ typedef struct {
 } mc_hold_opts;
 
 /* The settings a training configuration implies: train.dtype=bf16 keeps bf16 matrix weights
- * and, on one rank without TP or SP, bf16 product activations. Fails (message naming the key)
+ * and, without TP, bf16 product activations. Fails (message naming the key)
  * on an unknown dtype or recompute policy, or a batch that does not divide. */
 int mc_hold_opts_of(const mc_geometry *g, const mc_train_cfg *t, mc_hold_opts *o);
 
@@ -53,6 +54,12 @@ typedef struct {
   int64_t master_bytes;    /* its bytes (0 with an empty hyperslab: still a tensor) */
   mc_mem_cat moments_cat;  /* optimizer.moments.{decay,no_decay} */
   int64_t moment_bytes;    /* each of exp_avg and exp_avg_sq (two tensors) */
+  /* The checkpoint's view (fp32 states): for each state kind, the bytes of the hyperslab the
+   * rank holds (mc_shard_of), the category it counts under (param: by placement; moments: by
+   * decay group) and whether the rank is its primary, the one that writes it. */
+  int64_t state_bytes[MC_N_STATES];
+  mc_mem_cat state_cat[MC_N_STATES];
+  int state_primary[MC_N_STATES];
 } mc_param_hold;
 
 int mc_param_hold_of(const mc_geometry *g, int fam, int rank, const mc_hold_opts *o, mc_param_hold *out);

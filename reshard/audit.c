@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ckpt/format.h"
+#include "core/holdings.h"
 #include "reshard/execute.h"
 #include "reshard/reshard.h"
 
@@ -182,22 +183,33 @@ out:
   free(reps);
 }
 
+const mc_mem_cat mc_audit_cats[MC_AUDIT_N_CATS] = {MC_MEM_PARAMS_REPLICATED, MC_MEM_PARAMS_TP, MC_MEM_PARAMS_EP,
+                                                   MC_MEM_MOMENTS_DECAY, MC_MEM_MOMENTS_NO_DECAY};
+
+/* What each rank holds of the audited states (core/holdings.h), and the check that each rank
+ * wrote exactly the states it is primary for. */
 static void totals(const mc_geometry *g, mc_audit *a) {
-  for (int r = 0; r < g->world; r++)
-    for (int f = 0; f < g->fams.n; f++)
+  const mc_hold_opts o = {.moe_dense = 1}; /* the states do not depend on the training settings */
+  for (int r = 0; r < g->world; r++) {
+    int64_t primary = 0;
+    for (int f = 0; f < g->fams.n; f++) {
+      mc_param_hold h;
+      if (mc_param_hold_of(g, f, r, &o, &h) != 0) {
+        mc_errlist_add(&a->problems, "%s", mc_errmsg());
+        return;
+      }
+      if (!h.in_stage) continue;
       for (int st = 0; st < MC_N_STATES; st++) {
         if (!(a->states & (1u << st))) continue;
-        mc_shard s;
-        if (mc_shard_of(g, f, (mc_state)st, r, &s) != 0 || !s.held) continue;
-        int64_t b = s.numel * 4;
-        a->held[r * MC_N_STATES + st] += b;
-        const mc_family *fam = &g->fams.f[f];
-        mc_audit_cat c = st == MC_STATE_PARAM ? (fam->place == MC_PLACE_TP   ? MC_AUDIT_PARAMS_TP
-                                                 : fam->place == MC_PLACE_EP ? MC_AUDIT_PARAMS_EP
-                                                                             : MC_AUDIT_PARAMS_REPLICATED)
-                                              : (fam->decay ? MC_AUDIT_MOMENTS_DECAY : MC_AUDIT_MOMENTS_NO_DECAY);
-        a->cat[r * MC_AUDIT_N_CATS + c] += b;
+        a->held[r * MC_N_STATES + st] += h.state_bytes[st];
+        a->cat[r * MC_MEM_COUNT + h.state_cat[st]] += h.state_bytes[st];
+        if (h.state_primary[st]) primary += h.state_bytes[st];
       }
+    }
+    if (a->stored[r] != primary)
+      mc_errlist_add(&a->problems, "rank %d wrote %lld bytes of shards; under the layout it is primary for %lld (core/holdings.h)",
+                     r, (long long)a->stored[r], (long long)primary);
+  }
 }
 
 int mc_audit_run(mc_rs_source *src, int verify, int progress, mc_audit *a) {
@@ -210,7 +222,7 @@ int mc_audit_run(mc_rs_source *src, int verify, int progress, mc_audit *a) {
   a->digest = calloc((size_t)g->fams.n + 1, sizeof *a->digest);
   a->held = calloc((size_t)g->world * MC_N_STATES, sizeof *a->held);
   a->stored = calloc((size_t)g->world, sizeof *a->stored);
-  a->cat = calloc((size_t)g->world * MC_AUDIT_N_CATS, sizeof *a->cat);
+  a->cat = calloc((size_t)g->world * MC_MEM_COUNT, sizeof *a->cat);
   if (!a->digest || !a->held || !a->stored || !a->cat) {
     mc_audit_free(a);
     return mc_error("out of memory");

@@ -7,27 +7,23 @@
  *  - with verify, every shard's SHA-256 (all bad shards are listed, not only the first);
  *  - a layout-independent content digest per family and state: SHA-256 of the global tensor
  *    in row-major order, streamed through the reshard engine (bounded memory);
- *  - bytes held per rank, per state and per memory category. */
+ *  - bytes held per rank, per state and per memory category, from the holdings function
+ *    (core/holdings.h), and every rank's stored bytes equal to those of the states it is
+ *    primary for. */
 #ifndef MC_RESHARD_AUDIT_H
 #define MC_RESHARD_AUDIT_H
 
 #include <stdint.h>
 
 #include "core/box.h"
+#include "core/mem_cats.h"
 #include "reshard/ckpt_source.h"
 
-/* Checkpoint memory categories: the partition mcplan uses for parameters and optimizer
- * state (plan/plan.h MC_MEM_PARAMS_REPLICATED / _TP / _EP, MC_MEM_MOMENTS_DECAY /
- * _NO_DECAY; fp32 checkpoints store the master weights as param). mcaudit prints them
- * under the planner's names. */
-typedef enum {
-  MC_AUDIT_PARAMS_REPLICATED = 0,
-  MC_AUDIT_PARAMS_TP,
-  MC_AUDIT_PARAMS_EP,
-  MC_AUDIT_MOMENTS_DECAY,
-  MC_AUDIT_MOMENTS_NO_DECAY,
-  MC_AUDIT_N_CATS
-} mc_audit_cat;
+/* The memory categories a checkpoint's states count under (core/holdings.h state_cat): params
+ * by placement, moments by weight-decay group; fp32 checkpoints store the master weights as
+ * param. mcaudit prints them under the planner's names. */
+#define MC_AUDIT_N_CATS 5
+extern const mc_mem_cat mc_audit_cats[MC_AUDIT_N_CATS];
 
 typedef struct {
   mc_errlist problems;
@@ -36,7 +32,7 @@ typedef struct {
   char (*digest)[MC_N_STATES][65]; /* per family; "" where not computed */
   int64_t *held;                   /* [world][MC_N_STATES]: bytes each rank holds (replicas too) */
   int64_t *stored;                 /* [world]: bytes of the primaries each rank wrote */
-  int64_t *cat;                    /* [world][MC_AUDIT_N_CATS] */
+  int64_t *cat;                    /* [world][MC_MEM_COUNT]: held bytes by category (holdings) */
   int64_t bytes_read;
   int verified;                    /* every shard hash checked */
   int digests;                     /* digests computed */

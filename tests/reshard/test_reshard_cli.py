@@ -170,6 +170,8 @@ def body(tmp):
     ET.parse(j("B.svg"))
     check(len(rb["ranks"]) == 8 and sum(r["stored_bytes"] for r in rb["ranks"]) == 4 * sum(a.size for a in B.values()),
           "stored bytes per rank add up")
+    check(all(sum(r["categories"].values()) == sum(r["held_bytes"].values()) for r in rb["ranks"]),
+          "per-rank categories (core/holdings.h) partition the held bytes")
     rc, out, _ = run(MCAUDIT, j("B"), "--map", j("B.html"))
     check(rc == 0 and "stage 3" in out and os.path.getsize(j("B.html")) > 1000, "text audit and html map")
     rc, _, err = run(MCAUDIT, j("B"), "--map", j("B.png"))
