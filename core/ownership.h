@@ -1,6 +1,7 @@
 /* Ownership: the one function that says which slice of which family and state a rank holds
- * and whether it is the primary copy (docs/design.md section 3). Training, save, load, reshard,
- * audit and the planner all call mc_shard_of; nothing else re-derives ownership. */
+ * and whether it is the primary copy (docs/design.md section 3). Training (and the slices it
+ * asks a checkpoint load for), save, reshard, audit and the planner (through core/holdings.h)
+ * all call mc_shard_of; nothing else re-derives ownership. */
 #ifndef MC_CORE_OWNERSHIP_H
 #define MC_CORE_OWNERSHIP_H
 
