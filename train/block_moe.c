@@ -5,7 +5,7 @@
  *   (silu(xp w1[e]^T) * (xp w3[e]^T)) w2[e]^T with grouped products, and the outputs come back
  *   weighted by their gates: x += sum_j gate_j y_j. Dropped assignments add nothing (the
  *   residual passes through). Aux loss per sequence: coef * E * sum_e f_e P_e.
- * The block runs on net->moe_T positions per sequence: whole sequences, or under SP this
+ * The block runs on net->par.moe_T positions per sequence: whole sequences, or under SP this
  * rank's shard of every sequence, whose f and P are then completed over the TP group.
  * Under mc_act16 the expert activations are kept in bf16 only: the permuted input (the dense
  * path reads the layer's u16), h1, h3 and the SwiGLU output, and in the backward da, dh1 and
@@ -58,9 +58,9 @@ static int experts_gemm(mc_backend *be, int E, const int32_t *counts, int ta, in
  * logit), f = P = 1 for the aux loss, and the router's gradient is exactly 0 (p (1 - p) = 0).
  * The block then runs as the plain SwiGLU on u: the same products on the same operands as the
  * routed computation, so the same values, without routing, permutation or the host round trip
- * of the counts (net->moe_dense = 0 forces the routed path; tests compare the two). */
+ * of the counts (net->hold.moe_dense = 0 forces the routed path; tests compare the two). */
 int mc_moe_is_dense(const struct mc_net *net) {
-  return net->moe_dense && !net->sp && mc_moe_is_plain(&net->m, net->moe_T);
+  return net->hold.moe_dense && !net->par.sp && mc_moe_is_plain(&net->m, net->par.moe_T);
 }
 
 /* The experts on their input rows (expert-sorted, counts c, rows in all): xpo is the input as
@@ -113,7 +113,7 @@ static int experts_backward(struct mc_net *net, mc_layer *L, int E, const int32_
 /* The plain path: all n rows go to the one expert, the input is the layer's u (u16 under
  * mc_act16: train/net.c keeps it for a dense E block). */
 static int moe_forward_dense(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
-  const int n = n_seq * net->moe_T;
+  const int n = n_seq * net->par.moe_T;
   L->counts_host[0] = n, L->dropped = 0;
   for (int s = 0; s < n_seq; s++) L->aux_host[s] = 1.0f; /* E sum_e f_e P_e = 1 */
   /* x += y as the routed path's unpermute adds 1 * y: the product into scratch, then added */
@@ -124,7 +124,7 @@ static int moe_forward_dense(struct mc_net *net, mc_layer *L, int n_seq, float *
 }
 
 static int moe_backward_dense(struct mc_net *net, mc_layer *L, int n_seq, const float *dy, float *du) {
-  const int n = n_seq * net->moe_T;
+  const int n = n_seq * net->par.moe_T;
   /* dyp = 1 * dy = dy. The routed path's permute_bwd adds dxp into the zeroed du and the
    * router adds exact zeros, so du = dxp: the input gradient's products write du itself. */
   return experts_backward(net, L, 1, L->counts_host, n, mc_uin(L), mc_dy_in(net, dy, (int64_t)n * net->m.d_model), du);
@@ -134,7 +134,7 @@ static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   if (mc_moe_is_dense(net)) return moe_forward_dense(net, L, n_seq, x);
   mc_backend *be = net->be;
   const mc_model *m = &net->m;
-  const int T = net->moe_T, n = n_seq * T, d = m->d_model, E = m->n_experts, k = m->top_k;
+  const int T = net->par.moe_T, n = n_seq * T, d = m->d_model, E = m->n_experts, k = m->top_k;
   float **f = L->f;
   int32_t **iv = L->i;
   mc_linear_fwd(be, mc_f32(L->u), mc_wm(net, L, MC_ROLE_MOE_ROUTER), n, d, E, 0.0f, mc_o32(f[MC_E_LOGITS]));
@@ -145,7 +145,8 @@ static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   be->to_host(be, L->aux_host, f[MC_E_AUX], (size_t)n_seq * sizeof(float));
   be->to_host(be, &dropped, iv[MC_E_DROPPED], sizeof(int32_t));
   L->dropped = dropped;
-  if (net->moe_T != m->seq_len && mc_sp_moe_aux(net, L, f[MC_E_PROBS], f[MC_E_FR], n_seq, T)) return -1;
+  if (net->par.moe_T != m->seq_len && mc_sp_moe_aux(&net->par, be, E, f[MC_E_PROBS], f[MC_E_FR], n_seq, T, L->aux_host))
+    return -1;
   int64_t rows = 0;
   for (int e = 0; e < E; e++) rows += L->counts_host[e];
   const int act16 = mc_saved_bf16(L, MC_E_XP);
@@ -162,7 +163,7 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   if (mc_moe_is_dense(net)) return moe_backward_dense(net, L, n_seq, dy, du);
   mc_backend *be = net->be;
   const mc_model *m = &net->m;
-  const int T = net->moe_T, n = n_seq * T, d = m->d_model, E = m->n_experts, k = m->top_k;
+  const int T = net->par.moe_T, n = n_seq * T, d = m->d_model, E = m->n_experts, k = m->top_k;
   float **f = L->f, **g = net->g;
   int32_t **iv = L->i;
   const int32_t *c = L->counts_host;
@@ -180,7 +181,7 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
    * SP on gathered sequences every TP rank adds the aux gradient of every token, so each
    * adds 1/tp of it. */
   be->moe_route_bwd(be, f[MC_E_PROBS], iv[MC_E_IDX], f[MC_E_GATE], g[MC_E_DGATE], f[MC_E_FR], n_seq, T, E, k,
-                    (float)(seq_weight * m->aux_loss_coef / (net->sp ? net->tp : 1)), mc_zeroed(be, g[MC_E_DLOGITS], (int64_t)n * E));
+                    (float)(seq_weight * m->aux_loss_coef / (net->par.sp ? net->par.tp : 1)), mc_zeroed(be, g[MC_E_DLOGITS], (int64_t)n * E));
   mc_linear_bwd(be, mc_f32(L->u), mc_wm(net, L, MC_ROLE_MOE_ROUTER), mc_f32(g[MC_E_DLOGITS]), n, d, E, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_MOE_ROUTER));
   return 0;
 }

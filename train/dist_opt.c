@@ -43,7 +43,7 @@ int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const 
       }
       continue;
     }
-    if (net->zero == 3) {
+    if (net->par.zero == 3) {
       sl->offset = 0; /* the network holds the shard alone */
       d->work[s] = p->ws;
     } else {
@@ -85,12 +85,12 @@ static int all_params(mc_net *net, int **idx, float ***a, float ***b) {
 
 int mc_dist_sync_grads(mc_dist_opt *d) {
   mc_net *net = d->net;
-  if (net->zero == 3) return 0;
+  if (net->par.zero == 3) return 0;
   int *idx;
   float **g, **out;
   if (all_params(net, &idx, &g, &out)) return -1;
   for (int i = 0; i < net->n_params; i++) g[i] = net->params[i].g, out[i] = g[i] + net->params[i].z_off;
-  int rc = mc_dist_reduce_grads(net, idx, net->n_params, g, out);
+  int rc = mc_dist_reduce_grads(&net->par, net->be, net->params, idx, net->n_params, g, out);
   free(idx), free(g), free(out);
   return rc;
 }
@@ -108,12 +108,12 @@ int mc_dist_grad_norm(mc_dist_opt *d, double *norm) {
  * member, in member order, into each whole local slice; otherwise the rows are all there is. */
 static int gather_working(mc_dist_opt *d) {
   mc_net *net = d->net;
-  if (net->zero != 1) return net->be->sync(net->be);
+  if (net->par.zero != 1) return net->be->sync(net->be);
   int *idx;
   float **shard, **full;
   if (all_params(net, &idx, &shard, &full)) return -1;
   for (int i = 0; i < net->n_params; i++) full[i] = net->params[i].w, shard[i] = full[i] + net->params[i].z_off;
-  int rc = mc_dist_gather(net, idx, net->n_params, shard, full);
+  int rc = mc_dist_gather(&net->par, net->be, net->params, idx, net->n_params, shard, full);
   free(idx), free(shard), free(full);
   return rc ? mc_error_context("all-gathering the updated weights") : 0;
 }

@@ -9,22 +9,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/net_blocks.h"
+#include "train/net_par.h"
 #include "util/error.h"
 
-int mc_dist_setup(struct mc_net *net) {
-  const mc_layout *l = &net->geo.layout;
-  int *members = malloc(sizeof(int) * (size_t)net->geo.world);
+int mc_dist_setup(mc_net_par *par, const mc_geometry *geo, int rank, const mc_net_param *params, int n_params) {
+  const mc_layout *l = &geo->layout;
+  int *members = malloc(sizeof(int) * (size_t)geo->world);
   if (!members) return mc_error("network: out of memory");
-  for (int i = 0; i < net->n_params; i++) {
-    mc_net_param *p = &net->params[i];
-    mc_dist_param *dp = &net->dist[i];
-    const mc_family *f = &net->geo.fams.f[p->fam];
+  for (int i = 0; i < n_params; i++) {
+    const mc_net_param *p = &params[i];
+    mc_dist_param *dp = &par->dist[i];
+    const mc_family *f = &geo->fams.f[p->fam];
     int expert = f->place == MC_PLACE_EP, gs;
-    dp->group = net->comm ? (expert ? net->comm->edp : net->comm->dp) : NULL;
-    dp->tp_sum = !expert && f->tp_partial_grad && net->tp > 1;
-    dp->contribute = !expert || net->sp || net->tp_rank == 0;
-    gs = expert ? mc_group_edp(l, net->rank, members) : mc_group_dp(l, net->rank, members);
+    dp->group = par->comm ? (expert ? par->comm->edp : par->comm->dp) : NULL;
+    dp->tp_sum = !expert && f->tp_partial_grad && par->tp > 1;
+    dp->contribute = !expert || par->sp || par->tp_rank == 0;
+    gs = expert ? mc_group_edp(l, rank, members) : mc_group_dp(l, rank, members);
     if (dp->group && dp->group->size != gs) {
       free(members);
       return mc_error("network: the %s communicator has %d members, the layout %d", dp->group->label, dp->group->size, gs);
@@ -37,7 +37,7 @@ int mc_dist_setup(struct mc_net *net) {
     int64_t row = p->numel / (p->shard.local_count[0] > 0 ? p->shard.local_count[0] : 1);
     for (int j = 0; j < gs; j++) {
       mc_shard sh;
-      if (mc_shard_of(&net->geo, p->fam, MC_STATE_PARAM, members[j], &sh)) {
+      if (mc_shard_of(geo, p->fam, MC_STATE_PARAM, members[j], &sh)) {
         free(members);
         return -1;
       }
@@ -48,9 +48,9 @@ int mc_dist_setup(struct mc_net *net) {
   return 0;
 }
 
-void mc_dist_free(struct mc_net *net) {
-  if (!net->dist) return;
-  for (int i = 0; i < net->n_params; i++) free(net->dist[i].counts), net->dist[i].counts = NULL;
+void mc_dist_free(mc_net_par *par, int n_params) {
+  if (!par->dist) return;
+  for (int i = 0; i < n_params; i++) free(par->dist[i].counts), par->dist[i].counts = NULL;
 }
 
 static int group_size(const mc_comm *g) { return g ? g->size : 1; }
@@ -72,10 +72,11 @@ typedef struct {
   int64_t total;   /* elements of their whole local slices */
 } bucket;
 
-static int make_buckets(struct mc_net *net, const int *idx, int n, bucket *bk, int *n_bk) {
+static int make_buckets(const mc_net_par *par, const mc_net_param *params, const int *idx, int n, bucket *bk,
+                        int *n_bk) {
   *n_bk = 0;
   for (int k = 0; k < n; k++) {
-    const mc_dist_param *dp = &net->dist[idx[k]];
+    const mc_dist_param *dp = &par->dist[idx[k]];
     int b = 0;
     while (b < *n_bk && bk[b].group != dp->group) b++;
     if (b == *n_bk) {
@@ -87,7 +88,7 @@ static int make_buckets(struct mc_net *net, const int *idx, int n, bucket *bk, i
       if (!bk[b].at || !bk[b].counts) return mc_error("gradient buckets: out of memory");
     }
     bk[b].at[bk[b].n++] = k;
-    bk[b].total += net->params[idx[k]].numel;
+    bk[b].total += params[idx[k]].numel;
     for (int j = 0; j < group_size(dp->group); j++) bk[b].counts[j] += dp->counts[j];
   }
   return 0;
@@ -99,16 +100,15 @@ static void free_buckets(bucket *bk, int n_bk) {
 
 /* Copies between the params' rows and a member-major pack: for member j, for each param, its
  * rows of member j (all rows when whole = 1, i.e. concatenated slices). */
-static void pack_rows(struct mc_net *net, const int *idx, const bucket *b, float *const *bufs, float *pack, int whole,
-                      int to_pack) {
-  mc_backend *be = net->be;
+static void pack_rows(const mc_net_par *par, mc_backend *be, const mc_net_param *params, const int *idx,
+                      const bucket *b, float *const *bufs, float *pack, int whole, int to_pack) {
   int64_t pos = 0;
   const int members = whole ? 1 : group_size(b->group);
   for (int j = 0; j < members; j++)
     for (int k = 0; k < b->n; k++) {
       int i = idx[b->at[k]];
-      const mc_dist_param *dp = &net->dist[i];
-      int64_t off = whole ? 0 : member_off(dp, j), cnt = whole ? net->params[i].numel : dp->counts[j];
+      const mc_dist_param *dp = &par->dist[i];
+      int64_t off = whole ? 0 : member_off(dp, j), cnt = whole ? params[i].numel : dp->counts[j];
       if (cnt == 0) continue;
       if (to_pack) be->copy(be, pack + pos, bufs[b->at[k]] + off, cnt);
       else be->copy(be, bufs[b->at[k]] + off, pack + pos, cnt);
@@ -116,15 +116,15 @@ static void pack_rows(struct mc_net *net, const int *idx, const bucket *b, float
     }
 }
 
-int mc_dist_reduce_grads(struct mc_net *net, const int *idx, int n, float *const *g, float *const *out) {
-  mc_backend *be = net->be;
+int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, const mc_net_param *params, const int *idx, int n,
+                         float *const *g, float *const *out) {
   if (n <= 0) return 0;
   /* 1. experts' duplicate copies contribute nothing; partial sums over TP, in one pack */
   int64_t tp_total = 0;
   for (int k = 0; k < n; k++) {
-    const mc_dist_param *dp = &net->dist[idx[k]];
-    if (!dp->contribute) be->fill(be, g[k], net->params[idx[k]].numel, 0.0f);
-    if (dp->tp_sum) tp_total += net->params[idx[k]].numel;
+    const mc_dist_param *dp = &par->dist[idx[k]];
+    if (!dp->contribute) be->fill(be, g[k], params[idx[k]].numel, 0.0f);
+    if (dp->tp_sum) tp_total += params[idx[k]].numel;
   }
   bucket *bk = calloc((size_t)n, sizeof *bk);
   float *pack = NULL, *recv = NULL;
@@ -133,40 +133,40 @@ int mc_dist_reduce_grads(struct mc_net *net, const int *idx, int n, float *const
     pack = be->alloc(be, (size_t)tp_total * sizeof(float));
     int64_t pos = 0;
     for (int k = 0; pack && k < n; k++)
-      if (net->dist[idx[k]].tp_sum) be->copy(be, pack + pos, g[k], net->params[idx[k]].numel), pos += net->params[idx[k]].numel;
-    rc = !pack || be->sync(be) || mc_allreduce_sum(net->comm->tp, pack, tp_total, MC_DT_F32);
+      if (par->dist[idx[k]].tp_sum) be->copy(be, pack + pos, g[k], params[idx[k]].numel), pos += params[idx[k]].numel;
+    rc = !pack || be->sync(be) || mc_allreduce_sum(par->comm->tp, pack, tp_total, MC_DT_F32);
     pos = 0;
     for (int k = 0; !rc && k < n; k++)
-      if (net->dist[idx[k]].tp_sum) be->copy(be, g[k], pack + pos, net->params[idx[k]].numel), pos += net->params[idx[k]].numel;
+      if (par->dist[idx[k]].tp_sum) be->copy(be, g[k], pack + pos, params[idx[k]].numel), pos += params[idx[k]].numel;
     be->free(be, pack), pack = NULL;
     if (rc) rc = mc_error_context("summing partial gradients over TP");
   }
   /* 2. over each data-parallel group: all-reduce (ZeRO 0) or this rank's rows (ZeRO >= 1) */
-  if (!rc) rc = make_buckets(net, idx, n, bk, &n_bk);
+  if (!rc) rc = make_buckets(par, params, idx, n, bk, &n_bk);
   for (int b = 0; !rc && b < n_bk; b++) {
     bucket *B = &bk[b];
     if (group_size(B->group) <= 1) {
-      for (int k = 0; net->zero > 0 && k < B->n; k++) {
-        const mc_net_param *p = &net->params[idx[B->at[k]]];
+      for (int k = 0; par->zero > 0 && k < B->n; k++) {
+        const mc_net_param *p = &params[idx[B->at[k]]];
         if (out[B->at[k]] != g[B->at[k]] + p->z_off) be->copy(be, out[B->at[k]], g[B->at[k]] + p->z_off, p->z_numel);
       }
       continue;
     }
-    const int whole = net->zero == 0;
+    const int whole = par->zero == 0;
     const int64_t mine = whole ? B->total : B->counts[B->group->rank];
     pack = be->alloc(be, (size_t)B->total * sizeof(float));
     recv = whole ? NULL : be->alloc(be, (size_t)(mine ? mine : 1) * sizeof(float));
     if (!pack || (!whole && !recv)) rc = -1;
-    if (!rc) pack_rows(net, idx, B, g, pack, whole, 1);
+    if (!rc) pack_rows(par, be, params, idx, B, g, pack, whole, 1);
     if (!rc) rc = be->sync(be);
     if (!rc) rc = whole ? mc_allreduce_sum(B->group, pack, B->total, MC_DT_F32)
                         : mc_reduce_scatter_sum(B->group, pack, recv, B->counts, MC_DT_F32);
     if (!rc && whole) {
-      pack_rows(net, idx, B, g, pack, 1, 0);
+      pack_rows(par, be, params, idx, B, g, pack, 1, 0);
     } else if (!rc) {
       int64_t pos = 0;
       for (int k = 0; k < B->n; k++) {
-        const mc_net_param *p = &net->params[idx[B->at[k]]];
+        const mc_net_param *p = &params[idx[B->at[k]]];
         if (p->z_numel) be->copy(be, out[B->at[k]], recv + pos, p->z_numel);
         pos += p->z_numel;
       }
@@ -181,16 +181,16 @@ int mc_dist_reduce_grads(struct mc_net *net, const int *idx, int n, float *const
   return rc ? -1 : be->sync(be);
 }
 
-int mc_dist_gather(struct mc_net *net, const int *idx, int n, float *const *shard, float *const *full) {
-  mc_backend *be = net->be;
+int mc_dist_gather(const mc_net_par *par, mc_backend *be, const mc_net_param *params, const int *idx, int n,
+                   float *const *shard, float *const *full) {
   if (n <= 0) return 0;
   bucket *bk = calloc((size_t)n, sizeof *bk);
-  int n_bk = 0, rc = !bk ? mc_error("parameter gather: out of memory") : make_buckets(net, idx, n, bk, &n_bk);
+  int n_bk = 0, rc = !bk ? mc_error("parameter gather: out of memory") : make_buckets(par, params, idx, n, bk, &n_bk);
   for (int b = 0; !rc && b < n_bk; b++) {
     bucket *B = &bk[b];
     if (group_size(B->group) <= 1) {
       for (int k = 0; k < B->n; k++) {
-        const mc_net_param *p = &net->params[idx[B->at[k]]];
+        const mc_net_param *p = &params[idx[B->at[k]]];
         if (full[B->at[k]] + p->z_off != shard[B->at[k]]) be->copy(be, full[B->at[k]] + p->z_off, shard[B->at[k]], p->z_numel);
       }
       continue;
@@ -201,12 +201,12 @@ int mc_dist_gather(struct mc_net *net, const int *idx, int n, float *const *shar
     if (!send || !pack) rc = -1;
     int64_t pos = 0;
     for (int k = 0; !rc && k < B->n; k++) {
-      const mc_net_param *p = &net->params[idx[B->at[k]]];
+      const mc_net_param *p = &params[idx[B->at[k]]];
       if (p->z_numel) be->copy(be, send + pos, shard[B->at[k]], p->z_numel);
       pos += p->z_numel;
     }
     if (!rc) rc = be->sync(be) || mc_allgather(B->group, send, pack, B->counts, MC_DT_F32);
-    if (!rc) pack_rows(net, idx, B, full, pack, 0, 0);
+    if (!rc) pack_rows(par, be, params, idx, B, full, pack, 0, 0);
     be->free(be, send), be->free(be, pack);
     if (rc) rc = mc_error_context("all-gathering parameters over the %s group (%d members)", B->group->label, B->group->size);
   }
@@ -215,33 +215,17 @@ int mc_dist_gather(struct mc_net *net, const int *idx, int n, float *const *shar
   return rc ? -1 : be->sync(be);
 }
 
-/* ZeRO 3 gathers the parameters of one set at a time: a layer's, the embedding's, or the
- * final norm's with the head's. The zero3.buffers arena holds, for the largest set, its
- * gathered working weights, its whole-slice gradients and the reduced shards a backward
- * adds into the rank's accumulators; each acquire starts the arena afresh. */
-static int64_t set_footprint(const struct mc_net *net, const int *idx, int n) {
+/* ZeRO 3 gathers the parameters of one set at a time (the caller names the sets: a layer's,
+ * the embedding's, the final norm's with the head's). The zero3.buffers arena holds, for the
+ * largest set, its gathered working weights, its whole-slice gradients and the reduced shards
+ * a backward adds into the rank's accumulators; each acquire starts the arena afresh. */
+int64_t mc_zero3_set_bytes(const mc_net_param *params, const int *idx, int n) {
   int64_t b = 0;
   for (int k = 0; k < n; k++) {
-    const mc_net_param *p = &net->params[idx[k]];
+    const mc_net_param *p = &params[idx[k]];
     b += 2 * mc_mem_footprint(p->numel * (int64_t)sizeof(float)) + mc_mem_footprint(p->z_numel * (int64_t)sizeof(float));
   }
   return b;
-}
-
-int mc_zero3_arena(struct mc_net *net) {
-  if (net->zero != 3) return 0;
-  int fin[2] = {net->fam_final_norm, net->fam_head}, idx[MC_ROLE_COUNT];
-  int64_t worst = set_footprint(net, &net->fam_embed, 1);
-  if (set_footprint(net, fin, 2) > worst) worst = set_footprint(net, fin, 2);
-  for (int L = 0; L < net->n_layers; L++) {
-    int n = 0;
-    for (int r = 0; r < MC_ROLE_COUNT; r++)
-      if (net->layers[L].p[r] >= 0) idx[n++] = net->layers[L].p[r];
-    if (set_footprint(net, idx, n) > worst) worst = set_footprint(net, idx, n);
-  }
-  mc_arena *a = &net->arenas.a[MC_MEM_ZERO3_BUFFERS];
-  a->cap = worst;
-  return mc_arena_open(a, net->be, MC_MEM_ZERO3_BUFFERS);
 }
 
 /* Empties the zero3.buffers arena for the next set (its tensors are no longer used). */
@@ -251,49 +235,47 @@ static void zero3_restart(mc_arena *a) { a->used = a->tensor_bytes = a->tensors 
  * the gradient buffer is a whole local slice whose reduced shard is added to the rank's
  * accumulator (parked in mc_dist_param.g_acc meanwhile) on release. All of them are carved
  * from the zero3.buffers arena. */
-int mc_zero3_acquire(struct mc_net *net, const int *idx, int n, int for_backward) {
-  if (net->zero != 3) return 0;
-  mc_backend *be = net->be;
-  mc_arena *a = &net->arenas.a[MC_MEM_ZERO3_BUFFERS];
+int mc_zero3_acquire(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_param *params, const int *idx, int n,
+                     int for_backward) {
+  if (par->zero != 3) return 0;
   float *shard[MC_ROLE_COUNT] = {0}, *full[MC_ROLE_COUNT] = {0};
   if (n > MC_ROLE_COUNT) return mc_error("ZeRO 3: %d parameters in one gather", n);
-  zero3_restart(a);
+  zero3_restart(bufs);
   for (int k = 0; k < n; k++) {
-    mc_net_param *p = &net->params[idx[k]];
+    mc_net_param *p = &params[idx[k]];
     const int64_t bytes = p->numel * (int64_t)sizeof(float);
-    if (!(p->w = mc_arena_take(a, bytes, MC_MEM_ZERO3_BUFFERS))) return -1;
+    if (!(p->w = mc_arena_take(bufs, bytes, MC_MEM_ZERO3_BUFFERS))) return -1;
     shard[k] = p->ws, full[k] = p->w;
     if (for_backward) {
-      float *whole = mc_arena_take(a, bytes, MC_MEM_ZERO3_BUFFERS);
+      float *whole = mc_arena_take(bufs, bytes, MC_MEM_ZERO3_BUFFERS);
       if (!whole) return -1;
       be->fill(be, whole, p->numel, 0.0f); /* backward ops accumulate */
-      net->dist[idx[k]].g_acc = p->g;
+      par->dist[idx[k]].g_acc = p->g;
       p->g = whole;
     }
   }
-  if (mc_dist_gather(net, idx, n, shard, full)) return mc_error_context("ZeRO 3: gathering layer weights");
+  if (mc_dist_gather(par, be, params, idx, n, shard, full)) return mc_error_context("ZeRO 3: gathering layer weights");
   return 0;
 }
 
-int mc_zero3_release(struct mc_net *net, const int *idx, int n, int after_backward) {
-  if (net->zero != 3) return 0;
-  mc_backend *be = net->be;
-  mc_arena *a = &net->arenas.a[MC_MEM_ZERO3_BUFFERS];
+int mc_zero3_release(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_param *params, const int *idx, int n,
+                     int after_backward) {
+  if (par->zero != 3) return 0;
   float *g[MC_ROLE_COUNT] = {0}, *part[MC_ROLE_COUNT] = {0};
   int rc = 0;
   for (int k = 0; k < n; k++) {
-    mc_net_param *p = &net->params[idx[k]];
+    mc_net_param *p = &params[idx[k]];
     p->w = NULL;
     g[k] = p->g;
-    if (after_backward && !(part[k] = mc_arena_take(a, p->z_numel * (int64_t)sizeof(float), MC_MEM_ZERO3_BUFFERS)))
+    if (after_backward && !(part[k] = mc_arena_take(bufs, p->z_numel * (int64_t)sizeof(float), MC_MEM_ZERO3_BUFFERS)))
       rc = -1;
   }
   if (!after_backward) return 0;
-  if (!rc) rc = mc_dist_reduce_grads(net, idx, n, g, part);
+  if (!rc) rc = mc_dist_reduce_grads(par, be, params, idx, n, g, part);
   for (int k = 0; k < n; k++) {
-    mc_net_param *p = &net->params[idx[k]];
-    if (!rc) be->axpy(be, net->dist[idx[k]].g_acc, part[k], p->z_numel, 1.0f);
-    p->g = net->dist[idx[k]].g_acc;
+    mc_net_param *p = &params[idx[k]];
+    if (!rc) be->axpy(be, par->dist[idx[k]].g_acc, part[k], p->z_numel, 1.0f);
+    p->g = par->dist[idx[k]].g_acc;
   }
   return rc;
 }

@@ -6,28 +6,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/net_blocks.h"
+#include "train/net_par.h"
 #include "util/error.h"
 
 /* Queued backend work must be finished before a collective reads or writes its buffers. */
-static int ready(struct mc_net *net) { return net->be->sync(net->be); }
+static int ready(mc_backend *be) { return be->sync(be); }
 
-int mc_tp_allreduce(struct mc_net *net, float *buf, int64_t count) {
-  if (net->tp <= 1) return 0;
-  if (ready(net) || mc_allreduce_sum(net->comm->tp, buf, count, MC_DT_F32)) return mc_error_context("TP all-reduce");
+int mc_tp_allreduce(const mc_net_par *par, mc_backend *be, float *buf, int64_t count) {
+  if (par->tp <= 1) return 0;
+  if (ready(be) || mc_allreduce_sum(par->comm->tp, buf, count, MC_DT_F32)) return mc_error_context("TP all-reduce");
   return 0;
 }
 
 /* Row blocks: member q's shard holds, for each sequence s, positions [q*Tl, (q+1)*Tl); the
  * collectives move member-major blocks [q][s][Tl rows], the model wants rows s*T + t. */
-static void sp_permute(struct mc_net *net, float *full, float *packed, int n_seq, int d, int to_full) {
-  const int tp = net->tp, Tl = net->T_res, T = net->m.seq_len;
+static void sp_permute(const mc_net_par *par, mc_backend *be, float *full, float *packed, int n_seq, int d,
+                       int to_full) {
+  const int tp = par->tp, Tl = par->T_res, T = par->T;
   const int64_t blk = (int64_t)Tl * d;
   for (int q = 0; q < tp; q++)
     for (int s = 0; s < n_seq; s++) {
       float *pk = packed + ((int64_t)q * n_seq + s) * blk, *fl = full + ((int64_t)s * T + (int64_t)q * Tl) * d;
-      if (to_full) net->be->copy(net->be, fl, pk, blk);
-      else net->be->copy(net->be, pk, fl, blk);
+      if (to_full) be->copy(be, fl, pk, blk);
+      else be->copy(be, pk, fl, blk);
     }
 }
 
@@ -38,50 +39,50 @@ static int64_t *equal_counts(int n, int64_t each) {
   return c;
 }
 
-int mc_sp_gather(struct mc_net *net, const float *shard, float *full, int n_seq, int d) {
-  int64_t *counts = equal_counts(net->tp, (int64_t)n_seq * net->T_res * d);
+int mc_sp_gather(const mc_net_par *par, mc_backend *be, const float *shard, float *full, int n_seq, int d) {
+  int64_t *counts = equal_counts(par->tp, (int64_t)n_seq * par->T_res * d);
   if (!counts) return mc_error("SP all-gather: out of memory");
-  int rc = ready(net) || mc_allgather(net->comm->tp, shard, net->pack, counts, MC_DT_F32);
+  int rc = ready(be) || mc_allgather(par->comm->tp, shard, par->pack, counts, MC_DT_F32);
   free(counts);
-  if (rc) return mc_error_context("SP all-gather of %d sequence shards", net->tp);
-  sp_permute(net, full, net->pack, n_seq, d, 1);
+  if (rc) return mc_error_context("SP all-gather of %d sequence shards", par->tp);
+  sp_permute(par, be, full, par->pack, n_seq, d, 1);
   return 0;
 }
 
-int mc_sp_reduce_scatter(struct mc_net *net, const float *full, float *shard, int n_seq, int d) {
-  int64_t *counts = equal_counts(net->tp, (int64_t)n_seq * net->T_res * d);
+int mc_sp_reduce_scatter(const mc_net_par *par, mc_backend *be, const float *full, float *shard, int n_seq, int d) {
+  int64_t *counts = equal_counts(par->tp, (int64_t)n_seq * par->T_res * d);
   if (!counts) return mc_error("SP reduce-scatter: out of memory");
-  sp_permute(net, (float *)full, net->pack, n_seq, d, 0);
-  int rc = ready(net) || mc_reduce_scatter_sum(net->comm->tp, net->pack, shard, counts, MC_DT_F32);
+  sp_permute(par, be, (float *)full, par->pack, n_seq, d, 0);
+  int rc = ready(be) || mc_reduce_scatter_sum(par->comm->tp, par->pack, shard, counts, MC_DT_F32);
   free(counts);
-  if (rc) return mc_error_context("SP reduce-scatter into %d sequence shards", net->tp);
+  if (rc) return mc_error_context("SP reduce-scatter into %d sequence shards", par->tp);
   return 0;
 }
 
-static void sp_own_rows(struct mc_net *net, float *full, float *shard, int n_seq, int d, int to_full) {
-  const int Tl = net->T_res, T = net->m.seq_len, q = net->tp_rank;
+static void sp_own_rows(const mc_net_par *par, mc_backend *be, float *full, float *shard, int n_seq, int d,
+                        int to_full) {
+  const int Tl = par->T_res, T = par->T, q = par->tp_rank;
   const int64_t blk = (int64_t)Tl * d;
   for (int s = 0; s < n_seq; s++) {
     float *fl = full + ((int64_t)s * T + (int64_t)q * Tl) * d, *sh = shard + (int64_t)s * blk;
-    if (to_full) net->be->copy(net->be, fl, sh, blk);
-    else net->be->copy(net->be, sh, fl, blk);
+    if (to_full) be->copy(be, fl, sh, blk);
+    else be->copy(be, sh, fl, blk);
   }
 }
 
-void mc_sp_take(struct mc_net *net, const float *full, float *shard, int n_seq, int d) {
-  sp_own_rows(net, (float *)full, shard, n_seq, d, 0);
+void mc_sp_take(const mc_net_par *par, mc_backend *be, const float *full, float *shard, int n_seq, int d) {
+  sp_own_rows(par, be, (float *)full, shard, n_seq, d, 0);
 }
 
-void mc_sp_place(struct mc_net *net, const float *shard, float *full, int n_seq, int d) {
-  net->be->fill(net->be, full, (int64_t)n_seq * net->m.seq_len * d, 0.0f);
-  sp_own_rows(net, full, (float *)shard, n_seq, d, 1);
+void mc_sp_place(const mc_net_par *par, mc_backend *be, const float *shard, float *full, int n_seq, int d) {
+  be->fill(be, full, (int64_t)n_seq * par->T * d, 0.0f);
+  sp_own_rows(par, be, full, (float *)shard, n_seq, d, 1);
 }
 
 /* ------------------------------------------------------------------ vocab-parallel embedding */
 
-int mc_vp_embed_fwd(struct mc_net *net, const int32_t *tok_host, int n_seq, float *out) {
-  mc_backend *be = net->be;
-  const int n = n_seq * net->m.seq_len, d = net->m.d_model;
+int mc_vp_embed_fwd(mc_net_par *par, mc_backend *be, const float *embed_w, const int32_t *tok_host, int n, int d,
+                    float *rows) {
   int32_t *tl = malloc(sizeof(int32_t) * 2 * (size_t)n);
   float *ones = malloc(sizeof(float) * (size_t)n);
   if (!tl || !ones) {
@@ -91,30 +92,26 @@ int mc_vp_embed_fwd(struct mc_net *net, const int32_t *tok_host, int n_seq, floa
   /* Tokens in [v0, v0 + Vpl) are looked up here, compacted; slot[r] says where row r went. */
   int cnt = 0;
   for (int r = 0; r < n; r++) {
-    int32_t v = tok_host[r] - net->v0;
+    int32_t v = tok_host[r] - par->v0;
     ones[r] = 1.0f;
     tl[n + r] = -1;
-    if (v >= 0 && v < net->Vpl) tl[cnt] = v, tl[n + r] = cnt++;
+    if (v >= 0 && v < par->Vpl) tl[cnt] = v, tl[n + r] = cnt++;
   }
-  net->emb_cnt = cnt;
-  be->from_host(be, net->emb_tok, tl, (size_t)(cnt ? cnt : 1) * sizeof(int32_t));
-  be->from_host(be, net->emb_slot, tl + n, (size_t)n * sizeof(int32_t));
-  be->from_host(be, net->emb_gate, ones, (size_t)n * sizeof(float));
+  par->emb_cnt = cnt;
+  be->from_host(be, par->emb_tok, tl, (size_t)(cnt ? cnt : 1) * sizeof(int32_t));
+  be->from_host(be, par->emb_slot, tl + n, (size_t)n * sizeof(int32_t));
+  be->from_host(be, par->emb_gate, ones, (size_t)n * sizeof(float));
   free(tl), free(ones);
-  be->embed_fwd(be, net->emb_tok, cnt, d, net->params[net->fam_embed].w, net->emb_rows);
+  be->embed_fwd(be, par->emb_tok, cnt, d, embed_w, par->emb_rows);
   /* Rows of other ranks' tokens stay zero; the sum over TP completes every row. */
-  float *rows = net->sp ? net->full : out;
   be->fill(be, rows, (int64_t)n * d, 0.0f);
-  be->moe_unpermute(be, net->emb_rows, net->emb_slot, net->emb_gate, n, 1, d, rows);
-  if (net->sp) return mc_sp_reduce_scatter(net, rows, out, n_seq, d);
-  return mc_tp_allreduce(net, out, (int64_t)n * d);
+  be->moe_unpermute(be, par->emb_rows, par->emb_slot, par->emb_gate, n, 1, d, rows);
+  return 0;
 }
 
-int mc_vp_embed_bwd(struct mc_net *net, const float *dfull, int n) {
-  mc_backend *be = net->be;
-  const int d = net->m.d_model;
-  be->moe_permute(be, dfull, net->emb_slot, n, 1, d, net->emb_rows);
-  be->embed_bwd(be, net->emb_tok, net->emb_cnt, d, net->emb_rows, net->params[net->fam_embed].g);
+int mc_vp_embed_bwd(const mc_net_par *par, mc_backend *be, const float *dfull, int n, int d, float *embed_g) {
+  be->moe_permute(be, dfull, par->emb_slot, n, 1, d, par->emb_rows);
+  be->embed_bwd(be, par->emb_tok, par->emb_cnt, d, par->emb_rows, embed_g);
   return 0;
 }
 
@@ -123,29 +120,29 @@ int mc_vp_embed_bwd(struct mc_net *net, const float *dfull, int n) {
 /* On the host: the local logits are read once per pass; each rank contributes the
  * log-sum-exp of its real columns and the target's logit when the target is local, and one
  * all-gather of those 2n values gives every rank the global log-normaliser and loss. */
-int mc_vp_xent_fwd(struct mc_net *net, const int32_t *tgt_host, int n) {
-  mc_backend *be = net->be;
-  const int Vp = net->Vpl, Vl = net->Vl, tp = net->tp;
+int mc_vp_xent_fwd(mc_net_par *par, mc_backend *be, const float *logits, const int32_t *tgt_host, int n,
+                   float *loss_host) {
+  const int Vp = par->Vpl, Vl = par->Vl, tp = par->tp;
   float *mine = malloc(sizeof(float) * 2 * (size_t)n), *all = malloc(sizeof(float) * 2 * (size_t)n * tp);
   int64_t *counts = equal_counts(tp, 2 * (int64_t)n);
   if (!mine || !all || !counts) {
     free(mine), free(all), free(counts);
     return mc_error("vocab-parallel cross-entropy: out of memory");
   }
-  be->to_host(be, net->logits_host, net->logits, (size_t)n * Vp * sizeof(float));
-  memcpy(net->tgt_host, tgt_host, sizeof(int32_t) * (size_t)n);
-  int rc = ready(net);
+  be->to_host(be, par->logits_host, logits, (size_t)n * Vp * sizeof(float));
+  memcpy(par->tgt_host, tgt_host, sizeof(int32_t) * (size_t)n);
+  int rc = ready(be);
   for (int r = 0; r < n && !rc; r++) {
-    const float *lr = net->logits_host + (int64_t)r * Vp;
+    const float *lr = par->logits_host + (int64_t)r * Vp;
     float mx = -INFINITY;
     for (int c = 0; c < Vl; c++) mx = lr[c] > mx ? lr[c] : mx;
     double s = 0.0;
     for (int c = 0; c < Vl; c++) s += exp((double)lr[c] - mx);
     mine[r] = Vl > 0 ? (float)(mx + log(s)) : -INFINITY;
-    int32_t t = tgt_host[r] - net->v0;
+    int32_t t = tgt_host[r] - par->v0;
     mine[n + r] = t >= 0 && t < Vl ? lr[t] : 0.0f;
   }
-  if (!rc) rc = mc_allgather(net->comm->tp, mine, all, counts, MC_DT_F32);
+  if (!rc) rc = mc_allgather(par->comm->tp, mine, all, counts, MC_DT_F32);
   for (int r = 0; r < n && !rc; r++) {
     float mx = -INFINITY;
     for (int q = 0; q < tp; q++) mx = all[(int64_t)q * 2 * n + r] > mx ? all[(int64_t)q * 2 * n + r] : mx;
@@ -156,35 +153,35 @@ int mc_vp_xent_fwd(struct mc_net *net, const int32_t *tgt_host, int n) {
       tl += all[(int64_t)q * 2 * n + n + r];
     }
     double l = mx + log(s);
-    net->lse_host[r] = (float)l;
-    net->loss_host[r] = (float)(l - tl);
+    par->lse_host[r] = (float)l;
+    loss_host[r] = (float)(l - tl);
   }
   free(mine), free(all), free(counts);
   return rc ? mc_error_context("vocab-parallel cross-entropy over %d TP ranks", tp) : 0;
 }
 
-int mc_vp_xent_bwd(struct mc_net *net, int n, float scale) {
-  const int Vp = net->Vpl, Vl = net->Vl;
+int mc_vp_xent_bwd(const mc_net_par *par, mc_backend *be, int n, float scale, float *dlogits) {
+  const int Vp = par->Vpl, Vl = par->Vl;
   float *dl = malloc(sizeof(float) * (size_t)n * Vp);
   if (!dl) return mc_error("vocab-parallel cross-entropy: out of memory");
   for (int r = 0; r < n; r++) {
-    const float *lr = net->logits_host + (int64_t)r * Vp;
+    const float *lr = par->logits_host + (int64_t)r * Vp;
     float *dr = dl + (int64_t)r * Vp;
-    for (int c = 0; c < Vl; c++) dr[c] = scale * expf(lr[c] - net->lse_host[r]);
+    for (int c = 0; c < Vl; c++) dr[c] = scale * expf(lr[c] - par->lse_host[r]);
     for (int c = Vl; c < Vp; c++) dr[c] = 0.0f;
-    int32_t t = net->tgt_host[r] - net->v0;
+    int32_t t = par->tgt_host[r] - par->v0;
     if (t >= 0 && t < Vl) dr[t] -= scale;
   }
-  net->be->from_host(net->be, net->dlogits, dl, (size_t)n * Vp * sizeof(float));
+  be->from_host(be, dlogits, dl, (size_t)n * Vp * sizeof(float));
   free(dl);
   return 0;
 }
 
 /* ------------------------------------------------------------------ MoE statistics under SP */
 
-int mc_sp_moe_aux(struct mc_net *net, mc_layer *L, const float *probs, float *fr, int n_seq, int T_l) {
-  mc_backend *be = net->be;
-  const int E = net->m.n_experts, tp = net->tp;
+int mc_sp_moe_aux(const mc_net_par *par, mc_backend *be, int E, const float *probs, float *fr, int n_seq, int T_l,
+                  float *aux_host) {
+  const int tp = par->tp;
   const int64_t se = (int64_t)n_seq * E;
   float *p = malloc(sizeof(float) * (size_t)n_seq * T_l * E), *fp = malloc(sizeof(float) * 2 * (size_t)se);
   if (!p || !fp) {
@@ -193,13 +190,13 @@ int mc_sp_moe_aux(struct mc_net *net, mc_layer *L, const float *probs, float *fr
   }
   be->to_host(be, p, probs, sizeof(float) * (size_t)n_seq * T_l * E);
   be->to_host(be, fp, fr, sizeof(float) * (size_t)se);
-  int rc = ready(net);
+  int rc = ready(be);
   /* [f | P] of the shard; every shard has T_l positions, so the sequence's are TP means. */
   for (int64_t i = 0; i < se; i++) fp[se + i] = 0.0f;
   for (int s = 0; s < n_seq && !rc; s++)
     for (int t = 0; t < T_l; t++)
       for (int e = 0; e < E; e++) fp[se + (int64_t)s * E + e] += p[((int64_t)s * T_l + t) * E + e] / (float)T_l;
-  if (!rc) rc = mc_allreduce_sum(net->comm->tp, fp, 2 * se, MC_DT_F32);
+  if (!rc) rc = mc_allreduce_sum(par->comm->tp, fp, 2 * se, MC_DT_F32);
   for (int s = 0; s < n_seq && !rc; s++) {
     double a = 0.0;
     for (int e = 0; e < E; e++) {
@@ -207,7 +204,7 @@ int mc_sp_moe_aux(struct mc_net *net, mc_layer *L, const float *probs, float *fr
       *f /= (float)tp;
       a += (double)*f * P;
     }
-    L->aux_host[s] = (float)(E * a);
+    aux_host[s] = (float)(E * a);
   }
   if (!rc) be->from_host(be, fr, fp, sizeof(float) * (size_t)se);
   free(p), free(fp);

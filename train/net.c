@@ -150,6 +150,41 @@ static int check_layout(const mc_geometry *geo, int rank, const mc_comm_groups *
   return 0;
 }
 
+/* Parameter indices of a layer (ZeRO 3 gathers them together). */
+static int layer_params(const mc_layer *l, int *idx) {
+  int n = 0;
+  for (int r = 0; r < MC_ROLE_COUNT; r++)
+    if (l->p[r] >= 0) idx[n++] = l->p[r];
+  return n;
+}
+
+/* ZeRO 3 gathers the params of one set at a time: the embedding's, a layer's, or the final
+ * norm's with the head's; the zero3.buffers arena holds the largest set (nothing for other
+ * ZeRO stages). */
+static int open_zero3_buffers(mc_net *net) {
+  if (net->par.zero != 3) return 0;
+  int fin[2] = {net->fam_final_norm, net->fam_head}, idx[MC_ROLE_COUNT];
+  int64_t worst = mc_zero3_set_bytes(net->params, &net->fam_embed, 1);
+  if (mc_zero3_set_bytes(net->params, fin, 2) > worst) worst = mc_zero3_set_bytes(net->params, fin, 2);
+  for (int L = 0; L < net->n_layers; L++) {
+    int n = layer_params(&net->layers[L], idx);
+    if (mc_zero3_set_bytes(net->params, idx, n) > worst) worst = mc_zero3_set_bytes(net->params, idx, n);
+  }
+  mc_arena *a = &net->arenas.a[MC_MEM_ZERO3_BUFFERS];
+  a->cap = worst;
+  return mc_arena_open(a, net->be, MC_MEM_ZERO3_BUFFERS);
+}
+
+/* ZeRO 3's gather of a set's working weights before the pass uses them, and their release
+ * (after a backward: the reduce-scatter of their gradients) right after. */
+static int acquire(mc_net *net, const int *idx, int n, int for_backward) {
+  return mc_zero3_acquire(&net->par, net->be, &net->arenas.a[MC_MEM_ZERO3_BUFFERS], net->params, idx, n, for_backward);
+}
+
+static int release(mc_net *net, const int *idx, int n, int after_backward) {
+  return mc_zero3_release(&net->par, net->be, &net->arenas.a[MC_MEM_ZERO3_BUFFERS], net->params, idx, n, after_backward);
+}
+
 mc_net *mc_net_create(const mc_geometry *geo, int rank, uint64_t seed) {
   return mc_net_create_dist_on(geo, rank, seed, NULL, mc_backend_cpu());
 }
@@ -177,33 +212,33 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
   net->be = be;
   net->geo = *geo;
   net->geo.fams.f = malloc((size_t)geo->fams.n * sizeof(mc_family));
-  net->comm = comm;
-  net->tp = lay->tp, net->tp_rank = co.tp_rank;
-  net->sp = lay->sp && lay->tp > 1;
-  net->zero = lay->zero;
-  net->T_res = net->sp ? geo->model.seq_len / lay->tp : geo->model.seq_len;
+  mc_net_par *par = &net->par;
+  par->comm = comm;
+  par->tp = lay->tp, par->tp_rank = co.tp_rank;
+  par->sp = lay->sp && lay->tp > 1;
+  par->zero = lay->zero;
+  par->T = geo->model.seq_len;
+  par->T_res = par->sp ? geo->model.seq_len / lay->tp : geo->model.seq_len;
   /* Per-sequence capacity needs each sequence's order, so under SP an E block with capacity
    * gathers whole sequences; dropless routing works on the shard. */
-  net->moe_T = geo->model.capacity_factor > 0 ? geo->model.seq_len : net->T_res;
-  net->Vpl = mc_vocab_padded(&geo->model) / lay->tp;
-  net->v0 = net->Vpl * co.tp_rank;
-  net->Vl = geo->model.vocab_size - net->v0;
-  net->Vl = net->Vl < 0 ? 0 : net->Vl > net->Vpl ? net->Vpl : net->Vl;
+  par->moe_T = geo->model.capacity_factor > 0 ? geo->model.seq_len : par->T_res;
+  par->Vpl = mc_vocab_padded(&geo->model) / lay->tp;
+  par->v0 = par->Vpl * co.tp_rank;
+  par->Vl = geo->model.vocab_size - par->v0;
+  par->Vl = par->Vl < 0 ? 0 : par->Vl > par->Vpl ? par->Vpl : par->Vl;
   net->m = mc_model_local(&geo->model, lay->tp); /* the blocks see this rank's local widths */
   net->rank = rank;
   net->seed = seed;
-  net->moe_dense = 1;
   net->hold = (mc_hold_opts){.bf16_weights = be->bf16_weights, .act16 = be->bf16_weights && lay->tp == 1, .moe_dense = 1};
   net->n_layers = geo->model.n_layers;
   net->layers = calloc((size_t)(net->n_layers ? net->n_layers : 1), sizeof(mc_layer));
   net->params = calloc((size_t)geo->fams.n, sizeof(mc_net_param));
-  net->dist = calloc((size_t)geo->fams.n, sizeof(mc_dist_param));
-  if (!net->geo.fams.f || !net->layers || !net->params || !net->dist) {
+  par->dist = calloc((size_t)geo->fams.n, sizeof(mc_dist_param));
+  if (!net->geo.fams.f || !net->layers || !net->params || !par->dist) {
     mc_error("out of memory creating the network");
-    free(net->geo.fams.f), free(net->layers), free(net->params), free(net->dist), free(net);
+    free(net->geo.fams.f), free(net->layers), free(net->params), free(par->dist), free(net);
     return NULL;
   }
-  net->zero = lay->zero; /* before the fail path can run (it reads it) */
   memcpy(net->geo.fams.f, geo->fams.f, (size_t)geo->fams.n * sizeof(mc_family));
   for (int L = 0; L < net->n_layers; L++) {
     net->layers[L].layer = L;
@@ -248,9 +283,9 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
       float *w = mc_arena_take(&net->arenas.a[h->param_cat], h->working_bytes, h->param_cat);
       if (!w || !(p->g = mc_arena_take(&net->arenas.a[MC_MEM_GRADS], h->grad_bytes, MC_MEM_GRADS))) goto fail;
       /* ZeRO 3 initialises the whole local slice in a start-up buffer and keeps its rows. */
-      p->w = net->zero == 3 ? be->alloc(be, (size_t)p->numel * sizeof(float)) : w;
+      p->w = par->zero == 3 ? be->alloc(be, (size_t)p->numel * sizeof(float)) : w;
       if (!p->w || init_param(net, p)) goto fail;
-      if (net->zero == 3) {
+      if (par->zero == 3) {
         p->ws = w;
         be->copy(be, p->ws, p->w + p->z_off, p->z_numel);
         be->free(be, p->w);
@@ -266,7 +301,7 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
     mc_error("network: the family registry lacks embed.weight, final_norm.weight or head.weight");
     goto fail;
   }
-  if (mc_dist_setup(net) || mc_zero3_arena(net)) goto fail;
+  if (mc_dist_setup(par, &net->geo, rank, net->params, net->n_params) || open_zero3_buffers(net)) goto fail;
   if (net->be->sync(net->be)) goto fail;
   free(holds);
   return net;
@@ -288,16 +323,17 @@ static void free_activations(mc_net *net) {
     l->counts_host = NULL;
     l->aux_host = NULL;
   }
+  mc_net_par *par = &net->par;
   float **bufs[] = {&net->x,    &net->hf,  &net->rstd_f, &net->logits, &net->loss,     &net->lse,
-                    &net->dx,   &net->du,  &net->y,      &net->ush,    &net->full,     &net->pack,     &net->ufull,
-                    &net->dlogits, &net->emb_rows, &net->emb_gate};
+                    &net->dx,   &net->du,  &net->y,      &par->ush,    &net->full,     &par->pack,     &par->ufull,
+                    &net->dlogits, &par->emb_rows, &par->emb_gate};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = NULL;
   for (int i = 0; i < MC_NET_GBUFS; i++) net->g[i] = NULL;
-  net->tok_in = net->tok_tgt = net->emb_tok = net->emb_slot = NULL;
+  net->tok_in = net->tok_tgt = par->emb_tok = par->emb_slot = NULL;
   mc_arena_close(&net->arenas.a[MC_MEM_ACTIVATIONS]);
-  free(net->loss_host), free(net->logits_host), free(net->lse_host), free(net->tgt_host);
-  net->loss_host = net->logits_host = net->lse_host = NULL;
-  net->tgt_host = NULL;
+  free(net->loss_host), free(par->logits_host), free(par->lse_host), free(par->tgt_host);
+  net->loss_host = par->logits_host = par->lse_host = NULL;
+  par->tgt_host = NULL;
   net->n_seq_cap = 0;
 }
 
@@ -305,8 +341,8 @@ void mc_net_free(mc_net *net) {
   if (!net) return;
   free_activations(net);
   mc_arenas_close(&net->arenas);
-  mc_dist_free(net);
-  free(net->dist);
+  mc_dist_free(&net->par, net->n_params);
+  free(net->par.dist);
   free(net->params);
   free(net->layers);
   free(net->geo.fams.f);
@@ -324,7 +360,7 @@ mc_net_param *mc_net_param_at(mc_net *net, int i) {
 void mc_net_zero_grad(mc_net *net) {
   for (int i = 0; i < net->n_params; i++) {
     mc_net_param *p = &net->params[i];
-    net->be->fill(net->be, p->g, net->zero == 3 ? p->z_numel : p->numel, 0.0f);
+    net->be->fill(net->be, p->g, net->par.zero == 3 ? p->z_numel : p->numel, 0.0f);
   }
 }
 
@@ -348,10 +384,8 @@ static void *place_buf(mc_arena *a, int count, const mc_act_buf *b, const mc_act
  * function's (core/blocks.h, core/holdings.h), so mcplan counts exactly these buffers. */
 static int place_activations(mc_net *net, int n_seq, int count) {
   mc_arena *a = &net->arenas.a[MC_MEM_ACTIVATIONS];
-  mc_hold_opts o = net->hold;
-  o.moe_dense = net->moe_dense;
   mc_act_shape s;
-  mc_act_shape_of(&net->geo, 0, &o, n_seq, &s); /* one stage (pp = 1) */
+  mc_act_shape_of(&net->geo, 0, &net->hold, n_seq, &s); /* one stage (pp = 1) */
   int64_t gmax[MC_NET_GBUFS] = {0};
   int ok = 1;
   for (int L = 0; L < net->n_layers; L++) {
@@ -405,15 +439,16 @@ static int place_activations(mc_net *net, int n_seq, int count) {
   net->logits = nb[MC_NB_LOGITS], net->loss = nb[MC_NB_LOSS], net->lse = nb[MC_NB_LSE];
   net->dx = nb[MC_NB_DX], net->du = nb[MC_NB_DU], net->y = nb[MC_NB_Y], net->full = nb[MC_NB_FULL];
   net->dlogits = nb[MC_NB_DLOGITS];
-  net->ush = nb[MC_NB_USH], net->ufull = nb[MC_NB_UFULL], net->pack = nb[MC_NB_PACK];
-  net->emb_tok = nb[MC_NB_EMB_TOK], net->emb_slot = nb[MC_NB_EMB_SLOT];
-  net->emb_rows = nb[MC_NB_EMB_ROWS], net->emb_gate = nb[MC_NB_EMB_GATE];
+  mc_net_par *par = &net->par;
+  par->ush = nb[MC_NB_USH], par->ufull = nb[MC_NB_UFULL], par->pack = nb[MC_NB_PACK];
+  par->emb_tok = nb[MC_NB_EMB_TOK], par->emb_slot = nb[MC_NB_EMB_SLOT];
+  par->emb_rows = nb[MC_NB_EMB_ROWS], par->emb_gate = nb[MC_NB_EMB_GATE];
   /* host-side staging (not backend memory) */
-  const int64_t n = (int64_t)n_seq * net->m.seq_len, vp = net->Vpl;
-  if (net->tp > 1) {
-    ok = ok && (net->logits_host = malloc((size_t)(n * vp) * sizeof(float))) != NULL;
-    ok = ok && (net->lse_host = malloc((size_t)n * sizeof(float))) != NULL;
-    ok = ok && (net->tgt_host = malloc((size_t)n * sizeof(int32_t))) != NULL;
+  const int64_t n = (int64_t)n_seq * net->m.seq_len, vp = par->Vpl;
+  if (par->tp > 1) {
+    ok = ok && (par->logits_host = malloc((size_t)(n * vp) * sizeof(float))) != NULL;
+    ok = ok && (par->lse_host = malloc((size_t)n * sizeof(float))) != NULL;
+    ok = ok && (par->tgt_host = malloc((size_t)n * sizeof(int32_t))) != NULL;
   }
   ok = ok && (net->loss_host = malloc((size_t)n * sizeof(float))) != NULL;
   return ok ? 0 : mc_error("out of host memory for the loss staging buffers");
@@ -442,14 +477,6 @@ void mc_net_mem_bytes(const mc_net *net, int64_t bytes[MC_MEM_COUNT]) { mc_arena
 
 /* ------------------------------------------------------------------ passes */
 
-/* Parameter indices of a layer (ZeRO 3 gathers them together). */
-static int layer_params(const mc_layer *l, int *idx) {
-  int n = 0;
-  for (int r = 0; r < MC_ROLE_COUNT; r++)
-    if (l->p[r] >= 0) idx[n++] = l->p[r];
-  return n;
-}
-
 /* How a block meets the TP group. Column/row-parallel blocks (A, M, R) take whole sequences
  * and give partial sums; E blocks are never TP-split: without SP every TP rank computes the
  * same MoE on the same tokens, with SP each its shard, or (capacity) every rank the whole
@@ -457,23 +484,25 @@ static int layer_params(const mc_layer *l, int *idx) {
 typedef enum { ROWS_LOCAL, ROWS_SPLIT, ROWS_GATHERED } block_rows;
 
 static block_rows rows_of(const mc_net *net, const mc_layer *l) {
-  if (net->tp <= 1) return ROWS_LOCAL;
+  const mc_net_par *par = &net->par;
+  if (par->tp <= 1) return ROWS_LOCAL;
   if (!l->bk->routes) return ROWS_SPLIT;
-  return net->sp && net->moe_T != net->T_res ? ROWS_GATHERED : ROWS_LOCAL;
+  return par->sp && par->moe_T != par->T_res ? ROWS_GATHERED : ROWS_LOCAL;
 }
 
-/* Runs a block's forward (into net->y) or backward (net->bwd_dy -> net->du). Under SP the
- * layer keeps only its shard of the normed input; a block that needs whole sequences sees
- * them all-gathered into a shared buffer for the call, before the forward and again before
- * the backward (so only shards are kept per layer). */
-static int with_whole_input(mc_net *net, mc_layer *l, int n_seq, block_rows how, int fwd) {
+/* Runs a block's forward into net->y (dy NULL) or its backward from the output gradient dy
+ * into net->du (seq_weight scales the aux loss). Under SP the layer keeps only its shard of
+ * the normed input; a block that needs whole sequences sees them all-gathered into a shared
+ * buffer for the call, before the forward and again before the backward (so only shards are
+ * kept per layer). */
+static int with_whole_input(mc_net *net, mc_layer *l, int n_seq, block_rows how, const float *dy, double seq_weight) {
   float *shard = l->u;
-  if (net->sp && how != ROWS_LOCAL) {
-    if (mc_sp_gather(net, shard, net->ufull, n_seq, net->m.d_model)) return -1;
-    l->u = net->ufull;
+  if (net->par.sp && how != ROWS_LOCAL) {
+    if (mc_sp_gather(&net->par, net->be, shard, net->par.ufull, n_seq, net->m.d_model)) return -1;
+    l->u = net->par.ufull;
   }
-  int rc = fwd ? block_ops(l->kind)->forward(net, l, n_seq, net->y)
-               : block_ops(l->kind)->backward(net, l, n_seq, net->bwd_dy, net->du, net->bwd_seq_weight);
+  int rc = !dy ? block_ops(l->kind)->forward(net, l, n_seq, net->y)
+               : block_ops(l->kind)->backward(net, l, n_seq, dy, net->du, seq_weight);
   l->u = shard;
   return rc;
 }
@@ -481,7 +510,8 @@ static int with_whole_input(mc_net *net, mc_layer *l, int n_seq, block_rows how,
 /* x += f(u) for one block, with the collectives around it. */
 static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
   mc_backend *be = net->be;
-  const int d = net->m.d_model, n = n_seq * net->m.seq_len, nl = n_seq * net->T_res;
+  const mc_net_par *par = &net->par;
+  const int d = net->m.d_model, n = n_seq * net->m.seq_len, nl = n_seq * par->T_res;
   const block_rows how = rows_of(net, l);
   be->rmsnorm_fwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), nl, d, d, (float)net->m.norm_eps,
                   l->u16 ? mc_o16(l->u16) : mc_o32(l->u), l->rstd);
@@ -489,15 +519,15 @@ static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
    * combined over TP first */
   if (how == ROWS_LOCAL) return block_ops(l->kind)->forward(net, l, n_seq, net->x);
   be->fill(be, net->y, (int64_t)n * d, 0.0f);
-  if (with_whole_input(net, l, n_seq, how, 1)) return -1;
+  if (with_whole_input(net, l, n_seq, how, NULL, 0.0)) return -1;
   if (how == ROWS_GATHERED) {
-    mc_sp_take(net, net->y, net->ush, n_seq, d);
-    be->axpy(be, net->x, net->ush, (int64_t)nl * d, 1.0f);
-  } else if (how == ROWS_SPLIT && net->sp) {
-    if (mc_sp_reduce_scatter(net, net->y, net->ush, n_seq, d)) return -1;
-    be->axpy(be, net->x, net->ush, (int64_t)nl * d, 1.0f);
+    mc_sp_take(par, be, net->y, par->ush, n_seq, d);
+    be->axpy(be, net->x, par->ush, (int64_t)nl * d, 1.0f);
+  } else if (how == ROWS_SPLIT && par->sp) {
+    if (mc_sp_reduce_scatter(par, be, net->y, par->ush, n_seq, d)) return -1;
+    be->axpy(be, net->x, par->ush, (int64_t)nl * d, 1.0f);
   } else { /* split over TP without SP: the partial outputs summed */
-    if (mc_tp_allreduce(net, net->y, (int64_t)n * d)) return -1;
+    if (mc_tp_allreduce(par, be, net->y, (int64_t)n * d)) return -1;
     be->axpy(be, net->x, net->y, (int64_t)nl * d, 1.0f);
   }
   return 0;
@@ -506,10 +536,29 @@ static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
 /* The final norm's output as the head's products read it (bf16 under mc_act16). */
 static mc_operand hf_in(const mc_net *net) { return mc_netbuf_in(net, MC_NB_HF, net->hf); }
 
+/* The embedding of the n input tokens (host ids in) into the residual stream. Under TP the
+ * embedding is vocab-parallel: each rank's rows of its tokens, summed over TP (or
+ * reduce-scattered into the residual shard under SP). */
+static int embed_forward(mc_net *net, const int32_t *in, int n_seq) {
+  mc_backend *be = net->be;
+  const mc_net_par *par = &net->par;
+  const int n = n_seq * net->m.seq_len, d = net->m.d_model;
+  const float *w = net->params[net->fam_embed].w;
+  if (par->tp <= 1) {
+    be->embed_fwd(be, net->tok_in, n, d, w, net->x);
+    return 0;
+  }
+  float *rows = par->sp ? net->full : net->x;
+  if (mc_vp_embed_fwd(&net->par, be, w, in, n, d, rows)) return -1;
+  if (par->sp) return mc_sp_reduce_scatter(par, be, rows, net->x, n_seq, d);
+  return mc_tp_allreduce(par, be, net->x, (int64_t)n * d);
+}
+
 static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *stats) {
   const mc_model *m = &net->m;
-  const int T = m->seq_len, d = m->d_model, V = m->vocab_size, Vp = net->Vpl;
-  const int n = n_seq * T, nl = n_seq * net->T_res;
+  mc_net_par *par = &net->par;
+  const int T = m->seq_len, d = m->d_model, V = m->vocab_size, Vp = par->Vpl;
+  const int n = n_seq * T, nl = n_seq * par->T_res;
   if (n_seq <= 0) return mc_error("network: a micro-batch needs at least one sequence (got %d)", n_seq);
   for (int s = 0; s < n_seq; s++)
     for (int t = 0; t <= T; t++) {
@@ -531,36 +580,33 @@ static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *
 
   int rc = 0, idx[MC_ROLE_COUNT];
   int fin[2] = {net->fam_final_norm, net->fam_head};
-  rc = mc_zero3_acquire(net, &net->fam_embed, 1, 0);
-  if (!rc) {
-    if (net->tp > 1) rc = mc_vp_embed_fwd(net, in, n_seq, net->x);
-    else be->embed_fwd(be, net->tok_in, n, d, net->params[net->fam_embed].w, net->x);
-  }
-  if (!rc) rc = mc_zero3_release(net, &net->fam_embed, 1, 0);
+  rc = acquire(net, &net->fam_embed, 1, 0);
+  if (!rc) rc = embed_forward(net, in, n_seq);
+  if (!rc) rc = release(net, &net->fam_embed, 1, 0);
   for (int L = 0; L < net->n_layers && !rc; L++) {
     mc_layer *l = &net->layers[L];
     int np = layer_params(l, idx);
     be->copy(be, l->x_in, net->x, (int64_t)nl * d);
-    if (mc_zero3_acquire(net, idx, np, 0) || block_forward(net, l, n_seq) || mc_zero3_release(net, idx, np, 0))
+    if (acquire(net, idx, np, 0) || block_forward(net, l, n_seq) || release(net, idx, np, 0))
       rc = mc_error_context("layer %d (%c)", L, l->kind);
   }
-  if (!rc) rc = mc_zero3_acquire(net, fin, 2, 0);
+  if (!rc) rc = acquire(net, fin, 2, 0);
   if (!rc) {
     /* under mc_act16 hf feeds only the head's products: kept in bf16 */
-    const mc_dst hf = net->sp ? mc_o32(net->ush) : mc_netbuf_out(net, MC_NB_HF, net->hf);
+    const mc_dst hf = par->sp ? mc_o32(par->ush) : mc_netbuf_out(net, MC_NB_HF, net->hf);
     be->rmsnorm_fwd(be, net->x, net->params[net->fam_final_norm].w, nl, d, d, (float)m->norm_eps, hf, net->rstd_f);
-    if (net->sp) rc = mc_sp_gather(net, net->ush, net->hf, n_seq, d);
+    if (par->sp) rc = mc_sp_gather(par, be, par->ush, net->hf, n_seq, d);
   }
   if (!rc) {
     mc_linear_fwd(be, hf_in(net), mc_param_mat(&net->params[net->fam_head]), n, d, Vp, 0.0f, mc_o32(net->logits));
-    if (net->tp > 1) {
-      rc = mc_vp_xent_fwd(net, in + n, n);
+    if (par->tp > 1) {
+      rc = mc_vp_xent_fwd(par, be, net->logits, in + n, n, net->loss_host);
     } else {
       be->xent_fwd(be, net->logits, net->tok_tgt, n, V, Vp, net->loss, net->lse);
       be->to_host(be, net->loss_host, net->loss, (size_t)n * sizeof(float));
     }
   }
-  if (!rc) rc = mc_zero3_release(net, fin, 2, 0);
+  if (!rc) rc = release(net, fin, 2, 0);
   free(in);
   if (rc || be->sync(be)) return -1;
 
@@ -583,23 +629,23 @@ static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *
  * partial over TP like a split block's. */
 static int block_backward(mc_net *net, mc_layer *l, int n_seq, double seq_weight) {
   mc_backend *be = net->be;
-  const int d = net->m.d_model, n = n_seq * net->m.seq_len, nl = n_seq * net->T_res;
+  const mc_net_par *par = &net->par;
+  const int d = net->m.d_model, n = n_seq * net->m.seq_len, nl = n_seq * par->T_res;
   const block_rows how = rows_of(net, l);
   const float *dy = net->dx;
   float *du_res = net->du; /* the normed input's gradient, residual rows */
   if (how == ROWS_GATHERED) {
-    mc_sp_place(net, net->dx, net->full, n_seq, d);
+    mc_sp_place(par, be, net->dx, net->full, n_seq, d);
     dy = net->full;
-  } else if (how == ROWS_SPLIT && net->sp) {
-    if (mc_sp_gather(net, net->dx, net->full, n_seq, d)) return -1;
+  } else if (how == ROWS_SPLIT && par->sp) {
+    if (mc_sp_gather(par, be, net->dx, net->full, n_seq, d)) return -1;
     dy = net->full;
   }
-  net->bwd_dy = dy, net->bwd_seq_weight = seq_weight;
-  if (with_whole_input(net, l, n_seq, how, 0)) return -1;
-  if (net->sp && how != ROWS_LOCAL) {
-    if (mc_sp_reduce_scatter(net, net->du, net->ush, n_seq, d)) return -1;
-    du_res = net->ush;
-  } else if (how == ROWS_SPLIT && mc_tp_allreduce(net, net->du, (int64_t)n * d)) {
+  if (with_whole_input(net, l, n_seq, how, dy, seq_weight)) return -1;
+  if (par->sp && how != ROWS_LOCAL) {
+    if (mc_sp_reduce_scatter(par, be, net->du, par->ush, n_seq, d)) return -1;
+    du_res = par->ush;
+  } else if (how == ROWS_SPLIT && mc_tp_allreduce(par, be, net->du, (int64_t)n * d)) {
     return -1;
   }
   be->rmsnorm_bwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), l->rstd, du_res, nl, d, d, net->dx, mc_g(net, l, MC_ROLE_NORM));
@@ -608,13 +654,14 @@ static int block_backward(mc_net *net, mc_layer *l, int n_seq, double seq_weight
 
 static int backward(mc_net *net, int n_seq, double ce_weight, double seq_weight) {
   const mc_model *m = &net->m;
-  const int T = m->seq_len, d = m->d_model, V = m->vocab_size, Vp = net->Vpl;
-  const int n = n_seq * T, nl = n_seq * net->T_res;
+  const mc_net_par *par = &net->par;
+  const int T = m->seq_len, d = m->d_model, V = m->vocab_size, Vp = par->Vpl;
+  const int n = n_seq * T, nl = n_seq * par->T_res;
   mc_backend *be = net->be;
   int fin[2] = {net->fam_final_norm, net->fam_head}, idx[MC_ROLE_COUNT];
-  if (mc_zero3_acquire(net, fin, 2, 1)) return -1;
-  if (net->tp > 1) {
-    if (mc_vp_xent_bwd(net, n, (float)ce_weight)) return -1;
+  if (acquire(net, fin, 2, 1)) return -1;
+  if (par->tp > 1) {
+    if (mc_vp_xent_bwd(par, be, n, (float)ce_weight, net->dlogits)) return -1;
   } else {
     /* under mc_act16 dlogits feeds only the head's two products: written in bf16 */
     be->xent_bwd(be, net->logits, net->tok_tgt, net->lse, n, V, Vp, (float)ce_weight,
@@ -625,36 +672,35 @@ static int backward(mc_net *net, int n_seq, double ce_weight, double seq_weight)
   const mc_operand dlg = mc_netbuf_in(net, MC_NB_DLOGITS, net->dlogits);
   mc_linear_bwd(be, hf_in(net), mc_param_mat(&net->params[net->fam_head]), dlg, n, d, Vp, mc_o32(dh), 0.0f,
                 net->params[net->fam_head].g);
-  if (net->sp) {
-    if (mc_sp_reduce_scatter(net, dh, net->ush, n_seq, d)) return -1;
-    dh_res = net->ush;
-  } else if (mc_tp_allreduce(net, dh, (int64_t)n * d)) {
+  if (par->sp) {
+    if (mc_sp_reduce_scatter(par, be, dh, par->ush, n_seq, d)) return -1;
+    dh_res = par->ush;
+  } else if (mc_tp_allreduce(par, be, dh, (int64_t)n * d)) {
     return -1;
   }
   /* final norm: its input is the last residual state, still in net->x */
   be->fill(be, net->dx, (int64_t)nl * d, 0.0f);
   be->rmsnorm_bwd(be, net->x, net->params[net->fam_final_norm].w, net->rstd_f, dh_res, nl, d, d, net->dx,
                   net->params[net->fam_final_norm].g);
-  if (mc_zero3_release(net, fin, 2, 1)) return -1;
+  if (release(net, fin, 2, 1)) return -1;
   for (int L = net->n_layers - 1; L >= 0; L--) {
     mc_layer *l = &net->layers[L];
     int np = layer_params(l, idx);
-    if (mc_zero3_acquire(net, idx, np, 1) || block_backward(net, l, n_seq, seq_weight) ||
-        mc_zero3_release(net, idx, np, 1))
+    if (acquire(net, idx, np, 1) || block_backward(net, l, n_seq, seq_weight) || release(net, idx, np, 1))
       return mc_error_context("layer %d (%c) backward", L, l->kind);
   }
-  if (mc_zero3_acquire(net, &net->fam_embed, 1, 1)) return -1;
-  if (net->tp > 1) {
+  if (acquire(net, &net->fam_embed, 1, 1)) return -1;
+  if (par->tp > 1) {
     const float *dfull = net->dx;
-    if (net->sp) {
-      if (mc_sp_gather(net, net->dx, net->full, n_seq, d)) return -1;
+    if (par->sp) {
+      if (mc_sp_gather(par, be, net->dx, net->full, n_seq, d)) return -1;
       dfull = net->full;
     }
-    if (mc_vp_embed_bwd(net, dfull, n)) return -1;
+    if (mc_vp_embed_bwd(par, be, dfull, n, d, net->params[net->fam_embed].g)) return -1;
   } else {
     be->embed_bwd(be, net->tok_in, n, d, net->dx, net->params[net->fam_embed].g);
   }
-  if (mc_zero3_release(net, &net->fam_embed, 1, 1)) return -1;
+  if (release(net, &net->fam_embed, 1, 1)) return -1;
   return be->sync(be);
 }
 

@@ -1,6 +1,8 @@
 /* Internals of the network (train/net.c) shared with the block files (train/block_*.c):
- * the per-layer state, the block table and the linear-layer helpers. Every computation goes
- * through the backend op table (kernels/ops.h); nothing here touches tensor memory directly. */
+ * the network's state (struct mc_net: the single-rank computation; its parallel context,
+ * net->par, is train/net_par.h), the per-layer state, the block table and the linear-layer
+ * helpers. Every computation goes through the backend op table (kernels/ops.h); nothing here
+ * touches tensor memory directly. */
 #ifndef MC_TRAIN_NET_BLOCKS_H
 #define MC_TRAIN_NET_BLOCKS_H
 
@@ -11,6 +13,7 @@
 #include "kernels/ops.h"
 #include "train/arena.h"
 #include "train/net.h"
+#include "train/net_par.h"
 
 #define MC_LAYER_FBUFS MC_BLOCK_MAX_BUFS /* saved float activations per layer */
 #define MC_LAYER_IBUFS 4                 /* saved int32 activations per layer (routing) */
@@ -40,16 +43,6 @@ typedef struct {
 
 struct mc_net;
 
-/* How one parameter's gradient is combined across ranks and where its ZeRO part lives
- * (train/dist_sync.c). */
-typedef struct {
-  mc_comm *group;   /* the ZeRO/data-parallel group of the family: dp, or edp for experts */
-  int64_t *counts;  /* elements of the local slice held by each member of group */
-  int tp_sum;       /* the gradient is partial over TP (mc_family.tp_partial_grad) */
-  int contribute;   /* 0: an identical copy is contributed by TP rank 0 (experts without SP) */
-  float *g_acc;     /* ZeRO 3: the gradient shard while a backward uses a whole-slice buffer */
-} mc_dist_param;
-
 typedef struct {
   char kind;
   /* x += f(u): u = L->u is the normed input [n, d], x the residual stream. */
@@ -69,18 +62,21 @@ int mc_moe_is_dense(const struct mc_net *net);
 
 struct mc_net {
   mc_backend *be;
-  /* What this rank holds follows these settings (core/holdings.h): bf16 matrix weights on a
-   * backend with bf16_weights, bf16 product activations (act16) on one rank without TP. */
+  /* ---- precision (core/holdings.h): what this rank keeps in bf16 */
+  /* bf16 matrix weights on a backend with bf16_weights, bf16 product activations (act16) on
+   * one rank without TP; moe_dense 1 (default): an E block of one expert and one choice that
+   * cannot drop runs as the plain SwiGLU (train/block_moe.c), 0: always routed. */
   mc_hold_opts hold;
+  unsigned nb16;       /* bit MC_NB_x set: network buffer x is bf16, as placed under hold */
   uint64_t seed;       /* of the parameter initialisation (mc_net_param_initial redraws it) */
   /* One allocation per category: working params by placement class, gradients and (once
-   * mc_net_reserve or the first pass sized them) activations; the tensors below point into
-   * them; ZeRO 3's gathered layer in zero3.buffers. The collectives' staging buffers are not
-   * in them. */
+   * mc_net_reserve or the first pass sized them) activations; the tensors below and the
+   * staging rows of par point into them; ZeRO 3's gathered layer in zero3.buffers. The
+   * collectives' own staging buffers are not in them. */
   mc_arenas arenas;
   mc_geometry geo;     /* private copy (families owned) */
   int rank;
-  mc_model m;
+  mc_model m;          /* the model with this rank's local widths (heads, inner widths / tp) */
   int n_params;
   mc_net_param *params;
   int n_layers;
@@ -94,74 +90,15 @@ struct mc_net {
   float *loss, *lse;   /* [n] */
   float *dx;           /* [nl, d] running residual gradient */
   float *du;           /* [n, d] gradient of a block's input (whole rows for a split block) */
-  float *g[MC_NET_GBUFS];
-  float *loss_host;    /* [n] */
-  /* ---- parallel layout (train/dist_tp.c, train/dist_sync.c) */
-  const mc_comm_groups *comm; /* NULL: one rank */
-  int tp, tp_rank, sp, zero;
-  int T_res;           /* positions per sequence in the residual stream: T, or T/tp under SP */
-  int moe_T;           /* positions per sequence an E block routes: T_res, or T when SP with
-                          capacity makes it gather whole sequences (train/net.c) */
-  int v0, Vl, Vpl;     /* vocab rows [v0, v0 + Vpl) of embed/head are local, Vl of them real */
-  mc_dist_param *dist; /* [n_params] */
   float *y;            /* [n, d] a block's partial output under TP; under mc_act16 (no TP) the
                           bf16 copy of a block's output gradient (mc_dy_in) */
-  float *ush;          /* [nl, d] a sequence shard (SP) */
-  float *full;         /* [n, d] gathered or to-be-scattered rows */
-  float *pack;         /* [n, d] member-major staging of the SP collectives */
-  float *ufull;        /* [n, d] SP: a layer's normed input gathered for its block */
-  unsigned nb16;       /* bit MC_NB_x set: network buffer x is bf16 (core/holdings.h) */
-  int moe_dense;       /* 1 (default): an E block of one expert and one choice that cannot drop
-                          runs as the plain SwiGLU (train/block_moe.c); 0: always routed */
-  const float *bwd_dy; /* the output gradient of the block being differentiated */
-  double bwd_seq_weight;
+  float *full;         /* [n, d] whole rows: the final norm output's gradient; under TP also
+                          gathered or to-be-scattered rows */
   float *dlogits;      /* [n, Vpl] */
-  int32_t *emb_tok, *emb_slot; /* vocab-parallel embedding: local ids of in-range tokens, */
-  float *emb_rows, *emb_gate; /* their rows, unit gates; slot = row or -1 */
-  int emb_cnt;
-  float *logits_host, *lse_host; /* [n, Vpl], [n]: vocab-parallel cross-entropy (host) */
-  int32_t *tgt_host;   /* [n] */
+  float *g[MC_NET_GBUFS];
+  float *loss_host;    /* [n] */
+  mc_net_par par;      /* the parallel layout and its staging (train/net_par.h) */
 };
-
-/* ---- tensor / sequence parallel pieces (train/dist_tp.c); each returns 0 or -1. */
-/* Sum over the TP group, in place (nothing when tp = 1). */
-int mc_tp_allreduce(struct mc_net *net, float *buf, int64_t count);
-/* SP: the TP members' sequence shards [n_seq * T/tp, d] -> the token-major rows [n_seq * T, d]. */
-int mc_sp_gather(struct mc_net *net, const float *shard, float *full, int n_seq, int d);
-/* SP: sums full rows [n_seq * T, d] over TP and keeps this rank's sequence shard. */
-int mc_sp_reduce_scatter(struct mc_net *net, const float *full, float *shard, int n_seq, int d);
-/* SP, no communication: this rank's shard rows of full rows (take), or full rows that are
- * zero outside this rank's shard (place). */
-void mc_sp_take(struct mc_net *net, const float *full, float *shard, int n_seq, int d);
-void mc_sp_place(struct mc_net *net, const float *shard, float *full, int n_seq, int d);
-/* Vocab-parallel embedding of n tokens (host ids) into out [n, d], summed over TP (or
- * reduce-scattered into the residual shard under SP); backward from the full-row gradient. */
-int mc_vp_embed_fwd(struct mc_net *net, const int32_t *tok_host, int n_seq, float *out);
-int mc_vp_embed_bwd(struct mc_net *net, const float *dfull, int n);
-/* Vocab-parallel cross-entropy over the local logits [n, Vpl]: loss_host[r] and the global
- * log-normaliser; backward writes dlogits = scale * (softmax - onehot), zero on padding. */
-int mc_vp_xent_fwd(struct mc_net *net, const int32_t *tgt_host, int n);
-int mc_vp_xent_bwd(struct mc_net *net, int n, float scale);
-/* MoE under SP: replaces the shard's routing fractions with the sequence's (TP mean), and
- * sets aux_host from the sequence-wide f and P. */
-int mc_sp_moe_aux(struct mc_net *net, mc_layer *L, const float *probs, float *fr, int n_seq, int T_l);
-
-/* ---- ZeRO (train/dist_sync.c) */
-int mc_dist_setup(struct mc_net *net);
-void mc_dist_free(struct mc_net *net);
-/* ZeRO 3: sizes and allocates the zero3.buffers arena (nothing for other ZeRO stages). */
-int mc_zero3_arena(struct mc_net *net);
-/* ZeRO 3: gathers the working weights of params idx[0..n) into the zero3.buffers arena /
- * gives them up again (one set at a time). */
-int mc_zero3_acquire(struct mc_net *net, const int *idx, int n, int for_backward);
-int mc_zero3_release(struct mc_net *net, const int *idx, int n, int after_backward);
-/* Combines the local-slice gradients g[k] of params idx[k] over the ranks holding pieces of
- * them: zero 0 leaves the sums in g[k]; otherwise this rank's ZeRO part of each sum goes to
- * out[k] (z_numel elements; g[k] is clobbered; out[k] may be g[k] + z_off). */
-int mc_dist_reduce_grads(struct mc_net *net, const int *idx, int n, float *const *g, float *const *out);
-/* Puts each member's rows shard[k] (z_numel elements, this rank's) of params idx[k] into
- * the whole local slices full[k], over the params' groups (shard[k] may be full[k] + z_off). */
-int mc_dist_gather(struct mc_net *net, const int *idx, int n, float *const *shard, float *const *full);
 
 /* Working weight / gradient of a layer's role (mc_w: an fp32 weight, not a matrix weight that
  * may be stored in bf16; those go through mc_wm). */

@@ -31,7 +31,7 @@ static void run_case(mc_comm_groups *grp, const char *pattern, int sp, double ca
   CHECK(have_opt, "optimizer: %s", mc_errmsg());
   if (!ref || !net || !have_opt) goto out;
   const int n_seq = 3, T = m.seq_len;
-  CHECK(net->T_res == (sp ? T / 2 : T), "residual rows per sequence %d with sp=%d", net->T_res, sp);
+  CHECK(net->par.T_res == (sp ? T / 2 : T), "residual rows per sequence %d with sp=%d", net->par.T_res, sp);
   int32_t *tok = malloc(sizeof(int32_t) * n_seq * (T + 1));
   dc_samples(&m, 100, n_seq, tok);
   mc_net_stats s1, s2;

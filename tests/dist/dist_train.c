@@ -149,7 +149,7 @@ static void compare_weights(trainee *e, float **ref, int rank, uint64_t seed) {
     CHECK(diff <= PTOL, "rank %d %s: master weights differ by %.3g", rank, f->name, diff);
     worst = fmax(worst, diff);
   }
-  for (int i = 0; i < mc_net_n_params(e->net) && e->net->zero != 3; i++) { /* working weights = whole local slices */
+  for (int i = 0; i < mc_net_n_params(e->net) && e->net->par.zero != 3; i++) { /* working weights = whole local slices */
     mc_net_param *p = mc_net_param_at(e->net, i);
     double rmax, diff = dc_slice_diff(p->w, &p->shard, p->shard.local_start, p->shard.local_count, ref[p->fam],
                                       &e->geo.fams.f[p->fam], &rmax);

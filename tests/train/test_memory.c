@@ -95,7 +95,7 @@ static void oracle_sizes(const mc_net *net, char kind, int n_seq, sizes *s) {
  * count. */
 static int activation_spans(const mc_net *net, int n_seq, span *s) {
   const mc_model *m = &net->m;
-  const int64_t n = (int64_t)n_seq * m->seq_len, d = m->d_model, vp = net->Vpl;
+  const int64_t n = (int64_t)n_seq * m->seq_len, d = m->d_model, vp = net->par.Vpl;
   int64_t gmax[MC_NET_GBUFS] = {0};
   int cnt = 0;
   for (int L = 0; L < net->n_layers; L++) {

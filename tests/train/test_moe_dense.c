@@ -1,5 +1,5 @@
 /* An E block of one expert and one choice that cannot drop runs as the plain SwiGLU
- * (train/block_moe.c, net->moe_dense): it must give exactly the routed computation's values.
+ * (train/block_moe.c, net->hold.moe_dense): it must give exactly the routed computation's values.
  * Two networks with the same initialisation, one forced onto the routed path, take the same
  * micro-batches: losses, aux sums, drop counts and every gradient must be equal (==, so a
  * signed zero may differ), with capacity 1.25 and dropless routing, in fp32 and on a copy of
@@ -20,7 +20,7 @@ static void compare(double capacity, mc_backend *be, const char *what) {
   mc_net *fast = mc_net_create_on(&geo, 0, 11, be), *routed = mc_net_create_on(&geo, 0, 11, be);
   CHECK(fast && routed, "%s: networks: %s", what, mc_errmsg());
   if (!fast || !routed) return;
-  routed->moe_dense = 0;
+  routed->hold.moe_dense = 0;
   int32_t *tok = nc_tokens(&m, 3, 21);
   for (int pass = 0; pass < 2; pass++) { /* the second pass accumulates onto the first's gradients */
     mc_net_stats a, b;

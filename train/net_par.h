@@ -1,0 +1,101 @@
+/* The parallel context of one rank's network (net->par): how the layout splits the model's
+ * sequences, vocabulary and gradients over the ranks, the communicator groups, and the
+ * staging buffers the collectives move rows through. The network (train/net_blocks.h) is the
+ * single-rank computation; everything that only exists because other ranks hold the rest
+ * lives here, and the functions below take it with what else they touch. Without TP (tp = 1)
+ * the TP/SP functions do nothing or are not called; without ZeRO 3 the zero3 ones do nothing. */
+#ifndef MC_TRAIN_NET_PAR_H
+#define MC_TRAIN_NET_PAR_H
+
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "kernels/ops.h"
+#include "train/arena.h"
+#include "train/net.h"
+
+/* How one parameter's gradient is combined across ranks and where its ZeRO part lives
+ * (train/dist_sync.c). */
+typedef struct {
+  mc_comm *group;   /* the ZeRO/data-parallel group of the family: dp, or edp for experts */
+  int64_t *counts;  /* elements of the local slice held by each member of group */
+  int tp_sum;       /* the gradient is partial over TP (mc_family.tp_partial_grad) */
+  int contribute;   /* 0: an identical copy is contributed by TP rank 0 (experts without SP) */
+  float *g_acc;     /* ZeRO 3: the gradient shard while a backward uses a whole-slice buffer */
+} mc_dist_param;
+
+typedef struct {
+  const mc_comm_groups *comm; /* NULL: one rank */
+  int tp, tp_rank, sp, zero;
+  int T;               /* positions per sequence (the model's seq_len) */
+  int T_res;           /* positions per sequence in the residual stream: T, or T/tp under SP */
+  int moe_T;           /* positions per sequence an E block routes: T_res, or T when SP with
+                          capacity makes it gather whole sequences (train/net.c) */
+  int v0, Vl, Vpl;     /* vocab rows [v0, v0 + Vpl) of embed/head are local, Vl of them real */
+  mc_dist_param *dist; /* [n_params], parallel to the network's params */
+  /* Staging rows in the activations arena (placed with the network's buffers, NULL where the
+   * layout needs none: core/holdings.h mc_net_bufs). */
+  float *ush;          /* [nl, d] a sequence shard (SP) */
+  float *pack;         /* [n, d] member-major staging of the SP collectives */
+  float *ufull;        /* [n, d] SP: a layer's normed input gathered for its block */
+  int32_t *emb_tok, *emb_slot; /* vocab-parallel embedding: local ids of in-range tokens, */
+  float *emb_rows, *emb_gate; /* their rows, unit gates; slot = row or -1 */
+  int emb_cnt;
+  /* Host staging of the vocab-parallel cross-entropy (TP only). */
+  float *logits_host, *lse_host; /* [n, Vpl], [n] */
+  int32_t *tgt_host;   /* [n] */
+} mc_net_par;
+
+/* ---- tensor / sequence parallel pieces (train/dist_tp.c); each returns 0 or -1. The
+ * collectives first finish the backend's queued work on their buffers. */
+/* Sum over the TP group, in place (nothing when tp = 1). */
+int mc_tp_allreduce(const mc_net_par *par, mc_backend *be, float *buf, int64_t count);
+/* SP: the TP members' sequence shards [n_seq * T/tp, d] -> the token-major rows [n_seq * T, d]. */
+int mc_sp_gather(const mc_net_par *par, mc_backend *be, const float *shard, float *full, int n_seq, int d);
+/* SP: sums full rows [n_seq * T, d] over TP and keeps this rank's sequence shard. */
+int mc_sp_reduce_scatter(const mc_net_par *par, mc_backend *be, const float *full, float *shard, int n_seq, int d);
+/* SP, no communication: this rank's shard rows of full rows (take), or full rows that are
+ * zero outside this rank's shard (place). */
+void mc_sp_take(const mc_net_par *par, mc_backend *be, const float *full, float *shard, int n_seq, int d);
+void mc_sp_place(const mc_net_par *par, mc_backend *be, const float *shard, float *full, int n_seq, int d);
+/* Vocab-parallel embedding of n tokens (host ids) with this rank's rows of the embedding
+ * (embed_w): rows [n, d] gets the rows of the local tokens and zero elsewhere (the caller's
+ * sum over TP completes them); backward from the full-row gradient into embed_g. */
+int mc_vp_embed_fwd(mc_net_par *par, mc_backend *be, const float *embed_w, const int32_t *tok_host, int n, int d,
+                    float *rows);
+int mc_vp_embed_bwd(const mc_net_par *par, mc_backend *be, const float *dfull, int n, int d, float *embed_g);
+/* Vocab-parallel cross-entropy over the local logits [n, Vpl] (backend memory): loss_host[r]
+ * and the global log-normaliser; backward writes dlogits = scale * (softmax - onehot), zero
+ * on padding. */
+int mc_vp_xent_fwd(mc_net_par *par, mc_backend *be, const float *logits, const int32_t *tgt_host, int n,
+                   float *loss_host);
+int mc_vp_xent_bwd(const mc_net_par *par, mc_backend *be, int n, float scale, float *dlogits);
+/* MoE under SP: replaces the shard's routing fractions fr [n_seq, E] with the sequence's (TP
+ * mean), and sets aux_host [n_seq] from the sequence-wide f and P. */
+int mc_sp_moe_aux(const mc_net_par *par, mc_backend *be, int E, const float *probs, float *fr, int n_seq, int T_l,
+                  float *aux_host);
+
+/* ---- gradient combination and ZeRO (train/dist_sync.c), over the network's params */
+/* Fills par->dist[0..n_params) (par->dist allocated by the caller) from the layout. */
+int mc_dist_setup(mc_net_par *par, const mc_geometry *geo, int rank, const mc_net_param *params, int n_params);
+void mc_dist_free(mc_net_par *par, int n_params);
+/* Combines the local-slice gradients g[k] of params idx[k] over the ranks holding pieces of
+ * them: zero 0 leaves the sums in g[k]; otherwise this rank's ZeRO part of each sum goes to
+ * out[k] (z_numel elements; g[k] is clobbered; out[k] may be g[k] + z_off). */
+int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, const mc_net_param *params, const int *idx, int n,
+                         float *const *g, float *const *out);
+/* Puts each member's rows shard[k] (z_numel elements, this rank's) of params idx[k] into
+ * the whole local slices full[k], over the params' groups (shard[k] may be full[k] + z_off). */
+int mc_dist_gather(const mc_net_par *par, mc_backend *be, const mc_net_param *params, const int *idx, int n,
+                   float *const *shard, float *const *full);
+/* ZeRO 3: bytes of the zero3.buffers arena that one gathered set of params idx[0..n) needs
+ * (the arena is sized for the largest set the pass gathers). */
+int64_t mc_zero3_set_bytes(const mc_net_param *params, const int *idx, int n);
+/* ZeRO 3: gathers the working weights of params idx[0..n) into the zero3.buffers arena
+ * `bufs` / gives them up again (one set at a time); nothing for other ZeRO stages. */
+int mc_zero3_acquire(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_param *params, const int *idx, int n,
+                     int for_backward);
+int mc_zero3_release(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_param *params, const int *idx, int n,
+                     int after_backward);
+
+#endif
