@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/blocks.h"
 #include "mc_default_config.h"
 #include "util/error.h"
 
@@ -280,7 +281,7 @@ static int check_pattern(apply_ctx *c, const cfg_key *k, const char *text) {
       continue;
     }
     letters++;
-    if (!strchr("AMER", text[i])) {
+    if (!strchr(mc_block_letters(), text[i])) {
       printable_char(text[i], ch, sizeof ch);
       key_err(c, k, "unknown block letter %s at position %zu (known: A, M, E, R)", ch, i);
     }
@@ -746,7 +747,12 @@ char *mc_config_to_json(const mc_config *cfg) {
 
 /* ------------------------------------------------------------------ schema and reference */
 
-#define PATTERN_RE "^[AMER](\\|?[AMER]){0,255}$"
+/* The schema's pattern regex: block letters of the block-kind table, '|' only between them. */
+static const char *pattern_re(void) {
+  static char re[64];
+  snprintf(re, sizeof re, "^[%s](\\|?[%s]){0,%d}$", mc_block_letters(), mc_block_letters(), MC_MAX_LAYERS - 1);
+  return re;
+}
 
 static cJSON *key_schema(const cfg_key *k, const cJSON *def) {
   cJSON *p = cJSON_CreateObject();
@@ -800,7 +806,7 @@ static cJSON *key_schema(const cfg_key *k, const cJSON *def) {
     }
     case K_PATTERN:
       cJSON_AddStringToObject(p, "type", "string");
-      cJSON_AddStringToObject(p, "pattern", PATTERN_RE);
+      cJSON_AddStringToObject(p, "pattern", pattern_re());
       break;
     case K_SPLIT: {
       cJSON_AddStringToObject(p, "type", "string");
@@ -812,7 +818,7 @@ static cJSON *key_schema(const cfg_key *k, const cJSON *def) {
       cJSON_AddItemToArray(e, cJSON_CreateString("explicit"));
       cJSON *all = cJSON_AddArrayToObject(piped, "allOf");
       cJSON *a = cJSON_CreateObject(), *b = cJSON_CreateObject();
-      cJSON_AddStringToObject(a, "pattern", PATTERN_RE);
+      cJSON_AddStringToObject(a, "pattern", pattern_re());
       cJSON_AddStringToObject(b, "pattern", "\\|");
       cJSON_AddItemToArray(all, a);
       cJSON_AddItemToArray(all, b);
@@ -990,7 +996,7 @@ int mc_layout_parse_split(mc_layout *l, const char *text) {
   if (strlen(text) >= sizeof l->split_pattern)
     return mc_error("parallel.pp_split: pattern \"%.40s...\" is too long", text);
   for (const char *p = text; *p; p++)
-    if (!strchr("AMER|", *p))
+    if (*p != '|' && !strchr(mc_block_letters(), *p))
       return mc_error("parallel.pp_split: unknown block letter '%c' in \"%s\"", *p, text);
   l->split = MC_SPLIT_EXPLICIT;
   snprintf(l->split_pattern, sizeof l->split_pattern, "%s", text);
