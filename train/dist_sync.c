@@ -215,19 +215,6 @@ int mc_dist_gather(const mc_net_par *par, mc_backend *be, const mc_net_param *pa
   return rc ? -1 : be->sync(be);
 }
 
-/* ZeRO 3 gathers the parameters of one set at a time (the caller names the sets: a layer's,
- * the embedding's, the final norm's with the head's). The zero3.buffers arena holds, for the
- * largest set, its gathered working weights, its whole-slice gradients and the reduced shards
- * a backward adds into the rank's accumulators; each acquire starts the arena afresh. */
-int64_t mc_zero3_set_bytes(const mc_net_param *params, const int *idx, int n) {
-  int64_t b = 0;
-  for (int k = 0; k < n; k++) {
-    const mc_net_param *p = &params[idx[k]];
-    b += 2 * mc_mem_footprint(p->numel * (int64_t)sizeof(float)) + mc_mem_footprint(p->z_numel * (int64_t)sizeof(float));
-  }
-  return b;
-}
-
 /* Empties the zero3.buffers arena for the next set (its tensors are no longer used). */
 static void zero3_restart(mc_arena *a) { a->used = a->tensor_bytes = a->tensors = 0; }
 

@@ -161,17 +161,15 @@ static int layer_params(const mc_layer *l, int *idx) {
 /* ZeRO 3 gathers the params of one set at a time: the embedding's, a layer's, or the final
  * norm's with the head's; the zero3.buffers arena holds the largest set (nothing for other
  * ZeRO stages). */
+/* ZeRO 3: the zero3.buffers arena, sized by the holdings (core/holdings.h
+ * mc_zero3_buffer_bytes: the largest gather set's working weights, whole-slice gradients and
+ * reduced shards); each acquire starts it afresh. */
 static int open_zero3_buffers(mc_net *net) {
   if (net->par.zero != 3) return 0;
-  int fin[2] = {net->fam_final_norm, net->fam_head}, idx[MC_ROLE_COUNT];
-  int64_t worst = mc_zero3_set_bytes(net->params, &net->fam_embed, 1);
-  if (mc_zero3_set_bytes(net->params, fin, 2) > worst) worst = mc_zero3_set_bytes(net->params, fin, 2);
-  for (int L = 0; L < net->n_layers; L++) {
-    int n = layer_params(&net->layers[L], idx);
-    if (mc_zero3_set_bytes(net->params, idx, n) > worst) worst = mc_zero3_set_bytes(net->params, idx, n);
-  }
+  const int64_t bytes = mc_zero3_buffer_bytes(&net->geo, net->rank, &net->hold);
+  if (bytes < 0) return -1;
   mc_arena *a = &net->arenas.a[MC_MEM_ZERO3_BUFFERS];
-  a->cap = worst;
+  a->cap = bytes;
   return mc_arena_open(a, net->be, MC_MEM_ZERO3_BUFFERS);
 }
 

@@ -88,9 +88,6 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, const mc_net_par
  * the whole local slices full[k], over the params' groups (shard[k] may be full[k] + z_off). */
 int mc_dist_gather(const mc_net_par *par, mc_backend *be, const mc_net_param *params, const int *idx, int n,
                    float *const *shard, float *const *full);
-/* ZeRO 3: bytes of the zero3.buffers arena that one gathered set of params idx[0..n) needs
- * (the arena is sized for the largest set the pass gathers). */
-int64_t mc_zero3_set_bytes(const mc_net_param *params, const int *idx, int n);
 /* ZeRO 3: gathers the working weights of params idx[0..n) into the zero3.buffers arena
  * `bufs` / gives them up again (one set at a time); nothing for other ZeRO stages. */
 int mc_zero3_acquire(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_param *params, const int *idx, int n,
