@@ -1,6 +1,7 @@
 #define _GNU_SOURCE /* sync_file_range */
 #include "reshard/ckpt_sink.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
 #include <stdatomic.h>
@@ -13,15 +14,15 @@
 #include "reshard/ckpt_source.h"
 
 typedef struct {
-  hid_t d;     /* open until the shard is complete */
-  int file;    /* index into files */
+  int file;       /* index into files */
+  int64_t offset; /* byte offset of the dataset's data in the file */
   int done;
+  char sha[65];   /* hex SHA-256, once the last row is written */
 } sink_target;
 
 typedef struct {
   int rank;
-  hid_t fid;
-  int fd; /* a second descriptor, only to start writeback early */
+  int fd;         /* the data is written through this descriptor, at the datasets' offsets */
   char path[MC_PATH_MAX + 40];
 } sink_file;
 
@@ -68,23 +69,72 @@ static int shard_attrs(hid_t d, const mc_geometry *g, int fam, mc_state st, cons
 
 /* ---------------------------------------------------------------- files */
 
-static int open_file(mc_rs_sink *s, const char *step_dir, int rank, int64_t step) {
-  sink_file *f = &s->files[s->n_files];
-  f->rank = rank;
-  snprintf(f->path, sizeof f->path, "%s/rank_%d.h5", step_dir, rank);
+/* The HDF5 file access settings of a rank file: as the library's writer, large datasets page
+ * aligned and metadata gathered in blocks. */
+static hid_t file_access(void) {
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
   H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
-  /* As the library's writer: large datasets page aligned, metadata gathered in blocks. */
   H5Pset_alignment(fapl, 64 * 1024, 4096);
   H5Pset_meta_block_size(fapl, 64 * 1024);
-  f->fid = H5Fcreate(f->path, H5F_ACC_EXCL, H5P_DEFAULT, fapl);
-  H5Pclose(fapl);
+  return fapl;
+}
+
+/* Creates rank r's file with its file attributes and every dataset of its target shards
+ * (space allocated now, contiguous, so each has a fixed data offset), then closes the HDF5
+ * file: an open HDF5 file holds about a megabyte of library memory, so one is open at a time
+ * and the memory of a reshard does not grow with the number of rank files. The data is then
+ * written with pwrite at the recorded offsets; the attributes are added at the end. */
+static int create_file(mc_rs_sink *s, const mc_rs_plan *p, const char *step_dir, int rank, int64_t step) {
+  const mc_geometry *g = s->g;
+  sink_file *f = &s->files[s->n_files];
+  f->rank = rank;
   f->fd = -1;
-  if (f->fid < 0) return mc_error("%s: cannot create HDF5 file", f->path);
-  f->fd = open(f->path, O_WRONLY);
+  snprintf(f->path, sizeof f->path, "%s/rank_%d.h5", step_dir, rank);
+  hid_t fapl = file_access();
+  hid_t fid = H5Fcreate(f->path, H5F_ACC_EXCL, H5P_DEFAULT, fapl);
+  H5Pclose(fapl);
+  if (fid < 0) return mc_error("%s: cannot create HDF5 file", f->path);
   s->file_of_rank[rank] = s->n_files++;
-  if (mc_h5_write_file_attrs((int64_t)f->fid, step, rank)) return mc_error("%s: cannot write file attributes", f->path);
-  return 0;
+  int rc = mc_h5_write_file_attrs((int64_t)fid, step, rank) ? mc_error("%s: cannot write file attributes", f->path) : 0;
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  H5Pset_layout(dcpl, H5D_CONTIGUOUS);
+  H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
+  H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
+  for (int i = 0; i < p->n_targets && rc == 0; i++) {
+    const mc_rs_target *tg = &p->targets[i];
+    if (tg->shard.rank != rank) continue;
+    const mc_rs_tensor *tn = &p->tensors[tg->tensor];
+    const mc_family *fam = &g->fams.f[tn->fam];
+    char gname[MC_FAMILY_NAME_MAX + 2];
+    snprintf(gname, sizeof gname, "/%s", fam->name);
+    hid_t gr = H5Lexists(fid, gname, H5P_DEFAULT) > 0 ? H5Gopen2(fid, gname, H5P_DEFAULT)
+                                                      : H5Gcreate2(fid, gname, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (gr < 0) {
+      rc = mc_error("%s: cannot create group %s", f->path, gname);
+      break;
+    }
+    hsize_t dims[3];
+    for (int d = 0; d < fam->ndim; d++) dims[d] = (hsize_t)tg->shard.slab.count[d];
+    hid_t sp = H5Screate_simple(fam->ndim, dims, NULL);
+    hid_t d = H5Dcreate2(gr, mc_state_name(tn->state), H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    H5Sclose(sp);
+    H5Gclose(gr);
+    if (d < 0) {
+      rc = mc_error("%s: cannot create dataset %s/%s", f->path, gname, mc_state_name(tn->state));
+      break;
+    }
+    const haddr_t a = H5Dget_offset(d);
+    s->t[i].file = s->file_of_rank[rank];
+    s->t[i].offset = a == HADDR_UNDEF ? -1 : (int64_t)a;
+    if (s->t[i].offset < 0 && mc_box_numel(&tg->shard.slab) > 0)
+      rc = mc_error("%s: dataset %s/%s has no data offset", f->path, gname, mc_state_name(tn->state));
+    if (H5Dclose(d) < 0 && rc == 0) rc = mc_error("%s: cannot close dataset %s/%s", f->path, gname, mc_state_name(tn->state));
+  }
+  H5Pclose(dcpl);
+  /* Closing flushes the metadata: a full disk shows up here too. */
+  if (H5Fclose(fid) < 0 && rc == 0) rc = mc_error("%s: closing failed (disk full?)", f->path);
+  if (rc == 0 && (f->fd = open(f->path, O_WRONLY)) < 0) rc = mc_error("%s: cannot open for writing", f->path);
+  return rc;
 }
 
 int mc_rs_sink_create(const char *step_dir, const mc_geometry *g, const mc_rs_plan *p, int64_t step,
@@ -115,42 +165,13 @@ int mc_rs_sink_create(const char *step_dir, const mc_geometry *g, const mc_rs_pl
     return mc_error("out of memory");
   }
   for (int r = 0; r < g->world; r++) s->file_of_rank[r] = -1;
-  for (int i = 0; i < p->n_targets; i++) s->t[i].d = -1;
-  /* Datasets are created up front, in plan order, by this one thread; workers then only write. */
-  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-  H5Pset_layout(dcpl, H5D_CONTIGUOUS);
-  H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
-  H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_LATE);
+  /* Files and datasets are made up front, rank by rank, by this one thread; workers then
+   * only write. */
   int rc = 0;
   for (int i = 0; i < p->n_targets && rc == 0; i++) {
-    const mc_rs_target *tg = &p->targets[i];
-    const mc_rs_tensor *tn = &p->tensors[tg->tensor];
-    const mc_family *f = &g->fams.f[tn->fam];
-    int r = tg->shard.rank;
-    if (s->file_of_rank[r] < 0 && open_file(s, step_dir, r, step) != 0) {
-      rc = -1;
-      break;
-    }
-    sink_file *sf = &s->files[s->file_of_rank[r]];
-    char gname[MC_FAMILY_NAME_MAX + 2];
-    snprintf(gname, sizeof gname, "/%s", f->name);
-    hid_t gr = H5Lexists(sf->fid, gname, H5P_DEFAULT) > 0
-                   ? H5Gopen2(sf->fid, gname, H5P_DEFAULT)
-                   : H5Gcreate2(sf->fid, gname, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    if (gr < 0) {
-      rc = mc_error("%s: cannot create group %s", sf->path, gname);
-      break;
-    }
-    hsize_t dims[3];
-    for (int d = 0; d < f->ndim; d++) dims[d] = (hsize_t)tg->shard.slab.count[d];
-    hid_t sp = H5Screate_simple(f->ndim, dims, NULL);
-    s->t[i].d = H5Dcreate2(gr, mc_state_name(tn->state), H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    s->t[i].file = s->file_of_rank[r];
-    H5Sclose(sp);
-    H5Gclose(gr);
-    if (s->t[i].d < 0) rc = mc_error("%s: cannot create dataset %s/%s", sf->path, gname, mc_state_name(tn->state));
+    const int r = p->targets[i].shard.rank;
+    if (s->file_of_rank[r] < 0) rc = create_file(s, p, step_dir, r, step);
   }
-  H5Pclose(dcpl);
   if (rc) {
     mc_rs_sink_free(s);
     return -1;
@@ -161,61 +182,74 @@ int mc_rs_sink_create(const char *step_dir, const mc_geometry *g, const mc_rs_pl
 
 int mc_rs_sink_write(void *ctx, const mc_rs_plan *p, int i, int64_t off, int64_t n, const float *buf) {
   mc_rs_sink *s = ((mc_rs_io_ctx *)ctx)->sink;
-  const mc_rs_shard *sh = &p->targets[i].shard;
-  int nd = sh->slab.ndim;
-  int64_t row = 1;
-  for (int d = 1; d < nd; d++) row *= sh->slab.count[d];
-  hsize_t fo[3] = {0, 0, 0}, fc[3];
-  for (int d = 0; d < nd; d++) fc[d] = (hsize_t)sh->slab.count[d];
-  fo[0] = (hsize_t)(off / row);
-  fc[0] = (hsize_t)(n / row);
-  hid_t fs = H5Dget_space(s->t[i].d), ms = H5Screate_simple(nd, fc, NULL);
+  const sink_file *f = &s->files[s->t[i].file];
+  /* fp32 little-endian rows at the dataset's offset (the format's storage, as the reader's raw
+   * path reads them) */
+  const char *b = (const char *)buf;
+  int64_t left = n * 4, at = s->t[i].offset + off * 4;
   int rc = 0;
-  if (fs < 0 || ms < 0 || H5Sselect_hyperslab(fs, H5S_SELECT_SET, fo, NULL, fc, NULL) < 0 ||
-      H5Dwrite(s->t[i].d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, buf) < 0)
-    rc = mc_error("%s: writing rows of %s/%s failed (disk full?)", s->files[s->t[i].file].path,
-                  s->g->fams.f[p->tensors[p->targets[i].tensor].fam].name,
-                  mc_state_name(p->tensors[p->targets[i].tensor].state));
-  if (fs >= 0) H5Sclose(fs);
-  if (ms >= 0) H5Sclose(ms);
+  while (left > 0) {
+    ssize_t w = pwrite(f->fd, b, (size_t)left, (off_t)at);
+    if (w <= 0) {
+      rc = mc_error("%s: writing rows of %s/%s failed (disk full?): %s", f->path,
+                    s->g->fams.f[p->tensors[p->targets[i].tensor].fam].name,
+                    mc_state_name(p->tensors[p->targets[i].tensor].state), w < 0 ? strerror(errno) : "nothing written");
+      break;
+    }
+    b += w, at += w, left -= w;
+  }
   /* Start writing the dirty pages back now, while reading goes on, so that the final fsync
    * does not have the whole checkpoint to flush at once. Advisory: errors surface at fsync. */
-  if (rc == 0 && s->files[s->t[i].file].fd >= 0) sync_file_range(s->files[s->t[i].file].fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+  if (rc == 0) sync_file_range(f->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
   long long total = atomic_fetch_add(&s->written, n * 4) + n * 4;
   if (rc == 0 && s->fault_bytes >= 0 && total >= s->fault_bytes) {
     if (s->fault_crash) _exit(3);
-    rc = mc_error("%s: injected failure after %lld bytes (MC_RESHARD_FAULT)", s->files[s->t[i].file].path, total);
+    rc = mc_error("%s: injected failure after %lld bytes (MC_RESHARD_FAULT)", f->path, total);
   }
   return rc;
 }
 
 int mc_rs_sink_done(void *ctx, const mc_rs_plan *p, int i, const unsigned char sha[32]) {
   mc_rs_sink *s = ((mc_rs_io_ctx *)ctx)->sink;
-  const mc_rs_target *tg = &p->targets[i];
-  const mc_rs_tensor *tn = &p->tensors[tg->tensor];
-  char hex[65];
-  mc_rs_hex(sha, hex);
-  int rc = shard_attrs(s->t[i].d, s->g, tn->fam, tn->state, &tg->shard, hex);
-  if (H5Dclose(s->t[i].d) < 0) rc = -1;
-  s->t[i].d = -1;
-  if (rc) return mc_error("%s: cannot write the attributes of %s/%s", s->files[s->t[i].file].path,
-                          s->g->fams.f[tn->fam].name, mc_state_name(tn->state));
+  (void)p;
+  mc_rs_hex(sha, s->t[i].sha); /* the attributes are written by finish, one file at a time */
   s->t[i].done = 1;
   return 0;
 }
 
-int mc_rs_sink_finish(mc_rs_sink *s) {
+/* Adds every target shard's attributes (ownership, SHA-256) to rank file k. */
+static int write_attrs(mc_rs_sink *s, const mc_rs_plan *p, int k) {
+  sink_file *f = &s->files[k];
+  hid_t fapl = file_access();
+  hid_t fid = H5Fopen(f->path, H5F_ACC_RDWR, fapl);
+  H5Pclose(fapl);
+  if (fid < 0) return mc_error("%s: cannot reopen to write the shard attributes", f->path);
+  int rc = 0;
+  for (int i = 0; i < p->n_targets && rc == 0; i++) {
+    if (s->t[i].file != k) continue;
+    const mc_rs_target *tg = &p->targets[i];
+    const mc_rs_tensor *tn = &p->tensors[tg->tensor];
+    char name[MC_FAMILY_NAME_MAX + 24];
+    snprintf(name, sizeof name, "/%s/%s", s->g->fams.f[tn->fam].name, mc_state_name(tn->state));
+    hid_t d = H5Dopen2(fid, name, H5P_DEFAULT);
+    if (d < 0 || shard_attrs(d, s->g, tn->fam, tn->state, &tg->shard, s->t[i].sha) != 0)
+      rc = mc_error("%s: cannot write the attributes of %s", f->path, name);
+    if (d >= 0 && H5Dclose(d) < 0 && rc == 0) rc = mc_error("%s: cannot close %s", f->path, name);
+  }
+  /* Closing flushes metadata: a full disk shows up here too. */
+  if (H5Fclose(fid) < 0 && rc == 0) rc = mc_error("%s: closing failed (disk full?)", f->path);
+  return rc;
+}
+
+int mc_rs_sink_finish(mc_rs_sink *s, const mc_rs_plan *p) {
   int rc = 0;
   for (int i = 0; i < s->n_t && rc == 0; i++)
     if (!s->t[i].done) rc = mc_error("reshard: target shard %d was not completed", i);
   for (int k = 0; k < s->n_files; k++) {
     sink_file *f = &s->files[k];
-    if (f->fid < 0) continue;
-    /* Closing flushes metadata: a full disk shows up here too. */
-    if (H5Fclose(f->fid) < 0 && rc == 0) rc = mc_error("%s: closing failed (disk full?)", f->path);
-    f->fid = -1;
-    if (f->fd >= 0) close(f->fd);
+    if (f->fd >= 0 && close(f->fd) != 0 && rc == 0) rc = mc_error("%s: closing failed (disk full?)", f->path);
     f->fd = -1;
+    if (rc == 0) rc = write_attrs(s, p, k);
     if (rc == 0 && mc_fsync_path(f->path, 0) != 0) rc = -1;
   }
   return rc;
@@ -223,12 +257,8 @@ int mc_rs_sink_finish(mc_rs_sink *s) {
 
 void mc_rs_sink_free(mc_rs_sink *s) {
   if (!s) return;
-  for (int i = 0; s->t && i < s->n_t; i++)
-    if (s->t[i].d >= 0) H5Dclose(s->t[i].d);
-  for (int k = 0; s->files && k < s->n_files; k++) {
-    if (s->files[k].fid >= 0) H5Fclose(s->files[k].fid);
+  for (int k = 0; s->files && k < s->n_files; k++)
     if (s->files[k].fd >= 0) close(s->files[k].fd);
-  }
   free(s->files);
   free(s->file_of_rank);
   free(s->t);

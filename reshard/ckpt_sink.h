@@ -1,6 +1,8 @@
 /* The target side of a reshard: rank files written in the checkpoint library's format
- * (docs/checkpoint.md), one dataset per target primary shard, filled in streamed row
- * ranges and given its attributes (ownership, SHA-256) once its last row is written.
+ * (docs/checkpoint.md), one dataset per target primary shard, its space allocated when the
+ * file is made, filled in streamed row ranges by pwrite at its data offset, and given its
+ * attributes (ownership, SHA-256) when the sink finishes. Only one HDF5 file is open at a
+ * time, so memory does not grow with the number of rank files.
  *
  * The checkpoint library's own writer takes whole shards from memory; resharding must not
  * hold a shard whole, so this writer streams. It writes the same datasets and attributes.
@@ -22,8 +24,9 @@ int mc_rs_sink_create(const char *step_dir, const mc_geometry *dst, const mc_rs_
 /* Executor callbacks; ctx is an mc_rs_io_ctx whose sink is the mc_rs_sink. */
 int mc_rs_sink_write(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const float *buf);
 int mc_rs_sink_done(void *ctx, const mc_rs_plan *p, int t, const unsigned char sha[32]);
-/* Closes and fsyncs every file; fails if some target was not completed. */
-int mc_rs_sink_finish(mc_rs_sink *s);
+/* Adds the shard attributes, closes and fsyncs every file; fails if some target was not
+ * completed. `p` is the plan the sink was created for. */
+int mc_rs_sink_finish(mc_rs_sink *s, const mc_rs_plan *p);
 /* Frees (closing whatever is open); files stay on disk for the caller to remove. */
 void mc_rs_sink_free(mc_rs_sink *s);
 

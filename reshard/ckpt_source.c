@@ -14,7 +14,8 @@
 typedef struct {
   char name[32];
   int fd;        /* plain descriptor for raw reads of contiguous datasets */
-  int64_t fid;   /* HDF5 handle, for attribute checks and non-contiguous datasets */
+  int64_t fid;   /* HDF5 handle, for attribute checks and non-contiguous datasets (closed after
+                    binding when every shard of the file is read raw) */
 } src_file;
 
 typedef struct {
@@ -22,6 +23,7 @@ typedef struct {
   int file;                 /* index into files */
   int64_t raw_offset;       /* byte offset of the data in the file, -1: read through HDF5 */
   int64_t row;              /* elements per row of the shard */
+  const int64_t *shape;     /* the family's global shape */
 } src_shard;
 
 struct mc_rs_source {
@@ -85,25 +87,25 @@ unsigned mc_rs_source_states(const mc_rs_source *s) {
   return m;
 }
 
+/* The index of rank file `name` in s->files, its descriptor open (the HDF5 handle is opened by
+ * bind, one file at a time). */
 static int file_index(mc_rs_source *s, const char *name) {
-  for (int i = 0; i < s->n_files; i++)
-    if (strcmp(s->files[i].name, name) == 0) return i;
-  void *nf = realloc(s->files, (size_t)(s->n_files + 1) * sizeof *s->files);
-  if (!nf) return mc_error("out of memory");
-  s->files = nf;
-  src_file *f = &s->files[s->n_files];
-  snprintf(f->name, sizeof f->name, "%s", name);
-  f->fd = -1;
-  f->fid = -1;
+  int i = 0;
+  while (i < s->n_files && strcmp(s->files[i].name, name) != 0) i++;
+  if (i == s->n_files) {
+    void *nf = realloc(s->files, (size_t)(s->n_files + 1) * sizeof *s->files);
+    if (!nf) return mc_error("out of memory");
+    s->files = nf;
+    src_file *f = &s->files[s->n_files++];
+    snprintf(f->name, sizeof f->name, "%s", name);
+    f->fd = -1;
+    f->fid = -1;
+  }
+  src_file *f = &s->files[i];
   char path[MC_PATH_MAX + 40];
   snprintf(path, sizeof path, "%s/%s", mc_ckpt_step_dir(s->ck), name);
-  if (mc_h5_open_read(path, &f->fid) != 0) return -1;
-  f->fd = open(path, O_RDONLY);
-  if (f->fd < 0) {
-    mc_h5_close(f->fid);
-    return mc_error("%s: cannot open: %s", path, strerror(errno));
-  }
-  return s->n_files++;
+  if (f->fd < 0 && (f->fd = open(path, O_RDONLY)) < 0) return mc_error("%s: cannot open: %s", path, strerror(errno));
+  return i;
 }
 
 int mc_rs_shard_index(mc_ckpt *ck, const mc_geometry *g, int **out) {
@@ -156,19 +158,44 @@ int mc_rs_source_bind(mc_rs_source *s, const mc_rs_plan *p) {
         break;
       }
       int fi = file_index(s, rec->file);
-      if (fi < 0 || mc_h5_check_attrs(s->files[fi].fid, rec->file, rec, f->shape) != 0) {
+      if (fi < 0) {
         rc = -1;
         break;
       }
       src_shard *sh = &s->shards[i];
       sh->rec = rec;
       sh->file = fi;
-      sh->raw_offset = mc_h5_raw_offset(s->files[fi].fid, rec->dataset);
+      sh->shape = f->shape;
       sh->row = 1;
       for (int d = 1; d < rec->ndim; d++) sh->row *= rec->count[d];
     }
   }
   free(idx);
+  /* Then file by file: the HDF5 attributes and data offsets of its shards. An open HDF5 file
+   * costs about a megabyte of library caches, so one is open at a time, and a file's handle is
+   * kept only if a shard in it must be read through HDF5: the memory of a reshard does not
+   * grow with the number of rank files (raw reads need only the descriptor). */
+  for (int fi = 0; fi < s->n_files && rc == 0; fi++) {
+    src_file *sf = &s->files[fi];
+    char path[MC_PATH_MAX + 40];
+    snprintf(path, sizeof path, "%s/%s", dir, sf->name);
+    if (sf->fid < 0 && mc_h5_open_read(path, &sf->fid) != 0) {
+      rc = -1;
+      break;
+    }
+    int needed = 0;
+    for (int i = 0; i < p->n_src && rc == 0; i++) {
+      src_shard *sh = &s->shards[i];
+      if (sh->file != fi || !sh->rec) continue;
+      if (mc_h5_check_attrs(sf->fid, sh->rec->file, sh->rec, sh->shape) != 0) rc = -1;
+      sh->raw_offset = mc_h5_raw_offset(sf->fid, sh->rec->dataset);
+      needed |= sh->raw_offset < 0;
+    }
+    if (!needed) {
+      mc_h5_close(sf->fid);
+      sf->fid = -1;
+    }
+  }
   return rc;
 }
 

@@ -72,7 +72,7 @@ static int stream_into(void *user, const char *step_dir) {
   mc_rs_io io = {&ctx, h->read, mc_rs_sink_write, h->src_done, mc_rs_sink_done};
   mc_rs_exec_opts eo = {h->o->chunk_bytes, h->o->threads, h->o->progress, "reshard"};
   int rc = mc_rs_execute(h->plan, h->g, &io, &eo, &h->st);
-  if (rc == 0) rc = mc_rs_sink_finish(sink);
+  if (rc == 0) rc = mc_rs_sink_finish(sink, h->plan);
   mc_rs_sink_free(sink);
   return rc;
 }
