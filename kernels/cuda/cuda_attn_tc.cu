@@ -246,7 +246,7 @@ static __device__ __forceinline__ void tile_convert(char *tile, const float *src
  * q fragments read from shared memory per tile instead of kept in registers (MT 2 always
  * reads them: 64 more registers would not fit). A warp of 2 m-tiles loads each k and v
  * fragment once for both, halving the shared-memory reads per product. The defaults are the
- * fastest measured (tests/gpu-results/cuda_attn_tc_2026-11-26.txt). */
+ * fastest measured (results/gpu/cuda_attn_tc_2026-11-26.txt). */
 #ifndef FW_MT64
 #define FW_MT64 1
 #endif
