@@ -11,7 +11,9 @@
  * path reads the layer's u16), h1, h3 and the SwiGLU output, and in the backward da, dh1 and
  * dh3 (each written once by the op that makes it, no fp32 copy); the routed path's fp32
  * permuted input exists only while the forward makes it, in the DXP gradient scratch (free
- * during a forward). The buffers are the E row of core/blocks.h. */
+ * during a forward). The buffers are the E row of core/blocks.h. Under expert parallelism
+ * (net->par.ep > 1) the rank's routed rows run on the EP ranks owning their experts and come
+ * back by all-to-all (experts_forward_ep / experts_backward_ep, train/dist_ep.c). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -63,40 +65,61 @@ int mc_moe_is_dense(const struct mc_net *net) {
   return net->hold.moe_dense && !net->par.sp && mc_moe_is_plain(&net->m, net->par.moe_T);
 }
 
+/* Where the experts keep h1, h3 and the SwiGLU output (saved for the backward) and the
+ * gradients da, dh1, dh3 (scratch): the layer's buffers and the network's gradient scratch
+ * in their storage, or under EP the fp32 rows of what this rank's experts received. */
+typedef struct {
+  float *h1, *h3, *a, *da, *dh1, *dh3;
+  int s16, g16; /* the saved / scratch ones are bf16 */
+} expert_bufs;
+
+static expert_bufs layer_bufs(struct mc_net *net, const mc_layer *L) {
+  return (expert_bufs){L->f[MC_E_H1], L->f[MC_E_H3], L->f[MC_E_A], net->g[MC_E_DA], net->g[MC_E_DH1], net->g[MC_E_DH3],
+                       mc_saved_bf16(L, MC_E_H1), mc_scratch_bf16(L, MC_E_DA)};
+}
+static mc_dst buf_out(float *p, int b16) { return b16 ? mc_o16(p) : mc_o32(p); }
+static mc_operand buf_in(const float *p, int b16) { return b16 ? mc_b16(p) : mc_f32(p); }
+/* a gradient output: a bf16 one is written by its op, an fp32 one accumulates into zeroes */
+static mc_dst grad_out(mc_backend *be, float *p, int b16, int64_t n) {
+  if (b16) return mc_o16(p);
+  be->fill(be, p, n, 0.0f);
+  return mc_o32(p);
+}
+
 /* The experts on their input rows (expert-sorted, counts c, rows in all): xpo is the input as
- * the products read it; h1, h3 and the SwiGLU output are saved, the block output y = a w2^T
- * goes to out (beta 0). */
-static int experts_forward(struct mc_net *net, mc_layer *L, int E, const int32_t *c, int64_t rows, mc_operand xpo,
-                           float *out) {
+ * the products read it; h1, h3 and the SwiGLU output are saved in B, the block output
+ * y = a w2^T goes to out (beta 0). */
+static int experts_forward(struct mc_net *net, mc_layer *L, int E, const int32_t *c, int64_t rows,
+                           const expert_bufs *B, mc_operand xpo, float *out) {
   mc_backend *be = net->be;
   const int d = net->m.d_model, F = net->m.expert_hidden;
   const off_rule xr = {d, 0}, fr = {F, 0}, w13 = {0, (int64_t)F * d};
   if (experts_gemm(be, E, c, 0, 1, -1, F, d, xpo, d, xr, mc_wm(net, L, MC_ROLE_MOE_W1), d, w13, 0.0f,
-                   mc_saved_out(L, MC_E_H1), F, fr) ||
+                   buf_out(B->h1, B->s16), F, fr) ||
       experts_gemm(be, E, c, 0, 1, -1, F, d, xpo, d, xr, mc_wm(net, L, MC_ROLE_MOE_W3), d, w13, 0.0f,
-                   mc_saved_out(L, MC_E_H3), F, fr))
+                   buf_out(B->h3, B->s16), F, fr))
     return -1;
-  be->glu_fwd(be, MC_ACT_SILU, mc_saved_in(L, MC_E_H1), mc_saved_in(L, MC_E_H3), mc_saved_out(L, MC_E_A), rows * F);
-  return experts_gemm(be, E, c, 0, 1, -1, d, F, mc_saved_in(L, MC_E_A), F, fr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f,
+  be->glu_fwd(be, MC_ACT_SILU, buf_in(B->h1, B->s16), buf_in(B->h3, B->s16), buf_out(B->a, B->s16), rows * F);
+  return experts_gemm(be, E, c, 0, 1, -1, d, F, buf_in(B->a, B->s16), F, fr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f,
                       mc_o32(out), d, xr);
 }
 
 /* Backward of experts_forward from dyp (the output rows' gradient): adds the expert weights'
  * gradients and writes the input rows' gradient to dxp. */
-static int experts_backward(struct mc_net *net, mc_layer *L, int E, const int32_t *c, int64_t rows, mc_operand xpo,
-                            mc_operand dyp, float *dxp) {
+static int experts_backward(struct mc_net *net, mc_layer *L, int E, const int32_t *c, int64_t rows,
+                            const expert_bufs *B, mc_operand xpo, mc_operand dyp, float *dxp) {
   mc_backend *be = net->be;
   const int d = net->m.d_model, F = net->m.expert_hidden;
   const off_rule xr = {d, 0}, fr = {F, 0}, w13 = {0, (int64_t)F * d};
   /* w2[e] is [d, F]: dW2[e] += dyp_e^T a_e, da_e = dyp_e w2[e] */
-  if (experts_gemm(be, E, c, 1, 0, d, F, -1, dyp, d, xr, mc_saved_in(L, MC_E_A), F, fr, 1.0f,
+  if (experts_gemm(be, E, c, 1, 0, d, F, -1, dyp, d, xr, buf_in(B->a, B->s16), F, fr, 1.0f,
                    mc_o32(mc_g(net, L, MC_ROLE_MOE_W2)), F, w13) ||
       experts_gemm(be, E, c, 0, 0, -1, F, d, dyp, d, xr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f,
-                   mc_scratch_out(net, L, MC_E_DA), F, fr))
+                   buf_out(B->da, B->g16), F, fr))
     return -1;
-  be->glu_bwd(be, MC_ACT_SILU, mc_saved_in(L, MC_E_H1), mc_saved_in(L, MC_E_H3), mc_scratch_in(net, L, MC_E_DA),
-              mc_scratch_grad(net, L, MC_E_DH1, rows * F), mc_scratch_grad(net, L, MC_E_DH3, rows * F), rows * F);
-  const mc_operand dh1i = mc_scratch_in(net, L, MC_E_DH1), dh3i = mc_scratch_in(net, L, MC_E_DH3);
+  be->glu_bwd(be, MC_ACT_SILU, buf_in(B->h1, B->s16), buf_in(B->h3, B->s16), buf_in(B->da, B->g16),
+              grad_out(be, B->dh1, B->g16, rows * F), grad_out(be, B->dh3, B->g16, rows * F), rows * F);
+  const mc_operand dh1i = buf_in(B->dh1, B->g16), dh3i = buf_in(B->dh3, B->g16);
   /* w1[e], w3[e] are [F, d]: dW += dh_e^T xp_e, dxp_e = dh1_e w1[e] + dh3_e w3[e] */
   if (experts_gemm(be, E, c, 1, 0, F, d, -1, dh1i, F, fr, xpo, d, xr, 1.0f, mc_o32(mc_g(net, L, MC_ROLE_MOE_W1)), d,
                    w13) ||
@@ -118,7 +141,8 @@ static int moe_forward_dense(struct mc_net *net, mc_layer *L, int n_seq, float *
   for (int s = 0; s < n_seq; s++) L->aux_host[s] = 1.0f; /* E sum_e f_e P_e = 1 */
   /* x += y as the routed path's unpermute adds 1 * y: the product into scratch, then added */
   float *y = net->g[MC_E_DYP];
-  if (experts_forward(net, L, 1, L->counts_host, n, mc_uin(L), y)) return -1;
+  const expert_bufs B = layer_bufs(net, L);
+  if (experts_forward(net, L, 1, L->counts_host, n, &B, mc_uin(L), y)) return -1;
   net->be->axpy(net->be, x, y, (int64_t)n * net->m.d_model, 1.0f);
   return 0;
 }
@@ -127,7 +151,47 @@ static int moe_backward_dense(struct mc_net *net, mc_layer *L, int n_seq, const 
   const int n = n_seq * net->par.moe_T;
   /* dyp = 1 * dy = dy. The routed path's permute_bwd adds dxp into the zeroed du and the
    * router adds exact zeros, so du = dxp: the input gradient's products write du itself. */
-  return experts_backward(net, L, 1, L->counts_host, n, mc_uin(L), mc_dy_in(net, dy, (int64_t)n * net->m.d_model), du);
+  const expert_bufs B = layer_bufs(net, L);
+  return experts_backward(net, L, 1, L->counts_host, n, &B, mc_uin(L), mc_dy_in(net, dy, (int64_t)n * net->m.d_model), du);
+}
+
+/* Expert parallelism (train/dist_ep.c): the rank's expert-sorted rows go to the EP ranks
+ * owning their experts, this rank's E/ep experts run on what arrived (the received input,
+ * h1, h3 and the SwiGLU output are saved with the layer's exchange plan, in fp32), and their
+ * outputs come back into the layer's expert-output rows, in this rank's expert-sorted order. */
+static int experts_forward_ep(struct mc_net *net, mc_layer *L, int n, int64_t rows) {
+  mc_backend *be = net->be;
+  mc_net_par *par = &net->par;
+  const int d = net->m.d_model, F = net->m.expert_hidden, E = net->m.n_experts, k = net->m.top_k;
+  struct mc_ep_route *r = mc_ep_route_of(par, net->n_layers, L->layer);
+  float *stage, *xl, *yr;
+  if (!r || mc_ep_plan(par, be, r, L->counts_host, E, d, F)) return -1;
+  const int64_t R = mc_ep_rows(r);
+  if (mc_ep_scratch(par, be, rows, R, d, F, &stage, &xl, &yr, NULL, NULL, NULL)) return -1;
+  be->moe_permute(be, L->u, L->i[MC_E_SLOT], n, k, d, xl);
+  if (mc_ep_dispatch(par, be, r, xl, mc_ep_saved(r, 0), d, stage, "dispatching the routed rows")) return -1;
+  const expert_bufs B = {mc_ep_saved(r, 1), mc_ep_saved(r, 2), mc_ep_saved(r, 3), NULL, NULL, NULL, 0, 0};
+  if (experts_forward(net, L, E / par->ep, mc_ep_counts(r), R, &B, mc_f32(mc_ep_saved(r, 0)), yr)) return -1;
+  return mc_ep_combine(par, be, r, yr, L->f[MC_E_YP], d, stage, "returning the expert outputs");
+}
+
+/* Its backward from the expert-output rows' gradient (net->g[MC_E_DYP], this rank's
+ * expert-sorted order): dispatched like the input, the experts' backward on the received
+ * rows, the input rows' gradient returned into net->g[MC_E_DXP]. */
+static int experts_backward_ep(struct mc_net *net, mc_layer *L, int64_t rows) {
+  mc_backend *be = net->be;
+  mc_net_par *par = &net->par;
+  const int d = net->m.d_model, F = net->m.expert_hidden, E = net->m.n_experts;
+  struct mc_ep_route *r = mc_ep_route_of(par, net->n_layers, L->layer);
+  if (!r) return -1;
+  const int64_t R = mc_ep_rows(r);
+  float *stage, *dyr, *dxr;
+  expert_bufs B = {mc_ep_saved(r, 1), mc_ep_saved(r, 2), mc_ep_saved(r, 3), NULL, NULL, NULL, 0, 0};
+  if (mc_ep_scratch(par, be, rows, R, d, F, &stage, &dyr, &dxr, &B.da, &B.dh1, &B.dh3) ||
+      mc_ep_dispatch(par, be, r, net->g[MC_E_DYP], dyr, d, stage, "dispatching the expert-output gradients") ||
+      experts_backward(net, L, E / par->ep, mc_ep_counts(r), R, &B, mc_f32(mc_ep_saved(r, 0)), mc_f32(dyr), dxr))
+    return -1;
+  return mc_ep_combine(par, be, r, dxr, net->g[MC_E_DXP], d, stage, "returning the input-row gradients");
 }
 
 static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
@@ -149,11 +213,17 @@ static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
     return -1;
   int64_t rows = 0;
   for (int e = 0; e < E; e++) rows += L->counts_host[e];
+  if (net->par.ep > 1) {
+    if (experts_forward_ep(net, L, n, rows)) return -1;
+    be->moe_unpermute(be, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d, x);
+    return 0;
+  }
   const int act16 = mc_saved_bf16(L, MC_E_XP);
   float *xp = act16 ? net->g[MC_E_DXP] : f[MC_E_XP];
   be->moe_permute(be, L->u, iv[MC_E_SLOT], n, k, d, xp);
   const mc_operand xpo = act16 ? mc_to16(be, xp, (mc_bf16 *)f[MC_E_XP], rows * d) : mc_f32(xp);
-  if (experts_forward(net, L, E, L->counts_host, rows, xpo, f[MC_E_YP])) return -1;
+  const expert_bufs B = layer_bufs(net, L);
+  if (experts_forward(net, L, E, L->counts_host, rows, &B, xpo, f[MC_E_YP])) return -1;
   be->moe_unpermute(be, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d, x);
   return 0;
 }
@@ -171,10 +241,16 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   for (int e = 0; e < E; e++) rows += c[e];
   be->moe_unpermute_bwd(be, dy, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d, mc_zeroed(be, g[MC_E_DYP], rows * d),
                         mc_zeroed(be, g[MC_E_DGATE], (int64_t)n * k));
-  /* act16: dyp feeds two products, rounded once into DXP (read by those two products before
-   * the input-gradient products write DXP) */
-  const mc_operand dyp = mc_saved_bf16(L, MC_E_XP) ? mc_to16(be, g[MC_E_DYP], (mc_bf16 *)g[MC_E_DXP], rows * d) : mc_f32(g[MC_E_DYP]);
-  if (experts_backward(net, L, E, c, rows, mc_saved_in(L, MC_E_XP), dyp, g[MC_E_DXP])) return -1;
+  if (net->par.ep > 1) {
+    if (experts_backward_ep(net, L, rows)) return -1;
+  } else {
+    /* act16: dyp feeds two products, rounded once into DXP (read by those two products
+     * before the input-gradient products write DXP) */
+    const mc_operand dyp =
+        mc_saved_bf16(L, MC_E_XP) ? mc_to16(be, g[MC_E_DYP], (mc_bf16 *)g[MC_E_DXP], rows * d) : mc_f32(g[MC_E_DYP]);
+    const expert_bufs B = layer_bufs(net, L);
+    if (experts_backward(net, L, E, c, rows, &B, mc_saved_in(L, MC_E_XP), dyp, g[MC_E_DXP])) return -1;
+  }
   be->moe_permute_bwd(be, g[MC_E_DXP], iv[MC_E_SLOT], n, k, d, mc_zeroed(be, du, (int64_t)n * d));
   /* Under SP on shards f holds the sequence's fractions and P spans tp shards of T positions
    * each, so d(aux)/d(prob) = E f / (tp T): the kernel divides by T, the scale by tp. Under

@@ -136,7 +136,12 @@ static int check_layout(const mc_geometry *geo, int rank, const mc_comm_groups *
   if (be->bf16_weights && l->zero != 0)
     return mc_error("not supported yet by the network: parallel.zero=%d with bf16 working weights (train.dtype=bf16); "
                     "set parallel.zero=0", l->zero);
-  if (l->ep != 1) return mc_error("not supported yet by the network: ep=%d (expert parallelism)", l->ep);
+  /* ep > 1: train/dist_ep.c; an E layer keeps the exchange of one micro-batch at a time */
+  if (l->ep > 1 && l->pp > 1)
+    return mc_error("not supported yet by the network: ep=%d with pp=%d (expert parallelism inside pipeline stages)",
+                    l->ep, l->pp);
+  if (l->ep > 1 && comm && comm_size(comm->ep) != l->ep)
+    return mc_error("network: the ep communicator has %d members, the layout ep=%d", comm_size(comm->ep), l->ep);
   if (rank < 0 || rank >= geo->world) return mc_error("network: rank %d outside world %d", rank, geo->world);
   if (geo->world > 1 && !comm)
     return mc_error("network: a world of %d ranks (tp=%d dp=%d) needs the layout's communicator groups "
@@ -215,6 +220,7 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
   par->tp = lay->tp, par->tp_rank = co.tp_rank;
   par->sp = lay->sp && lay->tp > 1;
   par->zero = lay->zero;
+  par->ep = lay->ep > 1 ? lay->ep : 1;
   par->T = geo->model.seq_len;
   par->T_res = par->sp ? geo->model.seq_len / lay->tp : geo->model.seq_len;
   /* Per-sequence capacity needs each sequence's order, so under SP an E block with capacity
@@ -339,6 +345,7 @@ void mc_net_free(mc_net *net) {
   if (!net) return;
   free_activations(net);
   mc_arenas_close(&net->arenas);
+  mc_ep_free(&net->par, net->be);
   mc_dist_free(&net->par, net->n_params);
   free(net->par.dist);
   free(net->params);

@@ -27,6 +27,20 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
   mc_dist_test(dist.tp2_dp2_zero3 4 $<TARGET_FILE:dist_train> 2 2 0 3)
   mc_dist_test(dist.tp2_sp_dp2_zero3 4 $<TARGET_FILE:dist_train> 2 2 1 3)
 
+  # Expert parallelism (train/dist_ep.c): the same comparison with the experts sharded over
+  # EP groups and the routed rows moved by all-to-all; an expert receiving no row (E=8 top-1,
+  # one sequence per micro-batch); the capacity path, on the shard and on gathered sequences.
+  mc_dist_test(dist.dp2_ep2_zero0 2 $<TARGET_FILE:dist_train> 1 2 0 0 --ep 2)
+  mc_dist_test(dist.dp2_ep2_zero1 2 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2)
+  mc_dist_test(dist.dp4_ep2 4 $<TARGET_FILE:dist_train> 1 4 0 0 --ep 2)
+  mc_dist_test(dist.dp4_ep2_zero3 4 $<TARGET_FILE:dist_train> 1 4 0 3 --ep 2)
+  mc_dist_test(dist.dp4_ep4_zero1 4 $<TARGET_FILE:dist_train> 1 4 0 1 --ep 4)
+  mc_dist_test(dist.tp2_sp_ep2 2 $<TARGET_FILE:dist_train> 2 1 1 0 --ep 2)
+  mc_dist_test(dist.tp2_dp2_sp_ep2_zero1 4 $<TARGET_FILE:dist_train> 2 2 1 1 --ep 2)
+  mc_dist_test(dist.dp2_ep2_empty_expert 2 $<TARGET_FILE:dist_train> 1 2 0 0 --ep 2 --moe 8 1 0 --mb 1 --empty)
+  mc_dist_test(dist.dp2_ep2_capacity 2 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2 --moe 4 2 1.0)
+  mc_dist_test(dist.tp2_sp_ep2_capacity 2 $<TARGET_FILE:dist_train> 2 1 1 0 --ep 2 --moe 4 2 1.0)
+
   # Save under tp2 x dp2 zero 1 at step 5; resume as one rank, as dp4 zero 3 and as tp2 + sp.
   set(MC_DIST_CKPT ${CMAKE_BINARY_DIR}/dist-ckpt)
   add_test(NAME dist.ckpt_clean COMMAND ${CMAKE_COMMAND} -E rm -rf ${MC_DIST_CKPT})

@@ -1,6 +1,6 @@
 /* Training steps under a parallel layout against the single-rank run (mpirun -np tp*dp).
  *
- *   dist_train TP DP SP ZERO                 steps 1..10 under the layout; rank 0 also runs the
+ *   dist_train TP DP SP ZERO [options]       steps 1..10 under the layout; rank 0 also runs the
  *                                            single-rank oracle. Every step's loss must match
  *                                            to 1e-4 relative, and the final master weights
  *                                            (and working weights) match within PTOL.
@@ -9,6 +9,10 @@
  *   dist_train TP DP SP ZERO --resume DIR    loads DIR (any layout wrote it) and runs steps
  *                                            6..10 on the same data; the losses must match
  *                                            DIR/losses.txt to 1e-4 relative.
+ * Options (before --save/--resume): --ep N expert parallelism; --moe E K CF the E blocks'
+ * experts, top-k and capacity factor (default 4 2 0); --mb N the micro-batch (default 2);
+ * --empty: some EP rank's expert must receive no row in some micro-batch; with CF > 0 some
+ * assignment must be dropped (the capacity path ran).
  * The step is the documented sequence of train/dist.h: micro-batches, mc_dist_sync_grads,
  * mc_dist_grad_norm, clipping, mc_dist_update; samples follow mc_data_first_sample. */
 #include <mpi.h>
@@ -32,11 +36,16 @@ typedef struct {
   mc_config cfg;
 } setup;
 
-static void make_setup(setup *s) {
+/* What the EP tests saw: micro-batches in which some local expert of this rank received no
+ * row, and dropped assignments. */
+static int64_t g_empty, g_dropped;
+
+static void make_setup(setup *s, int E, int k, double cf, int mb) {
   mc_config_default(&s->cfg);
   s->m = dc_model(PATTERN);
+  s->m.n_experts = E, s->m.top_k = k, s->m.capacity_factor = cf;
   s->t = s->cfg.train;
-  s->t.steps = STEPS, s->t.global_batch = 8, s->t.micro_batch = 2;
+  s->t.steps = STEPS, s->t.global_batch = 8, s->t.micro_batch = mb;
   s->t.lr = 3e-3, s->t.min_lr = 3e-4, s->t.warmup_steps = 2;
   s->t.grad_clip = 1.0, s->t.weight_decay = 0.1;
   s->cfg.model = s->m;
@@ -62,6 +71,12 @@ static int run_steps(const setup *S, mc_net *net, mc_dist_opt *d, const mc_layou
       dc_samples(&S->m, mc_data_first_sample(s, G, l->dp, c.dp_rank, mb, mi), mb, tok);
       mc_net_stats st;
       if (mc_net_forward_backward(net, tok, mb, 1.0 / ((double)G * T), 1.0 / G, &st)) goto fail;
+      g_dropped += st.dropped;
+      for (int L = 0; net->par.ep > 1 && L < net->n_layers; L++) {
+        if (!net->layers[L].bk->routes) continue;
+        struct mc_ep_route *r = mc_ep_route_of(&net->par, net->n_layers, L);
+        for (int e = 0; r && e < S->m.n_experts / net->par.ep; e++) g_empty += mc_ep_counts(r)[e] == 0;
+      }
       tot.ce_sum += st.ce_sum, tot.aux_sum += st.aux_sum, tot.n_tokens += st.n_tokens, tot.n_seqs += st.n_seqs;
     }
     double norm;
@@ -202,13 +217,22 @@ int main(int argc, char **argv) {
   mc_comm *world;
   if (mc_comm_mpi_init(&argc, &argv, &world)) return fprintf(stderr, "%s\n", mc_errmsg()), 1;
   if (argc < 5) {
-    fprintf(stderr, "usage: dist_train TP DP SP ZERO [--save DIR | --resume DIR]\n");
+    fprintf(stderr, "usage: dist_train TP DP SP ZERO [--ep N] [--moe E K CF] [--mb N] [--empty] [--save DIR | --resume DIR]\n");
     mc_comm_mpi_finalize();
     return 2;
   }
   mc_layout l = dc_layout(atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
-  const char *save = argc > 6 && !strcmp(argv[5], "--save") ? argv[6] : NULL;
-  const char *resume = argc > 6 && !strcmp(argv[5], "--resume") ? argv[6] : NULL;
+  const char *save = NULL, *resume = NULL;
+  int E = 4, k = 2, mb = 2, want_empty = 0;
+  double cf = 0.0;
+  for (int a = 5; a < argc; a++) {
+    if (!strcmp(argv[a], "--ep") && a + 1 < argc) l.ep = atoi(argv[++a]);
+    else if (!strcmp(argv[a], "--moe") && a + 3 < argc) E = atoi(argv[a + 1]), k = atoi(argv[a + 2]), cf = atof(argv[a + 3]), a += 3;
+    else if (!strcmp(argv[a], "--mb") && a + 1 < argc) mb = atoi(argv[++a]);
+    else if (!strcmp(argv[a], "--empty")) want_empty = 1;
+    else if (!strcmp(argv[a], "--save") && a + 1 < argc) save = argv[++a];
+    else if (!strcmp(argv[a], "--resume") && a + 1 < argc) resume = argv[++a];
+  }
   mc_comm_groups grp;
   if (mc_comm_make_groups(world, &l, &grp)) {
     fprintf(stderr, "%s\n", mc_errmsg());
@@ -217,10 +241,10 @@ int main(int argc, char **argv) {
   }
   int rank = world->rank;
   setup S;
-  make_setup(&S);
+  make_setup(&S, E, k, cf, mb);
   if (rank == 0)
-    printf("layout tp=%d dp=%d sp=%d zero=%d, pattern %s, G=%d, micro-batch %d%s%s\n", l.tp, l.dp, l.sp, l.zero, PATTERN,
-           S.t.global_batch, S.t.micro_batch, save ? ", save to " : resume ? ", resume from " : "",
+    printf("layout tp=%d dp=%d sp=%d ep=%d zero=%d, pattern %s, E=%d k=%d cf=%g, G=%d, micro-batch %d%s%s\n", l.tp, l.dp,
+           l.sp, l.ep, l.zero, PATTERN, E, k, cf, S.t.global_batch, S.t.micro_batch, save ? ", save to " : resume ? ", resume from " : "",
            save ? save : resume ? resume : "");
   double losses[2 * STEPS], want[2 * STEPS];
   memset(losses, 0, sizeof losses);
@@ -234,8 +258,16 @@ int main(int argc, char **argv) {
     mc_family_set fams;
     memset(&fams, 0, sizeof fams);
     if (oracle(&S, rank, want, &ref, &fams) == 0) {
+      g_empty = g_dropped = 0;
       CHECK_OK(run_steps(&S, e.net, &e.d, &l, rank, 0, STEPS, losses));
       compare_losses(losses, want, 0, STEPS, rank);
+      int64_t seen[2] = {g_empty, g_dropped};
+      MPI_Allreduce(MPI_IN_PLACE, seen, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+      if (rank == 0 && l.ep > 1)
+        printf("  EP: %lld (micro-batch, rank, local expert) exchanges with no row; %lld assignments dropped\n",
+               (long long)seen[0], (long long)seen[1]);
+      CHECK(!want_empty || seen[0] > 0, "no EP rank's expert ever received no row: the empty-expert path is untested");
+      CHECK(cf <= 0 || seen[1] > 0, "capacity factor %g dropped nothing: the capacity path is untested", cf);
       CHECK(want[STEPS] > S.t.grad_clip, "step 1 gradient norm %g does not exceed grad_clip=%g: clipping untested",
             want[STEPS], S.t.grad_clip);
       compare_weights(&e, ref, rank, S.t.seed);

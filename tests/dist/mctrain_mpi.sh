@@ -1,13 +1,15 @@
 #!/bin/bash
 # mctrain under mpirun against the single-process run (tests/dist/dist.cmake registers it):
 #   mctrain_mpi.sh MODE   (equal | resume | stop | errors)
-# equal:  10 steps in one process, then under mpirun for tp2 x dp2 zero 1 and tp2+sp x dp2 zero 3:
+# equal:  10 steps in one process, then under mpirun for tp2 x dp2 zero 1, tp2+sp x dp2 zero 3
+#         and dp2 x ep2 zero 1 (expert parallelism):
 #         every step's loss and gradient norm, and val_loss at steps 5 and 10, within 1e-4
 #         relative of the one-process run.
 # resume: tp2 x dp2 zero 1 saves step 5 (and runs to 10); resuming step 5 as one process and
 #         as dp4 zero 3 gives steps 6-10 within 1e-4 relative of the uninterrupted run.
 # stop:   SIGTERM to one rank of dp2 ends both after the same step with a checkpoint of it.
-# errors: a rank count that does not match the layout is a clear error.
+# errors: a rank count that does not match the layout, tp=2 without mpirun and tp=2 with ep=2
+#         without sp are clear errors.
 set -u
 B=${MC_BINARY_DIR:?}
 S=${MC_SOURCE_DIR:?}
@@ -55,8 +57,12 @@ equal)
   "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=b --set parallel.tp=2 \
     --set parallel.sp=true --set parallel.dp=2 --set parallel.zero=3 > b.log 2>&1 || { cat b.log; die "tp2+sp x dp2 zero 3 failed"; }
   same_losses one/metrics.jsonl b/metrics.jsonl 1 10
+  "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=c --set parallel.dp=2 \
+    --set parallel.ep=2 --set parallel.zero=1 > c.log 2>&1 || { cat c.log; die "dp2 x ep2 zero 1 failed"; }
+  same_losses one/metrics.jsonl c/metrics.jsonl 1 10
+  grep -q '"ep":[[:space:]]*2' c/step_10/manifest.json || die "the manifest does not record ep=2"
   for s in 5 10; do
-    for run in a b; do
+    for run in a b c; do
       x=$(field one/metrics.jsonl val_loss $s); y=$(field $run/metrics.jsonl val_loss $s)
       awk -v a="$x" -v b="$y" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 1e-4 * a) }' \
         || die "step $s: val_loss $y in $run, one-process run $x"
@@ -64,7 +70,7 @@ equal)
   done
   [ "$(grep -c '"step": ' a/metrics.jsonl)" = 10 ] || die "a/metrics.jsonl should hold 10 steps once (rank 0 writes it)"
   grep -q '"tp":[[:space:]]*2' a/step_10/manifest.json || die "the manifest does not record tp=2"
-  echo "losses at step 10: one process $(field one/metrics.jsonl loss 10), tp2 x dp2 zero 1 $(field a/metrics.jsonl loss 10), tp2+sp x dp2 zero 3 $(field b/metrics.jsonl loss 10)"
+  echo "losses at step 10: one process $(field one/metrics.jsonl loss 10), tp2 x dp2 zero 1 $(field a/metrics.jsonl loss 10), tp2+sp x dp2 zero 3 $(field b/metrics.jsonl loss 10), dp2 x ep2 zero 1 $(field c/metrics.jsonl loss 10)"
   ;;
 resume)
   "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=a --set parallel.tp=2 \
@@ -110,9 +116,9 @@ errors)
   grep -q "does not equal the 2 ranks launched\|world size" e.log || { cat e.log; die "no clear world-size message"; }
   "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=f --set parallel.tp=2 > f.log 2>&1 && die "tp=2 in one process succeeded"
   grep -q "world size\|ranks launched" f.log || { cat f.log; die "no clear world-size message without mpirun"; }
-  "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=g --set parallel.dp=2 \
-    --set parallel.ep=2 > g.log 2>&1 && die "ep=2 succeeded"
-  grep -q "ep=2" g.log || { cat g.log; die "no message naming ep=2"; }
+  "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=g --set parallel.tp=2 \
+    --set parallel.ep=2 > g.log 2>&1 && die "tp=2 with ep=2 without sp succeeded"
+  grep -q "ep=2 requires sp" g.log || { cat g.log; die "no message naming the tp/ep/sp rule"; }
   ;;
 *) echo "unknown mode $MODE"; exit 2 ;;
 esac
