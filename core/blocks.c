@@ -1,5 +1,5 @@
 /* The block-kind table (core/blocks.h). Each row reads as its block: families in registry
- * order, rules, FLOPs, and the buffers its train/block_*.c file uses. */
+ * order, rules, forward and backward FLOPs, and the buffers its train/block_*.c file uses. */
 #include "core/blocks.h"
 
 #include <string.h>
@@ -76,13 +76,29 @@ static void attn_check(const mc_model *m, mc_errlist *e) {
 
 /* Matrix products dominate; elementwise work is counted where it scales with a width (norms,
  * scans) so that blocks without big products are not priced at zero. Causal attention at its
- * average context of (T+1)/2 keys. */
+ * average context of (T+1)/2 keys.
+ * Backward (the bwd_flops of each row): every product costs 2x its forward (the gradient with
+ * respect to its input and to its weights, or to both operands), every elementwise term 2x its
+ * forward (the gradient with respect to each input of a norm, gate, conv or scan), except the
+ * attention core: the fused backward recomputes the scores from the kept log-sum-exp and then
+ * forms dV, dP, dQ and dK, 5 products where the forward has 2, so 2.5x. */
 static double norm_flops(const mc_model *m) { return 4.0 * m->d_model; }
 
-static double attn_flops(const mc_model *m) {
+/* the four projections, and the score and value products of the attention core */
+static double attn_proj_flops(const mc_model *m) {
   double d = m->d_model, q = (double)m->n_heads * m->head_dim, kv = (double)m->n_kv_heads * m->head_dim;
-  double ctx = (m->seq_len + 1) / 2.0;
-  return norm_flops(m) + 2.0 * d * q + 2.0 * 2.0 * d * kv + 2.0 * q * d + 2.0 * 2.0 * q * ctx;
+  return 2.0 * d * q + 2.0 * 2.0 * d * kv + 2.0 * q * d;
+}
+
+static double attn_core_flops(const mc_model *m) {
+  double q = (double)m->n_heads * m->head_dim, ctx = (m->seq_len + 1) / 2.0;
+  return 2.0 * 2.0 * q * ctx;
+}
+
+static double attn_flops(const mc_model *m) { return norm_flops(m) + attn_proj_flops(m) + attn_core_flops(m); }
+
+static double attn_bwd_flops(const mc_model *m) {
+  return 2.0 * norm_flops(m) + 2.0 * attn_proj_flops(m) + 2.5 * attn_core_flops(m);
 }
 
 /* ------------------------------------------------------------------ M: Mamba-2 mixer */
@@ -123,11 +139,20 @@ static void mamba_check(const mc_model *m, mc_errlist *e) {
     mc_errlist_add(e, "mamba_head_dim=%d does not divide mamba_inner=%d", m->mamba_head_dim, m->mamba_inner);
 }
 
-static double mamba_flops(const mc_model *m) {
-  double d = m->d_model, di = m->mamba_inner, n = m->ssm_state, hm = mc_mamba_heads(m), k = m->conv_width;
-  return norm_flops(m) + 2.0 * 2.0 * d * di + 2.0 * d * hm + 2.0 * 2.0 * d * n + 2.0 * k * (di + 2.0 * n) +
-         6.0 * di * n + 2.0 * di * d + 8.0 * di;
+/* the z, x, dt, B, C and output projections; the convs, the scan and the gated norm */
+static double mamba_mat_flops(const mc_model *m) {
+  double d = m->d_model, di = m->mamba_inner, n = m->ssm_state, hm = mc_mamba_heads(m);
+  return 2.0 * 2.0 * d * di + 2.0 * d * hm + 2.0 * 2.0 * d * n + 2.0 * di * d;
 }
+
+static double mamba_elem_flops(const mc_model *m) {
+  double di = m->mamba_inner, n = m->ssm_state, k = m->conv_width;
+  return norm_flops(m) + 2.0 * k * (di + 2.0 * n) + 6.0 * di * n + 8.0 * di;
+}
+
+static double mamba_flops(const mc_model *m) { return mamba_mat_flops(m) + mamba_elem_flops(m); }
+
+static double mamba_bwd_flops(const mc_model *m) { return 2.0 * mamba_mat_flops(m) + 2.0 * mamba_elem_flops(m); }
 
 /* ------------------------------------------------------------------ E: mixture of experts */
 
@@ -166,10 +191,17 @@ static void moe_check(const mc_model *m, mc_errlist *e) {
   if (m->top_k < 1 || m->top_k > m->n_experts) mc_errlist_add(e, "top_k=%d must be in [1, n_experts=%d]", m->top_k, m->n_experts);
 }
 
-static double moe_flops(const mc_model *m) {
+/* the router and each chosen expert's three products; the norm and the SwiGLU */
+static double moe_mat_flops(const mc_model *m) {
   double d = m->d_model, f = m->expert_hidden;
-  return norm_flops(m) + 2.0 * d * m->n_experts + m->top_k * (2.0 * 2.0 * d * f + 2.0 * f * d + 4.0 * f);
+  return 2.0 * d * m->n_experts + m->top_k * (2.0 * 2.0 * d * f + 2.0 * f * d);
 }
+
+static double moe_elem_flops(const mc_model *m) { return norm_flops(m) + m->top_k * 4.0 * m->expert_hidden; }
+
+static double moe_flops(const mc_model *m) { return moe_mat_flops(m) + moe_elem_flops(m); }
+
+static double moe_bwd_flops(const mc_model *m) { return 2.0 * moe_mat_flops(m) + 2.0 * moe_elem_flops(m); }
 
 /* ------------------------------------------------------------------ R: gated linear recurrence */
 
@@ -196,10 +228,17 @@ static void rec_check(const mc_model *m, mc_errlist *e) {
   if (m->rec_width < 1) mc_errlist_add(e, "rec_width=%d must be >= 1", m->rec_width);
 }
 
-static double rec_flops(const mc_model *m) {
+/* the four input projections and the output projection; the norm, gates and recurrence */
+static double rec_mat_flops(const mc_model *m) {
   double d = m->d_model, dr = m->rec_width;
-  return norm_flops(m) + 2.0 * 4.0 * d * dr + 12.0 * dr + 2.0 * dr * d;
+  return 2.0 * 4.0 * d * dr + 2.0 * dr * d;
 }
+
+static double rec_elem_flops(const mc_model *m) { return norm_flops(m) + 12.0 * m->rec_width; }
+
+static double rec_flops(const mc_model *m) { return rec_mat_flops(m) + rec_elem_flops(m); }
+
+static double rec_bwd_flops(const mc_model *m) { return 2.0 * rec_mat_flops(m) + 2.0 * rec_elem_flops(m); }
 
 /* ------------------------------------------------------------------ the table */
 
@@ -207,12 +246,12 @@ static double rec_flops(const mc_model *m) {
 
 static const mc_block_kind kinds[] = {
     {'A', "attention", 0, N_(attn_fams), attn_fams, attn_check, 2, {"n_heads", "n_kv_heads"}, {MC_DIM_H, MC_DIM_KVH},
-     MC_DIM_NONE, attn_flops, MC_A_NSAVED, attn_saved, 0, NULL, MC_A_NGRADS, attn_grads},
+     MC_DIM_NONE, attn_flops, attn_bwd_flops, MC_A_NSAVED, attn_saved, 0, NULL, MC_A_NGRADS, attn_grads},
     {'M', "mamba", 0, N_(mamba_fams), mamba_fams, mamba_check, 1, {"mamba_heads (mamba_inner/mamba_head_dim)"},
-     {MC_DIM_HM}, MC_DIM_NONE, mamba_flops, MC_M_NSAVED, mamba_saved, 0, NULL, MC_M_NGRADS, mamba_grads},
-    {'E', "moe", 1, N_(moe_fams), moe_fams, moe_check, 0, {NULL}, {MC_DIM_NONE}, MC_DIM_E, moe_flops, MC_E_NSAVED,
+     {MC_DIM_HM}, MC_DIM_NONE, mamba_flops, mamba_bwd_flops, MC_M_NSAVED, mamba_saved, 0, NULL, MC_M_NGRADS, mamba_grads},
+    {'E', "moe", 1, N_(moe_fams), moe_fams, moe_check, 0, {NULL}, {MC_DIM_NONE}, MC_DIM_E, moe_flops, moe_bwd_flops, MC_E_NSAVED,
      moe_saved, MC_E_NSAVED_I32, moe_saved_i32, MC_E_NGRADS, moe_grads},
-    {'R', "recurrence", 0, N_(rec_fams), rec_fams, rec_check, 1, {"rec_width"}, {MC_DIM_DR}, MC_DIM_NONE, rec_flops,
+    {'R', "recurrence", 0, N_(rec_fams), rec_fams, rec_check, 1, {"rec_width"}, {MC_DIM_DR}, MC_DIM_NONE, rec_flops, rec_bwd_flops,
      MC_R_NSAVED, rec_saved, 0, NULL, MC_R_NGRADS, rec_grads},
 };
 

@@ -3,7 +3,8 @@
  *   - its families (after the layer's pre-norm), with placement, TP split dimension and
  *     initialisation (core/families.c builds the registry from them);
  *   - its model and TP rules (core/layout.c validates with them);
- *   - its forward FLOPs per token (the cost model of the weighted stage split and the planner);
+ *   - its forward and backward FLOPs per token (the cost model of the weighted stage split and
+ *     the planner);
  *   - its activation buffers: what a layer keeps for backward and the gradient scratch its
  *     backward uses, each with its rows, width and storage type. The trainer allocates exactly
  *     these (train/net.c), the holdings function counts exactly these (core/holdings.c).
@@ -128,6 +129,9 @@ typedef struct {
   mc_dim ep_divides;
   /* Forward FLOPs per token, pre-norm included (a multiply-add is 2 FLOPs). */
   double (*fwd_flops)(const mc_model *m);
+  /* Backward FLOPs per token: 2x the forward products and elementwise terms, 2.5x the
+   * attention core (the fused backward recomputes the scores); core/blocks.c says why. */
+  double (*bwd_flops)(const mc_model *m);
   int n_saved;                 /* float buffers kept per layer (L->f) */
   const mc_act_buf *saved;
   int n_saved_i32;             /* int32 buffers kept per layer (L->i) */

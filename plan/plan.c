@@ -53,7 +53,56 @@ int64_t mc_plan_optimizer_bytes(const mc_plan_rank *r, int decay) {
 }
 
 double mc_plan_stage_step_flops(const mc_geometry *g, const mc_plan *p, int stage) {
-  return 3.0 * g->stages.cost[stage] * (double)p->tokens_per_step / (double)(g->layout.dp * g->layout.tp);
+  return g->stages.flops[stage] * (double)p->tokens_per_step / (double)(g->layout.dp * g->layout.tp);
+}
+
+double mc_plan_1f1b(int pp, int m, const double *fwd, const double *bwd, double *idle) {
+  if (pp < 1 || m < 1) return 0.0;
+  double *end_f = malloc(sizeof(double) * (size_t)pp * (size_t)m), *end_b = malloc(sizeof(double) * (size_t)pp * (size_t)m);
+  double *clock = calloc((size_t)pp, sizeof(double));
+  int *next = calloc((size_t)pp, sizeof(int));
+  if (!end_f || !end_b || !clock || !next) {
+    free(end_f), free(end_b), free(clock), free(next);
+    return -1.0;
+  }
+  for (size_t i = 0; i < (size_t)pp * (size_t)m; i++) end_f[i] = end_b[i] = -1.0; /* not run yet */
+  /* op k of stage s: warm-up forwards, then forward/backward pairs, then cool-down backwards */
+  int left = 2 * pp * m;
+  while (left > 0) {
+    int moved = 0;
+    for (int s = 0; s < pp; s++)
+      for (;;) {
+        const int k = next[s], w = pp - 1 - s < m ? pp - 1 - s : m;
+        if (k >= 2 * m) break;
+        int is_f, mb;
+        if (k < w) is_f = 1, mb = k;
+        else if (k < w + 2 * (m - w)) is_f = (k - w) % 2 == 0, mb = is_f ? w + (k - w) / 2 : (k - w) / 2;
+        else is_f = 0, mb = k - m;
+        double dep = 0;
+        if (is_f && s > 0) {
+          dep = end_f[(size_t)(s - 1) * m + mb];
+          if (dep < 0) break;
+        }
+        if (!is_f && s < pp - 1) {
+          dep = end_b[(size_t)(s + 1) * m + mb];
+          if (dep < 0) break;
+        }
+        const double start = clock[s] > dep ? clock[s] : dep;
+        clock[s] = start + (is_f ? fwd[s] : bwd[s]);
+        (is_f ? end_f : end_b)[(size_t)s * m + mb] = clock[s];
+        next[s]++, left--, moved = 1;
+      }
+    if (!moved) break; /* 1F1B cannot deadlock; guard anyway */
+  }
+  double step = 0, idle_sum = 0;
+  for (int s = 0; s < pp; s++) step = clock[s] > step ? clock[s] : step;
+  for (int s = 0; s < pp; s++) {
+    const double id = step > 0 ? (step - m * (fwd[s] + bwd[s])) / step : 0.0;
+    if (idle) idle[s] = id;
+    idle_sum += id;
+  }
+  free(end_f), free(end_b), free(clock), free(next);
+  return idle_sum / pp;
 }
 
 static int plan_rank(const mc_geometry *g, mc_plan *p, int rank, const mc_stage_hold *sa) {
@@ -85,6 +134,35 @@ static int plan_rank(const mc_geometry *g, mc_plan *p, int rank, const mc_stage_
   for (int c = 0; c < MC_MEM_COUNT; c++) r->total += r->bytes[c];
   r->headroom = p->opts.device_mem - r->total;
   return 0;
+}
+
+/* Per stage: FLOPs per step per device, the largest rank, the 1F1B idle share. */
+static int plan_stages(const mc_geometry *g, mc_plan *p) {
+  const int pp = g->layout.pp;
+  p->pp = pp;
+  p->stages = calloc((size_t)pp, sizeof *p->stages);
+  double *idle = calloc((size_t)pp, sizeof *idle);
+  if (!p->stages || !idle) {
+    free(idle);
+    return mc_error("out of memory planning %d stages", pp);
+  }
+  const double per_dev = (double)p->tokens_per_step / (double)(g->layout.dp * g->layout.tp);
+  for (int s = 0; s < pp; s++) {
+    mc_plan_stage *st = &p->stages[s];
+    st->fwd_flops = g->stages.cost[s] * per_dev;
+    st->bwd_flops = g->stages.bwd[s] * per_dev;
+    st->flops = mc_plan_stage_step_flops(g, p, s);
+    st->peak_rank = -1;
+  }
+  for (int r = 0; r < g->world; r++) {
+    mc_plan_stage *st = &p->stages[p->ranks[r].stage];
+    if (st->peak_rank < 0 || p->ranks[r].total > st->peak_bytes) st->peak_rank = r, st->peak_bytes = p->ranks[r].total;
+  }
+  /* a micro-batch's forward and backward take time in proportion to the stage's FLOPs */
+  p->bubble = mc_plan_1f1b(pp, p->n_micro, g->stages.cost, g->stages.bwd, idle);
+  for (int s = 0; s < pp; s++) p->stages[s].bubble = idle[s];
+  free(idle);
+  return p->bubble < 0 ? mc_error("out of memory simulating the 1F1B schedule") : 0;
 }
 
 int mc_plan_build(const mc_geometry *g, const mc_train_cfg *train, const mc_plan_opts *opts,
@@ -126,6 +204,10 @@ int mc_plan_build(const mc_geometry *g, const mc_train_cfg *train, const mc_plan
     mc_plan_free(p);
     return -1;
   }
+  if (plan_stages(g, p) != 0) {
+    mc_plan_free(p);
+    return -1;
+  }
   for (int r = 0; r < g->world; r++) {
     if (p->ranks[r].total > p->ranks[p->peak_rank].total) p->peak_rank = r;
     mc_fit fit = mc_plan_fit(p, &p->ranks[r]);
@@ -143,5 +225,7 @@ mc_fit mc_plan_fit(const mc_plan *p, const mc_plan_rank *r) {
 
 void mc_plan_free(mc_plan *p) {
   free(p->ranks);
+  free(p->stages);
   p->ranks = NULL;
+  p->stages = NULL;
 }

@@ -47,6 +47,15 @@ typedef struct {
   mc_stage_hold act;
 } mc_plan_rank;
 
+/* One pipeline stage: its FLOPs per step on one of its devices (the stage map's FLOPs per
+ * token x tokens per step / (dp x tp)), its largest rank, and its idle share under 1F1B. */
+typedef struct {
+  double fwd_flops, bwd_flops, flops; /* per step per device; flops = fwd + bwd */
+  int peak_rank;                      /* the stage's rank with the largest total */
+  int64_t peak_bytes;
+  double bubble;                      /* idle / step time, from mc_plan_1f1b */
+} mc_plan_stage;
+
 typedef struct {
   mc_plan_opts opts;
   mc_recompute recompute;
@@ -64,6 +73,9 @@ typedef struct {
   int peak_rank;              /* rank with the largest total */
   int n_low_headroom;         /* ranks whose headroom is under the margin (or negative) */
   int n_no_fit;               /* ranks whose total exceeds device_mem */
+  int pp;
+  mc_plan_stage *stages;      /* pp entries */
+  double bubble;              /* idle share of all stages' time in one step under 1F1B */
 } mc_plan;
 
 /* Builds the plan for every rank of the geometry. `train` supplies micro_batch,
@@ -72,9 +84,19 @@ int mc_plan_build(const mc_geometry *g, const mc_train_cfg *train, const mc_plan
                   mc_plan *p);
 void mc_plan_free(mc_plan *p);
 
-/* Model training FLOPs of one step on one device of stage s: 3 x the stage's forward cost
- * per token (mc_stage_map) x tokens per step, divided evenly over its dp*tp ranks. */
+/* Training FLOPs of one step on one device of stage s: the stage's forward + backward FLOPs
+ * per token (mc_stage_map.flops, embedding/head included) x tokens per step, divided evenly
+ * over its dp*tp ranks. */
 double mc_plan_stage_step_flops(const mc_geometry *g, const mc_plan *p, int stage);
+
+/* Simulates one step of the 1F1B schedule (non-interleaved: stage s runs min(pp-1-s, m)
+ * forwards, then alternates a forward and a backward, then the remaining backwards) with m
+ * micro-batches, stage s taking fwd[s] per forward and bwd[s] per backward of one
+ * micro-batch, a forward waiting for the previous stage's forward of that micro-batch and a
+ * backward for the next stage's backward (no transfer time). Writes each stage's idle share
+ * of the step, (step - m (fwd[s] + bwd[s])) / step, to idle[s] (may be NULL) and returns the
+ * share of all stages' time that is idle. Equal stages give (pp-1)/(m+pp-1). */
+double mc_plan_1f1b(int pp, int m, const double *fwd, const double *bwd, double *idle);
 
 typedef enum { MC_FIT_OK = 0, MC_FIT_LOW_HEADROOM = 1, MC_FIT_NO = 2 } mc_fit;
 /* Whether a rank's plan fits the device with the margin to spare. */

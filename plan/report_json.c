@@ -66,7 +66,15 @@ static cJSON *stage_map(const mc_geometry *g, const mc_plan *p) {
     cJSON_AddBoolToObject(o, "embed", s == 0);
     cJSON_AddBoolToObject(o, "head", s == g->stages.pp - 1);
     cJSON_AddNumberToObject(o, "fwd_flops_per_token", g->stages.cost[s]);
-    cJSON_AddNumberToObject(o, "train_flops_per_step_per_device", mc_plan_stage_step_flops(g, p, s));
+    cJSON_AddNumberToObject(o, "bwd_flops_per_token", g->stages.bwd[s]);
+    cJSON_AddNumberToObject(o, "flops_per_token", g->stages.flops[s]);
+    cJSON_AddNumberToObject(o, "fwd_flops_per_step_per_device", p->stages[s].fwd_flops);
+    cJSON_AddNumberToObject(o, "bwd_flops_per_step_per_device", p->stages[s].bwd_flops);
+    cJSON_AddNumberToObject(o, "train_flops_per_step_per_device", p->stages[s].flops);
+    cJSON_AddNumberToObject(o, "split_memory_estimate", g->stages.mem[s]);
+    cJSON_AddNumberToObject(o, "peak_rank", p->stages[s].peak_rank);
+    cJSON_AddNumberToObject(o, "peak_bytes", (double)p->stages[s].peak_bytes);
+    cJSON_AddNumberToObject(o, "bubble_fraction", p->stages[s].bubble);
     cJSON_AddItemToArray(a, o);
   }
   return a;
@@ -221,6 +229,11 @@ cJSON *mc_plan_to_json(const mc_geometry *g, const mc_plan *p) {
   cJSON_AddItemToObject(root, "rank_map", rank_map(g, members));
   free(members);
   cJSON_AddItemToObject(root, "stage_map", stage_map(g, p));
+  cJSON *pipe = cJSON_AddObjectToObject(root, "pipeline");
+  cJSON_AddStringToObject(pipe, "schedule", "1F1B");
+  cJSON_AddNumberToObject(pipe, "micro_batches", p->n_micro);
+  cJSON_AddNumberToObject(pipe, "bubble_fraction", p->bubble);
+  cJSON_AddNumberToObject(pipe, "equal_stage_bubble_fraction", (double)(l->pp - 1) / (double)(p->n_micro + l->pp - 1));
   cJSON *own = ownership(g);
   if (!own) {
     cJSON_Delete(root);

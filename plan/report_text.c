@@ -51,18 +51,26 @@ static void print_rank_map(FILE *out, const mc_geometry *g, int detail_max) {
   free(members);
 }
 
-static void print_stage_map(FILE *out, const mc_geometry *g) {
-  fprintf(out, "\n== stage map (split %s; cost = forward FLOPs per token, embed/head included) ==\n",
-          mc_split_name(g->layout.split));
-  fprintf(out, "%6s %9s  %-24s %14s\n", "stage", "layers", "blocks", "fwd FLOP/tok");
-  for (int s = 0; s < g->stages.pp; s++) {
-    char range[32], blocks[MC_MAX_LAYERS + 8];
+static void print_stage_map(FILE *out, const mc_geometry *g, const mc_plan *p) {
+  const int pp = g->stages.pp;
+  fprintf(out, "\n== stage map (split %s; FLOP/tok = per token, embed/head included; per device = one step on one of the "
+               "stage's dp*tp ranks; memory = the stage's largest rank; bubble = idle share of the step under 1F1B, "
+               "%d micro-batches) ==\n",
+          mc_split_name(g->layout.split), p->n_micro);
+  fprintf(out, "%6s %9s  %-24s %12s %12s %14s %12s %8s\n", "stage", "layers", "blocks", "fwd FLOP/tok", "f+b FLOP/tok",
+          "f+b FLOP/dev", "memory", "bubble");
+  for (int s = 0; s < pp; s++) {
+    char range[32], blocks[MC_MAX_LAYERS + 8], mem[32];
     int f = g->stages.first[s], n = g->stages.count[s];
     snprintf(range, sizeof range, "%d-%d", f, f + n - 1);
-    snprintf(blocks, sizeof blocks, "%s%.*s%s", s == 0 ? "embed " : "", n, g->model.pattern + f,
-             s == g->stages.pp - 1 ? " head" : "");
-    fprintf(out, "%6d %9s  %-24s %14.4g\n", s, range, blocks, g->stages.cost[s]);
+    snprintf(blocks, sizeof blocks, "%s%.*s%s", s == 0 ? "embed " : "", n, g->model.pattern + f, s == pp - 1 ? " head" : "");
+    fprintf(out, "%6d %9s  %-24s %12.4g %12.4g %14.4g %12s %7.1f%%\n", s, range, blocks, g->stages.cost[s],
+            g->stages.flops[s], p->stages[s].flops, mc_format_bytes(p->stages[s].peak_bytes, mem, sizeof mem),
+            100.0 * p->stages[s].bubble);
   }
+  if (pp > 1)
+    fprintf(out, "1F1B bubble: %.1f%% of all stages' time (equal stages: (pp-1)/(m+pp-1) = %.1f%%)\n", 100.0 * p->bubble,
+            100.0 * (pp - 1) / (p->n_micro + pp - 1));
 }
 
 static int print_ownership(FILE *out, const mc_geometry *g, int detail_max) {
@@ -172,7 +180,7 @@ static void print_flops(FILE *out, const mc_geometry *g, const mc_plan *p) {
   double worst = 0;
   for (int s = 0; s < g->stages.pp; s++)
     if (mc_plan_stage_step_flops(g, p, s) > worst) worst = mc_plan_stage_step_flops(g, p, s);
-  fprintf(out, "per step per device (busiest stage, split evenly over dp*tp): %.6g\n", worst);
+  fprintf(out, "per step per device (busiest stage, forward + backward, split evenly over dp*tp): %.6g\n", worst);
 }
 
 static void print_warnings(FILE *out, const mc_plan *p, const mc_rank_classes *cls) {
@@ -186,7 +194,7 @@ int mc_plan_print_text(FILE *out, const mc_geometry *g, const mc_plan *p, int de
   if (mc_plan_classes(p, &cls) != 0) return -1;
   print_header(out, g, p);
   print_rank_map(out, g, detail_max);
-  print_stage_map(out, g);
+  print_stage_map(out, g, p);
   if (print_ownership(out, g, detail_max) != 0) {
     mc_plan_classes_free(&cls);
     return -1;

@@ -505,6 +505,213 @@ static void test_headroom(void) {
   mc_geometry_free(&g);
 }
 
+/* ------------------------------------------------------------------ stage split and pipeline */
+
+/* The weighted split's definition (core/stages.h), by brute force over every contiguous split
+ * of the pattern into pp stages; returns 1 when the map's largest stage FLOPs and memory are
+ * the optimum's, and reports whether the memory bound excluded the fastest split. */
+static int weighted_is_optimal(const mc_model *m, const mc_layout *l, const mc_stage_map *s, int *bound_binds) {
+  const int n = m->n_layers, pp = l->pp;
+  /* stage costs of every (stage, first, count), from the per-layer cost model as
+   * mc_stage_cost_of documents it: FLOPs of the layers (+ embedding on 0, + head on the last);
+   * memory: the layers' state + (pp - s) x their activations (+ embedding state on 0, + head
+   * state and logits on the last) */
+  static double tf[MC_MAX_STAGES][16][17], tm[MC_MAX_STAGES][16][17];
+  double lf[16], ls[16], la[16];
+  for (int i = 0; i < n; i++) {
+    lf[i] = mc_block_fwd_flops(m, m->pattern[i]) + mc_block_bwd_flops(m, m->pattern[i]);
+    ls[i] = mc_block_state_bytes(m, l, m->pattern[i]);
+    la[i] = mc_block_act_bytes(m, l, m->pattern[i]);
+  }
+  for (int st = 0; st < pp; st++)
+    for (int f = 0; f < n; f++)
+      for (int c = 1; f + c <= n; c++) {
+        double t = 0, sb = 0, a = 0;
+        for (int i = f; i < f + c; i++) t += lf[i], sb += ls[i], a += la[i];
+        tf[st][f][c] = t + (st == 0 ? mc_embed_fwd_flops(m) + mc_embed_bwd_flops(m) : 0) +
+                       (st == pp - 1 ? mc_head_fwd_flops(m) + mc_head_bwd_flops(m) : 0);
+        tm[st][f][c] = sb + (pp - st) * a + (st == 0 ? mc_embed_state_bytes(m, l) : 0) +
+                       (st == pp - 1 ? mc_head_state_bytes(m, l) + mc_head_act_bytes(m, l) : 0);
+      }
+  /* the stage map's costs are the model's */
+  for (int st = 0; st < pp; st++) {
+    const int f = s->first[st], c = s->count[st];
+    double cf, cm;
+    mc_stage_cost_of(m, l, st, f, c, &cf, &cm);
+    if (fabs(cf - tf[st][f][c]) > 1e-9 * cf || fabs(cm - tm[st][f][c]) > 1e-9 * cm || cf != s->flops[st] || cm != s->mem[st])
+      return 0;
+  }
+  double m_star = 1e300, f_free = 1e300;
+  static double bf[1 << 15], bm[1 << 15];
+  for (int mask = 0; mask < (1 << (n - 1)); mask++) {
+    bf[mask] = -1;
+    if (__builtin_popcount((unsigned)mask) != pp - 1) continue;
+    double mf = 0, mm = 0;
+    for (int i = 0, st = 0, first = 0; i < n; i++)
+      if (i == n - 1 || (mask >> i) & 1) {
+        const int c = i + 1 - first;
+        mf = tf[st][first][c] > mf ? tf[st][first][c] : mf;
+        mm = tm[st][first][c] > mm ? tm[st][first][c] : mm;
+        st++, first = i + 1;
+      }
+    bf[mask] = mf, bm[mask] = mm;
+    m_star = mm < m_star ? mm : m_star;
+    f_free = mf < f_free ? mf : f_free;
+  }
+  const double cap = (1 + MC_SPLIT_MEM_SLACK) * m_star * (1 + 1e-12);
+  double f_star = 1e300, m2 = 1e300;
+  for (int mask = 0; mask < (1 << (n - 1)); mask++)
+    if (bf[mask] >= 0 && bm[mask] <= cap && bf[mask] < f_star) f_star = bf[mask];
+  for (int mask = 0; mask < (1 << (n - 1)); mask++)
+    if (bf[mask] >= 0 && bm[mask] <= cap && bf[mask] <= f_star * (1 + 1e-12) && bm[mask] < m2) m2 = bm[mask];
+  double F = 0, M = 0;
+  for (int st = 0; st < pp; st++) {
+    F = s->flops[st] > F ? s->flops[st] : F;
+    M = s->mem[st] > M ? s->mem[st] : M;
+  }
+  *bound_binds = f_star > f_free * (1 + 1e-9);
+  return fabs(F - f_star) <= 1e-9 * f_star && fabs(M - m2) <= 1e-9 * m2;
+}
+
+/* Every pattern of up to 8 layers over AMER, pp 2..4, under two layouts (one where states
+ * dominate the memory estimate, one where activations do): the weighted split is optimal
+ * under its definition, its stage FLOPs add up to the model's, and its stage map's costs are
+ * the cost model's. */
+static void test_weighted_exhaustive(void) {
+  mc_model m;
+  tiny_model(&m);
+  mc_layout ls[2] = {layout(1, 1, 2, 1, 0, 0), layout(2, 2, 2, 2, 1, 3)};
+  const int seqs[2] = {16, 256};
+  int cases = 0, bad = 0, binds = 0;
+  for (int li = 0; li < 2; li++) {
+    m.seq_len = seqs[li];
+    ls[li].split = MC_SPLIT_WEIGHTED;
+    for (int n = 2; n <= 8 - li; n++) { /* the second layout up to 7 layers: CPU time */
+      int total = 1;
+      for (int i = 0; i < n; i++) total *= 4;
+      for (int code = 0; code < total; code++) {
+        for (int i = 0, c = code; i < n; i++, c /= 4) m.pattern[i] = "AMER"[c % 4];
+        m.pattern[n] = 0, m.n_layers = n;
+        for (int pp = 2; pp <= 4 && pp <= n; pp++) {
+          mc_layout l = ls[li];
+          l.pp = pp;
+          mc_stage_map s;
+          if (mc_stage_map_build(&m, &l, &s) != 0) {
+            bad++;
+            continue;
+          }
+          int b = 0;
+          cases++;
+          if (!weighted_is_optimal(&m, &l, &s, &b)) {
+            if (bad++ < 5) CHECK(0, "%s pp=%d layout %d: weighted split not optimal", m.pattern, pp, li);
+          }
+          binds += b;
+          double sum = 0;
+          for (int st = 0; st < pp; st++) sum += s.flops[st];
+          if (fabs(sum - mc_model_fwd_bwd_flops_per_token(&m)) > 1e-12 * sum && bad++ < 5)
+            CHECK(0, "%s pp=%d: stage FLOPs add to %.17g, the model's %.17g", m.pattern, pp, sum,
+                  mc_model_fwd_bwd_flops_per_token(&m));
+        }
+      }
+    }
+  }
+  CHECK(bad == 0 && cases > 200000, "%d cases, %d failed", cases, bad);
+  CHECK(binds > 0, "the memory bound changes the split in some cases (%d)", binds);
+}
+
+/* A hand-written split against the weighted one: the weighted split is no slower than any
+ * split within its memory bound, e.g. nam-small's AEMEAEME|AEMR; forward + backward totals. */
+static void test_weighted_vs_explicit(void) {
+  mc_model m;
+  tiny_model(&m);
+  strcpy(m.pattern, "AEMEAEMEAEMR"), m.n_layers = 12;
+  m.vocab_size = 32768, m.d_model = 1024, m.n_heads = 16, m.n_kv_heads = 4, m.head_dim = 64;
+  m.n_experts = 8, m.top_k = 2, m.expert_hidden = 2048, m.mamba_inner = 2048, m.mamba_head_dim = 64;
+  m.ssm_state = 64, m.rec_width = 1024, m.seq_len = 2048;
+  static const char *const splits[] = {"AEMEAE|MEAEMR", "AEMEAEME|AEMR", "AEME|AEME|AEMR", "AEM|EAEM|EAEM|R", "AEME|AEMR"};
+  for (int k = 0; k < 5; k++) {
+    if (k == 4) strcpy(m.pattern, "AEMEAEMR"), m.n_layers = 8;
+    mc_layout l = layout(1, 1, 1, 1, 0, 0);
+    int pipes = 0;
+    for (const char *c = splits[k]; *c; c++) pipes += *c == '|';
+    l.pp = pipes + 1;
+    mc_stage_map w, e;
+    l.split = MC_SPLIT_WEIGHTED;
+    CHECK_OK(mc_stage_map_build(&m, &l, &w));
+    l.split = MC_SPLIT_EXPLICIT;
+    strcpy(l.split_pattern, splits[k]);
+    CHECK_OK(mc_stage_map_build(&m, &l, &e));
+    double wf = 0, wm = 0, ef = 0, em = 0, m_star = 1e300;
+    for (int s = 0; s < l.pp; s++) {
+      wf = fmax(wf, w.flops[s]), wm = fmax(wm, w.mem[s]), ef = fmax(ef, e.flops[s]), em = fmax(em, e.mem[s]);
+    }
+    /* the most memory-balanced split's largest stage, from the bound the split keeps */
+    mc_layout lm = l;
+    lm.split = MC_SPLIT_WEIGHTED;
+    (void)lm;
+    m_star = wm / (1 + MC_SPLIT_MEM_SLACK);
+    if (em <= (1 + MC_SPLIT_MEM_SLACK) * m_star) CHECK(wf <= ef * (1 + 1e-12), "%s: weighted %.6g vs %.6g", splits[k], wf, ef);
+    int b;
+    CHECK(weighted_is_optimal(&m, &l, &w, &b), "%s: weighted optimal", splits[k]);
+    double sw = 0, se = 0, fw = 0;
+    for (int s = 0; s < l.pp; s++) sw += w.flops[s], se += e.flops[s], fw += w.cost[s];
+    CHECK_CLOSE(sw, mc_model_fwd_bwd_flops_per_token(&m), 1e-12);
+    CHECK_CLOSE(se, mc_model_fwd_bwd_flops_per_token(&m), 1e-12);
+    CHECK_CLOSE(3 * fw, mc_model_train_flops_per_token(&m), 1e-12);
+    /* backward: 2x the forward but for the attention core (2.5x) and the embedding scatter */
+    CHECK(sw > 3 * fw, "the attention backward recomputes its scores");
+  }
+}
+
+/* 1F1B: equal stages idle (pp-1)/(m+pp-1); a heavier stage idles the others. */
+static void test_bubble(void) {
+  for (int pp = 1; pp <= 8; pp++)
+    for (int mb = 1; mb <= 20; mb++) {
+      double f[8], b[8], idle[8];
+      for (int s = 0; s < pp; s++) f[s] = 1.0, b[s] = 2.0;
+      const double all = mc_plan_1f1b(pp, mb, f, b, idle), want = (double)(pp - 1) / (mb + pp - 1);
+      CHECK(fabs(all - want) < 1e-12, "pp=%d m=%d: bubble %.6f, formula %.6f", pp, mb, all, want);
+      for (int s = 0; s < pp; s++) CHECK(fabs(idle[s] - want) < 1e-12, "pp=%d m=%d stage %d: %.6f", pp, mb, s, idle[s]);
+    }
+  double f[4] = {1, 1, 2, 1}, b[4] = {2, 2, 4, 2}, idle[4];
+  const double all = mc_plan_1f1b(4, 8, f, b, idle);
+  CHECK(all > 3.0 / 11 && idle[2] < idle[0] && idle[2] < idle[3], "heavy stage 2: bubble %.3f, idle %.3f %.3f %.3f %.3f",
+        all, idle[0], idle[1], idle[2], idle[3]);
+  /* the slowest stage sets the pace: step >= m (f + b) of stage 2, so its idle share is the
+   * fill and drain only */
+  CHECK(idle[2] > 0 && idle[2] < 0.5, "stage 2 idle %.3f", idle[2]);
+  /* the plan's per-stage numbers */
+  mc_model m;
+  tiny_model(&m);
+  mc_train_cfg t;
+  base_train(&t);
+  t.global_batch = 8, t.micro_batch = 2;
+  mc_geometry g;
+  mc_plan p;
+  mc_layout l = layout(1, 2, 2, 1, 0, 0);
+  l.split = MC_SPLIT_WEIGHTED;
+  CHECK_OK(make_plan(&m, l, &t, &g, &p));
+  if (!p.ranks) return;
+  double sum = 0;
+  for (int s = 0; s < 2; s++) {
+    sum += p.stages[s].flops * 2; /* dp = 2 devices a stage */
+    CHECK(p.stages[s].peak_rank >= 0 && p.ranks[p.stages[s].peak_rank].stage == s, "peak rank of stage %d", s);
+    for (int r = 0; r < p.world; r++)
+      if (p.ranks[r].stage == s) CHECK(p.ranks[r].total <= p.stages[s].peak_bytes, "stage %d peak", s);
+  }
+  CHECK_CLOSE(sum, mc_model_fwd_bwd_flops_per_token(&m) * 8 * 64, 1e-12);
+  CHECK(p.bubble > 0 && p.bubble < 1, "bubble %.3f", p.bubble);
+  cJSON *doc = mc_plan_to_json(&g, &p);
+  cJSON *pipe = doc ? cJSON_GetObjectItem(doc, "pipeline") : NULL;
+  CHECK(pipe && fabs(cJSON_GetObjectItem(pipe, "bubble_fraction")->valuedouble - p.bubble) < 1e-15, "pipeline.bubble_fraction");
+  cJSON *st = doc ? cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "stage_map"), 1) : NULL;
+  CHECK(st && cJSON_GetObjectItem(st, "peak_bytes")->valuedouble == (double)p.stages[1].peak_bytes &&
+            cJSON_GetObjectItem(st, "bubble_fraction")->valuedouble == p.stages[1].bubble,
+        "stage_map[1] keys");
+  cJSON_Delete(doc);
+  drop(&g, &p);
+}
+
 int main(void) {
   test_totals_grid();
   test_tp_halves();
@@ -516,5 +723,8 @@ int main(void) {
   test_units();
   test_groups_and_json();
   test_headroom();
+  test_weighted_exhaustive();
+  test_weighted_vs_explicit();
+  test_bubble();
   return mc_check_exit("test_plan");
 }
