@@ -16,7 +16,9 @@
 #include "core/config.h"
 #include "core/ownership.h"
 
-#define MC_CKPT_FORMAT_VERSION 1
+/* Version 2 records the ownership rule (manifest layout.ownership_rule); version 1 checkpoints
+ * were written under MC_OWN_CHUNKED (core/ownership.h) and are read as such. */
+#define MC_CKPT_FORMAT_VERSION 2
 #define MC_CKPT_MAX_DIM 3
 #define MC_CKPT_RULE_MAX 64
 
@@ -125,7 +127,7 @@ typedef struct {
   int ndim;
   int64_t shape[MC_CKPT_MAX_DIM];
   int64_t numel;
-  char placement_rule[MC_CKPT_RULE_MAX]; /* e.g. "tp(dim=0) x zero(dim=0)" */
+  char placement_rule[MC_CKPT_RULE_MAX]; /* e.g. "tp(dim=0) x zero_balanced(dim=0)" */
   int stage;
   int decay;                             /* optimizer group: 1 = weight decay */
 } mc_ckpt_family;
@@ -143,7 +145,7 @@ typedef struct {
   int rank;                                 /* the primary rank that wrote it */
   int stage;
   int n_replicas;
-  const int *replicas;                      /* replica group, ascending; replicas[0] == rank */
+  const int *replicas;                      /* replica group, ascending; contains rank (format 1: replicas[0]) */
   char sha256[65];                          /* hex of the raw little-endian fp32 bytes */
 } mc_ckpt_shard;
 

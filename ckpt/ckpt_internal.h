@@ -75,6 +75,7 @@ typedef struct {
 /* Everything the manifest holds, parsed. */
 typedef struct {
   int format_version;
+  int own_rule;       /* layout.ownership_rule (MC_OWN_*); format version 1: MC_OWN_CHUNKED */
   int64_t step;
   char *config_json;  /* the config section, printed */
   char *model_json;   /* the model section, printed */

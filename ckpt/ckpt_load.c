@@ -239,7 +239,9 @@ int mc_ckpt_config(const mc_ckpt *ck, mc_config *out) {
   char origin[MC_PATH_MAX + 32];
   snprintf(origin, sizeof origin, "%s/manifest.json (config)", ck->step_dir);
   if (mc_config_default(out) != 0) return -1;
-  return mc_config_apply_json(out, ck->m.config_json, origin);
+  if (mc_config_apply_json(out, ck->m.config_json, origin) != 0) return -1;
+  out->parallel.own_rule = ck->m.own_rule; /* not a config key: the manifest's layout records it */
+  return 0;
 }
 
 /* Keys that may change between runs without changing any tensor. */

@@ -207,6 +207,7 @@ int mc_manifest_build(const mc_geometry *g, const mc_config *cfg_in, const mc_tr
   cJSON *par = cJSON_GetObjectItemCaseSensitive(cj, "parallel");
   cJSON_AddItemToObject(root, "model", model ? cJSON_Duplicate(model, 1) : cJSON_CreateObject());
   cJSON *lay = par ? cJSON_Duplicate(par, 1) : cJSON_CreateObject();
+  cJSON_AddStringToObject(lay, "ownership_rule", mc_own_rule_name(g->layout.own_rule));
   cJSON_AddNumberToObject(lay, "world", g->world);
   cJSON *stages = cJSON_AddArrayToObject(lay, "stages");
   for (int s = 0; s < g->stages.pp; s++) {
@@ -523,7 +524,13 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
         if (!cJSON_IsNumber(e) || e->valuedouble < 0) mc_errlist_add(errs, "%s.replica_group[%d] is not a rank", where, k);
         else m->replica_pool[used + (size_t)k] = e->valueint;
       }
-      if (m->replica_pool[used] != s->rank) mc_errlist_add(errs, "%s: replica_group does not start with the primary rank", where);
+      /* format 1 (chunked): the primary is the lowest replica; format 2: one of them */
+      int in = 0;
+      for (int k = 0; k < nr; k++) in |= m->replica_pool[used + (size_t)k] == s->rank;
+      if (m->format_version < 2 && m->replica_pool[used] != s->rank)
+        mc_errlist_add(errs, "%s: replica_group does not start with the primary rank", where);
+      else if (!in)
+        mc_errlist_add(errs, "%s: replica_group does not contain the primary rank", where);
       used += (size_t)nr;
     }
   }
@@ -578,6 +585,14 @@ int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
     int64_t v;
     get_int(layout, "world", 1, &v, &cl);
     req(layout, "stages", &cl);
+    /* format 1 predates the key: its checkpoints were written under the chunked rule */
+    m->own_rule = MC_OWN_CHUNKED;
+    if (m->format_version >= 2) {
+      const char *rule = get_str(layout, "ownership_rule", &cl);
+      int r = rule ? mc_own_rule_parse(rule) : -1;
+      if (rule && r < 0) mc_errlist_add(&errs, "layout.ownership_rule '%s' unknown (balanced, chunked)", rule);
+      if (r >= 0) m->own_rule = r;
+    }
   }
   if (config) {
     cJSON *cm = cJSON_GetObjectItemCaseSensitive(config, "model");

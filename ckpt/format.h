@@ -36,7 +36,7 @@ typedef struct {
   mc_ckpt_shard s;                        /* family, state, ndim, start, count, stage, rank,
                                            * replicas (n_replicas of them), sha256 */
   int64_t global_shape[MC_CKPT_MAX_DIM];  /* the family's shape (ndim values) */
-  char placement_rule[MC_CKPT_RULE_MAX];  /* e.g. "tp(dim=0) x zero(dim=0)" */
+  char placement_rule[MC_CKPT_RULE_MAX];  /* e.g. "tp(dim=0) x zero_balanced(dim=0)" */
   int *replica_buf; /* library use: owns s.replicas while the library scans a file; writers
                      * leave it NULL and keep s.replicas owned by themselves */
 } mc_shard_attrs;

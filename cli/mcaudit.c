@@ -125,17 +125,19 @@ static void print_text(mc_rs_source *src, const mc_audit *a, const int *idx) {
   printf("totals per rank (bytes held, replicas included; stored = written by this rank):\n  %-5s", "rank");
   for (int st = 0; st < MC_N_STATES; st++)
     if (a->states & (1u << st)) printf(" %12s", mc_state_name((mc_state)st));
-  printf(" %12s |", "stored");
+  printf(" %12s %12s |", "optimizer", "stored");
   for (int c = 0; c < MC_AUDIT_N_CATS; c++) printf(" %s", mc_mem_cat_name(mc_audit_cats[c]));
   printf("\n");
   for (int r = 0; r < a->world; r++) {
     printf("  %-5d", r);
     for (int st = 0; st < MC_N_STATES; st++)
       if (a->states & (1u << st)) printf(" %12lld", (long long)a->held[r * MC_N_STATES + st]);
-    printf(" %12lld |", (long long)a->stored[r]);
+    printf(" %12lld %12lld |", (long long)a->optimizer[r], (long long)a->stored[r]);
     for (int c = 0; c < MC_AUDIT_N_CATS; c++) printf(" %lld", (long long)a->cat[r * MC_MEM_COUNT + mc_audit_cats[c]]);
     printf("\n");
   }
+  printf("balance (%s ownership rule): optimizer state largest/mean %.4f (rank %d), stored largest/mean %.4f\n",
+         mc_own_rule_name(g->layout.own_rule), a->optimizer_balance, a->optimizer_largest_rank, a->stored_balance);
   printf("checks: tiling, ownership (mc_shard_of), HDF5 attributes vs manifest%s%s\n",
          a->verified ? ", SHA-256 of every shard" : " (hashes not verified: pass --verify)",
          a->digests ? ", content digests" : "");
@@ -197,12 +199,18 @@ static char *json_report(mc_rs_source *src, const mc_audit *a, const int *idx) {
     cJSON *held = cJSON_AddObjectToObject(o, "held_bytes");
     for (int st = 0; st < MC_N_STATES; st++)
       if (a->states & (1u << st)) cJSON_AddNumberToObject(held, mc_state_name((mc_state)st), (double)a->held[r * MC_N_STATES + st]);
+    cJSON_AddNumberToObject(o, "optimizer_bytes", (double)a->optimizer[r]);
     cJSON_AddNumberToObject(o, "stored_bytes", (double)a->stored[r]);
     cJSON *cats = cJSON_AddObjectToObject(o, "categories");
     for (int c = 0; c < MC_AUDIT_N_CATS; c++)
       cJSON_AddNumberToObject(cats, mc_mem_cat_name(mc_audit_cats[c]), (double)a->cat[r * MC_MEM_COUNT + mc_audit_cats[c]]);
     cJSON_AddItemToArray(ranks, o);
   }
+  cJSON *bal = cJSON_AddObjectToObject(root, "balance");
+  cJSON_AddStringToObject(bal, "ownership_rule", mc_own_rule_name(g->layout.own_rule));
+  cJSON_AddNumberToObject(bal, "optimizer_largest_over_mean", a->optimizer_balance);
+  cJSON_AddNumberToObject(bal, "optimizer_largest_rank", a->optimizer_largest_rank);
+  cJSON_AddNumberToObject(bal, "stored_largest_over_mean", a->stored_balance);
   cJSON_AddBoolToObject(root, "verified", a->verified);
   cJSON *pr = cJSON_AddArrayToObject(root, "problems");
   int shown = a->problems.n < MC_ERRLIST_MAX ? a->problems.n : MC_ERRLIST_MAX;

@@ -35,6 +35,10 @@ typedef struct {
   int tp, pp, dp, ep;
   int sp;   /* 0/1 */
   int zero; /* 0, 1 or 3 */
+  /* Ownership rule (core/ownership.h, docs/ownership.md): MC_OWN_BALANCED (0, every new
+   * layout) or MC_OWN_CHUNKED (checkpoints of format version 1). Not a configuration key: a
+   * checkpoint's manifest records it (layout.ownership_rule) and mc_ckpt_config restores it. */
+  int own_rule;
   mc_split_mode split;
   /* With MC_SPLIT_EXPLICIT: the pattern with pipes, e.g. "AEME|AEMR". */
   char split_pattern[2 * MC_MAX_LAYERS + 2];

@@ -16,13 +16,27 @@ typedef enum { MC_STATE_PARAM = 0, MC_STATE_EXP_AVG = 1, MC_STATE_EXP_AVG_SQ = 2
 const char *mc_state_name(mc_state s);
 int mc_state_parse(const char *name); /* -1 if unknown */
 
+/* Ownership rules (layout.own_rule; docs/ownership.md states both exactly).
+ * MC_OWN_BALANCED (checkpoint format version 2, every new layout): a ZeRO-sharded state is
+ *   split on dim 0 in balanced parts, q = rows / g each and one more row for the r = rows % g
+ *   members at positions rot, rot+1, ..., rot+r-1 (mod g) of the group, where rot is the
+ *   family's rotation (mc_zero_rotation); member i holds rows [b(i), b(i+1)), b(i) = i*q +
+ *   (extra rows of members < i); the primary of a hyperslab held by n replicas is the replica
+ *   at position (3*family + state) % n of their ascending list.
+ * MC_OWN_CHUNKED (format version 1, docs/design.md section 3): chunk = ceil(rows / g), member
+ *   i holds rows [i*chunk, min((i+1)*chunk, rows)); the primary is the lowest replica. */
+typedef enum { MC_OWN_BALANCED = 0, MC_OWN_CHUNKED = 1, MC_OWN_N_RULES = 2 } mc_own_rule;
+const char *mc_own_rule_name(int rule); /* "balanced", "chunked" */
+int mc_own_rule_parse(const char *name); /* -1 if unknown */
+
 /* Everything derived once from (model, layout): stage map and family registry. */
 typedef struct {
   mc_model model;
-  mc_layout layout;
+  mc_layout layout;  /* layout.own_rule: the ownership rule */
   int world;
   mc_stage_map stages;
   mc_family_set fams;
+  int *zero_rot;     /* per family: mc_zero_rotation (owned like fams; freed by mc_geometry_free) */
 } mc_geometry;
 
 /* Validates model and layout (every broken rule reported) and builds the geometry.
@@ -43,8 +57,9 @@ typedef struct {
   int64_t start[3], count[3];
   int64_t numel;    /* elements held (product of count) */
   int held;         /* numel > 0 */
-  int primary;      /* held, and the lowest rank among the ranks holding this hyperslab */
-  int primary_rank; /* that lowest rank (-1 if not held) */
+  int primary;      /* held, and the rank that writes this hyperslab (one of its replicas: the
+                       lowest under MC_OWN_CHUNKED, spread over them under MC_OWN_BALANCED) */
+  int primary_rank; /* that rank (-1 if not held) */
   int n_replicas;   /* ranks holding this exact hyperslab (0 if not held) */
   int zero_group;   /* size of the group the state is sharded over (1 if not sharded) */
   int zero_index;   /* this rank's index in that group */
@@ -53,11 +68,24 @@ typedef struct {
 /* THE ownership function. */
 int mc_shard_of(const mc_geometry *g, int fam, mc_state state, int rank, mc_shard *out);
 
-/* The ranks holding exactly the same hyperslab as `rank` (ascending; first is the primary).
+/* The rotation of the balanced rule for family `fam`: which member of the ZeRO group gets the
+ * first of the family's extra rows. The extra rows (rows % g) are dealt round robin over the
+ * group in registry order, separately for dense families (DP group) and experts (expert-DP
+ * group): rot(f) = (sum of rows % g over the earlier families of f's kind) % g, rows being the
+ * TP/EP-local slice's dim 0. Depends on the layout, not on the rank. */
+int mc_zero_rotation(const mc_geometry *g, int fam);
+
+/* Rows [*lo, *hi) of `rows` that member `index` of a ZeRO group of `size` holds under `rule`
+ * with rotation `rot` (ignored by MC_OWN_CHUNKED). Members hold consecutive ranges in member
+ * order under both rules. */
+void mc_zero_rows(int rule, int64_t rows, int size, int index, int rot, int64_t *lo, int64_t *hi);
+
+/* The ranks holding exactly the same hyperslab as `rank` (ascending; the primary is one of them).
  * Returns the count (0 if rank holds nothing). `out` needs room for g->world entries. */
 int mc_shard_replicas(const mc_geometry *g, int fam, mc_state state, int rank, int *out);
 
-/* Readable placement rule, e.g. "tp(dim=0) x zero(dim=0)", "replicated", "ep(dim=0)". */
+/* Readable placement rule, e.g. "tp(dim=0) x zero(dim=0)", "replicated", "ep(dim=0)"; the
+ * ZeRO part is "zero(dim=0)" under MC_OWN_CHUNKED, "zero_balanced(dim=0)" under MC_OWN_BALANCED. */
 void mc_placement_rule(const mc_geometry *g, int fam, char *buf, int cap);
 
 #endif

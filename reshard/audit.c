@@ -209,7 +209,18 @@ static void totals(const mc_geometry *g, mc_audit *a) {
     if (a->stored[r] != primary)
       mc_errlist_add(&a->problems, "rank %d wrote %lld bytes of shards; under the layout it is primary for %lld (core/holdings.h)",
                      r, (long long)a->stored[r], (long long)primary);
+    for (int st = 0; st < MC_N_STATES; st++) a->optimizer[r] += a->held[r * MC_N_STATES + st];
   }
+  /* balance: largest over mean of the optimizer state held and of the bytes written */
+  double opt_sum = 0, opt_max = 0, st_sum = 0, st_max = 0;
+  for (int r = 0; r < g->world; r++) {
+    opt_sum += (double)a->optimizer[r];
+    st_sum += (double)a->stored[r];
+    if ((double)a->optimizer[r] > opt_max) opt_max = (double)a->optimizer[r], a->optimizer_largest_rank = r;
+    if ((double)a->stored[r] > st_max) st_max = (double)a->stored[r];
+  }
+  a->optimizer_balance = opt_sum > 0 ? opt_max / (opt_sum / g->world) : 1.0;
+  a->stored_balance = st_sum > 0 ? st_max / (st_sum / g->world) : 1.0;
 }
 
 int mc_audit_run(mc_rs_source *src, int verify, int progress, mc_audit *a) {
@@ -223,7 +234,8 @@ int mc_audit_run(mc_rs_source *src, int verify, int progress, mc_audit *a) {
   a->held = calloc((size_t)g->world * MC_N_STATES, sizeof *a->held);
   a->stored = calloc((size_t)g->world, sizeof *a->stored);
   a->cat = calloc((size_t)g->world * MC_MEM_COUNT, sizeof *a->cat);
-  if (!a->digest || !a->held || !a->stored || !a->cat) {
+  a->optimizer = calloc((size_t)g->world, sizeof *a->optimizer);
+  if (!a->digest || !a->held || !a->stored || !a->cat || !a->optimizer) {
     mc_audit_free(a);
     return mc_error("out of memory");
   }
@@ -248,6 +260,7 @@ void mc_audit_free(mc_audit *a) {
   free(a->held);
   free(a->stored);
   free(a->cat);
+  free(a->optimizer);
   a->digest = NULL;
-  a->held = a->stored = a->cat = NULL;
+  a->held = a->stored = a->cat = a->optimizer = NULL;
 }

@@ -9,7 +9,10 @@
  *    in row-major order, streamed through the reshard engine (bounded memory);
  *  - bytes held per rank, per state and per memory category, from the holdings function
  *    (core/holdings.h), and every rank's stored bytes equal to those of the states it is
- *    primary for. */
+ *    primary for;
+ *  - the balance of the ownership rule: each rank's optimizer-state bytes (every audited
+ *    state it holds: the fp32 master/param and the moments) and the largest over the mean,
+ *    and the same for the bytes each rank wrote. */
 #ifndef MC_RESHARD_AUDIT_H
 #define MC_RESHARD_AUDIT_H
 
@@ -33,6 +36,10 @@ typedef struct {
   int64_t *held;                   /* [world][MC_N_STATES]: bytes each rank holds (replicas too) */
   int64_t *stored;                 /* [world]: bytes of the primaries each rank wrote */
   int64_t *cat;                    /* [world][MC_MEM_COUNT]: held bytes by category (holdings) */
+  int64_t *optimizer;              /* [world]: optimizer-state bytes held (the audited states summed) */
+  double optimizer_balance;        /* largest / mean of optimizer[] (1 when nothing is held) */
+  int optimizer_largest_rank;      /* the (lowest) rank holding the largest */
+  double stored_balance;           /* largest / mean of stored[] */
   int64_t bytes_read;
   int verified;                    /* every shard hash checked */
   int digests;                     /* digests computed */

@@ -219,4 +219,36 @@ static inline uint64_t tree_fingerprint(const char *dir) {
   return h;
 }
 
+/* Rewrites <dir>/step_<step>/manifest.json with the first `from` replaced by `to` and records
+ * its new hash in manifest.sha256 and latest, so only the manifest's content rules can catch
+ * the edit. Returns 0, or -1 when `from` is absent or a file cannot be rewritten. */
+static inline int edit_manifest(const char *dir, int64_t step, const char *from, const char *to) {
+  char mp[4200];
+  pathf(mp, sizeof mp, "%s/step_%" PRId64 "/manifest.json", dir, step);
+  FILE *f = fopen(mp, "rb");
+  if (!f) return -1;
+  char *buf = calloc(1, 1 << 22);
+  size_t n = buf ? fread(buf, 1, (1 << 22) - 1, f) : 0;
+  fclose(f);
+  char *at = buf ? strstr(buf, from) : NULL, *out = at ? calloc(1, n + strlen(to) + 1) : NULL;
+  int rc = out ? 0 : -1;
+  if (out) {
+    memcpy(out, buf, (size_t)(at - buf));
+    strcat(out, to);
+    strcat(out, at + strlen(from));
+    rc = (f = fopen(mp, "wb")) != NULL && fwrite(out, 1, strlen(out), f) == strlen(out) ? 0 : -1;
+    if (f) rc |= fclose(f);
+  }
+  char cmd[9000];
+  pathf(cmd, sizeof cmd,
+        "cd '%s' && h=$(sha256sum step_%" PRId64 "/manifest.json | cut -c1-64) && "
+        "printf '%%s  manifest.json\\n' $h > step_%" PRId64 "/manifest.sha256 && "
+        "printf '{\"step\": %" PRId64 ", \"path\": \"step_%" PRId64 "\", \"manifest_sha256\": \"%%s\"}' $h > latest",
+        dir, step, step, step, step);
+  if (rc == 0 && system(cmd) != 0) rc = -1;
+  free(buf);
+  free(out);
+  return rc;
+}
+
 #endif

@@ -69,35 +69,7 @@ static void expect_load_error(const char *dir, const char *what, const char *n1,
 /* Rewrites the manifest with `edit` applied and records its new hash in latest and
  * manifest.sha256, so only the content rules can catch it. */
 static void rewrite_manifest(const char *dir, const char *from, const char *to) {
-  char mp[4200];
-  pathf(mp, sizeof mp, "%s/step_5/manifest.json", dir);
-  FILE *f = fopen(mp, "rb");
-  char *buf = calloc(1, 1 << 20);
-  size_t n = fread(buf, 1, (1 << 20) - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  char *at = strstr(buf, from);
-  CHECK(at != NULL, "manifest lacks '%s'", from);
-  if (!at) {
-    free(buf);
-    return;
-  }
-  char *out = calloc(1, n + strlen(to) + 1);
-  memcpy(out, buf, (size_t)(at - buf));
-  strcat(out, to);
-  strcat(out, at + strlen(from));
-  f = fopen(mp, "wb");
-  fwrite(out, 1, strlen(out), f);
-  fclose(f);
-  char cmd[9000];
-  snprintf(cmd, sizeof cmd,
-           "cd '%s' && h=$(sha256sum step_5/manifest.json | cut -c1-64) && "
-           "printf '%%s  manifest.json\\n' $h > step_5/manifest.sha256 && "
-           "printf '{\"step\": 5, \"path\": \"step_5\", \"manifest_sha256\": \"%%s\"}' $h > latest",
-           dir);
-  CHECK(system(cmd) == 0, "rewriting hashes");
-  free(buf);
-  free(out);
+  CHECK(edit_manifest(dir, 5, from, to) == 0, "manifest of %s: replacing '%s' failed", dir, from);
 }
 
 static void case_data_flip(void) {
@@ -247,8 +219,15 @@ static void case_bad_latest(void) {
 static void case_version_too_new(void) {
   char dir[4096];
   fresh(dir, sizeof dir);
-  rewrite_manifest(dir, "\"format_version\":\t1", "\"format_version\":\t2");
-  expect_load_error(dir, "format version too new", "format version 2 is newer", "manifest.json");
+  rewrite_manifest(dir, "\"format_version\":\t2", "\"format_version\":\t3");
+  expect_load_error(dir, "format version too new", "format version 3 is newer", "manifest.json");
+  /* version 2 records the ownership rule: without it, or with an unknown one, it is invalid */
+  fresh(dir, sizeof dir);
+  rewrite_manifest(dir, "\"ownership_rule\":", "\"ownership_rulez\":");
+  expect_load_error(dir, "no ownership rule", "manifest invalid", "missing key 'layout.ownership_rule'");
+  fresh(dir, sizeof dir);
+  rewrite_manifest(dir, "\"ownership_rule\":\t\"balanced\"", "\"ownership_rule\":\t\"lumpy\"");
+  expect_load_error(dir, "unknown ownership rule", "manifest invalid", "ownership_rule 'lumpy' unknown");
 }
 
 static void case_manifest_invalid(void) {

@@ -66,7 +66,10 @@ def main():
         check(a["placement_rule"] == fam["placement_rule"], f"{where}: placement_rule")
         check(int(a["stage"]) == s["stage"] == fam["stage"], f"{where}: stage")
         check(list(a["replica_group"]) == s["replica_group"], f"{where}: replica_group")
-        check(int(a["primary_rank"]) == s["rank"] == min(s["replica_group"]), f"{where}: primary_rank")
+        # format 1 (chunked rule): the lowest replica; format 2: one of the replicas
+        lowest = manifest["format_version"] < 2 or manifest["layout"].get("ownership_rule") == "chunked"
+        check(int(a["primary_rank"]) == s["rank"] and
+              (s["rank"] == min(s["replica_group"]) if lowest else s["rank"] in s["replica_group"]), f"{where}: primary_rank")
         check(a["sha256"] == s["sha256"], f"{where}: sha256 attribute")
         check(ds.dtype == np.dtype("<f4") and list(ds.shape) == s["count"], f"{where}: dtype/shape")
         data = ds[()]

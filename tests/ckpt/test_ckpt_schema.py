@@ -40,7 +40,10 @@ def main():
             failures.append(f"schema accepts a manifest with {name}")
 
     broken("no shards", lambda m: m.pop("shards"))
-    broken("a newer format version", lambda m: m.update(format_version=2))
+    broken("a newer format version", lambda m: m.update(format_version=3))
+    broken("version 2 without its ownership rule", lambda m: m["layout"].pop("ownership_rule"))
+    broken("an unknown ownership rule", lambda m: m["layout"].update(ownership_rule="lumpy"))
+    broken("version 1 with an ownership rule", lambda m: m.update(format_version=1))
     broken("a short sha256", lambda m: m["shards"][0].update(sha256="abc"))
     broken("a seed as a number", lambda m: m["training_state"].update(seed=5))
     broken("an unknown state", lambda m: m["shards"][0].update(state="momentum"))

@@ -111,18 +111,37 @@ static void check_geometry(const mc_geometry *g) {
                 "%s rank %d dim %d: shard outside local slice", f->name, r, i);
           CHECK(s->local_start[i] >= 0 && s->local_start[i] + s->local_count[i] <= f->shape[i], "%s local slice outside", f->name);
         }
-        /* brute-force replicas: lowest identical holder is the primary, count matches */
-        int lowest = -1, n = 0;
+        /* brute-force replicas (ascending); the primary is one of them, the same for all of
+         * them: the lowest (chunked) or the one at (3*family + state) % n (balanced) */
+        int n = 0, in = 0;
         for (int q = 0; q < world; q++)
           if (same(s, &sh[q])) {
-            if (lowest < 0) lowest = q;
-            n++;
+            reps[n++] = q;
+            in |= q == s->primary_rank;
+            CHECK(sh[q].primary_rank == s->primary_rank, "%s/%s: replicas %d and %d name primaries %d and %d", f->name,
+                  mc_state_name((mc_state)st), r, q, s->primary_rank, sh[q].primary_rank);
           }
-        CHECK(lowest == s->primary_rank, "%s/%s rank %d: primary %d, brute force %d (layout tp%d dp%d pp%d ep%d zero%d)", f->name,
-              mc_state_name((mc_state)st), r, s->primary_rank, lowest, g->layout.tp, g->layout.dp, g->layout.pp, g->layout.ep,
-              g->layout.zero);
+        const int want = n ? reps[g->layout.own_rule == MC_OWN_CHUNKED ? 0 : (MC_N_STATES * fi + st) % n] : -1;
+        CHECK(in && want == s->primary_rank, "%s/%s rank %d: primary %d, brute force %d (layout tp%d dp%d pp%d ep%d zero%d rule %s)",
+              f->name, mc_state_name((mc_state)st), r, s->primary_rank, want, g->layout.tp, g->layout.dp, g->layout.pp,
+              g->layout.ep, g->layout.zero, mc_own_rule_name(g->layout.own_rule));
         CHECK(n == s->n_replicas, "%s rank %d: %d replicas, brute force %d", f->name, r, s->n_replicas, n);
-        CHECK(s->primary == (lowest == r), "%s rank %d primary flag", f->name, r);
+        CHECK(s->primary == (want == r), "%s rank %d primary flag", f->name, r);
+        /* a ZeRO member's rows follow those of the members before it (the trainer packs them
+         * member-major); under the balanced rule the parts differ by at most one row */
+        if (g->layout.zero > 0) {
+          int64_t lo, hi, before = 0;
+          for (int j = 0; j < s->zero_index; j++) {
+            mc_zero_rows(g->layout.own_rule, s->local_count[0], s->zero_group, j, mc_zero_rotation(g, fi), &lo, &hi);
+            before += hi - lo;
+          }
+          CHECK(s->start[0] - s->local_start[0] == before, "%s rank %d: rows start at %lld, members before hold %lld", f->name, r,
+                (long long)(s->start[0] - s->local_start[0]), (long long)before);
+          if (g->layout.own_rule == MC_OWN_BALANCED)
+            CHECK(s->count[0] == s->local_count[0] / s->zero_group || s->count[0] == s->local_count[0] / s->zero_group + 1,
+                  "%s rank %d: %lld of %lld rows in a group of %d", f->name, r, (long long)s->count[0],
+                  (long long)s->local_count[0], s->zero_group);
+        }
         if (s->primary) mark(f, s, cover);
       }
       int bad = 0;
@@ -134,7 +153,9 @@ static void check_geometry(const mc_geometry *g) {
     int r = (int)(ctr++ % (uint64_t)world);
     int nr = mc_shard_replicas(g, fi, MC_STATE_PARAM, r, reps);
     CHECK(nr == sh[r].n_replicas || !sh[r].held, "%s replicas list %d vs %d", f->name, nr, sh[r].n_replicas);
-    if (nr > 0) CHECK(reps[0] == sh[r].primary_rank, "%s replicas list starts at %d, primary %d", f->name, reps[0], sh[r].primary_rank);
+    int listed = 0;
+    for (int k = 0; k < nr; k++) listed |= reps[k] == sh[r].primary_rank && (k == 0 || reps[k] > reps[k - 1]);
+    if (nr > 0) CHECK(listed, "%s replicas list lacks the primary %d", f->name, sh[r].primary_rank);
     free(cover);
   }
   free(sh);
@@ -156,12 +177,44 @@ static void test_random_layouts(void) {
     ep_multi += l.ep > 1;
     check_geometry(&g);
     mc_geometry_free(&g);
+    /* the same layout under the other rule (format version 1 checkpoints) */
+    l.own_rule = MC_OWN_CHUNKED;
+    CHECK_OK(mc_geometry_build(&m, &l, NULL, -1, &g));
+    check_geometry(&g);
+    mc_geometry_free(&g);
   }
   CHECK(valid == 600, "only %d valid random cases in %d tries", valid, tries);
   CHECK(zero_seen[0] && zero_seen[1] && zero_seen[3], "zero modes covered");
   CHECK(split_seen[0] && split_seen[1] && split_seen[2], "split modes covered");
   CHECK(ep_multi > 20, "ep > 1 covered (%d)", ep_multi);
-  printf("ownership property: %d valid layouts (%d tries), %d with ep>1\n", valid, tries, ep_multi);
+  printf("ownership property: %d valid layouts (%d tries), %d with ep>1, each under both rules\n", valid, tries, ep_multi);
+}
+
+/* mc_zero_rows against its definition, for every group size, rotation and row count up to a
+ * bound: consecutive ranges tiling [0, rows); chunked: ceil(rows / g) parts; balanced: the r =
+ * rows % g members rot..rot+r-1 (mod g) hold one more row than the others. */
+static void test_zero_rows(void) {
+  int cases = 0;
+  for (int gs = 1; gs <= 12; gs++)
+    for (int64_t rows = 0; rows <= 40; rows++)
+      for (int rot = 0; rot < gs; rot++)
+        for (int rule = 0; rule < MC_OWN_N_RULES; rule++) {
+          int64_t at = 0, chunk = (rows + gs - 1) / gs;
+          for (int i = 0; i < gs; i++) {
+            int64_t lo, hi;
+            mc_zero_rows(rule, rows, gs, i, rot, &lo, &hi);
+            CHECK(lo == at && hi >= lo, "rule %d rows %lld g %d rot %d member %d: [%lld, %lld) after %lld", rule, (long long)rows,
+                  gs, rot, i, (long long)lo, (long long)hi, (long long)at);
+            at = hi;
+            int64_t want = rule == MC_OWN_CHUNKED ? (chunk * (i + 1) < rows ? chunk * (i + 1) : rows) - (chunk * i < rows ? chunk * i : rows)
+                                                  : rows / gs + (((i - rot) % gs + gs) % gs < rows % gs);
+            CHECK(hi - lo == want, "rule %d rows %lld g %d rot %d member %d holds %lld rows, want %lld", rule, (long long)rows, gs,
+                  rot, i, (long long)(hi - lo), (long long)want);
+          }
+          CHECK(at == rows, "rule %d rows %lld g %d: parts end at %lld", rule, (long long)rows, gs, (long long)at);
+          cases++;
+        }
+  printf("zero rows: %d cases\n", cases);
 }
 
 static void base(mc_model *m, mc_layout *l) {
@@ -293,7 +346,7 @@ static void test_registry(void) {
     CHECK(f->shape[0] == 32 && f->shape[1] == 64 && f->place == MC_PLACE_TP && f->split_dim == 0 && f->decay, "wk shape/rule");
     char rule[64];
     mc_placement_rule(&g, wk, rule, sizeof rule);
-    CHECK(!strcmp(rule, "tp(dim=0) x zero(dim=0)"), "rule %s", rule);
+    CHECK(!strcmp(rule, "tp(dim=0) x zero_balanced(dim=0)"), "rule %s", rule);
   }
   int w2 = mc_family_find(&g.fams, "layers.01.moe.w2");
   CHECK(w2 >= 0 && g.fams.f[w2].shape[0] == 8 && g.fams.f[w2].shape[1] == 64 && g.fams.f[w2].shape[2] == 32, "w2 shape");
@@ -310,6 +363,17 @@ static void test_registry(void) {
   CHECK(s.local_start[0] == 4 && s.local_count[0] == 4 && s.start[0] == 6 && s.count[0] == 2 && s.primary, "ep/zero slab %lld+%lld",
         (long long)s.start[0], (long long)s.count[0]);
   mc_geometry_free(&g);
+  /* the chunked rule (format version 1) names its ZeRO part zero(dim=0) */
+  l.own_rule = MC_OWN_CHUNKED;
+  CHECK_OK(mc_geometry_build(&m, &l, NULL, -1, &g));
+  char rule[64];
+  mc_placement_rule(&g, wk, rule, sizeof rule);
+  CHECK(!strcmp(rule, "tp(dim=0) x zero(dim=0)"), "chunked rule %s", rule);
+  CHECK(!strcmp(mc_own_rule_name(MC_OWN_CHUNKED), "chunked") && mc_own_rule_parse("balanced") == MC_OWN_BALANCED &&
+            mc_own_rule_parse("lumpy") < 0, "rule names");
+  mc_geometry_free(&g);
+  l.own_rule = 7;
+  CHECK(mc_geometry_build(&m, &l, NULL, -1, &g) != 0 && strstr(mc_errmsg(), "ownership rule 7 unknown"), "bad rule: %s", mc_errmsg());
 }
 
 /* A one-stage explicit split survives the trip through the config JSON (manifests do this). */
@@ -335,6 +399,7 @@ int main(void) {
   test_validation_messages();
   test_stage_splits();
   test_registry();
+  test_zero_rows();
   test_random_layouts();
   return mc_check_exit("test_ownership");
 }

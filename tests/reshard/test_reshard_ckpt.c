@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include "reshard/audit.h"
 #include "reshard/reshard.h"
 #include "rs_ckpt_testlib.h"
+#include "tests/ckpt/test_ckpt_common.h"
 
 static char root[2048];
 
@@ -124,6 +126,123 @@ static void pair_case(uint64_t seed, const mc_model *m, int k) {
   free(db);
   mc_geometry_free(&ga);
   mc_geometry_free(&gb);
+}
+
+/* Turns a checkpoint written under the chunked rule into exactly what format version 1 wrote:
+ * manifest format_version 1 without layout.ownership_rule (its hashes in manifest.sha256 and
+ * latest recomputed), rank files' format_version attribute 1. */
+static void make_format_v1(const char *dir, int64_t step) {
+  CHECK(edit_manifest(dir, step, "\"format_version\":\t2", "\"format_version\":\t1") == 0 &&
+            edit_manifest(dir, step, "\"ownership_rule\":\t\"chunked\",\n\t\t", "") == 0,
+        "manifest of %s lacks version 2 or the chunked rule", dir);
+  for (int r = 0; r < 64; r++) {
+    char rp[2600];
+    snprintf(rp, sizeof rp, "%s/step_%lld/rank_%d.h5", dir, (long long)step, r);
+    struct stat before, after;
+    if (stat(rp, &before) != 0) continue;
+    hid_t fid = H5Fopen(rp, H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t at = fid >= 0 ? H5Aopen(fid, "format_version", H5P_DEFAULT) : -1;
+    int one = 1;
+    CHECK(at >= 0 && H5Awrite(at, H5T_NATIVE_INT, &one) >= 0, "%s: format_version not rewritten", rp);
+    if (at >= 0) H5Aclose(at);
+    if (fid >= 0) H5Fclose(fid);
+    CHECK(stat(rp, &after) == 0 && after.st_size == before.st_size, "%s changed size", rp);
+  }
+}
+
+/* Every hyperslab every rank of g holds, read from the checkpoint at path, equals the
+ * reference content (what a run of layout g loads). Returns the mismatching elements. */
+static int64_t load_as(const char *path, const mc_geometry *g) {
+  mc_ckpt *ck;
+  if (mc_ckpt_open(path, NULL, &ck) != 0) return -1;
+  int64_t bad = 0;
+  for (int r = 0; r < g->world && bad >= 0; r++)
+    for (int f = 0; f < g->fams.n && bad >= 0; f++)
+      for (int s = 0; s < MC_N_STATES; s++) {
+        mc_shard sh;
+        if (mc_shard_of(g, f, (mc_state)s, r, &sh) != 0 || !sh.held) continue;
+        mc_box sl = {sh.ndim, {0}, {0}};
+        for (int d = 0; d < sh.ndim; d++) sl.start[d] = sh.start[d], sl.count[d] = sh.count[d];
+        float *got = malloc((size_t)sh.numel * 4), *want = malloc((size_t)sh.numel * 4);
+        if (mc_ckpt_read(ck, g->fams.f[f].name, (mc_state)s, sh.start, sh.count, got) != 0) bad = -1;
+        rs_pack(f, s, g->fams.f[f].shape, g->fams.f[f].ndim, &sl, want);
+        for (int64_t i = 0; bad >= 0 && i < sh.numel; i++) bad += memcmp(&got[i], &want[i], 4) != 0;
+        free(got);
+        free(want);
+      }
+  mc_ckpt_close(ck);
+  return bad;
+}
+
+/* A checkpoint of format version 1 (chunked rule: ceil(rows/g) ZeRO parts, lowest-rank
+ * primaries) validates, loads, audits and reshards under this version, whose runs use the
+ * balanced rule. */
+static void old_rule_case(const mc_model *m, int tp, int dp, int pp, int ep, int zero, int k) {
+  mc_layout l;
+  memset(&l, 0, sizeof l);
+  l.tp = tp, l.dp = dp, l.pp = pp, l.ep = ep, l.sp = tp > 1 && ep > 1, l.zero = zero, l.split = MC_SPLIT_EQUAL;
+  l.own_rule = MC_OWN_CHUNKED;
+  mc_geometry gold, gnew, gb;
+  CHECK_OK(mc_geometry_build(m, &l, NULL, -1, &gold));
+  l.own_rule = MC_OWN_BALANCED;
+  CHECK_OK(mc_geometry_build(m, &l, NULL, -1, &gnew));
+  char A[2300], B[2300];
+  snprintf(A, sizeof A, "%s/old%d", root, k);
+  snprintf(B, sizeof B, "%s/old%d-new", root, k);
+  CHECK_OK(rs_save_reference(A, &gold, 60 + k));
+  make_format_v1(A, 60 + k);
+  mc_ckpt *ck;
+  CHECK_OK(mc_ckpt_open(A, NULL, &ck));
+  if (ck) {
+    mc_config cfg;
+    CHECK(mc_ckpt_format_version(ck) == 1, "format version %d", mc_ckpt_format_version(ck));
+    CHECK_OK(mc_ckpt_config(ck, &cfg));
+    CHECK(cfg.parallel.own_rule == MC_OWN_CHUNKED, "a version 1 checkpoint read as rule %s", mc_own_rule_name(cfg.parallel.own_rule));
+    /* the two rules differ on this layout: some stored shard is no primary hyperslab of the new rule */
+    int differ = 0;
+    for (int i = 0; i < mc_ckpt_n_shards(ck); i++) {
+      const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
+      mc_shard w;
+      int f = mc_family_find(&gnew.fams, s->family);
+      if (f < 0 || mc_shard_of(&gnew, f, s->state, s->rank, &w) != 0 || !w.primary) {
+        differ++;
+        continue;
+      }
+      for (int d = 0; d < s->ndim; d++) differ += w.start[d] != s->start[d] || w.count[d] != s->count[d];
+    }
+    CHECK(differ > 0, "case %d: the chunked and balanced rules agree on every shard: the case tests nothing", k);
+    mc_ckpt_close(ck);
+  }
+  /* loads into a run of the same layout under the new rule, and into other layouts */
+  CHECK(load_as(A, &gnew) == 0, "old checkpoint %s loaded under the balanced rule differs", A);
+  CHECK(rs_check_content(A) == 0, "content of %s differs", A);
+  int pa = -1, pb = -1, na = 0, nb = 0;
+  char(*da)[MC_N_STATES][65] = audit_digests(A, 1, &pa, &na);
+  CHECK(pa == 0, "audit of the version 1 checkpoint: %d problems", pa);
+  /* reshards to a balanced layout: a version 2 checkpoint that audits clean, same content */
+  if (rs_random_geometry(900 + (uint64_t)k, m, 8, &gb) == 0) {
+    CHECK(gb.layout.own_rule == MC_OWN_BALANCED, "a new layout uses the balanced rule");
+    CHECK_OK(reshard(A, B, &gb.layout, 0, 4096));
+    CHECK(rs_check_content(B) == 0, "content of %s differs", B);
+    CHECK(load_as(B, &gb) == 0 && load_as(A, &gb) == 0, "resharded/old checkpoint loaded as tp%d dp%d pp%d ep%d differs",
+          gb.layout.tp, gb.layout.dp, gb.layout.pp, gb.layout.ep);
+    if (mc_ckpt_open(B, NULL, &ck) == 0) {
+      mc_config cb;
+      CHECK(mc_ckpt_format_version(ck) == MC_CKPT_FORMAT_VERSION, "resharded version %d", mc_ckpt_format_version(ck));
+      CHECK(mc_ckpt_config(ck, &cb) == 0 && cb.parallel.own_rule == MC_OWN_BALANCED, "resharded rule");
+      mc_ckpt_close(ck);
+    }
+    char(*db)[MC_N_STATES][65] = audit_digests(B, 1, &pb, &nb);
+    CHECK(pb == 0, "audit of the resharded checkpoint: %d problems", pb);
+    CHECK(da && db && na == nb && memcmp(da, db, (size_t)na * sizeof *da) == 0, "digests differ between %s and %s", A, B);
+    free(db);
+    printf("  old rule %d: tp%d dp%d pp%d ep%d z%d (format 1, chunked) -> tp%d dp%d pp%d ep%d z%d (balanced) ok\n", k, tp, dp,
+           pp, ep, zero, gb.layout.tp, gb.layout.dp, gb.layout.pp, gb.layout.ep, gb.layout.zero);
+    mc_geometry_free(&gb);
+  }
+  free(da);
+  mc_geometry_free(&gold);
+  mc_geometry_free(&gnew);
 }
 
 /* Flips one value of one dataset of a rank file, leaving its recorded hash. */
@@ -234,6 +353,9 @@ int main(void) {
   mc_model m;
   rs_test_model(&m, "AEMRME");
   for (int k = 0; k < 4; k++) pair_case(500 + 17 * (uint64_t)k, &m, k);
+  old_rule_case(&m, 1, 3, 1, 1, 1, 0); /* ZeRO parts differ (rows not a multiple of 3) */
+  old_rule_case(&m, 2, 2, 1, 2, 0, 1); /* replicas: the primaries differ */
+  old_rule_case(&m, 2, 2, 2, 4, 1, 2);
   failure_cases(&m);
   if (mc_check_failures == 0) rs_rm_rf(root);
   return mc_check_exit("test_reshard_ckpt");
