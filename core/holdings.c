@@ -2,6 +2,7 @@
  * the block-kind table; every tensor is counted at its footprint in its category. */
 #include "core/holdings.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -189,19 +190,19 @@ int64_t mc_act_scratch_bytes(const char *kinds, const mc_act_shape *s) {
 
 int64_t mc_act_net_bytes(const mc_act_shape *s) { return list_bytes(mc_net_bufs, MC_NB_COUNT, s, 0, MC_RECOMPUTE_NONE); }
 
-/* (token, expert) assignments the rank's experts handle per micro-batch under ep > 1: balanced
- * routing when dropless, the capacity bound cf * average with a capacity factor. */
-static void moe_scratch(const mc_geometry *g, const mc_act_shape *s, mc_stage_hold *h) {
+/* Expert parallelism's buffers (mc_stage_hold, train/dist_ep.c): rows received per micro-batch,
+ * balanced routing when dropless, the capacity bound cf * average with a capacity factor.
+ * An E block routes whole sequences when SP meets a capacity factor, else its residual rows. */
+static void moe_ep_buffers(const mc_geometry *g, const mc_act_shape *s, int n_moe_layers, mc_stage_hold *h) {
   const mc_model *m = &g->model;
-  const int ep = g->layout.ep;
-  const int64_t tokens = (int64_t)s->n_seq * s->T_res, d = m->d_model, sent = tokens * m->top_k;
+  const int64_t T = m->capacity_factor > 0 ? m->seq_len : s->T_res;
+  const int64_t rows = (int64_t)s->n_seq * T * m->top_k, d = m->d_model, F = m->expert_hidden;
   const double rf = m->capacity_factor > 0 ? m->capacity_factor : 1.0;
-  h->moe_assignments = (int64_t)((double)sent * rf + 0.999999);
-  h->moe_counts = (int64_t)m->n_experts * 4 + 2 * (int64_t)ep * 8 + sent * 4;
-  h->moe_send = sent * d * 4;
-  h->moe_recv = h->moe_assignments * d * 4;
-  h->moe_combine = sent * d * 4;
-  h->moe_scratch = h->moe_counts + h->moe_send + h->moe_recv + h->moe_combine;
+  const int64_t R = (int64_t)ceil((double)rows * rf);
+  h->moe_assignments = R;
+  h->moe_layers = (int64_t)n_moe_layers * R * (d + 3 * F) * 4;
+  h->moe_exchange = R * (3 * d + 3 * F) * 4;
+  h->moe_scratch = h->moe_layers + h->moe_exchange;
 }
 
 int mc_stage_hold_of(const mc_geometry *g, int stage, const mc_hold_opts *o, mc_stage_hold *out) {
@@ -211,7 +212,7 @@ int mc_stage_hold_of(const mc_geometry *g, int stage, const mc_hold_opts *o, mc_
   mc_act_shape s;
   mc_act_shape_of(g, stage, o, o->micro_batch, &s);
   char kinds[MC_MAX_LAYERS + 1];
-  int nk = 0, has_moe = 0;
+  int nk = 0, n_moe = 0;
   for (int i = 0; i < g->stages.count[stage]; i++) {
     const char c = g->model.pattern[g->stages.first[stage] + i];
     const mc_block_kind *k = mc_block_kind_of(c);
@@ -221,7 +222,7 @@ int mc_stage_hold_of(const mc_geometry *g, int stage, const mc_hold_opts *o, mc_
     out->per_micro += kept;
     /* a recomputed layer's whole working set exists one layer at a time */
     if (all - kept > out->transient) out->transient = all - kept;
-    has_moe |= k->routes;
+    n_moe += k->routes;
   }
   kinds[nk] = 0;
   out->inflight = l->pp - stage < o->n_micro ? l->pp - stage : o->n_micro;
@@ -230,7 +231,7 @@ int mc_stage_hold_of(const mc_geometry *g, int stage, const mc_hold_opts *o, mc_
   out->activations = out->inflight * out->per_micro + out->transient + out->scratch + out->network;
   /* 1F1B: one buffer for the incoming activation and one for the incoming gradient */
   if (l->pp > 1) out->pipeline = 2 * mc_mem_footprint((int64_t)s.n_seq * s.T_res * g->model.d_model * 4);
-  if (has_moe && l->ep > 1) moe_scratch(g, &s, out);
+  if (n_moe && l->ep > 1) moe_ep_buffers(g, &s, n_moe, out);
   return 0;
 }
 

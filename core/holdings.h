@@ -118,9 +118,16 @@ typedef struct {
   int64_t network;       /* network buffers */
   int64_t activations;   /* inflight * per_micro + transient + scratch + network */
   int64_t pipeline;      /* pp > 1: receive buffers of one boundary activation and gradient */
-  /* MoE dispatch scratch of the all-to-all under ep > 1 (0 at ep = 1, where routing lives in
-   * the E layers' saved buffers) */
-  int64_t moe_assignments, moe_counts, moe_send, moe_recv, moe_combine, moe_scratch;
+  /* Expert parallelism (ep > 1; all 0 at ep = 1, where routing lives in the E layers' saved
+   * buffers), as train/dist_ep.c keeps it: R = (token, choice) rows this rank's experts
+   * receive per micro-batch (balanced routing; the capacity bound with a capacity factor);
+   * per E layer the received input rows [R, d] and the expert activations h1, h3, SwiGLU
+   * [R, F], all fp32, kept for the backward; once, the exchange staging [R, d], the returned
+   * and gradient rows [R, d] x 2 and the backward's da, dh1, dh3 [R, F]. */
+  int64_t moe_assignments; /* R */
+  int64_t moe_layers;      /* E layers of the stage x R (d + 3F) x 4 */
+  int64_t moe_exchange;    /* R (3d + 3F) x 4 */
+  int64_t moe_scratch;     /* moe_layers + moe_exchange */
 } mc_stage_hold;
 
 int mc_stage_hold_of(const mc_geometry *g, int stage, const mc_hold_opts *o, mc_stage_hold *out);

@@ -168,10 +168,8 @@ static cJSON *memory_rank(const mc_plan *p, const mc_plan_rank *r) {
   cJSON_AddNumberToObject(act, "network_buffers", (double)r->act.network);
   cJSON *moe = cJSON_AddObjectToObject(o, "moe_detail");
   cJSON_AddNumberToObject(moe, "assignments", (double)r->act.moe_assignments);
-  cJSON_AddNumberToObject(moe, "counts", (double)r->act.moe_counts);
-  cJSON_AddNumberToObject(moe, "send", (double)r->act.moe_send);
-  cJSON_AddNumberToObject(moe, "recv", (double)r->act.moe_recv);
-  cJSON_AddNumberToObject(moe, "combine", (double)r->act.moe_combine);
+  cJSON_AddNumberToObject(moe, "per_layer_kept", (double)r->act.moe_layers);
+  cJSON_AddNumberToObject(moe, "exchange", (double)r->act.moe_exchange);
   cJSON *el = cJSON_AddObjectToObject(o, "elements");
   cJSON_AddNumberToObject(el, "working", (double)r->working_elems);
   cJSON_AddItemToObject(el, "held", states_object(r->state_elems));

@@ -349,8 +349,13 @@ static void test_block_formulas(void) {
   CHECK_OK(make_plan(&m, layout(2, 1, 1, 2, 1, 0), &t, &g, &p));
   if (!p.ranks) return;
   const mc_stage_hold *s = &p.ranks[0].act;
-  CHECK(s->moe_assignments == (int64_t)(tok / 2 * 2 * 0.5), "assignments with cf=0.5: %lld", (long long)s->moe_assignments);
-  CHECK(s->moe_scratch == s->moe_counts + s->moe_send + s->moe_recv + s->moe_combine && s->moe_scratch > 0 &&
+  /* with a capacity factor under SP an E block routes whole gathered sequences: tok x k x cf */
+  CHECK(s->moe_assignments == (int64_t)(tok * 2 * 0.5), "assignments with cf=0.5: %lld", (long long)s->moe_assignments);
+  /* two E layers (AEMRAEMR): their received rows with the expert activations, and the exchange */
+  const int64_t rows_in = s->moe_assignments, ne = 2;
+  CHECK(s->moe_layers == ne * rows_in * (64 + 3 * 128) * 4 && s->moe_exchange == rows_in * (3 * 64 + 3 * 128) * 4,
+        "EP buffers");
+  CHECK(s->moe_scratch == s->moe_layers + s->moe_exchange && s->moe_scratch > 0 &&
             p.ranks[0].bytes[MC_MEM_MOE_SCRATCH] == s->moe_scratch,
         "scratch total");
   drop(&g, &p);
