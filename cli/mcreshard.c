@@ -108,6 +108,9 @@ static int resolve_layout(const mc_config *src_cfg, const layout_args *a, mc_lay
   if (a->sp >= 0) l.sp = a->sp;
   if (a->zero >= 0) l.zero = a->zero;
   if (a->split && mc_layout_parse_split(&l, a->split) != 0) return mc_error_context("--split %s", a->split);
+  /* a reshard writes the current format: the target takes the current ownership rule, whatever
+   * rule the source was saved under (docs/ownership.md) */
+  l.own_rule = MC_OWN_BALANCED;
   *out = l;
   return 0;
 }
