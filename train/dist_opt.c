@@ -134,11 +134,21 @@ int mc_dist_update(mc_dist_opt *d, const mc_train_cfg *t, double lr, double grad
 }
 
 int mc_dist_stats_sum(const mc_comm_groups *comm, mc_net_stats *st) {
-  if (!comm || comm->dp->size <= 1) return 0;
-  double v[5] = {st->ce_sum, st->aux_sum, (double)st->n_tokens, (double)st->n_seqs, (double)st->dropped};
-  if (mc_allreduce_sum(comm->dp, v, 5, MC_DT_F64)) return mc_error_context("summing the loss over DP");
-  st->ce_sum = v[0], st->aux_sum = v[1];
-  st->n_tokens = (int64_t)v[2], st->n_seqs = (int64_t)v[3], st->dropped = (int64_t)v[4];
+  if (!comm) return 0;
+  if (comm->dp->size > 1) {
+    double v[5] = {st->ce_sum, st->aux_sum, (double)st->n_tokens, (double)st->n_seqs, (double)st->dropped};
+    if (mc_allreduce_sum(comm->dp, v, 5, MC_DT_F64)) return mc_error_context("summing the loss over DP");
+    st->ce_sum = v[0], st->aux_sum = v[1];
+    st->n_tokens = (int64_t)v[2], st->n_seqs = (int64_t)v[3], st->dropped = (int64_t)v[4];
+  }
+  /* pipeline stages: the cross-entropy lives on the last stage, each E layer's aux loss and
+   * drops on its stage (every stage takes part, with zeros where it holds none); tokens and
+   * sequences are counted on every stage already */
+  if (comm->pp && comm->pp->size > 1) {
+    double v[3] = {st->ce_sum, st->aux_sum, (double)st->dropped};
+    if (mc_allreduce_sum(comm->pp, v, 3, MC_DT_F64)) return mc_error_context("summing the loss over the pipeline stages");
+    st->ce_sum = v[0], st->aux_sum = v[1], st->dropped = (int64_t)v[2];
+  }
   return 0;
 }
 

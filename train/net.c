@@ -13,6 +13,7 @@
 #include "core/mem_cats.h"
 #include "train/device.h"
 #include "train/net_blocks.h"
+#include "train/pipeline.h"
 #include "util/error.h"
 #include "util/rng.h"
 
@@ -131,7 +132,9 @@ static int check_layout(const mc_geometry *geo, int rank, const mc_comm_groups *
   /* The collectives (train/dist_*.c) hand backend buffers to MPI as host memory. */
   if (geo->world > 1 && !mc_backend_is_host(be))
     return mc_error("network: a world of %d ranks runs on the CPU backend only (got backend %s)", geo->world, be->name);
-  if (l->pp != 1) return mc_error("not supported yet by the network: pp=%d (pipeline stages)", l->pp);
+  /* pp > 1: each rank builds its stage's layers; train/pipeline.c moves the boundary rows */
+  if (l->pp > 1 && comm && comm_size(comm->pp) != l->pp)
+    return mc_error("network: the pp communicator has %d members, the layout %d stages", comm_size(comm->pp), l->pp);
   /* bf16 working weights have no ZeRO path (the shard gathers and the post-step copies move fp32). */
   if (be->bf16_weights && l->zero != 0)
     return mc_error("not supported yet by the network: parallel.zero=%d with bf16 working weights (train.dtype=bf16); "
@@ -233,6 +236,11 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
   net->m = mc_model_local(&geo->model, lay->tp); /* the blocks see this rank's local widths */
   net->rank = rank;
   net->seed = seed;
+  net->stage = co.pp_rank;
+  net->L0 = geo->stages.first[co.pp_rank];
+  net->L1 = net->L0 + geo->stages.count[co.pp_rank];
+  net->first = co.pp_rank == 0;
+  net->last = co.pp_rank == lay->pp - 1;
   net->hold = (mc_hold_opts){.bf16_weights = be->bf16_weights, .act16 = be->bf16_weights && lay->tp == 1, .moe_dense = 1};
   net->n_layers = geo->model.n_layers;
   net->layers = calloc((size_t)(net->n_layers ? net->n_layers : 1), sizeof(mc_layer));
@@ -301,7 +309,7 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
     else if (f->role == MC_ROLE_FINAL_NORM) net->fam_final_norm = idx;
     else if (f->role == MC_ROLE_HEAD) net->fam_head = idx;
   }
-  if (net->fam_embed < 0 || net->fam_final_norm < 0 || net->fam_head < 0) {
+  if ((net->first && net->fam_embed < 0) || (net->last && (net->fam_final_norm < 0 || net->fam_head < 0))) {
     mc_error("network: the family registry lacks embed.weight, final_norm.weight or head.weight");
     goto fail;
   }
@@ -317,11 +325,16 @@ fail:
 }
 
 static void free_activations(mc_net *net) {
+  /* with pipeline slots the layers hold a copy of one slot's pointers: the slots own them */
+  const int nl = net->L1 - net->L0;
+  for (int k = 0; net->slots && k < net->n_slots * nl; k++) free(net->slots[k].counts_host), free(net->slots[k].aux_host);
+  free(net->slots);
+  net->slots = NULL;
   for (int L = 0; L < net->n_layers; L++) {
     mc_layer *l = &net->layers[L];
     for (int i = 0; i < MC_LAYER_FBUFS; i++) l->f[i] = NULL;
     for (int i = 0; i < MC_LAYER_IBUFS; i++) l->i[i] = NULL;
-    free(l->counts_host), free(l->aux_host);
+    if (net->n_slots <= 1) free(l->counts_host), free(l->aux_host);
     l->x_in = l->u = l->rstd = NULL;
     l->u16 = NULL;
     l->counts_host = NULL;
@@ -339,6 +352,8 @@ static void free_activations(mc_net *net) {
   net->loss_host = par->logits_host = par->lse_host = NULL;
   par->tgt_host = NULL;
   net->n_seq_cap = 0;
+  net->n_slots = 0;
+  net->cur_slot = 0;
 }
 
 void mc_net_free(mc_net *net) {
@@ -387,13 +402,18 @@ static void *place_buf(mc_arena *a, int count, const mc_act_buf *b, const mc_act
  * activations arena: counts them (count = 1) or carves them (count = 0), in the same order.
  * What exists, its size and its storage are the block-kind table's and the holdings
  * function's (core/blocks.h, core/holdings.h), so mcplan counts exactly these buffers. */
-static int place_activations(mc_net *net, int n_seq, int count) {
+static int place_activations(mc_net *net, int n_seq, int n_slots, int count) {
   mc_arena *a = &net->arenas.a[MC_MEM_ACTIVATIONS];
   mc_act_shape s;
-  mc_act_shape_of(&net->geo, 0, &net->hold, n_seq, &s); /* one stage (pp = 1) */
+  mc_act_shape_of(&net->geo, net->stage, &net->hold, n_seq, &s); /* the rank's stage */
   int64_t gmax[MC_NET_GBUFS] = {0};
   int ok = 1;
-  for (int L = 0; L < net->n_layers; L++) {
+  const int nl = net->L1 - net->L0;
+  /* pipeline slots: the stage's layer buffers once per micro-batch in flight (core/holdings.h
+   * mc_stage_hold_of's inflight sets) */
+  if (!count && n_slots > 1) ok = (net->slots = calloc((size_t)(n_slots * nl), sizeof(mc_layer))) != NULL;
+  for (int slot = 0; slot < n_slots && ok; slot++)
+  for (int L = net->L0; L < net->L1; L++) {
     mc_layer *l = &net->layers[L];
     const mc_block_kind *k = l->bk;
     l->f16 = l->g16 = 0;
@@ -424,7 +444,9 @@ static int place_activations(mc_net *net, int n_seq, int count) {
       l->aux_host = calloc((size_t)n_seq, sizeof(float));
       ok = ok && l->counts_host && l->aux_host;
     }
+    if (!count && n_slots > 1) net->slots[slot * nl + L - net->L0] = *l;
   }
+  if (!count) net->n_slots = n_slots, net->cur_slot = n_slots - 1; /* the layers hold the last slot */
   /* gradient scratch i: the largest buffer i of any kind (the backward is sequential) */
   for (int i = 0; i < MC_NET_GBUFS; i++) {
     if (!gmax[i]) continue;
@@ -461,11 +483,14 @@ static int place_activations(mc_net *net, int n_seq, int count) {
 
 /* Makes the activations arena hold micro-batches of up to n_seq sequences (one allocation;
  * a larger micro-batch later replaces it). */
-static int ensure_capacity(mc_net *net, int n_seq) {
-  if (n_seq <= net->n_seq_cap) return 0;
+static int ensure_capacity(mc_net *net, int n_seq, int n_slots) {
+  if (n_seq <= net->n_seq_cap && n_slots <= net->n_slots) return 0;
+  if (n_seq < net->n_seq_cap) n_seq = net->n_seq_cap;
+  if (n_slots < net->n_slots) n_slots = net->n_slots;
   free_activations(net);
-  if (place_activations(net, n_seq, 1) || mc_arena_open(&net->arenas.a[MC_MEM_ACTIVATIONS], net->be, MC_MEM_ACTIVATIONS) ||
-      place_activations(net, n_seq, 0)) {
+  if (place_activations(net, n_seq, n_slots, 1) ||
+      mc_arena_open(&net->arenas.a[MC_MEM_ACTIVATIONS], net->be, MC_MEM_ACTIVATIONS) ||
+      place_activations(net, n_seq, n_slots, 0)) {
     free_activations(net);
     return mc_error_context("network: the activations of %d sequences of %d tokens", n_seq, net->m.seq_len);
   }
@@ -475,7 +500,19 @@ static int ensure_capacity(mc_net *net, int n_seq) {
 
 int mc_net_reserve(mc_net *net, int n_seq) {
   if (n_seq < 1) return mc_error("network: a micro-batch needs at least one sequence (got %d)", n_seq);
-  return ensure_capacity(net, n_seq);
+  return ensure_capacity(net, n_seq, 1);
+}
+
+/* Micro-batches whose activations a stage keeps at once under 1F1B: min(pp - stage, n_micro)
+ * (core/holdings.h mc_stage_hold_of's inflight); 1 at pp = 1. */
+static int slots_for(const mc_net *net, int n_micro) {
+  const int pp = net->geo.layout.pp, want = pp - net->stage;
+  return pp <= 1 || n_micro < 1 ? 1 : want < n_micro ? want : n_micro;
+}
+
+int mc_net_reserve_micro(mc_net *net, int n_seq, int n_micro) {
+  if (n_seq < 1) return mc_error("network: a micro-batch needs at least one sequence (got %d)", n_seq);
+  return ensure_capacity(net, n_seq, slots_for(net, n_micro));
 }
 
 void mc_net_mem_bytes(const mc_net *net, int64_t bytes[MC_MEM_COUNT]) { mc_arenas_add_bytes(&net->arenas, bytes); }
@@ -559,7 +596,12 @@ static int embed_forward(mc_net *net, const int32_t *in, int n_seq) {
   return mc_tp_allreduce(par, be, net->x, (int64_t)n * d);
 }
 
-static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *stats) {
+/* The stage's part of the forward pass of a micro-batch: the first stage starts from the
+ * embedding, another from the boundary activation already in net->x (train/pipeline.c
+ * received it); the last stage ends with the final norm, head and loss. stats: the stage's
+ * sums (cross-entropy on the last stage only, the aux losses of its E layers); n_tokens and
+ * n_seqs count the micro-batch on every stage. */
+int mc_net_stage_forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *stats) {
   const mc_model *m = &net->m;
   mc_net_par *par = &net->par;
   const int T = m->seq_len, d = m->d_model, V = m->vocab_size, Vp = par->Vpl;
@@ -571,7 +613,7 @@ static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *
       if (v < 0 || v >= V)
         return mc_error("network: token id %d at sequence %d position %d is outside the vocabulary [0, %d)", v, s, t, V);
     }
-  if (ensure_capacity(net, n_seq)) return -1;
+  if (ensure_capacity(net, n_seq, 1)) return -1;
   mc_backend *be = net->be;
   int32_t *in = malloc((size_t)n * 2 * sizeof(int32_t));
   if (!in) return mc_error("network: out of memory staging tokens");
@@ -585,24 +627,26 @@ static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *
 
   int rc = 0, idx[MC_ROLE_COUNT];
   int fin[2] = {net->fam_final_norm, net->fam_head};
-  rc = acquire(net, &net->fam_embed, 1, 0);
-  if (!rc) rc = embed_forward(net, in, n_seq);
-  if (!rc) rc = release(net, &net->fam_embed, 1, 0);
-  for (int L = 0; L < net->n_layers && !rc; L++) {
+  if (net->first) {
+    rc = acquire(net, &net->fam_embed, 1, 0);
+    if (!rc) rc = embed_forward(net, in, n_seq);
+    if (!rc) rc = release(net, &net->fam_embed, 1, 0);
+  }
+  for (int L = net->L0; L < net->L1 && !rc; L++) {
     mc_layer *l = &net->layers[L];
     int np = layer_params(l, idx);
     be->copy(be, l->x_in, net->x, (int64_t)nl * d);
     if (acquire(net, idx, np, 0) || block_forward(net, l, n_seq) || release(net, idx, np, 0))
       rc = mc_error_context("layer %d (%c)", L, l->kind);
   }
-  if (!rc) rc = acquire(net, fin, 2, 0);
-  if (!rc) {
+  if (!rc && net->last) rc = acquire(net, fin, 2, 0);
+  if (!rc && net->last) {
     /* under mc_act16 hf feeds only the head's products: kept in bf16 */
     const mc_dst hf = par->sp ? mc_o32(par->ush) : mc_netbuf_out(net, MC_NB_HF, net->hf);
     be->rmsnorm_fwd(be, net->x, net->params[net->fam_final_norm].w, nl, d, d, (float)m->norm_eps, hf, net->rstd_f);
     if (par->sp) rc = mc_sp_gather(par, be, par->ush, net->hf, n_seq, d);
   }
-  if (!rc) {
+  if (!rc && net->last) {
     mc_linear_fwd(be, hf_in(net), mc_param_mat(&net->params[net->fam_head]), n, d, Vp, 0.0f, mc_o32(net->logits));
     if (par->tp > 1) {
       rc = mc_vp_xent_fwd(par, be, net->logits, in + n, n, net->loss_host);
@@ -611,15 +655,15 @@ static int forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *
       be->to_host(be, net->loss_host, net->loss, (size_t)n * sizeof(float));
     }
   }
-  if (!rc) rc = release(net, fin, 2, 0);
+  if (!rc && net->last) rc = release(net, fin, 2, 0);
   free(in);
   if (rc || be->sync(be)) return -1;
 
   memset(stats, 0, sizeof *stats);
-  for (int r = 0; r < n; r++) stats->ce_sum += net->loss_host[r];
+  for (int r = 0; net->last && r < n; r++) stats->ce_sum += net->loss_host[r];
   stats->n_tokens = n;
   stats->n_seqs = n_seq;
-  for (int L = 0; L < net->n_layers; L++) {
+  for (int L = net->L0; L < net->L1; L++) {
     mc_layer *l = &net->layers[L];
     if (!l->bk->routes) continue;
     for (int s = 0; s < n_seq; s++) stats->aux_sum += m->aux_loss_coef * l->aux_host[s];
@@ -657,13 +701,32 @@ static int block_backward(mc_net *net, mc_layer *l, int n_seq, double seq_weight
   return 0;
 }
 
-static int backward(mc_net *net, int n_seq, double ce_weight, double seq_weight) {
+/* Pipeline first stage: the embedding's token buffers again for the micro-batch whose
+ * backward runs now (later micro-batches' forwards have replaced them); under TP the
+ * vocab-parallel lookup lists too (its rows land in the free net->full). */
+static int restage_tokens(mc_net *net, const int32_t *tokens, int n_seq) {
+  mc_backend *be = net->be;
+  const int T = net->m.seq_len, n = n_seq * T, d = net->m.d_model;
+  int32_t *in = malloc((size_t)n * sizeof(int32_t));
+  if (!in) return mc_error("network: out of memory staging tokens");
+  for (int s = 0; s < n_seq; s++)
+    for (int t = 0; t < T; t++) in[s * T + t] = tokens[(int64_t)s * (T + 1) + t];
+  be->from_host(be, net->tok_in, in, (size_t)n * sizeof(int32_t));
+  int rc = net->par.tp > 1 ? mc_vp_embed_fwd(&net->par, be, net->params[net->fam_embed].w, in, n, d, net->full) : 0;
+  if (!rc) rc = be->sync(be);
+  free(in);
+  return rc;
+}
+
+/* The last stage's start of the backward: the loss through the head and the final norm
+ * into net->dx. */
+static int head_backward(mc_net *net, int n_seq, double ce_weight) {
   const mc_model *m = &net->m;
   const mc_net_par *par = &net->par;
   const int T = m->seq_len, d = m->d_model, V = m->vocab_size, Vp = par->Vpl;
   const int n = n_seq * T, nl = n_seq * par->T_res;
   mc_backend *be = net->be;
-  int fin[2] = {net->fam_final_norm, net->fam_head}, idx[MC_ROLE_COUNT];
+  int fin[2] = {net->fam_final_norm, net->fam_head};
   if (acquire(net, fin, 2, 1)) return -1;
   if (par->tp > 1) {
     if (mc_vp_xent_bwd(par, be, n, (float)ce_weight, net->dlogits)) return -1;
@@ -687,14 +750,31 @@ static int backward(mc_net *net, int n_seq, double ce_weight, double seq_weight)
   be->fill(be, net->dx, (int64_t)nl * d, 0.0f);
   be->rmsnorm_bwd(be, net->x, net->params[net->fam_final_norm].w, net->rstd_f, dh_res, nl, d, d, net->dx,
                   net->params[net->fam_final_norm].g);
-  if (release(net, fin, 2, 1)) return -1;
-  for (int L = net->n_layers - 1; L >= 0; L--) {
+  return release(net, fin, 2, 1);
+}
+
+/* The stage's part of the backward of the micro-batch whose forward ran last on these layer
+ * buffers: the last stage starts from the loss, another from the boundary gradient already
+ * in net->dx; the first stage ends in the embedding. tokens: the micro-batch's (the first
+ * stage of a pipeline re-stages them for the embedding, whose token buffers hold the latest
+ * forward's). */
+int mc_net_stage_backward(mc_net *net, const int32_t *tokens, int n_seq, double ce_weight, double seq_weight) {
+  const mc_model *m = &net->m;
+  const mc_net_par *par = &net->par;
+  const int T = m->seq_len, d = m->d_model;
+  const int n = n_seq * T;
+  mc_backend *be = net->be;
+  int idx[MC_ROLE_COUNT];
+  if (net->last && head_backward(net, n_seq, ce_weight)) return -1;
+  for (int L = net->L1 - 1; L >= net->L0; L--) {
     mc_layer *l = &net->layers[L];
     int np = layer_params(l, idx);
     if (acquire(net, idx, np, 1) || block_backward(net, l, n_seq, seq_weight) || release(net, idx, np, 1))
       return mc_error_context("layer %d (%c) backward", L, l->kind);
   }
+  if (!net->first) return be->sync(be);
   if (acquire(net, &net->fam_embed, 1, 1)) return -1;
+  if (net->geo.layout.pp > 1 && tokens && restage_tokens(net, tokens, n_seq)) return -1;
   if (par->tp > 1) {
     const float *dfull = net->dx;
     if (par->sp) {
@@ -711,10 +791,17 @@ static int backward(mc_net *net, int n_seq, double ce_weight, double seq_weight)
 
 int mc_net_forward_backward(mc_net *net, const int32_t *tokens, int n_seq, double ce_weight,
                             double seq_weight, mc_net_stats *stats) {
-  if (forward(net, tokens, n_seq, stats)) return -1;
-  return backward(net, n_seq, ce_weight, seq_weight);
+  if (net->geo.layout.pp > 1) return mc_pipe_forward_backward(net, tokens, n_seq, ce_weight, seq_weight, stats);
+  if (mc_net_stage_forward(net, tokens, n_seq, stats)) return -1;
+  return mc_net_stage_backward(net, tokens, n_seq, ce_weight, seq_weight);
 }
 
 int mc_net_forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_stats *stats) {
-  return forward(net, tokens, n_seq, stats);
+  if (net->geo.layout.pp > 1) return mc_pipe_forward(net, tokens, n_seq, stats);
+  return mc_net_stage_forward(net, tokens, n_seq, stats);
+}
+
+int mc_net_ensure_slots(mc_net *net, int n_seq, int n_micro) {
+  if (n_seq <= 0) return mc_error("network: a micro-batch needs at least one sequence (got %d)", n_seq);
+  return ensure_capacity(net, n_seq, slots_for(net, n_micro));
 }

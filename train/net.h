@@ -48,7 +48,8 @@ mc_net *mc_net_create(const mc_geometry *geo, int rank, uint64_t seed);
 mc_net *mc_net_create_on(const mc_geometry *geo, int rank, uint64_t seed, mc_backend *be);
 /* The same for a rank of a parallel layout: `comm` holds the layout's groups (made by
  * mc_comm_make_groups for this layout; it must outlive the network). NULL is allowed only
- * when the world is one rank. pp and ep must be 1. A world of more than one rank needs a
+ * when the world is one rank. ep must be 1; under pp > 1 the network holds its stage's
+ * layers (train/pipeline.h runs the stages). A world of more than one rank needs a
  * host-memory backend (the CPU). */
 mc_net *mc_net_create_dist(const mc_geometry *geo, int rank, uint64_t seed, const mc_comm_groups *comm);
 mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, const mc_comm_groups *comm,
@@ -69,6 +70,10 @@ int mc_net_load_param(mc_net *net, int i, const float *host);
 /* Sizes and allocates the activations for micro-batches of up to n_seq sequences now (the
  * trainer calls it at start-up with train.micro_batch); otherwise the first pass does. */
 int mc_net_reserve(mc_net *net, int n_seq);
+/* The same for n_micro micro-batches per step: under pipeline parallelism a stage keeps the
+ * layer activations of min(pp - stage, n_micro) micro-batches in flight (train/pipeline.h);
+ * at pp = 1 it is mc_net_reserve. */
+int mc_net_reserve_micro(mc_net *net, int n_seq, int n_micro);
 /* Adds the bytes of the network's arenas to bytes[c] per memory category c (core/mem_cats.h's
  * mc_mem_cat): params.* (working weights; ZeRO 3: the persistent shard), grads, activations. */
 void mc_net_mem_bytes(const mc_net *net, int64_t bytes[MC_MEM_COUNT]);

@@ -83,6 +83,14 @@ struct mc_net {
   mc_layer *layers;
   int fam_embed, fam_final_norm, fam_head; /* param indices */
   int n_seq_cap;       /* activations are allocated for this many sequences */
+  /* ---- pipeline stage (train/pipeline.h): layers [L0, L1) of the global stack are this
+   * rank's (all of them at pp = 1); first / last: the stage holds the embedding / the final
+   * norm, head and loss. Under 1F1B a stage keeps the layer activations of n_slots
+   * micro-batches at once: slots[k * (L1 - L0) + i] holds layer L0 + i's buffers of slot k
+   * (n_slots > 1 only; net->layers then holds the slot in use, cur_slot). */
+  int stage, L0, L1, first, last;
+  int n_slots, cur_slot;
+  mc_layer *slots;
   int32_t *tok_in, *tok_tgt;  /* [n] backend copies of inputs and targets */
   float *x;            /* [nl, d] residual stream (nl = n, or this rank's shard under SP) */
   float *hf, *rstd_f;  /* final norm output [n, d] (gathered under SP) and rstd [nl] */

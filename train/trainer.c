@@ -13,6 +13,7 @@
 #include "train/dist.h"
 #include "train/memreport.h"
 #include "train/metrics.h"
+#include "train/pipeline.h"
 #include "train/optim.h"
 #include "util/error.h"
 
@@ -249,8 +250,11 @@ static int setup(run *r) {
   if (mc_dist_opt_init(&r->opt, r->net, &r->geo, r->comm, r->rank) != 0) return -1;
   r->have_opt = 1;
   /* The activations arena is sized now, for train.micro_batch (evaluation uses the same). */
-  if (mc_net_reserve(r->net, t->micro_batch) != 0) return -1;
-  r->tokens = malloc(sizeof(int32_t) * (size_t)t->micro_batch * (size_t)(cfg->model.seq_len + 1));
+  /* Under pipeline parallelism a step's micro-batches are read first and go through the
+   * stages together (train/pipeline.h), each stage keeping its in-flight micro-batches. */
+  const int pipe_micro = cfg->parallel.pp > 1 ? t->global_batch / cfg->parallel.dp / t->micro_batch : 1;
+  if (mc_net_reserve_micro(r->net, t->micro_batch, pipe_micro) != 0) return -1;
+  r->tokens = malloc(sizeof(int32_t) * (size_t)pipe_micro * (size_t)t->micro_batch * (size_t)(cfg->model.seq_len + 1));
   if (!r->tokens) return mc_error("out of memory");
 
   if (r->opts->resume) {
@@ -294,7 +298,16 @@ static int train_step(run *r, int64_t s, mc_metrics_rec *rec) {
   mc_net_zero_grad(r->net);
   mc_net_stats tot;
   memset(&tot, 0, sizeof tot);
-  for (int m = 0; m < G / dp / mb; m++) {
+  if (cfg->parallel.pp > 1) { /* every micro-batch of the step through the stages (1F1B) */
+    const int n_micro = G / dp / mb;
+    for (int m = 0; m < n_micro; m++)
+      if (mc_data_read_train(&r->data, t->seed, mc_data_first_sample(s, G, dp, r->dp_rank, mb, m), mb,
+                             r->tokens + (int64_t)m * mb * (T + 1)) != 0)
+        return -1;
+    if (mc_net_pipeline_step(r->net, r->tokens, n_micro, mb, 1.0 / ((double)G * T), 1.0 / G, &tot) != 0)
+      return mc_error_context("step %lld", (long long)s + 1);
+  }
+  for (int m = 0; cfg->parallel.pp <= 1 && m < G / dp / mb; m++) {
     int64_t first = mc_data_first_sample(s, G, dp, r->dp_rank, mb, m);
     if (mc_data_read_train(&r->data, t->seed, first, mb, r->tokens) != 0) return -1;
     mc_net_stats st;

@@ -1,4 +1,4 @@
-/* Training steps under a parallel layout against the single-rank run (mpirun -np tp*dp).
+/* Training steps under a parallel layout against the single-rank run (mpirun -np tp*dp*pp).
  *
  *   dist_train TP DP SP ZERO [options]       steps 1..10 under the layout; rank 0 also runs the
  *                                            single-rank oracle. Every step's loss must match
@@ -12,13 +12,17 @@
  * Options (before --save/--resume): --ep N expert parallelism; --moe E K CF the E blocks'
  * experts, top-k and capacity factor (default 4 2 0); --mb N the micro-batch (default 2);
  * --empty: some EP rank's expert must receive no row in some micro-batch; with CF > 0 some
- * assignment must be dropped (the capacity path ran).
+ * assignment must be dropped (the capacity path ran); --pp N pipeline stages, --split S
+ * their split (equal, weighted, or a pattern with pipes such as AEMR|AEMR: explicit, and the
+ * model's pattern is it without pipes), --pattern P the model's pattern (default AMER). Under
+ * pp > 1 a step's micro-batches go through mc_net_pipeline_step (1F1B, train/pipeline.h).
  * The step is the documented sequence of train/dist.h: micro-batches, mc_dist_sync_grads,
  * mc_dist_grad_norm, clipping, mc_dist_update; samples follow mc_data_first_sample. */
 #include <mpi.h>
 
 #include "tests/dist/distcheck.h"
 #include "train/data.h"
+#include "train/pipeline.h"
 
 #define STEPS 10
 #define SAVE_AT 5
@@ -28,7 +32,7 @@
  * a factor 300 below it; the runs differ only by summation order. */
 #define PTOL 1e-4
 
-static const char *PATTERN = "AMER";
+static char PATTERN[MC_MAX_LAYERS + 1] = "AMER";
 
 typedef struct {
   mc_model m;
@@ -62,12 +66,19 @@ static int run_steps(const setup *S, mc_net *net, mc_dist_opt *d, const mc_layou
   const int T = S->m.seq_len, G = t->global_batch, mb = t->micro_batch;
   mc_coords c;
   mc_layout_coords(l, rank, &c);
-  int32_t *tok = malloc(sizeof(int32_t) * (size_t)mb * (T + 1));
+  const int n_micro = G / l->dp / mb;
+  int32_t *tok = malloc(sizeof(int32_t) * (size_t)n_micro * mb * (T + 1));
   for (int64_t s = s0; s < s1; s++) {
     mc_net_zero_grad(net);
     mc_net_stats tot;
     memset(&tot, 0, sizeof tot);
-    for (int mi = 0; mi < G / l->dp / mb; mi++) {
+    if (l->pp > 1) { /* the step's micro-batches through the stages, 1F1B */
+      for (int mi = 0; mi < n_micro; mi++)
+        dc_samples(&S->m, mc_data_first_sample(s, G, l->dp, c.dp_rank, mb, mi), mb, tok + (int64_t)mi * mb * (T + 1));
+      if (mc_net_pipeline_step(net, tok, n_micro, mb, 1.0 / ((double)G * T), 1.0 / G, &tot)) goto fail;
+      g_dropped += tot.dropped;
+    }
+    for (int mi = 0; l->pp <= 1 && mi < n_micro; mi++) {
       dc_samples(&S->m, mc_data_first_sample(s, G, l->dp, c.dp_rank, mb, mi), mb, tok);
       mc_net_stats st;
       if (mc_net_forward_backward(net, tok, mb, 1.0 / ((double)G * T), 1.0 / G, &st)) goto fail;
@@ -217,7 +228,8 @@ int main(int argc, char **argv) {
   mc_comm *world;
   if (mc_comm_mpi_init(&argc, &argv, &world)) return fprintf(stderr, "%s\n", mc_errmsg()), 1;
   if (argc < 5) {
-    fprintf(stderr, "usage: dist_train TP DP SP ZERO [--ep N] [--moe E K CF] [--mb N] [--empty] [--save DIR | --resume DIR]\n");
+    fprintf(stderr, "usage: dist_train TP DP SP ZERO [--ep N] [--moe E K CF] [--mb N] [--empty] [--pp N] [--split S] "
+                    "[--pattern P] [--save DIR | --resume DIR]\n");
     mc_comm_mpi_finalize();
     return 2;
   }
@@ -232,6 +244,19 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[a], "--empty")) want_empty = 1;
     else if (!strcmp(argv[a], "--save") && a + 1 < argc) save = argv[++a];
     else if (!strcmp(argv[a], "--resume") && a + 1 < argc) resume = argv[++a];
+    else if (!strcmp(argv[a], "--pp") && a + 1 < argc) l.pp = atoi(argv[++a]);
+    else if (!strcmp(argv[a], "--pattern") && a + 1 < argc) snprintf(PATTERN, sizeof PATTERN, "%s", argv[++a]);
+    else if (!strcmp(argv[a], "--split") && a + 1 < argc && mc_layout_parse_split(&l, argv[++a])) {
+      fprintf(stderr, "%s\n", mc_errmsg());
+      mc_comm_mpi_finalize();
+      return 2;
+    }
+  }
+  if (l.split == MC_SPLIT_EXPLICIT) { /* the model's pattern is the split's without pipes */
+    int n = 0;
+    for (const char *c = l.split_pattern; *c && n < MC_MAX_LAYERS; c++)
+      if (*c != '|') PATTERN[n++] = *c;
+    PATTERN[n] = 0;
   }
   mc_comm_groups grp;
   if (mc_comm_make_groups(world, &l, &grp)) {
@@ -243,8 +268,9 @@ int main(int argc, char **argv) {
   setup S;
   make_setup(&S, E, k, cf, mb);
   if (rank == 0)
-    printf("layout tp=%d dp=%d sp=%d ep=%d zero=%d, pattern %s, E=%d k=%d cf=%g, G=%d, micro-batch %d%s%s\n", l.tp, l.dp,
-           l.sp, l.ep, l.zero, PATTERN, E, k, cf, S.t.global_batch, S.t.micro_batch, save ? ", save to " : resume ? ", resume from " : "",
+    printf("layout tp=%d dp=%d sp=%d ep=%d zero=%d pp=%d (split %s%s%s), pattern %s, E=%d k=%d cf=%g, G=%d, micro-batch "
+           "%d%s%s\n", l.tp, l.dp, l.sp, l.ep, l.zero, l.pp, mc_split_name(l.split), l.split == MC_SPLIT_EXPLICIT ? " " : "",
+           l.split == MC_SPLIT_EXPLICIT ? l.split_pattern : "", PATTERN, E, k, cf, S.t.global_batch, S.t.micro_batch, save ? ", save to " : resume ? ", resume from " : "",
            save ? save : resume ? resume : "");
   double losses[2 * STEPS], want[2 * STEPS];
   memset(losses, 0, sizeof losses);

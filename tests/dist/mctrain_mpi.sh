@@ -1,6 +1,6 @@
 #!/bin/bash
 # mctrain under mpirun against the single-process run (tests/dist/dist.cmake registers it):
-#   mctrain_mpi.sh MODE   (equal | resume | stop | errors)
+#   mctrain_mpi.sh MODE   (equal | resume | stop | errors | pp)
 # equal:  10 steps in one process, then under mpirun for tp2 x dp2 zero 1, tp2+sp x dp2 zero 3
 #         and dp2 x ep2 zero 1 (expert parallelism):
 #         every step's loss and gradient norm, and val_loss at steps 5 and 10, within 1e-4
@@ -10,6 +10,9 @@
 # stop:   SIGTERM to one rank of dp2 ends both after the same step with a checkpoint of it.
 # errors: a rank count that does not match the layout, tp=2 without mpirun and tp=2 with ep=2
 #         without sp are clear errors.
+# pp:     pipeline stages: pp=2 against one process (losses, gradient norms, val_loss), its
+#         step-5 checkpoint resumed as one process and at pp=2 under the split AEM|R, and
+#         pp=2 x dp=2 zero 1.
 set -u
 B=${MC_BINARY_DIR:?}
 S=${MC_SOURCE_DIR:?}
@@ -119,6 +122,36 @@ errors)
   "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=g --set parallel.tp=2 \
     --set parallel.ep=2 > g.log 2>&1 && die "tp=2 with ep=2 without sp succeeded"
   grep -q "ep=2 requires sp" g.log || { cat g.log; die "no message naming the tp/ep/sp rule"; }
+  ;;
+pp)
+  # pp=2 (equal split, a checkpoint every 5 steps) against one process: losses, gradient norms,
+  # val_loss; its step 5 resumed as one process and at pp=2 split AEM|R; pp=2 x dp=2 zero 1.
+  PPC=("${COMMON[@]}" --set model.pattern=AEMR --set train.eval_every=5 --set train.eval_batches=1)
+  close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 1e-4 * (a < 0 ? -a : a)) }'; }
+  "$B/mctrain" "${PPC[@]}" --set checkpoint.dir=one > one.log 2>&1 || { cat one.log; die "one-process run failed"; }
+  "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${PPC[@]}" --set checkpoint.dir=a --set parallel.pp=2 \
+    --set checkpoint.every=5 --set checkpoint.async_save=false > a.log 2>&1 || { cat a.log; die "pp=2 run failed"; }
+  same_losses one/metrics.jsonl a/metrics.jsonl 1 10
+  for s in 5 10; do
+    close "$(field one/metrics.jsonl val_loss $s)" "$(field a/metrics.jsonl val_loss $s)" \
+      || die "step $s: val_loss $(field a/metrics.jsonl val_loss $s) at pp=2, one-process run $(field one/metrics.jsonl val_loss $s)"
+  done
+  [ "$(grep -c '"step": ' a/metrics.jsonl)" = 10 ] || die "a/metrics.jsonl should hold 10 steps once (rank 0 writes it)"
+  grep -q '"pp":[[:space:]]*2' a/step_5/manifest.json || die "the manifest does not record pp=2"
+  [ -d a/step_5 ] || die "no checkpoint a/step_5"
+
+  "$B/mctrain" "${PPC[@]}" --set checkpoint.dir=c --resume a/step_5 > c.log 2>&1 || { cat c.log; die "one-process resume failed"; }
+  grep -q "resumed from .*step_5 at step 5" c.log || die "one-process resume did not start at step 5"
+  same_losses a/metrics.jsonl c/metrics.jsonl 6 10
+  "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${PPC[@]}" --set checkpoint.dir=d --set parallel.pp=2 \
+    --set 'parallel.pp_split=AEM|R' --resume a/step_5 > d.log 2>&1 || { cat d.log; die "pp=2 AEM|R resume failed"; }
+  same_losses a/metrics.jsonl d/metrics.jsonl 6 10
+
+  "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${PPC[@]}" --set checkpoint.dir=e --set parallel.pp=2 \
+    --set parallel.dp=2 --set parallel.zero=1 > e.log 2>&1 || { cat e.log; die "pp=2 x dp=2 zero 1 failed"; }
+  same_losses one/metrics.jsonl e/metrics.jsonl 1 10
+
+  echo "loss at step 10: one process $(field one/metrics.jsonl loss 10), pp2 $(field a/metrics.jsonl loss 10), resumed as one process $(field c/metrics.jsonl loss 10), as pp2 AEM|R $(field d/metrics.jsonl loss 10), pp2 x dp2 zero 1 $(field e/metrics.jsonl loss 10)"
   ;;
 *) echo "unknown mode $MODE"; exit 2 ;;
 esac
