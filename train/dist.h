@@ -53,7 +53,9 @@ int mc_dist_update(mc_dist_opt *d, const mc_train_cfg *t, double lr, double grad
 int mc_dist_publish(mc_dist_opt *d);
 
 /* Sums the statistics of a micro-batch or step over the data-parallel group (TP ranks hold
- * equal statistics already). */
+ * equal statistics already), then the cross-entropy, aux and dropped sums over the pipeline
+ * group (each stage holds its own terms: the loss on the last stage, aux where E blocks are),
+ * so every rank reports the global figures. */
 int mc_dist_stats_sum(const mc_comm_groups *comm, mc_net_stats *st);
 
 /* Checkpoint items of this rank (master, exp_avg, exp_avg_sq of every slot) in host memory:
