@@ -53,6 +53,18 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
   set_tests_properties(dist.ckpt_resume_1rank dist.ckpt_resume_dp4_zero3 dist.ckpt_resume_tp2_sp
                        PROPERTIES FIXTURES_REQUIRED dist_ckpt)
 
+  # The other path after a hardware change: mcreshard the tp2 x dp2 checkpoint offline to
+  # pp2 x tp2 (another world, stage split and ZeRO group), then resume there; steps 6..10 must
+  # continue the uninterrupted run's losses (losses.txt travels with the checkpoint).
+  if(TARGET mcreshard)
+    set(MC_DIST_CKPT_RS ${MC_DIST_CKPT}-pp2tp2)
+    add_test(NAME dist.ckpt_mcreshard_pp2_tp2
+             COMMAND sh -c "rm -rf '${MC_DIST_CKPT_RS}' && '$<TARGET_FILE:mcreshard>' '${MC_DIST_CKPT}' '${MC_DIST_CKPT_RS}' --tp 2 --dp 1 --pp 2 --zero 1 --no-progress && cp '${MC_DIST_CKPT}/losses.txt' '${MC_DIST_CKPT_RS}/'")
+    set_tests_properties(dist.ckpt_mcreshard_pp2_tp2 PROPERTIES FIXTURES_REQUIRED dist_ckpt FIXTURES_SETUP dist_ckpt_rs)
+    mc_dist_test(dist.ckpt_resume_resharded_pp2_tp2 4 $<TARGET_FILE:dist_train> 2 1 0 1 --pp 2 --resume ${MC_DIST_CKPT_RS})
+    set_tests_properties(dist.ckpt_resume_resharded_pp2_tp2 PROPERTIES FIXTURES_REQUIRED dist_ckpt_rs)
+  endif()
+
   # mctrain itself under mpirun (tests/dist/mctrain_mpi.sh MODE)
   if(TARGET mctrain AND TARGET mcdata)
     foreach(mode equal resume stop errors)
