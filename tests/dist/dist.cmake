@@ -65,6 +65,24 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
     set_tests_properties(dist.ckpt_resume_resharded_pp2_tp2 PROPERTIES FIXTURES_REQUIRED dist_ckpt_rs)
   endif()
 
+  # 16 ranks (oversubscribed): tp2 x dp4 x pp2 ZeRO 1 saves at step 5; resumed on 4 ranks
+  # (dp4 ZeRO 3) by load-time resharding, and resharded offline to one rank, audited and
+  # resumed there; every resume continues the uninterrupted run's losses.
+  set(MC_DIST_CKPT16 ${CMAKE_BINARY_DIR}/dist-ckpt16)
+  add_test(NAME dist.ckpt16_clean COMMAND ${CMAKE_COMMAND} -E rm -rf ${MC_DIST_CKPT16} ${MC_DIST_CKPT16}-1)
+  set_tests_properties(dist.ckpt16_clean PROPERTIES FIXTURES_SETUP dist_ckpt16_clean)
+  mc_dist_test(dist.ckpt16_save_tp2_dp4_pp2 16 $<TARGET_FILE:dist_train> 2 4 0 1 --pp 2 --save ${MC_DIST_CKPT16})
+  set_tests_properties(dist.ckpt16_save_tp2_dp4_pp2 PROPERTIES FIXTURES_REQUIRED dist_ckpt16_clean FIXTURES_SETUP dist_ckpt16)
+  mc_dist_test(dist.ckpt16_resume_dp4_zero3 4 $<TARGET_FILE:dist_train> 1 4 0 3 --resume ${MC_DIST_CKPT16})
+  set_tests_properties(dist.ckpt16_resume_dp4_zero3 PROPERTIES FIXTURES_REQUIRED dist_ckpt16)
+  if(TARGET mcreshard AND TARGET mcaudit)
+    add_test(NAME dist.ckpt16_mcreshard_1rank
+             COMMAND sh -c "'$<TARGET_FILE:mcaudit>' '${MC_DIST_CKPT16}' --verify --no-progress && '$<TARGET_FILE:mcreshard>' '${MC_DIST_CKPT16}' '${MC_DIST_CKPT16}-1' --consolidate --no-progress && '$<TARGET_FILE:mcaudit>' '${MC_DIST_CKPT16}-1' --verify --no-progress && cp '${MC_DIST_CKPT16}/losses.txt' '${MC_DIST_CKPT16}-1/'")
+    set_tests_properties(dist.ckpt16_mcreshard_1rank PROPERTIES FIXTURES_REQUIRED dist_ckpt16 FIXTURES_SETUP dist_ckpt16_rs)
+    mc_dist_test(dist.ckpt16_resume_resharded_1rank 1 $<TARGET_FILE:dist_train> 1 1 0 0 --resume ${MC_DIST_CKPT16}-1)
+    set_tests_properties(dist.ckpt16_resume_resharded_1rank PROPERTIES FIXTURES_REQUIRED dist_ckpt16_rs)
+  endif()
+
   # mctrain itself under mpirun (tests/dist/mctrain_mpi.sh MODE)
   if(TARGET mctrain AND TARGET mcdata)
     foreach(mode equal resume stop errors)
