@@ -1,6 +1,6 @@
 #!/bin/bash
 # mctrain under mpirun against the single-process run (tests/dist/dist.cmake registers it):
-#   mctrain_mpi.sh MODE   (equal | resume | stop | errors | pp)
+#   mctrain_mpi.sh MODE   (equal | resume | stop | kill | errors | pp)
 # equal:  10 steps in one process, then under mpirun for tp2 x dp2 zero 1, tp2+sp x dp2 zero 3
 #         and dp2 x ep2 zero 1 (expert parallelism):
 #         every step's loss and gradient norm, and val_loss at steps 5 and 10, within 1e-4
@@ -8,6 +8,9 @@
 # resume: tp2 x dp2 zero 1 saves step 5 (and runs to 10); resuming step 5 as one process and
 #         as dp4 zero 3 gives steps 6-10 within 1e-4 relative of the uninterrupted run.
 # stop:   SIGTERM to one rank of dp2 ends both after the same step with a checkpoint of it.
+# kill:   SIGKILL to one stage of a pp=2 x dp=2 run after a checkpoint is committed (the
+#         other ranks wait in a pipeline receive or a collective): the job ends within 30 s
+#         with mpirun naming the killed rank, and the last committed checkpoint still verifies.
 # errors: a rank count that does not match the layout, tp=2 without mpirun and tp=2 with ep=2
 #         without sp are clear errors.
 # pp:     pipeline stages: pp=2 against one process (losses, gradient norms, val_loss), its
@@ -112,6 +115,32 @@ stop)
     || { cat t.log; die "uninterrupted run failed"; }
   same_losses t/metrics.jsonl s/metrics.jsonl $((n + 1)) $((n + 2))
   echo "SIGTERM to one of 2 ranks at step $n: both stopped, checkpoint saved, resumed run matches"
+  ;;
+kill)
+  long=("${COMMON[@]}" --set train.steps=5000 --set checkpoint.every=2 --set checkpoint.keep=2)
+  "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${long[@]}" --set checkpoint.dir=k --set parallel.pp=2 \
+    --set parallel.dp=2 > k.log 2>&1 &
+  mpid=$!
+  for i in $(seq 1 600); do
+    [ -e k/latest ] && [ "$(grep -c '"step"' k/metrics.jsonl 2>/dev/null)" -ge 4 ] 2>/dev/null && break
+    sleep 0.1
+  done
+  ranks=$(pgrep -P $mpid mctrain)
+  [ "$(echo $ranks | wc -w)" = 4 ] || die "expected the 4 mctrain ranks as children of mpirun, found: $ranks"
+  victim=$(echo $ranks | awk '{ print $NF }')
+  t0=$(date +%s)
+  kill -KILL $victim
+  for i in $(seq 1 300); do kill -0 $mpid 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $mpid 2>/dev/null; then
+    pkill -KILL -P $mpid mctrain; kill -KILL $mpid
+    die "the job was still running 30 s after one rank was killed (a hang)"
+  fi
+  wait $mpid
+  rc=$?
+  echo "one of 4 ranks killed: the job ended in $(( $(date +%s) - t0 )) s with status $rc"
+  [ $rc != 0 ] || die "the job with a killed rank exited with status 0"
+  grep -q "process rank [0-9]* with PID .* exited on signal 9" k.log || { tail -20 k.log; die "no message naming the killed rank"; }
+  "$B/mcaudit" k --verify --no-progress > k_audit.log 2>&1 || { cat k_audit.log; die "the last committed checkpoint does not verify"; }
   ;;
 errors)
   "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=e --set parallel.tp=2 \
