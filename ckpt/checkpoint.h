@@ -11,6 +11,7 @@
 #ifndef MC_CKPT_CHECKPOINT_H
 #define MC_CKPT_CHECKPOINT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/config.h"
@@ -108,6 +109,29 @@ int mc_ckpt_saver_wait(mc_ckpt_saver *s);
 double mc_ckpt_saver_last_stall(const mc_ckpt_saver *s);
 /* Waits, frees everything, and returns the result of the save in flight (0 if none). */
 int mc_ckpt_saver_close(mc_ckpt_saver *s);
+/* Without blocking: 1 while a save is in flight, else what mc_ckpt_saver_wait returns (0, or
+ * -1 with the error of the save that finished, reported once). */
+int mc_ckpt_saver_poll(mc_ckpt_saver *s);
+
+/* A barrier callback for async saves of several processes that goes through the file system
+ * instead of a communicator (mctrain under mpirun, whose MPI is initialised single-threaded:
+ * the background thread must not call MPI). Every process creates one over the same
+ * directory (process 0 empties it: the caller must make sure, e.g. with a barrier on its
+ * communicator, that no process uses it before process 0's create has returned). Call k of
+ * process r writes the marker <sync_dir>/b<k>.r<r> ("1", or "0 <its error message>") and
+ * waits until every process's marker k exists; it returns 1 only if all say 1. A process
+ * waiting longer than timeout_s (<= 0: 600 s) for a marker writes <sync_dir>/abort, which
+ * fails every later call of every process. Markers are not fsynced: they coordinate, the
+ * commit's durability comes from the rank files and manifest being fsynced before the
+ * markers that allow the next phase. */
+typedef struct mc_ckpt_fs_barrier mc_ckpt_fs_barrier;
+int mc_ckpt_fs_barrier_create(const char *sync_dir, int rank, int world, double timeout_s, mc_ckpt_fs_barrier **out);
+int mc_ckpt_fs_barrier_fn(void *user, int ok); /* an mc_ckpt_barrier_fn; user = the barrier */
+/* After a failed save: the lowest rank that reported a failure in the failing call (or that
+ * never arrived), with its message; -1 if that call saw no failure. Any thread. */
+int mc_ckpt_fs_barrier_failure(mc_ckpt_fs_barrier *b, char *msg, size_t cap);
+/* remove_dir: process 0 removes the directory (call it once every process is done). */
+void mc_ckpt_fs_barrier_free(mc_ckpt_fs_barrier *b, int remove_dir);
 
 /* ---------------------------------------------------------------- fault injection (tests) */
 

@@ -28,6 +28,9 @@ struct mc_ckpt_saver {
   int rc;              /* result of the last finished save */
   int fail_only;       /* the thread only takes part in the barrier, failing (see below) */
   char err[MC_ERRMSG_MAX];
+  char fail_err[MC_ERRMSG_MAX]; /* why a fail_only save failed (for the barrier's record) */
+  pthread_mutex_t mu;
+  int finished;        /* the thread has stored its result (under mu) */
   double stall;
 };
 
@@ -49,8 +52,15 @@ int mc_ckpt_saver_create(const char *dir, const mc_ckpt_save_opts *opts, mc_ckpt
   }
   if (opts) s->opts = *opts;
   else mc_ckpt_save_opts_default(&s->opts);
+  pthread_mutex_init(&s->mu, NULL);
   *out = s;
   return 0;
+}
+
+static void mark_finished(mc_ckpt_saver *s) {
+  pthread_mutex_lock(&s->mu);
+  s->finished = 1;
+  pthread_mutex_unlock(&s->mu);
 }
 
 static void *save_thread(void *arg) {
@@ -58,8 +68,10 @@ static void *save_thread(void *arg) {
   if (s->fail_only) {
     /* This process failed before its save started (the caller has the error); the other
      * processes' saves wait for it in the first barrier, which makes them all fail. */
+    mc_error("%s", s->fail_err); /* what a barrier may record of this failure */
     s->opts.barrier(s->opts.barrier_user, 0);
     s->rc = 0;
+    mark_finished(s);
     return NULL;
   }
   s->rc = mc_ckpt_save(s->dir, s->g, &s->cfg, &s->state, s->items, s->n_items, &s->opts);
@@ -68,14 +80,29 @@ static void *save_thread(void *arg) {
     strncpy(s->err, mc_errmsg(), sizeof s->err - 1);
     s->err[sizeof s->err - 1] = 0;
   }
+  mark_finished(s);
   return NULL;
 }
 
-int mc_ckpt_saver_wait(mc_ckpt_saver *s) {
+static void join(mc_ckpt_saver *s) {
   if (s->running) {
     pthread_join(s->thread, NULL);
     s->running = 0;
   }
+}
+
+int mc_ckpt_saver_poll(mc_ckpt_saver *s) {
+  if (s->running) {
+    pthread_mutex_lock(&s->mu);
+    int done = s->finished;
+    pthread_mutex_unlock(&s->mu);
+    if (!done) return 1;
+  }
+  return mc_ckpt_saver_wait(s);
+}
+
+int mc_ckpt_saver_wait(mc_ckpt_saver *s) {
+  join(s);
   if (s->rc) {
     int rc = mc_error("async %s", s->err);
     s->rc = 0; /* reported once */
@@ -179,11 +206,13 @@ int mc_ckpt_saver_save(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *
   }
   s->rc = 0;
   s->err[0] = 0;
+  s->finished = 0;
   if (stage_copy(s, g, items, n_items) != 0) {
     /* With other processes saving too, they must learn of this failure, or their saves would
      * wait in the barrier for ever: a thread takes part in it, failing. */
     if (s->opts.barrier) {
       s->fail_only = 1;
+      snprintf(s->fail_err, sizeof s->fail_err, "checkpoint step %lld: %s", (long long)state->step, mc_errmsg());
       if (pthread_create(&s->thread, NULL, save_thread, s) == 0) s->running = 1;
     }
     s->stall = now_s() - t0;
@@ -206,6 +235,166 @@ int mc_ckpt_saver_close(mc_ckpt_saver *s) {
   int rc = mc_ckpt_saver_wait(s);
   free(s->items);
   free(s->buf);
+  pthread_mutex_destroy(&s->mu);
   free(s);
   return rc;
+}
+
+/* ---------------------------------------------------------------- file-system barrier */
+
+/* Call k of process r writes <dir>/b<k>.r<r> (by rename, so it is never seen half written):
+ * "1\n", or "0 <message>\n" when r has failed. A process returns from call k once every
+ * process's marker k exists: 1 if all say 1. A process that times out writes <dir>/abort,
+ * after which every call of every process fails at once (the calls may no longer pair up).
+ * Process 0, having seen every marker k, removes the markers of call k-1: each process
+ * wrote marker k only after it had finished reading those. */
+struct mc_ckpt_fs_barrier {
+  char dir[MC_PATH_MAX];
+  int rank, world;
+  double timeout_s;
+  int64_t call;
+  int fail_rank;              /* lowest failing rank of the last failed call, -1 if none */
+  char fail_msg[MC_ERRMSG_MAX];
+  pthread_mutex_t mu;         /* guards fail_rank and fail_msg (read by the main thread) */
+};
+
+int mc_ckpt_fs_barrier_create(const char *sync_dir, int rank, int world, double timeout_s, mc_ckpt_fs_barrier **out) {
+  *out = NULL;
+  if (world < 1 || rank < 0 || rank >= world) return mc_error("file-system barrier: rank %d of %d", rank, world);
+  mc_ckpt_fs_barrier *b = calloc(1, sizeof *b);
+  if (!b) return mc_error("out of memory");
+  if (snprintf(b->dir, sizeof b->dir, "%s", sync_dir) >= (int)sizeof b->dir) {
+    free(b);
+    return mc_error("checkpoint sync directory path too long: %s", sync_dir);
+  }
+  b->rank = rank;
+  b->world = world;
+  b->timeout_s = timeout_s > 0 ? timeout_s : 600;
+  b->fail_rank = -1;
+  pthread_mutex_init(&b->mu, NULL);
+  if (rank == 0 && ((mc_path_exists(sync_dir) && mc_rmtree(sync_dir) != 0) || mc_mkdir_p(sync_dir) != 0)) {
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+    return mc_error_context("checkpoint sync directory %s", sync_dir);
+  }
+  *out = b;
+  return 0;
+}
+
+void mc_ckpt_fs_barrier_free(mc_ckpt_fs_barrier *b, int remove_dir) {
+  if (!b) return;
+  if (remove_dir && b->rank == 0) mc_rmtree(b->dir);
+  pthread_mutex_destroy(&b->mu);
+  free(b);
+}
+
+int mc_ckpt_fs_barrier_failure(mc_ckpt_fs_barrier *b, char *msg, size_t cap) {
+  pthread_mutex_lock(&b->mu);
+  int r = b->fail_rank;
+  if (msg && cap) snprintf(msg, cap, "%s", r >= 0 ? b->fail_msg : "");
+  pthread_mutex_unlock(&b->mu);
+  return r;
+}
+
+static int put_file(const char *path, const char *text) {
+  char tmp[MC_PATH_MAX + 8];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f) return -1;
+  int ok = fputs(text, f) >= 0;
+  ok = (fclose(f) == 0) && ok;
+  if (!ok || rename(tmp, path) != 0) {
+    remove(tmp);
+    return -1;
+  }
+  return 0;
+}
+
+static void record_failure(mc_ckpt_fs_barrier *b, int rank, const char *msg) {
+  pthread_mutex_lock(&b->mu);
+  if (b->fail_rank < 0 || rank < b->fail_rank) {
+    b->fail_rank = rank;
+    snprintf(b->fail_msg, sizeof b->fail_msg, "%s", msg && *msg ? msg : "(no message)");
+  }
+  pthread_mutex_unlock(&b->mu);
+}
+
+static int abort_seen(mc_ckpt_fs_barrier *b) {
+  char p[MC_PATH_MAX + 16];
+  snprintf(p, sizeof p, "%s/abort", b->dir);
+  if (!mc_path_exists(p)) return 0;
+  char *text = NULL;
+  size_t len = 0;
+  int rank = -1;
+  if (mc_read_file(p, &text, &len) == 0 && sscanf(text, "%d", &rank) == 1) {
+    const char *m = strchr(text, ' ');
+    char *nl = strchr(text, '\n');
+    if (nl) *nl = 0;
+    record_failure(b, rank, m ? m + 1 : "");
+  }
+  free(text);
+  return 1;
+}
+
+int mc_ckpt_fs_barrier_fn(void *user, int ok) {
+  mc_ckpt_fs_barrier *b = user;
+  int64_t k = b->call++;
+  pthread_mutex_lock(&b->mu);
+  b->fail_rank = -1;
+  pthread_mutex_unlock(&b->mu);
+  char path[MC_PATH_MAX + 64];
+  char *text = malloc(MC_ERRMSG_MAX + 8);
+  if (!text) return 0;
+  const char *msg = mc_errmsg();
+  if (ok) snprintf(text, MC_ERRMSG_MAX + 8, "1\n");
+  else snprintf(text, MC_ERRMSG_MAX + 8, "0 %s\n", msg && *msg ? msg : "(no message)");
+  for (char *c = text + 2; !ok && *c && c[1]; c++)
+    if (*c == '\n') *c = ' '; /* one line */
+  snprintf(path, sizeof path, "%s/b%lld.r%d", b->dir, (long long)k, b->rank);
+  if (put_file(path, text) != 0) {
+    free(text);
+    return 0; /* the others time out on this marker and abort */
+  }
+  free(text);
+  if (!ok) record_failure(b, b->rank, msg);
+  int all = ok;
+  double t0 = now_s();
+  struct timespec nap = {0, 1000000}; /* 1 ms, growing to 20 ms */
+  for (int r = 0; r < b->world; r++) {
+    snprintf(path, sizeof path, "%s/b%lld.r%d", b->dir, (long long)k, r);
+    while (!mc_path_exists(path)) {
+      if (abort_seen(b)) return 0;
+      if (now_s() - t0 > b->timeout_s) {
+        char ab[MC_PATH_MAX + 16], line[512];
+        snprintf(ab, sizeof ab, "%s/abort", b->dir);
+        snprintf(line, sizeof line, "%d rank %d saw no checkpoint barrier marker from rank %d within %.0f s\n", b->rank,
+                 b->rank, r, b->timeout_s);
+        put_file(ab, line);
+        record_failure(b, r, "no checkpoint barrier marker within the timeout (process dead or stuck?)");
+        return 0;
+      }
+      nanosleep(&nap, NULL);
+      if (nap.tv_nsec < 20000000) nap.tv_nsec *= 2;
+    }
+    char *got = NULL;
+    size_t len = 0;
+    if (mc_read_file(path, &got, &len) != 0) {
+      record_failure(b, r, mc_errmsg());
+      all = 0;
+      continue;
+    }
+    if (got[0] != '1') {
+      char *nl = strchr(got, '\n');
+      if (nl) *nl = 0;
+      record_failure(b, r, len > 2 ? got + 2 : "");
+      all = 0;
+    }
+    free(got);
+  }
+  if (b->rank == 0 && k > 0)
+    for (int r = 0; r < b->world; r++) {
+      snprintf(path, sizeof path, "%s/b%lld.r%d", b->dir, (long long)(k - 1), r);
+      remove(path);
+    }
+  return all;
 }

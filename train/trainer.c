@@ -17,6 +17,20 @@
 #include "train/optim.h"
 #include "util/error.h"
 
+/* v[0], v[1] := their largest values over the world's ranks (a stop signal number, 0 = none;
+ * 1 if an asynchronous checkpoint failed on the rank). */
+static int agree_max(mc_comm *world, int32_t v[2]) {
+  int32_t *all = malloc(sizeof(int32_t) * 2 * (size_t)world->size);
+  int64_t *counts = malloc(sizeof(int64_t) * (size_t)world->size);
+  int rc = !all || !counts ? mc_error("out of memory") : 0;
+  for (int i = 0; !rc && i < world->size; i++) counts[i] = 2;
+  if (!rc) rc = mc_allgather(world, v, all, counts, MC_DT_I32);
+  for (int i = 0; !rc && i < world->size; i++)
+    for (int k = 0; k < 2; k++) v[k] = all[2 * i + k] > v[k] ? all[2 * i + k] : v[k];
+  free(all), free(counts);
+  return rc;
+}
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -120,6 +134,7 @@ typedef struct {
   int have_opt;
   int32_t *tokens;
   mc_ckpt_saver *saver;
+  mc_ckpt_fs_barrier *fsb; /* async saves under mpirun: the ranks meet through the file system */
   mc_metrics metrics;
   char metrics_path[MC_PATH_MAX + 32];
   int64_t start_step, end_step;
@@ -168,6 +183,17 @@ static void save_opts(const mc_config *cfg, mc_ckpt_save_opts *so) {
   so->io_threads = cfg->checkpoint.io_threads > 0 ? cfg->checkpoint.io_threads : 1;
 }
 
+/* Turns the error of a failed asynchronous save (in mc_errmsg) into one naming the rank that
+ * failed first, when the ranks met through the file system. */
+static int async_error(run *r, int64_t step) {
+  char msg[MC_ERRMSG_MAX];
+  int fr = r->fsb ? mc_ckpt_fs_barrier_failure(r->fsb, msg, sizeof msg) : -1;
+  (void)step;
+  if (strstr(mc_errmsg(), "asynchronous checkpoint")) return -1; /* already said */
+  if (fr >= 0) return mc_error("asynchronous checkpoint failed on rank %d: %s", fr, msg);
+  return mc_error_context("asynchronous checkpoint");
+}
+
 static int save(run *r, int64_t step, double lr) {
   const mc_config *cfg = r->cfg;
   mc_train_state st;
@@ -192,6 +218,10 @@ static int save(run *r, int64_t step, double lr) {
     rc = -1;
   } else if (r->saver) {
     rc = mc_ckpt_saver_save(r->saver, &r->geo, cfg, &st, items, n_items);
+    if (rc != 0) {
+      free(items);
+      return async_error(r, step);
+    }
   } else {
     mc_ckpt_save_opts so;
     save_opts(cfg, &so);
@@ -279,11 +309,29 @@ static int setup(run *r) {
   } else if (mc_metrics_open(&r->metrics, r->metrics_path, r->opts->resume ? r->start_step : -1) != 0) {
     return -1;
   }
-  /* The asynchronous saver calls the save barrier from its own thread; MPI ranks save
-   * synchronously instead. */
-  if (cfg->checkpoint.async_save && !r->comm) {
+  /* The asynchronous saver calls the save barrier from its own thread. MPI is initialised
+   * single-threaded (comm/comm_mpi.c), so under mpirun the ranks' save threads meet through
+   * the file system (marker files in <checkpoint.dir>/.async_sync) instead of MPI. */
+  if (cfg->checkpoint.async_save) {
     mc_ckpt_save_opts so;
     save_opts(cfg, &so);
+    if (r->comm) {
+      char sync[MC_PATH_MAX + 16];
+      snprintf(sync, sizeof sync, "%s/.async_sync", cfg->checkpoint.dir);
+      const char *tv = getenv("MC_CKPT_SYNC_TIMEOUT");
+      double timeout = tv && *tv ? atof(tv) : 600;
+      int ok = mc_ckpt_fs_barrier_create(sync, r->rank, r->comm->world->size, timeout, &r->fsb) == 0;
+      char err[MC_ERRMSG_MAX];
+      snprintf(err, sizeof err, "%s", ok ? "" : mc_errmsg());
+      /* rank 0 has emptied the directory before any rank uses it */
+      int32_t flags[2] = {0, ok ? 0 : 1};
+      if (agree_max(r->comm->world, flags) != 0) return -1;
+      if (!ok) return mc_error("%s", err);
+      if (flags[1]) return mc_error("checkpoint sync directory %s: rank 0 could not prepare it", sync);
+      so.root = r->rank == 0;
+      so.barrier = mc_ckpt_fs_barrier_fn;
+      so.barrier_user = r->fsb;
+    }
     if (mc_ckpt_saver_create(cfg->checkpoint.dir, &so, &r->saver) != 0) return -1;
   }
   return 0;
@@ -358,17 +406,6 @@ static int memory_report(run *r) {
   return r->metrics.f ? mc_mem_report_json(r->metrics.f, r->rank, be, m, r->opts->mem_predicted) : 0;
 }
 
-/* The largest stop value (a signal number, 0 = none) over the world's ranks. */
-static int agree_stop(mc_comm *world, int32_t *stop) {
-  int32_t *all = malloc(sizeof(int32_t) * (size_t)world->size);
-  int64_t *counts = malloc(sizeof(int64_t) * (size_t)world->size);
-  int rc = !all || !counts ? mc_error("out of memory") : 0;
-  for (int i = 0; !rc && i < world->size; i++) counts[i] = 1;
-  if (!rc) rc = mc_allgather(world, stop, all, counts, MC_DT_I32);
-  for (int i = 0; !rc && i < world->size; i++) *stop = all[i] > *stop ? all[i] : *stop;
-  free(all), free(counts);
-  return rc;
-}
 
 static int loop(run *r) {
   const mc_config *cfg = r->cfg;
@@ -393,9 +430,28 @@ static int loop(run *r) {
     mc_metrics_rec rec;
     memset(&rec, 0, sizeof rec);
     if (train_step(r, s, &rec) != 0) return -1;
-    int32_t stop = r->opts->stop ? (int32_t)*r->opts->stop : 0;
-    /* every rank stops after the same step, so a signal seen by some ranks only still ends all */
-    if (r->comm && agree_stop(r->comm->world, &stop) != 0) return -1;
+    int32_t v[2] = {r->opts->stop ? (int32_t)*r->opts->stop : 0, 0};
+    /* A failed background save ends the run here, at the step boundary after it finished. */
+    int ck_failed = r->saver && mc_ckpt_saver_poll(r->saver) < 0;
+    char ck_err[MC_ERRMSG_MAX] = "";
+    if (ck_failed) {
+      async_error(r, r->last_saved);
+      snprintf(ck_err, sizeof ck_err, "%s", mc_errmsg());
+    }
+    v[1] = ck_failed;
+    /* every rank stops after the same step, so a signal seen by some ranks only still ends all;
+     * so does a checkpoint failure seen by some ranks only (the others' save threads fail too,
+     * at the same barrier, but may not have finished yet) */
+    if (r->comm && agree_max(r->comm->world, v) != 0) return -1;
+    if (v[1]) {
+      if (!ck_failed) { /* collect this rank's failure: its thread has seen the same barrier */
+        mc_ckpt_saver_wait(r->saver);
+        async_error(r, r->last_saved);
+        snprintf(ck_err, sizeof ck_err, "%s", mc_errmsg());
+      }
+      return mc_error("%s", ck_err);
+    }
+    int32_t stop = v[0];
     if (stop && s + 1 < r->end_step) {
       r->opts->stop_signal = stop;
       r->end_step = s + 1; /* interrupted: this step is the last, and it is saved */
@@ -442,15 +498,19 @@ static int loop(run *r) {
       double ts = now_s();
       if (save(r, done, lr) != 0) return -1;
       /* Async: the training loop waited only for the copy (and any save still in flight). */
-      if (out && !r->opts->progress_tty)
-        fprintf(out, "checkpoint step %lld %s (training paused %.3f s)\n", (long long)done,
-                r->saver ? "queued" : "saved", r->saver ? mc_ckpt_saver_last_stall(r->saver) : now_s() - ts);
+      /* On a terminal (mpirun gives rank 0 one) the line replaces the step line being redrawn. */
+      if (out) {
+        fprintf(out, "%scheckpoint step %lld %s (training paused %.3f s)%s\n", r->opts->progress_tty ? "\r" : "",
+                (long long)done, r->saver ? "queued" : "saved",
+                r->saver ? mc_ckpt_saver_last_stall(r->saver) : now_s() - ts, r->opts->progress_tty ? "\033[K" : "");
+        fflush(out);
+      }
     }
   }
   if (r->end_step > r->last_saved) {
     if (save(r, r->end_step, lr) != 0) return -1;
   }
-  if (r->saver && mc_ckpt_saver_wait(r->saver) != 0) return mc_error_context("asynchronous checkpoint");
+  if (r->saver && mc_ckpt_saver_wait(r->saver) != 0) return async_error(r, r->last_saved);
   if (out) {
     char took[32];
     fmt_duration(now_s() - t0, took, sizeof took);
@@ -479,8 +539,13 @@ int mc_train(const mc_config *cfg, mc_trainer_opts *opts) {
     /* An error of the save in flight must not be lost, nor hide an earlier one. */
     char first[MC_ERRMSG_MAX];
     snprintf(first, sizeof first, "%s", mc_errmsg());
-    if (mc_ckpt_saver_close(r.saver) != 0 && rc == 0) rc = mc_error_context("asynchronous checkpoint");
+    if (mc_ckpt_saver_close(r.saver) != 0 && rc == 0) rc = async_error(&r, r.last_saved);
     else if (rc != 0) mc_error("%s", first);
+  }
+  if (r.fsb) {
+    /* Every rank's saves are done once all are here; then rank 0 removes the markers. */
+    int all_done = rc == 0 && mc_barrier(r.comm->world) == 0;
+    mc_ckpt_fs_barrier_free(r.fsb, all_done);
   }
   mc_metrics_close(&r.metrics);
   if (rc == 0 && r.metrics_path[0]) {

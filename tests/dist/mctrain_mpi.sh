@@ -1,6 +1,6 @@
 #!/bin/bash
 # mctrain under mpirun against the single-process run (tests/dist/dist.cmake registers it):
-#   mctrain_mpi.sh MODE   (equal | resume | stop | kill | errors | pp)
+#   mctrain_mpi.sh MODE   (equal | resume | stop | kill | errors | pp | async)
 # equal:  10 steps in one process, then under mpirun for tp2 x dp2 zero 1, tp2+sp x dp2 zero 3
 #         and dp2 x ep2 zero 1 (expert parallelism):
 #         every step's loss and gradient norm, and val_loss at steps 5 and 10, within 1e-4
@@ -16,6 +16,12 @@
 # pp:     pipeline stages: pp=2 against one process (losses, gradient norms, val_loss), its
 #         step-5 checkpoint resumed as one process and at pp=2 under the split AEM|R, and
 #         pp=2 x dp=2 zero 1.
+# async:  checkpoint.async_save under mpirun (the ranks' save threads meet through marker files):
+#         dp2 and tp2 x dp2 with checkpoint.every=2 write the same checkpoints, byte for byte (every
+#         rank file; the manifest but for its checkpoint.async_save line), as with async_save=false;
+#         the stall is logged; resuming the last async checkpoint continues the losses; a save failing
+#         on rank 1 ends the run non-zero with rank 0 naming rank 1; SIGKILL of one rank while a
+#         save is in flight leaves `latest` on a checkpoint that mcaudit --verify accepts.
 set -u
 B=${MC_BINARY_DIR:?}
 S=${MC_SOURCE_DIR:?}
@@ -181,6 +187,63 @@ pp)
   same_losses one/metrics.jsonl e/metrics.jsonl 1 10
 
   echo "loss at step 10: one process $(field one/metrics.jsonl loss 10), pp2 $(field a/metrics.jsonl loss 10), resumed as one process $(field c/metrics.jsonl loss 10), as pp2 AEM|R $(field d/metrics.jsonl loss 10), pp2 x dp2 zero 1 $(field e/metrics.jsonl loss 10)"
+  ;;
+async)
+  for lay in "dp2 2 --set parallel.dp=2" "tp2dp2 4 --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero=1"; do
+    set -- $lay
+    name=$1 np=$2
+    shift 2
+    for mode in sync async; do
+      mkdir -p $name-$mode
+      (cd $name-$mode && "$MPIRUN" --oversubscribe -np $np "$B/mctrain" "${SMALL[@]}" --set data.path="$W/corpus.h5" \
+        --set checkpoint.dir=ck --set checkpoint.every=2 --set checkpoint.async_save=$([ $mode = async ] && echo true || echo false) \
+        "$@" > run.log 2>&1) || { cat $name-$mode/run.log; die "$name async_save=$mode failed"; }
+    done
+    grep -q "checkpoint step 8 queued (training paused [0-9.]* s)" $name-async/run.log || { cat $name-async/run.log; die "$name: no stall logged"; }
+    [ -e $name-async/ck/.async_sync ] && die "$name: the sync markers were left behind"
+    for s in 2 4 6 8 10; do
+      [ -d $name-async/ck/step_$s ] || die "$name: no async checkpoint step_$s"
+      for f in $name-sync/ck/step_$s/rank_*.h5; do
+        cmp -s "$f" "$name-async/ck/step_$s/$(basename "$f")" || die "$name step $s: $(basename "$f") differs from the synchronous save"
+      done
+      [ "$(ls $name-sync/ck/step_$s | wc -l)" = "$(ls $name-async/ck/step_$s | wc -l)" ] || die "$name step $s: other files"
+      cmp -s <(grep -v '"async_save"' $name-sync/ck/step_$s/manifest.json) <(grep -v '"async_save"' $name-async/ck/step_$s/manifest.json) \
+        || die "$name step $s: manifests differ (beyond checkpoint.async_save)"
+    done
+    same_losses $name-sync/ck/metrics.jsonl $name-async/ck/metrics.jsonl 1 10
+    echo "$name: async checkpoints 2..10 equal the synchronous ones; $(grep -o 'checkpoint step 8 queued (training paused [0-9.]* s)' $name-async/run.log)"
+  done
+  # resume the last async checkpoint before the end (step 8) and continue to 10
+  "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=res --set parallel.tp=2 --set parallel.dp=2 \
+    --set parallel.zero=1 --set checkpoint.every=2 --resume tp2dp2-async/ck/step_8 > res.log 2>&1 || { cat res.log; die "resume of async step 8 failed"; }
+  same_losses tp2dp2-async/ck/metrics.jsonl res/metrics.jsonl 9 10
+  # a save failing on rank 1 only (ENOSPC at its rank file's fsync): non-zero, rank 0 names rank 1
+  "$MPIRUN" --oversubscribe -np 2 bash -c 'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then export MC_CKPT_FAULT=fsync_file; fi; exec "$0" "$@"' \
+    "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=f --set parallel.dp=2 --set checkpoint.every=2 > f.log 2>&1 \
+    && die "a run whose save failed on rank 1 exited with status 0"
+  grep -q "mctrain: rank 0: asynchronous checkpoint failed on rank 1: .*fsync_file" f.log || { cat f.log; die "rank 0 did not name rank 1"; }
+  [ -e f/latest ] && die "a failed save committed"
+  # SIGKILL of one rank while a save is in flight (a save every step)
+  long=("${COMMON[@]}" --set train.steps=5000 --set checkpoint.every=1 --set checkpoint.keep=3)
+  "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${long[@]}" --set checkpoint.dir=k --set parallel.dp=2 > k.log 2>&1 &
+  mpid=$!
+  for i in $(seq 1 600); do
+    [ -e k/latest ] && [ "$(grep -c '"step"' k/metrics.jsonl 2>/dev/null)" -ge 6 ] 2>/dev/null && break
+    sleep 0.1
+  done
+  ranks=$(pgrep -P $mpid mctrain)
+  [ "$(echo $ranks | wc -w)" = 2 ] || die "expected the 2 mctrain ranks as children of mpirun, found: $ranks"
+  inflight=0
+  for i in $(seq 1 2000); do ls -d k/step_*.tmp > /dev/null 2>&1 && { inflight=1; break; }; done
+  kill -KILL $(echo $ranks | awk '{ print $NF }')
+  for i in $(seq 1 300); do kill -0 $mpid 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $mpid 2>/dev/null; then
+    kill -KILL $ranks $mpid 2>/dev/null
+    die "the job was still running 30 s after one rank was killed (a hang)"
+  fi
+  wait $mpid && die "the job with a killed rank exited with status 0"
+  "$B/mcaudit" k --verify --no-progress > k_audit.log 2>&1 || { cat k_audit.log; die "latest does not verify after SIGKILL during an async save"; }
+  echo "SIGKILL during an async save (a step_N.tmp was seen: $inflight): latest $(tr -d '\n' < k/latest | sed 's/.*"step":[[:space:]]*\([0-9]*\).*/\1/') verifies"
   ;;
 *) echo "unknown mode $MODE"; exit 2 ;;
 esac
