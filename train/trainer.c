@@ -185,10 +185,9 @@ static void save_opts(const mc_config *cfg, mc_ckpt_save_opts *so) {
 
 /* Turns the error of a failed asynchronous save (in mc_errmsg) into one naming the rank that
  * failed first, when the ranks met through the file system. */
-static int async_error(run *r, int64_t step) {
+static int async_error(run *r) {
   char msg[MC_ERRMSG_MAX];
   int fr = r->fsb ? mc_ckpt_fs_barrier_failure(r->fsb, msg, sizeof msg) : -1;
-  (void)step;
   if (strstr(mc_errmsg(), "asynchronous checkpoint")) return -1; /* already said */
   if (fr >= 0) return mc_error("asynchronous checkpoint failed on rank %d: %s", fr, msg);
   return mc_error_context("asynchronous checkpoint");
@@ -220,7 +219,7 @@ static int save(run *r, int64_t step, double lr) {
     rc = mc_ckpt_saver_save(r->saver, &r->geo, cfg, &st, items, n_items);
     if (rc != 0) {
       free(items);
-      return async_error(r, step);
+      return async_error(r);
     }
   } else {
     mc_ckpt_save_opts so;
@@ -435,7 +434,7 @@ static int loop(run *r) {
     int ck_failed = r->saver && mc_ckpt_saver_poll(r->saver) < 0;
     char ck_err[MC_ERRMSG_MAX] = "";
     if (ck_failed) {
-      async_error(r, r->last_saved);
+      async_error(r);
       snprintf(ck_err, sizeof ck_err, "%s", mc_errmsg());
     }
     v[1] = ck_failed;
@@ -446,7 +445,7 @@ static int loop(run *r) {
     if (v[1]) {
       if (!ck_failed) { /* collect this rank's failure: its thread has seen the same barrier */
         mc_ckpt_saver_wait(r->saver);
-        async_error(r, r->last_saved);
+        async_error(r);
         snprintf(ck_err, sizeof ck_err, "%s", mc_errmsg());
       }
       return mc_error("%s", ck_err);
@@ -510,7 +509,7 @@ static int loop(run *r) {
   if (r->end_step > r->last_saved) {
     if (save(r, r->end_step, lr) != 0) return -1;
   }
-  if (r->saver && mc_ckpt_saver_wait(r->saver) != 0) return async_error(r, r->last_saved);
+  if (r->saver && mc_ckpt_saver_wait(r->saver) != 0) return async_error(r);
   if (out) {
     char took[32];
     fmt_duration(now_s() - t0, took, sizeof took);
@@ -539,7 +538,7 @@ int mc_train(const mc_config *cfg, mc_trainer_opts *opts) {
     /* An error of the save in flight must not be lost, nor hide an earlier one. */
     char first[MC_ERRMSG_MAX];
     snprintf(first, sizeof first, "%s", mc_errmsg());
-    if (mc_ckpt_saver_close(r.saver) != 0 && rc == 0) rc = async_error(&r, r.last_saved);
+    if (mc_ckpt_saver_close(r.saver) != 0 && rc == 0) rc = async_error(&r);
     else if (rc != 0) mc_error("%s", first);
   }
   if (r.fsb) {
