@@ -297,8 +297,8 @@ int mc_ckpt_fs_barrier_failure(mc_ckpt_fs_barrier *b, char *msg, size_t cap) {
 }
 
 static int put_file(const char *path, const char *text) {
-  char tmp[MC_PATH_MAX + 8];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  char tmp[MC_PATH_MAX + 80]; /* the longest marker path (MC_PATH_MAX + 64) and ".tmp" */
+  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return -1;
   FILE *f = fopen(tmp, "w");
   if (!f) return -1;
   int ok = fputs(text, f) >= 0;
