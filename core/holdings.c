@@ -192,15 +192,18 @@ int64_t mc_act_net_bytes(const mc_act_shape *s) { return list_bytes(mc_net_bufs,
 
 /* Expert parallelism's buffers (mc_stage_hold, train/dist_ep.c): rows received per micro-batch,
  * balanced routing when dropless, the capacity bound cf * average with a capacity factor.
- * An E block routes whole sequences when SP meets a capacity factor, else its residual rows. */
-static void moe_ep_buffers(const mc_geometry *g, const mc_act_shape *s, int n_moe_layers, mc_stage_hold *h) {
+ * An E block routes whole sequences when SP meets a capacity factor, else its residual rows.
+ * The saved rows are kept per E layer and per micro-batch in flight (pipeline slots); the
+ * exchange scratch is shared. */
+static void moe_ep_buffers(const mc_geometry *g, const mc_act_shape *s, int n_moe_layers, int inflight,
+                           mc_stage_hold *h) {
   const mc_model *m = &g->model;
   const int64_t T = m->capacity_factor > 0 ? m->seq_len : s->T_res;
   const int64_t rows = (int64_t)s->n_seq * T * m->top_k, d = m->d_model, F = m->expert_hidden;
   const double rf = m->capacity_factor > 0 ? m->capacity_factor : 1.0;
   const int64_t R = (int64_t)ceil((double)rows * rf);
   h->moe_assignments = R;
-  h->moe_layers = (int64_t)n_moe_layers * R * (d + 3 * F) * 4;
+  h->moe_layers = (int64_t)inflight * n_moe_layers * R * (d + 3 * F) * 4;
   h->moe_exchange = R * (3 * d + 3 * F) * 4;
   h->moe_scratch = h->moe_layers + h->moe_exchange;
 }
@@ -231,7 +234,7 @@ int mc_stage_hold_of(const mc_geometry *g, int stage, const mc_hold_opts *o, mc_
   out->activations = out->inflight * out->per_micro + out->transient + out->scratch + out->network;
   /* 1F1B: one buffer for the incoming activation and one for the incoming gradient */
   if (l->pp > 1) out->pipeline = 2 * mc_mem_footprint((int64_t)s.n_seq * s.T_res * g->model.d_model * 4);
-  if (n_moe && l->ep > 1) moe_ep_buffers(g, &s, n_moe, out);
+  if (n_moe && l->ep > 1) moe_ep_buffers(g, &s, n_moe, out->inflight > 1 ? out->inflight : 1, out);
   return 0;
 }
 

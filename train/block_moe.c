@@ -155,6 +155,10 @@ static int moe_backward_dense(struct mc_net *net, mc_layer *L, int n_seq, const 
   return experts_backward(net, L, 1, L->counts_host, n, &B, mc_uin(L), mc_dy_in(net, dy, (int64_t)n * net->m.d_model), du);
 }
 
+/* The activation slot whose micro-batch runs now (train/pipeline.c swaps slots into
+ * net->layers): its E layers' EP routes are the ones this pass uses. */
+static int ep_slot(const struct mc_net *net) { return net->n_slots > 1 ? net->cur_slot : 0; }
+
 /* Expert parallelism (train/dist_ep.c): the rank's expert-sorted rows go to the EP ranks
  * owning their experts, this rank's E/ep experts run on what arrived (the received input,
  * h1, h3 and the SwiGLU output are saved with the layer's exchange plan, in fp32), and their
@@ -163,7 +167,7 @@ static int experts_forward_ep(struct mc_net *net, mc_layer *L, int n, int64_t ro
   mc_backend *be = net->be;
   mc_net_par *par = &net->par;
   const int d = net->m.d_model, F = net->m.expert_hidden, E = net->m.n_experts, k = net->m.top_k;
-  struct mc_ep_route *r = mc_ep_route_of(par, net->n_layers, L->layer);
+  struct mc_ep_route *r = mc_ep_route_of(par, net->n_layers, L->layer, ep_slot(net));
   float *stage, *xl, *yr;
   if (!r || mc_ep_plan(par, be, r, L->counts_host, E, d, F)) return -1;
   const int64_t R = mc_ep_rows(r);
@@ -182,7 +186,7 @@ static int experts_backward_ep(struct mc_net *net, mc_layer *L, int64_t rows) {
   mc_backend *be = net->be;
   mc_net_par *par = &net->par;
   const int d = net->m.d_model, F = net->m.expert_hidden, E = net->m.n_experts;
-  struct mc_ep_route *r = mc_ep_route_of(par, net->n_layers, L->layer);
+  struct mc_ep_route *r = mc_ep_route_of(par, net->n_layers, L->layer, ep_slot(net));
   if (!r) return -1;
   const int64_t R = mc_ep_rows(r);
   float *stage, *dyr, *dxr;

@@ -28,11 +28,14 @@ struct mc_ep_route {
   float *x, *h1, *h3, *a;        /* saved: received input rows [R, d], h1, h3, SwiGLU [R, F] */
 };
 
-/* The rank's EP state: the per-layer routes and the scratch the backward shares (the
- * layers' backwards run one after another). */
+/* The rank's EP state: the routes of each (micro-batch slot, layer) and the scratch the
+ * backward shares (the layers' backwards run one after another, and under pipeline
+ * parallelism one micro-batch's backward at a time). A pipeline stage keeps several
+ * micro-batches in flight (train/pipeline.c): each one's forward routes into the routes of
+ * its activation slot, so its backward finds its own plan and saved expert rows. */
 struct mc_ep_state {
-  int n_layers;
-  struct mc_ep_route **route; /* [n_layers], NULL for layers that do not route */
+  int n_layers, n_slots;
+  struct mc_ep_route **route; /* [n_slots * n_layers] slot-major, NULL: not routed yet */
   int64_t cap_rows;           /* rows the scratch holds */
   float *stage;               /* [max(rows, R), d] source-major staging of the all-to-alls */
   float *rows_a, *rows_b;     /* [R, d] received-row gradients / outputs */
@@ -49,7 +52,7 @@ static void route_free(mc_backend *be, struct mc_ep_route *r) {
 void mc_ep_free(mc_net_par *par, mc_backend *be) {
   struct mc_ep_state *s = par->ep_state;
   if (!s) return;
-  for (int L = 0; L < s->n_layers; L++) route_free(be, s->route[L]);
+  for (int k = 0; k < s->n_slots * s->n_layers; k++) route_free(be, s->route[k]);
   free(s->route);
   float *bufs[] = {s->stage, s->rows_a, s->rows_b, s->da, s->dh1, s->dh3};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
@@ -65,24 +68,41 @@ static int grow(mc_backend *be, float **p, int64_t n, int64_t have) {
   return *p ? 0 : mc_error("expert parallelism: out of memory for %lld floats", (long long)n);
 }
 
-static struct mc_ep_state *state_of(mc_net_par *par, int n_layers) {
+/* The state with routes for slots [0, n_slots) (grown on demand; the routes made so far stay). */
+static struct mc_ep_state *state_of(mc_net_par *par, int n_layers, int n_slots) {
   if (!par->ep_state) {
     struct mc_ep_state *s = calloc(1, sizeof *s);
-    if (!s || !(s->route = calloc((size_t)n_layers, sizeof *s->route))) {
-      free(s);
+    if (!s) {
       mc_error("expert parallelism: out of memory");
       return NULL;
     }
     s->n_layers = n_layers;
     par->ep_state = s;
   }
-  return par->ep_state;
+  struct mc_ep_state *s = par->ep_state;
+  if (s->n_layers != n_layers) {
+    mc_error("expert parallelism: routes for %d layers asked for %d", s->n_layers, n_layers);
+    return NULL;
+  }
+  if (n_slots > s->n_slots) {
+    struct mc_ep_route **r = realloc(s->route, sizeof *r * (size_t)n_slots * (size_t)n_layers);
+    if (!r) {
+      mc_error("expert parallelism: out of memory");
+      return NULL;
+    }
+    memset(r + (size_t)s->n_slots * n_layers, 0, sizeof *r * (size_t)(n_slots - s->n_slots) * (size_t)n_layers);
+    s->route = r, s->n_slots = n_slots;
+  }
+  return s;
 }
 
-struct mc_ep_route *mc_ep_route_of(mc_net_par *par, int n_layers, int layer) {
-  struct mc_ep_state *s = state_of(par, n_layers);
+struct mc_ep_route *mc_ep_route_of(mc_net_par *par, int n_layers, int layer, int slot) {
+  if (slot < 0 || layer < 0 || layer >= n_layers)
+    return mc_error("expert parallelism: no route for layer %d of slot %d", layer, slot), NULL;
+  struct mc_ep_state *s = state_of(par, n_layers, slot + 1);
   if (!s) return NULL;
-  if (!s->route[layer]) {
+  struct mc_ep_route **slotp = &s->route[(size_t)slot * n_layers + layer];
+  if (!*slotp) {
     const int ep = par->ep;
     struct mc_ep_route *r = calloc(1, sizeof *r);
     if (!r) return mc_error("expert parallelism: out of memory"), NULL;
@@ -93,9 +113,9 @@ struct mc_ep_route *mc_ep_route_of(mc_net_par *par, int n_layers, int layer) {
       free(r->send_rows), free(r->send_off), free(r->recv_rows), free(r->recv_off), free(r);
       return mc_error("expert parallelism: out of memory"), NULL;
     }
-    s->route[layer] = r;
+    *slotp = r;
   }
-  return s->route[layer];
+  return *slotp;
 }
 
 int mc_ep_plan(const mc_net_par *par, mc_backend *be, struct mc_ep_route *r, const int32_t *counts, int E, int d, int F) {

@@ -139,10 +139,8 @@ static int check_layout(const mc_geometry *geo, int rank, const mc_comm_groups *
   if (be->bf16_weights && l->zero != 0)
     return mc_error("not supported yet by the network: parallel.zero=%d with bf16 working weights (train.dtype=bf16); "
                     "set parallel.zero=0", l->zero);
-  /* ep > 1: train/dist_ep.c; an E layer keeps the exchange of one micro-batch at a time */
-  if (l->ep > 1 && l->pp > 1)
-    return mc_error("not supported yet by the network: ep=%d with pp=%d (expert parallelism inside pipeline stages)",
-                    l->ep, l->pp);
+  /* ep > 1: train/dist_ep.c; with pp > 1 an E layer keeps one exchange per micro-batch slot in
+   * flight (the EP group lies inside one stage and runs its 1F1B schedule in lockstep) */
   if (l->ep > 1 && comm && comm_size(comm->ep) != l->ep)
     return mc_error("network: the ep communicator has %d members, the layout ep=%d", comm_size(comm->ep), l->ep);
   if (rank < 0 || rank >= geo->world) return mc_error("network: rank %d outside world %d", rank, geo->world);

@@ -45,8 +45,9 @@ typedef struct {
   /* Host staging of the vocab-parallel cross-entropy (TP only). */
   float *logits_host, *lse_host; /* [n, Vpl], [n] */
   int32_t *tgt_host;   /* [n] */
-  struct mc_ep_state *ep_state; /* ep > 1: the E layers' exchange plans and saved expert rows
-                                   (train/dist_ep.c), made by the first forward */
+  struct mc_ep_state *ep_state; /* ep > 1: the E layers' exchange plans and saved expert rows,
+                                   one set per pipeline micro-batch slot (train/dist_ep.c),
+                                   made by the first forward of each slot */
 } mc_net_par;
 
 /* ---- tensor / sequence parallel pieces (train/dist_tp.c); each returns 0 or -1. The
@@ -85,7 +86,9 @@ int mc_sp_moe_aux(const mc_net_par *par, mc_backend *be, int E, const float *pro
  * (width d) to their owners and leaves what arrived expert-major in em (the rows of local
  * expert e from source 0, 1, ...); mc_ep_combine is its reverse. stage: mc_ep_scratch's. */
 struct mc_ep_route;
-struct mc_ep_route *mc_ep_route_of(mc_net_par *par, int n_layers, int layer);
+/* The route of layer `layer` for the micro-batch in activation slot `slot` (net->cur_slot under
+ * pipeline slots, else 0): each micro-batch in flight keeps its own, the scratch is shared. */
+struct mc_ep_route *mc_ep_route_of(mc_net_par *par, int n_layers, int layer, int slot);
 int mc_ep_plan(const mc_net_par *par, mc_backend *be, struct mc_ep_route *r, const int32_t *counts, int E, int d, int F);
 int64_t mc_ep_rows(const struct mc_ep_route *r);          /* rows received (R) */
 const int32_t *mc_ep_counts(const struct mc_ep_route *r); /* [E/ep] rows per local expert */

@@ -13,6 +13,13 @@ if(COMMAND mc_dist_test AND TARGET dist_train)
   mc_dist_test(dist.pp2_dp2_zero1 4 $<TARGET_FILE:dist_train> 1 2 0 1 --pp 2 --split equal)
   mc_dist_test(dist.pp2_dp2_zero3 4 $<TARGET_FILE:dist_train> 1 2 0 3 --pp 2 --split equal)
   mc_dist_test(dist.pp4 4 $<TARGET_FILE:dist_train> 1 1 0 0 --pp 4 --split equal --pattern AMERAEMR)
+  # Pipeline with expert parallelism (train/dist_ep.c keeps one EP route per E layer and
+  # micro-batch slot in flight): both stages hold E blocks, then splits where one stage has none
+  mc_dist_test(dist.pp2_dp2_ep2_zero0 4 $<TARGET_FILE:dist_train> 1 2 0 0 --ep 2 --pp 2 --split AEMR|AEMR)
+  mc_dist_test(dist.pp2_dp2_ep2_zero1 4 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2 --pp 2 --split equal --pattern AEMRAEMR)
+  mc_dist_test(dist.pp2_tp2_dp2_sp_ep2_zero1 8 $<TARGET_FILE:dist_train> 2 2 1 1 --ep 2 --pp 2 --split AEMR|AEMR)
+  mc_dist_test(dist.pp2_dp2_ep2_first_no_e 4 $<TARGET_FILE:dist_train> 1 2 0 0 --ep 2 --pp 2 --split AMR|EEE)
+  mc_dist_test(dist.pp2_dp2_ep2_last_no_e 4 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2 --pp 2 --split AME|R)
 
   # Save under pp2 (explicit AME|R) at step 5; resume as one rank and under another split.
   set(MC_DIST_PP_CKPT ${CMAKE_BINARY_DIR}/dist-pp-ckpt)

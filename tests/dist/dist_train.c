@@ -77,6 +77,18 @@ static int run_steps(const setup *S, mc_net *net, mc_dist_opt *d, const mc_layou
         dc_samples(&S->m, mc_data_first_sample(s, G, l->dp, c.dp_rank, mb, mi), mb, tok + (int64_t)mi * mb * (T + 1));
       if (mc_net_pipeline_step(net, tok, n_micro, mb, 1.0 / ((double)G * T), 1.0 / G, &tot)) goto fail;
       g_dropped += tot.dropped;
+      /* ep > 1: each micro-batch slot in flight keeps its own EP routes (the last micro-batch
+       * each slot ran); distinct slots never share one */
+      const int ns = net->n_slots > 1 ? net->n_slots : 1;
+      for (int L = net->L0; net->par.ep > 1 && L < net->L1; L++) {
+        if (!net->layers[L].bk->routes) continue;
+        for (int k = 0; k < ns; k++) {
+          struct mc_ep_route *r = mc_ep_route_of(&net->par, net->n_layers, L, k);
+          const int32_t *c = r ? mc_ep_counts(r) : NULL; /* NULL: no forward routed in this slot */
+          CHECK(c && (k == 0 || r != mc_ep_route_of(&net->par, net->n_layers, L, 0)), "layer %d slot %d: no EP route of its own", L, k);
+          for (int e = 0; c && e < S->m.n_experts / net->par.ep; e++) g_empty += c[e] == 0;
+        }
+      }
     }
     for (int mi = 0; l->pp <= 1 && mi < n_micro; mi++) {
       dc_samples(&S->m, mc_data_first_sample(s, G, l->dp, c.dp_rank, mb, mi), mb, tok);
@@ -85,7 +97,7 @@ static int run_steps(const setup *S, mc_net *net, mc_dist_opt *d, const mc_layou
       g_dropped += st.dropped;
       for (int L = 0; net->par.ep > 1 && L < net->n_layers; L++) {
         if (!net->layers[L].bk->routes) continue;
-        struct mc_ep_route *r = mc_ep_route_of(&net->par, net->n_layers, L);
+        struct mc_ep_route *r = mc_ep_route_of(&net->par, net->n_layers, L, 0);
         for (int e = 0; r && e < S->m.n_experts / net->par.ep; e++) g_empty += mc_ep_counts(r)[e] == 0;
       }
       tot.ce_sum += st.ce_sum, tot.aux_sum += st.aux_sum, tot.n_tokens += st.n_tokens, tot.n_seqs += st.n_seqs;

@@ -14,8 +14,8 @@
 # errors: a rank count that does not match the layout, tp=2 without mpirun and tp=2 with ep=2
 #         without sp are clear errors.
 # pp:     pipeline stages: pp=2 against one process (losses, gradient norms, val_loss), its
-#         step-5 checkpoint resumed as one process and at pp=2 under the split AEM|R, and
-#         pp=2 x dp=2 zero 1.
+#         step-5 checkpoint resumed as one process and at pp=2 under the split AEM|R,
+#         pp=2 x dp=2 zero 1, and pp=2 x dp=2 x ep=2 zero 1 (pipeline with expert parallelism).
 # async:  checkpoint.async_save under mpirun (the ranks' save threads meet through marker files):
 #         dp2 and tp2 x dp2 with checkpoint.every=2 write the same checkpoints, byte for byte (every
 #         rank file; the manifest but for its checkpoint.async_save line), as with async_save=false;
@@ -185,8 +185,11 @@ pp)
   "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${PPC[@]}" --set checkpoint.dir=e --set parallel.pp=2 \
     --set parallel.dp=2 --set parallel.zero=1 > e.log 2>&1 || { cat e.log; die "pp=2 x dp=2 zero 1 failed"; }
   same_losses one/metrics.jsonl e/metrics.jsonl 1 10
+  "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${PPC[@]}" --set checkpoint.dir=x --set parallel.pp=2 \
+    --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=1 > x.log 2>&1 || { cat x.log; die "pp=2 x dp=2 x ep=2 zero 1 failed"; }
+  same_losses one/metrics.jsonl x/metrics.jsonl 1 10
 
-  echo "loss at step 10: one process $(field one/metrics.jsonl loss 10), pp2 $(field a/metrics.jsonl loss 10), resumed as one process $(field c/metrics.jsonl loss 10), as pp2 AEM|R $(field d/metrics.jsonl loss 10), pp2 x dp2 zero 1 $(field e/metrics.jsonl loss 10)"
+  echo "loss at step 10: one process $(field one/metrics.jsonl loss 10), pp2 $(field a/metrics.jsonl loss 10), resumed as one process $(field c/metrics.jsonl loss 10), as pp2 AEM|R $(field d/metrics.jsonl loss 10), pp2 x dp2 zero 1 $(field e/metrics.jsonl loss 10), pp2 x dp2 x ep2 zero 1 $(field x/metrics.jsonl loss 10)"
   ;;
 async)
   for lay in "dp2 2 --set parallel.dp=2" "tp2dp2 4 --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero=1"; do

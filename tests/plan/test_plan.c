@@ -397,6 +397,19 @@ static void test_pipeline(void) {
     CHECK(p.ranks[0].bytes[MC_MEM_MOE_SCRATCH] == 0 && p.ranks[2].bytes[MC_MEM_MOE_SCRATCH] > 0, "moe scratch by stage");
     drop(&g, &p);
   }
+  /* pp with ep: the saved expert rows are kept per E layer and per micro-batch in flight
+   * (stage 0 holds two micro-batches, the last one), the exchange scratch once */
+  strcpy(m.pattern, "AEMRAEMR"), m.n_layers = 8;
+  CHECK_OK(make_plan(&m, layout(1, 2, 2, 2, 0, 0), &t, &g, &p));
+  if (p.ranks) {
+    const mc_stage_hold *a0 = &p.ranks[0].act, *a1 = &p.ranks[2].act;
+    const int64_t R = a0->moe_assignments;
+    CHECK(a0->inflight == 2 && a1->inflight == 1 && R > 0 && a1->moe_assignments == R, "pp2 ep2 in flight");
+    CHECK(a0->moe_layers == 2 * 1 * R * (64 + 3 * 128) * 4 && a1->moe_layers == 1 * 1 * R * (64 + 3 * 128) * 4 &&
+              a0->moe_exchange == a1->moe_exchange && a0->moe_scratch == a0->moe_layers + a0->moe_exchange,
+          "EP saved rows per micro-batch in flight: %lld, %lld", (long long)a0->moe_layers, (long long)a1->moe_layers);
+    drop(&g, &p);
+  }
 }
 
 static void test_units(void) {
