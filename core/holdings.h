@@ -122,10 +122,11 @@ typedef struct {
    * buffers), as train/dist_ep.c keeps it: R = (token, choice) rows this rank's experts
    * receive per micro-batch (balanced routing; the capacity bound with a capacity factor);
    * per E layer the received input rows [R, d] and the expert activations h1, h3, SwiGLU
-   * [R, F], all fp32, kept for the backward; once, the exchange staging [R, d], the returned
+   * [R, F], all fp32, kept for the backward (for each micro-batch in flight); once, the
+ * exchange staging [R, d], the returned
    * and gradient rows [R, d] x 2 and the backward's da, dh1, dh3 [R, F]. */
   int64_t moe_assignments; /* R */
-  int64_t moe_layers;      /* E layers of the stage x R (d + 3F) x 4 */
+  int64_t moe_layers;      /* in-flight micro-batches x E layers of the stage x R (d + 3F) x 4 */
   int64_t moe_exchange;    /* R (3d + 3F) x 4 */
   int64_t moe_scratch;     /* moe_layers + moe_exchange */
 } mc_stage_hold;

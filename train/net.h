@@ -48,8 +48,9 @@ mc_net *mc_net_create(const mc_geometry *geo, int rank, uint64_t seed);
 mc_net *mc_net_create_on(const mc_geometry *geo, int rank, uint64_t seed, mc_backend *be);
 /* The same for a rank of a parallel layout: `comm` holds the layout's groups (made by
  * mc_comm_make_groups for this layout; it must outlive the network). NULL is allowed only
- * when the world is one rank. ep must be 1; under pp > 1 the network holds its stage's
- * layers (train/pipeline.h runs the stages). A world of more than one rank needs a
+ * when the world is one rank. Under pp > 1 the network holds its stage's layers
+ * (train/pipeline.h runs the stages); under ep > 1 its E layers hold their experts' slice and
+ * exchange rows over the ep group (train/dist_ep.c). A world of more than one rank needs a
  * host-memory backend (the CPU). */
 mc_net *mc_net_create_dist(const mc_geometry *geo, int rank, uint64_t seed, const mc_comm_groups *comm);
 mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, const mc_comm_groups *comm,
