@@ -59,6 +59,30 @@ same_losses() {
   done
 }
 
+# wait_for_steps DIR N: until DIR holds a committed checkpoint and DIR/metrics.jsonl logs N
+# steps (60 s at most)
+wait_for_steps() {
+  for i in $(seq 1 600); do
+    [ -e "$1/latest" ] && [ "$(grep -c '"step"' "$1/metrics.jsonl" 2>/dev/null)" -ge "$2" ] 2>/dev/null && return 0
+    sleep 0.1
+  done
+}
+# kill_one_rank MPID N: SIGKILL to the last of mpirun MPID's N mctrain ranks; the job must end
+# within 30 s (a hang is killed and fails the test). Leaves the job's status in $killed_rc.
+kill_one_rank() {
+  local ranks
+  ranks=$(pgrep -P "$1" mctrain)
+  [ "$(echo $ranks | wc -w)" = "$2" ] || die "expected the $2 mctrain ranks as children of mpirun, found: $ranks"
+  kill -KILL $(echo $ranks | awk '{ print $NF }')
+  for i in $(seq 1 300); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$1" 2>/dev/null; then
+    kill -KILL $ranks "$1" 2>/dev/null
+    die "the job was still running 30 s after one rank was killed (a hang)"
+  fi
+  wait "$1"
+  killed_rc=$?
+}
+
 case "$MODE" in
 equal)
   COMMON+=(--set train.eval_every=5 --set train.eval_batches=1) # 8 validation sequences, split over DP
@@ -127,24 +151,11 @@ kill)
   "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${long[@]}" --set checkpoint.dir=k --set parallel.pp=2 \
     --set parallel.dp=2 > k.log 2>&1 &
   mpid=$!
-  for i in $(seq 1 600); do
-    [ -e k/latest ] && [ "$(grep -c '"step"' k/metrics.jsonl 2>/dev/null)" -ge 4 ] 2>/dev/null && break
-    sleep 0.1
-  done
-  ranks=$(pgrep -P $mpid mctrain)
-  [ "$(echo $ranks | wc -w)" = 4 ] || die "expected the 4 mctrain ranks as children of mpirun, found: $ranks"
-  victim=$(echo $ranks | awk '{ print $NF }')
+  wait_for_steps k 4
   t0=$(date +%s)
-  kill -KILL $victim
-  for i in $(seq 1 300); do kill -0 $mpid 2>/dev/null || break; sleep 0.1; done
-  if kill -0 $mpid 2>/dev/null; then
-    pkill -KILL -P $mpid mctrain; kill -KILL $mpid
-    die "the job was still running 30 s after one rank was killed (a hang)"
-  fi
-  wait $mpid
-  rc=$?
-  echo "one of 4 ranks killed: the job ended in $(( $(date +%s) - t0 )) s with status $rc"
-  [ $rc != 0 ] || die "the job with a killed rank exited with status 0"
+  kill_one_rank $mpid 4
+  echo "one of 4 ranks killed: the job ended in $(( $(date +%s) - t0 )) s with status $killed_rc"
+  [ $killed_rc != 0 ] || die "the job with a killed rank exited with status 0"
   grep -q "process rank [0-9]* with PID .* exited on signal 9" k.log || { tail -20 k.log; die "no message naming the killed rank"; }
   "$B/mcaudit" k --verify --no-progress > k_audit.log 2>&1 || { cat k_audit.log; die "the last committed checkpoint does not verify"; }
   ;;
@@ -230,21 +241,11 @@ async)
   long=("${COMMON[@]}" --set train.steps=5000 --set checkpoint.every=1 --set checkpoint.keep=3)
   "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${long[@]}" --set checkpoint.dir=k --set parallel.dp=2 > k.log 2>&1 &
   mpid=$!
-  for i in $(seq 1 600); do
-    [ -e k/latest ] && [ "$(grep -c '"step"' k/metrics.jsonl 2>/dev/null)" -ge 6 ] 2>/dev/null && break
-    sleep 0.1
-  done
-  ranks=$(pgrep -P $mpid mctrain)
-  [ "$(echo $ranks | wc -w)" = 2 ] || die "expected the 2 mctrain ranks as children of mpirun, found: $ranks"
+  wait_for_steps k 6
   inflight=0
   for i in $(seq 1 2000); do ls -d k/step_*.tmp > /dev/null 2>&1 && { inflight=1; break; }; done
-  kill -KILL $(echo $ranks | awk '{ print $NF }')
-  for i in $(seq 1 300); do kill -0 $mpid 2>/dev/null || break; sleep 0.1; done
-  if kill -0 $mpid 2>/dev/null; then
-    kill -KILL $ranks $mpid 2>/dev/null
-    die "the job was still running 30 s after one rank was killed (a hang)"
-  fi
-  wait $mpid && die "the job with a killed rank exited with status 0"
+  kill_one_rank $mpid 2
+  [ $killed_rc != 0 ] || die "the job with a killed rank exited with status 0"
   "$B/mcaudit" k --verify --no-progress > k_audit.log 2>&1 || { cat k_audit.log; die "latest does not verify after SIGKILL during an async save"; }
   echo "SIGKILL during an async save (a step_N.tmp was seen: $inflight): latest $(tr -d '\n' < k/latest | sed 's/.*"step":[[:space:]]*\([0-9]*\).*/\1/') verifies"
   ;;
