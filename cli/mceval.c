@@ -51,7 +51,7 @@ static void usage(FILE *f) {
 
 static int eval(const char *ckpt_path, const char *data_path, int64_t batches, int split_all, int verify,
                 const char *device, int cfg_argc, char **cfg_argv) {
-  mc_backend *be = mc_train_backend(device, "fp32", 1); /* before any reading: a bad device fails fast */
+  mc_backend *be = mc_train_backend(device, "fp32", 0); /* GPU 0; before any reading: a bad device fails fast */
   if (!be) return -1;
   mc_ckpt_open_opts oo;
   mc_ckpt_open_opts_default(&oo);

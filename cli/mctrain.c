@@ -1,7 +1,9 @@
 /* mctrain: trains the configured model (with no arguments, the embedded default config).
  *
  *   mctrain [--config FILE] [--set section.key=value]... [--resume latest|DIR] [--until STEP] [--quiet]
- *   mpirun -np N mctrain --set parallel.tp=2 --set parallel.dp=2 ...   (N = tp*dp*pp)
+ *   mpirun -np N mctrain --set parallel.tp=2 --set parallel.dp=2 ...   (N = tp*dp*pp; CPU: MPI, GPU: NCCL)
+ *   mctrain --nproc-per-node N [--nnodes M --node-rank K] --set train.device=cuda ...  (N GPU workers)
+ *   torchrun / srun: one mctrain per GPU, ranks from RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT
  *
  * SIGINT or SIGTERM ends the run after the current step with a checkpoint of it (exit
  * status 128 + signal); see docs/training.md. */
@@ -18,6 +20,7 @@
 #include "cli/cli_opts.h"
 #include "core/config.h"
 #include "comm/comm.h"
+#include "comm/launch.h"
 #include "plan/plan.h"
 #include "train/trainer.h"
 #include "util/error.h"
@@ -42,7 +45,10 @@ static void usage(FILE *f) {
           "  --resume DIR      continue from a checkpoint directory (a run directory or a step_N)\n"
           "  --until STEP      stop after STEP steps (the schedule still spans train.steps)\n"
           "  --quiet           no progress output\n"
-          "  parallel layouts: mpirun -np <tp*dp*pp> mctrain --set parallel.tp=2 --set parallel.dp=2 ... (docs/parallel.md)\n");
+          "  --nproc-per-node N  start N local GPU workers (ranks of one job, one per GPU; needs train.device=cuda)\n"
+          "  --nnodes M --node-rank K  with --nproc-per-node: this host is node K of M (MASTER_ADDR/MASTER_PORT: node 0)\n"
+          "  parallel layouts: mpirun -np <tp*dp*pp> mctrain --set parallel.tp=2 --set parallel.dp=2 ... (docs/parallel.md);\n"
+          "  on GPUs also torchrun/srun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or --nproc-per-node\n");
 }
 
 /* Started by mpirun (Open MPI, or a PMI launcher): then every process is one rank. A plain
@@ -51,7 +57,47 @@ static int under_mpirun(void) {
   return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
 }
 
-static int run_main(int argc, char **argv, mc_comm *world);
+static int run_main(int argc, char **argv, const mc_launch *launch, mc_comm *mpi_world);
+static int run_training(mc_config *cfg, int argc, char **argv, mc_comm *world, int local_rank);
+
+/* The launcher's own options (--nproc-per-node N, --nnodes M, --node-rank K) are taken out of
+ * argv before anything else, so the workers it starts see the rest unchanged. 1 when
+ * --nproc-per-node was given; -1 on a malformed value (mc_error set). */
+static int take_launch_opts(int *argc, char **argv, int v[3]) {
+  static const char *names[3] = {"--nproc-per-node", "--nnodes", "--node-rank"};
+  v[0] = 0, v[1] = 1, v[2] = 0;
+  int seen[3] = {0, 0, 0}, out = 1;
+  for (int i = 1; i < *argc; i++) {
+    int k = -1;
+    const char *val = NULL;
+    for (int j = 0; j < 3 && k < 0; j++) {
+      size_t n = strlen(names[j]);
+      if (!strcmp(argv[i], names[j])) k = j, val = i + 1 < *argc ? argv[++i] : NULL;
+      else if (!strncmp(argv[i], names[j], n) && argv[i][n] == '=') k = j, val = argv[i] + n + 1;
+    }
+    if (k < 0) {
+      argv[out++] = argv[i];
+      continue;
+    }
+    int64_t x = 0;
+    if (!val || cli_int(names[k], val, k == 2 ? 0 : 1, 4096, k == 2 ? "a node index" : "a positive count", &x) != 0) {
+      if (!val) mc_error("%s needs a value", names[k]);
+      return -1;
+    }
+    v[k] = (int)x, seen[k] = 1;
+  }
+  argv[out] = NULL;
+  *argc = out;
+  if ((seen[1] || seen[2]) && !seen[0]) return mc_error("--nnodes and --node-rank go with --nproc-per-node N");
+  return seen[0];
+}
+
+/* The seconds a collective may wait before the job is declared stalled (MEGAC_COMM_TIMEOUT_S). */
+static double comm_timeout(void) {
+  const char *s = getenv("MEGAC_COMM_TIMEOUT_S");
+  double t = s ? strtod(s, NULL) : 0.0;
+  return t > 0 ? t : 600.0;
+}
 
 /* mcplan's per-category prediction for rank 0 of this config (what mcplan prints with its
  * default options), for the trainer's step-1 memory report. 0; 1 when the config has no
@@ -72,12 +118,31 @@ static int predict_memory(const mc_config *cfg, int world_size, int64_t out[MC_M
 }
 
 int main(int argc, char **argv) {
+  int lv[3];
+  int nproc = take_launch_opts(&argc, argv, lv);
+  if (nproc < 0) return cli_bad_usage("mctrain", usage);
+  if (nproc > 0) {
+    mc_launch env;
+    if (mc_launch_read(&env) != 0) {
+      fprintf(stderr, "mctrain: --nproc-per-node inside a launch (%s already started this process as rank %d of %d)\n",
+              env.by ? env.by : "?", env.rank, env.size);
+      return 2;
+    }
+    int rc = mc_launch_local(lv[0], lv[1], lv[2], argv);
+    if (rc == 2) fprintf(stderr, "mctrain: %s\n", mc_errmsg());
+    return rc;
+  }
+  mc_launch launch;
+  if (mc_launch_read(&launch) < 0) {
+    fprintf(stderr, "mctrain: %s\n", mc_errmsg());
+    return 2;
+  }
   mc_comm *world = NULL;
   if (under_mpirun() && mc_comm_mpi_init(&argc, &argv, &world) != 0) {
     fprintf(stderr, "mctrain: %s\n", mc_errmsg());
     return 1;
   }
-  int rc = run_main(argc, argv, world);
+  int rc = run_main(argc, argv, &launch, world);
   if (world) {
     /* A failure on some ranks only would leave the others waiting in a collective; the
      * failing rank has printed its error and ends them all. */
@@ -87,16 +152,49 @@ int main(int argc, char **argv) {
   return rc;
 }
 
-static int run_main(int argc, char **argv, mc_comm *world) {
+/* The run's world: none for one process; MPI's for CPU ranks under mpirun; an NCCL world for
+ * GPU ranks (the NCCL id handed out over MPI under mpirun, else by the TCP rendezvous). 0, or
+ * 1 with the message printed. */
+static int make_world(const mc_config *cfg, const mc_launch *l, mc_comm *mpi_world, mc_comm **world) {
+  *world = NULL;
+  if (l->size <= 1) return 0;
+  if (!strcmp(cfg->train.device, "cuda")) {
+    if (mc_comm_nccl_init(l, l->local_rank, mpi_world, comm_timeout(), world) == 0) return 0;
+    fprintf(stderr, "mctrain: %s\n", mc_errmsg());
+    return 1;
+  }
+  if (mpi_world) {
+    *world = mpi_world;
+    return 0;
+  }
+  if (l->rank == 0)
+    fprintf(stderr, "mctrain: train.device=%s with %d ranks from %s: CPU ranks run under mpirun (mpirun -np %d mctrain "
+                    "...); torchrun, srun and --nproc-per-node start GPU ranks (set train.device=cuda)\n",
+            cfg->train.device, l->size, l->by, l->size);
+  return 1;
+}
+
+static int run_main(int argc, char **argv, const mc_launch *launch, mc_comm *mpi_world) {
   mc_config cfg;
   if (mc_config_from_args(&cfg, &argc, argv) != 0) {
     fprintf(stderr, "mctrain: %s\n", mc_errmsg());
     return 2;
   }
+  mc_comm *world = NULL;
+  if (make_world(&cfg, launch, mpi_world, &world) != 0) return 1;
+  int rc = run_training(&cfg, argc, argv, world, launch->local_rank);
+  /* A failed rank does not finish the world: its exit ends the job through the watch
+   * (comm/rendezvous.h), or mpirun's abort */
+  if (world && world != mpi_world && (rc == 0 || rc >= 128)) world->ops->destroy(world);
+  return rc;
+}
+
+static int run_training(mc_config *cfg, int argc, char **argv, mc_comm *world, int local_rank) {
   mc_trainer_opts opts;
   memset(&opts, 0, sizeof opts);
   opts.progress = world && world->rank != 0 ? NULL : stdout; /* rank 0 reports */
   opts.world = world;
+  opts.gpu = world && !strcmp(world->ops->name, "nccl") ? local_rank : 0;
   cli_parser p;
   int npos = 0;
   cli_init(&p, argc, argv, "h", LONG_OPTS);
@@ -135,11 +233,11 @@ static int run_main(int argc, char **argv, mc_comm *world) {
   int64_t predicted[MC_MEM_COUNT];
   if (opts.progress || !world || world->rank == 0) {
     /* Without a prediction the run still trains; the report is left out. */
-    int pr = predict_memory(&cfg, world ? world->size : 1, predicted);
+    int pr = predict_memory(cfg, world ? world->size : 1, predicted);
     if (pr == 0) opts.mem_predicted = predicted;
     else if (pr < 0) fprintf(stderr, "mctrain: no memory report: mcplan's prediction failed: %s\n", mc_errmsg());
   }
-  if (mc_train(&cfg, &opts) != 0) {
+  if (mc_train(cfg, &opts) != 0) {
     fflush(stdout);
     if (world && world->size > 1)
       fprintf(stderr, "%smctrain: rank %d: %s\n", opts.progress_tty ? "\n" : "", world->rank, mc_errmsg());

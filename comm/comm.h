@@ -1,12 +1,15 @@
 /* The collective interface the trainer uses: one communicator type with a backend vtable, so
- * the MPI backend (CPU ranks, comm/comm_mpi.c) and an NCCL backend (GPU ranks) are
- * interchangeable. Buffers are host memory for MPI and device memory for NCCL. Every call
- * returns 0, or -1 with mc_error naming the operation and group. */
+ * the MPI backend (CPU ranks, comm/comm_mpi.c) and the NCCL backend (GPU ranks, one process
+ * per GPU, comm/comm_nccl.c) are interchangeable. Buffers are host memory for MPI; for NCCL
+ * they may be device memory (used in place) or host memory (staged through the device).
+ * Every call is complete when it returns (the buffers may be reused) and returns 0, or -1
+ * with mc_error naming the operation and group. */
 #ifndef MC_COMM_COMM_H
 #define MC_COMM_COMM_H
 
 #include <stdint.h>
 
+#include "comm/launch.h"
 #include "core/layout.h"
 
 typedef enum { MC_DT_F32 = 0, MC_DT_F64 = 1, MC_DT_I32 = 2, MC_DT_I64 = 3, MC_DT_U8 = 4 } mc_dtype;
@@ -28,6 +31,9 @@ typedef struct {
   int (*recv)(mc_comm *c, void *buf, int64_t count, mc_dtype t, int peer, int tag);
   int (*bcast)(mc_comm *c, void *buf, int64_t count, mc_dtype t, int root);
   int (*barrier)(mc_comm *c);
+  /* The communicator of the members that pass the same color, ordered by key (collective
+   * over c, as MPI_Comm_split): NULL with mc_error set on failure. */
+  mc_comm *(*split)(mc_comm *c, int color, int key, const char *label);
   void (*destroy)(mc_comm *c);
 } mc_comm_ops;
 
@@ -49,8 +55,21 @@ typedef struct {
  * MPI_Finalize after destroying every communicator it made. */
 int mc_comm_mpi_init(int *argc, char ***argv, mc_comm **world);
 void mc_comm_mpi_finalize(void);
-/* Splits the world into the layout's groups. Fails with a clear error when the world size
- * differs from tp*dp*pp ("world size tp*dp*pp=4 does not equal the 2 ranks launched"). */
+/* NCCL backend (comm/comm_nccl.c; built where nccl.h exists). The world of l->rank of l->size
+ * processes on CUDA device `device`: rank 0 makes the NCCL unique id and hands it out by
+ * broadcast over `mpi_world` when given (under mpirun), else through the TCP rendezvous at
+ * MASTER_ADDR:MASTER_PORT (comm/rendezvous.h), which also watches the other processes: a
+ * process that ends without finishing ends the whole job (rank 0 names it). Each operation
+ * waits at most `timeout_s` seconds (then the communicator is aborted and the call fails
+ * naming the operation and group). The rank, size and rendezvous address come from l
+ * (comm/launch.h). */
+int mc_comm_nccl_init(const mc_launch *l, int device, mc_comm *mpi_world, double timeout_s, mc_comm **world);
+/* 1 when this build has the NCCL backend. */
+int mc_comm_have_nccl(void);
+
+/* Splits the world into the layout's groups (through the world's split). Fails with a clear
+ * error when the world size differs from tp*dp*pp ("world size tp*dp*pp=4 does not equal the
+ * 2 ranks launched"). */
 int mc_comm_make_groups(mc_comm *world, const mc_layout *l, mc_comm_groups *out);
 void mc_comm_free_groups(mc_comm_groups *g);
 

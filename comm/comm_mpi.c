@@ -121,6 +121,17 @@ static int mpi_bcast(mc_comm *c, void *buf, int64_t count, mc_dtype t, int root)
 
 static int mpi_barrier(mc_comm *c) { return check_mpi(MPI_Barrier(handle(c)), c, "barrier"); }
 
+static mc_comm *wrap(MPI_Comm h, const char *label, int world_rank);
+
+static mc_comm *mpi_split(mc_comm *c, int color, int key, const char *label) {
+  MPI_Comm h;
+  if (check_mpi(MPI_Comm_split(handle(c), color, key, &h), c, "comm_split")) return NULL;
+  MPI_Comm_set_errhandler(h, MPI_ERRORS_RETURN);
+  mc_comm *out = wrap(h, label, c->world_rank);
+  if (!out) MPI_Comm_free(&h);
+  return out;
+}
+
 static void mpi_destroy(mc_comm *c) {
   if (!c) return;
   MPI_Comm *h = c->impl;
@@ -131,7 +142,7 @@ static void mpi_destroy(mc_comm *c) {
 
 static const mc_comm_ops MPI_OPS = {
     "mpi", mpi_allreduce, mpi_reduce_scatter, mpi_allgather, mpi_alltoallv,
-    mpi_send, mpi_recv, mpi_bcast, mpi_barrier, mpi_destroy,
+    mpi_send, mpi_recv, mpi_bcast, mpi_barrier, mpi_split, mpi_destroy,
 };
 
 static mc_comm *wrap(MPI_Comm h, const char *label, int world_rank) {
@@ -170,45 +181,3 @@ void mc_comm_mpi_finalize(void) {
   if (!fin) MPI_Finalize();
 }
 
-typedef int (*group_fn)(const mc_layout *, int, int *);
-
-static mc_comm *split_by(mc_comm *world, const mc_layout *l, group_fn members_of, const char *label) {
-  int *members = malloc(sizeof(int) * (size_t)world->size);
-  if (!members) {
-    mc_error("out of memory creating the %s group", label);
-    return NULL;
-  }
-  members_of(l, world->rank, members);
-  int color = members[0]; /* the group's lowest rank names it */
-  free(members);
-  MPI_Comm h;
-  if (check_mpi(MPI_Comm_split(handle(world), color, world->rank, &h), world, "comm_split")) return NULL;
-  MPI_Comm_set_errhandler(h, MPI_ERRORS_RETURN);
-  return wrap(h, label, world->rank);
-}
-
-int mc_comm_make_groups(mc_comm *world, const mc_layout *l, mc_comm_groups *out) {
-  memset(out, 0, sizeof *out);
-  int want = mc_layout_world(l);
-  if (want != world->size)
-    return mc_error("world size tp*dp*pp=%d*%d*%d=%d does not equal the %d ranks launched", l->tp, l->dp, l->pp, want,
-                    world->size);
-  out->world = world;
-  out->tp = split_by(world, l, mc_group_tp, "tp");
-  out->dp = split_by(world, l, mc_group_dp, "dp");
-  out->pp = split_by(world, l, mc_group_pp, "pp");
-  out->ep = split_by(world, l, mc_group_ep, "ep");
-  out->edp = split_by(world, l, mc_group_edp, "edp");
-  if (!out->tp || !out->dp || !out->pp || !out->ep || !out->edp) {
-    mc_comm_free_groups(out);
-    return -1;
-  }
-  return 0;
-}
-
-void mc_comm_free_groups(mc_comm_groups *g) {
-  mc_comm *sub[] = {g->tp, g->dp, g->pp, g->ep, g->edp};
-  for (int i = 0; i < 5; i++)
-    if (sub[i]) sub[i]->ops->destroy(sub[i]);
-  g->tp = g->dp = g->pp = g->ep = g->edp = NULL;
-}

@@ -11,7 +11,7 @@
 
 int mc_backend_is_host(const mc_backend *be) { return be == mc_backend_cpu(); }
 
-mc_backend *mc_train_backend(const char *device, const char *dtype, int world_size) {
+mc_backend *mc_train_backend(const char *device, const char *dtype, int gpu) {
   int bf16 = !strcmp(dtype, "bf16");
   if (!bf16 && strcmp(dtype, "fp32") != 0) {
     mc_error("train.dtype=%s is not a compute dtype (fp32 or bf16)", dtype);
@@ -27,18 +27,19 @@ mc_backend *mc_train_backend(const char *device, const char *dtype, int world_si
     mc_error("train.device=%s is not a device (cpu or cuda)", device);
     return NULL;
   }
-  if (world_size > 1) {
-    mc_error("train.device=cuda with %d processes: multi-process (mpirun) runs train on the CPU backend only "
-             "for now (set train.device=cpu, or train one process on the GPU)", world_size);
-    return NULL;
-  }
 #ifdef MC_HAVE_CUDA
-  if (mc_cuda_device_count() == 0) {
+  const int n_gpu = mc_cuda_device_count();
+  if (n_gpu == 0) {
     mc_error("train.device=cuda but no CUDA device is available: no GPU or no NVIDIA driver was found "
              "(set train.device=cpu)");
     return NULL;
   }
-  mc_backend *be = bf16 ? mc_backend_cuda_bf16(0) : mc_backend_cuda(0);
+  if (gpu < 0 || gpu >= n_gpu) {
+    mc_error("train.device=cuda: this process's local rank %d asks for CUDA device %d, but %d are visible (start at "
+             "most one process per GPU on a host)", gpu, gpu, n_gpu);
+    return NULL;
+  }
+  mc_backend *be = bf16 ? mc_backend_cuda_bf16(gpu) : mc_backend_cuda(gpu);
   if (!be) {
     char why[MC_ERRMSG_MAX];
     snprintf(why, sizeof why, "%s", mc_errmsg());

@@ -4,13 +4,12 @@
 
 #include "kernels/ops.h"
 
-/* The backend for train.device = "cpu" (the reference) or "cuda" (device 0 of the process)
- * and train.dtype = "fp32", or "bf16" on "cuda" only: the bf16-products instance
- * (mc_backend_cuda_bf16: matrix products on bf16 tensor cores, everything else fp32).
- * world_size is the number of processes of the run: for now multi-process runs train on
- * the CPU only, so "cuda" with world_size > 1 is refused. NULL with mc_error naming the key
- * when the device does not exist in this build or on this machine. */
-mc_backend *mc_train_backend(const char *device, const char *dtype, int world_size);
+/* The backend for train.device = "cpu" (the reference) or "cuda" (CUDA device `gpu` of the
+ * process: its local rank under a multi-process launch, else 0) and train.dtype = "fp32", or
+ * "bf16" on "cuda" only: the bf16-products instance (mc_backend_cuda_bf16: matrix products
+ * on bf16 tensor cores, everything else fp32). NULL with mc_error naming the key when the
+ * device does not exist in this build or on this machine. */
+mc_backend *mc_train_backend(const char *device, const char *dtype, int gpu);
 
 /* 1 when the backend's tensors are ordinary host memory (the CPU backend): code may then
  * read them directly, hand them to MPI or to the checkpoint library without staging. */

@@ -129,9 +129,11 @@ static int comm_size(const mc_comm *c) { return c ? c->size : 1; }
 static int check_layout(const mc_geometry *geo, int rank, const mc_comm_groups *comm, const mc_backend *be) {
   const mc_layout *l = &geo->layout;
   if (!be) return mc_error("network: no backend given");
-  /* The collectives (train/dist_*.c) hand backend buffers to MPI as host memory. */
-  if (geo->world > 1 && !mc_backend_is_host(be))
-    return mc_error("network: a world of %d ranks runs on the CPU backend only (got backend %s)", geo->world, be->name);
+  /* The collectives (train/dist_*.c) hand backend buffers to the communicator: MPI takes
+   * host memory, so a device backend needs NCCL (comm/comm_nccl.c). */
+  if (geo->world > 1 && comm && comm->world && mc_backend_is_host(be) != !strcmp(comm->world->ops->name, "mpi"))
+    return mc_error("network: backend %s cannot use the %s communicator (CPU ranks use MPI, GPU ranks NCCL)", be->name,
+                    comm->world->ops->name);
   /* pp > 1: each rank builds its stage's layers; train/pipeline.c moves the boundary rows */
   if (l->pp > 1 && comm && comm_size(comm->pp) != l->pp)
     return mc_error("network: the pp communicator has %d members, the layout %d stages", comm_size(comm->pp), l->pp);

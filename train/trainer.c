@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "train/device.h"
 #include "train/dist.h"
@@ -244,6 +245,39 @@ static void fmt_duration(double s, char *buf, size_t cap) {
   else snprintf(buf, cap, "%.0fs", s);
 }
 
+/* Every rank must see one checkpoint.dir: rank 0 commits a checkpoint once the other ranks'
+ * files and markers are there (ckpt/ckpt_async.c), so directories local to each host of a
+ * multi-host job cannot work. Rank 0 writes a token there; every rank reads it back. */
+static int check_shared_dir(const run *r, const char *dir) {
+  mc_comm *w = r->comm->world;
+  char token[64], seen[64], path[MC_PATH_MAX + 32];
+  memset(token, 0, sizeof token), memset(seen, 0, sizeof seen);
+  snprintf(path, sizeof path, "%s/.shared_check", dir);
+  if (w->rank == 0) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(token, sizeof token, "%ld.%ld.%ld", (long)getpid(), (long)ts.tv_sec, ts.tv_nsec);
+    FILE *f = fopen(path, "w");
+    int ok = f && fputs(token, f) >= 0;
+    if ((f && fclose(f) != 0) || !ok) return mc_error("cannot write %s: %s", path, strerror(errno));
+  }
+  /* the broadcast also orders every reader after rank 0's write */
+  if (mc_bcast(w, token, (int64_t)sizeof token, MC_DT_U8, 0)) return mc_error_context("checking checkpoint.dir");
+  FILE *f = fopen(path, "r");
+  if (f) {
+    if (!fgets(seen, sizeof seen, f)) seen[0] = 0;
+    fclose(f);
+  }
+  int32_t missing = strcmp(seen, token) != 0;
+  if (mc_allreduce_sum(w, &missing, 1, MC_DT_I32)) return mc_error_context("checking checkpoint.dir");
+  if (w->rank == 0) remove(path);
+  if (missing)
+    return mc_error("checkpoint.dir %s is not shared: %d of the %d ranks do not see rank 0's files there (every rank "
+                    "must reach one directory, e.g. on a shared file system; directories local to each host are not "
+                    "supported)", dir, (int)missing, w->size);
+  return 0;
+}
+
 static int setup(run *r) {
   const mc_config *cfg = r->cfg;
   const mc_train_cfg *t = &cfg->train;
@@ -266,7 +300,7 @@ static int setup(run *r) {
     return mc_error("train.recompute=%s is not implemented by the trainer: it keeps every activation for the "
                     "backward (set train.recompute=none; mcplan --set train.recompute=%s shows what it would save)",
                     t->recompute, t->recompute);
-  mc_backend *be = mc_train_backend(t->device, t->dtype, world_size);
+  mc_backend *be = mc_train_backend(t->device, t->dtype, r->opts->gpu);
   if (!be) return -1;
   if (t->steps < 1) return mc_error("train.steps=%d must be at least 1", t->steps);
   if (mc_data_open(&r->data, cfg->data.path, cfg->model.seq_len, cfg->data.val_fraction) != 0) return -1;
@@ -298,6 +332,7 @@ static int setup(run *r) {
                       "choose another directory with --set checkpoint.dir=...", cfg->checkpoint.dir, latest);
   }
   if (mkdir_p(cfg->checkpoint.dir) != 0) return -1;
+  if (r->comm && check_shared_dir(r, cfg->checkpoint.dir) != 0) return -1;
   r->last_saved = r->start_step;
   r->end_step = r->opts->until > 0 && r->opts->until < t->steps ? r->opts->until : t->steps;
 

@@ -26,9 +26,11 @@ typedef struct {
   volatile sig_atomic_t *stop;
   int stopped;
   int stop_signal; /* when stopped: the value *stop held (the largest over the ranks) */
-  /* The MPI world (mc_comm_mpi_init) when launched under mpirun; NULL for one process. Its
-   * size must equal tp*dp*pp of cfg->parallel. Pass progress = NULL on ranks other than 0. */
+  /* The world of a multi-process run: MPI (mc_comm_mpi_init) for train.device=cpu, NCCL
+   * (mc_comm_nccl_init) for cuda; NULL for one process. Its size must equal tp*dp*pp of
+   * cfg->parallel. Pass progress = NULL on ranks other than 0. */
   mc_comm *world;
+  int gpu; /* the CUDA device of this process (its local rank) when train.device=cuda */
   /* mcplan's prediction for rank 0 under this config (mc_plan_build's bytes per category),
    * or NULL. When set, rank 0 prints the memory report after step 1 of a run that starts at
    * step 0 (train/memreport.h) to progress and writes it to the metrics log. */

@@ -171,7 +171,9 @@ errors)
   expect "cannot resume" "$B/mctrain" "${SMALL[@]}" "${T[@]}" --set data.path=corpus.h5 --resume nowhere
   expect "missing --data" "$B/mceval" e
   expect "larger than model.vocab_size" "$B/mceval" e --data big.h5
-  # Devices and precision: bf16 on the GPU only; a GPU run is one process; a bad device.
+  # Devices and precision: bf16 on the GPU only; a bad device. GPU ranks (NCCL) need a GPU
+  # each; the launchers' environment is checked (this machine may have no GPU: the GPU side of
+  # the launchers is tests/train/nccl_train.sh).
   expect "train.dtype=bf16 needs train.device=cuda" "$B/mctrain" "${SMALL[@]}" --set checkpoint.dir=f \
     --set data.path=corpus.h5 --set train.dtype=bf16
   expect "mceval: train.device=tpu is not a device" "$B/mceval" e --data corpus.h5 --device tpu
@@ -179,9 +181,20 @@ errors)
   expect "train.recompute=selective is not implemented by the trainer" "$B/mctrain" "${SMALL[@]}" \
     --set checkpoint.dir=rc --set data.path=corpus.h5 --set train.recompute=selective
   [ ! -e rc/latest ] || die "a refused recompute policy left a checkpoint"
-  if [ -n "${MC_MPIRUN:-}" ]; then
+  expect "CPU ranks run under mpirun" "$B/mctrain" --nproc-per-node 2 "${SMALL[@]}" --set checkpoint.dir=l1 \
+    --set data.path=corpus.h5 --set parallel.dp=2
+  expect "go with --nproc-per-node" "$B/mctrain" --nnodes 2 "${SMALL[@]}"
+  expect "--nproc-per-node" "$B/mctrain" --nproc-per-node 0
+  expect "MASTER_ADDR is not set" env WORLD_SIZE=2 RANK=1 "$B/mctrain" "${SMALL[@]}" --set train.device=cuda
+  expect "RANK=2 is not an integer in" env WORLD_SIZE=2 RANK=2 "$B/mctrain" "${SMALL[@]}"
+  if [ "$(nvidia-smi -L 2>/dev/null | grep -c GPU)" = 0 ]; then
+    expect "train.device=cuda with 2 processes" "$B/mctrain" --nproc-per-node 2 "${SMALL[@]}" --set checkpoint.dir=l2 \
+      --set data.path=corpus.h5 --set parallel.dp=2 --set train.device=cuda
+    [ ! -e l2/latest ] || die "a refused run left a checkpoint"
+  fi
+  if [ -n "${MC_MPIRUN:-}" ] && [ "$(nvidia-smi -L 2>/dev/null | grep -c GPU)" = 0 ]; then
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 \
-      expect "train.device=cuda with 2 processes: multi-process (mpirun) runs train on the CPU backend only" \
+      expect "train.device=cuda with 2 processes" \
       "$MC_MPIRUN" -np 2 "$B/mctrain" "${SMALL[@]}" --set checkpoint.dir=m --set data.path=corpus.h5 \
       --set parallel.dp=2 --set train.device=cuda
     [ ! -e m/latest ] || die "a refused run left a checkpoint"

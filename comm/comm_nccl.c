@@ -1,0 +1,369 @@
+/* NCCL backend of the collective interface (GPU ranks, one process per GPU; comm/comm.h).
+ *
+ * Every operation runs on one process-wide stream and is waited for before it returns, so
+ * the callers' rule stays the MPI one: after the call the buffers hold the result. The wait
+ * polls the stream and the communicator's asynchronous error, and gives up after the timeout
+ * (the communicator is then aborted), so a stalled or dead peer ends in an error naming the
+ * operation and group, never a hang. Host buffers (loss sums, routing counts) are staged
+ * through a device scratch buffer; unequal reduce-scatter and all-gather counts (ZeRO chunks
+ * differ by a row) run the equal-count NCCL collective over chunks padded to the largest. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, clock_gettime */
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/comm.h"
+#include "util/error.h"
+
+#ifdef MC_HAVE_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "comm/rendezvous.h"
+
+int mc_comm_have_nccl(void) { return 1; }
+
+/* The process's one device, stream and staging scratch. */
+static struct {
+  int device;
+  cudaStream_t stream;
+  char *scratch;
+  size_t scratch_cap;
+  double timeout_s;
+  mc_rdv *rdv;
+} P;
+
+typedef struct {
+  ncclComm_t comm;
+  int is_world;
+} nccl_impl;
+
+static ncclComm_t handle(mc_comm *c) { return ((nccl_impl *)c->impl)->comm; }
+
+static ncclDataType_t nccl_type(mc_dtype t) {
+  switch (t) {
+    case MC_DT_F32: return ncclFloat32;
+    case MC_DT_F64: return ncclFloat64;
+    case MC_DT_I32: return ncclInt32;
+    case MC_DT_I64: return ncclInt64;
+    case MC_DT_U8: return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+static int where(mc_comm *c, const char *op, const char *what, const char *detail) {
+  return mc_error("NCCL %s on the %s group (rank %d of %d, world rank %d): %s%s%s", op, c->label, c->rank, c->size,
+                  c->world_rank, what, detail ? ": " : "", detail ? detail : "");
+}
+
+static int check_nccl(ncclResult_t rc, mc_comm *c, const char *op) {
+  if (rc == ncclSuccess || rc == ncclInProgress) return 0;
+  const char *last = ncclGetLastError(handle(c));
+  return where(c, op, ncclGetErrorString(rc), last && *last ? last : NULL);
+}
+
+static int check_cuda(cudaError_t e, mc_comm *c, const char *op) {
+  return e == cudaSuccess ? 0 : where(c, op, "CUDA error", cudaGetErrorString(e));
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Waits for everything queued on the stream (the operation and its staging copies). */
+static int wait_done(mc_comm *c, const char *op) {
+  const double t0 = now_s();
+  for (long spin = 0;; spin++) {
+    cudaError_t e = cudaStreamQuery(P.stream);
+    if (e == cudaSuccess) return 0;
+    if (e != cudaErrorNotReady) return check_cuda(e, c, op);
+    ncclResult_t ar = ncclSuccess;
+    ncclCommGetAsyncError(handle(c), &ar);
+    if (ar != ncclSuccess && ar != ncclInProgress) {
+      int rc = check_nccl(ar, c, op);
+      ncclCommAbort(handle(c));
+      ((nccl_impl *)c->impl)->comm = NULL;
+      return rc;
+    }
+    if (now_s() - t0 > P.timeout_s) {
+      ncclCommAbort(handle(c));
+      ((nccl_impl *)c->impl)->comm = NULL;
+      char why[160];
+      snprintf(why, sizeof why, "not complete after %.0f s (MEGAC_COMM_TIMEOUT_S)", P.timeout_s);
+      return where(c, op, why, "a peer rank is stalled or gone");
+    }
+    if (spin > 2000) { /* a short busy spin first: most operations finish in microseconds */
+      struct timespec nap = {0, 50 * 1000};
+      nanosleep(&nap, NULL);
+    }
+  }
+}
+
+static int alive(mc_comm *c, const char *op) {
+  return handle(c) ? 0 : where(c, op, "the communicator was aborted by an earlier failure", NULL);
+}
+
+/* Device scratch of at least `bytes` (grown, never shrunk; every earlier use has completed). */
+static char *scratch(mc_comm *c, size_t bytes, const char *op) {
+  if (bytes <= P.scratch_cap) return P.scratch;
+  size_t cap = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes + bytes / 4;
+  if (P.scratch) cudaFree(P.scratch);
+  P.scratch = NULL, P.scratch_cap = 0;
+  if (check_cuda(cudaMalloc((void **)&P.scratch, cap), c, op)) return NULL;
+  P.scratch_cap = cap;
+  return P.scratch;
+}
+
+static int on_device(const void *p) {
+  struct cudaPointerAttributes a;
+  if (!p || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+/* A copy on the stream between any two of host and device memory (unified addressing). */
+static int copy(mc_comm *c, void *dst, const void *src, size_t bytes, const char *op) {
+  if (bytes == 0 || dst == src) return 0;
+  return check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, P.stream), c, op);
+}
+
+static int64_t max_count(const int64_t *counts, int n, int *equal) {
+  int64_t m = 0;
+  *equal = 1;
+  for (int i = 0; i < n; i++) m = counts[i] > m ? counts[i] : m;
+  for (int i = 0; i < n; i++) *equal &= counts[i] == m;
+  return m;
+}
+
+/* ------------------------------------------------------------------ operations */
+
+static int nc_allreduce(mc_comm *c, void *buf, int64_t count, mc_dtype t) {
+  const char *op = "allreduce";
+  if (count <= 0) return 0;
+  if (alive(c, op)) return -1;
+  const size_t bytes = (size_t)count * mc_dtype_size(t);
+  char *d = on_device(buf) ? buf : scratch(c, bytes, op);
+  if (!d || copy(c, d, buf, bytes, op)) return -1;
+  if (check_nccl(ncclAllReduce(d, d, (size_t)count, nccl_type(t), ncclSum, handle(c), P.stream), c, op)) return -1;
+  if (copy(c, buf, d, bytes, op)) return -1;
+  return wait_done(c, op);
+}
+
+static int nc_reduce_scatter(mc_comm *c, const void *send, void *recv, const int64_t *counts, mc_dtype t) {
+  const char *op = "reduce_scatter";
+  if (alive(c, op)) return -1;
+  int equal = 0;
+  const int64_t m = max_count(counts, c->size, &equal);
+  if (m == 0) return 0;
+  const size_t es = mc_dtype_size(t), mine = (size_t)counts[c->rank] * es;
+  if (equal && on_device(send) && on_device(recv)) {
+    if (check_nccl(ncclReduceScatter(send, recv, (size_t)m, nccl_type(t), ncclSum, handle(c), P.stream), c, op)) return -1;
+    return wait_done(c, op);
+  }
+  char *in = scratch(c, (size_t)m * es * ((size_t)c->size + 1), op), *out = in ? in + (size_t)m * es * c->size : NULL;
+  if (!in) return -1;
+  size_t at = 0;
+  for (int i = 0; i < c->size; i++) {
+    if (copy(c, in + (size_t)i * m * es, (const char *)send + at, (size_t)counts[i] * es, op)) return -1;
+    at += (size_t)counts[i] * es;
+  }
+  if (check_nccl(ncclReduceScatter(in, out, (size_t)m, nccl_type(t), ncclSum, handle(c), P.stream), c, op)) return -1;
+  if (copy(c, recv, out, mine, op)) return -1;
+  return wait_done(c, op);
+}
+
+static int nc_allgather(mc_comm *c, const void *send, void *recv, const int64_t *counts, mc_dtype t) {
+  const char *op = "allgather";
+  if (alive(c, op)) return -1;
+  int equal = 0;
+  const int64_t m = max_count(counts, c->size, &equal);
+  if (m == 0) return 0;
+  const size_t es = mc_dtype_size(t);
+  if (equal && on_device(send) && on_device(recv)) {
+    if (check_nccl(ncclAllGather(send, recv, (size_t)m, nccl_type(t), handle(c), P.stream), c, op)) return -1;
+    return wait_done(c, op);
+  }
+  char *in = scratch(c, (size_t)m * es * ((size_t)c->size + 1), op), *out = in ? in + (size_t)m * es : NULL;
+  if (!in || copy(c, in, send, (size_t)counts[c->rank] * es, op)) return -1;
+  if (check_nccl(ncclAllGather(in, out, (size_t)m, nccl_type(t), handle(c), P.stream), c, op)) return -1;
+  size_t at = 0;
+  for (int i = 0; i < c->size; i++) {
+    if (copy(c, (char *)recv + at, out + (size_t)i * m * es, (size_t)counts[i] * es, op)) return -1;
+    at += (size_t)counts[i] * es;
+  }
+  return wait_done(c, op);
+}
+
+static int nc_alltoallv(mc_comm *c, const void *send, const int64_t *sc, const int64_t *sd, void *recv,
+                        const int64_t *rc, const int64_t *rd, mc_dtype t) {
+  const char *op = "alltoallv";
+  if (alive(c, op)) return -1;
+  const size_t es = mc_dtype_size(t);
+  int64_t s_end = 0, r_end = 0;
+  for (int i = 0; i < c->size; i++) {
+    if (sc[i] > 0 && sd[i] + sc[i] > s_end) s_end = sd[i] + sc[i];
+    if (rc[i] > 0 && rd[i] + rc[i] > r_end) r_end = rd[i] + rc[i];
+  }
+  const int s_dev = on_device(send), r_dev = on_device(recv);
+  char *st = (char *)send, *rt = recv;
+  if (!s_dev || !r_dev) {
+    char *sc_buf = scratch(c, (size_t)(s_end + r_end) * es + 16, op);
+    if (!sc_buf) return -1;
+    if (!s_dev) st = sc_buf;
+    if (!r_dev) rt = sc_buf + (size_t)s_end * es;
+    if (!s_dev && copy(c, st, send, (size_t)s_end * es, op)) return -1;
+  }
+  int err = check_nccl(ncclGroupStart(), c, op);
+  for (int i = 0; !err && i < c->size; i++) {
+    if (sc[i] > 0) err = check_nccl(ncclSend(st + (size_t)sd[i] * es, (size_t)sc[i], nccl_type(t), i, handle(c), P.stream), c, op);
+    if (!err && rc[i] > 0)
+      err = check_nccl(ncclRecv(rt + (size_t)rd[i] * es, (size_t)rc[i], nccl_type(t), i, handle(c), P.stream), c, op);
+  }
+  if (check_nccl(ncclGroupEnd(), c, op)) err = -1;
+  if (!err && !r_dev && copy(c, recv, rt, (size_t)r_end * es, op)) err = -1;
+  return err ? -1 : wait_done(c, op);
+}
+
+/* Point to point: NCCL has no tags; the pipeline issues each link's calls in the same order
+ * on both sides (train/pipeline.c), which is what NCCL's in-order matching needs. */
+static int nc_p2p(mc_comm *c, void *buf, int64_t count, mc_dtype t, int peer, int is_send) {
+  const char *op = is_send ? "send" : "recv";
+  if (count <= 0) return 0;
+  if (alive(c, op)) return -1;
+  if (peer < 0 || peer >= c->size) return where(c, op, "peer out of range", NULL);
+  const size_t bytes = (size_t)count * mc_dtype_size(t);
+  char *d = on_device(buf) ? buf : scratch(c, bytes, op);
+  if (!d) return -1;
+  if (is_send) {
+    if (copy(c, d, buf, bytes, op) || check_nccl(ncclSend(d, (size_t)count, nccl_type(t), peer, handle(c), P.stream), c, op))
+      return -1;
+  } else {
+    if (check_nccl(ncclRecv(d, (size_t)count, nccl_type(t), peer, handle(c), P.stream), c, op) || copy(c, buf, d, bytes, op))
+      return -1;
+  }
+  return wait_done(c, op);
+}
+
+static int nc_send(mc_comm *c, const void *buf, int64_t count, mc_dtype t, int peer, int tag) {
+  (void)tag;
+  return nc_p2p(c, (void *)buf, count, t, peer, 1);
+}
+
+static int nc_recv(mc_comm *c, void *buf, int64_t count, mc_dtype t, int peer, int tag) {
+  (void)tag;
+  return nc_p2p(c, buf, count, t, peer, 0);
+}
+
+static int nc_bcast(mc_comm *c, void *buf, int64_t count, mc_dtype t, int root) {
+  const char *op = "bcast";
+  if (count <= 0) return 0;
+  if (alive(c, op)) return -1;
+  const size_t bytes = (size_t)count * mc_dtype_size(t);
+  char *d = on_device(buf) ? buf : scratch(c, bytes, op);
+  if (!d || (c->rank == root && copy(c, d, buf, bytes, op))) return -1;
+  if (check_nccl(ncclBroadcast(d, d, (size_t)count, nccl_type(t), root, handle(c), P.stream), c, op)) return -1;
+  if (c->rank != root && copy(c, buf, d, bytes, op)) return -1;
+  return wait_done(c, op);
+}
+
+static int nc_barrier(mc_comm *c) {
+  int32_t one = 1;
+  return nc_allreduce(c, &one, 1, MC_DT_I32);
+}
+
+static mc_comm *wrap(ncclComm_t h, const char *label, int world_rank, int is_world);
+
+static mc_comm *nc_split(mc_comm *c, int color, int key, const char *label) {
+  if (alive(c, "split")) return NULL;
+  ncclComm_t h = NULL;
+  if (check_nccl(ncclCommSplit(handle(c), color, key, &h, NULL), c, "split")) return NULL;
+  mc_comm *out = wrap(h, label, c->world_rank, 0);
+  if (!out) ncclCommDestroy(h);
+  return out;
+}
+
+static void nc_destroy(mc_comm *c) {
+  if (!c) return;
+  nccl_impl *im = c->impl;
+  if (im && im->comm) ncclCommDestroy(im->comm);
+  if (im && im->is_world) { /* the job is over for this process: tell the watch */
+    mc_rdv_finish(P.rdv);
+    P.rdv = NULL;
+  }
+  free(im);
+  free(c);
+}
+
+static const mc_comm_ops NCCL_OPS = {
+    "nccl", nc_allreduce, nc_reduce_scatter, nc_allgather, nc_alltoallv, nc_send,
+    nc_recv, nc_bcast, nc_barrier, nc_split, nc_destroy,
+};
+
+static mc_comm *wrap(ncclComm_t h, const char *label, int world_rank, int is_world) {
+  mc_comm *c = calloc(1, sizeof *c);
+  nccl_impl *im = calloc(1, sizeof *im);
+  if (!c || !im) {
+    free(c), free(im);
+    mc_error("out of memory creating the %s communicator", label);
+    return NULL;
+  }
+  im->comm = h, im->is_world = is_world;
+  c->ops = &NCCL_OPS, c->label = label, c->impl = im, c->world_rank = world_rank;
+  ncclCommUserRank(h, &c->rank);
+  ncclCommCount(h, &c->size);
+  return c;
+}
+
+int mc_comm_nccl_init(const mc_launch *l, int device, mc_comm *mpi_world, double timeout_s, mc_comm **world) {
+  *world = NULL;
+  if (l->size < 2) return mc_error("NCCL world: %d process; one process needs no communicator", l->size);
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+    cudaGetLastError();
+    return mc_error("train.device=cuda with %d processes: no CUDA device is available on rank %d (no GPU or no NVIDIA "
+                    "driver; set train.device=cpu for CPU ranks under mpirun)", l->size, l->rank);
+  }
+  if (device >= n_dev)
+    return mc_error("train.device=cuda: rank %d has LOCAL_RANK %d but %d CUDA devices are visible (start at most one "
+                    "process per GPU on a host)", l->rank, device, n_dev);
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&P.stream, cudaStreamNonBlocking);
+  if (e != cudaSuccess)
+    return mc_error("rank %d: CUDA device %d (LOCAL_RANK %d): %s", l->rank, device, l->local_rank, cudaGetErrorString(e));
+  P.device = device;
+  P.timeout_s = timeout_s;
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  if (l->rank == 0 && ncclGetUniqueId(&id) != ncclSuccess) return mc_error("rank 0: ncclGetUniqueId failed");
+  if (mpi_world) {
+    if (mc_bcast(mpi_world, &id, (int64_t)sizeof id, MC_DT_U8, 0)) return mc_error_context("handing out the NCCL id");
+  } else if (mc_rdv_start(l->rank, l->size, l->master_addr, l->master_port, timeout_s, &id, sizeof id, &P.rdv)) {
+    return -1;
+  }
+  ncclComm_t h = NULL;
+  ncclResult_t rc = ncclCommInitRank(&h, l->size, id, l->rank);
+  if (rc != ncclSuccess)
+    return mc_error("rank %d: NCCL init of %d ranks failed: %s %s", l->rank, l->size, ncclGetErrorString(rc),
+                    ncclGetLastError(NULL));
+  *world = wrap(h, "world", l->rank, 1);
+  return *world ? 0 : -1;
+}
+
+#else /* no NCCL in this build */
+
+int mc_comm_have_nccl(void) { return 0; }
+
+int mc_comm_nccl_init(const mc_launch *l, int device, mc_comm *mpi_world, double timeout_s, mc_comm **world) {
+  (void)device, (void)mpi_world, (void)timeout_s;
+  *world = NULL;
+  return mc_error("train.device=cuda with %d processes needs NCCL on rank %d, and this build has none (nccl.h was not "
+                  "found when it was configured)", l->size, l->rank);
+}
+
+#endif
