@@ -3,17 +3,21 @@
 # any checkpoint layout, bad input gives clear errors. train.cuda_match (tests/train/cuda_train.sh):
 # mctrain on the CUDA backend against the CPU and checkpoints across the two; it prints
 # "SKIP: no CUDA device" and passes where there is none; train.cuda_bf16 likewise for
-# train.dtype=bf16 (bf16 products) against the fp32 CPU run.
+# train.dtype=bf16 (bf16 products) against the fp32 CPU run. train.nccl_* (tests/train/nccl_train.sh):
+# several GPUs through NCCL against the one-GPU run (layouts, bf16, resume, kill, nodes,
+# launchers); they print "SKIP: ..." and pass with fewer than 2 GPUs.
 if(TARGET mctrain AND TARGET mceval AND TARGET mcdata AND TARGET mcreshard)
   find_program(MC_TRAIN_MPIRUN NAMES mpirun mpiexec)
-  foreach(test e2e:learn e2e:resume e2e:eval e2e:errors cuda_train:match cuda_train:bf16)
+  foreach(test e2e:learn e2e:resume e2e:eval e2e:errors cuda_train:match cuda_train:bf16 nccl_train:layouts
+               nccl_train:bf16 nccl_train:resume nccl_train:kill nccl_train:nodes nccl_train:launchers)
     string(REPLACE ":" ";" parts ${test})
     list(GET parts 0 script)
     list(GET parts 1 mode)
     string(REPLACE "cuda_train" "cuda" prefix ${script})
+    string(REPLACE "nccl_train" "nccl" prefix ${prefix})
     add_test(NAME train.${prefix}_${mode} COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/${script}.sh ${mode})
     set_tests_properties(train.${prefix}_${mode} PROPERTIES
       ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR};OMP_NUM_THREADS=2;MC_MPIRUN=${MC_TRAIN_MPIRUN}"
-      TIMEOUT 300)
+      TIMEOUT 600)
   endforeach()
 endif()
