@@ -44,6 +44,7 @@ struct mc_comm {
   int size;
   int world_rank;
   void *impl;
+  double busy_s; /* seconds spent inside this communicator's calls (the wrappers below add it) */
 };
 
 /* The layout's groups for one rank (each a communicator over the ranks of mc_group_*). */
@@ -73,21 +74,36 @@ int mc_comm_have_nccl(void);
 int mc_comm_make_groups(mc_comm *world, const mc_layout *l, mc_comm_groups *out);
 void mc_comm_free_groups(mc_comm_groups *g);
 
-/* Convenience wrappers that dispatch through the vtable. */
-static inline int mc_allreduce_sum(mc_comm *c, void *buf, int64_t n, mc_dtype t) { return c->ops->allreduce_sum(c, buf, n, t); }
+/* Monotonic seconds (the clock the wrappers time calls with). */
+double mc_comm_clock(void);
+
+/* Convenience wrappers that dispatch through the vtable and add the call's time to busy_s:
+ * with blocking calls that is the communication the step waits for (pipeline receives
+ * include the time the other stage is still computing). */
+#define MC_COMM_TIMED(c, call)                      \
+  do {                                              \
+    const double t0_ = mc_comm_clock();             \
+    const int rc_ = (call);                         \
+    (c)->busy_s += mc_comm_clock() - t0_;           \
+    return rc_;                                     \
+  } while (0)
+static inline int mc_allreduce_sum(mc_comm *c, void *buf, int64_t n, mc_dtype t) { MC_COMM_TIMED(c, c->ops->allreduce_sum(c, buf, n, t)); }
 static inline int mc_reduce_scatter_sum(mc_comm *c, const void *s, void *r, const int64_t *counts, mc_dtype t) {
-  return c->ops->reduce_scatter_sum(c, s, r, counts, t);
+  MC_COMM_TIMED(c, c->ops->reduce_scatter_sum(c, s, r, counts, t));
 }
 static inline int mc_allgather(mc_comm *c, const void *s, void *r, const int64_t *counts, mc_dtype t) {
-  return c->ops->allgather(c, s, r, counts, t);
+  MC_COMM_TIMED(c, c->ops->allgather(c, s, r, counts, t));
 }
 static inline int mc_alltoallv(mc_comm *c, const void *s, const int64_t *sc, const int64_t *sd, void *r, const int64_t *rc,
                                const int64_t *rd, mc_dtype t) {
-  return c->ops->alltoallv(c, s, sc, sd, r, rc, rd, t);
+  MC_COMM_TIMED(c, c->ops->alltoallv(c, s, sc, sd, r, rc, rd, t));
 }
-static inline int mc_send(mc_comm *c, const void *b, int64_t n, mc_dtype t, int peer, int tag) { return c->ops->send(c, b, n, t, peer, tag); }
-static inline int mc_recv(mc_comm *c, void *b, int64_t n, mc_dtype t, int peer, int tag) { return c->ops->recv(c, b, n, t, peer, tag); }
-static inline int mc_bcast(mc_comm *c, void *b, int64_t n, mc_dtype t, int root) { return c->ops->bcast(c, b, n, t, root); }
-static inline int mc_barrier(mc_comm *c) { return c->ops->barrier(c); }
+static inline int mc_send(mc_comm *c, const void *b, int64_t n, mc_dtype t, int peer, int tag) { MC_COMM_TIMED(c, c->ops->send(c, b, n, t, peer, tag)); }
+static inline int mc_recv(mc_comm *c, void *b, int64_t n, mc_dtype t, int peer, int tag) { MC_COMM_TIMED(c, c->ops->recv(c, b, n, t, peer, tag)); }
+static inline int mc_bcast(mc_comm *c, void *b, int64_t n, mc_dtype t, int root) { MC_COMM_TIMED(c, c->ops->bcast(c, b, n, t, root)); }
+static inline int mc_barrier(mc_comm *c) { MC_COMM_TIMED(c, c->ops->barrier(c)); }
+
+/* The busy seconds of the layout's groups together (world, tp, dp, pp, ep, edp). */
+double mc_comm_groups_busy(const mc_comm_groups *g);
 
 #endif

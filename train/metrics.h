@@ -17,6 +17,8 @@ typedef struct {
   double tokens_per_s;
   int has_val;
   double val_loss;
+  int has_comm;   /* a multi-rank run: */
+  double comm_s;  /* rank 0's seconds per step inside collectives and pipeline sends/receives */
 } mc_metrics_rec;
 
 typedef struct {

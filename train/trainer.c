@@ -457,7 +457,7 @@ static int loop(run *r) {
             (long long)r->end_step, t->steps, cfg->checkpoint.dir, mc_net_backend(r->net)->name, t->dtype);
     fflush(out);
   }
-  double t0 = now_s(), t_log = t0;
+  double t0 = now_s(), t_log = t0, comm_log = r->comm ? mc_comm_groups_busy(r->comm) : 0.0;
   int64_t steps_since_log = 0;
   double lr = mc_lr_at(t, r->start_step > 0 ? r->start_step - 1 : 0);
   for (int64_t s = r->start_step; s < r->end_step; s++) {
@@ -512,6 +512,9 @@ static int loop(run *r) {
       /* Rate over the steps since the last logged line; a terminal line is redrawn every step. */
       double tn = now_s();
       rec.tokens_per_s = (double)(steps_since_log * tok_per_step) / (tn - t_log > 1e-9 ? tn - t_log : 1e-9);
+      const double comm_now = r->comm ? mc_comm_groups_busy(r->comm) : 0.0;
+      rec.has_comm = r->comm != NULL;
+      rec.comm_s = steps_since_log > 0 ? (comm_now - comm_log) / (double)steps_since_log : 0.0;
       if (log_now && r->rank == 0 && mc_metrics_write(&r->metrics, &rec) != 0) return -1;
       if (out) {
         char eta[32], val[32] = "";
@@ -524,7 +527,7 @@ static int loop(run *r) {
         fflush(out);
       }
       if (log_now) {
-        t_log = tn;
+        t_log = tn, comm_log = comm_now;
         steps_since_log = 0;
       }
     }

@@ -16,7 +16,8 @@
 #           mctrain --nproc-per-node 2 --nnodes 2 --node-rank K, train tp2 x dp2 as one job: losses
 #           within BAND of the one-GPU run.
 # launchers: the same dp2 run started three ways (--nproc-per-node, mpirun, torchrun-style
-#           variables set by hand) gives the same losses; progress comes from rank 0 only, in
+#           variables set by hand) gives the same losses within BAND (GPU runs are not bitwise
+#           repeatable: two --nproc-per-node runs differ by about 1e-7); progress comes from rank 0 only, in
 #           plain lines (no carriage return) when stdout is not a terminal.
 # With fewer than 2 GPUs (or no CUDA/NCCL in the build) it prints "SKIP: ..." and passes.
 set -u
@@ -143,7 +144,7 @@ nodes)
   wait ${pids[0]} || { tail -20 node0.log; die "node 0 failed"; }
   wait ${pids[1]} || { tail -20 node1.log; die "node 1 failed"; }
   same "two nodes of 2 GPUs, tp2 x dp2" one/metrics.jsonl n/metrics.jsonl 1 10 "$BAND" loss grad_norm
-  [ ! -s node1.log ] || grep -q "step" node1.log && die "node 1 (ranks 2-3) printed progress: $(head -3 node1.log)"
+  if grep -q "^step" node1.log; then die "node 1 (ranks 2-3) printed progress: $(grep -m 3 '^step' node1.log)"; fi
   ;;
 launchers)
   launch 2 a a.log --set parallel.dp=2
@@ -157,8 +158,8 @@ launchers)
   done
   wait ${pids[0]} || { tail -20 t0.log; die "torchrun-style rank 0 failed"; }
   wait ${pids[1]} || { tail -20 t1.log; die "torchrun-style rank 1 failed"; }
-  same "mpirun" a/metrics.jsonl m/metrics.jsonl 1 10 0 loss grad_norm
-  same "torchrun-style variables" a/metrics.jsonl t/metrics.jsonl 1 10 0 loss grad_norm
+  same "mpirun" a/metrics.jsonl m/metrics.jsonl 1 10 "$BAND" loss grad_norm
+  same "torchrun-style variables" a/metrics.jsonl t/metrics.jsonl 1 10 "$BAND" loss grad_norm
   ! grep -q $'\r' a.log || die "progress written with carriage returns when stdout is not a terminal"
   [ "$(grep -c '^step *10\b\|step 10/' a.log)" -le 1 ] || die "step 10 reported more than once: $(grep 'step 10' a.log)"
   [ ! -s t1.log ] || die "rank 1 printed: $(head -3 t1.log)"

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Multi-GPU speed of mctrain (issue 14): one configuration (default configs/nam-small.json,
+# bf16) on 1, 2 and 4 GPUs in several layouts, each started by mctrain --nproc-per-node N.
+# Per run: tokens/s (median of steps 3..UNTIL, each step logged), MFU against the bf16 matmul
+# peak measured in the same invocation (bench/torch_peak.py) times N, scaling efficiency
+# (tokens/s over N x the one-GPU tokens/s; data-parallel runs scale the global batch with dp,
+# so every replica runs the one-GPU step), and rank 0's communication time per step (the
+# trainer's comm_s: calls block, so all of it is exposed; on pipeline stages it includes the
+# bubble). Then periodic async saves from every rank of the largest DP run: the training
+# pause each save reports and the step times around it.
+# Usage (repository root, on the GPU machine): OUT=DIR MEGAC_BIN=DIR [CONFIG=configs/nam-small.json]
+#   [UNTIL=8] [MC_COMMIT=SHA] bash bench/multi_gpu.sh
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:?}
+B=${MEGAC_BIN:?}
+CONFIG=${CONFIG:-configs/nam-small.json}
+UNTIL=${UNTIL:-8}
+NGPU=$(nvidia-smi -L | grep -c '^GPU')
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+export NCCL_NVLS_ENABLE=0
+{
+  echo "# date: $(date -u +%FT%TZ)"
+  echo "# commit: ${MC_COMMIT:-unknown}"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/# card: /'
+  echo "# config: $CONFIG (train.dtype and device as there), steps 1..$UNTIL, median of steps 3..$UNTIL"
+} | tee "$OUT/multi_gpu.txt"
+python3 bench/torch_peak.py --json-out "$W/peak.json" > "$W/peak.log" 2>&1 || cat "$W/peak.log"
+peak=$(python3 -c "import json; print(json.load(open('$W/peak.json'))['bf16']['tflops'])" 2>/dev/null || echo 0)
+flop=$("$B/mcplan" --config "$CONFIG" 2>/dev/null | sed -n 's/^per token: *\([0-9.e+]*\).*/\1/p')
+echo "# bf16 matmul peak $peak TFLOP/s per GPU (bench/torch_peak.py); model FLOP per token $flop (mcplan)" | tee -a "$OUT/multi_gpu.txt"
+find . -path ./build\* -prune -o -path ./gpubuild -prune -o \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.md' \) -print |
+  sort > "$W/files.txt"
+"$B/mcdata" -o "$W/corpus.h5" $(cat "$W/files.txt") > "$W/mcdata.log" 2>&1 || { cat "$W/mcdata.log"; exit 1; }
+gb=$(python3 -c "import json; print(json.load(open('$CONFIG'))['train']['global_batch'])")
+
+base=0
+printf '%-28s %4s %12s %7s %8s %10s %s\n' layout gpus tokens/s MFU scaling comm_s/step step_s | tee -a "$OUT/multi_gpu.txt"
+# run NAME N DP ARGS...: global batch = the config's x DP
+run() {
+  local name=$1 n=$2 dp=$3; shift 3
+  [ "$n" -le "$NGPU" ] || { echo "$name: skipped ($n GPUs, $NGPU here)" | tee -a "$OUT/multi_gpu.txt"; return; }
+  local dir="$W/$name"
+  timeout 300 "$B/mctrain" --nproc-per-node "$n" --config "$CONFIG" --set data.path="$W/corpus.h5" \
+    --set checkpoint.dir="$dir" --set checkpoint.every=0 --set train.log_every=1 --set train.eval_every=0 \
+    --set train.global_batch=$((gb * dp)) --set parallel.dp="$dp" --until "$UNTIL" "$@" > "$OUT/run_$name.log" 2>&1 \
+    || { echo "$name: FAILED ($(tail -1 "$OUT/run_$name.log"))" | tee -a "$OUT/multi_gpu.txt"; return; }
+  python3 - "$dir/metrics.jsonl" "$name" "$n" "$peak" "$flop" "$base" "$UNTIL" <<'PY' | tee -a "$OUT/multi_gpu.txt"
+import json, statistics, sys
+path, name, n, peak, flop, base, until = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5] or 0), float(sys.argv[6]), int(sys.argv[7])
+recs = [json.loads(l) for l in open(path) if '"step"' in l]
+st = [r for r in recs if 3 <= r["step"] <= until]
+tps = statistics.median(r["tokens_per_s"] for r in st)
+comm = statistics.median(r.get("comm_s", 0.0) for r in st)
+tok_step = recs[-1]["tokens"] / recs[-1]["step"]
+mfu = tps * flop / (n * peak * 1e12) if peak > 0 else 0
+scal = tps / (n * base) if base > 0 else 1.0
+print(f"{name:<28} {n:>4} {tps:>12.0f} {100*mfu:>6.1f}% {100*scal:>7.1f}% {comm:>10.4f} {tok_step/tps:.4f}")
+PY
+  if [ "$n" = 1 ] && [ "$base" = 0 ]; then
+    base=$(python3 -c "import json,statistics; r=[json.loads(l) for l in open('$dir/metrics.jsonl') if '\"step\"' in l]; print(statistics.median(x['tokens_per_s'] for x in r if 3 <= x['step'] <= $UNTIL))")
+  fi
+}
+run 1gpu 1 1
+run dp2 2 2
+run tp2 2 1 --set parallel.tp=2
+run pp2 2 1 --set parallel.pp=2 --set parallel.pp_split=weighted
+run dp2_ep2 2 2 --set parallel.ep=2
+run dp4 4 4
+run tp2_dp2 4 2 --set parallel.tp=2
+run pp2_dp2 4 2 --set parallel.pp=2 --set parallel.pp_split=weighted
+run dp4_ep4 4 4 --set parallel.ep=4
+run tp2_pp2 4 1 --set parallel.tp=2 --set parallel.pp=2 --set parallel.pp_split=weighted
+# periodic async saves from every rank at once
+n=$((NGPU >= 4 ? 4 : 2))
+dir="$W/saves"
+timeout 300 "$B/mctrain" --nproc-per-node $n --config "$CONFIG" --set data.path="$W/corpus.h5" --set checkpoint.dir="$dir" \
+  --set checkpoint.every=3 --set checkpoint.keep=2 --set train.log_every=1 --set train.eval_every=0 \
+  --set train.global_batch=$((gb * n)) --set parallel.dp=$n --until 12 > "$OUT/run_saves.log" 2>&1 || echo "saves run FAILED"
+{
+  echo "== periodic async saves, dp$n on $n GPUs, checkpoint.every=3 (every rank writes its primaries)"
+  grep -E "queued|paused|checkpoint" "$OUT/run_saves.log" | head -10
+  python3 -c "
+import json
+for l in open('$dir/metrics.jsonl'):
+    if '\"step\"' in l:
+        r = json.loads(l); print('step %2d  %8.0f tokens/s  comm_s %.4f' % (r['step'], r['tokens_per_s'], r.get('comm_s', 0)))"
+  du -sh "$dir"/step_* 2>/dev/null | tail -1
+} | tee -a "$OUT/multi_gpu.txt"
