@@ -117,64 +117,68 @@ int mc_vp_embed_bwd(const mc_net_par *par, mc_backend *be, const float *dfull, i
 
 /* ------------------------------------------------------------------ vocab-parallel cross-entropy */
 
-/* On the host: the local logits are read once per pass; each rank contributes the
- * log-sum-exp of its real columns and the target's logit when the target is local, and one
- * all-gather of those 2n values gives every rank the global log-normaliser and loss. */
+/* On the backend: each rank's xent_fwd over its real columns gives its log-sum-exp and (for
+ * the rows whose target is local) the target's logit as lse - loss; one all-gather of those
+ * 2n values gives every rank the global log-normaliser and loss, and the backward is the
+ * backend's xent_bwd against that global lse (the onehot only where the target is local).
+ * Only 2n floats per pass cross to the host. */
+
+/* The local column of each row's target, or `none` where another rank holds it. */
+static void local_targets(const mc_net_par *par, const int32_t *tgt_host, int n, int32_t none, int32_t *out) {
+  for (int r = 0; r < n; r++) {
+    int32_t t = tgt_host[r] - par->v0;
+    out[r] = t >= 0 && t < par->Vl ? t : none;
+  }
+}
+
 int mc_vp_xent_fwd(mc_net_par *par, mc_backend *be, const float *logits, const int32_t *tgt_host, int n,
-                   float *loss_host) {
-  const int Vp = par->Vpl, Vl = par->Vl, tp = par->tp;
+                   int32_t *tgt_dev, float *loss_dev, float *lse_dev, float *loss_host) {
+  const int tp = par->tp;
   float *mine = malloc(sizeof(float) * 2 * (size_t)n), *all = malloc(sizeof(float) * 2 * (size_t)n * tp);
+  int32_t *tl = malloc(sizeof(int32_t) * (size_t)n);
   int64_t *counts = equal_counts(tp, 2 * (int64_t)n);
-  if (!mine || !all || !counts) {
-    free(mine), free(all), free(counts);
+  if (!mine || !all || !tl || !counts) {
+    free(mine), free(all), free(tl), free(counts);
     return mc_error("vocab-parallel cross-entropy: out of memory");
   }
-  be->to_host(be, par->logits_host, logits, (size_t)n * Vp * sizeof(float));
   memcpy(par->tgt_host, tgt_host, sizeof(int32_t) * (size_t)n);
+  local_targets(par, tgt_host, n, 0, tl); /* a row with no local target reads column 0, unused */
+  be->from_host(be, tgt_dev, tl, sizeof(int32_t) * (size_t)n);
+  be->xent_fwd(be, logits, tgt_dev, n, par->Vl, par->Vpl, loss_dev, lse_dev);
+  be->to_host(be, mine, lse_dev, sizeof(float) * (size_t)n);
+  be->to_host(be, mine + n, loss_dev, sizeof(float) * (size_t)n);
   int rc = ready(be);
-  for (int r = 0; r < n && !rc; r++) {
-    const float *lr = par->logits_host + (int64_t)r * Vp;
-    float mx = -INFINITY;
-    for (int c = 0; c < Vl; c++) mx = lr[c] > mx ? lr[c] : mx;
-    double s = 0.0;
-    for (int c = 0; c < Vl; c++) s += exp((double)lr[c] - mx);
-    mine[r] = Vl > 0 ? (float)(mx + log(s)) : -INFINITY;
-    int32_t t = tgt_host[r] - par->v0;
-    mine[n + r] = t >= 0 && t < Vl ? lr[t] : 0.0f;
-  }
+  local_targets(par, tgt_host, n, -1, tl);
+  for (int r = 0; r < n; r++) mine[n + r] = tl[r] >= 0 ? mine[r] - mine[n + r] : 0.0f; /* the target's logit */
   if (!rc) rc = mc_allgather(par->comm->tp, mine, all, counts, MC_DT_F32);
   for (int r = 0; r < n && !rc; r++) {
     float mx = -INFINITY;
     for (int q = 0; q < tp; q++) mx = all[(int64_t)q * 2 * n + r] > mx ? all[(int64_t)q * 2 * n + r] : mx;
-    double s = 0.0, tl = 0.0;
+    double s = 0.0, tl_sum = 0.0;
     for (int q = 0; q < tp; q++) {
       float lq = all[(int64_t)q * 2 * n + r];
       if (lq > -INFINITY) s += exp((double)lq - mx);
-      tl += all[(int64_t)q * 2 * n + n + r];
+      tl_sum += all[(int64_t)q * 2 * n + n + r];
     }
     double l = mx + log(s);
     par->lse_host[r] = (float)l;
-    loss_host[r] = (float)(l - tl);
+    loss_host[r] = (float)(l - tl_sum);
   }
-  free(mine), free(all), free(counts);
+  if (!rc) be->from_host(be, lse_dev, par->lse_host, sizeof(float) * (size_t)n);
+  free(mine), free(all), free(tl), free(counts);
   return rc ? mc_error_context("vocab-parallel cross-entropy over %d TP ranks", tp) : 0;
 }
 
-int mc_vp_xent_bwd(const mc_net_par *par, mc_backend *be, int n, float scale, float *dlogits) {
-  const int Vp = par->Vpl, Vl = par->Vl;
-  float *dl = malloc(sizeof(float) * (size_t)n * Vp);
-  if (!dl) return mc_error("vocab-parallel cross-entropy: out of memory");
-  for (int r = 0; r < n; r++) {
-    const float *lr = par->logits_host + (int64_t)r * Vp;
-    float *dr = dl + (int64_t)r * Vp;
-    for (int c = 0; c < Vl; c++) dr[c] = scale * expf(lr[c] - par->lse_host[r]);
-    for (int c = Vl; c < Vp; c++) dr[c] = 0.0f;
-    int32_t t = par->tgt_host[r] - par->v0;
-    if (t >= 0 && t < Vl) dr[t] -= scale;
-  }
-  be->from_host(be, dlogits, dl, (size_t)n * Vp * sizeof(float));
-  free(dl);
-  return 0;
+int mc_vp_xent_bwd(const mc_net_par *par, mc_backend *be, const float *logits, int n, float scale, int32_t *tgt_dev,
+                   const float *lse_dev, float *dlogits) {
+  int32_t *tl = malloc(sizeof(int32_t) * (size_t)n);
+  if (!tl) return mc_error("vocab-parallel cross-entropy: out of memory");
+  local_targets(par, par->tgt_host, n, -1, tl); /* -1: no onehot term on this rank */
+  be->from_host(be, tgt_dev, tl, sizeof(int32_t) * (size_t)n);
+  be->xent_bwd(be, logits, tgt_dev, lse_dev, n, par->Vl, par->Vpl, scale, (mc_dst){dlogits, NULL});
+  int rc = ready(be); /* tl is read by the upload */
+  free(tl);
+  return rc;
 }
 
 /* ------------------------------------------------------------------ MoE statistics under SP */

@@ -348,8 +348,8 @@ static void free_activations(mc_net *net) {
   for (int i = 0; i < MC_NET_GBUFS; i++) net->g[i] = NULL;
   net->tok_in = net->tok_tgt = par->emb_tok = par->emb_slot = NULL;
   mc_arena_close(&net->arenas.a[MC_MEM_ACTIVATIONS]);
-  free(net->loss_host), free(par->logits_host), free(par->lse_host), free(par->tgt_host);
-  net->loss_host = par->logits_host = par->lse_host = NULL;
+  free(net->loss_host), free(par->lse_host), free(par->tgt_host);
+  net->loss_host = par->lse_host = NULL;
   par->tgt_host = NULL;
   net->n_seq_cap = 0;
   net->n_slots = 0;
@@ -471,9 +471,8 @@ static int place_activations(mc_net *net, int n_seq, int n_slots, int count) {
   par->emb_tok = nb[MC_NB_EMB_TOK], par->emb_slot = nb[MC_NB_EMB_SLOT];
   par->emb_rows = nb[MC_NB_EMB_ROWS], par->emb_gate = nb[MC_NB_EMB_GATE];
   /* host-side staging (not backend memory) */
-  const int64_t n = (int64_t)n_seq * net->m.seq_len, vp = par->Vpl;
+  const int64_t n = (int64_t)n_seq * net->m.seq_len;
   if (par->tp > 1) {
-    ok = ok && (par->logits_host = malloc((size_t)(n * vp) * sizeof(float))) != NULL;
     ok = ok && (par->lse_host = malloc((size_t)n * sizeof(float))) != NULL;
     ok = ok && (par->tgt_host = malloc((size_t)n * sizeof(int32_t))) != NULL;
   }
@@ -649,7 +648,7 @@ int mc_net_stage_forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_s
   if (!rc && net->last) {
     mc_linear_fwd(be, hf_in(net), mc_param_mat(&net->params[net->fam_head]), n, d, Vp, 0.0f, mc_o32(net->logits));
     if (par->tp > 1) {
-      rc = mc_vp_xent_fwd(par, be, net->logits, in + n, n, net->loss_host);
+      rc = mc_vp_xent_fwd(par, be, net->logits, in + n, n, net->tok_tgt, net->loss, net->lse, net->loss_host);
     } else {
       be->xent_fwd(be, net->logits, net->tok_tgt, n, V, Vp, net->loss, net->lse);
       be->to_host(be, net->loss_host, net->loss, (size_t)n * sizeof(float));
@@ -729,7 +728,7 @@ static int head_backward(mc_net *net, int n_seq, double ce_weight) {
   int fin[2] = {net->fam_final_norm, net->fam_head};
   if (acquire(net, fin, 2, 1)) return -1;
   if (par->tp > 1) {
-    if (mc_vp_xent_bwd(par, be, n, (float)ce_weight, net->dlogits)) return -1;
+    if (mc_vp_xent_bwd(par, be, net->logits, n, (float)ce_weight, net->tok_tgt, net->lse, net->dlogits)) return -1;
   } else {
     /* under mc_act16 dlogits feeds only the head's two products: written in bf16 */
     be->xent_bwd(be, net->logits, net->tok_tgt, net->lse, n, V, Vp, (float)ce_weight,

@@ -42,8 +42,9 @@ typedef struct {
   int32_t *emb_tok, *emb_slot; /* vocab-parallel embedding: local ids of in-range tokens, */
   float *emb_rows, *emb_gate; /* their rows, unit gates; slot = row or -1 */
   int emb_cnt;
-  /* Host staging of the vocab-parallel cross-entropy (TP only). */
-  float *logits_host, *lse_host; /* [n, Vpl], [n] */
+  /* Host side of the vocab-parallel cross-entropy (TP only): the global log-normaliser and
+   * the targets of the last forward. */
+  float *lse_host;     /* [n] */
   int32_t *tgt_host;   /* [n] */
   struct mc_ep_state *ep_state; /* ep > 1: the E layers' exchange plans and saved expert rows,
                                    one set per pipeline micro-batch slot (train/dist_ep.c),
@@ -69,11 +70,13 @@ int mc_vp_embed_fwd(mc_net_par *par, mc_backend *be, const float *embed_w, const
                     float *rows);
 int mc_vp_embed_bwd(const mc_net_par *par, mc_backend *be, const float *dfull, int n, int d, float *embed_g);
 /* Vocab-parallel cross-entropy over the local logits [n, Vpl] (backend memory): loss_host[r]
- * and the global log-normaliser; backward writes dlogits = scale * (softmax - onehot), zero
- * on padding. */
+ * and the global log-normaliser, left in lse_dev [n] for the backward, which writes dlogits
+ * = scale * (softmax - onehot), zero on padding. tgt_dev [n] and loss_dev [n] are backend
+ * scratch (the network's target and loss rows). */
 int mc_vp_xent_fwd(mc_net_par *par, mc_backend *be, const float *logits, const int32_t *tgt_host, int n,
-                   float *loss_host);
-int mc_vp_xent_bwd(const mc_net_par *par, mc_backend *be, int n, float scale, float *dlogits);
+                   int32_t *tgt_dev, float *loss_dev, float *lse_dev, float *loss_host);
+int mc_vp_xent_bwd(const mc_net_par *par, mc_backend *be, const float *logits, int n, float scale, int32_t *tgt_dev,
+                   const float *lse_dev, float *dlogits);
 /* MoE under SP: replaces the shard's routing fractions fr [n_seq, E] with the sequence's (TP
  * mean), and sets aux_host [n_seq] from the sequence-wide f and P. */
 int mc_sp_moe_aux(const mc_net_par *par, mc_backend *be, int E, const float *probs, float *fr, int n_seq, int T_l,
