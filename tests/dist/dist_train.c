@@ -377,6 +377,7 @@ int main(int argc, char **argv) {
       CHECK(got == STEPS - SAVE_AT, "%s holds %d losses", path, got);
       CHECK_OK(run_steps(&S, e.net, &e.d, &l, rank, SAVE_AT, STEPS, losses));
       compare_losses(losses, want, SAVE_AT, STEPS, rank);
+      if (l.ep > 1) compare_moe_scratch(&S, &e, rank, world->size);
     }
   }
   trainee_free(&e);
