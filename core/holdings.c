@@ -190,21 +190,33 @@ int64_t mc_act_scratch_bytes(const char *kinds, const mc_act_shape *s) {
 
 int64_t mc_act_net_bytes(const mc_act_shape *s) { return list_bytes(mc_net_bufs, MC_NB_COUNT, s, 0, MC_RECOMPUTE_NONE); }
 
-/* Expert parallelism's buffers (mc_stage_hold, train/dist_ep.c): rows received per micro-batch,
- * balanced routing when dropless, the capacity bound cf * average with a capacity factor.
- * An E block routes whole sequences when SP meets a capacity factor, else its residual rows.
- * The saved rows are kept per E layer and per micro-batch in flight (pipeline slots); the
- * exchange scratch is shared. */
+/* Expert parallelism's buffers (mc_stage_hold, train/dist_ep.c), sized for the most rows the
+ * routing rule lets one rank's experts receive, so that no routing can overrun them. Each of
+ * the ep sources routes n = n_seq x T positions (T: its residual rows, or whole sequences when
+ * SP meets a capacity factor); a token's k choices are distinct experts, so it sends at most
+ * min(k, El) rows to one owner of El = E/ep experts; with capacity C per sequence and expert,
+ * a source sends at most n_seq x El x min(C, T). The balanced figure (every expert equally
+ * loaded) is kept for the report. The saved rows are kept per E layer and per micro-batch in
+ * flight (pipeline slots); the exchange scratch, which also stages the rank's own routed rows
+ * (at most n x k, never more than the bound), is shared. */
 static void moe_ep_buffers(const mc_geometry *g, const mc_act_shape *s, int n_moe_layers, int inflight,
                            mc_stage_hold *h) {
   const mc_model *m = &g->model;
-  const int64_t T = m->capacity_factor > 0 ? m->seq_len : s->T_res;
-  const int64_t rows = (int64_t)s->n_seq * T * m->top_k, d = m->d_model, F = m->expert_hidden;
+  const int ep = g->layout.ep, El = m->n_experts / ep, cap = mc_moe_capacity(m);
+  const int64_t T = m->capacity_factor > 0 ? m->seq_len : s->T_res, n = (int64_t)s->n_seq * T;
+  const int64_t d = m->d_model, F = m->expert_hidden;
+  int64_t per_src = n * (m->top_k < El ? m->top_k : El);
+  if (cap > 0) {
+    const int64_t capped = (int64_t)s->n_seq * El * (cap < T ? cap : T);
+    per_src = capped < per_src ? capped : per_src;
+  }
+  const int64_t R = ep * per_src;
   const double rf = m->capacity_factor > 0 ? m->capacity_factor : 1.0;
-  const int64_t R = (int64_t)ceil((double)rows * rf);
   h->moe_assignments = R;
-  h->moe_layers = (int64_t)inflight * n_moe_layers * R * (d + 3 * F) * 4;
-  h->moe_exchange = R * (3 * d + 3 * F) * 4;
+  h->moe_balanced = (int64_t)ceil((double)n * m->top_k * rf);
+  const int64_t rows_d = mc_mem_footprint(R * d * 4), rows_f = mc_mem_footprint(R * F * 4);
+  h->moe_layers = (int64_t)inflight * n_moe_layers * (rows_d + 3 * rows_f);
+  h->moe_exchange = 3 * rows_d + 3 * rows_f;
   h->moe_scratch = h->moe_layers + h->moe_exchange;
 }
 

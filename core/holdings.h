@@ -119,15 +119,17 @@ typedef struct {
   int64_t activations;   /* inflight * per_micro + transient + scratch + network */
   int64_t pipeline;      /* pp > 1: receive buffers of one boundary activation and gradient */
   /* Expert parallelism (ep > 1; all 0 at ep = 1, where routing lives in the E layers' saved
-   * buffers), as train/dist_ep.c keeps it: R = (token, choice) rows this rank's experts
-   * receive per micro-batch (balanced routing; the capacity bound with a capacity factor);
-   * per E layer the received input rows [R, d] and the expert activations h1, h3, SwiGLU
-   * [R, F], all fp32, kept for the backward (for each micro-batch in flight); once, the
- * exchange staging [R, d], the returned
-   * and gradient rows [R, d] x 2 and the backward's da, dh1, dh3 [R, F]. */
-  int64_t moe_assignments; /* R */
-  int64_t moe_layers;      /* in-flight micro-batches x E layers of the stage x R (d + 3F) x 4 */
-  int64_t moe_exchange;    /* R (3d + 3F) x 4 */
+   * buffers), as train/dist_ep.c keeps it in the moe.scratch arena: R = the most (token,
+   * choice) rows the routing rule lets this rank's experts receive per micro-batch (dropless:
+   * ep x tokens x min(top_k, E/ep); a capacity factor bounds it further), so no routing overruns
+   * it; per E layer the received input rows [R, d] and the expert activations h1, h3, SwiGLU
+   * [R, F], all fp32, kept for the backward (for each micro-batch in flight); once, the exchange
+   * staging [R, d], the returned and gradient rows [R, d] x 2 and the backward's da, dh1, dh3
+   * [R, F]. Every tensor at its footprint. */
+  int64_t moe_assignments; /* R, the bound the buffers are sized for */
+  int64_t moe_balanced;    /* rows received under balanced routing, tokens x top_k (x cf): for reports */
+  int64_t moe_layers;      /* in-flight micro-batches x E layers of the stage x (fp(R d 4) + 3 fp(R F 4)) */
+  int64_t moe_exchange;    /* 3 fp(R d 4) + 3 fp(R F 4) */
   int64_t moe_scratch;     /* moe_layers + moe_exchange */
 } mc_stage_hold;
 

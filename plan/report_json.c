@@ -168,6 +168,7 @@ static cJSON *memory_rank(const mc_plan *p, const mc_plan_rank *r) {
   cJSON_AddNumberToObject(act, "network_buffers", (double)r->act.network);
   cJSON *moe = cJSON_AddObjectToObject(o, "moe_detail");
   cJSON_AddNumberToObject(moe, "assignments", (double)r->act.moe_assignments);
+  cJSON_AddNumberToObject(moe, "balanced_assignments", (double)r->act.moe_balanced);
   cJSON_AddNumberToObject(moe, "per_layer_kept", (double)r->act.moe_layers);
   cJSON_AddNumberToObject(moe, "exchange", (double)r->act.moe_exchange);
   cJSON *el = cJSON_AddObjectToObject(o, "elements");

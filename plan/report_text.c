@@ -148,7 +148,8 @@ static void print_class(FILE *out, const mc_plan *p, const mc_rank_class *cl) {
               mc_format_bytes(r->act.transient, b3, sizeof b3), mc_format_bytes(r->act.scratch, b4, sizeof b4),
               mc_format_bytes(r->act.network, b5, sizeof b5));
     if (c == MC_MEM_MOE_SCRATCH && r->act.moe_scratch > 0)
-      fprintf(out, "   %lld rows received: E layers' kept rows %s, exchange buffers %s", (long long)r->act.moe_assignments,
+      fprintf(out, "   %lld rows per exchange (routing bound; %lld balanced): E layers' kept rows %s, exchange buffers %s",
+              (long long)r->act.moe_assignments, (long long)r->act.moe_balanced,
               mc_format_bytes(r->act.moe_layers, b2, sizeof b2), mc_format_bytes(r->act.moe_exchange, b3, sizeof b3));
     fprintf(out, "\n");
   }

@@ -161,17 +161,18 @@ static int ep_slot(const struct mc_net *net) { return net->n_slots > 1 ? net->cu
 
 /* Expert parallelism (train/dist_ep.c): the rank's expert-sorted rows go to the EP ranks
  * owning their experts, this rank's E/ep experts run on what arrived (the received input,
- * h1, h3 and the SwiGLU output are saved with the layer's exchange plan, in fp32), and their
+ * h1, h3 and the SwiGLU output are saved with the layer's exchange plan, in fp32, in the
+ * moe.scratch arena sized for the most rows routing can send there), and their
  * outputs come back into the layer's expert-output rows, in this rank's expert-sorted order. */
-static int experts_forward_ep(struct mc_net *net, mc_layer *L, int n, int64_t rows) {
+static int experts_forward_ep(struct mc_net *net, mc_layer *L, int n) {
   mc_backend *be = net->be;
   mc_net_par *par = &net->par;
-  const int d = net->m.d_model, F = net->m.expert_hidden, E = net->m.n_experts, k = net->m.top_k;
+  const int d = net->m.d_model, E = net->m.n_experts, k = net->m.top_k;
   struct mc_ep_route *r = mc_ep_route_of(par, net->n_layers, L->layer, ep_slot(net));
   float *stage, *xl, *yr;
-  if (!r || mc_ep_plan(par, be, r, L->counts_host, E, d, F)) return -1;
+  if (!r || mc_ep_plan(par, r, L->counts_host, E)) return -1;
   const int64_t R = mc_ep_rows(r);
-  if (mc_ep_scratch(par, be, rows, R, d, F, &stage, &xl, &yr, NULL, NULL, NULL)) return -1;
+  if (mc_ep_scratch(par, &stage, &xl, &yr, NULL, NULL, NULL)) return -1;
   be->moe_permute(be, L->u, L->i[MC_E_SLOT], n, k, d, xl);
   if (mc_ep_dispatch(par, be, r, xl, mc_ep_saved(r, 0), d, stage, "dispatching the routed rows")) return -1;
   const expert_bufs B = {mc_ep_saved(r, 1), mc_ep_saved(r, 2), mc_ep_saved(r, 3), NULL, NULL, NULL, 0, 0};
@@ -182,16 +183,16 @@ static int experts_forward_ep(struct mc_net *net, mc_layer *L, int n, int64_t ro
 /* Its backward from the expert-output rows' gradient (net->g[MC_E_DYP], this rank's
  * expert-sorted order): dispatched like the input, the experts' backward on the received
  * rows, the input rows' gradient returned into net->g[MC_E_DXP]. */
-static int experts_backward_ep(struct mc_net *net, mc_layer *L, int64_t rows) {
+static int experts_backward_ep(struct mc_net *net, mc_layer *L) {
   mc_backend *be = net->be;
   mc_net_par *par = &net->par;
-  const int d = net->m.d_model, F = net->m.expert_hidden, E = net->m.n_experts;
+  const int d = net->m.d_model, E = net->m.n_experts;
   struct mc_ep_route *r = mc_ep_route_of(par, net->n_layers, L->layer, ep_slot(net));
   if (!r) return -1;
   const int64_t R = mc_ep_rows(r);
   float *stage, *dyr, *dxr;
   expert_bufs B = {mc_ep_saved(r, 1), mc_ep_saved(r, 2), mc_ep_saved(r, 3), NULL, NULL, NULL, 0, 0};
-  if (mc_ep_scratch(par, be, rows, R, d, F, &stage, &dyr, &dxr, &B.da, &B.dh1, &B.dh3) ||
+  if (mc_ep_scratch(par, &stage, &dyr, &dxr, &B.da, &B.dh1, &B.dh3) ||
       mc_ep_dispatch(par, be, r, net->g[MC_E_DYP], dyr, d, stage, "dispatching the expert-output gradients") ||
       experts_backward(net, L, E / par->ep, mc_ep_counts(r), R, &B, mc_f32(mc_ep_saved(r, 0)), mc_f32(dyr), dxr))
     return -1;
@@ -218,7 +219,7 @@ static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   int64_t rows = 0;
   for (int e = 0; e < E; e++) rows += L->counts_host[e];
   if (net->par.ep > 1) {
-    if (experts_forward_ep(net, L, n, rows)) return -1;
+    if (experts_forward_ep(net, L, n)) return -1;
     be->moe_unpermute(be, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d, x);
     return 0;
   }
@@ -246,7 +247,7 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   be->moe_unpermute_bwd(be, dy, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d, mc_zeroed(be, g[MC_E_DYP], rows * d),
                         mc_zeroed(be, g[MC_E_DGATE], (int64_t)n * k));
   if (net->par.ep > 1) {
-    if (experts_backward_ep(net, L, rows)) return -1;
+    if (experts_backward_ep(net, L)) return -1;
   } else {
     /* act16: dyp feeds two products, rounded once into DXP (read by those two products
      * before the input-gradient products write DXP) */

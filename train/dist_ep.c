@@ -19,106 +19,140 @@
 /* One E layer's exchange of the last forward and the expert activations it saved for the
  * backward (R rows: what this rank's experts received). */
 struct mc_ep_route {
-  int ep, El;
+  int ep, El, layer;
   int64_t *send_rows, *send_off; /* [ep] rows of the local expert-sorted buffer for peer j */
   int64_t *recv_rows, *recv_off; /* [ep] rows arriving from source s, source-major offsets */
   int32_t *recv_cnt;             /* [ep * El] rows from source s for local expert e */
   int32_t *counts;               /* [El] rows per local expert (sum over sources) */
   int64_t R, cap;                /* rows received; rows the saved buffers hold */
-  float *x, *h1, *h3, *a;        /* saved: received input rows [R, d], h1, h3, SwiGLU [R, F] */
+  float *x, *h1, *h3, *a;        /* saved, in moe.scratch: received input rows [cap, d], h1, h3, SwiGLU [cap, F] */
 };
 
-/* The rank's EP state: the routes of each (micro-batch slot, layer) and the scratch the
- * backward shares (the layers' backwards run one after another, and under pipeline
- * parallelism one micro-batch's backward at a time). A pipeline stage keeps several
+/* The rank's EP state: the routes of each (micro-batch slot, E layer of the stage) and the
+ * scratch the backward shares (the layers' backwards run one after another, and under
+ * pipeline parallelism one micro-batch's backward at a time). A pipeline stage keeps several
  * micro-batches in flight (train/pipeline.c): each one's forward routes into the routes of
- * its activation slot, so its backward finds its own plan and saved expert rows. */
+ * its activation slot, so its backward finds its own plan and saved expert rows. Every
+ * buffer lives in the moe.scratch arena, sized by the holdings (core/holdings.c) for the most
+ * rows the routing rule allows, so an exchange never allocates. */
 struct mc_ep_state {
   int n_layers, n_slots;
-  struct mc_ep_route **route; /* [n_slots * n_layers] slot-major, NULL: not routed yet */
-  int64_t cap_rows;           /* rows the scratch holds */
-  float *stage;               /* [max(rows, R), d] source-major staging of the all-to-alls */
-  float *rows_a, *rows_b;     /* [R, d] received-row gradients / outputs */
-  float *da, *dh1, *dh3;      /* [R, F] */
+  struct mc_ep_route **route; /* [n_slots * n_layers] slot-major, NULL: not an E layer of the stage */
+  int64_t cap_rows;           /* rows every buffer holds (mc_stage_hold.moe_assignments) */
+  int64_t balanced;           /* rows an exchange receives under balanced routing (for reports) */
+  float *stage;               /* [cap, d] source-major staging of the all-to-alls */
+  float *rows_a, *rows_b;     /* [cap, d] received-row gradients / outputs */
+  float *da, *dh1, *dh3;      /* [cap, F] */
 };
 
-static void route_free(mc_backend *be, struct mc_ep_route *r) {
+static void route_free(struct mc_ep_route *r) {
   if (!r) return;
   free(r->send_rows), free(r->send_off), free(r->recv_rows), free(r->recv_off), free(r->recv_cnt), free(r->counts);
-  be->free(be, r->x), be->free(be, r->h1), be->free(be, r->h3), be->free(be, r->a);
   free(r);
 }
 
-void mc_ep_free(mc_net_par *par, mc_backend *be) {
+void mc_ep_free(mc_net_par *par) {
   struct mc_ep_state *s = par->ep_state;
   if (!s) return;
-  for (int k = 0; k < s->n_slots * s->n_layers; k++) route_free(be, s->route[k]);
+  for (int k = 0; k < s->n_slots * s->n_layers; k++) route_free(s->route[k]);
   free(s->route);
-  float *bufs[] = {s->stage, s->rows_a, s->rows_b, s->da, s->dh1, s->dh3};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
   free(s);
   par->ep_state = NULL;
 }
 
-/* (Re)allocates *p to hold n floats when it holds fewer than have (contents dropped). */
-static int grow(mc_backend *be, float **p, int64_t n, int64_t have) {
-  if (*p && n <= have) return 0;
-  be->free(be, *p);
-  *p = be->alloc(be, (size_t)(n > 0 ? n : 1) * sizeof(float));
-  return *p ? 0 : mc_error("expert parallelism: out of memory for %lld floats", (long long)n);
-}
-
-/* The state with routes for slots [0, n_slots) (grown on demand; the routes made so far stay). */
-static struct mc_ep_state *state_of(mc_net_par *par, int n_layers, int n_slots) {
-  if (!par->ep_state) {
-    struct mc_ep_state *s = calloc(1, sizeof *s);
-    if (!s) {
-      mc_error("expert parallelism: out of memory");
-      return NULL;
-    }
-    s->n_layers = n_layers;
-    par->ep_state = s;
-  }
-  struct mc_ep_state *s = par->ep_state;
-  if (s->n_layers != n_layers) {
-    mc_error("expert parallelism: routes for %d layers asked for %d", s->n_layers, n_layers);
+static struct mc_ep_route *route_new(int ep, int layer) {
+  struct mc_ep_route *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  r->ep = ep, r->layer = layer;
+  r->send_rows = calloc((size_t)ep, sizeof(int64_t)), r->send_off = calloc((size_t)ep, sizeof(int64_t));
+  r->recv_rows = calloc((size_t)ep, sizeof(int64_t)), r->recv_off = calloc((size_t)ep, sizeof(int64_t));
+  if (!r->send_rows || !r->send_off || !r->recv_rows || !r->recv_off) { /* recv_cnt, counts: mc_ep_plan */
+    route_free(r);
     return NULL;
   }
-  if (n_slots > s->n_slots) {
-    struct mc_ep_route **r = realloc(s->route, sizeof *r * (size_t)n_slots * (size_t)n_layers);
-    if (!r) {
-      mc_error("expert parallelism: out of memory");
-      return NULL;
-    }
-    memset(r + (size_t)s->n_slots * n_layers, 0, sizeof *r * (size_t)(n_slots - s->n_slots) * (size_t)n_layers);
-    s->route = r, s->n_slots = n_slots;
+  return r;
+}
+
+/* One buffer of n floats in the moe.scratch arena: counted (count = 1) or carved. */
+static float *place(mc_arena *a, int count, int64_t n, int *ok) {
+  if (count) {
+    mc_arena_count(a, n * (int64_t)sizeof(float));
+    return NULL;
   }
-  return s;
+  float *p = mc_arena_take(a, n * (int64_t)sizeof(float), MC_MEM_MOE_SCRATCH);
+  *ok = *ok && p;
+  return p;
+}
+
+/* Counts (count = 1) or carves every EP buffer, in the order the holdings count them: per
+ * slot and E layer the saved rows, then the shared scratch. */
+static int place_all(struct mc_ep_state *s, mc_arena *a, int count, int d, int F) {
+  const int64_t R = s->cap_rows;
+  int ok = 1;
+  for (int k = 0; k < s->n_slots * s->n_layers; k++) {
+    struct mc_ep_route *r = s->route[k];
+    if (!r) continue;
+    r->x = place(a, count, R * d, &ok), r->h1 = place(a, count, R * F, &ok);
+    r->h3 = place(a, count, R * F, &ok), r->a = place(a, count, R * F, &ok);
+    r->cap = R;
+  }
+  float **rows_d[] = {&s->stage, &s->rows_a, &s->rows_b}, **rows_f[] = {&s->da, &s->dh1, &s->dh3};
+  for (int i = 0; i < 3; i++) *rows_d[i] = place(a, count, R * d, &ok);
+  for (int i = 0; i < 3; i++) *rows_f[i] = place(a, count, R * F, &ok);
+  return ok ? 0 : -1;
+}
+
+int mc_ep_reserve(mc_net *net, int n_seq, int n_slots) {
+  mc_net_par *par = &net->par;
+  mc_arena *a = &net->arenas.a[MC_MEM_MOE_SCRATCH];
+  if (par->ep <= 1) return 0;
+  mc_hold_opts o = net->hold;
+  o.micro_batch = n_seq, o.n_micro = n_slots;
+  mc_stage_hold h;
+  if (mc_stage_hold_of(&net->geo, net->stage, &o, &h)) return -1;
+  if (!h.moe_scratch) return 0; /* the stage has no E layer */
+  if ((h.inflight > 1 ? h.inflight : 1) != n_slots)
+    return mc_error("expert parallelism: %d activation slots, the holdings keep %d micro-batches in flight", n_slots,
+                    h.inflight);
+  struct mc_ep_state *s = calloc(1, sizeof *s);
+  if (!s || !(s->route = calloc((size_t)n_slots * (size_t)net->n_layers, sizeof *s->route))) {
+    free(s);
+    return mc_error("expert parallelism: out of memory");
+  }
+  par->ep_state = s;
+  s->n_layers = net->n_layers, s->n_slots = n_slots;
+  s->cap_rows = h.moe_assignments, s->balanced = h.moe_balanced;
+  for (int k = 0; k < n_slots; k++)
+    for (int L = net->L0; L < net->L1; L++)
+      if (net->layers[L].bk->routes && !(s->route[(size_t)k * net->n_layers + L] = route_new(par->ep, L)))
+        return mc_error("expert parallelism: out of memory");
+  const int d = net->m.d_model, F = net->m.expert_hidden;
+  place_all(s, a, 1, d, F);
+  if (a->cap != h.moe_scratch)
+    return mc_error("expert parallelism: the moe.scratch arena counts %lld bytes, the holdings %lld (sizing and "
+                    "placement disagree)", (long long)a->cap, (long long)h.moe_scratch);
+  if (mc_arena_open(a, net->be, MC_MEM_MOE_SCRATCH) || place_all(s, a, 0, d, F))
+    return mc_error_context("expert parallelism: %lld routed rows per exchange", (long long)s->cap_rows);
+  return 0;
+}
+
+void mc_net_moe_rows(const mc_net *net, int64_t *reserved, int64_t *balanced, int64_t *peak) {
+  const struct mc_ep_state *s = net->par.ep_state;
+  *reserved = s ? s->cap_rows : 0;
+  *balanced = s ? s->balanced : 0;
+  *peak = net->par.ep_peak_rows;
 }
 
 struct mc_ep_route *mc_ep_route_of(mc_net_par *par, int n_layers, int layer, int slot) {
-  if (slot < 0 || layer < 0 || layer >= n_layers)
-    return mc_error("expert parallelism: no route for layer %d of slot %d", layer, slot), NULL;
-  struct mc_ep_state *s = state_of(par, n_layers, slot + 1);
-  if (!s) return NULL;
-  struct mc_ep_route **slotp = &s->route[(size_t)slot * n_layers + layer];
-  if (!*slotp) {
-    const int ep = par->ep;
-    struct mc_ep_route *r = calloc(1, sizeof *r);
-    if (!r) return mc_error("expert parallelism: out of memory"), NULL;
-    r->ep = ep;
-    r->send_rows = calloc((size_t)ep, sizeof(int64_t)), r->send_off = calloc((size_t)ep, sizeof(int64_t));
-    r->recv_rows = calloc((size_t)ep, sizeof(int64_t)), r->recv_off = calloc((size_t)ep, sizeof(int64_t));
-    if (!r->send_rows || !r->send_off || !r->recv_rows || !r->recv_off) { /* recv_cnt, counts: mc_ep_plan */
-      free(r->send_rows), free(r->send_off), free(r->recv_rows), free(r->recv_off), free(r);
-      return mc_error("expert parallelism: out of memory"), NULL;
-    }
-    *slotp = r;
-  }
-  return *slotp;
+  const struct mc_ep_state *s = par->ep_state;
+  struct mc_ep_route *r = s && s->n_layers == n_layers && slot >= 0 && slot < s->n_slots && layer >= 0 && layer < n_layers
+                              ? s->route[(size_t)slot * n_layers + layer]
+                              : NULL;
+  if (!r) mc_error("expert parallelism: no route reserved for layer %d of slot %d", layer, slot);
+  return r;
 }
 
-int mc_ep_plan(const mc_net_par *par, mc_backend *be, struct mc_ep_route *r, const int32_t *counts, int E, int d, int F) {
+int mc_ep_plan(mc_net_par *par, struct mc_ep_route *r, const int32_t *counts, int E) {
   const int ep = r->ep, El = E / ep;
   mc_comm *g = par->comm->ep;
   if (g->size != ep || E % ep) return mc_error("expert parallelism: EP group of %d members for ep=%d, E=%d", g->size, ep, E);
@@ -148,12 +182,12 @@ int mc_ep_plan(const mc_net_par *par, mc_backend *be, struct mc_ep_route *r, con
     r->recv_rows[j] = rr, r->recv_off[j] = ro, ro += rr;
   }
   r->R = ro;
-  if (r->R > r->cap || !r->x) {
-    if (grow(be, &r->x, r->R * d, 0) || grow(be, &r->h1, r->R * F, 0) || grow(be, &r->h3, r->R * F, 0) ||
-        grow(be, &r->a, r->R * F, 0))
-      return -1;
-    r->cap = r->R;
-  }
+  const int64_t most = ro > so ? ro : so;
+  if (most > par->ep_peak_rows) par->ep_peak_rows = most;
+  if (most > r->cap)
+    return mc_error("expert parallelism: layer %d routes %lld rows and receives %lld, more than the %lld rows of its "
+                    "moe.scratch buffers (the routing bound of core/holdings.c: a bug)", r->layer, (long long)so,
+                    (long long)ro, (long long)r->cap);
   return 0;
 }
 
@@ -163,16 +197,9 @@ float *mc_ep_saved(struct mc_ep_route *r, int which) {
   return which == 0 ? r->x : which == 1 ? r->h1 : which == 2 ? r->h3 : r->a;
 }
 
-int mc_ep_scratch(mc_net_par *par, mc_backend *be, int64_t rows, int64_t R, int d, int F, float **stage, float **a,
-                  float **b, float **da, float **dh1, float **dh3) {
+int mc_ep_scratch(mc_net_par *par, float **stage, float **a, float **b, float **da, float **dh1, float **dh3) {
   struct mc_ep_state *s = par->ep_state;
-  const int64_t need = rows > R ? rows : R;
-  if (need > s->cap_rows || !s->stage) {
-    if (grow(be, &s->stage, need * d, 0) || grow(be, &s->rows_a, need * d, 0) || grow(be, &s->rows_b, need * d, 0) ||
-        grow(be, &s->da, need * F, 0) || grow(be, &s->dh1, need * F, 0) || grow(be, &s->dh3, need * F, 0))
-      return -1;
-    s->cap_rows = need;
-  }
+  if (!s) return mc_error("expert parallelism: no exchange scratch reserved");
   if (stage) *stage = s->stage;
   if (a) *a = s->rows_a;
   if (b) *b = s->rows_b;

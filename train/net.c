@@ -348,6 +348,8 @@ static void free_activations(mc_net *net) {
   for (int i = 0; i < MC_NET_GBUFS; i++) net->g[i] = NULL;
   net->tok_in = net->tok_tgt = par->emb_tok = par->emb_slot = NULL;
   mc_arena_close(&net->arenas.a[MC_MEM_ACTIVATIONS]);
+  mc_ep_free(par); /* the routes point into moe.scratch, sized with the activations */
+  mc_arena_close(&net->arenas.a[MC_MEM_MOE_SCRATCH]);
   free(net->loss_host), free(par->lse_host), free(par->tgt_host);
   net->loss_host = par->lse_host = NULL;
   par->tgt_host = NULL;
@@ -360,7 +362,6 @@ void mc_net_free(mc_net *net) {
   if (!net) return;
   free_activations(net);
   mc_arenas_close(&net->arenas);
-  mc_ep_free(&net->par, net->be);
   mc_dist_free(&net->par, net->n_params);
   free(net->par.dist);
   free(net->params);
@@ -480,8 +481,9 @@ static int place_activations(mc_net *net, int n_seq, int n_slots, int count) {
   return ok ? 0 : mc_error("out of host memory for the loss staging buffers");
 }
 
-/* Makes the activations arena hold micro-batches of up to n_seq sequences (one allocation;
- * a larger micro-batch later replaces it). */
+/* Makes the activations arena (and under EP the moe.scratch arena, train/dist_ep.c) hold
+ * micro-batches of up to n_seq sequences (one allocation each; a larger micro-batch later
+ * replaces them). */
 static int ensure_capacity(mc_net *net, int n_seq, int n_slots) {
   if (n_seq <= net->n_seq_cap && n_slots <= net->n_slots) return 0;
   if (n_seq < net->n_seq_cap) n_seq = net->n_seq_cap;
@@ -489,7 +491,7 @@ static int ensure_capacity(mc_net *net, int n_seq, int n_slots) {
   free_activations(net);
   if (place_activations(net, n_seq, n_slots, 1) ||
       mc_arena_open(&net->arenas.a[MC_MEM_ACTIVATIONS], net->be, MC_MEM_ACTIVATIONS) ||
-      place_activations(net, n_seq, n_slots, 0)) {
+      place_activations(net, n_seq, n_slots, 0) || mc_ep_reserve(net, n_seq, n_slots)) {
     free_activations(net);
     return mc_error_context("network: the activations of %d sequences of %d tokens", n_seq, net->m.seq_len);
   }

@@ -78,6 +78,11 @@ int mc_net_reserve_micro(mc_net *net, int n_seq, int n_micro);
 /* Adds the bytes of the network's arenas to bytes[c] per memory category c (core/mem_cats.h's
  * mc_mem_cat): params.* (working weights; ZeRO 3: the persistent shard), grads, activations. */
 void mc_net_mem_bytes(const mc_net *net, int64_t bytes[MC_MEM_COUNT]);
+/* Expert parallelism (train/dist_ep.c): rows per exchange the moe.scratch arena holds (the
+ * routing bound), rows an exchange receives under balanced routing, and the most rows one
+ * exchange of this rank has sent or received so far; all 0 at ep = 1 or in a stage without
+ * E layers. */
+void mc_net_moe_rows(const mc_net *net, int64_t *reserved, int64_t *balanced, int64_t *peak);
 
 /* tokens: n_seq rows of seq_len+1 token ids (inputs are [0, T), targets [1, T]); every rank
  * of a TP group passes the same tokens.

@@ -47,8 +47,9 @@ typedef struct {
   float *lse_host;     /* [n] */
   int32_t *tgt_host;   /* [n] */
   struct mc_ep_state *ep_state; /* ep > 1: the E layers' exchange plans and saved expert rows,
-                                   one set per pipeline micro-batch slot (train/dist_ep.c),
-                                   made by the first forward of each slot */
+                                   one set per pipeline micro-batch slot, in the moe.scratch
+                                   arena (train/dist_ep.c, mc_ep_reserve) */
+  int64_t ep_peak_rows; /* the most rows one exchange of this rank sent or received so far */
 } mc_net_par;
 
 /* ---- tensor / sequence parallel pieces (train/dist_tp.c); each returns 0 or -1. The
@@ -82,30 +83,34 @@ int mc_vp_xent_bwd(const mc_net_par *par, mc_backend *be, const float *logits, i
 int mc_sp_moe_aux(const mc_net_par *par, mc_backend *be, int E, const float *probs, float *fr, int n_seq, int T_l,
                   float *aux_host);
 
-/* ---- expert parallelism (train/dist_ep.c), ep > 1. An E layer's exchange of one forward:
- * mc_ep_plan exchanges the per-expert row counts of the rank's expert-sorted buffer (counts
- * [E], peer-major since EP rank j owns experts [j*E/ep, (j+1)*E/ep)) over the ep group and
- * sizes the layer's saved expert rows; mc_ep_dispatch sends the local expert-sorted rows
+/* ---- expert parallelism (train/dist_ep.c), ep > 1. mc_ep_reserve places every EP buffer
+ * in the moe.scratch arena for micro-batches of n_seq sequences and n_slots activation slots,
+ * sized by the holdings (core/holdings.h mc_stage_hold: the most rows the routing rule lets
+ * one exchange move); mc_ep_free drops the routes (the arena owns the buffers). An E layer's
+ * exchange of one forward: mc_ep_plan exchanges the per-expert row counts of the rank's
+ * expert-sorted buffer (counts [E], peer-major since EP rank j owns experts
+ * [j*E/ep, (j+1)*E/ep)) over the ep group, and fails naming the layer if the rows exceed the
+ * reserved bound (a bug in the bound); mc_ep_dispatch sends the local expert-sorted rows
  * (width d) to their owners and leaves what arrived expert-major in em (the rows of local
  * expert e from source 0, 1, ...); mc_ep_combine is its reverse. stage: mc_ep_scratch's. */
 struct mc_ep_route;
+int mc_ep_reserve(mc_net *net, int n_seq, int n_slots);
+void mc_ep_free(mc_net_par *par);
 /* The route of layer `layer` for the micro-batch in activation slot `slot` (net->cur_slot under
  * pipeline slots, else 0): each micro-batch in flight keeps its own, the scratch is shared. */
 struct mc_ep_route *mc_ep_route_of(mc_net_par *par, int n_layers, int layer, int slot);
-int mc_ep_plan(const mc_net_par *par, mc_backend *be, struct mc_ep_route *r, const int32_t *counts, int E, int d, int F);
+int mc_ep_plan(mc_net_par *par, struct mc_ep_route *r, const int32_t *counts, int E);
 int64_t mc_ep_rows(const struct mc_ep_route *r);          /* rows received (R) */
 const int32_t *mc_ep_counts(const struct mc_ep_route *r); /* [E/ep] rows per local expert */
 /* The layer's saved rows: 0 the received input [R, d], 1 h1, 2 h3, 3 the SwiGLU output [R, F]. */
 float *mc_ep_saved(struct mc_ep_route *r, int which);
-/* Shared scratch for rows local rows and R received ones (NULL outputs are not wanted):
- * stage [max, d], a and b [max, d], da, dh1, dh3 [max, F]. */
-int mc_ep_scratch(mc_net_par *par, mc_backend *be, int64_t rows, int64_t R, int d, int F, float **stage, float **a,
-                  float **b, float **da, float **dh1, float **dh3);
+/* The shared scratch (NULL outputs are not wanted): stage, a and b [rows, d], da, dh1, dh3
+ * [rows, F], rows the reserved bound. */
+int mc_ep_scratch(mc_net_par *par, float **stage, float **a, float **b, float **da, float **dh1, float **dh3);
 int mc_ep_dispatch(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, const float *local, float *em,
                    int d, float *stage, const char *what);
 int mc_ep_combine(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, float *em, float *local, int d,
                   float *stage, const char *what);
-void mc_ep_free(mc_net_par *par, mc_backend *be);
 
 /* ---- gradient combination and ZeRO (train/dist_sync.c), over the network's params */
 /* Fills par->dist[0..n_params) (par->dist allocated by the caller) from the layout. */

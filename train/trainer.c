@@ -423,10 +423,10 @@ static void measured_bytes(run *r, int64_t bytes[MC_MEM_COUNT]) {
   memset(bytes, 0, sizeof(int64_t) * MC_MEM_COUNT);
   mc_net_mem_bytes(r->net, bytes);
   mc_optim_mem_bytes(&r->opt.opt, bytes);
-  static const mc_mem_cat none[] = {MC_MEM_PIPELINE_BUFFERS, MC_MEM_MOE_SCRATCH, MC_MEM_RUNTIME_RESERVE,
-                                    MC_MEM_ALLOCATOR_OVERHEAD};
+  static const mc_mem_cat none[] = {MC_MEM_PIPELINE_BUFFERS, MC_MEM_RUNTIME_RESERVE, MC_MEM_ALLOCATOR_OVERHEAD};
   for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) bytes[none[i]] = -1;
   if (r->cfg->parallel.zero != 3) bytes[MC_MEM_ZERO3_BUFFERS] = -1; /* only ZeRO 3 gathers layers */
+  if (r->cfg->parallel.ep <= 1) bytes[MC_MEM_MOE_SCRATCH] = -1;     /* only EP exchanges routed rows */
 }
 
 static int memory_report(run *r) {
@@ -435,6 +435,11 @@ static int memory_report(run *r) {
   const char *be = mc_net_backend(r->net)->name;
   if (r->opts->progress) {
     mc_mem_report_text(r->opts->progress, r->rank, be, m, r->opts->mem_predicted);
+    int64_t reserved, balanced, peak;
+    mc_net_moe_rows(r->net, &reserved, &balanced, &peak);
+    if (reserved > 0)
+      fprintf(r->opts->progress, "  moe.scratch: %lld routed rows per exchange reserved (the routing bound; %lld under "
+              "balanced routing), at most %lld used in step 1\n", (long long)reserved, (long long)balanced, (long long)peak);
     fflush(r->opts->progress);
   }
   return r->metrics.f ? mc_mem_report_json(r->metrics.f, r->rank, be, m, r->opts->mem_predicted) : 0;

@@ -50,7 +50,12 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
   mc_dist_test(dist.ckpt_resume_1rank 1 $<TARGET_FILE:dist_train> 1 1 0 0 --resume ${MC_DIST_CKPT})
   mc_dist_test(dist.ckpt_resume_dp4_zero3 4 $<TARGET_FILE:dist_train> 1 4 0 3 --resume ${MC_DIST_CKPT})
   mc_dist_test(dist.ckpt_resume_tp2_sp 2 $<TARGET_FILE:dist_train> 2 1 1 0 --resume ${MC_DIST_CKPT})
+  # ... and directly into pipeline x expert parallelism (pp2 x dp2 x ep2: load-time resharding
+  # into stages and expert shards, zero 1 and zero 3)
+  mc_dist_test(dist.ckpt_resume_pp2_dp2_ep2 4 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2 --pp 2 --split AME|R --resume ${MC_DIST_CKPT})
+  mc_dist_test(dist.ckpt_resume_pp2_dp2_ep2_zero3 4 $<TARGET_FILE:dist_train> 1 2 0 3 --ep 2 --pp 2 --split AM|ER --resume ${MC_DIST_CKPT})
   set_tests_properties(dist.ckpt_resume_1rank dist.ckpt_resume_dp4_zero3 dist.ckpt_resume_tp2_sp
+                       dist.ckpt_resume_pp2_dp2_ep2 dist.ckpt_resume_pp2_dp2_ep2_zero3
                        PROPERTIES FIXTURES_REQUIRED dist_ckpt)
 
   # The other path after a hardware change: mcreshard the tp2 x dp2 checkpoint offline to
@@ -63,6 +68,13 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
     set_tests_properties(dist.ckpt_mcreshard_pp2_tp2 PROPERTIES FIXTURES_REQUIRED dist_ckpt FIXTURES_SETUP dist_ckpt_rs)
     mc_dist_test(dist.ckpt_resume_resharded_pp2_tp2 4 $<TARGET_FILE:dist_train> 2 1 0 1 --pp 2 --resume ${MC_DIST_CKPT_RS})
     set_tests_properties(dist.ckpt_resume_resharded_pp2_tp2 PROPERTIES FIXTURES_REQUIRED dist_ckpt_rs)
+    # offline to pp2 x dp2 x ep2 (experts split over EP, stage split AM|ER), then resumed there
+    set(MC_DIST_CKPT_EP ${MC_DIST_CKPT}-pp2dp2ep2)
+    add_test(NAME dist.ckpt_mcreshard_pp2_dp2_ep2
+             COMMAND sh -c "rm -rf '${MC_DIST_CKPT_EP}' && '$<TARGET_FILE:mcreshard>' '${MC_DIST_CKPT}' '${MC_DIST_CKPT_EP}' --tp 1 --dp 2 --pp 2 --ep 2 --zero 1 --split 'AM|ER' --no-progress && cp '${MC_DIST_CKPT}/losses.txt' '${MC_DIST_CKPT_EP}/'")
+    set_tests_properties(dist.ckpt_mcreshard_pp2_dp2_ep2 PROPERTIES FIXTURES_REQUIRED dist_ckpt FIXTURES_SETUP dist_ckpt_ep)
+    mc_dist_test(dist.ckpt_resume_resharded_pp2_dp2_ep2 4 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2 --pp 2 --split AM|ER --resume ${MC_DIST_CKPT_EP})
+    set_tests_properties(dist.ckpt_resume_resharded_pp2_dp2_ep2 PROPERTIES FIXTURES_REQUIRED dist_ckpt_ep)
   endif()
 
   # 16 ranks (oversubscribed): tp2 x dp4 x pp2 ZeRO 1 saves at step 5; resumed on 4 ranks
@@ -89,5 +101,8 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
       add_test(NAME dist.mctrain_${mode} COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/mctrain_mpi.sh ${mode})
       set_tests_properties(dist.mctrain_${mode} PROPERTIES ENVIRONMENT "${MC_DIST_ENV};MC_MPIRUN=${MC_DIST_MPIRUN}" TIMEOUT 180)
     endforeach()
+    # configs/nam-medium.json's pattern and layout at CPU size against one process
+    add_test(NAME dist.nam_medium_cpu COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/mctrain_mpi.sh nam_medium)
+    set_tests_properties(dist.nam_medium_cpu PROPERTIES ENVIRONMENT "${MC_DIST_ENV};MC_MPIRUN=${MC_DIST_MPIRUN}" TIMEOUT 300)
   endif()
 endif()

@@ -20,6 +20,9 @@ if(COMMAND mc_dist_test AND TARGET dist_train)
   mc_dist_test(dist.pp2_tp2_dp2_sp_ep2_zero1 8 $<TARGET_FILE:dist_train> 2 2 1 1 --ep 2 --pp 2 --split AEMR|AEMR)
   mc_dist_test(dist.pp2_dp2_ep2_first_no_e 4 $<TARGET_FILE:dist_train> 1 2 0 0 --ep 2 --pp 2 --split AMR|EEE)
   mc_dist_test(dist.pp2_dp2_ep2_last_no_e 4 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2 --pp 2 --split AME|R)
+  # ZeRO 3 with pp x ep: each stage gathers its layers' weights over the DP group (dense) and
+  # the expert-DP group (experts) while two micro-batches are in flight on stage 0
+  mc_dist_test(dist.pp2_dp2_ep2_zero3 4 $<TARGET_FILE:dist_train> 1 2 0 3 --ep 2 --pp 2 --split AEMR|AEMR)
 
   # Save under pp2 (explicit AME|R) at step 5; resume as one rank and under another split.
   set(MC_DIST_PP_CKPT ${CMAKE_BINARY_DIR}/dist-pp-ckpt)

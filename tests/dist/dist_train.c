@@ -212,6 +212,36 @@ static void compare_weights(trainee *e, float **ref, int rank, uint64_t seed) {
   if (rank == 0) printf("  final weights: max |w - w_1| = %.3g (tolerance %g; training moved them by up to %.3g)\n", all, PTOL, moved);
 }
 
+/* Expert parallelism: every rank's moe.scratch arena (the exchange buffers, train/dist_ep.c)
+ * must be exactly what mcplan's holdings plan for that rank (core/holdings.c), and the rows
+ * any exchange moved at most the bound the arena is sized for (else the run would have failed
+ * naming the layer). Rank 0 prints each rank's figures. */
+static void compare_moe_scratch(const setup *S, trainee *e, int rank, int world) {
+  mc_hold_opts o;
+  int64_t plan[MC_MEM_COUNT] = {0}, have[MC_MEM_COUNT] = {0}, row[6] = {0};
+  CHECK_OK(mc_hold_opts_of(&e->geo, &S->t, &o));
+  CHECK_OK(mc_holdings_of(&e->geo, rank, &o, plan));
+  mc_net_mem_bytes(e->net, have);
+  row[0] = have[MC_MEM_MOE_SCRATCH], row[1] = plan[MC_MEM_MOE_SCRATCH];
+  mc_net_moe_rows(e->net, &row[2], &row[3], &row[4]);
+  row[5] = e->net->stage;
+  CHECK(row[0] == row[1], "rank %d: moe.scratch arena %lld bytes, mcplan %lld", rank, (long long)row[0], (long long)row[1]);
+  CHECK(row[4] <= row[2], "rank %d: an exchange moved %lld rows, the arena holds %lld", rank, (long long)row[4],
+        (long long)row[2]);
+  int64_t *all = malloc(sizeof row * (size_t)world);
+  MPI_Gather(row, 6, MPI_INT64_T, all, 6, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  int any = 0;
+  for (int r = 0; rank == 0 && r < world; r++) {
+    const int64_t *x = all + 6 * r;
+    any |= x[1] > 0;
+    printf("  rank %d (stage %lld): moe.scratch measured %lld bytes, planned %lld; rows per exchange reserved %lld, "
+           "balanced %lld, most moved %lld\n", r, (long long)x[5], (long long)x[0], (long long)x[1], (long long)x[2],
+           (long long)x[3], (long long)x[4]);
+  }
+  CHECK(rank != 0 || any, "no rank holds moe.scratch under ep=%d", e->geo.layout.ep);
+  free(all);
+}
+
 static int save_ckpt(const setup *S, trainee *e, const mc_comm_groups *grp, const char *dir, int64_t step) {
   mc_train_state st;
   memset(&st, 0, sizeof st);
@@ -309,6 +339,7 @@ int main(int argc, char **argv) {
       CHECK(want[STEPS] > S.t.grad_clip, "step 1 gradient norm %g does not exceed grad_clip=%g: clipping untested",
             want[STEPS], S.t.grad_clip);
       compare_weights(&e, ref, rank, S.t.seed);
+      if (l.ep > 1) compare_moe_scratch(&S, &e, rank, world->size);
       for (int f = 0; f < fams.n; f++) free(ref[f]);
       free(ref);
       mc_families_free(&fams);
@@ -346,6 +377,7 @@ int main(int argc, char **argv) {
       CHECK(got == STEPS - SAVE_AT, "%s holds %d losses", path, got);
       CHECK_OK(run_steps(&S, e.net, &e.d, &l, rank, SAVE_AT, STEPS, losses));
       compare_losses(losses, want, SAVE_AT, STEPS, rank);
+      if (l.ep > 1) compare_moe_scratch(&S, &e, rank, world->size);
     }
   }
   trainee_free(&e);

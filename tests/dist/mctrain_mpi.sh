@@ -16,6 +16,11 @@
 # pp:     pipeline stages: pp=2 against one process (losses, gradient norms, val_loss), its
 #         step-5 checkpoint resumed as one process and at pp=2 under the split AEM|R,
 #         pp=2 x dp=2 zero 1, and pp=2 x dp=2 x ep=2 zero 1 (pipeline with expert parallelism).
+# nam_medium: configs/nam-medium.json's own pattern (24 layers, AEMEAEMEAEMR x 2), experts
+#         (16, top-2) and layout (dp2 x ep2 zero 1, global batch 16 in micro-batches of 1) at
+#         CPU size (d 64, seq 16, vocab 256, fp32, no recompute): 10 steps under mpirun against
+#         one process, losses and gradient norms within 1e-4 relative; rank 0's moe.scratch
+#         arena equals mcplan's.
 # async:  checkpoint.async_save under mpirun (the ranks' save threads meet through marker files):
 #         dp2 and tp2 x dp2 with checkpoint.every=2 write the same checkpoints, byte for byte (every
 #         rank file; the manifest but for its checkpoint.async_save line), as with async_save=false;
@@ -201,6 +206,23 @@ pp)
   same_losses one/metrics.jsonl x/metrics.jsonl 1 10
 
   echo "loss at step 10: one process $(field one/metrics.jsonl loss 10), pp2 $(field a/metrics.jsonl loss 10), resumed as one process $(field c/metrics.jsonl loss 10), as pp2 AEM|R $(field d/metrics.jsonl loss 10), pp2 x dp2 zero 1 $(field e/metrics.jsonl loss 10), pp2 x dp2 x ep2 zero 1 $(field x/metrics.jsonl loss 10)"
+  ;;
+nam_medium)
+  NAM=(--config "$S/configs/nam-medium.json" --set model.vocab_size=256 --set model.d_model=64 --set model.head_dim=4
+       --set model.expert_hidden=32 --set model.mamba_inner=128 --set model.mamba_head_dim=16 --set model.ssm_state=16
+       --set model.rec_width=64 --set model.seq_len=16 --set model.init_std=0.1
+       --set train.recompute=none --set train.device=cpu --set train.dtype=fp32 --set train.warmup_steps=2
+       --set train.steps=10 --set train.log_every=1 --set train.eval_every=0
+       --set checkpoint.keep=0 --set checkpoint.every=0 --set data.path=corpus.h5)
+  grep -q '"pattern": "AEMEAEMEAEMRAEMEAEMEAEMR"' "$S/configs/nam-medium.json" && grep -q '"ep": 2' "$S/configs/nam-medium.json" \
+    || die "configs/nam-medium.json no longer has the pattern and ep this test shrinks"
+  "$B/mctrain" "${NAM[@]}" --set parallel.dp=1 --set parallel.ep=1 --set parallel.zero=0 --set checkpoint.dir=one > one.log 2>&1 \
+    || { cat one.log; die "one-process run failed"; }
+  "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${NAM[@]}" --set checkpoint.dir=a > a.log 2>&1 || { cat a.log; die "nam-medium layout failed"; }
+  grep -q '"ep":[[:space:]]*2' a/step_10/manifest.json || die "the run's manifest does not record ep=2"
+  same_losses one/metrics.jsonl a/metrics.jsonl 1 10
+  grep -qE '^  moe.scratch +[0-9]+ +[0-9]+ +1.000' a.log || { grep moe a.log; die "rank 0's moe.scratch is not mcplan's"; }
+  echo "nam-medium layout (dp2 x ep2 zero 1) at CPU size: loss at step 10 $(field a/metrics.jsonl loss 10), one process $(field one/metrics.jsonl loss 10); $(grep -E '^  moe.scratch' a.log | tr -s ' ' | tr '\n' ';')"
   ;;
 async)
   for lay in "dp2 2 --set parallel.dp=2" "tp2dp2 4 --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero=1"; do

@@ -359,6 +359,23 @@ static void test_block_formulas(void) {
             p.ranks[0].bytes[MC_MEM_MOE_SCRATCH] == s->moe_scratch,
         "scratch total");
   drop(&g, &p);
+  /* dropless: the buffers hold the most rows routing can send one rank, ep sources x their
+   * tokens (the SP shard, 3 x 32) x min(top_k, E/ep) = 2 x 96 x 2, twice the balanced 96 x 2 */
+  m.capacity_factor = 0;
+  CHECK_OK(make_plan(&m, layout(2, 1, 1, 2, 1, 0), &t, &g, &p));
+  if (!p.ranks) return;
+  s = &p.ranks[0].act;
+  CHECK(s->moe_assignments == 2 * 96 * 2 && s->moe_balanced == 96 * 2, "dropless bound %lld, balanced %lld",
+        (long long)s->moe_assignments, (long long)s->moe_balanced);
+  drop(&g, &p);
+  /* top_k above the experts an owner holds (E = 4, ep = 4: one each): a token sends it one row */
+  m.n_experts = 4, m.top_k = 3;
+  CHECK_OK(make_plan(&m, layout(2, 2, 1, 4, 1, 0), &t, &g, &p));
+  if (!p.ranks) return;
+  s = &p.ranks[0].act;
+  CHECK(s->moe_assignments == 4 * 96 * 1 && s->moe_balanced == 96 * 3, "bound with top_k > E/ep: %lld",
+        (long long)s->moe_assignments);
+  drop(&g, &p);
 }
 
 static void test_pipeline(void) {
@@ -404,7 +421,7 @@ static void test_pipeline(void) {
   if (p.ranks) {
     const mc_stage_hold *a0 = &p.ranks[0].act, *a1 = &p.ranks[2].act;
     const int64_t R = a0->moe_assignments;
-    CHECK(a0->inflight == 2 && a1->inflight == 1 && R > 0 && a1->moe_assignments == R, "pp2 ep2 in flight");
+    CHECK(a0->inflight == 2 && a1->inflight == 1 && R == 2 * 128 * 2 && a1->moe_assignments == R, "pp2 ep2 in flight");
     CHECK(a0->moe_layers == 2 * 1 * R * (64 + 3 * 128) * 4 && a1->moe_layers == 1 * 1 * R * (64 + 3 * 128) * 4 &&
               a0->moe_exchange == a1->moe_exchange && a0->moe_scratch == a0->moe_layers + a0->moe_exchange,
           "EP saved rows per micro-batch in flight: %lld, %lld", (long long)a0->moe_layers, (long long)a1->moe_layers);

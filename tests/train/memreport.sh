@@ -6,7 +6,9 @@
 #   what `mcplan --json` prints for the same config;
 # - a resumed run keeps the record (once) and does not add another;
 # - under mpirun (dp=2, ZeRO 1 and ZeRO 3) rank 0 alone reports, with the sharded optimizer
-#   arenas (and at ZeRO 3 the zero3.buffers arena).
+#   arenas (and at ZeRO 3 the zero3.buffers arena);
+# - under expert parallelism (dp2 x ep2, pp2 x dp2 x ep2) the moe.scratch arena is measured,
+#   equal to mcplan's figure, and the rows the exchanges used are at most those it reserves.
 set -u
 B=${MC_BINARY_DIR:?}
 S=${MC_SOURCE_DIR:?}
@@ -30,14 +32,15 @@ runtime.reserve allocator.overhead"
 # check_run LOG METRICS [MCPLAN ARGS...]: the table and the record agree with each other and
 # with mcplan --json for rank 0.
 check_run() {
-  local log=$1 metrics=$2 Z3=; shift 2
+  local log=$1 metrics=$2 Z3=- EP=-; shift 2
   case " $* " in *parallel.zero=3*) Z3=zero3 ;; esac
+  case " $* " in *parallel.ep=2*) EP=ep ;; esac
   [ "$(grep -c '^memory after step 1, rank 0' "$log")" = 1 ] || die "$log: expected one memory table"
   for c in $CATS; do
     [ "$(grep -cE "^  $c +" "$log")" = 1 ] || die "$log: category $c is not listed once"
   done
   "$B/mcplan" "$@" --json > plan.json 2> plan.err || { cat plan.err; die "mcplan failed"; return; }
-  "$PY" - "$log" "$metrics" plan.json "$Z3" <<'PY' || die "$log: table, record and mcplan disagree"
+  "$PY" - "$log" "$metrics" plan.json "$Z3" "$EP" <<'PY' || die "$log: table, record and mcplan disagree"
 import json, sys
 log, metrics, plan = sys.argv[1:4]
 recs = [json.loads(l) for l in open(metrics) if l.strip()]
@@ -56,8 +59,10 @@ for c, v in cats.items():
     if v["predicted"] != pb[c]: bad.append("%s predicted %s, mcplan %s" % (c, v["predicted"], pb[c]))
     m = "-" if v["measured"] is None else str(v["measured"])
     if rows[c][1] != m or rows[c][2] != str(v["predicted"]): bad.append("%s table %s vs record %s" % (c, rows[c], v))
-zero3 = len(sys.argv) > 4 and sys.argv[4] == "zero3"
-arenas = (["zero3.buffers"] if zero3 else []) + ["params.replicated", "params.tp", "params.ep", "grads", "optimizer.master.decay",
+zero3, ep = sys.argv[4] == "zero3", sys.argv[5] == "ep"
+if ep and not (cats["moe.scratch"]["predicted"] > 0 and cats["moe.scratch"]["measured"] == cats["moe.scratch"]["predicted"]):
+    bad.append("moe.scratch under ep: %s" % cats["moe.scratch"])
+arenas = (["zero3.buffers"] if zero3 else []) + (["moe.scratch"] if ep else []) + ["params.replicated", "params.tp", "params.ep", "grads", "optimizer.master.decay",
           "optimizer.master.no_decay", "optimizer.moments.decay", "optimizer.moments.no_decay", "activations"]
 for c in arenas:
     if cats[c]["measured"] is None or cats[c]["measured"] % 256: bad.append("%s: no arena or unaligned size" % c)
@@ -94,6 +99,19 @@ if [ -n "${MC_MPIRUN:-}" ]; then
     "$MC_MPIRUN" -np 2 "$B/mctrain" "${CFG[@]}" "${P[@]}" --set data.path=corpus.h5 --set checkpoint.dir=z > z.log 2>&1 \
     || { cat z.log; die "mpirun mctrain zero=3 failed"; }
   check_run z.log z/metrics.jsonl "${CFG[@]}" "${P[@]}"
+  # expert parallelism: the exchange buffers' arena, and the rows step 1 used of it
+  for P in "--set parallel.dp=2 --set parallel.ep=2" "--set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2"; do
+    np=2; case "$P" in *pp=2*) np=4 ;; esac
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 \
+      "$MC_MPIRUN" -np $np "$B/mctrain" "${CFG[@]}" $P --set data.path=corpus.h5 --set checkpoint.dir=ep$np > ep$np.log 2>&1 \
+      || { cat ep$np.log; die "mpirun mctrain $P failed"; }
+    check_run ep$np.log ep$np/metrics.jsonl "${CFG[@]}" $P
+    line=$(grep '^  moe.scratch: ' ep$np.log)
+    used=$(echo "$line" | sed -n 's/.*at most \([0-9]*\) used.*/\1/p')
+    held=$(echo "$line" | sed -n 's/.*: \([0-9]*\) routed rows per exchange reserved.*/\1/p')
+    [ -n "$used" ] && [ -n "$held" ] && [ "$used" -gt 0 ] && [ "$used" -le "$held" ] || die "ep$np: rows used vs reserved: '$line'"
+    echo "$P: $(grep -E '^  moe.scratch ' ep$np.log | tr -s ' ');$line"
+  done
 fi
 [ $fail = 0 ] && echo "memreport: ok"
 exit $fail
