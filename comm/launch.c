@@ -59,10 +59,15 @@ int mc_launch_read(mc_launch *o) {
   }
   if ((r = env_int("WORLD_SIZE", 1, INT_MAX, &o->size)) != 0) {
     if (r < 0) return -1;
-    o->by = "torchrun";
-    if (need_int("RANK", "torchrun", 0, o->size - 1, &o->rank)) return -1;
+    const int torchrun = getenv("TORCHELASTIC_RUN_ID") != NULL;
+    o->by = torchrun ? "torchrun" : "RANK/WORLD_SIZE";
+    if (need_int("RANK", o->by, 0, o->size - 1, &o->rank)) return -1;
     if (env_int("LOCAL_RANK", 0, INT_MAX, &o->local_rank) < 0) return -1;
-    return o->size > 1 && read_master(o) ? -1 : 1;
+    if (o->size > 1 && read_master(o)) return -1;
+    /* torchrun's agent keeps its own store on MASTER_PORT: the rendezvous takes the next port */
+    if (o->size > 1 && torchrun && o->master_port++ == 65535)
+      return mc_error("MASTER_PORT=65535: under torchrun MegaC's rendezvous uses MASTER_PORT + 1");
+    return 1;
   }
   if (getenv("SLURM_STEP_ID") && getenv("SLURM_NTASKS")) {
     o->by = "slurm";

@@ -6,9 +6,11 @@
 typedef struct {
   int rank, size;   /* in the job */
   int local_rank;   /* index of this process on its host: it picks the GPU */
-  const char *by;   /* "mpirun", "torchrun" (RANK/WORLD_SIZE) or "slurm" (srun) */
+  const char *by;   /* "mpirun", "torchrun" (TORCHELASTIC_RUN_ID set), "RANK/WORLD_SIZE"
+                       (set otherwise, e.g. by mctrain --nproc-per-node) or "slurm" (srun) */
   const char *master_addr; /* MASTER_ADDR (not needed under mpirun) */
-  int master_port;         /* MASTER_PORT */
+  int master_port;         /* MASTER_PORT; under torchrun MASTER_PORT + 1, since torchrun's
+                              agent holds MASTER_PORT for its own store */
 } mc_launch;
 
 /* Reads, in this order: mpirun (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK, or PMI_RANK/PMI_SIZE),

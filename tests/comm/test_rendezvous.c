@@ -97,14 +97,17 @@ int main(void) {
 
   /* the launch environment */
   mc_launch l;
-  unsetenv("OMPI_COMM_WORLD_SIZE"), unsetenv("PMI_SIZE"), unsetenv("SLURM_STEP_ID");
+  unsetenv("OMPI_COMM_WORLD_SIZE"), unsetenv("PMI_SIZE"), unsetenv("SLURM_STEP_ID"), unsetenv("TORCHELASTIC_RUN_ID");
   unsetenv("WORLD_SIZE"), unsetenv("RANK"), unsetenv("LOCAL_RANK");
   CHECK(mc_launch_read(&l) == 0 && l.size == 1 && l.rank == 0, "plain process");
   setenv("WORLD_SIZE", "4", 1), setenv("RANK", "3", 1), setenv("LOCAL_RANK", "1", 1);
   setenv("MASTER_ADDR", "node0", 1), setenv("MASTER_PORT", "29500", 1);
   CHECK(mc_launch_read(&l) == 1 && l.size == 4 && l.rank == 3 && l.local_rank == 1 && l.master_port == 29500 &&
-            !strcmp(l.master_addr, "node0") && !strcmp(l.by, "torchrun"),
-        "torchrun variables");
+            !strcmp(l.master_addr, "node0") && !strcmp(l.by, "RANK/WORLD_SIZE"),
+        "torchrun-style variables");
+  setenv("TORCHELASTIC_RUN_ID", "x", 1);
+  CHECK(mc_launch_read(&l) == 1 && l.master_port == 29501 && !strcmp(l.by, "torchrun"), "torchrun: the next port");
+  unsetenv("TORCHELASTIC_RUN_ID");
   setenv("RANK", "4", 1);
   CHECK(mc_launch_read(&l) < 0 && strstr(mc_errmsg(), "RANK=4"), "RANK out of range: %s", mc_errmsg());
   setenv("RANK", "0", 1), setenv("MASTER_PORT", "http", 1);

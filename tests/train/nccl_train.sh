@@ -15,8 +15,8 @@
 # nodes:    (4 GPUs) two "nodes" of 2 GPUs (CUDA_VISIBLE_DEVICES 0,1 and 2,3), each started by
 #           mctrain --nproc-per-node 2 --nnodes 2 --node-rank K, train tp2 x dp2 as one job: losses
 #           within BAND of the one-GPU run.
-# launchers: the same dp2 run started three ways (--nproc-per-node, mpirun, torchrun-style
-#           variables set by hand) gives the same losses within BAND (GPU runs are not bitwise
+# launchers: the same dp2 run started four ways (--nproc-per-node, mpirun, torchrun-style
+#           variables set by hand, and torchrun itself where installed) gives the same losses within BAND (GPU runs are not bitwise
 #           repeatable: two --nproc-per-node runs differ by about 1e-7); progress comes from rank 0 only, in
 #           plain lines (no carriage return) when stdout is not a terminal.
 # With fewer than 2 GPUs (or no CUDA/NCCL in the build) it prints "SKIP: ..." and passes.
@@ -158,6 +158,13 @@ launchers)
   done
   wait ${pids[0]} || { tail -20 t0.log; die "torchrun-style rank 0 failed"; }
   wait ${pids[1]} || { tail -20 t1.log; die "torchrun-style rank 1 failed"; }
+  if command -v torchrun > /dev/null; then
+    torchrun --nproc-per-node 2 --master-port $((port + 1)) --no-python "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=tr \
+      --set parallel.dp=2 > tr.log 2>&1 || { tail -20 tr.log; die "torchrun --nproc-per-node 2 failed"; }
+    same "torchrun" a/metrics.jsonl tr/metrics.jsonl 1 10 "$BAND" loss grad_norm
+  else
+    echo "torchrun not installed: the torchrun launch itself not run"
+  fi
   same "mpirun" a/metrics.jsonl m/metrics.jsonl 1 10 "$BAND" loss grad_norm
   same "torchrun-style variables" a/metrics.jsonl t/metrics.jsonl 1 10 "$BAND" loss grad_norm
   ! grep -q $'\r' a.log || die "progress written with carriage returns when stdout is not a terminal"
