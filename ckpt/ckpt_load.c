@@ -329,27 +329,6 @@ static int is_whole(const mc_ckpt_request *r, const mc_ckpt_shard *s) {
   return mc_box_equal(&rb, &sb);
 }
 
-/* Copies box cnt at src_off of a row-major array of extent src_dims into dst at dst_off. */
-static void copy_box(const float *src, const int64_t *src_dims, const int64_t *src_off, float *dst,
-                     const int64_t *dst_dims, const int64_t *dst_off, const int64_t *cnt, int ndim) {
-  int64_t sd[3] = {1, 1, 1}, dd[3] = {1, 1, 1}, so[3] = {0, 0, 0}, dof[3] = {0, 0, 0}, c[3] = {1, 1, 1};
-  /* right-align into 3 dimensions */
-  for (int k = 0; k < ndim; k++) {
-    int j = 3 - ndim + k;
-    sd[j] = src_dims[k];
-    dd[j] = dst_dims[k];
-    so[j] = src_off[k];
-    dof[j] = dst_off[k];
-    c[j] = cnt[k];
-  }
-  for (int64_t i = 0; i < c[0]; i++)
-    for (int64_t j = 0; j < c[1]; j++) {
-      const float *s = src + ((so[0] + i) * sd[1] + (so[1] + j)) * sd[2] + so[2];
-      float *d = dst + ((dof[0] + i) * dd[1] + (dof[1] + j)) * dd[2] + dof[2];
-      memcpy(d, s, (size_t)c[2] * sizeof(float));
-    }
-}
-
 /* Intersection of a request with a shard (global coordinates); returns its element count,
  * 0 if empty. */
 static int64_t intersect(const mc_ckpt_request *r, const mc_ckpt_shard *s, mc_box *out) {
@@ -360,11 +339,7 @@ static int64_t intersect(const mc_ckpt_request *r, const mc_ckpt_shard *s, mc_bo
 /* Copies the part of shard s (whole, in buf) that request r wants into r->out. */
 static void scatter(const mc_ckpt_request *r, const mc_ckpt_shard *s, const float *buf) {
   mc_box ib, rb = request_box(r, s), sb = shard_box(s);
-  if (!mc_box_intersect(&rb, &sb, &ib)) return;
-  int64_t soff[3], roff[3];
-  mc_box_offset(&ib, &sb, soff);
-  mc_box_offset(&ib, &rb, roff);
-  copy_box(buf, s->count, soff, r->out, r->count, roff, ib.count, s->ndim);
+  if (mc_box_intersect(&rb, &sb, &ib)) mc_box_copy(buf, &sb, r->out, &rb, &ib);
 }
 
 /* Reads the part of shard s that request r wants straight into r->out, through HDF5. */
