@@ -332,7 +332,7 @@ int main(int argc, char **argv) {
       CHECK_OK(mc_ckpt_check_model(ck, &S.m));
       CHECK_OK(mc_ckpt_train_state(ck, &st));
       CHECK(st.step == SAVE_AT, "checkpoint at step %lld", (long long)st.step);
-      CHECK_OK(mc_dist_load(&e.d, ck));
+      CHECK_OK(mc_dist_load(&e.d, ck, NULL, NULL));
       e.d.opt.step = st.adam_step;
       mc_ckpt_close(ck);
       snprintf(path, sizeof path, "%s/losses.txt", resume);
