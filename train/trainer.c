@@ -179,9 +179,10 @@ static int resume_from(run *r, const char *path) {
     if (r->opts->progress) {
       fprintf(r->opts->progress, "mctrain: resumed from %s at step %lld\n", mc_ckpt_step_dir(ck), (long long)st.step);
       fprintf(r->opts->progress,
-              "mctrain: loaded %lld bytes from disk once (%d rank%s reading for themselves would have read %lld); "
+              "mctrain: loaded %lld bytes from disk once (%d rank%s reading %s own boxes would have read %lld); "
               "%lld bytes hashed, %d exchange round%s\n",
-              (long long)ls.total_read, ls.world, ls.world == 1 ? "" : "s", (long long)ls.per_rank_read,
+              (long long)ls.total_read, ls.world, ls.world == 1 ? "" : "s each", ls.world == 1 ? "its" : "their",
+              (long long)ls.per_rank_read,
               (long long)ls.total_hashed, ls.rounds, ls.rounds == 1 ? "" : "s");
     }
   }

@@ -125,7 +125,7 @@ resume)
   "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=z --set parallel.dp=4 \
     --set parallel.zero=0 --resume a/step_5 > z.log 2>&1 || { cat z.log; die "dp4 zero 0 resume failed"; }
   same_losses a/metrics.jsonl z/metrics.jsonl 6 10
-  loaded() { sed -n "s/.*loaded \([0-9]*\) bytes from disk once ($2 ranks\{0,1\} reading for themselves would have read \([0-9]*\)).*/\1 \2/p" "$1"; }
+  loaded() { sed -n "s/.*loaded \([0-9]*\) bytes from disk once ($2 rank[a-z ]* own boxes would have read \([0-9]*\)).*/\1 \2/p" "$1"; }
   read -r n1 m1 <<< "$(loaded c.log 1)"; read -r n3 m3 <<< "$(loaded d.log 4)"; read -r n0 m0 <<< "$(loaded z.log 4)"
   [ -n "$n1" ] && [ "$n1" = "$m1" ] || { grep loaded c.log; die "one process: no load line, or it read other than its own share"; }
   [ -n "$n3" ] && [ "$n3" = "$n1" ] && [ "$m3" -gt "$n3" ] || { grep loaded d.log; die "dp4 zero 3 should read the $n1 bytes once, fewer than rank by rank"; }
