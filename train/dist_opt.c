@@ -218,9 +218,10 @@ int mc_dist_load(mc_dist_opt *d, mc_ckpt *ck, const mc_load_opts *opts, mc_load_
   free(reqs);
   if (rc != 0) return mc_error_context("loading %s", mc_ckpt_step_dir(ck));
   for (int s = 0; d->stage && s < d->opt.n; s++) {
+    mc_optim_slot *sl = &d->opt.slots[s];
     float *dst[3];
-    states_of(&d->opt.slots[s], dst);
-    for (int k = 0; k < 3; k++) be->from_host(be, dst[k], d->stage[3 * s + k], (size_t)d->opt.slots[s].numel * sizeof(float));
+    states_of(sl, dst);
+    for (int k = 0; k < 3 && sl->numel > 0; k++) be->from_host(be, dst[k], d->stage[3 * s + k], (size_t)sl->numel * sizeof(float));
   }
   return mc_dist_publish(d);
 }
