@@ -361,7 +361,7 @@ static int64_t offsets(const plan *p, int k, int send, int64_t *count, int64_t *
 /* Round k: read, copy own parts, pack, agree, exchange, unpack, free the shards served. Both
  * sides walk the round's items in the same order, so a peer's items line up. */
 static int run_round(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_request *reqs, int k, float **buf,
-                     unsigned char *owned) {
+                     unsigned char *owned, int64_t peak[2]) {
   const int W = p->W;
   int64_t *v = malloc(sizeof(int64_t) * 5 * (size_t)W);
   float *send = NULL, *recv = NULL;
@@ -370,6 +370,11 @@ static int run_round(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_r
   if (rc == 0) {
     const int64_t ns = offsets(p, k, 1, sc, sd), nr = offsets(p, k, 0, rcn, rd);
     send = malloc(sizeof(float) * (size_t)(ns + 1)), recv = malloc(sizeof(float) * (size_t)(nr + 1));
+    int64_t held = 0; /* the shards this rank serves in this round */
+    for (int u = 0; u < p->n_needs; u++)
+      if (p->needs[u].reader == p->me && p->needs[u].first_round <= k && k <= p->needs[u].last_round) held += p->needs[u].bytes;
+    const int64_t xb = (ns + nr) * (int64_t)sizeof(float);
+    peak[0] = xb > peak[0] ? xb : peak[0], peak[1] = held > peak[1] ? held : peak[1];
     if (!send || !recv)
       rc = mc_error("out of memory for the load's exchange buffers (%lld bytes)", (long long)(4 * (ns + nr)));
   }
@@ -402,13 +407,14 @@ static int run_round(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_r
   return rc;
 }
 
-static int execute(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_request *reqs) {
+/* peak: the largest exchange buffers (send + receive) and shards held of a round, in bytes. */
+static int execute(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_request *reqs, int64_t peak[2]) {
   float **buf = calloc((size_t)p->n_needs + 1, sizeof *buf);
   unsigned char *owned = calloc((size_t)p->n_needs + 1, 1);
   if (!buf || !owned) mc_error("out of memory in the load's exchange");
   /* every rank goes through every round's agreement, so a failure anywhere ends all alike */
   int rc = mc_load_agree(world, buf && owned);
-  for (int k = 0; rc == 0 && k < p->n_rounds; k++) rc = run_round(ck, world, p, reqs, k, buf, owned);
+  for (int k = 0; rc == 0 && k < p->n_rounds; k++) rc = run_round(ck, world, p, reqs, k, buf, owned, peak);
   for (int u = 0; buf && owned && u < p->n_needs; u++)
     if (owned[u]) free(buf[u]);
   free(buf), free(owned);
@@ -428,7 +434,7 @@ int mc_load_shared(mc_ckpt *ck, mc_comm *world, const mc_ckpt_request *reqs, int
   p.W = world ? world->size : 1;
   p.me = world ? world->rank : 0;
   const int shared = p.W > 1 && !o.per_rank;
-  int64_t read0 = 0, hashed0 = 0, io[2] = {0, 0};
+  int64_t read0 = 0, hashed0 = 0, io[2] = {0, 0}, peak[2] = {0, 0};
   mc_ckpt_io_bytes(ck, &read0, &hashed0);
   int ok = 1;
   for (int i = 0; ok && i < n; i++) ok = mc_ckpt_check_request(ck, &reqs[i]) == 0;
@@ -439,7 +445,7 @@ int mc_load_shared(mc_ckpt *ck, mc_comm *world, const mc_ckpt_request *reqs, int
     ok = cut_pieces(ck, &p) == 0 && (!shared || (assign_readers(&p) == 0 && schedule(&p, o.round_bytes) == 0));
     rc = mc_load_agree(world, ok);
   }
-  if (rc == 0 && shared) rc = execute(ck, world, &p, reqs);
+  if (rc == 0 && shared) rc = execute(ck, world, &p, reqs, peak);
   else if (rc == 0) rc = mc_load_agree(world, mc_ckpt_read_many(ck, reqs, n) == 0);
   mc_ckpt_io_bytes(ck, &io[0], &io[1]);
   io[0] -= read0, io[1] -= hashed0;
@@ -449,6 +455,9 @@ int mc_load_shared(mc_ckpt *ck, mc_comm *world, const mc_ckpt_request *reqs, int
     stats->read = io[0], stats->hashed = io[1];
     stats->needed = p.needed, stats->per_rank_read = p.per_rank_read;
     stats->rounds = shared ? p.n_rounds : 0;
+    stats->peak_exchange = peak[0], stats->peak_held = peak[1];
+    for (int u = 0; u < p.n_needs; u++)
+      stats->largest_shard = p.needs[u].bytes > stats->largest_shard ? p.needs[u].bytes : stats->largest_shard;
   }
   if (rc == 0 && p.W > 1 && mc_allreduce_sum(world, io, 2, MC_DT_I64) != 0) rc = mc_error_context("summing the bytes the load read");
   if (stats) stats->total_read = io[0], stats->total_hashed = io[1];

@@ -47,6 +47,9 @@ typedef struct {
   int64_t per_rank_read;            /* bytes the ranks would read in all, each reading its own
                                      * boxes (mc_ckpt_io_bytes's rule, per rank) */
   int rounds;                       /* exchange rounds (0 when each rank read its own) */
+  /* This rank's largest round: exchange buffers (send + receive) and shards it read and
+   * still serves, in bytes (both 0 without exchange rounds); and the largest needed shard. */
+  int64_t peak_exchange, peak_held, largest_shard;
 } mc_load_stats;
 
 /* Fills reqs[i].out on this rank, for i < n; every rank of `world` calls it (collective).

@@ -278,13 +278,20 @@ static int load_both(const setup *S, trainee *a, trainee *b, const char *dir, in
     CHECK(sa.total_read == sa.per_rank_read && sb.per_rank_read == sa.total_read,
           "per-rank load: read %lld bytes in all, predicted %lld (shared load's figure %lld)", (long long)sa.total_read,
           (long long)sa.per_rank_read, (long long)sb.per_rank_read);
+    /* the round bound (train/load_shared.h); no row of the test model exceeds 1000 bytes */
+    const int64_t hold_cap = round_bytes > sb.largest_shard ? round_bytes : sb.largest_shard;
+    CHECK(sb.peak_exchange <= round_bytes && sb.peak_held <= hold_cap,
+          "rank %d: a round held %lld bytes of exchange buffers and %lld of shards (bounds %lld, %lld)", rank,
+          (long long)sb.peak_exchange, (long long)sb.peak_held, (long long)round_bytes, (long long)hold_cap);
     CHECK(replicas <= 0 || sa.total_read == replicas * need, "per-rank load read %lld bytes, not %d x %lld",
           (long long)sa.total_read, replicas, (long long)need);
     if (rank == 0)
       printf("  load: each rank reading its own boxes read %lld bytes in all (%.2f x the %lld needed); the shared load "
-             "read %lld and hashed %lld (%d rounds of at most %lld bytes); states bitwise equal\n",
+             "read %lld and hashed %lld (%d rounds of at most %lld bytes; rank 0's largest: %lld exchanged, %lld of "
+             "shards held); states bitwise equal\n",
              (long long)sa.total_read, need ? (double)sa.total_read / (double)need : 0.0, (long long)need,
-             (long long)sb.total_read, (long long)sb.total_hashed, sb.rounds, (long long)round_bytes);
+             (long long)sb.total_read, (long long)sb.total_hashed, sb.rounds, (long long)round_bytes,
+             (long long)sb.peak_exchange, (long long)sb.peak_held);
   }
   mc_ckpt_close(ka);
   mc_ckpt_close(kb);
