@@ -12,8 +12,9 @@
  *                                            rounds of --round-bytes, default 1000); the
  *                                            states must be bitwise equal, the shared load
  *                                            must read (and hash) exactly the stored bytes
- *                                            some rank needs, each once, and with
- *                                            --replicas F the per-rank load F times that.
+ *                                            some rank needs, each once, within the round
+ *                                            bound, and with --replicas F the per-rank load
+ *                                            F times that.
  *                                            Both run steps 6..10 on the same data: losses
  *                                            bitwise equal, and within 1e-4 relative of
  *                                            DIR/losses.txt.
