@@ -219,6 +219,11 @@ typedef struct {
   float *out;
 } mc_ckpt_request;
 
+/* Checks one request as mc_ckpt_read_many does before reading: the family and state exist,
+ * the box lies inside the family's shape, out is set, and the stored shards cover the box.
+ * For callers that plan reads of their own (train/load_shared.c); reads nothing. */
+int mc_ckpt_check_request(const mc_ckpt *ck, const mc_ckpt_request *r);
+
 /* Reads any hyperslab of any family and state, assembled from every shard that intersects
  * it (the load-time resharding primitive). Each shard touched is hash-verified once per
  * open unless verification is off; a shard serving several requests is read once; shards
@@ -229,5 +234,13 @@ int mc_ckpt_read(mc_ckpt *ck, const char *family, mc_state state, const int64_t 
 int mc_ckpt_read_many(mc_ckpt *ck, const mc_ckpt_request *reqs, int n);
 /* Reads and hash-verifies every shard (in parallel); the error names the first bad one. */
 int mc_ckpt_verify_all(mc_ckpt *ck);
+
+/* Shard data read from the step's files and shard data hashed by this handle since it was
+ * opened, in bytes (attributes and the manifest are not counted). With verification each
+ * shard a read touches is read whole and hashed once per open; without it a request that is
+ * not a whole shard reads only its intersection. Either pointer may be NULL. */
+void mc_ckpt_io_bytes(mc_ckpt *ck, int64_t *read, int64_t *hashed);
+/* 1 if this handle hash-verifies what it reads (mc_ckpt_open_opts.verify). */
+int mc_ckpt_verifies(const mc_ckpt *ck);
 
 #endif

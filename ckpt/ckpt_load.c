@@ -21,13 +21,14 @@ struct mc_ckpt {
   char *manifest_text;
   mc_manifest m;
   mc_ckpt_open_opts opts;
-  pthread_mutex_t mu; /* guards fids and fds */
+  pthread_mutex_t mu; /* guards fids, fds and the byte counts */
   int64_t *fids;      /* per manifest file; -1 until opened */
   int *fds;           /* per manifest file, for raw preads; -1 until opened */
   int64_t *raw_off;   /* per shard: data offset for raw preads, -1 = through HDF5, -2 = unknown */
   unsigned char *checked;  /* per shard: attributes compared with the manifest */
   unsigned char *verified; /* per shard: hash verified */
   int *disk_order;         /* shard indices by (rank file, family, state): the order written */
+  int64_t bytes_read, bytes_hashed; /* shard data since open (mc_ckpt_io_bytes) */
 };
 
 typedef struct {
@@ -300,6 +301,22 @@ static int get_fid(mc_ckpt *ck, const mc_ckpt_shard *s, int64_t *fid) {
   return rc;
 }
 
+static void count_io(mc_ckpt *ck, int64_t read, int64_t hashed) {
+  pthread_mutex_lock(&ck->mu);
+  ck->bytes_read += read;
+  ck->bytes_hashed += hashed;
+  pthread_mutex_unlock(&ck->mu);
+}
+
+void mc_ckpt_io_bytes(mc_ckpt *ck, int64_t *read, int64_t *hashed) {
+  pthread_mutex_lock(&ck->mu);
+  if (read) *read = ck->bytes_read;
+  if (hashed) *hashed = ck->bytes_hashed;
+  pthread_mutex_unlock(&ck->mu);
+}
+
+int mc_ckpt_verifies(const mc_ckpt *ck) { return ck->opts.verify != 0; }
+
 /* Reads shard si whole into buf: contiguous fp32 data with plain preads (outside the HDF5
  * lock, so threads read in parallel), anything else through HDF5. */
 static int read_whole(mc_ckpt *ck, int si, int64_t fid, const char *where, float *buf) {
@@ -313,9 +330,12 @@ static int read_whole(mc_ckpt *ck, int si, int64_t fid, const char *where, float
   }
   int64_t at = ck->raw_off[si];
   pthread_mutex_unlock(&ck->mu);
-  if (fd >= 0) return mc_read_raw(fd, at, buf, s->numel * (int64_t)sizeof(float), where, s->dataset);
+  const int64_t bytes = s->numel * (int64_t)sizeof(float);
   int64_t zero[3] = {0, 0, 0};
-  return mc_h5_read_box(fid, where, s, zero, s->count, buf, s->count, zero);
+  int rc = fd >= 0 ? mc_read_raw(fd, at, buf, bytes, where, s->dataset)
+                   : mc_h5_read_box(fid, where, s, zero, s->count, buf, s->count, zero);
+  if (rc == 0) count_io(ck, bytes, 0);
+  return rc;
 }
 
 /* The boxes of a request and of a shard (a request has its family's ndim: the shard's). */
@@ -329,27 +349,6 @@ static int is_whole(const mc_ckpt_request *r, const mc_ckpt_shard *s) {
   return mc_box_equal(&rb, &sb);
 }
 
-/* Copies box cnt at src_off of a row-major array of extent src_dims into dst at dst_off. */
-static void copy_box(const float *src, const int64_t *src_dims, const int64_t *src_off, float *dst,
-                     const int64_t *dst_dims, const int64_t *dst_off, const int64_t *cnt, int ndim) {
-  int64_t sd[3] = {1, 1, 1}, dd[3] = {1, 1, 1}, so[3] = {0, 0, 0}, dof[3] = {0, 0, 0}, c[3] = {1, 1, 1};
-  /* right-align into 3 dimensions */
-  for (int k = 0; k < ndim; k++) {
-    int j = 3 - ndim + k;
-    sd[j] = src_dims[k];
-    dd[j] = dst_dims[k];
-    so[j] = src_off[k];
-    dof[j] = dst_off[k];
-    c[j] = cnt[k];
-  }
-  for (int64_t i = 0; i < c[0]; i++)
-    for (int64_t j = 0; j < c[1]; j++) {
-      const float *s = src + ((so[0] + i) * sd[1] + (so[1] + j)) * sd[2] + so[2];
-      float *d = dst + ((dof[0] + i) * dd[1] + (dof[1] + j)) * dd[2] + dof[2];
-      memcpy(d, s, (size_t)c[2] * sizeof(float));
-    }
-}
-
 /* Intersection of a request with a shard (global coordinates); returns its element count,
  * 0 if empty. */
 static int64_t intersect(const mc_ckpt_request *r, const mc_ckpt_shard *s, mc_box *out) {
@@ -360,21 +359,19 @@ static int64_t intersect(const mc_ckpt_request *r, const mc_ckpt_shard *s, mc_bo
 /* Copies the part of shard s (whole, in buf) that request r wants into r->out. */
 static void scatter(const mc_ckpt_request *r, const mc_ckpt_shard *s, const float *buf) {
   mc_box ib, rb = request_box(r, s), sb = shard_box(s);
-  if (!mc_box_intersect(&rb, &sb, &ib)) return;
-  int64_t soff[3], roff[3];
-  mc_box_offset(&ib, &sb, soff);
-  mc_box_offset(&ib, &rb, roff);
-  copy_box(buf, s->count, soff, r->out, r->count, roff, ib.count, s->ndim);
+  if (mc_box_intersect(&rb, &sb, &ib)) mc_box_copy(buf, &sb, r->out, &rb, &ib);
 }
 
 /* Reads the part of shard s that request r wants straight into r->out, through HDF5. */
-static int read_part(int64_t fid, const char *where, const mc_ckpt_request *r, const mc_ckpt_shard *s) {
+static int read_part(mc_ckpt *ck, int64_t fid, const char *where, const mc_ckpt_request *r, const mc_ckpt_shard *s) {
   mc_box ib, rb = request_box(r, s), sb = shard_box(s);
   if (!mc_box_intersect(&rb, &sb, &ib)) return 0;
   int64_t soff[3], roff[3];
   mc_box_offset(&ib, &sb, soff);
   mc_box_offset(&ib, &rb, roff);
-  return mc_h5_read_box(fid, where, s, soff, ib.count, r->out, r->count, roff);
+  if (mc_h5_read_box(fid, where, s, soff, ib.count, r->out, r->count, roff) != 0) return -1;
+  count_io(ck, mc_box_numel(&ib) * (int64_t)sizeof(float), 0);
+  return 0;
 }
 
 typedef struct {
@@ -448,6 +445,7 @@ static int read_task(void *arg, int t) {
     }
     char hex[65];
     mc_sha256_hex(buf, (size_t)s->numel * sizeof(float), hex);
+    count_io(ck, 0, s->numel * (int64_t)sizeof(float));
     if (strcmp(hex, s->sha256) != 0) {
       if (!only) free(buf);
       return mc_error("%s: hash mismatch in dataset %s: data hashes to %s, the manifest records %s", where, s->dataset,
@@ -463,7 +461,7 @@ static int read_task(void *arg, int t) {
     const mc_ckpt_request *r = &c->reqs[c->req_list[q]];
     if (is_whole(r, s)) {
       if (read_whole(ck, si, fid, where, r->out) != 0) return -1;
-    } else if (read_part(fid, where, r, s) != 0) {
+    } else if (read_part(ck, fid, where, r, s) != 0) {
       return -1;
     }
   }
@@ -491,6 +489,33 @@ static void plan_read_ahead(const mc_ckpt *ck, read_ctx *c, int n_tasks) {
   free(need);
 }
 
+int mc_ckpt_check_request(const mc_ckpt *ck, const mc_ckpt_request *r) {
+  int fi = r->family ? mc_ckpt_find_family(ck, r->family) : -1;
+  if (fi < 0) return mc_error("%s: no family '%s' in the checkpoint", ck->step_dir, r->family ? r->family : "(null)");
+  const mc_ckpt_family *f = &ck->m.fams[fi];
+  if (!mc_ckpt_has_state(ck, r->state))
+    return mc_error("%s: the checkpoint has no '%s' state for %s", ck->step_dir,
+                    (int)r->state >= 0 && r->state < MC_N_STATES ? mc_state_name(r->state) : "?", f->name);
+  int64_t want = 1;
+  for (int k = 0; k < f->ndim; k++) {
+    if (r->start[k] < 0 || r->count[k] < 1 || r->start[k] + r->count[k] > f->shape[k])
+      return mc_error("%s: requested box dimension %d [%" PRId64 ", %" PRId64 ") is outside [0, %" PRId64 ")", f->name, k,
+                      r->start[k], r->start[k] + r->count[k], f->shape[k]);
+    want *= r->count[k];
+  }
+  if (!r->out) return mc_error("%s: no output buffer", f->name);
+  int64_t got = 0;
+  mc_box part;
+  for (int s = 0; s < ck->m.n_shards; s++) {
+    const mc_ckpt_shard *sh = &ck->m.shards[s];
+    if (sh->family_index == fi && sh->state == r->state) got += intersect(r, sh, &part);
+  }
+  if (got != want)
+    return mc_error("%s/%s: the stored shards cover %" PRId64 " of the %" PRId64 " requested elements", f->name,
+                    mc_state_name(r->state), got, want);
+  return 0;
+}
+
 /* Plans which shards serve which requests, then reads each shard once on the pool. */
 static int run_reads(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, int all_shards) {
   int ns = ck->m.n_shards;
@@ -504,48 +529,15 @@ static int run_reads(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, int all_sh
   mc_box part;
   for (int i = 0; i < n; i++) {
     const mc_ckpt_request *r = &reqs[i];
-    int fi = r->family ? mc_ckpt_find_family(ck, r->family) : -1;
-    rfam[i] = fi;
-    if (fi < 0) {
+    if (mc_ckpt_check_request(ck, r) != 0) {
       free(touch);
       free(rfam);
-      return mc_error("%s: no family '%s' in the checkpoint", ck->step_dir, r->family ? r->family : "(null)");
+      return -1;
     }
-    const mc_ckpt_family *f = &ck->m.fams[fi];
-    if (!mc_ckpt_has_state(ck, r->state)) {
-      free(touch);
-      free(rfam);
-      return mc_error("%s: the checkpoint has no '%s' state for %s", ck->step_dir,
-                      (int)r->state >= 0 && r->state < MC_N_STATES ? mc_state_name(r->state) : "?", f->name);
-    }
-    int64_t want = 1;
-    for (int k = 0; k < f->ndim; k++) {
-      if (r->start[k] < 0 || r->count[k] < 1 || r->start[k] + r->count[k] > f->shape[k]) {
-        free(touch);
-        free(rfam);
-        return mc_error("%s: requested box dimension %d [%" PRId64 ", %" PRId64 ") is outside [0, %" PRId64 ")", f->name,
-                        k, r->start[k], r->start[k] + r->count[k], f->shape[k]);
-      }
-      want *= r->count[k];
-    }
-    if (!r->out) {
-      free(touch);
-      free(rfam);
-      return mc_error("%s: no output buffer", f->name);
-    }
-    int64_t got = 0;
+    rfam[i] = mc_ckpt_find_family(ck, r->family);
     for (int s = 0; s < ns; s++) {
       const mc_ckpt_shard *sh = &ck->m.shards[s];
-      int64_t v = sh->family_index == fi && sh->state == r->state ? intersect(r, sh, &part) : 0;
-      if (!v) continue;
-      got += v;
-      touch[s]++;
-    }
-    if (got != want) {
-      free(touch);
-      free(rfam);
-      return mc_error("%s/%s: the stored shards cover %" PRId64 " of the %" PRId64 " requested elements", f->name,
-                      mc_state_name(r->state), got, want);
+      if (sh->family_index == rfam[i] && sh->state == r->state && intersect(r, sh, &part)) touch[s]++;
     }
   }
   int n_tasks = 0, n_links = 0;

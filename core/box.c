@@ -1,6 +1,7 @@
 #include "core/box.h"
 
 #include <stdio.h>
+#include <string.h>
 
 mc_box mc_box_make(int ndim, const int64_t *start, const int64_t *count) {
   mc_box b = {ndim, {0, 0, 0}, {0, 0, 0}};
@@ -50,6 +51,25 @@ int mc_box_equal(const mc_box *a, const mc_box *b) {
 
 void mc_box_offset(const mc_box *inner, const mc_box *outer, int64_t *off) {
   for (int d = 0; d < inner->ndim; d++) off[d] = inner->start[d] - outer->start[d];
+}
+
+void mc_box_copy(const float *src, const mc_box *src_box, float *dst, const mc_box *dst_box, const mc_box *part) {
+  /* right-aligned into 3 dimensions: sd/dd the array extents, so/dof where part starts */
+  int64_t sd[3] = {1, 1, 1}, dd[3] = {1, 1, 1}, so[3] = {0, 0, 0}, dof[3] = {0, 0, 0}, c[3] = {1, 1, 1};
+  for (int k = 0; k < part->ndim; k++) {
+    int j = 3 - part->ndim + k;
+    sd[j] = src_box->count[k];
+    dd[j] = dst_box->count[k];
+    so[j] = part->start[k] - src_box->start[k];
+    dof[j] = part->start[k] - dst_box->start[k];
+    c[j] = part->count[k];
+  }
+  for (int64_t i = 0; i < c[0]; i++)
+    for (int64_t j = 0; j < c[1]; j++) {
+      const float *s = src + ((so[0] + i) * sd[1] + (so[1] + j)) * sd[2] + so[2];
+      float *d = dst + ((dof[0] + i) * dd[1] + (dof[1] + j)) * dd[2] + dof[2];
+      memcpy(d, s, (size_t)c[2] * sizeof(float));
+    }
 }
 
 void mc_box_format(const mc_box *b, char *buf, int cap) {

@@ -28,6 +28,11 @@ int mc_box_equal(const mc_box *a, const mc_box *b);
 /* off[d] = inner->start[d] - outer->start[d] for d < inner->ndim: where `inner` begins
  * inside `outer` (e.g. an intersection relative to one of its operands). */
 void mc_box_offset(const mc_box *inner, const mc_box *outer, int64_t *off);
+/* Copies the fp32 elements of box `part` from src, a row-major array over src_box, into dst, a
+ * row-major array over dst_box; part lies inside both (all boxes in the same global
+ * coordinates, of the same ndim). Gathering a shard's piece of a request, and packing or
+ * unpacking a piece of it, are all this one copy. */
+void mc_box_copy(const float *src, const mc_box *src_box, float *dst, const mc_box *dst_box, const mc_box *part);
 /* "[0:128, 64:128]" style text (half-open ranges), truncated to cap bytes. */
 void mc_box_format(const mc_box *b, char *buf, int cap);
 

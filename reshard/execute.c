@@ -10,6 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/order.h"
+
 /* A shard as the streaming executor sees it: its box in the tensor's "view", the tensor
  * seen as [D0, D1, D2] and streamed in bands of whole view rows (dimension 0). When every
  * shard of the tensor spans full trailing dimensions, the view is flat ([numel, 1, 1]) so
@@ -209,16 +211,6 @@ static void *worker(void *arg) {
   return NULL;
 }
 
-typedef struct {
-  int64_t bytes;
-  int idx;
-} sized;
-static int by_size_desc(const void *a, const void *b) {
-  const sized *x = a, *y = b;
-  if (x->bytes != y->bytes) return x->bytes > y->bytes ? -1 : 1;
-  return x->idx - y->idx;
-}
-
 static void progress_line(const char *label, int64_t done, int64_t total, double t0) {
   double frac = total > 0 ? (double)done / (double)total : 1.0;
   int w = 30, fill = (int)(frac * w);
@@ -248,14 +240,14 @@ int mc_rs_execute(const mc_rs_plan *p, const mc_geometry *g, const mc_rs_io *io,
     return mc_error("reshard: out of memory");
   }
   /* Largest tensors first, so the workers finish together. */
-  sized *sz = malloc((size_t)(p->n_tensors ? p->n_tensors : 1) * sizeof *sz);
+  mc_sized *sz = malloc((size_t)(p->n_tensors ? p->n_tensors : 1) * sizeof *sz);
   if (!sz) {
     free(x->order);
     free(x);
     return mc_error("reshard: out of memory");
   }
   for (int i = 0; i < p->n_tensors; i++) sz[i].bytes = tensor_bytes(p, i), sz[i].idx = i;
-  qsort(sz, (size_t)p->n_tensors, sizeof *sz, by_size_desc);
+  mc_sort_largest_first(sz, p->n_tensors);
   for (int i = 0; i < p->n_tensors; i++) x->order[i] = sz[i].idx;
   free(sz);
   double t0 = now_s();

@@ -17,6 +17,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "comm/comm.h"
+#include "train/load_shared.h"
 #include "train/net.h"
 #include "train/optim.h"
 
@@ -63,9 +64,11 @@ int mc_dist_stats_sum(const mc_comm_groups *comm, mc_net_stats *st);
  * items needs room for 3 * d->opt.n. Returns the count, or -1 with mc_error set. */
 int mc_dist_ckpt_items(mc_dist_opt *d, mc_ckpt_item *items);
 /* Reads this rank's shards of the three states from a checkpoint written under any layout
- * (mc_ckpt_read of each hyperslab, through host copies where the backend's memory is not
- * host memory) and publishes the weights. */
-int mc_dist_load(mc_dist_opt *d, mc_ckpt *ck);
+ * and publishes the weights. Collective over the world: the ranks load together
+ * (train/load_shared.h: each needed stored byte read and hash-verified once in the job, then
+ * handed to the ranks that need it), into the states themselves on the CPU, else into host
+ * copies that are then uploaded. opts and stats may be NULL. */
+int mc_dist_load(mc_dist_opt *d, mc_ckpt *ck, const mc_load_opts *opts, mc_load_stats *stats);
 /* A barrier callback for mc_ckpt_save over the world communicator (user = the mc_comm). */
 int mc_dist_ckpt_barrier(void *user, int ok);
 

@@ -193,21 +193,35 @@ int mc_dist_ckpt_items(mc_dist_opt *d, mc_ckpt_item *items) {
   return n;
 }
 
-int mc_dist_load(mc_dist_opt *d, mc_ckpt *ck) {
+int mc_dist_load(mc_dist_opt *d, mc_ckpt *ck, const mc_load_opts *opts, mc_load_stats *stats) {
   mc_backend *be = d->net->be;
   if (ensure_stage(d)) return -1;
+  /* this rank's hyperslab of each state, into host memory: the states themselves on the CPU */
+  mc_ckpt_request *reqs = malloc(sizeof *reqs * (size_t)(3 * d->opt.n + 1));
+  if (!reqs) return mc_error("loading %s: out of memory", mc_ckpt_step_dir(ck));
+  int n = 0;
   for (int s = 0; s < d->opt.n; s++) {
     mc_optim_slot *sl = &d->opt.slots[s];
-    const char *name = d->geo->fams.f[sl->fam].name;
     float *dst[3];
     states_of(sl, dst);
-    for (int k = 0; k < 3; k++) {
-      if (sl->numel == 0) continue;
-      float *into = d->stage ? d->stage[3 * s + k] : dst[k];
-      if (mc_ckpt_read(ck, name, (mc_state)k, sl->shard.start, sl->shard.count, into) != 0)
-        return mc_error_context("loading %s/%s from %s", name, mc_state_name((mc_state)k), mc_ckpt_step_dir(ck));
-      if (d->stage) be->from_host(be, dst[k], into, (size_t)sl->numel * sizeof(float));
+    for (int k = 0; k < 3 && sl->numel > 0; k++) {
+      mc_ckpt_request *r = &reqs[n++];
+      memset(r, 0, sizeof *r);
+      r->family = d->geo->fams.f[sl->fam].name;
+      r->state = (mc_state)k;
+      memcpy(r->start, sl->shard.start, sizeof r->start);
+      memcpy(r->count, sl->shard.count, sizeof r->count);
+      r->out = d->stage ? d->stage[3 * s + k] : dst[k];
     }
+  }
+  int rc = mc_load_shared(ck, d->comm ? d->comm->world : NULL, reqs, n, opts, stats);
+  free(reqs);
+  if (rc != 0) return mc_error_context("loading %s", mc_ckpt_step_dir(ck));
+  for (int s = 0; d->stage && s < d->opt.n; s++) {
+    mc_optim_slot *sl = &d->opt.slots[s];
+    float *dst[3];
+    states_of(sl, dst);
+    for (int k = 0; k < 3 && sl->numel > 0; k++) be->from_host(be, dst[k], d->stage[3 * s + k], (size_t)sl->numel * sizeof(float));
   }
   return mc_dist_publish(d);
 }

@@ -142,6 +142,24 @@ typedef struct {
   int64_t last_saved;
 } run;
 
+/* The checkpoint can continue this run: same model, moments present, same seed and batch. */
+static int resumable(const mc_config *cfg, mc_ckpt *ck, mc_train_state *st) {
+  if (mc_ckpt_check_model(ck, &cfg->model) != 0)
+    return mc_error_context("checkpoint %s is from a different model", mc_ckpt_step_dir(ck));
+  if (!mc_ckpt_has_state(ck, MC_STATE_EXP_AVG) || !mc_ckpt_has_state(ck, MC_STATE_EXP_AVG_SQ))
+    return mc_error("checkpoint %s holds no optimizer moments; it cannot be resumed", mc_ckpt_step_dir(ck));
+  if (mc_ckpt_train_state(ck, st) != 0) return -1;
+  if (st->seed != cfg->train.seed)
+    return mc_error("checkpoint %s was trained with train.seed=%llu but the config says %llu; the data "
+                    "order would change (pass the same seed)", mc_ckpt_step_dir(ck),
+                    (unsigned long long)st->seed, (unsigned long long)cfg->train.seed);
+  if (st->data_position != st->step * cfg->train.global_batch)
+    return mc_error("checkpoint %s consumed %lld samples in %lld steps, which is not train.global_batch=%d "
+                    "per step (pass the run's global batch)", mc_ckpt_step_dir(ck), (long long)st->data_position,
+                    (long long)st->step, cfg->train.global_batch);
+  return 0;
+}
+
 static int resume_from(run *r, const char *path) {
   const mc_config *cfg = r->cfg;
   mc_ckpt_open_opts oo;
@@ -149,30 +167,25 @@ static int resume_from(run *r, const char *path) {
   oo.verify = cfg->checkpoint.verify;
   oo.io_threads = cfg->checkpoint.io_threads > 0 ? cfg->checkpoint.io_threads : 1;
   mc_ckpt *ck = NULL;
-  if (mc_ckpt_open(path, &oo, &ck) != 0) return mc_error_context("cannot resume from %s", path);
-  int rc = 0;
   mc_train_state st;
-  if (mc_ckpt_check_model(ck, &cfg->model) != 0)
-    rc = mc_error_context("checkpoint %s is from a different model", mc_ckpt_step_dir(ck));
-  else if (!mc_ckpt_has_state(ck, MC_STATE_EXP_AVG) || !mc_ckpt_has_state(ck, MC_STATE_EXP_AVG_SQ))
-    rc = mc_error("checkpoint %s holds no optimizer moments; it cannot be resumed", mc_ckpt_step_dir(ck));
-  else if (mc_ckpt_train_state(ck, &st) != 0)
-    rc = -1;
-  else if (st.seed != cfg->train.seed)
-    rc = mc_error("checkpoint %s was trained with train.seed=%llu but the config says %llu; the data "
-                  "order would change (pass the same seed)", mc_ckpt_step_dir(ck),
-                  (unsigned long long)st.seed, (unsigned long long)cfg->train.seed);
-  else if (st.data_position != st.step * cfg->train.global_batch)
-    rc = mc_error("checkpoint %s consumed %lld samples in %lld steps, which is not train.global_batch=%d "
-                  "per step (pass the run's global batch)", mc_ckpt_step_dir(ck), (long long)st.data_position,
-                  (long long)st.step, cfg->train.global_batch);
+  int rc = mc_ckpt_open(path, &oo, &ck) != 0 ? mc_error_context("cannot resume from %s", path) : resumable(cfg, ck, &st);
+  /* The ranks load together (train/load_shared.h): all go on, or all stop with one reason. */
+  if (r->comm && mc_load_agree(r->comm->world, rc == 0) != 0) rc = -1;
   /* This rank's hyperslabs of the three states, whatever layout wrote them. */
-  if (rc == 0 && mc_dist_load(&r->opt, ck) != 0) rc = -1;
+  mc_load_stats ls;
+  if (rc == 0 && mc_dist_load(&r->opt, ck, NULL, &ls) != 0) rc = -1;
   if (rc == 0) {
     r->start_step = st.step;
     r->opt.opt.step = st.adam_step;
-    if (r->opts->progress)
+    if (r->opts->progress) {
       fprintf(r->opts->progress, "mctrain: resumed from %s at step %lld\n", mc_ckpt_step_dir(ck), (long long)st.step);
+      fprintf(r->opts->progress,
+              "mctrain: loaded %lld bytes from disk once (%d rank%s reading %s own boxes would have read %lld); "
+              "%lld bytes hashed, %d exchange round%s\n",
+              (long long)ls.total_read, ls.world, ls.world == 1 ? "" : "s each", ls.world == 1 ? "its" : "their",
+              (long long)ls.per_rank_read,
+              (long long)ls.total_hashed, ls.rounds, ls.rounds == 1 ? "" : "s");
+    }
   }
   mc_ckpt_close(ck);
   return rc;

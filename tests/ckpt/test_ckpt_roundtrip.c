@@ -212,6 +212,50 @@ static void test_state_and_model(const char *root) {
   mc_ckpt_close(ck);
 }
 
+/* mc_ckpt_io_bytes: with verification a shard is read whole and hashed once per open (a
+ * second read of it reads, without hashing); without it a part reads only its bytes.
+ * mc_ckpt_check_request accepts what a read accepts and refuses what it refuses. */
+static void test_io_counts(const char *root) {
+  char dir[2048];
+  pathf(dir, sizeof dir, "%s/state", root); /* tp2 x dp2 zero 1, from test_state_and_model */
+  for (int verify = 1; verify >= 0; verify--) {
+    mc_ckpt_open_opts oo;
+    mc_ckpt_open_opts_default(&oo);
+    oo.verify = verify;
+    mc_ckpt *ck = NULL;
+    CHECK_OK(mc_ckpt_open(dir, &oo, &ck));
+    if (!ck) return;
+    CHECK(mc_ckpt_verifies(ck) == verify, "mc_ckpt_verifies %d, opened with verify=%d", mc_ckpt_verifies(ck), verify);
+    const mc_ckpt_shard *s = NULL;
+    for (int i = 0; i < mc_ckpt_n_shards(ck) && !s; i++)
+      if (mc_ckpt_shard_at(ck, i)->ndim == 2 && mc_ckpt_shard_at(ck, i)->count[0] > 1) s = mc_ckpt_shard_at(ck, i);
+    CHECK(s != NULL, "no 2-d shard of several rows");
+    if (!s) {
+      mc_ckpt_close(ck);
+      return;
+    }
+    const int64_t whole = s->numel * 4, row = s->count[1] * 4;
+    float *buf = malloc((size_t)whole);
+    int64_t one[3] = {1, s->count[1], 1}, rd = -1, hs = -1;
+    mc_ckpt_request r = {s->family, s->state, {s->start[0], s->start[1], 0}, {1, s->count[1], 1}, buf};
+    CHECK_OK(mc_ckpt_check_request(ck, &r));
+    CHECK_OK(mc_ckpt_read(ck, s->family, s->state, r.start, one, buf));
+    mc_ckpt_io_bytes(ck, &rd, &hs);
+    CHECK(rd == (verify ? whole : row) && hs == (verify ? whole : 0), "verify=%d: one row of %s read %lld, hashed %lld",
+          verify, s->dataset, (long long)rd, (long long)hs);
+    CHECK_OK(mc_ckpt_read(ck, s->family, s->state, r.start, one, buf));
+    mc_ckpt_io_bytes(ck, &rd, &hs);
+    CHECK(rd == (verify ? whole : row) + row && hs == (verify ? whole : 0), "verify=%d: again: read %lld, hashed %lld",
+          verify, (long long)rd, (long long)hs);
+    r.family = "no.such.family";
+    CHECK(mc_ckpt_check_request(ck, &r) != 0 && strstr(mc_errmsg(), "no.such.family"), "%s", mc_errmsg());
+    r.family = s->family, r.out = NULL;
+    CHECK(mc_ckpt_check_request(ck, &r) != 0 && strstr(mc_errmsg(), "no output buffer"), "%s", mc_errmsg());
+    free(buf);
+    mc_ckpt_close(ck);
+  }
+}
+
 /* ---------------------------------------------------------------- several writers */
 
 typedef struct {
@@ -400,6 +444,7 @@ int main(int argc, char **argv) {
   scratch_dir("roundtrip", root, sizeof root);
   test_single_writer(root);
   test_state_and_model(root);
+  test_io_counts(root);
   test_several_writers(root);
   test_raw_reads(root);
   if (mc_check_failures == 0) rm_rf(root);

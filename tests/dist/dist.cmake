@@ -58,6 +58,30 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
                        dist.ckpt_resume_pp2_dp2_ep2 dist.ckpt_resume_pp2_dp2_ep2_zero3
                        PROPERTIES FIXTURES_REQUIRED dist_ckpt)
 
+  # Loading once across the job (train/load_shared.c): every --resume above and below also
+  # loads rank by rank and compares (bitwise states, bitwise losses, bytes read). Here the
+  # cases where ranks share stored shards: dp2 zero 0 saves; resuming it as dp2 zero 0
+  # (replicas), dp4 zero 0 and dp4 zero 1 (dp2 -> dp4), and the tp2 x dp2 zero 1 checkpoint
+  # as dp4 zero 0 (tp2 -> tp1, dp2 -> dp4), must read each needed stored byte once in all,
+  # where each rank reading its own boxes reads it once per rank (--replicas); a flipped bit
+  # in a copy must fail the load on every rank alike.
+  set(MC_DIST_CKPT_DP2 ${CMAKE_BINARY_DIR}/dist-ckpt-dp2)
+  add_test(NAME dist.load_once_clean COMMAND ${CMAKE_COMMAND} -E rm -rf ${MC_DIST_CKPT_DP2} ${MC_DIST_CKPT_DP2}-bad)
+  set_tests_properties(dist.load_once_clean PROPERTIES FIXTURES_SETUP dist_load_once_clean)
+  mc_dist_test(dist.load_once_save_dp2_zero0 2 $<TARGET_FILE:dist_train> 1 2 0 0 --save ${MC_DIST_CKPT_DP2})
+  set_tests_properties(dist.load_once_save_dp2_zero0 PROPERTIES FIXTURES_REQUIRED dist_load_once_clean FIXTURES_SETUP dist_load_once)
+  mc_dist_test(dist.load_once_dp2_zero0 2 $<TARGET_FILE:dist_train> 1 2 0 0 --replicas 2 --resume ${MC_DIST_CKPT_DP2})
+  mc_dist_test(dist.load_once_dp4_zero0 4 $<TARGET_FILE:dist_train> 1 4 0 0 --replicas 4 --resume ${MC_DIST_CKPT_DP2})
+  mc_dist_test(dist.load_once_dp4_zero1 4 $<TARGET_FILE:dist_train> 1 4 0 1 --replicas 4 --resume ${MC_DIST_CKPT_DP2})
+  add_test(NAME dist.load_once_corrupt
+           COMMAND sh -c "rm -rf '${MC_DIST_CKPT_DP2}-bad' && cp -r '${MC_DIST_CKPT_DP2}' '${MC_DIST_CKPT_DP2}-bad' && '${MC_DIST_MPIRUN}' --oversubscribe -np 4 '$<TARGET_FILE:dist_train>' 1 4 0 1 --corrupt --resume '${MC_DIST_CKPT_DP2}-bad'"
+           WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(dist.load_once_corrupt PROPERTIES ENVIRONMENT "${MC_DIST_ENV}" TIMEOUT 120)
+  set_tests_properties(dist.load_once_dp2_zero0 dist.load_once_dp4_zero0 dist.load_once_dp4_zero1 dist.load_once_corrupt
+                       PROPERTIES FIXTURES_REQUIRED dist_load_once)
+  mc_dist_test(dist.load_once_tp2dp2_to_dp4_zero0 4 $<TARGET_FILE:dist_train> 1 4 0 0 --replicas 4 --resume ${MC_DIST_CKPT})
+  set_tests_properties(dist.load_once_tp2dp2_to_dp4_zero0 PROPERTIES FIXTURES_REQUIRED dist_ckpt)
+
   # The other path after a hardware change: mcreshard the tp2 x dp2 checkpoint offline to
   # pp2 x tp2 (another world, stage split and ZeRO group), then resume there; steps 6..10 must
   # continue the uninterrupted run's losses (losses.txt travels with the checkpoint).

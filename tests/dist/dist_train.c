@@ -6,9 +6,22 @@
  *                                            (and working weights) match within PTOL.
  *   dist_train TP DP SP ZERO --save DIR      steps 1..5, checkpoint of step 5 in DIR, steps
  *                                            6..10; writes DIR/losses.txt (steps 6..10).
- *   dist_train TP DP SP ZERO --resume DIR    loads DIR (any layout wrote it) and runs steps
- *                                            6..10 on the same data; the losses must match
- *                                            DIR/losses.txt to 1e-4 relative.
+ *   dist_train TP DP SP ZERO --resume DIR    loads DIR (any layout wrote it) twice: each rank
+ *                                            reading its own boxes, and shared (each needed
+ *                                            stored byte read once in the job, handed over in
+ *                                            rounds of --round-bytes, default 1000); the
+ *                                            states must be bitwise equal, the shared load
+ *                                            must read (and hash) exactly the stored bytes
+ *                                            some rank needs, each once, within the round
+ *                                            bound, and with --replicas F the per-rank load
+ *                                            F times that.
+ *                                            Both run steps 6..10 on the same data: losses
+ *                                            bitwise equal, and within 1e-4 relative of
+ *                                            DIR/losses.txt.
+ *   dist_train TP DP SP ZERO --corrupt --resume DIR   rank 0 first flips a bit of a shard of
+ *                                            DIR (a copy); the shared load must fail on every
+ *                                            rank with one message naming the rank, the file
+ *                                            and the dataset.
  * Options (before --save/--resume): --ep N expert parallelism; --moe E K CF the E blocks'
  * experts, top-k and capacity factor (default 4 2 0); --mb N the micro-batch (default 2);
  * --empty: some EP rank's expert must receive no row in some micro-batch; with CF > 0 some
@@ -18,9 +31,11 @@
  * pp > 1 a step's micro-batches go through mc_net_pipeline_step (1F1B, train/pipeline.h).
  * The step is the documented sequence of train/dist.h: micro-batches, mc_dist_sync_grads,
  * mc_dist_grad_norm, clipping, mc_dist_update; samples follow mc_data_first_sample. */
+#define _POSIX_C_SOURCE 200809L /* pread, pwrite (tests/dist/loadcheck.h) */
 #include <mpi.h>
 
 #include "tests/dist/distcheck.h"
+#include "tests/dist/loadcheck.h"
 #include "train/data.h"
 #include "train/pipeline.h"
 
@@ -266,18 +281,101 @@ static int save_ckpt(const setup *S, trainee *e, const mc_comm_groups *grp, cons
   return rc;
 }
 
+/* Loads the checkpoint at `dir` into a (each rank reading its own boxes) and b (shared load,
+ * rounds of round_bytes) through two handles, so each load reads and hashes for itself; checks
+ * the states bitwise and the bytes read. */
+static int load_both(const setup *S, trainee *a, trainee *b, const char *dir, int64_t round_bytes, int replicas, int rank) {
+  mc_ckpt *ka = NULL, *kb = NULL;
+  mc_train_state st;
+  int rc = mc_ckpt_open(dir, NULL, &ka) || mc_ckpt_open(dir, NULL, &kb) || mc_ckpt_check_model(kb, &S->m) ||
+           mc_ckpt_train_state(kb, &st);
+  CHECK(rc == 0, "rank %d: opening %s: %s", rank, dir, mc_errmsg());
+  CHECK(rc || st.step == SAVE_AT, "checkpoint at step %lld", (long long)st.step);
+  mc_load_opts oa, ob;
+  mc_load_opts_default(&oa);
+  mc_load_opts_default(&ob);
+  oa.per_rank = 1, ob.round_bytes = round_bytes;
+  mc_load_stats sa, sb;
+  if (rc == 0) rc = mc_dist_load(&a->d, ka, &oa, &sa) || mc_dist_load(&b->d, kb, &ob, &sb);
+  CHECK(rc == 0, "rank %d: loading %s: %s", rank, dir, mc_errmsg());
+  if (rc == 0) {
+    a->d.opt.step = b->d.opt.step = st.adam_step;
+    const int diff = lc_state_diff(&a->d, &b->d);
+    CHECK(diff == 0, "rank %d: %d tensors differ between the per-rank and the shared load", rank, diff);
+    const int64_t need = lc_needed_bytes(kb, &b->geo);
+    CHECK(sb.total_read == need && sb.total_hashed == need && sb.needed == need,
+          "shared load: read %lld and hashed %lld bytes in all (plan: %lld); the needed shards hold %lld", (long long)sb.total_read,
+          (long long)sb.total_hashed, (long long)sb.needed, (long long)need);
+    CHECK(sa.total_read == sa.per_rank_read && sb.per_rank_read == sa.total_read,
+          "per-rank load: read %lld bytes in all, predicted %lld (shared load's figure %lld)", (long long)sa.total_read,
+          (long long)sa.per_rank_read, (long long)sb.per_rank_read);
+    /* the round bound (train/load_shared.h); no row of the test model exceeds 1000 bytes */
+    const int64_t hold_cap = round_bytes > sb.largest_shard ? round_bytes : sb.largest_shard;
+    CHECK(sb.peak_exchange <= round_bytes && sb.peak_held <= hold_cap,
+          "rank %d: a round held %lld bytes of exchange buffers and %lld of shards (bounds %lld, %lld)", rank,
+          (long long)sb.peak_exchange, (long long)sb.peak_held, (long long)round_bytes, (long long)hold_cap);
+    CHECK(replicas <= 0 || sa.total_read == replicas * need, "per-rank load read %lld bytes, not %d x %lld",
+          (long long)sa.total_read, replicas, (long long)need);
+    if (rank == 0)
+      printf("  load: each rank reading its own boxes read %lld bytes in all (%.2f x the %lld needed); the shared load "
+             "read %lld and hashed %lld (%d rounds of at most %lld bytes; rank 0's largest: %lld exchanged, %lld of "
+             "shards held); states bitwise equal\n",
+             (long long)sa.total_read, need ? (double)sa.total_read / (double)need : 0.0, (long long)need,
+             (long long)sb.total_read, (long long)sb.total_hashed, sb.rounds, (long long)round_bytes,
+             (long long)sb.peak_exchange, (long long)sb.peak_held);
+  }
+  mc_ckpt_close(ka);
+  mc_ckpt_close(kb);
+  return rc;
+}
+
+/* --corrupt: rank 0 flips a bit of the largest stored shard; the shared load must then fail
+ * on every rank with the same message, naming the failing rank, the file and the dataset. */
+static void load_corrupt(trainee *e, const char *dir, int rank) {
+  mc_ckpt *ck = NULL;
+  CHECK_OK(mc_ckpt_open(dir, NULL, &ck));
+  if (!ck) return;
+  int big = 0;
+  for (int i = 1; i < mc_ckpt_n_shards(ck); i++)
+    if (mc_ckpt_shard_at(ck, i)->numel > mc_ckpt_shard_at(ck, big)->numel) big = i;
+  const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, big);
+  if (rank == 0) CHECK_OK(lc_corrupt_shard(ck, big));
+  MPI_Barrier(MPI_COMM_WORLD);
+  const int rc = mc_dist_load(&e->d, ck, NULL, NULL);
+  char msg[MC_ERRMSG_MAX], first[MC_ERRMSG_MAX];
+  snprintf(msg, sizeof msg, "%s", mc_errmsg());
+  CHECK(rc != 0, "rank %d: the load of a corrupt checkpoint succeeded", rank);
+  CHECK(strstr(msg, "rank ") && strstr(msg, "failed") && strstr(msg, "hash mismatch") && strstr(msg, s->file) &&
+            strstr(msg, s->dataset),
+        "rank %d: the message names not the rank, file %s and dataset %s: %s", rank, s->file, s->dataset, msg);
+  memcpy(first, msg, sizeof msg);
+  MPI_Bcast(first, (int)sizeof first, MPI_CHAR, 0, MPI_COMM_WORLD);
+  CHECK(strcmp(first, msg) == 0, "rank %d's message differs from rank 0's: %s", rank, msg);
+  if (rank == 0) printf("  every rank failed alike: %s\n", msg);
+  mc_ckpt_close(ck);
+  /* a failure on the last rank alone reaches every rank too, with its message */
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  mc_error("synthetic failure of rank %d", rank);
+  char want[64];
+  snprintf(want, sizeof want, "rank %d failed: synthetic failure of rank %d", world - 1, world - 1);
+  CHECK(mc_load_agree(e->d.comm->world, rank != world - 1) != 0 && strcmp(mc_errmsg(), want) == 0,
+        "rank %d: a failure of rank %d alone: '%s', expected '%s'", rank, world - 1, mc_errmsg(), want);
+}
+
 int main(int argc, char **argv) {
   mc_comm *world;
   if (mc_comm_mpi_init(&argc, &argv, &world)) return fprintf(stderr, "%s\n", mc_errmsg()), 1;
   if (argc < 5) {
     fprintf(stderr, "usage: dist_train TP DP SP ZERO [--ep N] [--moe E K CF] [--mb N] [--empty] [--pp N] [--split S] "
-                    "[--pattern P] [--save DIR | --resume DIR]\n");
+                    "[--pattern P] [--save DIR | [--round-bytes N] [--replicas F] [--corrupt] --resume DIR]\n");
     mc_comm_mpi_finalize();
     return 2;
   }
   mc_layout l = dc_layout(atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
   const char *save = NULL, *resume = NULL;
-  int E = 4, k = 2, mb = 2, want_empty = 0;
+  int E = 4, k = 2, mb = 2, want_empty = 0, replicas = 0, corrupt = 0;
+  int64_t round_bytes = 1000;
   double cf = 0.0;
   for (int a = 5; a < argc; a++) {
     if (!strcmp(argv[a], "--ep") && a + 1 < argc) l.ep = atoi(argv[++a]);
@@ -286,6 +384,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[a], "--empty")) want_empty = 1;
     else if (!strcmp(argv[a], "--save") && a + 1 < argc) save = argv[++a];
     else if (!strcmp(argv[a], "--resume") && a + 1 < argc) resume = argv[++a];
+    else if (!strcmp(argv[a], "--round-bytes") && a + 1 < argc) round_bytes = atoll(argv[++a]);
+    else if (!strcmp(argv[a], "--replicas") && a + 1 < argc) replicas = atoi(argv[++a]);
+    else if (!strcmp(argv[a], "--corrupt")) corrupt = 1;
     else if (!strcmp(argv[a], "--pp") && a + 1 < argc) l.pp = atoi(argv[++a]);
     else if (!strcmp(argv[a], "--pattern") && a + 1 < argc) snprintf(PATTERN, sizeof PATTERN, "%s", argv[++a]);
     else if (!strcmp(argv[a], "--split") && a + 1 < argc && mc_layout_parse_split(&l, argv[++a])) {
@@ -355,30 +456,34 @@ int main(int argc, char **argv) {
     for (int s = SAVE_AT; fp && s < STEPS; s++) fprintf(fp, "%d %.17g %.17g\n", s + 1, losses[s], losses[STEPS + s]);
     if (fp) fclose(fp);
     CHECK(rank != 0 || fp, "cannot write %s", path);
+  } else if (made && resume && corrupt) {
+    load_corrupt(&e, resume, rank);
   } else if (made && resume) {
-    mc_ckpt *ck = NULL;
-    mc_train_state st;
-    CHECK_OK(mc_ckpt_open(resume, NULL, &ck));
-    if (ck) {
-      CHECK_OK(mc_ckpt_check_model(ck, &S.m));
-      CHECK_OK(mc_ckpt_train_state(ck, &st));
-      CHECK(st.step == SAVE_AT, "checkpoint at step %lld", (long long)st.step);
-      CHECK_OK(mc_dist_load(&e.d, ck));
-      e.d.opt.step = st.adam_step;
-      mc_ckpt_close(ck);
+    trainee e2; /* the shared load's copy; e loads rank by rank */
+    const int made2 = trainee_make(&e2, &S, &l, rank, &grp) == 0;
+    CHECK(made2, "rank %d: %s", rank, mc_errmsg());
+    if (made2 && load_both(&S, &e, &e2, resume, round_bytes, replicas, rank) == 0) {
       snprintf(path, sizeof path, "%s/losses.txt", resume);
       FILE *fp = fopen(path, "r");
       CHECK(fp, "cannot read %s", path);
       int got = 0, sx;
-      double v, gv;
+      double v, gv, shared[2 * STEPS];
       while (fp && fscanf(fp, "%d %lf %lf", &sx, &v, &gv) == 3)
         if (sx >= 1 && sx <= STEPS) want[sx - 1] = v, want[STEPS + sx - 1] = gv, got++;
       if (fp) fclose(fp);
       CHECK(got == STEPS - SAVE_AT, "%s holds %d losses", path, got);
+      memset(shared, 0, sizeof shared);
       CHECK_OK(run_steps(&S, e.net, &e.d, &l, rank, SAVE_AT, STEPS, losses));
+      CHECK_OK(run_steps(&S, e2.net, &e2.d, &l, rank, SAVE_AT, STEPS, shared));
       compare_losses(losses, want, SAVE_AT, STEPS, rank);
       if (l.ep > 1) compare_moe_scratch(&S, &e, rank, world->size);
+      for (int s = SAVE_AT; s < STEPS; s++)
+        CHECK(losses[s] == shared[s] && losses[STEPS + s] == shared[STEPS + s],
+              "step %d after the shared load: loss %.17g, gradient norm %.17g; after the per-rank load %.17g, %.17g", s + 1,
+              shared[s], shared[STEPS + s], losses[s], losses[STEPS + s]);
+      if (rank == 0) printf("  steps %d-%d after the shared load: losses and gradient norms bitwise equal\n", SAVE_AT + 1, STEPS);
     }
+    trainee_free(&e2);
   }
   trainee_free(&e);
   int fails = mc_check_failures, total = 0;

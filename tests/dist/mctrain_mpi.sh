@@ -5,8 +5,10 @@
 #         and dp2 x ep2 zero 1 (expert parallelism):
 #         every step's loss and gradient norm, and val_loss at steps 5 and 10, within 1e-4
 #         relative of the one-process run.
-# resume: tp2 x dp2 zero 1 saves step 5 (and runs to 10); resuming step 5 as one process and
-#         as dp4 zero 3 gives steps 6-10 within 1e-4 relative of the uninterrupted run.
+# resume: tp2 x dp2 zero 1 saves step 5 (and runs to 10); resuming step 5 as one process, as
+#         dp4 zero 3 and as dp4 zero 0 gives steps 6-10 within 1e-4 relative of the
+#         uninterrupted run; the logged load reads the checkpoint's bytes once under mpirun
+#         (as many as one process reads), where rank by rank dp4 zero 0 would read 4 times.
 # stop:   SIGTERM to one rank of dp2 ends both after the same step with a checkpoint of it.
 # kill:   SIGKILL to one stage of a pp=2 x dp=2 run after a checkpoint is committed (the
 #         other ranks wait in a pipeline receive or a collective): the job ends within 30 s
@@ -124,7 +126,17 @@ resume)
   "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=d --set parallel.dp=4 \
     --set parallel.zero=3 --resume a/step_5 > d.log 2>&1 || { cat d.log; die "dp4 zero 3 resume failed"; }
   same_losses a/metrics.jsonl d/metrics.jsonl 6 10
-  echo "loss at step 10: uninterrupted $(field a/metrics.jsonl loss 10), one process $(field c/metrics.jsonl loss 10), dp4 zero 3 $(field d/metrics.jsonl loss 10)"
+  # dp4 zero 0: every rank needs every stored byte; the shared load reads each once
+  "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=z --set parallel.dp=4 \
+    --set parallel.zero=0 --resume a/step_5 > z.log 2>&1 || { cat z.log; die "dp4 zero 0 resume failed"; }
+  same_losses a/metrics.jsonl z/metrics.jsonl 6 10
+  loaded() { sed -n "s/.*loaded \([0-9]*\) bytes from disk once ($2 rank[a-z ]* own boxes would have read \([0-9]*\)).*/\1 \2/p" "$1"; }
+  read -r n1 m1 <<< "$(loaded c.log 1)"; read -r n3 m3 <<< "$(loaded d.log 4)"; read -r n0 m0 <<< "$(loaded z.log 4)"
+  [ -n "$n1" ] && [ "$n1" = "$m1" ] || { grep loaded c.log; die "one process: no load line, or it read other than its own share"; }
+  [ -n "$n3" ] && [ "$n3" = "$n1" ] && [ "$m3" -gt "$n3" ] || { grep loaded d.log; die "dp4 zero 3 should read the $n1 bytes once, fewer than rank by rank"; }
+  [ -n "$n0" ] && [ "$n0" = "$n1" ] && [ "$m0" = $((4 * n1)) ] || { grep loaded z.log; die "dp4 zero 0 should read $n1 bytes once where 4 ranks would read $((4 * n1))"; }
+  echo "bytes read at load: one process $n1; dp4 zero 3 $n3 (rank by rank $m3); dp4 zero 0 $n0 (rank by rank $m0)"
+  echo "loss at step 10: uninterrupted $(field a/metrics.jsonl loss 10), one process $(field c/metrics.jsonl loss 10), dp4 zero 3 $(field d/metrics.jsonl loss 10), dp4 zero 0 $(field z/metrics.jsonl loss 10)"
   ;;
 stop)
   # SIGTERM to one rank only: every rank ends after the same step, the checkpoint of that step

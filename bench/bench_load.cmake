@@ -1,0 +1,1 @@
+set(MC_TOOL_LINK mc_train)
