@@ -34,10 +34,15 @@ int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const 
     }
     d->grads[s] = p->g;
     if (p->w16) {
-      /* bf16 working weights (zero 0: the slot is the whole slice): the step writes them
-       * rounded, and the master starts from the fp32 initial draw, not the rounded copy */
-      sl->w_bf16 = p->w16;
-      if (mc_net_param_initial(net, i, sl->master)) {
+      /* bf16 working weights with an fp32 master that starts from the fp32 initial draw, not
+       * the rounded copy. ZeRO 0: the slot is the whole slice and the step writes it rounded.
+       * ZeRO 1: the slot is this rank's rows; gather_working rounds the gathered slice. The
+       * draw of the whole slice goes through the (still unused) gradient buffer. */
+      const int rows = net->par.zero == 1;
+      sl->w_bf16 = rows ? NULL : p->w16;
+      int rc = mc_net_param_initial(net, i, rows ? p->g : sl->master);
+      if (!rc && rows && sl->numel) net->be->copy(net->be, sl->master, p->g + sl->offset, sl->numel);
+      if (rc) {
         mc_dist_opt_free(d);
         return mc_error_context("family %s: initial master weights", geo->fams.f[p->fam].name);
       }
@@ -105,16 +110,27 @@ int mc_dist_grad_norm(mc_dist_opt *d, double *norm) {
 }
 
 /* After the working rows hold the master weights: ZeRO 1 all-gathers the rows of every
- * member, in member order, into each whole local slice; otherwise the rows are all there is. */
+ * member, in member order, into each whole local slice; otherwise the rows are all there is.
+ * bf16 working weights under ZeRO 1: the fp32 master rows go to their place in the gradient
+ * buffer (free until the next step zeroes it), are all-gathered there in fp32 and the whole
+ * slice is rounded to the bf16 working weights, as ZeRO 0 rounds its master. */
 static int gather_working(mc_dist_opt *d) {
   mc_net *net = d->net;
-  if (net->par.zero != 1) return net->be->sync(net->be);
+  mc_backend *be = net->be;
+  if (net->par.zero != 1) return be->sync(be);
   int *idx;
   float **shard, **full;
   if (all_params(net, &idx, &shard, &full)) return -1;
-  for (int i = 0; i < net->n_params; i++) full[i] = net->params[i].w, shard[i] = full[i] + net->params[i].z_off;
-  int rc = mc_dist_gather(&net->par, net->be, net->params, idx, net->n_params, shard, full);
+  for (int i = 0; i < net->n_params; i++) {
+    mc_net_param *p = &net->params[i];
+    full[i] = p->w16 ? p->g : p->w, shard[i] = full[i] + p->z_off;
+    if (p->w16 && p->z_numel) be->copy(be, shard[i], d->opt.slots[mc_optim_slot_of(&d->opt, p->fam)].master, p->z_numel);
+  }
+  int rc = mc_dist_gather(&net->par, be, net->params, idx, net->n_params, shard, full);
+  for (int i = 0; !rc && i < net->n_params; i++)
+    if (net->params[i].w16) be->to_bf16(be, net->params[i].g, net->params[i].w16, net->params[i].numel);
   free(idx), free(shard), free(full);
+  if (!rc) rc = be->sync(be);
   return rc ? mc_error_context("all-gathering the updated weights") : 0;
 }
 
@@ -122,7 +138,8 @@ int mc_dist_publish(mc_dist_opt *d) {
   mc_backend *be = d->net->be;
   for (int s = 0; s < d->opt.n; s++) {
     mc_optim_slot *sl = &d->opt.slots[s];
-    if (sl->w_bf16) be->to_bf16(be, sl->master, sl->w_bf16, sl->numel); /* else the master is the working rows */
+    /* else the master is the working rows, or (bf16, ZeRO 1) gather_working rounds them */
+    if (sl->w_bf16) be->to_bf16(be, sl->master, sl->w_bf16, sl->numel);
   }
   return gather_working(d);
 }

@@ -5,8 +5,9 @@
 #           0/1/3, pp2 with the explicit split AE|MR and the weighted split, dp2 x ep2; (4 GPUs)
 #           tp2 x pp2, dp4 x ep2 zero 1, tp2+sp x dp2 x ep2 zero 1, pp2 x dp2 x ep2: every step's
 #           loss and gradient norm within BAND (relative; default 1e-5) of the one-GPU run.
-# bf16:     train.dtype=bf16: tp2, dp2, pp2 and dp2 x ep2 against the one-GPU bf16 run, losses
-#           within BF16_BAND (relative; default 1e-2).
+# bf16:     train.dtype=bf16: tp2, dp2, pp2, dp2 x ep2, dp2 zero 1 (and on 4 GPUs tp2 x dp2 zero
+#           1) against the one-GPU bf16 run, losses within BF16_BAND (relative; default 1e-2);
+#           the dp2 zero 1 run's step-5 checkpoint resumed on one GPU continues its losses.
 # resume:   a 4-GPU tp2 x dp2 zero 1 run (2 GPUs: dp2) saves step 5; resumed on 2 GPUs as pp2 and
 #           on 1 GPU by load-time resharding, and after mcreshard to tp2 on 2 GPUs: steps 6-10
 #           within BAND of the uninterrupted run.
@@ -95,7 +96,17 @@ bf16)
   launch 2 dp2 dp2.log --set train.dtype=bf16 --set parallel.dp=2
   launch 2 pp2 pp2.log --set train.dtype=bf16 --set parallel.pp=2
   launch 2 dp2ep2 dp2ep2.log --set train.dtype=bf16 --set parallel.dp=2 --set parallel.ep=2
-  for r in tp2 dp2 pp2 dp2ep2; do same "bf16 $r" one/metrics.jsonl $r/metrics.jsonl 1 10 "$BF16_BAND" loss; done
+  launch 2 dp2z1 dp2z1.log --set train.dtype=bf16 --set parallel.dp=2 --set parallel.zero=1 --set checkpoint.every=5 \
+    --set checkpoint.async_save=false
+  for r in tp2 dp2 pp2 dp2ep2 dp2z1; do same "bf16 $r" one/metrics.jsonl $r/metrics.jsonl 1 10 "$BF16_BAND" loss; done
+  # ZeRO 1 keeps each rank's rows of the fp32 master: its step-5 checkpoint resumed on one GPU
+  "$B/mctrain" "${COMMON[@]}" --set train.dtype=bf16 --set checkpoint.dir=z1r --resume dp2z1/step_5 > z1r.log 2>&1 \
+    || { cat z1r.log; die "bf16 dp2 zero 1 step 5 resumed on one GPU failed"; }
+  same "bf16 dp2 zero 1 -> one GPU" dp2z1/metrics.jsonl z1r/metrics.jsonl 6 10 "$BF16_BAND" loss
+  if [ "$NGPU" -ge 4 ]; then
+    launch 4 tp2dp2z1 tp2dp2z1.log --set train.dtype=bf16 --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero=1
+    same "bf16 tp2 x dp2 zero 1" one/metrics.jsonl tp2dp2z1/metrics.jsonl 1 10 "$BF16_BAND" loss
+  fi
   ;;
 resume)
   if [ "$NGPU" -ge 4 ]; then A=(4 --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero=1); AN="tp2 x dp2 zero 1 on 4 GPUs"
