@@ -17,8 +17,10 @@
 #include "core/config.h"
 #include "core/ownership.h"
 
-/* Version 2 records the ownership rule (manifest layout.ownership_rule); version 1 checkpoints
- * were written under MC_OWN_CHUNKED (core/ownership.h) and are read as such. */
+/* Version 2 records the ownership rule (manifest layout.ownership_rule: "balanced-v2" for
+ * what this version writes, "balanced" for earlier version 2 checkpoints); version 1
+ * checkpoints were written under MC_OWN_CHUNKED (core/ownership.h) and are read as such. A
+ * reader that predates balanced-v2 refuses such a checkpoint naming the unknown rule. */
 #define MC_CKPT_FORMAT_VERSION 2
 #define MC_CKPT_MAX_DIM 3
 #define MC_CKPT_RULE_MAX 64

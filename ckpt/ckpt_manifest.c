@@ -590,7 +590,7 @@ int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
     if (m->format_version >= 2) {
       const char *rule = get_str(layout, "ownership_rule", &cl);
       int r = rule ? mc_own_rule_parse(rule) : -1;
-      if (rule && r < 0) mc_errlist_add(&errs, "layout.ownership_rule '%s' unknown (balanced, chunked)", rule);
+      if (rule && r < 0) mc_errlist_add(&errs, "layout.ownership_rule '%s' unknown (balanced-v2, balanced, chunked)", rule);
       if (r >= 0) m->own_rule = r;
     }
   }

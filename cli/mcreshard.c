@@ -110,7 +110,7 @@ static int resolve_layout(const mc_config *src_cfg, const layout_args *a, mc_lay
   if (a->split && mc_layout_parse_split(&l, a->split) != 0) return mc_error_context("--split %s", a->split);
   /* a reshard writes the current format: the target takes the current ownership rule, whatever
    * rule the source was saved under (docs/ownership.md) */
-  l.own_rule = MC_OWN_BALANCED;
+  l.own_rule = MC_OWN_BALANCED_V2;
   *out = l;
   return 0;
 }

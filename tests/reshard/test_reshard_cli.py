@@ -175,7 +175,7 @@ def body(tmp):
     opt = [r["optimizer_bytes"] for r in rb["ranks"]]
     check(all(r["optimizer_bytes"] == sum(r["held_bytes"].values()) for r in rb["ranks"]) and
           abs(rb["balance"]["optimizer_largest_over_mean"] - max(opt) / (sum(opt) / len(opt))) < 1e-9 and
-          rb["balance"]["ownership_rule"] == "balanced", "optimizer balance per rank and largest/mean")
+          rb["balance"]["ownership_rule"] == "balanced-v2", "optimizer balance per rank and largest/mean")
     rc, out, _ = run(MCAUDIT, j("B"), "--map", j("B.html"))
     check(rc == 0 and "stage 3" in out and os.path.getsize(j("B.html")) > 1000, "text audit and html map")
     rc, _, err = run(MCAUDIT, j("B"), "--map", j("B.png"))
