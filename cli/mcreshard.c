@@ -79,7 +79,7 @@ static void usage(FILE *f) {
           "  shard's pieces and a forecast of the target checkpoint (shards, rank files, manifest size,\n"
           "  writer balance, save time); --summary: the totals and the forecast only; --node-gbps G\n"
           "  (default 2) and --ranks-per-node R (default 8): the write bandwidth of one node of R ranks\n"
-          "  the forecast assumes. These three need --dry-run.\n");
+          "  the forecast assumes. These three and --json need --dry-run; --export and --import have none.\n");
 }
 
 typedef struct {
@@ -203,8 +203,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "mcreshard: --sp must be 0 or 1\n");
     return 2;
   }
-  if (forecast_flag && !dry) {
-    fprintf(stderr, "mcreshard: --summary, --node-gbps and --ranks-per-node describe a --dry-run; without it they mean nothing\n");
+  if ((forecast_flag || json) && !dry) {
+    fprintf(stderr, "mcreshard: --json, --summary, --node-gbps and --ranks-per-node describe a --dry-run; without it they mean nothing\n");
+    return 2;
+  }
+  if (dry && (export_path || import_path)) {
+    fprintf(stderr, "mcreshard: --dry-run plans a reshard; --export and --import have no dry run\n");
     return 2;
   }
   o.progress = progress && !json;
@@ -231,7 +235,7 @@ int main(int argc, char **argv) {
   }
   mc_rs_source *src = NULL;
   /* a dry run plans from the manifest alone; a real run needs (and checks) every rank file */
-  if ((dry && !export_path ? mc_rs_source_open_metadata(pos[0], &src) : mc_rs_source_open(pos[0], &src)) != 0) {
+  if ((dry ? mc_rs_source_open_metadata(pos[0], &src) : mc_rs_source_open(pos[0], &src)) != 0) {
     fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
     return 1;
   }
