@@ -1,7 +1,7 @@
 /* sim_scale: planning a job past the machines at hand, from metadata alone (no data written).
  *
  *   sim_scale [--config FILE] [--set k=v]... [--to tp,pp,dp,ep,sp,zero] [--node-gbps G]
- *             [--ranks-per-node R]
+ *             [--ranks-per-node R] [--write-metadata DIR]
  *
  * For the configuration's layout (e.g. nam-medium on 4096 ranks) and a reshard target (--to),
  * times what the offline tools do and reports what a checkpoint of that run would be:
@@ -15,6 +15,9 @@
  *     file, dataset, start/count, replicas, sha256), and the predicted save time when each
  *     node writes its ranks' bytes at --node-gbps (GB/s, default 2) with --ranks-per-node
  *     ranks (default 8): the slowest node's bytes / bandwidth.
+ * With --write-metadata DIR it also writes that checkpoint without data into DIR
+ * (mc_ckpt_write_metadata_only: manifest.json, manifest.sha256, latest; no rank file), for
+ * `mcreshard --dry-run DIR DST ...` to plan from, and reports the real manifest's size.
  * Prints one text report and one JSON line. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -22,10 +25,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "ckpt/checkpoint.h"
 #include "core/holdings.h"
 #include "core/layout.h"
 #include "plan/plan.h"
 #include "reshard/plan.h"
+#include "reshard/plan_print.h"
 #include "util/error.h"
 
 static double now_s(void) {
@@ -34,22 +39,10 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Bytes of one shard record as the manifest prints it (keys and values, formatted), for a
- * shard of `ndim` dims held by `nrep` replicas. */
-static int64_t record_bytes(const char *fam, const char *state, int rank, int ndim, const int64_t *start,
-                            const int64_t *count, int nrep) {
-  char buf[512];
-  int n = snprintf(buf, sizeof buf,
-                   "{\"family\": \"%s\", \"state\": \"%s\", \"rank\": %d, \"file\": \"rank_%d.h5\", "
-                   "\"dataset\": \"/%s/%s\", \"sha256\": \"%064d\", \"start\": [], \"count\": [], \"replicas\": []},\n",
-                   fam, state, rank, rank, fam, state, 0);
-  for (int d = 0; d < ndim; d++) n += snprintf(buf, sizeof buf, "%lld, %lld, ", (long long)start[d], (long long)count[d]);
-  return n + (int64_t)nrep * 6; /* a replica rank and its separator */
-}
-
 int main(int argc, char **argv) {
   double node_gbps = 2.0;
   int per_node = 8, to[6] = {-1, -1, -1, -1, -1, -1};
+  const char *write_dir = NULL;
   mc_config cfg;
   if (mc_config_from_args(&cfg, &argc, argv) != 0) {
     fprintf(stderr, "sim_scale: %s\n", mc_errmsg());
@@ -58,11 +51,12 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--node-gbps") && i + 1 < argc) node_gbps = atof(argv[++i]);
     else if (!strcmp(argv[i], "--ranks-per-node") && i + 1 < argc) per_node = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--write-metadata") && i + 1 < argc) write_dir = argv[++i];
     else if (!strcmp(argv[i], "--to") && i + 1 < argc &&
              sscanf(argv[++i], "%d,%d,%d,%d,%d,%d", &to[0], &to[1], &to[2], &to[3], &to[4], &to[5]) == 6) {
     } else {
       fprintf(stderr, "usage: sim_scale [--config FILE] [--set k=v]... [--to tp,pp,dp,ep,sp,zero] [--node-gbps G] "
-                      "[--ranks-per-node R]\n");
+                      "[--ranks-per-node R] [--write-metadata DIR]\n");
       return 2;
     }
   }
@@ -97,7 +91,7 @@ int main(int argc, char **argv) {
   /* what each rank writes and the manifest's shard records */
   t0 = now_s();
   const mc_hold_opts ho = {.moe_dense = 1};
-  int64_t *wrote = calloc((size_t)g.world, sizeof *wrote), shards = 0, manifest = 0, total = 0;
+  int64_t *wrote = calloc((size_t)g.world, sizeof *wrote), shards = 0, manifest = 0;
   for (int f = 0; f < g.fams.n && wrote; f++)
     for (int r = 0; r < g.world; r++) {
       mc_param_hold ph;
@@ -111,23 +105,33 @@ int main(int argc, char **argv) {
         mc_shard_of(&g, f, (mc_state)st, r, &s);
         wrote[r] += ph.state_bytes[st];
         shards++;
-        manifest += record_bytes(g.fams.f[f].name, mc_state_name((mc_state)st), r, s.ndim, s.start, s.count, s.n_replicas);
+        manifest += mc_rs_record_bytes(g.fams.f[f].name, mc_state_name((mc_state)st), r, s.ndim, s.start, s.count,
+                                       s.n_replicas);
       }
     }
   if (!wrote) return 1;
-  int files = 0, big = 0;
-  double slowest = 0;
-  for (int r = 0; r < g.world; r++) {
-    total += wrote[r];
-    files += wrote[r] > 0;
-    if (wrote[r] > wrote[big]) big = r;
-  }
-  for (int n0 = 0; n0 < g.world; n0 += per_node) {
-    double b = 0;
-    for (int r = n0; r < n0 + per_node && r < g.world; r++) b += (double)wrote[r];
-    slowest = b > slowest ? b : slowest;
-  }
+  mc_rs_forecast fc = {.shards = shards, .manifest_bytes = manifest};
+  mc_rs_forecast_finish(wrote, g.world, node_gbps, per_node, &fc);
   double t_ckpt = now_s() - t0;
+
+  double t_write = 0;
+  long long written_manifest = -1;
+  if (write_dir) {
+    t0 = now_s();
+    mc_train_state ts;
+    memset(&ts, 0, sizeof ts);
+    mc_config wc = cfg;
+    char mp[4200];
+    FILE *mf;
+    if (mc_ckpt_write_metadata_only(write_dir, &g, &wc, &ts) != 0) {
+      fprintf(stderr, "sim_scale: %s\n", mc_errmsg());
+      return 1;
+    }
+    snprintf(mp, sizeof mp, "%s/step_0/manifest.json", write_dir);
+    if ((mf = fopen(mp, "rb")) != NULL && fseek(mf, 0, SEEK_END) == 0) written_manifest = ftell(mf);
+    if (mf) fclose(mf);
+    t_write = now_s() - t0;
+  }
 
   t0 = now_s();
   mc_rs_plan rp;
@@ -137,26 +141,24 @@ int main(int argc, char **argv) {
   }
   double t_rs = now_s() - t0;
 
-  const double mean = (double)total / g.world;
   printf("layout tp=%d pp=%d dp=%d ep=%d sp=%d zero=%d: %d ranks; target tp=%d pp=%d dp=%d ep=%d sp=%d zero=%d: %d ranks\n",
          g.layout.tp, g.layout.pp, g.layout.dp, g.layout.ep, g.layout.sp, g.layout.zero, g.world, tl.tp, tl.pp, tl.dp,
          tl.ep, tl.sp, tl.zero, h.world);
   printf("geometries %.2f s, mcplan's plan %.2f s, checkpoint metadata %.2f s, reshard plan (mcreshard --dry-run) %.2f s\n",
          t_geo, t_plan, t_ckpt, t_rs);
-  printf("checkpoint: %lld bytes in %lld shards, %d rank files; manifest about %.1f MiB\n", (long long)total,
-         (long long)shards, files, (double)manifest / (1 << 20));
-  printf("writers: largest rank %d writes %lld bytes, %.3fx the mean %.0f\n", big, (long long)wrote[big],
-         mean > 0 ? (double)wrote[big] / mean : 0.0, mean);
-  printf("predicted save: %.2f s (slowest node of %d ranks writes %.3g GB at %.2f GB/s)\n",
-         slowest / (node_gbps * 1e9), per_node, slowest / 1e9, node_gbps);
+  mc_rs_forecast_print(stdout, &fc, "checkpoint");
+  if (write_dir)
+    printf("metadata-only checkpoint written to %s in %.2f s: manifest.json %lld bytes (%.1f MiB)\n", write_dir, t_write,
+           written_manifest, (double)written_manifest / (1 << 20));
   printf("reshard: %d source and %d target shards, %d pieces, %d and %d writers\n", rp.n_src, rp.n_targets, rp.n_pieces,
          rp.n_src_writers, rp.n_dst_writers);
   printf("{\"ranks\": %d, \"target_ranks\": %d, \"t_geometry_s\": %.3f, \"t_mcplan_s\": %.3f, \"t_metadata_s\": %.3f, "
          "\"t_reshard_plan_s\": %.3f, \"bytes\": %lld, \"shards\": %lld, \"files\": %d, \"manifest_bytes\": %lld, "
          "\"writer_largest_over_mean\": %.4f, \"node_gbps\": %.3f, \"ranks_per_node\": %d, \"predicted_save_s\": %.3f, "
-         "\"reshard_pieces\": %d}\n",
-         g.world, h.world, t_geo, t_plan, t_ckpt, t_rs, (long long)total, (long long)shards, files, (long long)manifest,
-         mean > 0 ? (double)wrote[big] / mean : 0.0, node_gbps, per_node, slowest / (node_gbps * 1e9), rp.n_pieces);
+         "\"reshard_pieces\": %d, \"t_write_metadata_s\": %.3f, \"written_manifest_bytes\": %lld}\n",
+         g.world, h.world, t_geo, t_plan, t_ckpt, t_rs, (long long)fc.bytes, (long long)fc.shards, fc.files,
+         (long long)fc.manifest_bytes, fc.writer_balance, node_gbps, per_node, fc.predicted_save_s, rp.n_pieces, t_write,
+         written_manifest);
   mc_rs_plan_free(&rp);
   mc_plan_free(&plan);
   free(wrote);

@@ -17,8 +17,10 @@
 #include "core/config.h"
 #include "core/ownership.h"
 
-/* Version 2 records the ownership rule (manifest layout.ownership_rule); version 1 checkpoints
- * were written under MC_OWN_CHUNKED (core/ownership.h) and are read as such. */
+/* Version 2 records the ownership rule (manifest layout.ownership_rule: "balanced-v2" for
+ * what this version writes, "balanced" for earlier version 2 checkpoints); version 1
+ * checkpoints were written under MC_OWN_CHUNKED (core/ownership.h) and are read as such. A
+ * reader that predates balanced-v2 refuses such a checkpoint naming the unknown rule. */
 #define MC_CKPT_FORMAT_VERSION 2
 #define MC_CKPT_MAX_DIM 3
 #define MC_CKPT_RULE_MAX 64
@@ -89,6 +91,18 @@ void mc_ckpt_save_opts_default(mc_ckpt_save_opts *o);
 int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg,
                  const mc_train_state *state, const mc_ckpt_item *items, int n_items,
                  const mc_ckpt_save_opts *opts);
+
+/* A checkpoint of geometry g without data, for planning at scales no machine here can save
+ * (bench/sim_scale --write-metadata, then mcreshard --dry-run): <dir>/step_<N>/manifest.json
+ * and manifest.sha256 exactly as a save of every state kind would write them (every primary
+ * shard of every family, its hyperslab, replica group and placement rule; the rank files a
+ * save would write, their `bytes` being their shards' fp32 bytes), and <dir>/latest; but no
+ * rank file, and every shard's sha256 is 64 zeros (no data was hashed). It opens only with
+ * mc_ckpt_open_opts.metadata_only; anything that reads data (a load, mcreshard without
+ * --dry-run, mcaudit) is refused naming the first missing rank file. Same directory rules as
+ * mc_ckpt_save (one process, no barrier). */
+int mc_ckpt_write_metadata_only(const char *dir, const mc_geometry *g, const mc_config *cfg,
+                                const mc_train_state *state);
 
 /* Asynchronous saving: mc_ckpt_saver_save copies the items into host buffers owned by the
  * saver and returns; a background thread then writes, hashes and commits. The next save,
@@ -176,6 +190,10 @@ typedef struct {
 typedef struct {
   int verify;     /* hash-verify every shard read (default 1; 0 is an explicit opt-out) */
   int io_threads; /* threads for reading and hashing (default 2) */
+  int metadata_only; /* open from the manifest alone (default 0): the rank files are not looked
+                      * at, not even whether they exist, so a checkpoint written by
+                      * mc_ckpt_write_metadata_only opens; reading shard data then fails naming
+                      * the rank file. For planning (mcreshard --dry-run), never for loading. */
 } mc_ckpt_open_opts;
 void mc_ckpt_open_opts_default(mc_ckpt_open_opts *o);
 
@@ -184,7 +202,9 @@ typedef struct mc_ckpt mc_ckpt;
 /* Opens a checkpoint directory (follows `latest`) or one step directory. The manifest is
  * checked against the root hash in `latest` (when `latest` names this step), against the
  * format rules (required keys and types, format version, shard bounds and coverage), and
- * every shard file must exist with the size the manifest records. Nothing on disk changes. */
+ * every shard file must exist with the size the manifest records (unless
+ * opts->metadata_only; error: "<path>: missing shard file (listed in the manifest)"). Nothing
+ * on disk changes. */
 int mc_ckpt_open(const char *path, const mc_ckpt_open_opts *opts, mc_ckpt **out);
 void mc_ckpt_close(mc_ckpt *ck);
 

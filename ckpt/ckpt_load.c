@@ -45,6 +45,7 @@ static int order_cmp(const void *a, const void *b) {
 void mc_ckpt_open_opts_default(mc_ckpt_open_opts *o) {
   o->verify = 1;
   o->io_threads = 2;
+  o->metadata_only = 0;
 }
 
 static int is_dir_with(const char *dir, const char *name) {
@@ -139,7 +140,7 @@ int mc_ckpt_open(const char *path, const mc_ckpt_open_opts *opts, mc_ckpt **out)
     goto fail;
   }
   mc_error_clear();
-  for (int i = 0; i < ck->m.n_files; i++) {
+  for (int i = 0; i < ck->m.n_files && !ck->opts.metadata_only; i++) {
     char fp[MC_PATH_MAX];
     int64_t size = 0;
     if (mc_path_join(fp, ck->step_dir, ck->m.files[i].name) != 0) goto fail;

@@ -103,17 +103,14 @@ static int shard_key_cmp(const void *a, const void *b) {
 static int check_shards(const mc_geometry *g, mc_shard_attrs *sh, int n, int *states_out) {
   const int nf = g->fams.n, W = g->world;
   unsigned char *seen = calloc((size_t)nf * MC_N_STATES * (size_t)W, 1);
-  int *reps = malloc((size_t)W * sizeof(int));
-  if (!seen || !reps) {
-    free(seen);
-    free(reps);
-    return mc_error("out of memory checking %d shards", n);
-  }
+  if (!seen) return mc_error("out of memory checking %d shards", n);
   int rc = 0;
   for (int s = 0; s < MC_N_STATES; s++) states_out[s] = 0;
   for (int i = 0; i < n && rc == 0; i++) {
     const mc_ckpt_shard *s = &sh[i].s;
-    int f = mc_family_find(&g->fams, s->family);
+    int f = s->family_index >= 0 && s->family_index < nf && !strcmp(g->fams.f[s->family_index].name, s->family)
+                ? s->family_index
+                : mc_family_find(&g->fams, s->family);
     if (f < 0) {
       rc = mc_error("%s: dataset %s names family '%s', which the model does not have", s->file, s->dataset, s->family);
       break;
@@ -132,9 +129,17 @@ static int check_shards(const mc_geometry *g, mc_shard_attrs *sh, int n, int *st
                     s->file, s->dataset, s->rank);
       break;
     }
-    int nr = mc_shard_replicas(g, f, s->state, s->rank, reps);
-    same = nr == s->n_replicas;
-    for (int k = 0; same && k < nr; k++) same = reps[k] == s->replicas[k];
+    /* The replica group: as many ranks as mc_shard_of counts, ascending, each holding this
+     * hyperslab (and so naming the same primary). O(replicas), not O(world): a 4096-rank
+     * manifest has some 450,000 shards. */
+    same = want.n_replicas == s->n_replicas;
+    for (int k = 0; same && k < s->n_replicas; k++) {
+      mc_shard other;
+      const int q = s->replicas[k];
+      same = q >= 0 && q < W && (k == 0 || q > s->replicas[k - 1]) && mc_shard_of(g, f, s->state, q, &other) == 0 &&
+             other.held && other.primary_rank == s->rank;
+      for (int d = 0; same && d < s->ndim; d++) same = other.start[d] == s->start[d] && other.count[d] == s->count[d];
+    }
     char rule[MC_CKPT_RULE_MAX];
     mc_placement_rule(g, f, rule, sizeof rule);
     if (!same || strcmp(rule, sh[i].placement_rule) != 0) {
@@ -165,7 +170,6 @@ static int check_shards(const mc_geometry *g, mc_shard_attrs *sh, int n, int *st
       }
   }
   free(seen);
-  free(reps);
   return rc;
 }
 
@@ -430,29 +434,55 @@ static void parse_families(const cJSON *fa, mc_manifest *m, mc_errlist *errs) {
   }
 }
 
-static int find_fam(const mc_manifest *m, const char *name) {
+/* Index of family `name` (-1 if none). *hint: where the last one was found; consecutive
+ * shards mostly name the same family or the next one, so a manifest of n shards parses in
+ * O(n), not O(n * families). */
+static int find_fam(const mc_manifest *m, const char *name, int *hint) {
+  for (int d = 0; d < 2; d++)
+    if (*hint + d < m->n_fams && strcmp(m->fams[*hint + d].name, name) == 0) return *hint += d;
   for (int i = 0; i < m->n_fams; i++)
-    if (strcmp(m->fams[i].name, name) == 0) return i;
+    if (strcmp(m->fams[i].name, name) == 0) return *hint = i;
   return -1;
 }
 
+/* Whether `name` is listed in m->files. by_rank[r] (n_rank entries, may be NULL): the index
+ * of the file named rank_<r>.h5, or -1, so that the usual names are found in O(1). */
+static int known_file(const mc_manifest *m, const char *name, const int *by_rank, int n_rank) {
+  int r = -1, used = 0;
+  if (by_rank && sscanf(name, "rank_%d.h5%n", &r, &used) == 1 && used == (int)strlen(name) && r >= 0 && r < n_rank)
+    return by_rank[r] >= 0;
+  for (int k = 0; k < m->n_files; k++)
+    if (strcmp(m->files[k].name, name) == 0) return 1;
+  return 0;
+}
+
 static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
-  int n = cJSON_GetArraySize(sa);
+  /* arrays are walked through their links: cJSON_GetArrayItem(a, i) walks i links itself */
+  int n = cJSON_GetArraySize(sa), fam_hint = 0, n_rank = 0;
+  for (int k = 0; k < m->n_files; k++) n_rank = m->files[k].rank >= n_rank ? m->files[k].rank + 1 : n_rank;
+  int *by_rank = malloc((size_t)(n_rank > 0 ? n_rank : 1) * sizeof *by_rank);
+  for (int r = 0; by_rank && r < n_rank; r++) by_rank[r] = -1;
+  for (int k = 0; by_rank && k < m->n_files; k++) {
+    char want[40];
+    snprintf(want, sizeof want, "rank_%d.h5", m->files[k].rank);
+    if (m->files[k].rank >= 0 && !strcmp(want, m->files[k].name)) by_rank[m->files[k].rank] = k;
+  }
   size_t total_reps = 0;
-  for (int i = 0; i < n; i++) {
-    cJSON *rg = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(sa, i), "replica_group");
+  for (const cJSON *o = sa->child; o; o = o->next) {
+    cJSON *rg = cJSON_GetObjectItemCaseSensitive(o, "replica_group");
     if (cJSON_IsArray(rg)) total_reps += (size_t)cJSON_GetArraySize(rg);
   }
   m->shards = calloc((size_t)(n > 0 ? n : 1), sizeof *m->shards);
   m->replica_pool = calloc(total_reps + 1, sizeof(int));
   if (!m->shards || !m->replica_pool) {
     mc_errlist_add(errs, "out of memory");
+    free(by_rank);
     return;
   }
   m->n_shards = n;
   size_t used = 0;
-  for (int i = 0; i < n; i++) {
-    const cJSON *o = cJSON_GetArrayItem(sa, i);
+  const cJSON *o = sa->child;
+  for (int i = 0; i < n; i++, o = o->next) {
     char where[32];
     snprintf(where, sizeof where, "shards[%d]", i);
     jctx c = {errs, where};
@@ -486,7 +516,7 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
     if (st >= 0) s->state = (mc_state)st;
     if (st >= 0 && !m->has_state[st]) mc_errlist_add(errs, "%s.state '%s' is not listed in 'states'", where, state);
     if (fam) {
-      s->family_index = find_fam(m, fam);
+      s->family_index = find_fam(m, fam, &fam_hint);
       if (s->family_index < 0) mc_errlist_add(errs, "%s.family '%s' is not listed in 'families'", where, fam);
     }
     if (okdims && nd1 != nd2) mc_errlist_add(errs, "%s: start and count differ in length", where);
@@ -507,11 +537,7 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
       snprintf(expect, sizeof expect, "/%s/%s", fam, state);
       if (strcmp(expect, ds) != 0) mc_errlist_add(errs, "%s.dataset '%s' should be '%s'", where, ds, expect);
     }
-    if (file) {
-      int known = 0;
-      for (int k = 0; k < m->n_files; k++) known |= strcmp(m->files[k].name, file) == 0;
-      if (!known) mc_errlist_add(errs, "%s.file '%s' is not listed in 'files'", where, file);
-    }
+    if (file && !known_file(m, file, by_rank, n_rank)) mc_errlist_add(errs, "%s.file '%s' is not listed in 'files'", where, file);
     cJSON *rg = req(o, "replica_group", &c);
     int nr = cJSON_IsArray(rg) ? cJSON_GetArraySize(rg) : -1;
     if (nr < 1) {
@@ -519,8 +545,8 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
     } else {
       s->replicas = m->replica_pool + used;
       s->n_replicas = nr;
-      for (int k = 0; k < nr; k++) {
-        cJSON *e = cJSON_GetArrayItem(rg, k);
+      const cJSON *e = rg->child;
+      for (int k = 0; k < nr; k++, e = e->next) {
         if (!cJSON_IsNumber(e) || e->valuedouble < 0) mc_errlist_add(errs, "%s.replica_group[%d] is not a rank", where, k);
         else m->replica_pool[used + (size_t)k] = e->valueint;
       }
@@ -534,6 +560,7 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
       used += (size_t)nr;
     }
   }
+  free(by_rank);
 }
 
 /* Per (family, state): stored elements must add up to the family's size. Together with the
@@ -590,7 +617,7 @@ int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
     if (m->format_version >= 2) {
       const char *rule = get_str(layout, "ownership_rule", &cl);
       int r = rule ? mc_own_rule_parse(rule) : -1;
-      if (rule && r < 0) mc_errlist_add(&errs, "layout.ownership_rule '%s' unknown (balanced, chunked)", rule);
+      if (rule && r < 0) mc_errlist_add(&errs, "layout.ownership_rule '%s' unknown (balanced-v2, balanced, chunked)", rule);
       if (r >= 0) m->own_rule = r;
     }
   }
@@ -617,8 +644,8 @@ int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
     int n = cJSON_GetArraySize(files);
     m->files = calloc((size_t)(n > 0 ? n : 1), sizeof *m->files);
     m->n_files = m->files ? n : 0;
-    for (int i = 0; i < m->n_files; i++) {
-      cJSON *o = cJSON_GetArrayItem(files, i);
+    const cJSON *o = files->child;
+    for (int i = 0; i < m->n_files; i++, o = o->next) {
       char where[32];
       snprintf(where, sizeof where, "files[%d]", i);
       jctx cf = {&errs, where};

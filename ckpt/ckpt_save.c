@@ -51,6 +51,28 @@ static void write_set_free(write_set *w) {
   memset(w, 0, sizeof *w);
 }
 
+/* The attributes of the shard `sh` (mc_shard_of's answer) of family/state that `rank` writes,
+ * all but the replica group and the hash. */
+static void fill_attrs(const mc_geometry *g, int family, mc_state state, int rank, const mc_shard *sh, mc_shard_attrs *a) {
+  const mc_family *fam = &g->fams.f[family];
+  mc_ckpt_shard *s = &a->s;
+  snprintf(s->file, sizeof s->file, "rank_%d.h5", rank);
+  snprintf(s->dataset, sizeof s->dataset, "/%s/%s", fam->name, mc_state_name(state));
+  snprintf(s->family, sizeof s->family, "%s", fam->name);
+  s->family_index = family;
+  s->state = state;
+  s->ndim = sh->ndim;
+  for (int d = 0; d < sh->ndim; d++) {
+    s->start[d] = sh->start[d];
+    s->count[d] = sh->count[d];
+    a->global_shape[d] = fam->shape[d];
+  }
+  s->numel = sh->numel;
+  s->rank = rank;
+  s->stage = sh->stage;
+  mc_placement_rule(g, family, a->placement_rule, sizeof a->placement_rule);
+}
+
 /* Keeps the items this process is primary for, ordered by rank, family, state, and fills
  * in every attribute but the hash. */
 static int build_write_set(const mc_geometry *g, const mc_ckpt_item *items, int n_items, write_set *w) {
@@ -97,20 +119,7 @@ static int build_write_set(const mc_geometry *g, const mc_ckpt_item *items, int 
     }
     mc_shard_attrs *a = &w->attrs[w->n];
     mc_ckpt_shard *s = &a->s;
-    snprintf(s->file, sizeof s->file, "rank_%d.h5", it->rank);
-    snprintf(s->dataset, sizeof s->dataset, "/%s/%s", fam->name, mc_state_name(it->state));
-    snprintf(s->family, sizeof s->family, "%s", fam->name);
-    s->family_index = it->family;
-    s->state = it->state;
-    s->ndim = sh.ndim;
-    for (int d = 0; d < sh.ndim; d++) {
-      s->start[d] = sh.start[d];
-      s->count[d] = sh.count[d];
-      a->global_shape[d] = fam->shape[d];
-    }
-    s->numel = sh.numel;
-    s->rank = it->rank;
-    s->stage = sh.stage;
+    fill_attrs(g, it->family, it->state, it->rank, &sh, a);
     a->replica_buf = malloc((size_t)g->world * sizeof(int));
     if (!a->replica_buf) {
       rc = mc_error("out of memory");
@@ -118,7 +127,6 @@ static int build_write_set(const mc_geometry *g, const mc_ckpt_item *items, int 
     }
     s->n_replicas = mc_shard_replicas(g, it->family, it->state, it->rank, a->replica_buf);
     s->replicas = a->replica_buf;
-    mc_placement_rule(g, it->family, a->placement_rule, sizeof a->placement_rule);
     w->data[w->n] = it->data;
     w->n++;
   }
@@ -278,13 +286,12 @@ static int read_back(const char *tmp, readback *r) {
   return rc;
 }
 
-static int commit(const char *dir, const char *tmp, const char *final, const mc_geometry *g, const mc_config *cfg,
-                  const mc_train_state *st) {
-  readback rb;
-  if (read_back(tmp, &rb) != 0) return -1;
+/* Builds the manifest of the shards and files in rb, writes it into tmp, renames tmp to final
+ * and points `latest` at it. */
+static int publish(const char *dir, const char *tmp, const char *final, const mc_geometry *g, const mc_config *cfg,
+                   const mc_train_state *st, const readback *rb) {
   char *json = NULL;
-  int rc = mc_manifest_build(g, cfg, st, rb.shards, rb.n_shards, rb.files, rb.n_files, &json);
-  readback_free(&rb);
+  int rc = mc_manifest_build(g, cfg, st, rb->shards, rb->n_shards, rb->files, rb->n_files, &json);
   if (rc) return mc_error_context("checkpoint step %" PRId64, st->step);
   char path[MC_PATH_MAX], sha[65];
   if (mc_path_join(path, tmp, "manifest.json") != 0) return -1;
@@ -314,6 +321,15 @@ static int commit(const char *dir, const char *tmp, const char *final, const mc_
   if (mc_ckpt_fault("rename_latest")) return mc_error_context("%s: rename to %s failed", ltmp, lpath);
   if (rename(ltmp, lpath) != 0) return mc_error("%s: rename to %s failed: %s", ltmp, lpath, strerror(errno));
   return 0;
+}
+
+static int commit(const char *dir, const char *tmp, const char *final, const mc_geometry *g, const mc_config *cfg,
+                  const mc_train_state *st) {
+  readback rb;
+  if (read_back(tmp, &rb) != 0) return -1;
+  int rc = publish(dir, tmp, final, g, cfg, st, &rb);
+  readback_free(&rb);
+  return rc;
 }
 
 /* Undoes a failed commit: neither the temporary nor the renamed directory stays. */
@@ -444,4 +460,72 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
       fprintf(stderr, "warning: checkpoint step %" PRId64 " committed, but: %s\n", state->step, mc_errmsg());
   }
   return 0;
+}
+
+/* ---------------------------------------------------------------- metadata only */
+
+/* Appends the primary shards of family f, state st (every rank of its stage) to rb, with
+ * their replica groups: the ranks whose hyperslab names the same primary (mc_shard_of), one
+ * pass over the stage. bytes[r] += the bytes rank r writes. */
+static int add_primaries(const mc_geometry *g, int f, mc_state st, readback *rb, int *cap, int64_t *bytes,
+                         mc_shard *sh, int *nrep) {
+  const int per = g->layout.tp * g->layout.dp, base = per * mc_family_stage(g, f);
+  for (int i = 0; i < per; i++) {
+    if (mc_shard_of(g, f, st, base + i, &sh[i]) != 0) return -1;
+    nrep[i] = 0;
+  }
+  for (int i = 0; i < per; i++)
+    if (sh[i].held) nrep[sh[i].primary_rank - base]++;
+  for (int i = 0; i < per; i++) {
+    if (!sh[i].held || !sh[i].primary) continue;
+    if (rb->n_shards == *cap) {
+      int nc = *cap ? 2 * *cap : 1024;
+      mc_shard_attrs *na = realloc(rb->shards, (size_t)nc * sizeof *na);
+      if (!na) return mc_error("out of memory");
+      rb->shards = na, *cap = nc;
+    }
+    mc_shard_attrs *a = &rb->shards[rb->n_shards];
+    memset(a, 0, sizeof *a);
+    fill_attrs(g, f, st, base + i, &sh[i], a);
+    memset(a->s.sha256, '0', 64); /* no data: 64 zeros, no real digest */
+    a->s.sha256[64] = 0;
+    if (!(a->replica_buf = malloc((size_t)nrep[i] * sizeof(int)))) return mc_error("out of memory");
+    rb->n_shards++;
+    for (int k = 0; k < per; k++)
+      if (sh[k].held && sh[k].primary_rank == base + i) a->replica_buf[a->s.n_replicas++] = base + k;
+    a->s.replicas = a->replica_buf;
+    bytes[base + i] += sh[i].numel * (int64_t)sizeof(float);
+  }
+  return 0;
+}
+
+int mc_ckpt_write_metadata_only(const char *dir, const mc_geometry *g, const mc_config *cfg, const mc_train_state *st) {
+  char tmp[MC_PATH_MAX], final[MC_PATH_MAX];
+  if (snprintf(tmp, sizeof tmp, "%s/step_%" PRId64 ".tmp", dir, st->step) >= (int)sizeof tmp ||
+      snprintf(final, sizeof final, "%s/step_%" PRId64, dir, st->step) >= (int)sizeof final)
+    return mc_error("checkpoint directory path too long: %s", dir);
+  if (prepare(dir, st->step, tmp, final) != 0) return -1;
+  readback rb = {0};
+  int cap = 0, rc = 0, per = g->layout.tp * g->layout.dp;
+  int64_t *bytes = calloc((size_t)g->world, sizeof *bytes);
+  mc_shard *sh = malloc((size_t)per * sizeof *sh);
+  int *nrep = malloc((size_t)per * sizeof *nrep);
+  if (!bytes || !sh || !nrep) rc = mc_error("out of memory");
+  for (int f = 0; f < g->fams.n && rc == 0; f++)
+    for (int s = 0; s < MC_N_STATES && rc == 0; s++) rc = add_primaries(g, f, (mc_state)s, &rb, &cap, bytes, sh, nrep);
+  if (rc == 0 && !(rb.files = malloc((size_t)g->world * sizeof *rb.files))) rc = mc_error("out of memory");
+  for (int r = 0; r < g->world && rc == 0; r++) {
+    if (!bytes[r]) continue;
+    mc_file_rec *fr = &rb.files[rb.n_files++];
+    snprintf(fr->name, sizeof fr->name, "rank_%d.h5", r);
+    fr->rank = r;
+    fr->bytes = bytes[r];
+  }
+  if (rc == 0) rc = publish(dir, tmp, final, g, cfg, st, &rb);
+  if (rc) discard(dir, tmp, final, mc_path_exists(final));
+  free(bytes);
+  free(sh);
+  free(nrep);
+  readback_free(&rb);
+  return rc;
 }

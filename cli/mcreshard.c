@@ -2,13 +2,18 @@
  *
  *   mcreshard SRC DST [--tp N] [--pp N] [--dp N] [--ep N] [--sp 0|1] [--zero 0|1|3]
  *             [--split equal|weighted|'AEME|AEMR'] [--config FILE] [--set parallel.K=V] [--consolidate]
- *             [--dry-run] [--json] [--force] [--chunk-mb N] [--threads N] [--no-progress]
+ *             [--dry-run [--summary] [--node-gbps G] [--ranks-per-node R]] [--json] [--force]
+ *             [--chunk-mb N] [--threads N] [--no-progress]
  *   mcreshard SRC --export FILE.safetensors
  *   mcreshard --import FILE.safetensors DST [layout options]
  *
  * SRC is a run directory (its `latest` is used) or a step directory. Layout values not given
- * keep the source's (for --import: the layout recorded in the file). docs/reshard.md. */
+ * keep the source's (for --import: the layout recorded in the file). --dry-run plans from
+ * SRC's manifest alone (its rank files are not opened: a metadata-only checkpoint of
+ * bench/sim_scale --write-metadata works) and reports the target checkpoint's forecast.
+ * docs/reshard.md. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +30,8 @@
  * source's config. */
 enum {
   OPT_TP = CLI_LONG, OPT_PP, OPT_DP, OPT_EP, OPT_SP, OPT_ZERO, OPT_SPLIT, OPT_CONFIG, OPT_SET, OPT_EXPORT, OPT_IMPORT,
-  OPT_CHUNK_MB, OPT_THREADS, OPT_CONSOLIDATE, OPT_DRY_RUN, OPT_JSON, OPT_FORCE, OPT_NO_PROGRESS
+  OPT_CHUNK_MB, OPT_THREADS, OPT_CONSOLIDATE, OPT_DRY_RUN, OPT_JSON, OPT_FORCE, OPT_NO_PROGRESS, OPT_SUMMARY,
+  OPT_NODE_GBPS, OPT_RANKS_PER_NODE
 };
 static const struct option LONG_OPTS[] = {
     {"help", no_argument, NULL, 'h'},
@@ -48,12 +54,16 @@ static const struct option LONG_OPTS[] = {
     {"json", no_argument, NULL, OPT_JSON},
     {"force", no_argument, NULL, OPT_FORCE},
     {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
+    {"summary", no_argument, NULL, OPT_SUMMARY},
+    {"node-gbps", required_argument, NULL, OPT_NODE_GBPS},
+    {"ranks-per-node", required_argument, NULL, OPT_RANKS_PER_NODE},
     {NULL, 0, NULL, 0},
 };
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: mcreshard SRC DST [layout options] [--dry-run [--json]] [--force] [--chunk-mb N] [--threads N]\n"
+          "usage: mcreshard SRC DST [layout options] [--dry-run [--json] [--summary] [--node-gbps G] [--ranks-per-node R]]\n"
+          "                 [--force] [--chunk-mb N] [--threads N]\n"
           "       mcreshard SRC --export FILE.safetensors\n"
           "       mcreshard --import FILE.safetensors DST [layout options] [--force]\n"
           "layout options (anything not given keeps the source's value):\n"
@@ -64,7 +74,12 @@ static void usage(FILE *f) {
           "  --set parallel.KEY=VALUE   one layout key (config syntax), applied in order with --config\n"
           "  (--config/--set are applied first, then the flags above; other sections are not used)\n"
           "  --consolidate    world size 1 (tp=pp=dp=ep=1, zero 0)\n"
-          "SRC: a run directory (uses latest) or a step directory. DST: a new run directory.\n");
+          "SRC: a run directory (uses latest) or a step directory. DST: a new run directory.\n"
+          "--dry-run: plan from SRC's manifest alone (rank files are not opened) and print every target\n"
+          "  shard's pieces and a forecast of the target checkpoint (shards, rank files, manifest size,\n"
+          "  writer balance, save time); --summary: the totals and the forecast only; --node-gbps G\n"
+          "  (default 2) and --ranks-per-node R (default 8): the write bandwidth of one node of R ranks\n"
+          "  the forecast assumes. These three and --json need --dry-run; --export and --import have none.\n");
 }
 
 typedef struct {
@@ -76,6 +91,17 @@ typedef struct {
   int cfg_argc;
   char **cfg_argv;
 } layout_args;
+
+/* --node-gbps: a positive number of GB/s. */
+static int parse_gbps(const cli_parser *p, double *out) {
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(p->arg, &end);
+  if (errno != 0 || end == p->arg || *end != 0 || !(v > 0.0 && v < 1e9))
+    return mc_error("%s %s is not a positive bandwidth in GB/s", p->opt, p->arg);
+  *out = v;
+  return 0;
+}
 
 /* An integer option's value in [lo, 2^20]. */
 static int parse_int(const cli_parser *p, int lo, int *out) {
@@ -110,7 +136,7 @@ static int resolve_layout(const mc_config *src_cfg, const layout_args *a, mc_lay
   if (a->split && mc_layout_parse_split(&l, a->split) != 0) return mc_error_context("--split %s", a->split);
   /* a reshard writes the current format: the target takes the current ownership rule, whatever
    * rule the source was saved under (docs/ownership.md) */
-  l.own_rule = MC_OWN_BALANCED;
+  l.own_rule = MC_OWN_BALANCED_V2;
   *out = l;
   return 0;
 }
@@ -126,7 +152,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "--layout")) argv[i] = "--config";
   la.cfg_argc = mc_config_take_args(&argc, argv, la.cfg_argv);
   const char *pos[2] = {NULL, NULL}, *export_path = NULL, *import_path = NULL;
-  int npos = 0, dry = 0, json = 0, progress = isatty(2);
+  int npos = 0, dry = 0, json = 0, progress = isatty(2), summary = 0, per_node = 8, forecast_flag = 0;
+  double node_gbps = 2.0;
   mc_rs_opts o = {.chunk_bytes = (int64_t)16 << 20, .threads = 0};
   cli_parser p;
   cli_init(&p, argc, argv, "h", LONG_OPTS);
@@ -157,6 +184,9 @@ int main(int argc, char **argv) {
     case OPT_JSON: json = 1; break;
     case OPT_FORCE: o.force = 1; break;
     case OPT_NO_PROGRESS: progress = 0; break;
+    case OPT_SUMMARY: summary = 1, forecast_flag = 1; break;
+    case OPT_NODE_GBPS: rc = parse_gbps(&p, &node_gbps), forecast_flag = 1; break;
+    case OPT_RANKS_PER_NODE: rc = parse_int(&p, 1, &per_node), forecast_flag = 1; break;
     case CLI_ARG:
       if (cli_positional(&p, pos, 2, &npos) == 0) break;
       return cli_bad_usage("mcreshard", usage);
@@ -171,6 +201,14 @@ int main(int argc, char **argv) {
   }
   if (la.sp > 1) {
     fprintf(stderr, "mcreshard: --sp must be 0 or 1\n");
+    return 2;
+  }
+  if ((forecast_flag || json) && !dry) {
+    fprintf(stderr, "mcreshard: --json, --summary, --node-gbps and --ranks-per-node describe a --dry-run; without it they mean nothing\n");
+    return 2;
+  }
+  if (dry && (export_path || import_path)) {
+    fprintf(stderr, "mcreshard: --dry-run plans a reshard; --export and --import have no dry run\n");
     return 2;
   }
   o.progress = progress && !json;
@@ -196,7 +234,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   mc_rs_source *src = NULL;
-  if (mc_rs_source_open(pos[0], &src) != 0) {
+  /* a dry run plans from the manifest alone; a real run needs (and checks) every rank file */
+  if ((dry ? mc_rs_source_open_metadata(pos[0], &src) : mc_rs_source_open(pos[0], &src)) != 0) {
     fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
     return 1;
   }
@@ -222,13 +261,22 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (dry) {
-    if (json) {
-      char *j = mc_rs_plan_json(&plan, mc_rs_source_geometry(src), &dg);
+    mc_rs_forecast fc;
+    if (mc_rs_plan_forecast(&plan, &dg, node_gbps, per_node, &fc) != 0) {
+      fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
+      status = 1;
+    } else if (json) {
+      char *j = mc_rs_plan_json(&plan, mc_rs_source_geometry(src), &dg, !summary, &fc);
       if (j) printf("%s\n", j);
       else status = 1;
       free(j);
     } else {
-      mc_rs_plan_print(stdout, &plan, mc_rs_source_geometry(src), &dg);
+      mc_ckpt *ck = mc_rs_source_ckpt(src);
+      mc_rs_plan_print(stdout, &plan, mc_rs_source_geometry(src), &dg, !summary);
+      printf("source checkpoint: %d shards, %d rank files; manifest %zu bytes (%.1f MiB), planned from it alone\n",
+             mc_ckpt_n_shards(ck), plan.n_src_writers, strlen(mc_ckpt_manifest_json(ck)),
+             (double)strlen(mc_ckpt_manifest_json(ck)) / (1 << 20));
+      mc_rs_forecast_print(stdout, &fc, "target checkpoint");
     }
   } else {
     mc_rs_summary sum;

@@ -35,8 +35,9 @@ typedef struct {
   int tp, pp, dp, ep;
   int sp;   /* 0/1 */
   int zero; /* 0, 1 or 3 */
-  /* Ownership rule (core/ownership.h, docs/ownership.md): MC_OWN_BALANCED (0, every new
-   * layout) or MC_OWN_CHUNKED (checkpoints of format version 1). Not a configuration key: a
+  /* Ownership rule (core/ownership.h, docs/ownership.md): MC_OWN_BALANCED_V2 (0, every new
+   * layout), MC_OWN_BALANCED (older checkpoints of format version 2) or MC_OWN_CHUNKED
+   * (checkpoints of format version 1). Not a configuration key: a
    * checkpoint's manifest records it (layout.ownership_rule) and mc_ckpt_config restores it. */
   int own_rule;
   mc_split_mode split;

@@ -38,10 +38,15 @@ int mc_param_hold_of(const mc_geometry *g, int fam, int rank, const mc_hold_opts
   const mc_shard *sh = &out->shard;
   out->local_numel = 1;
   for (int i = 0; i < f->ndim; i++) out->local_numel *= sh->local_count[i];
-  /* the state hyperslab is rows of the local slice (ZeRO splits dim 0) */
-  const int64_t row = out->local_numel / (sh->local_count[0] > 0 ? sh->local_count[0] : 1);
-  out->z_off = (sh->start[0] - sh->local_start[0]) * row;
-  out->z_numel = sh->count[0] * row;
+  /* the state hyperslab is one contiguous run of the row-major local slice under every rule
+   * (mc_zero_part): its offset is that of its first element */
+  int64_t stride = 1;
+  out->z_off = 0;
+  for (int i = f->ndim - 1; i >= 0; i--) {
+    out->z_off += (sh->start[i] - sh->local_start[i]) * stride;
+    stride *= sh->local_count[i];
+  }
+  out->z_numel = sh->numel;
   out->working_bf16 = o->bf16_weights && mc_role_is_matmul(f->role);
   out->param_cat = mc_mem_param_cat(f->place);
   out->working_numel = g->layout.zero == 3 ? out->z_numel : out->local_numel;

@@ -42,7 +42,7 @@ typedef struct {
   int in_stage;
   mc_shard shard;          /* mc_shard_of(g, fam, MC_STATE_PARAM, rank) */
   int64_t local_numel;     /* elements of the TP/EP-local slice */
-  int64_t z_off, z_numel;  /* this rank's ZeRO part of the local slice (the state hyperslab's rows) */
+  int64_t z_off, z_numel;  /* this rank's ZeRO part of the local slice: the state hyperslab, one contiguous run of it */
   int working_bf16;        /* the working weights are bf16 */
   mc_mem_cat param_cat;    /* params.replicated / params.tp / params.ep, by placement */
   int64_t working_numel;   /* resident working weights: the local slice, or at zero=3 the ZeRO part */

@@ -14,7 +14,7 @@ int mc_state_parse(const char *name) {
   return -1;
 }
 
-static const char *const RULE_NAMES[MC_OWN_N_RULES] = {"balanced", "chunked"};
+static const char *const RULE_NAMES[MC_OWN_N_RULES] = {"balanced-v2", "balanced", "chunked"};
 
 const char *mc_own_rule_name(int rule) { return rule >= 0 && rule < MC_OWN_N_RULES ? RULE_NAMES[rule] : "?"; }
 
@@ -24,16 +24,38 @@ int mc_own_rule_parse(const char *name) {
   return -1;
 }
 
-/* Rows of the TP/EP-local slice of a family (its dim 0) and the size of the group it is
- * ZeRO-sharded over: the DP group for dense families, the expert-DP group for experts. */
-static int64_t local_rows(const mc_layout *l, const mc_family *f) {
-  if (f->place == MC_PLACE_TP && f->split_dim == 0) return f->shape[0] / l->tp;
-  if (f->place == MC_PLACE_EP) return f->shape[0] / l->ep;
-  return f->shape[0];
+/* Extents of the TP/EP-local slice of a family and the size of the group it is ZeRO-sharded
+ * over: the DP group for dense families, the expert-DP group for experts. */
+static void local_dims(const mc_layout *l, const mc_family *f, int64_t *D) {
+  for (int d = 0; d < f->ndim; d++) D[d] = f->shape[d];
+  if (f->place == MC_PLACE_TP) D[f->split_dim] /= l->tp;
+  if (f->place == MC_PLACE_EP) D[0] /= l->ep;
 }
 
 static int zero_size(const mc_layout *l, const mc_family *f) {
   return f->place == MC_PLACE_EP ? l->tp * l->dp / l->ep : l->dp;
+}
+
+/* Cells of balanced-v2 with split dim k > 0: m cells (the prefix product before k), `size`
+ * members dealt q = size / m to each and one more to the first size % m cells, in order.
+ * Member `index` is number *j of the *gc members of cell *c, whose first member is *first. */
+static void v2_cell(int64_t m, int size, int index, int64_t *c, int *j, int *gc, int *first) {
+  const int64_t q = size / m, r = size % m, big = r * (q + 1);
+  *c = index < big ? index / (q + 1) : r + (index - big) / q;
+  *gc = (int)(q + (*c < r));
+  *first = (int)(*c * q + (*c < r ? *c : r));
+  *j = index - *first;
+}
+
+/* e(f): how far family f advances the deal of extra rows (mc_zero_rotation) */
+static int64_t extra_rows(int rule, const mc_family *f, const int64_t *D, int gs) {
+  const int k = mc_zero_split_dim(rule, f->ndim, D, gs);
+  if (k == 0) return D[0] % gs;
+  int64_t m = 1, c;
+  for (int d = 0; d < k; d++) m *= D[d];
+  int j, gc, first;
+  v2_cell(m, gs, 0, &c, &j, &gc, &first);
+  return D[k] % gc;
 }
 
 /* rotations of families [0, n) into rot (dealing each kind's extra rows round robin) */
@@ -42,8 +64,10 @@ static void rotations(const mc_geometry *g, int n, int *rot) {
   for (int f = 0; f < n; f++) {
     const mc_family *fam = &g->fams.f[f];
     const int kind = fam->place == MC_PLACE_EP, gs = zero_size(&g->layout, fam);
+    int64_t D[3];
+    local_dims(&g->layout, fam, D);
     rot[f] = (int)(dealt[kind] % gs);
-    dealt[kind] = (dealt[kind] + local_rows(&g->layout, fam) % gs) % gs;
+    dealt[kind] = (dealt[kind] + extra_rows(g->layout.own_rule, fam, D, gs)) % gs;
   }
 }
 
@@ -79,6 +103,37 @@ void mc_zero_rows(int rule, int64_t rows, int size, int index, int rot, int64_t 
   *hi = *lo + q + extra;
 }
 
+int mc_zero_split_dim(int rule, int ndim, const int64_t *local, int size) {
+  if (rule != MC_OWN_BALANCED_V2 || ndim < 2 || local[0] >= size) return 0;
+  int64_t prefix = local[0];
+  for (int k = 1; k < ndim; k++) {
+    prefix *= local[k];
+    if (prefix >= size) return k;
+  }
+  return 0; /* fewer elements than members: dim 0, as the balanced rule */
+}
+
+int mc_zero_part(int rule, int ndim, const int64_t *local, int size, int index, int rot, int64_t *lo, int64_t *cnt) {
+  for (int d = 0; d < ndim; d++) lo[d] = 0, cnt[d] = local[d];
+  const int k = mc_zero_split_dim(rule, ndim, local, size);
+  int64_t a, b;
+  if (k == 0) {
+    mc_zero_rows(rule, local[0], size, index, rot, &a, &b);
+    lo[0] = a, cnt[0] = b - a;
+    return 0;
+  }
+  /* balanced-v2, k > 0: the member's cell (one index of each dimension before k, row-major),
+   * then its balanced part of Dk among the cell's members */
+  int64_t m = 1, c;
+  for (int d = 0; d < k; d++) m *= local[d];
+  int j, gc, first;
+  v2_cell(m, size, index, &c, &j, &gc, &first);
+  for (int d = k - 1; d >= 0; d--) lo[d] = c % local[d], cnt[d] = 1, c /= local[d];
+  mc_zero_rows(MC_OWN_BALANCED, local[k], gc, j, rot % gc, &a, &b);
+  lo[k] = a, cnt[k] = b - a;
+  return k;
+}
+
 int mc_geometry_build(const mc_model *m, const mc_layout *l, const mc_train_cfg *train, int launched_world,
                       mc_geometry *g) {
   memset(g, 0, sizeof *g);
@@ -87,7 +142,7 @@ int mc_geometry_build(const mc_model *m, const mc_layout *l, const mc_train_cfg 
   mc_model_check(m, &errs);
   if (errs.n == 0) mc_layout_check(m, l, train, launched_world, &errs);
   if (l->own_rule < 0 || l->own_rule >= MC_OWN_N_RULES)
-    mc_errlist_add(&errs, "ownership rule %d unknown (0 balanced, 1 chunked)", l->own_rule);
+    mc_errlist_add(&errs, "ownership rule %d unknown (0 balanced-v2, 1 balanced, 2 chunked)", l->own_rule);
   if (mc_errlist_raise(&errs, "invalid model or layout")) return -1;
   g->model = *m;
   g->layout = *l;
@@ -162,18 +217,18 @@ int mc_shard_of(const mc_geometry *g, int fam, mc_state state, int rank, mc_shar
     out->local_count[0] = part;
   }
 
-  /* 2. The stored state: the local slice, split on dim 0 over the ZeRO group when zero >= 1
-   * (mc_zero_rows under the layout's rule). Every state kind follows the same rule (master
-   * weights and both moments); the state only picks the primary (step 3). */
+  /* 2. The stored state: the local slice, split over the ZeRO group when zero >= 1
+   * (mc_zero_part under the layout's rule: dim 0, or under balanced-v2 the split dimension
+   * and the member's cell). Every state kind follows the same rule (master weights and both
+   * moments); the state only picks the primary (step 3). */
   memcpy(out->start, out->local_start, sizeof out->start);
   memcpy(out->count, out->local_count, sizeof out->count);
   int gsize, gindex;
   zero_group(g, f, &c, &gsize, &gindex);
   if (l->zero > 0) {
-    int64_t lo, hi;
-    mc_zero_rows(l->own_rule, out->local_count[0], gsize, gindex, mc_zero_rotation(g, fam), &lo, &hi);
-    out->start[0] = out->local_start[0] + lo;
-    out->count[0] = hi - lo;
+    int64_t lo[3], cnt[3];
+    out->zero_dim = mc_zero_part(l->own_rule, f->ndim, out->local_count, gsize, gindex, mc_zero_rotation(g, fam), lo, cnt);
+    for (int i = 0; i < f->ndim; i++) out->start[i] = out->local_start[i] + lo[i], out->count[i] = cnt[i];
     out->zero_group = gsize;
     out->zero_index = gindex;
   }
@@ -186,7 +241,7 @@ int mc_shard_of(const mc_geometry *g, int fam, mc_state state, int rank, mc_shar
    * hyperslab depends on follows from steps 1-2 (a nonempty part of one member differs from
    * every other member's); the replicas vary the others, listed ascending below as
    * base + step * k, k = 0..n-1. The primary is the one at position 0 (chunked) or
-   * (3*fam + state) % n (balanced). (tests/core/test_ownership.c checks this against brute
+   * (3*fam + state) % n (balanced, balanced-v2). (tests/core/test_ownership.c checks this against brute
    * force.) */
   int sharded = l->zero > 0, base = 0, step = 1;
   const int stage0 = l->tp * l->dp * c.pp_rank;
@@ -237,6 +292,15 @@ void mc_placement_rule(const mc_geometry *g, int fam, char *buf, int cap) {
     n = snprintf(buf, (size_t)cap, "replicated");
   else
     n = snprintf(buf, (size_t)cap, "%s(dim=%d)", mc_place_name(f->place), f->split_dim);
-  if (g->layout.zero > 0 && n >= 0 && n < cap)
-    snprintf(buf + n, (size_t)(cap - n), g->layout.own_rule == MC_OWN_CHUNKED ? " x zero(dim=0)" : " x zero_balanced(dim=0)");
+  if (g->layout.zero <= 0 || n < 0 || n >= cap) return;
+  const int rule = g->layout.own_rule;
+  if (rule == MC_OWN_CHUNKED) {
+    snprintf(buf + n, (size_t)(cap - n), " x zero(dim=0)");
+  } else if (rule == MC_OWN_BALANCED) {
+    snprintf(buf + n, (size_t)(cap - n), " x zero_balanced(dim=0)");
+  } else {
+    int64_t D[3];
+    local_dims(&g->layout, f, D);
+    snprintf(buf + n, (size_t)(cap - n), " x zero_balanced_v2(dim=%d)", mc_zero_split_dim(rule, f->ndim, D, zero_size(&g->layout, f)));
+  }
 }

@@ -42,12 +42,13 @@ void mc_rs_hex(const unsigned char sha[32], char hex[65]) {
   hex[64] = 0;
 }
 
-int mc_rs_source_open(const char *path, mc_rs_source **out) {
+static int source_open(const char *path, int metadata_only, mc_rs_source **out) {
   *out = NULL;
   mc_rs_source *s = calloc(1, sizeof *s);
   if (!s) return mc_error("out of memory");
   mc_ckpt_open_opts o;
   mc_ckpt_open_opts_default(&o);
+  o.metadata_only = metadata_only;
   if (mc_ckpt_open(path, &o, &s->ck) != 0) {
     free(s);
     return -1;
@@ -62,6 +63,9 @@ int mc_rs_source_open(const char *path, mc_rs_source **out) {
   *out = s;
   return 0;
 }
+
+int mc_rs_source_open(const char *path, mc_rs_source **out) { return source_open(path, 0, out); }
+int mc_rs_source_open_metadata(const char *path, mc_rs_source **out) { return source_open(path, 1, out); }
 
 void mc_rs_source_close(mc_rs_source *s) {
   if (!s) return;

@@ -14,6 +14,10 @@ typedef struct mc_rs_source mc_rs_source;
 
 /* Opens a run directory (follows latest) or a step directory. */
 int mc_rs_source_open(const char *path, mc_rs_source **out);
+/* The same from the manifest alone (mc_ckpt_open_opts.metadata_only): the rank files are not
+ * looked at, so only planning works (mcreshard --dry-run); mc_rs_source_bind fails naming the
+ * first rank file it cannot open. */
+int mc_rs_source_open_metadata(const char *path, mc_rs_source **out);
 void mc_rs_source_close(mc_rs_source *s);
 mc_ckpt *mc_rs_source_ckpt(mc_rs_source *s);
 const mc_geometry *mc_rs_source_geometry(const mc_rs_source *s);

@@ -34,14 +34,13 @@ int mc_dist_setup(mc_net_par *par, const mc_geometry *geo, int rank, const mc_ne
       free(members);
       return mc_error("network: out of memory");
     }
-    int64_t row = p->numel / (p->shard.local_count[0] > 0 ? p->shard.local_count[0] : 1);
     for (int j = 0; j < gs; j++) {
       mc_shard sh;
       if (mc_shard_of(geo, p->fam, MC_STATE_PARAM, members[j], &sh)) {
         free(members);
         return -1;
       }
-      dp->counts[j] = sh.count[0] * row;
+      dp->counts[j] = sh.numel; /* one contiguous run, members in order (mc_zero_part) */
     }
   }
   free(members);

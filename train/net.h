@@ -26,8 +26,9 @@ typedef struct {
   mc_bf16 *w16;     /* the working weights in bf16 instead of w: matrix weights (mc_role_is_matmul) on a
                        backend with bf16_weights (train.dtype=bf16); NULL otherwise */
   float *g;         /* fp32 gradient accumulator, same shape (ZeRO 3: the shard, z_numel) */
-  /* This rank's ZeRO part of the local slice: elements [z_off, z_off + z_numel) (the rows
-   * mc_shard_of gives; the whole slice when zero = 0). */
+  /* This rank's ZeRO part of the local slice: elements [z_off, z_off + z_numel) (the
+   * hyperslab mc_shard_of gives, one contiguous run of the slice; the whole slice when
+   * zero = 0). */
   int64_t z_off, z_numel;
   float *ws;        /* ZeRO 3: the persistent shard of the working weights; else NULL */
 } mc_net_param;

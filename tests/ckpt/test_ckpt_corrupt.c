@@ -17,15 +17,29 @@ static void fresh(char *dir, size_t cap) {
   CHECK_OK(save_reference(dir, 2, 1, 2, 1, 0, 1, 5, 9, 0));
 }
 
-static void flip_byte_at(const char *path, long off) {
+/* Replaces the byte at `off` of a file by change(byte); returns the byte it replaced (-1 if the
+ * file cannot be opened). */
+static int put_byte_at(const char *path, long off, int (*change)(int)) {
   FILE *f = fopen(path, "r+b");
   CHECK(f != NULL, "open %s", path);
-  if (!f) return;
+  if (!f) return -1;
   fseek(f, off, SEEK_SET);
   int c = fgetc(f);
   fseek(f, off, SEEK_SET);
-  fputc(c ^ 0x01, f);
+  fputc(change(c), f);
   fclose(f);
+  return c;
+}
+
+static int flip_bit0(int c) { return c ^ 0x01; }
+/* another hex digit for a hex digit (flipping a bit could make it none: the text malformed) */
+static int other_hex_digit(int c) { return c == '0' ? '1' : '0'; }
+
+static void flip_byte_at(const char *path, long off) { put_byte_at(path, off, flip_bit0); }
+
+static void change_hex_digit_at(const char *path, long off) {
+  int c = put_byte_at(path, off, other_hex_digit);
+  CHECK(c >= 0 && strchr("0123456789abcdef", c) != NULL, "%s: byte %ld is no hex digit", path, off);
 }
 
 static long find_bytes(const char *path, const char *needle) {
@@ -190,7 +204,7 @@ static void case_wrong_root_hash(void) {
   fresh(dir, sizeof dir);
   pathf(file, sizeof file, "%s/latest", dir);
   long at = find_bytes(file, "\"manifest_sha256\"");
-  flip_byte_at(file, at + 25);
+  change_hex_digit_at(file, at + 25);
   expect_load_error(dir, "wrong root hash in latest", "wrong root hash in latest", "manifest.json");
 }
 
@@ -226,7 +240,7 @@ static void case_version_too_new(void) {
   rewrite_manifest(dir, "\"ownership_rule\":", "\"ownership_rulez\":");
   expect_load_error(dir, "no ownership rule", "manifest invalid", "missing key 'layout.ownership_rule'");
   fresh(dir, sizeof dir);
-  rewrite_manifest(dir, "\"ownership_rule\":\t\"balanced\"", "\"ownership_rule\":\t\"lumpy\"");
+  rewrite_manifest(dir, "\"ownership_rule\":\t\"balanced-v2\"", "\"ownership_rule\":\t\"lumpy\"");
   expect_load_error(dir, "unknown ownership rule", "manifest invalid", "ownership_rule 'lumpy' unknown");
 }
 

@@ -158,8 +158,9 @@ static void test_single_writer(const char *root) {
     mc_geometry_free(&ga);
     mc_geometry_free(&gb);
   }
-  const char *want[] = {"replicated", "tp(dim=0)", "tp(dim=1)", "ep(dim=0)", "replicated x zero_balanced(dim=0)",
-                        "tp(dim=0) x zero_balanced(dim=0)", "tp(dim=1) x zero_balanced(dim=0)", "ep(dim=0) x zero_balanced(dim=0)"};
+  const char *want[] = {"replicated", "tp(dim=0)", "tp(dim=1)", "ep(dim=0)", "replicated x zero_balanced_v2(dim=0)",
+                        "tp(dim=0) x zero_balanced_v2(dim=0)", "tp(dim=1) x zero_balanced_v2(dim=0)",
+                        "ep(dim=0) x zero_balanced_v2(dim=0)"};
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
     int known = 0;
     for (int k = 0; k < n_rules; k++) known |= strcmp(seen_rules[k], want[i]) == 0;

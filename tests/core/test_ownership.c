@@ -2,6 +2,7 @@
  * primaries tile every family and state exactly once, replicas hold identical hyperslabs,
  * the analytic primary/replica answer matches brute force, and stage splits behave. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,7 @@
 #include "util/rng.h"
 
 static uint64_t ctr = 0;
+static long split_beyond0 = 0; /* parts of balanced-v2 split on a dimension after 0 */
 static int pick(int n) { return (int)mc_rng_below(42, MC_RNG_STREAM_TEST, ctr++, (uint64_t)n); }
 
 static void random_case(mc_model *m, mc_layout *l) {
@@ -127,20 +129,35 @@ static void check_geometry(const mc_geometry *g) {
               g->layout.ep, g->layout.zero, mc_own_rule_name(g->layout.own_rule));
         CHECK(n == s->n_replicas, "%s rank %d: %d replicas, brute force %d", f->name, r, s->n_replicas, n);
         CHECK(s->primary == (want == r), "%s rank %d primary flag", f->name, r);
-        /* a ZeRO member's rows follow those of the members before it (the trainer packs them
-         * member-major); under the balanced rule the parts differ by at most one row */
+        /* a ZeRO member's part is one contiguous run of the local slice that follows those of
+         * the members before it (the trainer packs them member-major); under the balanced
+         * rules the parts of one cell differ by at most one row of the split dimension */
         if (g->layout.zero > 0) {
-          int64_t lo, hi, before = 0;
+          int64_t lo[3], cnt[3], before = 0, off = 0, stride = 1;
           for (int j = 0; j < s->zero_index; j++) {
-            mc_zero_rows(g->layout.own_rule, s->local_count[0], s->zero_group, j, mc_zero_rotation(g, fi), &lo, &hi);
-            before += hi - lo;
+            mc_zero_part(g->layout.own_rule, f->ndim, s->local_count, s->zero_group, j, mc_zero_rotation(g, fi), lo, cnt);
+            int64_t n = 1;
+            for (int d = 0; d < f->ndim; d++) n *= cnt[d];
+            before += n;
           }
-          CHECK(s->start[0] - s->local_start[0] == before, "%s rank %d: rows start at %lld, members before hold %lld", f->name, r,
-                (long long)(s->start[0] - s->local_start[0]), (long long)before);
-          if (g->layout.own_rule == MC_OWN_BALANCED)
-            CHECK(s->count[0] == s->local_count[0] / s->zero_group || s->count[0] == s->local_count[0] / s->zero_group + 1,
-                  "%s rank %d: %lld of %lld rows in a group of %d", f->name, r, (long long)s->count[0],
-                  (long long)s->local_count[0], s->zero_group);
+          for (int d = f->ndim - 1; d >= 0; d--) off += (s->start[d] - s->local_start[d]) * stride, stride *= s->local_count[d];
+          CHECK(off == before, "%s rank %d: part starts at element %lld, members before hold %lld", f->name, r, (long long)off,
+                (long long)before);
+          const int k = s->zero_dim;
+          split_beyond0 += k > 0;
+          CHECK(k == mc_zero_split_dim(g->layout.own_rule, f->ndim, s->local_count, s->zero_group), "%s rank %d split dim", f->name, r);
+          for (int d = 0; d < f->ndim; d++)
+            CHECK(d < k ? s->count[d] == 1 : d > k ? s->count[d] == s->local_count[d] : 1, "%s rank %d: part not contiguous on dim %d",
+                  f->name, r, d);
+          if (g->layout.own_rule != MC_OWN_CHUNKED) {
+            int64_t m = 1;
+            for (int d = 0; d < k; d++) m *= s->local_count[d];
+            const int64_t gc = s->zero_group / m + (k > 0 && s->zero_index < s->zero_group % m * (s->zero_group / m + 1));
+            CHECK(s->count[k] == s->local_count[k] / gc || s->count[k] == s->local_count[k] / gc + 1,
+                  "%s rank %d: %lld of %lld rows of dim %d among %lld members", f->name, r, (long long)s->count[k],
+                  (long long)s->local_count[k], k, (long long)gc);
+            if (k > 0) CHECK(s->count[k] > 0, "%s rank %d: empty part although dim %d is split", f->name, r, k);
+          }
         }
         if (s->primary) mark(f, s, cover);
       }
@@ -177,17 +194,21 @@ static void test_random_layouts(void) {
     ep_multi += l.ep > 1;
     check_geometry(&g);
     mc_geometry_free(&g);
-    /* the same layout under the other rule (format version 1 checkpoints) */
-    l.own_rule = MC_OWN_CHUNKED;
-    CHECK_OK(mc_geometry_build(&m, &l, NULL, -1, &g));
-    check_geometry(&g);
-    mc_geometry_free(&g);
+    /* the same layout under the older rules (checkpoints of format version 2 before
+     * balanced-v2, and of format version 1) */
+    for (int rule = MC_OWN_BALANCED; rule <= MC_OWN_CHUNKED; rule++) {
+      l.own_rule = rule;
+      CHECK_OK(mc_geometry_build(&m, &l, NULL, -1, &g));
+      check_geometry(&g);
+      mc_geometry_free(&g);
+    }
   }
   CHECK(valid == 600, "only %d valid random cases in %d tries", valid, tries);
   CHECK(zero_seen[0] && zero_seen[1] && zero_seen[3], "zero modes covered");
   CHECK(split_seen[0] && split_seen[1] && split_seen[2], "split modes covered");
   CHECK(ep_multi > 20, "ep > 1 covered (%d)", ep_multi);
-  printf("ownership property: %d valid layouts (%d tries), %d with ep>1, each under both rules\n", valid, tries, ep_multi);
+  CHECK(split_beyond0 > 1000, "balanced-v2 splits after dim 0 covered (%ld parts)", split_beyond0);
+  printf("ownership property: %d valid layouts (%d tries), %d with ep>1, each under the three rules; %ld parts split after dim 0\n", valid, tries, ep_multi, split_beyond0);
 }
 
 /* mc_zero_rows against its definition, for every group size, rotation and row count up to a
@@ -215,6 +236,71 @@ static void test_zero_rows(void) {
           cases++;
         }
   printf("zero rows: %d cases\n", cases);
+}
+
+/* mc_zero_part by brute force over every local shape of up to 3 dims with extents up to 5,
+ * group size up to 12 and every rotation, under each rule: the parts, in member order, are
+ * boxes whose elements are consecutive in the row-major slice and follow each other, tiling
+ * it; the split dimension is 0 unless balanced-v2 finds a first prefix D0*...*Dk >= g with
+ * D0 < g; with k > 0 no part is empty and the parts of one cell (same indices before k)
+ * differ by at most one row; with k = 0 balanced-v2's parts are the balanced rule's. */
+static void test_zero_part(void) {
+  int cases = 0;
+  for (int nd = 1; nd <= 3; nd++)
+    for (int code = 0; code < 125; code++) {
+      int64_t D[3] = {1 + code % 5, 1 + code / 5 % 5, 1 + code / 25 % 5}, numel = 1;
+      if ((nd < 2 && code >= 5) || (nd < 3 && code >= 25)) continue;
+      for (int d = 0; d < nd; d++) numel *= D[d];
+      for (int gs = 1; gs <= 12; gs++)
+        for (int rot = 0; rot < gs; rot++)
+          for (int rule = 0; rule < MC_OWN_N_RULES; rule++) {
+            int want_k = 0;
+            int64_t prefix = D[0];
+            for (int k = 1; rule == MC_OWN_BALANCED_V2 && D[0] < gs && k < nd && !want_k; k++)
+              if ((prefix *= D[k]) >= gs) want_k = k;
+            CHECK(mc_zero_split_dim(rule, nd, D, gs) == want_k, "rule %d split dim", rule);
+            int64_t at = 0, most[125], least[125];
+            for (int c = 0; c < 125; c++) most[c] = -1, least[c] = INT64_MAX;
+            for (int i = 0; i < gs; i++) {
+              int64_t lo[3], cnt[3], n = 1;
+              int k = mc_zero_part(rule, nd, D, gs, i, rot, lo, cnt);
+              CHECK(k == want_k, "rule %d member %d: split dim %d, want %d", rule, i, k, want_k);
+              for (int d = 0; d < nd; d++) {
+                CHECK(lo[d] >= 0 && cnt[d] >= 0 && lo[d] + cnt[d] <= D[d], "rule %d member %d: box outside on dim %d", rule, i, d);
+                n *= cnt[d];
+              }
+              /* the flat index of every element of the box, in row-major box order: consecutive from `at` */
+              int64_t e = 0, bad = 0;
+              for (int64_t a = 0; a < (nd > 0 ? cnt[0] : 1); a++)
+                for (int64_t b = 0; b < (nd > 1 ? cnt[1] : 1); b++)
+                  for (int64_t c = 0; c < (nd > 2 ? cnt[2] : 1); c++, e++) {
+                    int64_t idx[3] = {lo[0] + a, nd > 1 ? lo[1] + b : 0, nd > 2 ? lo[2] + c : 0}, flat = 0;
+                    for (int d = 0; d < nd; d++) flat = flat * D[d] + idx[d];
+                    bad += flat != at + e;
+                  }
+              CHECK(bad == 0 && e == n, "rule %d shape %lldx%lldx%lld g %d member %d: part not the run after %lld", rule,
+                    (long long)D[0], (long long)D[1], (long long)D[2], gs, i, (long long)at);
+              at += n;
+              if (k > 0) {
+                int64_t cell = 0;
+                for (int d = 0; d < k; d++) cell = cell * D[d] + lo[d];
+                CHECK(cnt[k] > 0, "rule %d g %d member %d: empty although dim %d is split", rule, gs, i, k);
+                most[cell] = cnt[k] > most[cell] ? cnt[k] : most[cell];
+                least[cell] = cnt[k] < least[cell] ? cnt[k] : least[cell];
+              } else if (rule == MC_OWN_BALANCED_V2) {
+                int64_t l0, h0;
+                mc_zero_rows(MC_OWN_BALANCED, D[0], gs, i, rot, &l0, &h0);
+                CHECK(lo[0] == l0 && cnt[0] == h0 - l0, "balanced-v2 on dim 0 differs from balanced");
+              }
+            }
+            CHECK(at == numel, "rule %d g %d: parts end at %lld of %lld", rule, gs, (long long)at, (long long)numel);
+            for (int c = 0; c < 125; c++)
+              if (most[c] >= 0) CHECK(most[c] - least[c] <= 1, "rule %d g %d cell %d: parts of %lld and %lld rows", rule, gs, c,
+                                      (long long)least[c], (long long)most[c]);
+            cases++;
+          }
+    }
+  printf("zero parts: %d cases\n", cases);
 }
 
 static void base(mc_model *m, mc_layout *l) {
@@ -346,7 +432,7 @@ static void test_registry(void) {
     CHECK(f->shape[0] == 32 && f->shape[1] == 64 && f->place == MC_PLACE_TP && f->split_dim == 0 && f->decay, "wk shape/rule");
     char rule[64];
     mc_placement_rule(&g, wk, rule, sizeof rule);
-    CHECK(!strcmp(rule, "tp(dim=0) x zero_balanced(dim=0)"), "rule %s", rule);
+    CHECK(!strcmp(rule, "tp(dim=0) x zero_balanced_v2(dim=0)"), "rule %s", rule);
   }
   int w2 = mc_family_find(&g.fams, "layers.01.moe.w2");
   CHECK(w2 >= 0 && g.fams.f[w2].shape[0] == 8 && g.fams.f[w2].shape[1] == 64 && g.fams.f[w2].shape[2] == 32, "w2 shape");
@@ -356,6 +442,7 @@ static void test_registry(void) {
   CHECK(wb >= 0 && g.fams.f[wb].tp_partial_grad && g.fams.f[wb].place == MC_PLACE_REPLICATED, "w_B partial grad");
   int head = mc_family_find(&g.fams, "head.weight");
   CHECK(head >= 0 && g.fams.f[head].shape[0] == 1024, "head padded to 1024 rows");
+  char rule_v2[64];
   /* EP + ZeRO: rank 3 (tp1, dp1): li=3, ep_rank=1 owns experts [4,8); expert-DP group of
    * size 2, index 1 -> rows [6,8) */
   mc_shard s;
@@ -363,6 +450,28 @@ static void test_registry(void) {
   CHECK(s.local_start[0] == 4 && s.local_count[0] == 4 && s.start[0] == 6 && s.count[0] == 2 && s.primary, "ep/zero slab %lld+%lld",
         (long long)s.start[0], (long long)s.count[0]);
   mc_geometry_free(&g);
+  /* balanced-v2 with fewer local experts than expert-DP members: tp2 dp8 ep2, 4 experts a
+   * rank, groups of 8: w2 [8, 64, 32] is split on dim 1, two members an expert. Rank 13
+   * (tp1, dp6): li 13, ep_rank 1 (experts [4, 8)), index 6: expert 7, rows [0, 32) of dim 1. */
+  l.dp = 8;
+  CHECK_OK(mc_geometry_build(&m, &l, NULL, -1, &g));
+  CHECK_OK(mc_shard_of(&g, w2, MC_STATE_PARAM, 13, &s));
+  CHECK(s.zero_dim == 1 && s.start[0] == 7 && s.count[0] == 1 && s.start[1] == 0 && s.count[1] == 32 && s.count[2] == 32,
+        "balanced-v2 expert part [%lld+%lld, %lld+%lld, %lld]", (long long)s.start[0], (long long)s.count[0], (long long)s.start[1],
+        (long long)s.count[1], (long long)s.count[2]);
+  mc_placement_rule(&g, w2, rule_v2, sizeof rule_v2);
+  CHECK(!strcmp(rule_v2, "ep(dim=0) x zero_balanced_v2(dim=1)"), "rule %s", rule_v2);
+  mc_geometry_free(&g);
+  /* the same under the balanced rule (format version 2 before balanced-v2): dim 0, half the
+   * members empty */
+  l.own_rule = MC_OWN_BALANCED;
+  CHECK_OK(mc_geometry_build(&m, &l, NULL, -1, &g));
+  CHECK_OK(mc_shard_of(&g, w2, MC_STATE_PARAM, 13, &s));
+  CHECK(s.zero_dim == 0 && s.count[0] == 0, "balanced: index 6 of 8 holds %lld of 4 experts", (long long)s.count[0]);
+  mc_placement_rule(&g, wk, rule_v2, sizeof rule_v2);
+  CHECK(!strcmp(rule_v2, "tp(dim=0) x zero_balanced(dim=0)"), "balanced rule %s", rule_v2);
+  mc_geometry_free(&g);
+  l.dp = 2;
   /* the chunked rule (format version 1) names its ZeRO part zero(dim=0) */
   l.own_rule = MC_OWN_CHUNKED;
   CHECK_OK(mc_geometry_build(&m, &l, NULL, -1, &g));
@@ -370,7 +479,8 @@ static void test_registry(void) {
   mc_placement_rule(&g, wk, rule, sizeof rule);
   CHECK(!strcmp(rule, "tp(dim=0) x zero(dim=0)"), "chunked rule %s", rule);
   CHECK(!strcmp(mc_own_rule_name(MC_OWN_CHUNKED), "chunked") && mc_own_rule_parse("balanced") == MC_OWN_BALANCED &&
-            mc_own_rule_parse("lumpy") < 0, "rule names");
+            mc_own_rule_parse("balanced-v2") == MC_OWN_BALANCED_V2 && MC_OWN_BALANCED_V2 == 0 && mc_own_rule_parse("lumpy") < 0,
+        "rule names (0, every new layout's: balanced-v2)");
   mc_geometry_free(&g);
   l.own_rule = 7;
   CHECK(mc_geometry_build(&m, &l, NULL, -1, &g) != 0 && strstr(mc_errmsg(), "ownership rule 7 unknown"), "bad rule: %s", mc_errmsg());
@@ -400,6 +510,7 @@ int main(void) {
   test_stage_splits();
   test_registry();
   test_zero_rows();
+  test_zero_part();
   test_random_layouts();
   return mc_check_exit("test_ownership");
 }

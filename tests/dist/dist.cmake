@@ -40,6 +40,11 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
   mc_dist_test(dist.dp2_ep2_empty_expert 2 $<TARGET_FILE:dist_train> 1 2 0 0 --ep 2 --moe 8 1 0 --mb 1 --empty)
   mc_dist_test(dist.dp2_ep2_capacity 2 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2 --moe 4 2 1.0)
   mc_dist_test(dist.tp2_sp_ep2_capacity 2 $<TARGET_FILE:dist_train> 2 1 1 0 --ep 2 --moe 4 2 1.0)
+  # Fewer local experts than expert-DP members: the balanced-v2 rule splits the experts' ZeRO
+  # parts on dim 1 (one expert, part of its rows, per member): ZeRO 3 over dp4 with E=2, and
+  # tp2 x dp2 + sp ep2 ZeRO 1 with E=2 (one expert per EP rank, groups of 2).
+  mc_dist_test(dist.dp4_zero3_experts_dim1 4 $<TARGET_FILE:dist_train> 1 4 0 3 --moe 2 1 0)
+  mc_dist_test(dist.tp2_dp2_sp_ep2_zero1_experts_dim1 4 $<TARGET_FILE:dist_train> 2 2 1 1 --ep 2 --moe 2 1 0)
 
   # Save under tp2 x dp2 zero 1 at step 5; resume as one rank, as dp4 zero 3 and as tp2 + sp.
   set(MC_DIST_CKPT ${CMAKE_BINARY_DIR}/dist-ckpt)

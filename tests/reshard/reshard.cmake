@@ -1,9 +1,11 @@
 # The CLI end-to-end test: mcreshard, mcaudit and bench_reshard (its --synth --tiny makes
-# the source checkpoint), checked with h5py/numpy/hashlib/jsonschema from Debian's python.
-if(TARGET mcreshard AND TARGET mcaudit AND TARGET bench_reshard)
+# the source checkpoint) and sim_scale (--write-metadata: a checkpoint without data), checked
+# with h5py/numpy/hashlib/jsonschema from Debian's python.
+if(TARGET mcreshard AND TARGET mcaudit AND TARGET bench_reshard AND TARGET sim_scale)
   add_test(NAME reshard.test_reshard_cli
            COMMAND /usr/bin/python3 ${MC_SOURCE_DIR}/tests/reshard/test_reshard_cli.py
                    $<TARGET_FILE:mcreshard> $<TARGET_FILE:mcaudit> $<TARGET_FILE:bench_reshard>
+                   $<TARGET_FILE:sim_scale>
            WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
   set_tests_properties(reshard.test_reshard_cli PROPERTIES
     ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR}")

@@ -174,30 +174,39 @@ static int64_t load_as(const char *path, const mc_geometry *g) {
   return bad;
 }
 
-/* A checkpoint of format version 1 (chunked rule: ceil(rows/g) ZeRO parts, lowest-rank
- * primaries) validates, loads, audits and reshards under this version, whose runs use the
- * balanced rule. */
-static void old_rule_case(const mc_model *m, int tp, int dp, int pp, int ep, int zero, int k) {
+/* A checkpoint written under an older rule, as that version wrote it: format version 1
+ * (chunked rule: ceil(rows/g) ZeRO parts, lowest-rank primaries) or format version 2 with
+ * layout.ownership_rule "balanced" (dim-0 parts only, rotated extras, spread primaries),
+ * validates, loads, audits and reshards under this version, whose runs use balanced-v2; A ->
+ * B -> A (both steps under balanced-v2) keeps the content bit for bit, and B -> A -> B gives
+ * B's shards back, byte for byte. */
+static void old_rule_case(const mc_model *m, int old_rule, int tp, int dp, int pp, int ep, int zero, int k) {
   mc_layout l;
   memset(&l, 0, sizeof l);
   l.tp = tp, l.dp = dp, l.pp = pp, l.ep = ep, l.sp = tp > 1 && ep > 1, l.zero = zero, l.split = MC_SPLIT_EQUAL;
-  l.own_rule = MC_OWN_CHUNKED;
+  l.own_rule = old_rule;
   mc_geometry gold, gnew, gb;
   CHECK_OK(mc_geometry_build(m, &l, NULL, -1, &gold));
-  l.own_rule = MC_OWN_BALANCED;
+  l.own_rule = MC_OWN_BALANCED_V2;
   CHECK_OK(mc_geometry_build(m, &l, NULL, -1, &gnew));
-  char A[2300], B[2300];
+  const int want_version = old_rule == MC_OWN_CHUNKED ? 1 : 2;
+  char A[2300], B[2300], A2[2300], B2[2300];
   snprintf(A, sizeof A, "%s/old%d", root, k);
   snprintf(B, sizeof B, "%s/old%d-new", root, k);
+  snprintf(A2, sizeof A2, "%s/old%d-back", root, k);
+  snprintf(B2, sizeof B2, "%s/old%d-again", root, k);
   CHECK_OK(rs_save_reference(A, &gold, 60 + k));
-  make_format_v1(A, 60 + k);
+  if (old_rule == MC_OWN_CHUNKED) make_format_v1(A, 60 + k);
   mc_ckpt *ck;
   CHECK_OK(mc_ckpt_open(A, NULL, &ck));
   if (ck) {
     mc_config cfg;
-    CHECK(mc_ckpt_format_version(ck) == 1, "format version %d", mc_ckpt_format_version(ck));
+    CHECK(mc_ckpt_format_version(ck) == want_version, "format version %d", mc_ckpt_format_version(ck));
     CHECK_OK(mc_ckpt_config(ck, &cfg));
-    CHECK(cfg.parallel.own_rule == MC_OWN_CHUNKED, "a version 1 checkpoint read as rule %s", mc_own_rule_name(cfg.parallel.own_rule));
+    CHECK(cfg.parallel.own_rule == old_rule, "a %s checkpoint read as rule %s", mc_own_rule_name(old_rule),
+          mc_own_rule_name(cfg.parallel.own_rule));
+    if (old_rule == MC_OWN_BALANCED)
+      CHECK(strstr(mc_ckpt_manifest_json(ck), "\"ownership_rule\":\t\"balanced\",") != NULL, "manifest records balanced");
     /* the two rules differ on this layout: some stored shard is no primary hyperslab of the new rule */
     int differ = 0;
     for (int i = 0; i < mc_ckpt_n_shards(ck); i++) {
@@ -210,18 +219,19 @@ static void old_rule_case(const mc_model *m, int tp, int dp, int pp, int ep, int
       }
       for (int d = 0; d < s->ndim; d++) differ += w.start[d] != s->start[d] || w.count[d] != s->count[d];
     }
-    CHECK(differ > 0, "case %d: the chunked and balanced rules agree on every shard: the case tests nothing", k);
+    CHECK(differ > 0, "case %d: the %s and balanced-v2 rules agree on every shard: the case tests nothing", k,
+          mc_own_rule_name(old_rule));
     mc_ckpt_close(ck);
   }
   /* loads into a run of the same layout under the new rule, and into other layouts */
-  CHECK(load_as(A, &gnew) == 0, "old checkpoint %s loaded under the balanced rule differs", A);
+  CHECK(load_as(A, &gnew) == 0, "old checkpoint %s loaded under the balanced-v2 rule differs", A);
   CHECK(rs_check_content(A) == 0, "content of %s differs", A);
   int pa = -1, pb = -1, na = 0, nb = 0;
   char(*da)[MC_N_STATES][65] = audit_digests(A, 1, &pa, &na);
-  CHECK(pa == 0, "audit of the version 1 checkpoint: %d problems", pa);
-  /* reshards to a balanced layout: a version 2 checkpoint that audits clean, same content */
+  CHECK(pa == 0, "audit of the %s checkpoint: %d problems", mc_own_rule_name(old_rule), pa);
+  /* reshards to a new layout: a checkpoint of the current rule that audits clean, same content */
   if (rs_random_geometry(900 + (uint64_t)k, m, 8, &gb) == 0) {
-    CHECK(gb.layout.own_rule == MC_OWN_BALANCED, "a new layout uses the balanced rule");
+    CHECK(gb.layout.own_rule == MC_OWN_BALANCED_V2, "a new layout uses the balanced-v2 rule");
     CHECK_OK(reshard(A, B, &gb.layout, 0, 4096));
     CHECK(rs_check_content(B) == 0, "content of %s differs", B);
     CHECK(load_as(B, &gb) == 0 && load_as(A, &gb) == 0, "resharded/old checkpoint loaded as tp%d dp%d pp%d ep%d differs",
@@ -229,15 +239,25 @@ static void old_rule_case(const mc_model *m, int tp, int dp, int pp, int ep, int
     if (mc_ckpt_open(B, NULL, &ck) == 0) {
       mc_config cb;
       CHECK(mc_ckpt_format_version(ck) == MC_CKPT_FORMAT_VERSION, "resharded version %d", mc_ckpt_format_version(ck));
-      CHECK(mc_ckpt_config(ck, &cb) == 0 && cb.parallel.own_rule == MC_OWN_BALANCED, "resharded rule");
+      CHECK(mc_ckpt_config(ck, &cb) == 0 && cb.parallel.own_rule == MC_OWN_BALANCED_V2, "resharded rule");
       mc_ckpt_close(ck);
     }
     char(*db)[MC_N_STATES][65] = audit_digests(B, 1, &pb, &nb);
     CHECK(pb == 0, "audit of the resharded checkpoint: %d problems", pb);
     CHECK(da && db && na == nb && memcmp(da, db, (size_t)na * sizeof *da) == 0, "digests differ between %s and %s", A, B);
     free(db);
-    printf("  old rule %d: tp%d dp%d pp%d ep%d z%d (format 1, chunked) -> tp%d dp%d pp%d ep%d z%d (balanced) ok\n", k, tp, dp,
-           pp, ep, zero, gb.layout.tp, gb.layout.dp, gb.layout.pp, gb.layout.ep, gb.layout.zero);
+    /* back to A's layout (now under balanced-v2): the same content, loads as the old layout
+     * did; and to B's again: B's shards byte for byte */
+    CHECK_OK(reshard(B, A2, &gnew.layout, 0, 1024));
+    CHECK(load_as(A2, &gnew) == 0 && load_as(A2, &gb) == 0, "%s loaded back differs", A2);
+    db = audit_digests(A2, 1, &pb, &nb);
+    CHECK(pb == 0 && da && db && na == nb && memcmp(da, db, (size_t)na * sizeof *da) == 0, "digests differ between %s and %s", A, A2);
+    free(db);
+    CHECK_OK(reshard(A2, B2, &gb.layout, 0, 4096));
+    check_same_shards(B, B2);
+    printf("  old rule %d: tp%d dp%d pp%d ep%d z%d (format %d, %s) -> tp%d dp%d pp%d ep%d z%d (balanced-v2) -> back -> again ok\n",
+           k, tp, dp, pp, ep, zero, want_version, mc_own_rule_name(old_rule), gb.layout.tp, gb.layout.dp, gb.layout.pp,
+           gb.layout.ep, gb.layout.zero);
     mc_geometry_free(&gb);
   }
   free(da);
@@ -353,9 +373,13 @@ int main(void) {
   mc_model m;
   rs_test_model(&m, "AEMRME");
   for (int k = 0; k < 4; k++) pair_case(500 + 17 * (uint64_t)k, &m, k);
-  old_rule_case(&m, 1, 3, 1, 1, 1, 0); /* ZeRO parts differ (rows not a multiple of 3) */
-  old_rule_case(&m, 2, 2, 1, 2, 0, 1); /* replicas: the primaries differ */
-  old_rule_case(&m, 2, 2, 2, 4, 1, 2);
+  old_rule_case(&m, MC_OWN_CHUNKED, 1, 3, 1, 1, 1, 0); /* ZeRO parts differ (rows not a multiple of 3) */
+  old_rule_case(&m, MC_OWN_CHUNKED, 2, 2, 1, 2, 0, 1); /* replicas: the primaries differ */
+  old_rule_case(&m, MC_OWN_CHUNKED, 2, 2, 2, 4, 1, 2);
+  /* format 2 "balanced": one expert a rank in expert-DP groups of 2 (balanced-v2 splits the
+   * experts' dim 1), and of 4 with ZeRO 3 */
+  old_rule_case(&m, MC_OWN_BALANCED, 2, 4, 1, 4, 1, 3);
+  old_rule_case(&m, MC_OWN_BALANCED, 2, 4, 2, 2, 3, 4);
   failure_cases(&m);
   if (mc_check_failures == 0) rs_rm_rf(root);
   return mc_check_exit("test_reshard_ckpt");

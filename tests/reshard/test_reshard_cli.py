@@ -1,8 +1,9 @@
 """mcreshard and mcaudit end to end, checked with independent readers (h5py, numpy, hashlib,
 jsonschema): content and hashes preserved across layouts, the refusals and their messages,
-dry-run JSON, audit digests and map, corruption, safetensors export/import.
+dry-run JSON, audit digests and map, corruption, safetensors export/import; planning from a
+metadata-only checkpoint (sim_scale --write-metadata, mcreshard --dry-run) and its refusals.
 
-usage: test_reshard_cli.py MCRESHARD MCAUDIT BENCH_RESHARD   (run with Debian's /usr/bin/python3)
+usage: test_reshard_cli.py MCRESHARD MCAUDIT BENCH_RESHARD SIM_SCALE   (Debian's /usr/bin/python3)
 """
 import glob
 import hashlib
@@ -18,7 +19,8 @@ import xml.etree.ElementTree as ET
 import h5py
 import numpy as np
 
-MCRESHARD, MCAUDIT, BENCH = sys.argv[1:4]
+MCRESHARD, MCAUDIT, BENCH, SIM = sys.argv[1:5]
+SOURCE = os.environ.get("MC_SOURCE_DIR", ".")
 failures = 0
 
 
@@ -80,6 +82,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="mc_reshard_cli_")
     try:
         body(tmp)
+        os.mkdir(os.path.join(tmp, "meta"))
+        metadata_only(os.path.join(tmp, "meta"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("test_reshard_cli: %d failures" % failures)
@@ -175,7 +179,7 @@ def body(tmp):
     opt = [r["optimizer_bytes"] for r in rb["ranks"]]
     check(all(r["optimizer_bytes"] == sum(r["held_bytes"].values()) for r in rb["ranks"]) and
           abs(rb["balance"]["optimizer_largest_over_mean"] - max(opt) / (sum(opt) / len(opt))) < 1e-9 and
-          rb["balance"]["ownership_rule"] == "balanced", "optimizer balance per rank and largest/mean")
+          rb["balance"]["ownership_rule"] == "balanced-v2", "optimizer balance per rank and largest/mean")
     rc, out, _ = run(MCAUDIT, j("B"), "--map", j("B.html"))
     check(rc == 0 and "stage 3" in out and os.path.getsize(j("B.html")) > 1000, "text audit and html map")
     rc, _, err = run(MCAUDIT, j("B"), "--map", j("B.png"))
@@ -226,6 +230,79 @@ def body(tmp):
     Fc, _ = assemble(j("F"))
     check(all(np.array_equal(Fc[(fam, "param")], A[(fam, "param")]) for fam in header), "imported params")
     check(all(not Fc[k].any() for k in Fc if k[1] != "param"), "imported moments are zero")
+
+
+def metadata_only(tmp):
+    """Planning from metadata alone: bench/sim_scale --write-metadata writes a checkpoint
+    without data (manifest.json, manifest.sha256, latest; no rank file), `mcreshard --dry-run`
+    plans from it and forecasts the target checkpoint, and everything that needs data refuses
+    it naming the missing rank file (timed at 4096 ranks in docs/reshard.md)."""
+    j = lambda *p: os.path.join(tmp, *p)
+    layout = ["--config", os.path.join(SOURCE, "configs", "tiny.json"), "--set", "parallel.dp=4", "--set", "parallel.ep=2",
+              "--set", "parallel.zero=1", "--set", "train.global_batch=32"]
+    rc, out, err = run(SIM, *layout, "--write-metadata", j("M"))
+    check(rc == 0 and "metadata-only checkpoint written" in out, "sim_scale --write-metadata: " + out + err)
+    sim = json.loads(out.strip().splitlines()[-1]) if rc == 0 else {}
+    step = j("M", "step_0")
+    check(os.path.exists(j("M", "latest")) and os.path.exists(os.path.join(step, "manifest.sha256")), "latest and manifest.sha256")
+    check(not glob.glob(os.path.join(step, "*.h5")), "no rank file written")
+    with open(os.path.join(step, "manifest.json")) as f:
+        manifest = json.load(f)
+    check(manifest["layout"]["ownership_rule"] == "balanced-v2" and manifest["layout"]["world"] == 4, "recorded layout")
+    check(len(manifest["files"]) == 4 and all(s["sha256"] == "0" * 64 for s in manifest["shards"]),
+          "four rank files listed, no digest")
+    check(len(manifest["shards"]) == sim.get("shards") and sim.get("written_manifest_bytes") == os.path.getsize(
+        os.path.join(step, "manifest.json")), "sim_scale reports the shards and the manifest it wrote")
+    try:
+        import jsonschema
+        with open(os.path.join(SOURCE, "schemas", "manifest.schema.json")) as f:
+            jsonschema.validate(manifest, json.load(f))
+    except ImportError:
+        print("jsonschema not available: schema check skipped")
+
+    # the dry run plans from the manifest alone
+    rc, out, err = run(MCRESHARD, "--dry-run", "--summary", j("M"), j("D"), "--dp", "2")
+    check(rc == 0 and "planned from it alone" in out and "2 rank files of 2 ranks" in out and "predicted save" in out
+          and "->" not in out.split("totals:")[0].split("(world 2)")[-1], "dry run --summary: " + out + err)
+    check(not os.path.exists(j("D")), "a dry run writes nothing")
+    rc, out, err = run(MCRESHARD, "--dry-run", j("M"), j("D"), "--dp", "2")
+    lines = [l for l in out.splitlines() if " -> rank " in l]
+    tot = [l for l in out.splitlines() if l.startswith("totals:")]
+    check(rc == 0 and tot and ("-> %d target shards" % len(lines)) in tot[0], "dry run lists every target shard: " + err)
+    rc, out, err = run(MCRESHARD, "--dry-run", "--json", "--summary", "--node-gbps", "4", "--ranks-per-node", "2", j("M"),
+                       j("D"), "--dp", "2")
+    plan = json.loads(out) if rc == 0 else {}
+    fc = plan.get("forecast", {})
+    check("targets" not in plan and fc.get("node_gbps") == 4 and fc.get("ranks_per_node") == 2 and fc.get("files") == 2 and
+          fc.get("shards") == plan["totals"]["target_shards"], "dry run --json --summary forecast: " + out[-400:] + err)
+    # to the same layout the forecast is the source checkpoint sim_scale described
+    rc, out, err = run(MCRESHARD, "--dry-run", "--json", "--summary", j("M"), j("D"))
+    fc = json.loads(out).get("forecast", {}) if rc == 0 else {}
+    check(fc.get("shards") == sim.get("shards") and fc.get("bytes") == sim.get("bytes") and
+          abs(fc.get("writer_largest_over_mean", 0) - sim.get("writer_largest_over_mean", -1)) < 1e-3 and
+          fc.get("manifest_bytes") == sim.get("manifest_bytes"), "forecast of the same layout = sim_scale's: %s %s" % (fc, sim))
+
+    # flags that describe a dry run mean nothing without it; bad values are refused
+    rc, _, err = run(MCRESHARD, "--summary", j("M"), j("D"), "--dp", "2")
+    check(rc == 2 and "--dry-run" in err and not os.path.exists(j("D")), "--summary without --dry-run refused: " + err)
+    rc, _, err = run(MCRESHARD, "--node-gbps", "3", j("M"), j("D"), "--dp", "2")
+    check(rc == 2 and "--dry-run" in err, "--node-gbps without --dry-run refused: " + err)
+    rc, _, err = run(MCRESHARD, "--json", j("M"), j("D"), "--dp", "2")
+    check(rc == 2 and "--dry-run" in err and not os.path.exists(j("D")), "--json without --dry-run refused: " + err)
+    rc, _, err = run(MCRESHARD, "--dry-run", j("M"), "--export", j("w.safetensors"))
+    check(rc == 2 and "no dry run" in err and not os.path.exists(j("w.safetensors")), "--dry-run --export refused: " + err)
+    rc, _, err = run(MCRESHARD, "--dry-run", "--node-gbps", "0", j("M"), j("D"))
+    check(rc == 2 and "--node-gbps 0" in err, "--node-gbps 0 refused: " + err)
+
+    # anything that reads data refuses it, naming the missing rank file, and leaves nothing
+    rc, _, err = run(MCRESHARD, j("M"), j("D"), "--dp", "2", "--no-progress")
+    check(rc == 1 and "rank_0.h5: missing shard file" in err and not os.path.exists(j("D")) and
+          not glob.glob(j("D*")), "real reshard refused: " + err)
+    rc, _, err = run(MCRESHARD, j("M"), "--export", j("w.safetensors"))
+    check(rc == 1 and "rank_0.h5: missing shard file" in err and not os.path.exists(j("w.safetensors")),
+          "export refused: " + err)
+    rc, out, err = run(MCAUDIT, j("M"))
+    check(rc != 0 and "rank_0.h5: missing shard file" in out + err, "audit refused: " + out + err)
 
 
 if __name__ == "__main__":
