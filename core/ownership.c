@@ -64,7 +64,7 @@ static void rotations(const mc_geometry *g, int n, int *rot) {
   for (int f = 0; f < n; f++) {
     const mc_family *fam = &g->fams.f[f];
     const int kind = fam->place == MC_PLACE_EP, gs = zero_size(&g->layout, fam);
-    int64_t D[3];
+    int64_t D[3] = {1, 1, 1}; /* ndim <= 3; set for the compiler too */
     local_dims(&g->layout, fam, D);
     rot[f] = (int)(dealt[kind] % gs);
     dealt[kind] = (dealt[kind] + extra_rows(g->layout.own_rule, fam, D, gs)) % gs;
@@ -299,7 +299,7 @@ void mc_placement_rule(const mc_geometry *g, int fam, char *buf, int cap) {
   } else if (rule == MC_OWN_BALANCED) {
     snprintf(buf + n, (size_t)(cap - n), " x zero_balanced(dim=0)");
   } else {
-    int64_t D[3];
+    int64_t D[3] = {1, 1, 1}; /* ndim <= 3; set for the compiler too */
     local_dims(&g->layout, f, D);
     snprintf(buf + n, (size_t)(cap - n), " x zero_balanced_v2(dim=%d)", mc_zero_split_dim(rule, f->ndim, D, zero_size(&g->layout, f)));
   }
