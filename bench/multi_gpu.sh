@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Multi-GPU speed of mctrain (issue 14): one configuration (default configs/nam-small.json,
 # bf16) on 1, 2 and 4 GPUs in several layouts, each started by mctrain --nproc-per-node N.
-# Per run: tokens/s (median of steps 3..UNTIL, each step logged), MFU against the bf16 matmul
+# Per run: tokens/s (median of steps 4..UNTIL, each step logged), MFU against the bf16 matmul
 # peak measured in the same invocation (bench/torch_peak.py) times N, scaling efficiency
 # (tokens/s over N x the one-GPU tokens/s; data-parallel runs scale the global batch with dp,
 # so every replica runs the one-GPU step), and rank 0's communication time per step (the
@@ -9,13 +9,13 @@
 # bubble). Then periodic async saves from every rank of the largest DP run: the training
 # pause each save reports and the step times around it.
 # Usage (repository root, on the GPU machine): OUT=DIR MEGAC_BIN=DIR [CONFIG=configs/nam-small.json]
-#   [UNTIL=8] [MC_COMMIT=SHA] bash bench/multi_gpu.sh
+#   [UNTIL=10] [MC_COMMIT=SHA] bash bench/multi_gpu.sh
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:?}
 B=${MEGAC_BIN:?}
 CONFIG=${CONFIG:-configs/nam-small.json}
-UNTIL=${UNTIL:-8}
+UNTIL=${UNTIL:-10}
 NGPU=$(nvidia-smi -L | grep -c '^GPU')
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
@@ -24,7 +24,7 @@ export NCCL_NVLS_ENABLE=0
   echo "# date: $(date -u +%FT%TZ)"
   echo "# commit: ${MC_COMMIT:-unknown}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/# card: /'
-  echo "# config: $CONFIG (train.dtype and device as there), steps 1..$UNTIL, median of steps 3..$UNTIL"
+  echo "# config: $CONFIG (train.dtype and device as there), steps 1..$UNTIL, median of steps 4..$UNTIL"
 } | tee "$OUT/multi_gpu.txt"
 python3 bench/torch_peak.py --json-out "$W/peak.json" > "$W/peak.log" 2>&1 || cat "$W/peak.log"
 peak=$(python3 -c "import json; print(json.load(open('$W/peak.json'))['bf16']['tflops'])" 2>/dev/null || echo 0)
@@ -50,7 +50,7 @@ run() {
 import json, statistics, sys
 path, name, n, peak, flop, base, until = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5] or 0), float(sys.argv[6]), int(sys.argv[7])
 recs = [json.loads(l) for l in open(path) if '"step"' in l]
-st = [r for r in recs if 3 <= r["step"] <= until]
+st = [r for r in recs if 4 <= r["step"] <= until]
 tps = statistics.median(r["tokens_per_s"] for r in st)
 comm = statistics.median(r.get("comm_s", 0.0) for r in st)
 tok_step = recs[-1]["tokens"] / recs[-1]["step"]
@@ -59,7 +59,7 @@ scal = tps / (n * base) if base > 0 else 1.0
 print(f"{name:<28} {n:>4} {tps:>12.0f} {100*mfu:>6.1f}% {100*scal:>7.1f}% {comm:>10.4f} {tok_step/tps:.4f}")
 PY
   if [ "$n" = 1 ] && [ "$base" = 0 ]; then
-    base=$(python3 -c "import json,statistics; r=[json.loads(l) for l in open('$dir/metrics.jsonl') if '\"step\"' in l]; print(statistics.median(x['tokens_per_s'] for x in r if 3 <= x['step'] <= $UNTIL))")
+    base=$(python3 -c "import json,statistics; r=[json.loads(l) for l in open('$dir/metrics.jsonl') if '\"step\"' in l]; print(statistics.median(x['tokens_per_s'] for x in r if 4 <= x['step'] <= $UNTIL))")
   fi
 }
 run 1gpu 1 1
