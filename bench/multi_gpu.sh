@@ -8,13 +8,19 @@
 # trainer's comm_s: calls block, so all of it is exposed; on pipeline stages it includes the
 # bubble). Then periodic async saves from every rank of the largest DP run: the training
 # pause each save reports and the step times around it.
+# LAYOUTS=medium instead runs configs/nam-medium.json's own layout (dp2 x ep2, ZeRO 1, bf16) on
+# 2 GPUs and dp4 x ep2 / dp4 x ep4 on 4 (train.recompute=none: the trainer implements no other
+# policy; one GPU would need 87.6 GiB by mcplan), scaled against the 2-GPU run per GPU.
 # Usage (repository root, on the GPU machine): OUT=DIR MEGAC_BIN=DIR [CONFIG=configs/nam-small.json]
-#   [UNTIL=10] [MC_COMMIT=SHA] bash bench/multi_gpu.sh
+#   [LAYOUTS=small|medium] [SAVES=1] [UNTIL=10] [MC_COMMIT=SHA] bash bench/multi_gpu.sh
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:?}
 B=${MEGAC_BIN:?}
-CONFIG=${CONFIG:-configs/nam-small.json}
+LAYOUTS=${LAYOUTS:-small}
+if [ "$LAYOUTS" = medium ]; then CONFIG=${CONFIG:-configs/nam-medium.json}; else CONFIG=${CONFIG:-configs/nam-small.json}; fi
+EXTRA=()
+[ "$LAYOUTS" = medium ] && EXTRA=(--set train.recompute=none)
 UNTIL=${UNTIL:-10}
 NGPU=$(nvidia-smi -L | grep -c '^GPU')
 W=$(mktemp -d)
@@ -25,17 +31,17 @@ export NCCL_NVLS_ENABLE=0
   echo "# commit: ${MC_COMMIT:-unknown}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/# card: /'
   echo "# config: $CONFIG (train.dtype and device as there), steps 1..$UNTIL, median of steps 4..$UNTIL"
-} | tee "$OUT/multi_gpu.txt"
+} | tee -a "$OUT/multi_gpu.txt"
 python3 bench/torch_peak.py --json-out "$W/peak.json" > "$W/peak.log" 2>&1 || cat "$W/peak.log"
 peak=$(python3 -c "import json; print(json.load(open('$W/peak.json'))['bf16']['tflops'])" 2>/dev/null || echo 0)
-flop=$("$B/mcplan" --config "$CONFIG" 2>/dev/null | sed -n 's/^per token: *\([0-9.e+]*\).*/\1/p')
+flop=$("$B/mcplan" --config "$CONFIG" "${EXTRA[@]}" 2>/dev/null | sed -n 's/^per token: *\([0-9.e+]*\).*/\1/p')
 echo "# bf16 matmul peak $peak TFLOP/s per GPU (bench/torch_peak.py); model FLOP per token $flop (mcplan)" | tee -a "$OUT/multi_gpu.txt"
 find . -path ./build\* -prune -o -path ./gpubuild -prune -o \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.md' \) -print |
   sort > "$W/files.txt"
 "$B/mcdata" -o "$W/corpus.h5" $(cat "$W/files.txt") > "$W/mcdata.log" 2>&1 || { cat "$W/mcdata.log"; exit 1; }
 gb=$(python3 -c "import json; print(json.load(open('$CONFIG'))['train']['global_batch'])")
 
-base=0
+base=0 # tokens/s per GPU of the first run: the scaling reference
 printf '%-28s %4s %12s %7s %8s %10s %s\n' layout gpus tokens/s MFU scaling comm_s/step step_s | tee -a "$OUT/multi_gpu.txt"
 # run NAME N DP ARGS...: global batch = the config's x DP
 run() {
@@ -44,7 +50,7 @@ run() {
   local dir="$W/$name"
   timeout 300 "$B/mctrain" --nproc-per-node "$n" --config "$CONFIG" --set data.path="$W/corpus.h5" \
     --set checkpoint.dir="$dir" --set checkpoint.every=0 --set train.log_every=1 --set train.eval_every=0 \
-    --set train.global_batch=$((gb * dp)) --set parallel.dp="$dp" --until "$UNTIL" "$@" > "$OUT/run_$name.log" 2>&1 \
+    --set train.global_batch=$((gb * dp)) --set parallel.dp="$dp" --until "$UNTIL" "${EXTRA[@]}" "$@" > "$OUT/run_$name.log" 2>&1 \
     || { echo "$name: FAILED ($(tail -1 "$OUT/run_$name.log"))" | tee -a "$OUT/multi_gpu.txt"; return; }
   python3 - "$dir/metrics.jsonl" "$name" "$n" "$peak" "$flop" "$base" "$UNTIL" <<'PY' | tee -a "$OUT/multi_gpu.txt"
 import json, statistics, sys
@@ -55,13 +61,20 @@ tps = statistics.median(r["tokens_per_s"] for r in st)
 comm = statistics.median(r.get("comm_s", 0.0) for r in st)
 tok_step = recs[-1]["tokens"] / recs[-1]["step"]
 mfu = tps * flop / (n * peak * 1e12) if peak > 0 else 0
-scal = tps / (n * base) if base > 0 else 1.0
+scal = tps / (n * base) if base > 0 else 1.0  # base: tokens/s per GPU of the first run
 print(f"{name:<28} {n:>4} {tps:>12.0f} {100*mfu:>6.1f}% {100*scal:>7.1f}% {comm:>10.4f} {tok_step/tps:.4f}")
 PY
-  if [ "$n" = 1 ] && [ "$base" = 0 ]; then
-    base=$(python3 -c "import json,statistics; r=[json.loads(l) for l in open('$dir/metrics.jsonl') if '\"step\"' in l]; print(statistics.median(x['tokens_per_s'] for x in r if 4 <= x['step'] <= $UNTIL))")
+  if [ "$base" = 0 ]; then
+    base=$(python3 -c "import json,statistics; r=[json.loads(l) for l in open('$dir/metrics.jsonl') if '\"step\"' in l]; print(statistics.median(x['tokens_per_s'] for x in r if 4 <= x['step'] <= $UNTIL) / $n)")
   fi
 }
+if [ "$LAYOUTS" = medium ]; then
+  gb=$((gb / 2)) # the config's global batch is for its dp=2
+  run dp2_ep2_zero1 2 2 --set parallel.ep=2 --set parallel.zero=1
+  run dp4_ep2_zero1 4 4 --set parallel.ep=2 --set parallel.zero=1
+  run dp4_ep4_zero1 4 4 --set parallel.ep=4 --set parallel.zero=1
+  exit 0
+fi
 run 1gpu 1 1
 run dp2 2 2
 run tp2 2 1 --set parallel.tp=2
@@ -72,6 +85,7 @@ run tp2_dp2 4 2 --set parallel.tp=2
 run pp2_dp2 4 2 --set parallel.pp=2 --set parallel.pp_split=weighted
 run dp4_ep4 4 4 --set parallel.ep=4
 run tp2_pp2 4 1 --set parallel.tp=2 --set parallel.pp=2 --set parallel.pp_split=weighted
+[ "${SAVES:-1}" = 1 ] || exit 0
 # periodic async saves from every rank at once
 n=$((NGPU >= 4 ? 4 : 2))
 dir="$W/saves"
