@@ -51,6 +51,7 @@ int mc_metrics_write(mc_metrics *m, const mc_metrics_rec *r) {
           r->tokens_per_s);
   if (r->has_val) fprintf(m->f, ", \"val_loss\": %.17g", r->val_loss);
   if (r->has_comm) fprintf(m->f, ", \"comm_s\": %.6f", r->comm_s);
+  fprintf(m->f, ", \"time\": %.3f", r->time);
   fprintf(m->f, "}\n");
   if (fflush(m->f) != 0) return mc_error("metrics log %s: write failed", m->path);
   return 0;

@@ -17,6 +17,7 @@ typedef struct {
   double tokens_per_s;
   int has_val;
   double val_loss;
+  double time;    /* wall clock, Unix seconds */
   int has_comm;   /* a multi-rank run: */
   double comm_s;  /* rank 0's seconds per step inside collectives and pipeline sends/receives */
 } mc_metrics_rec;

@@ -16,6 +16,7 @@
 #include "train/metrics.h"
 #include "train/pipeline.h"
 #include "train/optim.h"
+#include "train/tfevents.h"
 #include "util/error.h"
 
 /* v[0], v[1] := their largest values over the world's ranks (a stop signal number, 0 = none;
@@ -137,6 +138,7 @@ typedef struct {
   mc_ckpt_saver *saver;
   mc_ckpt_fs_barrier *fsb; /* async saves under mpirun: the ranks meet through the file system */
   mc_metrics metrics;
+  mc_tfevents events; /* rank 0: TensorBoard scalars in <checkpoint.dir>/tensorboard */
   char metrics_path[MC_PATH_MAX + 32];
   int64_t start_step, end_step;
   int64_t last_saved;
@@ -291,6 +293,22 @@ static int check_shared_dir(const run *r, const char *dir) {
   return 0;
 }
 
+static double wall_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The logged record as TensorBoard scalars (the same values as metrics.jsonl). */
+static int log_events(run *r, const mc_metrics_rec *rec) {
+  const char *tags[8] = {"train/loss", "train/aux_loss", "train/lr", "train/grad_norm", "train/tokens_per_s"};
+  double v[8] = {rec->loss, rec->aux_loss, rec->lr, rec->grad_norm, rec->tokens_per_s};
+  int n = 5;
+  if (rec->has_comm) tags[n] = "train/comm_s", v[n++] = rec->comm_s;
+  if (rec->has_val) tags[n] = "val/loss", v[n++] = rec->val_loss;
+  return mc_tfevents_scalars(&r->events, rec->step, rec->time, n, tags, v);
+}
+
 static int setup(run *r) {
   const mc_config *cfg = r->cfg;
   const mc_train_cfg *t = &cfg->train;
@@ -355,6 +373,10 @@ static int setup(run *r) {
     r->metrics_path[0] = 0; /* rank 0 logs the run */
   } else if (mc_metrics_open(&r->metrics, r->metrics_path, r->opts->resume ? r->start_step : -1) != 0) {
     return -1;
+  } else {
+    char tb[MC_PATH_MAX + 16];
+    snprintf(tb, sizeof tb, "%s/tensorboard", cfg->checkpoint.dir);
+    if (mc_tfevents_open(&r->events, tb) != 0) return -1;
   }
   /* The asynchronous saver calls the save barrier from its own thread. MPI is initialised
    * single-threaded (comm/comm_mpi.c), so under mpirun the ranks' save threads meet through
@@ -533,7 +555,8 @@ static int loop(run *r) {
       const double comm_now = r->comm ? mc_comm_groups_busy(r->comm) : 0.0;
       rec.has_comm = r->comm != NULL;
       rec.comm_s = steps_since_log > 0 ? (comm_now - comm_log) / (double)steps_since_log : 0.0;
-      if (log_now && r->rank == 0 && mc_metrics_write(&r->metrics, &rec) != 0) return -1;
+      rec.time = wall_s();
+      if (log_now && r->rank == 0 && (mc_metrics_write(&r->metrics, &rec) != 0 || log_events(r, &rec) != 0)) return -1;
       if (out) {
         char eta[32], val[32] = "";
         fmt_duration((tn - t0) / (double)(done - r->start_step) * (double)(r->end_step - done), eta, sizeof eta);
@@ -552,12 +575,14 @@ static int loop(run *r) {
     if (cfg->checkpoint.every > 0 && done % cfg->checkpoint.every == 0 && done != r->end_step) {
       double ts = now_s();
       if (save(r, done, lr) != 0) return -1;
+      const double paused = r->saver ? mc_ckpt_saver_last_stall(r->saver) : now_s() - ts;
+      const char *tag = "checkpoint/training_paused_s";
+      if (r->rank == 0 && mc_tfevents_scalars(&r->events, done, wall_s(), 1, &tag, &paused) != 0) return -1;
       /* Async: the training loop waited only for the copy (and any save still in flight). */
       /* On a terminal (mpirun gives rank 0 one) the line replaces the step line being redrawn. */
       if (out) {
         fprintf(out, "%scheckpoint step %lld %s (training paused %.3f s)%s\n", r->opts->progress_tty ? "\r" : "",
-                (long long)done, r->saver ? "queued" : "saved",
-                r->saver ? mc_ckpt_saver_last_stall(r->saver) : now_s() - ts, r->opts->progress_tty ? "\033[K" : "");
+                (long long)done, r->saver ? "queued" : "saved", paused, r->opts->progress_tty ? "\033[K" : "");
         fflush(out);
       }
     }
@@ -603,6 +628,7 @@ int mc_train(const mc_config *cfg, mc_trainer_opts *opts) {
     mc_ckpt_fs_barrier_free(r.fsb, all_done);
   }
   mc_metrics_close(&r.metrics);
+  mc_tfevents_close(&r.events);
   if (rc == 0 && r.metrics_path[0]) {
     char svg[MC_PATH_MAX + 64];
     size_t n = strlen(r.metrics_path);
