@@ -17,6 +17,7 @@
 
 #include <mpi.h>
 
+#include "ckpt/checkpoint.h"
 #include "cli/cli_opts.h"
 #include "core/config.h"
 #include "comm/comm.h"
@@ -28,10 +29,11 @@
 static volatile sig_atomic_t stop_signal = 0;
 static void on_signal(int sig) { stop_signal = sig; }
 
-enum { OPT_RESUME = CLI_LONG, OPT_UNTIL, OPT_QUIET };
+enum { OPT_RESUME = CLI_LONG, OPT_UNTIL, OPT_QUIET, OPT_FORCE };
 static const struct option LONG_OPTS[] = {
     {"help", no_argument, NULL, 'h'},
     {"resume", required_argument, NULL, OPT_RESUME},
+    {"force", no_argument, NULL, OPT_FORCE},
     {"until", required_argument, NULL, OPT_UNTIL},
     {"quiet", no_argument, NULL, OPT_QUIET},
     {NULL, 0, NULL, 0},
@@ -43,6 +45,11 @@ static void usage(FILE *f) {
           "  with no arguments trains the embedded default configuration (configs/default.json)\n"
           "  --resume latest   continue the run in checkpoint.dir from its newest checkpoint\n"
           "  --resume DIR      continue from a checkpoint directory (a run directory or a step_N)\n"
+          "                    a resume takes the run's configuration from the checkpoint; --config/--set may\n"
+          "                    change steps, layout, device, dtype, logging, checkpoints and the data path\n"
+          "                    (each change is printed), not the model, nor the schedule, optimizer, global\n"
+          "                    batch, seed or validation split unless --force is given\n"
+          "  --force           with --resume: allow changes of the schedule, optimizer, batch, seed or split\n"
           "  --until STEP      stop after STEP steps (the schedule still spans train.steps)\n"
           "  --quiet           no progress output\n"
           "  --nproc-per-node N  start N local GPU workers (ranks of one job, one per GPU; needs train.device=cuda)\n"
@@ -174,9 +181,98 @@ static int make_world(const mc_config *cfg, const mc_launch *l, mc_comm *mpi_wor
   return 1;
 }
 
+/* cfg := the configuration arguments (taken[1..nt)) applied on top of cfg. */
+static int overlay(mc_config *cfg, char **taken, int nt) {
+  char **copy = malloc(sizeof(char *) * ((size_t)nt + 1));
+  if (!copy) return mc_error("out of memory");
+  memcpy(copy, taken, sizeof(char *) * ((size_t)nt + 1));
+  int n = nt, rc = mc_config_overlay_args(cfg, &n, copy, NULL);
+  free(copy);
+  return rc;
+}
+
+typedef struct {
+  int force, refused, model, shown;
+  char refused_keys[512];
+  FILE *out;
+} resume_changes;
+
+static void on_change(const char *section, const char *key, const char *was, const char *now, void *user) {
+  resume_changes *c = user;
+  const mc_resume_rule rule = mc_config_resume_rule(section, key);
+  if (rule == MC_RESUME_NEVER || (rule == MC_RESUME_FORCE && !c->force)) {
+    c->model += rule == MC_RESUME_NEVER;
+    size_t n = strlen(c->refused_keys);
+    snprintf(c->refused_keys + n, sizeof c->refused_keys - n, "%s%s.%s %s -> %s", c->refused++ ? ", " : "", section, key,
+             was, now);
+    return;
+  }
+  if (c->out) fprintf(c->out, "mctrain: resume changes %s.%s: %s -> %s%s\n", section, key, was, now, rule ? " (--force)" : "");
+  c->shown++;
+}
+
+/* The configuration of the run: the defaults with the configuration arguments, or, when
+ * resuming, the checkpoint's configuration with them, where only what the resume rules allow
+ * may change (core/config.h mc_config_resume_rule), and the layout from this launch
+ * (mc_config_take_launch); without --set checkpoint.dir a
+ * resumed run continues in the run directory that holds the checkpoint. */
+static int run_config(mc_config *cfg, char **taken, int nt, const char *resume, int force, FILE *out) {
+  if (mc_config_default(cfg) || overlay(cfg, taken, nt)) return -1;
+  if (!resume) return 0;
+  mc_config probe; /* did the arguments set checkpoint.dir? */
+  if (mc_config_default(&probe)) return -1;
+  snprintf(probe.checkpoint.dir, sizeof probe.checkpoint.dir, "%s", "\x01");
+  if (overlay(&probe, taken, nt)) return -1;
+  const int dir_given = strcmp(probe.checkpoint.dir, "\x01") != 0;
+  const char *path = strcmp(resume, "latest") ? resume : cfg->checkpoint.dir;
+  mc_ckpt_open_opts oo;
+  mc_ckpt_open_opts_default(&oo);
+  oo.metadata_only = 1; /* the configuration only: the trainer opens it again to load */
+  mc_ckpt *ck = NULL;
+  mc_config was;
+  if (mc_ckpt_open(path, &oo, &ck) != 0) return mc_error_context("cannot resume from %s", path);
+  int rc = mc_ckpt_config(ck, &was);
+  char run_dir[sizeof cfg->checkpoint.dir];
+  snprintf(run_dir, sizeof run_dir, "%s", mc_ckpt_step_dir(ck));
+  char *slash = strrchr(run_dir, '/');
+  if (slash && slash != run_dir) *slash = 0;
+  else snprintf(run_dir, sizeof run_dir, ".");
+  mc_ckpt_close(ck);
+  if (rc != 0) return mc_error_context("reading the configuration of %s", path);
+  mc_config now = was;
+  if (overlay(&now, taken, nt)) return -1;
+  mc_config_take_launch(&now, cfg); /* the layout: this launch's */
+  if (!dir_given) snprintf(now.checkpoint.dir, sizeof now.checkpoint.dir, "%s", run_dir);
+  resume_changes c = {.force = force, .out = out};
+  if (mc_config_diff(&was, &now, on_change, &c) != 0) return -1;
+  if (c.model)
+    return mc_error("checkpoint %s is from a different model: %s (the checkpoint's tensors fix model.*)", path,
+                    c.refused_keys);
+  if (c.refused)
+    return mc_error("resuming %s would change %s: the schedule, optimizer, global batch, seed and validation split "
+                    "are the run's, kept from the checkpoint (pass --force to change them)", path, c.refused_keys);
+  *cfg = now;
+  return 0;
+}
+
 static int run_main(int argc, char **argv, const mc_launch *launch, mc_comm *mpi_world) {
   mc_config cfg;
-  if (mc_config_from_args(&cfg, &argc, argv) != 0) {
+  char **taken = malloc(sizeof(char *) * ((size_t)argc + 1));
+  if (!taken) return 2;
+  const int nt = mc_config_take_args(&argc, argv, taken);
+  /* --resume and --force decide which configuration the arguments apply to: read them first
+   * (run_training parses and checks every option) */
+  const char *resume = NULL;
+  int force = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--resume") && i + 1 < argc) resume = argv[++i];
+    else if (!strncmp(argv[i], "--resume=", 9)) resume = argv[i] + 9;
+    else if (!strcmp(argv[i], "--force")) force = 1;
+  }
+  FILE *out = launch->rank == 0 ? stderr : NULL;
+  int crc = run_config(&cfg, taken, nt, resume, force, out);
+  free(taken);
+  if (crc != 0) {
     fprintf(stderr, "mctrain: %s\n", mc_errmsg());
     return 2;
   }
@@ -195,6 +291,7 @@ static int run_training(mc_config *cfg, int argc, char **argv, mc_comm *world, i
   opts.progress = world && world->rank != 0 ? NULL : stdout; /* rank 0 reports */
   opts.world = world;
   opts.gpu = world && !strcmp(world->ops->name, "nccl") ? local_rank : 0;
+  int force = 0;
   cli_parser p;
   int npos = 0;
   cli_init(&p, argc, argv, "h", LONG_OPTS);
@@ -212,12 +309,19 @@ static int run_training(mc_config *cfg, int argc, char **argv, mc_comm *world, i
     case OPT_QUIET:
       opts.progress = NULL;
       break;
+    case OPT_FORCE: /* read with --resume before the configuration was built (run_main) */
+      force = 1;
+      break;
     case CLI_ARG:
       cli_positional(&p, NULL, 0, &npos); /* takes none: sets the message */
       return cli_bad_usage("mctrain", usage);
     default:
       return cli_bad_usage("mctrain", usage);
     }
+  }
+  if (force && !opts.resume) {
+    mc_error("--force goes with --resume (it allows changing the resumed run's schedule)");
+    return cli_bad_usage("mctrain", NULL);
   }
   opts.progress_tty = opts.progress && isatty(fileno(opts.progress));
   /* SIGINT/SIGTERM (Ctrl-C, preemption): finish the step, checkpoint it, exit 128+signal.

@@ -745,6 +745,41 @@ char *mc_config_to_json(const mc_config *cfg) {
   return out;
 }
 
+/* ------------------------------------------------------------------ resuming */
+
+/* The keys that define a run's optimisation (schedule, optimizer, batch, data order): a resume
+ * keeps the checkpoint's values unless --force names a change. */
+static const char *const k_resume_force[] = {
+    "train.global_batch", "train.lr",      "train.min_lr",       "train.warmup_steps", "train.beta1",
+    "train.beta2",        "train.adam_eps", "train.weight_decay", "train.grad_clip",    "train.seed",
+    "data.val_fraction",  NULL};
+
+mc_resume_rule mc_config_resume_rule(const char *section, const char *key) {
+  if (!strcmp(section, "model")) return MC_RESUME_NEVER;
+  char name[96];
+  snprintf(name, sizeof name, "%s.%s", section, key);
+  for (int i = 0; k_resume_force[i]; i++)
+    if (!strcmp(k_resume_force[i], name)) return MC_RESUME_FORCE;
+  return MC_RESUME_FREE;
+}
+
+void mc_config_take_launch(mc_config *run, const mc_config *launch) { run->parallel = launch->parallel; }
+
+int mc_config_diff(const mc_config *a, const mc_config *b, mc_config_diff_fn fn, void *user) {
+  cJSON *ta = config_tree(a), *tb = config_tree(b);
+  int rc = ta && tb ? 0 : mc_error("out of memory comparing configurations");
+  for (int i = 0; i < N_KEYS && rc == 0; i++) {
+    const cfg_key *k = &k_keys[i];
+    char *va = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(ta, k->section), k->key));
+    char *vb = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(tb, k->section), k->key));
+    if (!va || !vb) rc = mc_error("out of memory comparing configurations");
+    else if (strcmp(va, vb) != 0) fn(k->section, k->key, va, vb, user);
+    free(va), free(vb);
+  }
+  cJSON_Delete(ta), cJSON_Delete(tb);
+  return rc;
+}
+
 /* ------------------------------------------------------------------ schema and reference */
 
 /* The schema's pattern regex: block letters of the block-kind table, '|' only between them. */

@@ -115,6 +115,21 @@ const char *mc_split_name(mc_split_mode s);
 /* Canonical JSON of the whole config (malloc'd; caller frees). */
 char *mc_config_to_json(const mc_config *cfg);
 
+/* What a resume may change of the checkpoint's configuration (docs/training.md, "Resuming"):
+ * model keys never (the checkpoint's tensors fix them); the keys that define the run's
+ * optimisation (schedule, optimizer, global batch, seed, validation split) only when the user
+ * forces it; everything else (steps, layout, device, dtype, logging, checkpoints, data path). */
+typedef enum { MC_RESUME_FREE = 0, MC_RESUME_FORCE = 1, MC_RESUME_NEVER = 2 } mc_resume_rule;
+mc_resume_rule mc_config_resume_rule(const char *section, const char *key);
+/* The keys a launch decides rather than the run, so a resume takes them from this launch's
+ * defaults and arguments, not from the checkpoint: the layout (parallel.*), which must match
+ * the processes started. Copies them from launch into run. */
+void mc_config_take_launch(mc_config *run, const mc_config *launch);
+/* Calls fn for every key whose value differs between a and b, in table order, with both
+ * values as JSON text. 0, or -1 with mc_error set. */
+typedef void (*mc_config_diff_fn)(const char *section, const char *key, const char *a, const char *b, void *user);
+int mc_config_diff(const mc_config *a, const mc_config *b, mc_config_diff_fn fn, void *user);
+
 /* Vp: vocab rounded up to vocab_pad. */
 static inline int mc_vocab_padded(const mc_model *m) {
   return m->vocab_pad > 0 ? (m->vocab_size + m->vocab_pad - 1) / m->vocab_pad * m->vocab_pad : m->vocab_size;

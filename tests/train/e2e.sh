@@ -72,6 +72,25 @@ resume)
   # Resuming again from step 6 into a fresh directory, via the step directory itself.
   "$B/mctrain" "${common[@]}" --set checkpoint.dir=c --resume b/step_6 --until 8 > c.log 2>&1 || { cat c.log; die "resume from DIR failed"; }
   [ "$(field c/metrics.jsonl loss 8)" = "$(field a/metrics.jsonl loss 8)" ] || die "resume from b/step_6 differs at step 8"
+  # A resume keeps the run's configuration: given only the directory (no schedule on the
+  # command line, so the defaults would say another lr and 600 steps) it continues the same
+  # schedule into the run directory that holds the checkpoint; a schedule change is refused
+  # by name unless --force, and every change is printed.
+  "$B/mctrain" --resume b/step_6 --until 8 > d.log 2>&1 || { cat d.log; die "resume with no configuration arguments failed"; }
+  for k in loss lr; do
+    [ "$(field b/metrics.jsonl $k 8)" = "$(field a/metrics.jsonl $k 8)" ] || die "bare resume: step 8 $k $(field b/metrics.jsonl $k 8), straight $(field a/metrics.jsonl $k 8)"
+  done
+  grep -q "resume changes" d.log && die "a bare resume reported changes: $(grep 'resume changes' d.log)"
+  "$B/mctrain" "${common[@]}" --set checkpoint.dir=e --set train.lr=0.01 --resume b/step_6 > e.log 2>&1 \
+    && die "a resume changing train.lr succeeded without --force"
+  grep -q "would change train.lr .*pass --force" e.log || { cat e.log; die "the refusal does not name train.lr and --force"; }
+  [ ! -e e/latest ] || die "a refused resume left a checkpoint"
+  "$B/mctrain" "${common[@]}" --set checkpoint.dir=e --set train.lr=0.01 --force --resume b/step_6 --until 7 > e.log 2>&1 \
+    || { cat e.log; die "a forced lr change on resume failed"; }
+  grep -q "resume changes train.lr: .* -> 0.01 (--force)" e.log || { cat e.log; die "the forced change was not printed"; }
+  expect_fail_msg() { if "$@" > f.log 2>&1; then die "should fail: $*"; fi; }
+  expect_fail_msg "$B/mctrain" --force "${common[@]}" --set checkpoint.dir=f
+  grep -q "\-\-force goes with \-\-resume" f.log || { cat f.log; die "--force without --resume not refused by name"; }
   # SIGTERM (preemption) ends the run after the step in progress with a checkpoint of that
   # step and exit status 143; resuming from it matches an uninterrupted run.
   long=("${SMALL[@]}" --set data.path=corpus.h5 --set train.steps=2000 --set train.eval_every=0 --set checkpoint.every=0)
