@@ -230,4 +230,13 @@ int mc_ckpt_read_many(mc_ckpt *ck, const mc_ckpt_request *reqs, int n);
 /* Reads and hash-verifies every shard (in parallel); the error names the first bad one. */
 int mc_ckpt_verify_all(mc_ckpt *ck);
 
+/* Verify before parsing (docs/reliability.md): checks rank file `file` (a name the manifest
+ * lists) against the size and whole-file SHA-256 the manifest records, hashing it once per
+ * open (later calls return the first result at once). Reads of this handle call it before
+ * the file reaches the HDF5 library unless verification is off; a program that opens a
+ * rank file of the checkpoint itself (mcaudit, mcreshard) must call it first. A manifest
+ * written before whole-file hashes (no files[].sha256) passes: its files are checked by
+ * size at open only. Error: "<path>: whole-file hash mismatch ..." or the size mismatch. */
+int mc_ckpt_check_file(mc_ckpt *ck, const char *file);
+
 #endif

@@ -21,7 +21,9 @@ struct mc_ckpt {
   char *manifest_text;
   mc_manifest m;
   mc_ckpt_open_opts opts;
-  pthread_mutex_t mu; /* guards fids and fds */
+  pthread_mutex_t mu; /* guards fids, fds and file_state */
+  pthread_cond_t cv;  /* file_state changed */
+  signed char *file_state; /* per manifest file: 0 unchecked, 1 being hashed, 2 verified, -1 failed */
   int64_t *fids;      /* per manifest file; -1 until opened */
   int *fds;           /* per manifest file, for raw preads; -1 until opened */
   int64_t *raw_off;   /* per shard: data offset for raw preads, -1 = through HDF5, -2 = unknown */
@@ -122,12 +124,13 @@ int mc_ckpt_open(const char *path, const mc_ckpt_open_opts *opts, mc_ckpt **out)
   /* Reader threads call HDF5: one thread unless the library is a thread-safe build. */
   if (ck->opts.io_threads < 1 || !mc_h5_threadsafe()) ck->opts.io_threads = 1;
   pthread_mutex_init(&ck->mu, NULL);
+  pthread_cond_init(&ck->cv, NULL);
   char expect[65];
   if (resolve(path, ck->step_dir, expect) != 0) goto fail;
   char mpath[MC_PATH_MAX];
   if (mc_path_join(mpath, ck->step_dir, "manifest.json") != 0) goto fail;
   size_t len = 0;
-  if (mc_read_file(mpath, &ck->manifest_text, &len) != 0) goto fail;
+  if (mc_read_file_max(mpath, MC_MANIFEST_MAX, &ck->manifest_text, &len) != 0) goto fail;
   mc_sha256_hex(ck->manifest_text, len, ck->root_hash);
   if (check_root_hash(ck->step_dir, mpath, ck->root_hash, expect) != 0) goto fail;
   if (mc_manifest_parse(ck->manifest_text, mpath, &ck->m) != 0) goto fail;
@@ -159,7 +162,8 @@ int mc_ckpt_open(const char *path, const mc_ckpt_open_opts *opts, mc_ckpt **out)
   ck->raw_off = malloc((size_t)ns * sizeof *ck->raw_off);
   ck->checked = calloc((size_t)ns, 1);
   ck->verified = calloc((size_t)ns, 1);
-  if (!ck->fids || !ck->fds || !ck->raw_off || !ck->checked || !ck->verified) {
+  ck->file_state = calloc((size_t)nf, 1);
+  if (!ck->fids || !ck->fds || !ck->raw_off || !ck->checked || !ck->verified || !ck->file_state) {
     mc_error("out of memory opening %s", path);
     goto fail;
   }
@@ -197,10 +201,12 @@ void mc_ckpt_close(mc_ckpt *ck) {
   free(ck->raw_off);
   free(ck->checked);
   free(ck->verified);
+  free(ck->file_state);
   free(ck->disk_order);
   free(ck->manifest_text);
   mc_manifest_free(&ck->m);
   pthread_mutex_destroy(&ck->mu);
+  pthread_cond_destroy(&ck->cv);
   free(ck);
 }
 
@@ -285,9 +291,46 @@ static int file_index(const mc_ckpt *ck, const char *name) {
   return -1;
 }
 
-static int get_fid(mc_ckpt *ck, const mc_ckpt_shard *s, int64_t *fid) {
+/* Hashes rank file fi whole (once per open; other threads asking meanwhile wait for the
+ * result) and compares size and SHA-256 with the manifest's record. */
+static int check_file(mc_ckpt *ck, int fi) {
+  const mc_file_rec *f = &ck->m.files[fi];
+  char p[MC_PATH_MAX];
+  if (mc_path_join(p, ck->step_dir, f->name) != 0) return -1;
+  if (!f->sha256[0]) return 0; /* a manifest older than whole-file hashes: size checked at open */
+  pthread_mutex_lock(&ck->mu);
+  while (ck->file_state[fi] == 1) pthread_cond_wait(&ck->cv, &ck->mu);
+  int st = ck->file_state[fi];
+  if (st == 0) ck->file_state[fi] = 1;
+  pthread_mutex_unlock(&ck->mu);
+  if (st == 2) return 0;
+  if (st == -1) return mc_error("%s: failed its whole-file check (size or SHA-256) earlier", p);
+  char hex[65];
+  int64_t bytes = 0;
+  int rc = mc_sha256_file(p, &bytes, hex);
+  if (rc == 0 && bytes != f->bytes)
+    rc = mc_error("%s: %" PRId64 " bytes but the manifest records %" PRId64 " (truncated or replaced)", p, bytes, f->bytes);
+  else if (rc == 0 && strcmp(hex, f->sha256) != 0)
+    rc = mc_error("%s: whole-file hash mismatch: the file hashes to %s, the manifest records %s (corrupt or "
+                  "replaced; it is not parsed)", p, hex, f->sha256);
+  pthread_mutex_lock(&ck->mu);
+  ck->file_state[fi] = rc == 0 ? 2 : -1;
+  pthread_cond_broadcast(&ck->cv);
+  pthread_mutex_unlock(&ck->mu);
+  return rc;
+}
+
+int mc_ckpt_check_file(mc_ckpt *ck, const char *file) {
+  int fi = file_index(ck, file);
+  if (fi < 0) return mc_error("%s/%s: not listed in the manifest", ck->step_dir, file);
+  return check_file(ck, fi);
+}
+
+static int get_fid(mc_ckpt *ck, const mc_ckpt_shard *s, int64_t *fid, int verify) {
   int fi = file_index(ck, s->file);
   if (fi < 0) return mc_error("%s: not listed in the manifest", s->file);
+  /* Verify before parsing: no byte of the file reaches the HDF5 library unverified. */
+  if (verify && check_file(ck, fi) != 0) return -1;
   pthread_mutex_lock(&ck->mu);
   int rc = 0;
   if (ck->fids[fi] < 0) {
@@ -424,7 +467,7 @@ static int read_task(void *arg, int t) {
   const mc_ckpt_family *f = &ck->m.fams[s->family_index];
   int64_t fid = -1;
   if (c->n_forder) read_ahead(c, file_index(ck, s->file));
-  if (get_fid(ck, s, &fid) != 0) return -1;
+  if (get_fid(ck, s, &fid, ck->opts.verify || c->force_verify) != 0) return -1;
   char where[MC_PATH_MAX]; /* the file as messages name it */
   if (mc_path_join(where, ck->step_dir, s->file) != 0) return -1;
   if (!ck->checked[si]) {

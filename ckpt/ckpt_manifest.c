@@ -247,6 +247,7 @@ int mc_manifest_build(const mc_geometry *g, const mc_config *cfg_in, const mc_tr
     cJSON_AddStringToObject(o, "name", files[i].name);
     cJSON_AddNumberToObject(o, "rank", files[i].rank);
     cJSON_AddNumberToObject(o, "bytes", (double)files[i].bytes);
+    if (files[i].sha256[0]) cJSON_AddStringToObject(o, "sha256", files[i].sha256);
     cJSON_AddItemToArray(fl, o);
   }
   cJSON *sj = cJSON_AddArrayToObject(root, "shards");
@@ -629,9 +630,20 @@ int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
         get_int(o, "bytes", 0, &bytes, &cf);
         get_int(o, "rank", 0, &rank, &cf);
       }
-      if (name && (strlen(name) >= sizeof m->files[i].name || strchr(name, '/')))
+      if (name && (strlen(name) >= sizeof m->files[i].name || strchr(name, '/') || !name[0] || !strcmp(name, ".") ||
+                   !strcmp(name, "..")))
         mc_errlist_add(&errs, "%s.name '%s' is not a plain file name", where, name);
       else if (name) snprintf(m->files[i].name, sizeof m->files[i].name, "%s", name);
+      /* Additive: the whole-file SHA-256, checked before the file is parsed. Manifests
+       * written before it have none and are read with the size check only. */
+      cJSON *fsha = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "sha256") : NULL;
+      if (fsha && !(cJSON_IsString(fsha) && is_hex64(fsha->valuestring)))
+        mc_errlist_add(&errs, "%s.sha256 is not 64 lowercase hex digits", where);
+      else if (fsha) snprintf(m->files[i].sha256, sizeof m->files[i].sha256, "%s", fsha->valuestring);
+      if (bytes < 0) mc_errlist_add(&errs, "%s.bytes is negative", where);
+      for (int k = 0; k < i; k++)
+        if (m->files[i].name[0] && strcmp(m->files[k].name, m->files[i].name) == 0)
+          mc_errlist_add(&errs, "%s: file '%s' listed twice", where, m->files[i].name);
       m->files[i].bytes = bytes;
       m->files[i].rank = (int)rank;
     }

@@ -254,7 +254,7 @@ static int read_back(const char *tmp, readback *r) {
     char path[MC_PATH_MAX];
     mc_shard_attrs *sa = NULL;
     int ns = 0;
-    if (mc_path_join(path, tmp, e->d_name) != 0 || mc_file_size(path, &f->bytes) != 0 || mc_h5_scan_rank_file(path, f->name, &sa, &ns) != 0) {
+    if (mc_path_join(path, tmp, e->d_name) != 0 || mc_sha256_file(path, &f->bytes, f->sha256) != 0 || mc_h5_scan_rank_file(path, f->name, &sa, &ns) != 0) {
       rc = -1;
       break;
     }

@@ -179,7 +179,8 @@ int mc_rs_source_bind(mc_rs_source *s, const mc_rs_plan *p) {
     src_file *sf = &s->files[fi];
     char path[MC_PATH_MAX + 40];
     snprintf(path, sizeof path, "%s/%s", dir, sf->name);
-    if (sf->fid < 0 && mc_h5_open_read(path, &sf->fid) != 0) {
+    /* Verify before parsing: size and whole-file SHA-256 first (once per open). */
+    if (sf->fid < 0 && (mc_ckpt_check_file(s->ck, sf->name) != 0 || mc_h5_open_read(path, &sf->fid) != 0)) {
       rc = -1;
       break;
     }
