@@ -33,6 +33,15 @@ static const char *h5_reason(h5_err_text *t) {
   return t->text;
 }
 
+/* A rank file whose H5Fclose failed (a full disk while its metadata is flushed) stays open in
+ * the library, which cannot drop it; HDF5's own clean-up at exit then flushes it again and
+ * crashes (SIGSEGV inside H5_term_library). Every file MegaC writes is closed explicitly, and
+ * a failed one is removed with its temporary directory, so that clean-up has nothing to do:
+ * it is turned off before the library is first used (this runs when the program loads). */
+#if defined(__GNUC__)
+__attribute__((constructor)) static void h5_no_cleanup_at_exit(void) { H5dont_atexit(); }
+#endif
+
 /* The error stack is per thread in the thread-safe library: silence it on every entry. */
 static void h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
 

@@ -691,7 +691,7 @@ int mc_latest_read(const char *dir, int64_t *step, char *path, size_t cap, char 
   char lp[MC_PATH_MAX];
   snprintf(lp, sizeof lp, "%s/latest", dir);
   char *text = NULL;
-  if (mc_read_file(lp, &text, NULL) != 0) return mc_error("%s: no committed checkpoint (cannot read latest)", lp);
+  if (mc_read_file(lp, &text, NULL) != 0) return mc_error_context("no committed checkpoint (cannot read latest)");
   cJSON *o = cJSON_Parse(text);
   free(text);
   cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "step");

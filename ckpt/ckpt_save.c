@@ -404,9 +404,9 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
     ok = prepare(dir, state->step, tmp, final) == 0;
     prepared = ok;
   }
-  if (!ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 ": %s", state->step, mc_errmsg());
+  if (!ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed (previous checkpoint kept): %s", state->step, mc_errmsg());
   if (!barrier(opts.barrier_user, ok)) {
-    if (ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 ": save aborted because another process failed", state->step);
+    if (ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed (previous checkpoint kept): save aborted because another process failed", state->step);
     if (prepared) mc_rmtree(tmp);
     write_set_free(&w);
     return mc_error("%s", err);
@@ -415,10 +415,10 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
   /* 2. every process writes and fsyncs its rank files */
   ok = write_rank_files(tmp, state->step, &w, opts.io_threads > 0 ? opts.io_threads : 1) == 0;
   if (ok && opts.write_files) ok = opts.write_files(opts.write_files_user, tmp) == 0;
-  if (!ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 ": %s", state->step, mc_errmsg());
+  if (!ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed (previous checkpoint kept): %s", state->step, mc_errmsg());
   write_set_free(&w);
   if (!barrier(opts.barrier_user, ok)) {
-    if (ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 ": save aborted because another process failed", state->step);
+    if (ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed (previous checkpoint kept): save aborted because another process failed", state->step);
     if (root) mc_rmtree(tmp);
     return mc_error("%s", err);
   }
@@ -435,7 +435,7 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
     if (ok && root)
       snprintf(err, sizeof err, "checkpoint step %" PRId64 " committed, but the barrier after the commit failed", state->step);
     else if (ok)
-      snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed: the root process failed", state->step);
+      snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed (previous checkpoint kept): the root process failed", state->step);
     return mc_error("%s", err);
   }
   if (root) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "util/error.h"
+#include "util/paths.h"
 
 void mc_st_meta_free(mc_st_meta *m) {
   for (int i = 0; i < m->n_meta; i++) free(m->meta_val[i]);
@@ -106,6 +107,8 @@ static char *build_header(mc_st_tensor *t, int n, const mc_st_meta *meta, int64_
 int mc_st_create(mc_st_file *f, const char *path, const mc_st_tensor *t, int n, const mc_st_meta *meta) {
   memset(f, 0, sizeof *f);
   f->fd = -1;
+  /* Written to path.tmp and renamed over path: path must not be a device, FIFO, directory. */
+  if (mc_output_file_ok(path, "safetensors output") != 0) return -1;
   snprintf(f->path, sizeof f->path, "%s", path);
   snprintf(f->tmp, sizeof f->tmp, "%s.tmp", path);
   f->t = malloc((size_t)(n ? n : 1) * sizeof *f->t);

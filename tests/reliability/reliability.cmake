@@ -9,3 +9,21 @@ if(TARGET mcreshard AND TARGET mcaudit AND TARGET mctrain AND TARGET mceval AND 
       ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR}")
   endforeach()
 endif()
+if(TARGET mcreshard AND TARGET mcaudit AND TARGET mctrain AND TARGET mceval AND TARGET mcdata)
+  add_test(NAME reliability.paths_locks
+           COMMAND /usr/bin/python3 ${MC_SOURCE_DIR}/tests/reliability/test_paths.py
+           WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+  set_tests_properties(reliability.paths_locks PROPERTIES
+    ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR}")
+endif()
+# The full-disk shim (LD_PRELOAD) and the test that uses it.
+add_library(mc_enospc_shim MODULE ${MC_SOURCE_DIR}/tests/reliability/enospc_shim.c)
+target_compile_options(mc_enospc_shim PRIVATE ${MC_WARNINGS})
+target_link_libraries(mc_enospc_shim PRIVATE ${CMAKE_DL_LIBS})
+if(TARGET mcreshard AND TARGET mcaudit AND TARGET mctrain)
+  add_test(NAME reliability.full_disk
+           COMMAND /usr/bin/python3 ${MC_SOURCE_DIR}/tests/reliability/test_full_disk.py $<TARGET_FILE:mc_enospc_shim>
+           WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+  set_tests_properties(reliability.full_disk PROPERTIES
+    ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR}")
+endif()

@@ -45,10 +45,14 @@ def check(cond, what):
         print("FAIL: " + what)
 
 
-def run(*args, cwd=None):
-    p = subprocess.run([str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       errors="replace", cwd=cwd, timeout=300)
-    return p.returncode, p.stdout, p.stderr
+def run(*args, cwd=None, timeout=300, env=None):
+    """(status, stdout, stderr); status 999 if it ran past timeout seconds (a hang)."""
+    try:
+        p = subprocess.run([str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           errors="replace", cwd=cwd, timeout=timeout, env=env)
+        return p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired:
+        return 999, "", "timed out after %d s" % timeout
 
 
 def make_run(w):
