@@ -211,6 +211,13 @@ const mc_ckpt_shard *mc_ckpt_shard_at(const mc_ckpt *ck, int i);
  * first differing key with both values. */
 int mc_ckpt_check_model(const mc_ckpt *ck, const mc_model *m);
 
+/* Before a reader allocates a model from the checkpoint's recorded config: every family of g
+ * must be in the checkpoint with the same shape and the same count, and the rank files must
+ * hold at least the bytes of the param state those families need (so an edited manifest
+ * cannot make a reader reserve more memory than the checkpoint's data). The error names the
+ * first family that differs. */
+int mc_ckpt_check_families(const mc_ckpt *ck, const mc_family_set *fams);
+
 /* One hyperslab request: `out` receives prod(count) fp32 values, row-major. */
 typedef struct {
   const char *family;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -281,6 +282,30 @@ int mc_ckpt_check_model(const mc_ckpt *ck, const mc_model *m) {
   cJSON_Delete(run);
   cJSON_Delete(saved);
   return rc;
+}
+
+int mc_ckpt_check_families(const mc_ckpt *ck, const mc_family_set *fams) {
+  if (fams->n != ck->m.n_fams)
+    return mc_error("%s: the recorded model has %d tensor families but the manifest lists %d", ck->step_dir, fams->n,
+                    ck->m.n_fams);
+  int64_t need = 0, have = 0;
+  for (int i = 0; i < fams->n; i++) {
+    const mc_family *f = &fams->f[i];
+    int k = mc_ckpt_find_family(ck, f->name);
+    const mc_ckpt_family *c = k >= 0 ? &ck->m.fams[k] : NULL;
+    int same = c && c->ndim == f->ndim;
+    for (int d = 0; same && d < f->ndim; d++) same = c->shape[d] == f->shape[d];
+    if (!same)
+      return mc_error("%s: family %s of the recorded model is %s the manifest's families", ck->step_dir, f->name,
+                      c ? "shaped differently from" : "missing from");
+    if (f->numel > INT64_MAX / 4 - need) return mc_error("%s: the recorded model is too large", ck->step_dir);
+    need += f->numel * 4;
+  }
+  for (int i = 0; i < ck->m.n_files; i++) have += ck->m.files[i].bytes;
+  if (need > have)
+    return mc_error("%s: the recorded model needs %" PRId64 " bytes of parameters but the rank files hold %" PRId64,
+                    ck->step_dir, need, have);
+  return 0;
 }
 
 /* ---------------------------------------------------------------- reading */

@@ -9,6 +9,8 @@
             source, mcdata -o IN IN) and the source still verifies;
   locks:    while another process holds the run directory's lock (or a reshard
             destination's), mctrain --resume and mcreshard exit 1 "in use by pid N";
+  sizes:    mceval on a manifest whose model was edited to d_model = 65536 refuses it before
+            allocating (item 8);
   fifo:     a FIFO named latest (or manifest.json a link to /dev/zero, or a 17 MiB latest)
             makes every reader exit non-zero at once, never block or read without bound.
 
@@ -26,6 +28,8 @@ S = os.environ["MC_SOURCE_DIR"]
 sys.path.insert(0, os.path.join(S, "tests", "reliability"))
 from test_untrusted import SMALL, check, make_run, run  # noqa: E402
 import test_untrusted  # noqa: E402
+sys.path.insert(0, os.path.join(S, "tests", "ckpt"))
+from ckpt_edit import rewrite_manifest  # noqa: E402
 
 def tool(name):
     return os.path.join(B, name)
@@ -114,6 +118,20 @@ def fifo(w):
             check(rc in (1, 2) and why in err, "%s: %s: rc %d %s" % (label, os.path.basename(argv[0]), rc, err.strip()[-300:]))
 
 
+def sizes(w):
+    """An edited manifest (model.d_model = 65536, consistent in every hash) must not make mceval
+    reserve the memory of that model before it compares it with the shards."""
+    r = os.path.join(w, "run_big")
+    shutil.copytree(os.path.join(w, "run"), r)
+
+    def edit(m, _):
+        m["model"]["d_model"] = 65536
+        m["config"]["model"]["d_model"] = 65536
+    rewrite_manifest(r, edit)
+    rc, _, err = run(tool("mceval"), r, "--data", os.path.join(w, "corpus.h5"), timeout=60)
+    check(rc == 1 and "shaped differently" in err, "mceval with an edited model size: rc %d %s" % (rc, err.strip()[-300:]))
+
+
 def main():
     w = tempfile.mkdtemp(prefix="mc_paths_")
     try:
@@ -123,6 +141,7 @@ def main():
             overlap(w)
             locks(w)
             fifo(w)
+            sizes(w)
     finally:
         shutil.rmtree(w, ignore_errors=True)
     total = test_untrusted.failures  # every check counts there
