@@ -18,7 +18,9 @@ if(TARGET mcreshard AND TARGET mcaudit AND TARGET mctrain AND TARGET mceval AND 
 endif()
 # The full-disk shim (LD_PRELOAD) and the test that uses it.
 add_library(mc_enospc_shim MODULE ${MC_SOURCE_DIR}/tests/reliability/enospc_shim.c)
-target_compile_options(mc_enospc_shim PRIVATE ${MC_WARNINGS})
+# never instrumented: it is preloaded ahead of the sanitizer runtimes of an MC_SANITIZE build
+target_compile_options(mc_enospc_shim PRIVATE ${MC_WARNINGS} -fno-sanitize=all)
+target_link_options(mc_enospc_shim PRIVATE -fno-sanitize=all)
 target_link_libraries(mc_enospc_shim PRIVATE ${CMAKE_DL_LIBS})
 if(TARGET mcreshard AND TARGET mcaudit AND TARGET mctrain)
   add_test(NAME reliability.full_disk

@@ -23,7 +23,10 @@ BUDGETS = [0, 3000, 100000, 600000]  # bytes written before the disk is full
 
 
 def full(env_match, budget):
-    env = dict(os.environ, LD_PRELOAD=sys.argv[1], MC_ENOSPC_MATCH=env_match, MC_ENOSPC_AFTER=str(budget))
+    # ASan (an MC_SANITIZE build) wants to come first; the shim must precede libc's write.
+    asan = os.environ.get("ASAN_OPTIONS", "")
+    env = dict(os.environ, LD_PRELOAD=sys.argv[1], MC_ENOSPC_MATCH=env_match, MC_ENOSPC_AFTER=str(budget),
+               ASAN_OPTIONS=(asan + ":" if asan else "") + "verify_asan_link_order=0")
     return env
 
 
