@@ -245,5 +245,9 @@ int mc_ckpt_verify_all(mc_ckpt *ck);
  * written before whole-file hashes (no files[].sha256) passes: its files are checked by
  * size at open only. Error: "<path>: whole-file hash mismatch ..." or the size mismatch. */
 int mc_ckpt_check_file(mc_ckpt *ck, const char *file);
+/* mc_ckpt_check_file for every rank file, files hashed in parallel (io_threads, at least 2:
+ * no HDF5 call is made, so a library that is not thread-safe does not limit it). For readers
+ * that will read every file (mcaudit, mcreshard). */
+int mc_ckpt_check_files(mc_ckpt *ck);
 
 #endif

@@ -25,12 +25,14 @@ struct mc_ckpt {
   pthread_mutex_t mu; /* guards fids, fds and file_state */
   pthread_cond_t cv;  /* file_state changed */
   signed char *file_state; /* per manifest file: 0 unchecked, 1 being hashed, 2 verified, -1 failed */
+  char **file_err;         /* per manifest file: the message of its failed check (malloc'd) */
   int64_t *fids;      /* per manifest file; -1 until opened */
   int *fds;           /* per manifest file, for raw preads; -1 until opened */
   int64_t *raw_off;   /* per shard: data offset for raw preads, -1 = through HDF5, -2 = unknown */
   unsigned char *checked;  /* per shard: attributes compared with the manifest */
   unsigned char *verified; /* per shard: hash verified */
   int *disk_order;         /* shard indices by (rank file, family, state): the order written */
+  int hash_threads;        /* threads for whole-file hashes (no HDF5 call: not clamped to 1) */
 };
 
 typedef struct {
@@ -123,6 +125,7 @@ int mc_ckpt_open(const char *path, const mc_ckpt_open_opts *opts, mc_ckpt **out)
   if (opts) ck->opts = *opts;
   else mc_ckpt_open_opts_default(&ck->opts);
   /* Reader threads call HDF5: one thread unless the library is a thread-safe build. */
+  ck->hash_threads = ck->opts.io_threads > 1 ? ck->opts.io_threads : 2;
   if (ck->opts.io_threads < 1 || !mc_h5_threadsafe()) ck->opts.io_threads = 1;
   pthread_mutex_init(&ck->mu, NULL);
   pthread_cond_init(&ck->cv, NULL);
@@ -164,7 +167,8 @@ int mc_ckpt_open(const char *path, const mc_ckpt_open_opts *opts, mc_ckpt **out)
   ck->checked = calloc((size_t)ns, 1);
   ck->verified = calloc((size_t)ns, 1);
   ck->file_state = calloc((size_t)nf, 1);
-  if (!ck->fids || !ck->fds || !ck->raw_off || !ck->checked || !ck->verified || !ck->file_state) {
+  ck->file_err = calloc((size_t)nf, sizeof *ck->file_err);
+  if (!ck->fids || !ck->fds || !ck->raw_off || !ck->checked || !ck->verified || !ck->file_state || !ck->file_err) {
     mc_error("out of memory opening %s", path);
     goto fail;
   }
@@ -203,6 +207,9 @@ void mc_ckpt_close(mc_ckpt *ck) {
   free(ck->checked);
   free(ck->verified);
   free(ck->file_state);
+  if (ck->file_err)
+    for (int i = 0; i < ck->m.n_files; i++) free(ck->file_err[i]);
+  free(ck->file_err);
   free(ck->disk_order);
   free(ck->manifest_text);
   mc_manifest_free(&ck->m);
@@ -329,7 +336,7 @@ static int check_file(mc_ckpt *ck, int fi) {
   if (st == 0) ck->file_state[fi] = 1;
   pthread_mutex_unlock(&ck->mu);
   if (st == 2) return 0;
-  if (st == -1) return mc_error("%s: failed its whole-file check (size or SHA-256) earlier", p);
+  if (st == -1) return mc_error("%s", ck->file_err[fi] ? ck->file_err[fi] : "rank file failed its whole-file check");
   char hex[65];
   int64_t bytes = 0;
   int rc = mc_sha256_file(p, &bytes, hex);
@@ -339,6 +346,7 @@ static int check_file(mc_ckpt *ck, int fi) {
     rc = mc_error("%s: whole-file hash mismatch: the file hashes to %s, the manifest records %s (corrupt or "
                   "replaced; it is not parsed)", p, hex, f->sha256);
   pthread_mutex_lock(&ck->mu);
+  if (rc != 0) ck->file_err[fi] = strdup(mc_errmsg());
   ck->file_state[fi] = rc == 0 ? 2 : -1;
   pthread_cond_broadcast(&ck->cv);
   pthread_mutex_unlock(&ck->mu);
@@ -350,6 +358,10 @@ int mc_ckpt_check_file(mc_ckpt *ck, const char *file) {
   if (fi < 0) return mc_error("%s/%s: not listed in the manifest", ck->step_dir, file);
   return check_file(ck, fi);
 }
+
+static int check_job(void *arg, int fi) { return check_file(arg, fi); }
+
+int mc_ckpt_check_files(mc_ckpt *ck) { return mc_parallel(ck->m.n_files, ck->hash_threads, check_job, ck); }
 
 static int get_fid(mc_ckpt *ck, const mc_ckpt_shard *s, int64_t *fid, int verify) {
   int fi = file_index(ck, s->file);

@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -415,7 +416,12 @@ static void parse_families(const cJSON *fa, mc_manifest *m, mc_errlist *errs) {
     else if (name) mc_errlist_add(errs, "%s.name is too long", where);
     get_dims(o, "shape", 1, f->shape, &f->ndim, &c);
     f->numel = 1;
-    for (int k = 0; k < f->ndim; k++) f->numel *= f->shape[k];
+    for (int k = 0; k < f->ndim; k++)
+      if (__builtin_mul_overflow(f->numel, f->shape[k], &f->numel) || f->numel > INT64_MAX / 8) {
+        mc_errlist_add(errs, "%s.shape: %s has more elements than a checkpoint can hold", where, f->name);
+        f->numel = 0;
+        break;
+      }
     const char *dt = get_str(o, "dtype", &c);
     if (dt && strcmp(dt, "float32") != 0) mc_errlist_add(errs, "%s.dtype '%s' is not float32", where, dt);
     const char *rule = get_str(o, "placement_rule", &c);
@@ -495,7 +501,14 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
       const mc_ckpt_family *f = &m->fams[s->family_index];
       s->ndim = nd1;
       s->numel = 1;
-      for (int k = 0; k < nd1; k++) s->numel *= s->count[k];
+      /* count <= the family's extent (checked below), whose product is bounded: no overflow
+       * once the extents pass; an oversized count is reported below, not multiplied. */
+      for (int k = 0; k < nd1; k++)
+        if (__builtin_mul_overflow(s->numel, s->count[k], &s->numel) || s->numel > INT64_MAX / 8) {
+          mc_errlist_add(errs, "%s.count: more elements than a checkpoint can hold", where);
+          s->numel = 0;
+          break;
+        }
       if (f->ndim != nd1) mc_errlist_add(errs, "%s: %d dimensions, family %s has %d", where, nd1, f->name, f->ndim);
       else
         for (int k = 0; k < nd1; k++)
@@ -584,7 +597,8 @@ int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
   if (layout) {
     jctx cl = {&errs, "layout"};
     int64_t v;
-    get_int(layout, "world", 1, &v, &cl);
+    if (get_int(layout, "world", 1, &v, &cl) == 0 && v > (1 << 20))
+      mc_errlist_add(&errs, "layout.world %" PRId64 " is more than 1048576 ranks", v);
     req(layout, "stages", &cl);
     /* format 1 predates the key: its checkpoints were written under the chunked rule */
     m->own_rule = MC_OWN_CHUNKED;

@@ -146,6 +146,9 @@ static void check_manifest(mc_rs_source *src, mc_audit *a) {
    * attributes say the same as the manifest. */
   int64_t fid = -1;
   char open_file[64] = "";
+  /* Whole-file hashes first, in parallel; a failing file is reported below, once. */
+  mc_ckpt_check_files(ck);
+  mc_error_clear();
   for (int i = 0; i < ns; i++) {
     const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
     int f = mc_family_find(&g->fams, s->family);

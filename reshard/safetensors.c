@@ -240,13 +240,23 @@ int mc_st_open(mc_st_file *f, const char *path) {
     t->ndim = cJSON_GetArraySize(sh);
     for (int d = 0; d < t->ndim; d++) {
       cJSON *v = cJSON_GetArrayItem(sh, d);
-      if (!cJSON_IsNumber(v) || v->valuedouble < 0) { rc = mc_error("%s: tensor %s: bad shape", path, t->name); break; }
+      /* integral, below 2^53 (exact in a double), and a product that fits: never a cast or a
+       * multiplication that overflows */
+      if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9007199254740992.0 ||
+          v->valuedouble != (double)(int64_t)v->valuedouble) {
+        rc = mc_error("%s: tensor %s: bad shape", path, t->name);
+        break;
+      }
       t->shape[d] = (int64_t)v->valuedouble;
-      numel *= t->shape[d];
+      if (__builtin_mul_overflow(numel, t->shape[d], &numel) || numel > INT64_MAX / 8) {
+        rc = mc_error("%s: tensor %s: shape has too many elements", path, t->name);
+        break;
+      }
     }
     if (rc) break;
     cJSON *b = cJSON_GetArrayItem(of, 0), *e = cJSON_GetArrayItem(of, 1);
-    if (!cJSON_IsNumber(b) || !cJSON_IsNumber(e) || b->valuedouble < 0 || e->valuedouble < b->valuedouble) {
+    if (!cJSON_IsNumber(b) || !cJSON_IsNumber(e) || b->valuedouble < 0 || e->valuedouble < b->valuedouble ||
+        e->valuedouble > 9007199254740992.0) {
       rc = mc_error("%s: tensor %s: bad data_offsets", path, t->name);
       break;
     }

@@ -256,6 +256,10 @@ static void case_manifest_invalid(void) {
   fresh(dir, sizeof dir);
   rewrite_manifest(dir, "\"sha256\":\t\"", "\"sha256\":\t\"x");
   expect_load_error(dir, "manifest bad hash string", "manifest invalid", "sha256 is not 64");
+  /* issue 17 item 9: an absurd world size (2^40 and more) was accepted */
+  fresh(dir, sizeof dir);
+  rewrite_manifest(dir, "\"world\":\t", "\"world\":\t1099511627776");
+  expect_load_error(dir, "manifest world 2^40", "manifest invalid", "more than 1048576 ranks");
 }
 
 static void case_model_mismatch(void) {

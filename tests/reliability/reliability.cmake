@@ -29,3 +29,10 @@ if(TARGET mcreshard AND TARGET mcaudit AND TARGET mctrain)
   set_tests_properties(reliability.full_disk PROPERTIES
     ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR}")
 endif()
+if(TARGET mctrain AND TARGET mcaudit AND TARGET mcdata)
+  add_test(NAME reliability.kill_loop
+           COMMAND /usr/bin/python3 ${MC_SOURCE_DIR}/tests/reliability/test_kill_loop.py 20
+           WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+  set_tests_properties(reliability.kill_loop PROPERTIES
+    ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR}" TIMEOUT 600)
+endif()

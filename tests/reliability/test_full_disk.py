@@ -11,13 +11,11 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 
 S = os.environ["MC_SOURCE_DIR"]
 B = os.environ["MC_BINARY_DIR"]
 sys.path.insert(0, os.path.join(S, "tests", "reliability"))
-import test_untrusted  # noqa: E402
-from test_untrusted import SMALL, check, make_run, run  # noqa: E402
+from test_untrusted import SMALL, check, make_run, run, scratch_main  # noqa: E402
 
 BUDGETS = [0, 3000, 100000, 600000]  # bytes written before the disk is full
 
@@ -34,36 +32,30 @@ def leftovers(d):
     return [p for p in glob.glob(os.path.join(d, "*")) if p.endswith(".tmp") or p.endswith(".trash")]
 
 
-def main():
-    w = tempfile.mkdtemp(prefix="mc_full_disk_")
-    try:
-        make_run(w)  # run/step_2 committed
-        for budget in BUDGETS:
-            r = os.path.join(w, "r%d" % budget)
-            shutil.copytree(os.path.join(w, "run"), r)
-            rc, out, err = run(os.path.join(B, "mctrain"), *SMALL,
-                                   "--set", "data.path=corpus.h5", "--set", "checkpoint.dir=" + os.path.basename(r),
-                                   "--set", "train.steps=4", "--set", "checkpoint.every=2", "--resume", "latest", cwd=w,
-                               env=full("step_4.tmp", budget))
-            check(rc == 1 and "not committed (previous checkpoint kept)" in err,
-                  "mctrain, disk full after %d bytes: rc %d %s" % (budget, rc, err.strip()[-400:]))
-            with open(os.path.join(r, "latest")) as f:
-                check(json.load(f)["step"] == 2, "mctrain: latest moved")
-            check(not leftovers(r), "mctrain left %s" % leftovers(r))
-            rc, _, err = run(os.path.join(B, "mcaudit"), r, "--verify", "--no-progress")
-            check(rc == 0, "mctrain, disk full after %d bytes: the previous checkpoint no longer verifies: %s" % (budget, err))
-            dst = os.path.join(w, "d%d" % budget)
-            rc, _, err = run(os.path.join(B, "mcreshard"), os.path.join(w, "run"), dst, "--consolidate", "--no-progress",
-                             env=full("d%d.reshard.tmp" % budget, budget))
-            check(rc == 1 and "not committed (previous checkpoint kept)" in err and not os.path.exists(dst),
-                  "mcreshard, disk full after %d bytes: rc %d %s" % (budget, rc, err.strip()[-400:]))
-            check(not glob.glob(dst + ".*"), "mcreshard left %s" % glob.glob(dst + ".*"))
-        print("full disk: %d budgets x (mctrain save, mcreshard)" % len(BUDGETS))
-    finally:
-        shutil.rmtree(w, ignore_errors=True)
-    print("test_full_disk: %d failures" % test_untrusted.failures)
-    return 1 if test_untrusted.failures else 0
+def body(w):
+    make_run(w)  # run/step_2 committed
+    for budget in BUDGETS:
+        r = os.path.join(w, "r%d" % budget)
+        shutil.copytree(os.path.join(w, "run"), r)
+        rc, out, err = run(os.path.join(B, "mctrain"), *SMALL,
+                               "--set", "data.path=corpus.h5", "--set", "checkpoint.dir=" + os.path.basename(r),
+                               "--set", "train.steps=4", "--set", "checkpoint.every=2", "--resume", "latest", cwd=w,
+                           env=full("step_4.tmp", budget))
+        check(rc == 1 and "not committed (previous checkpoint kept)" in err,
+              "mctrain, disk full after %d bytes: rc %d %s" % (budget, rc, err.strip()[-400:]))
+        with open(os.path.join(r, "latest")) as f:
+            check(json.load(f)["step"] == 2, "mctrain: latest moved")
+        check(not leftovers(r), "mctrain left %s" % leftovers(r))
+        rc, _, err = run(os.path.join(B, "mcaudit"), r, "--verify", "--no-progress")
+        check(rc == 0, "mctrain, disk full after %d bytes: the previous checkpoint no longer verifies: %s" % (budget, err))
+        dst = os.path.join(w, "d%d" % budget)
+        rc, _, err = run(os.path.join(B, "mcreshard"), os.path.join(w, "run"), dst, "--consolidate", "--no-progress",
+                         env=full("d%d.reshard.tmp" % budget, budget))
+        check(rc == 1 and "not committed (previous checkpoint kept)" in err and not os.path.exists(dst),
+              "mcreshard, disk full after %d bytes: rc %d %s" % (budget, rc, err.strip()[-400:]))
+        check(not glob.glob(dst + ".*"), "mcreshard left %s" % glob.glob(dst + ".*"))
+    print("full disk: %d budgets x (mctrain save, mcreshard)" % len(BUDGETS))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(scratch_main("mc_full_disk_", "test_full_disk", body))

@@ -204,6 +204,18 @@ def flip_cases(w, n):
     print("flips: %d metadata bit flips x 5 readers, %d crashes" % (n, crashes))
 
 
+def scratch_main(prefix, name, body):
+    """Runs body(w) in a fresh temporary directory w (removed after), prints the failure count
+    as '<name>: N failures' and returns the exit status."""
+    w = tempfile.mkdtemp(prefix=prefix)
+    try:
+        body(w)
+    finally:
+        shutil.rmtree(w, ignore_errors=True)
+    print("%s: %d failures" % (name, failures))
+    return 1 if failures else 0
+
+
 def main():
     mode = sys.argv[1]
     w = tempfile.mkdtemp(prefix="mc_untrusted_")
