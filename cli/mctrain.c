@@ -83,6 +83,7 @@ int main(int argc, char **argv) {
      * failing rank has printed its error and ends them all. */
     if (world->size > 1 && rc == 1) MPI_Abort(MPI_COMM_WORLD, 1);
     mc_comm_mpi_finalize();
+    world->ops->destroy(world); /* frees the wrapper only: MPI_COMM_WORLD is not freed */
   }
   return rc;
 }
