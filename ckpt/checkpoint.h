@@ -231,6 +231,13 @@ const mc_ckpt_shard *mc_ckpt_shard_at(const mc_ckpt *ck, int i);
  * first differing key with both values. */
 int mc_ckpt_check_model(const mc_ckpt *ck, const mc_model *m);
 
+/* Before a reader allocates a model from the checkpoint's recorded config: every family of g
+ * must be in the checkpoint with the same shape and the same count, and the rank files must
+ * hold at least the bytes of the param state those families need (so an edited manifest
+ * cannot make a reader reserve more memory than the checkpoint's data). The error names the
+ * first family that differs. */
+int mc_ckpt_check_families(const mc_ckpt *ck, const mc_family_set *fams);
+
 /* One hyperslab request: `out` receives prod(count) fp32 values, row-major. */
 typedef struct {
   const char *family;
@@ -262,5 +269,17 @@ int mc_ckpt_verify_all(mc_ckpt *ck);
 void mc_ckpt_io_bytes(mc_ckpt *ck, int64_t *read, int64_t *hashed);
 /* 1 if this handle hash-verifies what it reads (mc_ckpt_open_opts.verify). */
 int mc_ckpt_verifies(const mc_ckpt *ck);
+/* Verify before parsing (docs/reliability.md): checks rank file `file` (a name the manifest
+ * lists) against the size and whole-file SHA-256 the manifest records, hashing it once per
+ * open (later calls return the first result at once). Reads of this handle call it before
+ * the file reaches the HDF5 library unless verification is off; a program that opens a
+ * rank file of the checkpoint itself (mcaudit, mcreshard) must call it first. A manifest
+ * written before whole-file hashes (no files[].sha256) passes: its files are checked by
+ * size at open only. Error: "<path>: whole-file hash mismatch ..." or the size mismatch. */
+int mc_ckpt_check_file(mc_ckpt *ck, const char *file);
+/* mc_ckpt_check_file for every rank file, files hashed in parallel (io_threads, at least 2:
+ * no HDF5 call is made, so a library that is not thread-safe does not limit it). For readers
+ * that will read every file (mcaudit, mcreshard). */
+int mc_ckpt_check_files(mc_ckpt *ck);
 
 #endif

@@ -178,36 +178,67 @@ int mc_write_file_durable(const char *path, const void *data, size_t len, const 
   return 0;
 }
 
-int mc_read_file(const char *path, char **data, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return mc_error("%s: cannot open: %s", path, strerror(errno));
-  size_t cap = 4096, n = 0;
+int mc_read_file_max(const char *path, size_t max, char **data, size_t *len) {
+  /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return mc_error("%s: cannot open: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    close(fd);
+    return mc_error("%s: cannot stat: %s", path, strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return mc_error("%s: not a regular file (a FIFO, device or directory is refused)", path);
+  }
+  if ((uint64_t)st.st_size > (uint64_t)max) {
+    close(fd);
+    return mc_error("%s: %lld bytes, more than the %zu MiB this metadata file may have", path, (long long)st.st_size,
+                    max >> 20);
+  }
+  /* The size is a hint only: the file may change while it is read; never read past max. */
+  size_t cap = (size_t)st.st_size + 1, n = 0;
   char *buf = malloc(cap);
+  int err = 0;
   while (buf) {
-    size_t r = fread(buf + n, 1, cap - n - 1, f);
-    n += r;
-    if (n + 1 < cap) break;
-    char *nb = realloc(buf, cap * 2);
-    if (!nb) {
-      free(buf);
-      buf = NULL;
+    if (n + 1 == cap) {
+      if (cap > max) {
+        err = EFBIG;
+        break;
+      }
+      char *nb = realloc(buf, cap * 2 > max + 1 ? max + 1 : cap * 2);
+      if (!nb) {
+        free(buf);
+        buf = NULL;
+        break;
+      }
+      buf = nb;
+      cap = cap * 2 > max + 1 ? max + 1 : cap * 2;
+    }
+    ssize_t r = read(fd, buf + n, cap - n - 1);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      err = errno;
       break;
     }
-    buf = nb;
-    cap *= 2;
+    if (r == 0) break;
+    n += (size_t)r;
   }
-  int err = ferror(f);
-  fclose(f);
+  close(fd);
   if (!buf) return mc_error("%s: out of memory reading", path);
   if (err) {
     free(buf);
-    return mc_error("%s: read error", path);
+    if (err == EFBIG) return mc_error("%s: grew past the %zu MiB this metadata file may have", path, max >> 20);
+    return mc_error("%s: read error: %s", path, strerror(err));
   }
   buf[n] = 0;
   *data = buf;
   if (len) *len = n;
   return 0;
 }
+
+int mc_read_file(const char *path, char **data, size_t *len) { return mc_read_file_max(path, MC_METADATA_MAX, data, len); }
 
 int mc_file_size(const char *path, int64_t *size) {
   struct stat st;

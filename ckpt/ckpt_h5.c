@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ckpt/ckpt_internal.h"
@@ -31,6 +32,15 @@ static const char *h5_reason(h5_err_text *t) {
   if (!t->text[0]) snprintf(t->text, sizeof t->text, "HDF5 error");
   return t->text;
 }
+
+/* A rank file whose H5Fclose failed (a full disk while its metadata is flushed) stays open in
+ * the library, which cannot drop it; HDF5's own clean-up at exit then flushes it again and
+ * crashes (SIGSEGV inside H5_term_library). Every file MegaC writes is closed explicitly, and
+ * a failed one is removed with its temporary directory, so that clean-up has nothing to do:
+ * it is turned off before the library is first used (this runs when the program loads). */
+#if defined(__GNUC__)
+__attribute__((constructor)) static void h5_no_cleanup_at_exit(void) { H5dont_atexit(); }
+#endif
 
 /* The error stack is per thread in the thread-safe library: silence it on every entry. */
 static void h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
@@ -412,6 +422,46 @@ static hid_t open_dataset(hid_t fid, const char *file_name, const mc_ckpt_shard 
   return d;
 }
 
+/* The storage rule of the format (docs/reliability.md): a shard's data is contiguous,
+ * unfiltered, in this file (no external storage, no virtual sources), allocated, and
+ * offset + size lie inside the file. Anything else could make HDF5 read other files (or
+ * decompress without bound) and is refused before any data is read. `bytes` is the size
+ * the data must have. */
+/* The file's real size on disk (HDF5's own H5Fget_filesize also counts the end of
+ * allocation its superblock claims). -1 if unknown. */
+static int64_t real_file_size(hid_t fid) {
+  char name[4096];
+  ssize_t n = H5Fget_name(fid, name, sizeof name);
+  struct stat st;
+  if (n <= 0 || (size_t)n >= sizeof name || stat(name, &st) != 0) return -1;
+  return (int64_t)st.st_size;
+}
+
+static int check_storage(hid_t fid, hid_t d, const char *file_name, const char *dataset, int64_t bytes) {
+  hid_t dcpl = H5Dget_create_plist(d);
+  if (dcpl < 0) return mc_error("%s: dataset %s: cannot read its storage properties", file_name, dataset);
+  H5D_layout_t layout = H5Pget_layout(dcpl);
+  int nfilters = H5Pget_nfilters(dcpl);
+  int next = H5Pget_external_count(dcpl);
+  H5Pclose(dcpl);
+  const char *why = NULL;
+  if (layout == H5D_VIRTUAL) why = "is a virtual dataset (its data would come from other files)";
+  else if (next != 0) why = "uses external storage (its data would come from other files)";
+  else if (layout != H5D_CONTIGUOUS) why = "is not stored contiguously (chunked or compact)";
+  else if (nfilters != 0) why = "has filters (compression); shards are stored unfiltered";
+  if (why) return mc_error("%s: dataset %s %s: refused, the format allows contiguous data inside the file only", file_name, dataset, why);
+  haddr_t at = H5Dget_offset(d);
+  hsize_t size = H5Dget_storage_size(d);
+  int64_t real = real_file_size(fid);
+  if (real < 0) return mc_error("%s: cannot read its size", file_name);
+  hsize_t fsize = (hsize_t)real;
+  if (at == HADDR_UNDEF || (int64_t)size != bytes || at > fsize || fsize - at < size)
+    return mc_error("%s: dataset %s: data at offset %lld, %lld bytes, is not %lld bytes inside the file (%lld bytes): refused",
+                    file_name, dataset, at == HADDR_UNDEF ? -1LL : (long long)at, (long long)size, (long long)bytes,
+                    (long long)fsize);
+  return 0;
+}
+
 int mc_h5_check_attrs(int64_t fid, const char *file_name, const mc_ckpt_shard *s, const int64_t *global_shape) {
   h5_quiet();
   hid_t d = open_dataset((hid_t)fid, file_name, s);
@@ -449,6 +499,7 @@ int mc_h5_check_attrs(int64_t fid, const char *file_name, const mc_ckpt_shard *s
     if (!ok) rc = mc_error("%s: dataset %s is not fp32 of the recorded count", file_name, s->dataset);
     if (t >= 0) H5Tclose(t);
     if (sp >= 0) H5Sclose(sp);
+    if (rc == 0) rc = check_storage((hid_t)fid, d, file_name, s->dataset, s->numel * (int64_t)sizeof(float));
   }
   H5Dclose(d);
   return rc;
@@ -463,9 +514,11 @@ int64_t mc_h5_raw_offset(int64_t fid, const char *dataset) {
   hid_t t = H5Dget_type(d);
   /* Only fp32 little-endian, contiguous and unfiltered data is the raw bytes we hash. */
   if (dcpl >= 0 && t >= 0 && H5Pget_layout(dcpl) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl) == 0 &&
-      H5Tequal(t, H5T_IEEE_F32LE) > 0) {
+      H5Pget_external_count(dcpl) == 0 && H5Tequal(t, H5T_IEEE_F32LE) > 0) {
     haddr_t a = H5Dget_offset(d);
-    if (a != HADDR_UNDEF) off = (int64_t)a;
+    hsize_t size = H5Dget_storage_size(d);
+    int64_t real = real_file_size((hid_t)fid);
+    if (a != HADDR_UNDEF && real >= 0 && a <= (hsize_t)real && (hsize_t)real - a >= size) off = (int64_t)a;
   }
   if (t >= 0) H5Tclose(t);
   if (dcpl >= 0) H5Pclose(dcpl);
@@ -491,6 +544,11 @@ int mc_h5_read_box(int64_t fid, const char *file_name, const mc_ckpt_shard *s, c
   h5_err_text et;
   hid_t d = open_dataset((hid_t)fid, file_name, s);
   if (d < 0) return -1;
+  /* Never let H5Dread follow external files or virtual sources, whoever calls. */
+  if (check_storage((hid_t)fid, d, file_name, s->dataset, s->numel * (int64_t)sizeof(float)) != 0) {
+    H5Dclose(d);
+    return -1;
+  }
   int whole = 1;
   hsize_t fo[MC_CKPT_MAX_DIM], fc[MC_CKPT_MAX_DIM], md[MC_CKPT_MAX_DIM], mo[MC_CKPT_MAX_DIM];
   for (int k = 0; k < s->ndim; k++) {

@@ -1,10 +1,15 @@
 /* SHA-256 through OpenSSL EVP, and the small thread pool that hashes different shards on
  * different threads so hashing overlaps the writes and reads. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt/ckpt_internal.h"
 #include "util/error.h"
@@ -30,6 +35,59 @@ void mc_sha256_hex(const void *data, size_t len, char hex[65]) {
     hex[2 * i + 1] = digits[md[i] & 15];
   }
   hex[64] = 0;
+}
+
+static void hex_of(const unsigned char md[32], char hex[65]) {
+  static const char digits[] = "0123456789abcdef";
+  for (int i = 0; i < 32; i++) {
+    hex[2 * i] = digits[md[i] >> 4];
+    hex[2 * i + 1] = digits[md[i] & 15];
+  }
+  hex[64] = 0;
+}
+
+int mc_sha256_file(const char *path, int64_t *bytes, char hex[65]) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return mc_error("%s: cannot open: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return mc_error("%s: not a regular file", path);
+  }
+  posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  const size_t cap = (size_t)1 << 20;
+  unsigned char *buf = malloc(cap);
+  EVP_MD_CTX *c = EVP_MD_CTX_new();
+  if (!buf || !c) {
+    free(buf);
+    EVP_MD_CTX_free(c);
+    close(fd);
+    return mc_error("%s: out of memory hashing", path);
+  }
+  EVP_DigestInit_ex(c, EVP_sha256(), NULL);
+  int64_t total = 0;
+  int err = 0;
+  for (;;) {
+    ssize_t r = read(fd, buf, cap);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      err = errno;
+      break;
+    }
+    if (r == 0) break;
+    EVP_DigestUpdate(c, buf, (size_t)r);
+    total += r;
+  }
+  unsigned char md[32];
+  unsigned int mdlen = 0;
+  EVP_DigestFinal_ex(c, md, &mdlen);
+  EVP_MD_CTX_free(c);
+  free(buf);
+  close(fd);
+  if (err) return mc_error("%s: read error while hashing: %s", path, strerror(err));
+  hex_of(md, hex);
+  *bytes = total;
+  return 0;
 }
 
 struct mc_pool {

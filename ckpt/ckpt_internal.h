@@ -26,6 +26,10 @@ int mc_pool_finish(mc_pool *p);
 /* Runs all jobs and returns like mc_pool_finish. */
 int mc_parallel(int n_jobs, int threads, mc_job_fn fn, void *ctx);
 
+/* Streams a regular file through SHA-256 (refusing anything else, opened O_NONBLOCK):
+ * *bytes gets its size. Errors name the path. */
+int mc_sha256_file(const char *path, int64_t *bytes, char hex[65]);
+
 /* ---------------------------------------------------------------- files (ckpt_fs.c) */
 /* mc_path_exists, mc_fsync_path, mc_rmtree: ckpt/format.h. */
 /* out (MC_PATH_MAX bytes) = dir/name; -1 with an error if it does not fit. */
@@ -36,8 +40,14 @@ int mc_mkdir_p(const char *path);
 /* Writes a whole file and fsyncs it; fault points name the write and the fsync. */
 int mc_write_file_durable(const char *path, const void *data, size_t len,
                           const char *fault_write, const char *fault_fsync);
-/* Reads a whole file (NUL-terminated); caller frees. */
+/* Reads a whole file (NUL-terminated); caller frees. Only a regular file is read (a FIFO,
+ * device or directory is refused without blocking: it is opened O_NONBLOCK), and one larger
+ * than MC_METADATA_MAX bytes is refused unread. */
+#define MC_METADATA_MAX ((size_t)16 << 20)
 int mc_read_file(const char *path, char **data, size_t *len);
+/* The same with another cap (manifest.json: MC_MANIFEST_MAX). */
+#define MC_MANIFEST_MAX ((size_t)256 << 20)
+int mc_read_file_max(const char *path, size_t max, char **data, size_t *len);
 int mc_file_size(const char *path, int64_t *size);
 
 /* Fault injection: 0 if `point` is not armed, else -1 with an ENOSPC error (or the process
@@ -70,6 +80,7 @@ typedef struct {
   char name[32];
   int64_t bytes;
   int rank;
+  char sha256[65]; /* whole-file SHA-256 (hex); empty when the manifest predates it */
 } mc_file_rec;
 
 /* Everything the manifest holds, parsed. */

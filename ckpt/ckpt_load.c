@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,10 @@ struct mc_ckpt {
   char *manifest_text;
   mc_manifest m;
   mc_ckpt_open_opts opts;
-  pthread_mutex_t mu; /* guards fids, fds and the byte counts */
+  pthread_mutex_t mu; /* guards fids, fds, file_state and the byte counts */
+  pthread_cond_t cv;  /* file_state changed */
+  signed char *file_state; /* per manifest file: 0 unchecked, 1 being hashed, 2 verified, -1 failed */
+  char **file_err;         /* per manifest file: the message of its failed check (malloc'd) */
   int64_t *fids;      /* per manifest file; -1 until opened */
   int *fds;           /* per manifest file, for raw preads; -1 until opened */
   int64_t *raw_off;   /* per shard: data offset for raw preads, -1 = through HDF5, -2 = unknown */
@@ -29,6 +33,7 @@ struct mc_ckpt {
   unsigned char *verified; /* per shard: hash verified */
   int *disk_order;         /* shard indices by (rank file, family, state): the order written */
   int64_t bytes_read, bytes_hashed; /* shard data since open (mc_ckpt_io_bytes) */
+  int hash_threads;        /* threads for whole-file hashes (no HDF5 call: not clamped to 1) */
 };
 
 typedef struct {
@@ -122,14 +127,16 @@ int mc_ckpt_open(const char *path, const mc_ckpt_open_opts *opts, mc_ckpt **out)
   if (opts) ck->opts = *opts;
   else mc_ckpt_open_opts_default(&ck->opts);
   /* Reader threads call HDF5: one thread unless the library is a thread-safe build. */
+  ck->hash_threads = ck->opts.io_threads > 1 ? ck->opts.io_threads : 2;
   if (ck->opts.io_threads < 1 || !mc_h5_threadsafe()) ck->opts.io_threads = 1;
   pthread_mutex_init(&ck->mu, NULL);
+  pthread_cond_init(&ck->cv, NULL);
   char expect[65];
   if (resolve(path, ck->step_dir, expect) != 0) goto fail;
   char mpath[MC_PATH_MAX];
   if (mc_path_join(mpath, ck->step_dir, "manifest.json") != 0) goto fail;
   size_t len = 0;
-  if (mc_read_file(mpath, &ck->manifest_text, &len) != 0) goto fail;
+  if (mc_read_file_max(mpath, MC_MANIFEST_MAX, &ck->manifest_text, &len) != 0) goto fail;
   mc_sha256_hex(ck->manifest_text, len, ck->root_hash);
   if (check_root_hash(ck->step_dir, mpath, ck->root_hash, expect) != 0) goto fail;
   if (mc_manifest_parse(ck->manifest_text, mpath, &ck->m) != 0) goto fail;
@@ -161,7 +168,9 @@ int mc_ckpt_open(const char *path, const mc_ckpt_open_opts *opts, mc_ckpt **out)
   ck->raw_off = malloc((size_t)ns * sizeof *ck->raw_off);
   ck->checked = calloc((size_t)ns, 1);
   ck->verified = calloc((size_t)ns, 1);
-  if (!ck->fids || !ck->fds || !ck->raw_off || !ck->checked || !ck->verified) {
+  ck->file_state = calloc((size_t)nf, 1);
+  ck->file_err = calloc((size_t)nf, sizeof *ck->file_err);
+  if (!ck->fids || !ck->fds || !ck->raw_off || !ck->checked || !ck->verified || !ck->file_state || !ck->file_err) {
     mc_error("out of memory opening %s", path);
     goto fail;
   }
@@ -199,10 +208,15 @@ void mc_ckpt_close(mc_ckpt *ck) {
   free(ck->raw_off);
   free(ck->checked);
   free(ck->verified);
+  free(ck->file_state);
+  if (ck->file_err)
+    for (int i = 0; i < ck->m.n_files; i++) free(ck->file_err[i]);
+  free(ck->file_err);
   free(ck->disk_order);
   free(ck->manifest_text);
   mc_manifest_free(&ck->m);
   pthread_mutex_destroy(&ck->mu);
+  pthread_cond_destroy(&ck->cv);
   free(ck);
 }
 
@@ -279,6 +293,30 @@ int mc_ckpt_check_model(const mc_ckpt *ck, const mc_model *m) {
   return rc;
 }
 
+int mc_ckpt_check_families(const mc_ckpt *ck, const mc_family_set *fams) {
+  if (fams->n != ck->m.n_fams)
+    return mc_error("%s: the recorded model has %d tensor families but the manifest lists %d", ck->step_dir, fams->n,
+                    ck->m.n_fams);
+  int64_t need = 0, have = 0;
+  for (int i = 0; i < fams->n; i++) {
+    const mc_family *f = &fams->f[i];
+    int k = mc_ckpt_find_family(ck, f->name);
+    const mc_ckpt_family *c = k >= 0 ? &ck->m.fams[k] : NULL;
+    int same = c && c->ndim == f->ndim;
+    for (int d = 0; same && d < f->ndim; d++) same = c->shape[d] == f->shape[d];
+    if (!same)
+      return mc_error("%s: family %s of the recorded model is %s the manifest's families", ck->step_dir, f->name,
+                      c ? "shaped differently from" : "missing from");
+    if (f->numel > INT64_MAX / 4 - need) return mc_error("%s: the recorded model is too large", ck->step_dir);
+    need += f->numel * 4;
+  }
+  for (int i = 0; i < ck->m.n_files; i++) have += ck->m.files[i].bytes;
+  if (need > have)
+    return mc_error("%s: the recorded model needs %" PRId64 " bytes of parameters but the rank files hold %" PRId64,
+                    ck->step_dir, need, have);
+  return 0;
+}
+
 /* ---------------------------------------------------------------- reading */
 
 static int file_index(const mc_ckpt *ck, const char *name) {
@@ -287,9 +325,51 @@ static int file_index(const mc_ckpt *ck, const char *name) {
   return -1;
 }
 
-static int get_fid(mc_ckpt *ck, const mc_ckpt_shard *s, int64_t *fid) {
+/* Hashes rank file fi whole (once per open; other threads asking meanwhile wait for the
+ * result) and compares size and SHA-256 with the manifest's record. */
+static int check_file(mc_ckpt *ck, int fi) {
+  const mc_file_rec *f = &ck->m.files[fi];
+  char p[MC_PATH_MAX];
+  if (mc_path_join(p, ck->step_dir, f->name) != 0) return -1;
+  if (!f->sha256[0]) return 0; /* a manifest older than whole-file hashes: size checked at open */
+  pthread_mutex_lock(&ck->mu);
+  while (ck->file_state[fi] == 1) pthread_cond_wait(&ck->cv, &ck->mu);
+  int st = ck->file_state[fi];
+  if (st == 0) ck->file_state[fi] = 1;
+  pthread_mutex_unlock(&ck->mu);
+  if (st == 2) return 0;
+  if (st == -1) return mc_error("%s", ck->file_err[fi] ? ck->file_err[fi] : "rank file failed its whole-file check");
+  char hex[65];
+  int64_t bytes = 0;
+  int rc = mc_sha256_file(p, &bytes, hex);
+  if (rc == 0 && bytes != f->bytes)
+    rc = mc_error("%s: %" PRId64 " bytes but the manifest records %" PRId64 " (truncated or replaced)", p, bytes, f->bytes);
+  else if (rc == 0 && strcmp(hex, f->sha256) != 0)
+    rc = mc_error("%s: whole-file hash mismatch: the file hashes to %s, the manifest records %s (corrupt or "
+                  "replaced; it is not parsed)", p, hex, f->sha256);
+  pthread_mutex_lock(&ck->mu);
+  if (rc != 0) ck->file_err[fi] = strdup(mc_errmsg());
+  ck->file_state[fi] = rc == 0 ? 2 : -1;
+  pthread_cond_broadcast(&ck->cv);
+  pthread_mutex_unlock(&ck->mu);
+  return rc;
+}
+
+int mc_ckpt_check_file(mc_ckpt *ck, const char *file) {
+  int fi = file_index(ck, file);
+  if (fi < 0) return mc_error("%s/%s: not listed in the manifest", ck->step_dir, file);
+  return check_file(ck, fi);
+}
+
+static int check_job(void *arg, int fi) { return check_file(arg, fi); }
+
+int mc_ckpt_check_files(mc_ckpt *ck) { return mc_parallel(ck->m.n_files, ck->hash_threads, check_job, ck); }
+
+static int get_fid(mc_ckpt *ck, const mc_ckpt_shard *s, int64_t *fid, int verify) {
   int fi = file_index(ck, s->file);
   if (fi < 0) return mc_error("%s: not listed in the manifest", s->file);
+  /* Verify before parsing: no byte of the file reaches the HDF5 library unverified. */
+  if (verify && check_file(ck, fi) != 0) return -1;
   pthread_mutex_lock(&ck->mu);
   int rc = 0;
   if (ck->fids[fi] < 0) {
@@ -422,7 +502,7 @@ static int read_task(void *arg, int t) {
   const mc_ckpt_family *f = &ck->m.fams[s->family_index];
   int64_t fid = -1;
   if (c->n_forder) read_ahead(c, file_index(ck, s->file));
-  if (get_fid(ck, s, &fid) != 0) return -1;
+  if (get_fid(ck, s, &fid, ck->opts.verify || c->force_verify) != 0) return -1;
   char where[MC_PATH_MAX]; /* the file as messages name it */
   if (mc_path_join(where, ck->step_dir, s->file) != 0) return -1;
   if (!ck->checked[si]) {

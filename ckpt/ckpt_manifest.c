@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -251,6 +252,7 @@ int mc_manifest_build(const mc_geometry *g, const mc_config *cfg_in, const mc_tr
     cJSON_AddStringToObject(o, "name", files[i].name);
     cJSON_AddNumberToObject(o, "rank", files[i].rank);
     cJSON_AddNumberToObject(o, "bytes", (double)files[i].bytes);
+    if (files[i].sha256[0]) cJSON_AddStringToObject(o, "sha256", files[i].sha256);
     cJSON_AddItemToArray(fl, o);
   }
   cJSON *sj = cJSON_AddArrayToObject(root, "shards");
@@ -418,7 +420,12 @@ static void parse_families(const cJSON *fa, mc_manifest *m, mc_errlist *errs) {
     else if (name) mc_errlist_add(errs, "%s.name is too long", where);
     get_dims(o, "shape", 1, f->shape, &f->ndim, &c);
     f->numel = 1;
-    for (int k = 0; k < f->ndim; k++) f->numel *= f->shape[k];
+    for (int k = 0; k < f->ndim; k++)
+      if (__builtin_mul_overflow(f->numel, f->shape[k], &f->numel) || f->numel > INT64_MAX / 8) {
+        mc_errlist_add(errs, "%s.shape: %s has more elements than a checkpoint can hold", where, f->name);
+        f->numel = 0;
+        break;
+      }
     const char *dt = get_str(o, "dtype", &c);
     if (dt && strcmp(dt, "float32") != 0) mc_errlist_add(errs, "%s.dtype '%s' is not float32", where, dt);
     const char *rule = get_str(o, "placement_rule", &c);
@@ -524,7 +531,14 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
       const mc_ckpt_family *f = &m->fams[s->family_index];
       s->ndim = nd1;
       s->numel = 1;
-      for (int k = 0; k < nd1; k++) s->numel *= s->count[k];
+      /* count <= the family's extent (checked below), whose product is bounded: no overflow
+       * once the extents pass; an oversized count is reported below, not multiplied. */
+      for (int k = 0; k < nd1; k++)
+        if (__builtin_mul_overflow(s->numel, s->count[k], &s->numel) || s->numel > INT64_MAX / 8) {
+          mc_errlist_add(errs, "%s.count: more elements than a checkpoint can hold", where);
+          s->numel = 0;
+          break;
+        }
       if (f->ndim != nd1) mc_errlist_add(errs, "%s: %d dimensions, family %s has %d", where, nd1, f->name, f->ndim);
       else
         for (int k = 0; k < nd1; k++)
@@ -610,7 +624,8 @@ int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
   if (layout) {
     jctx cl = {&errs, "layout"};
     int64_t v;
-    get_int(layout, "world", 1, &v, &cl);
+    if (get_int(layout, "world", 1, &v, &cl) == 0 && v > (1 << 20))
+      mc_errlist_add(&errs, "layout.world %" PRId64 " is more than 1048576 ranks", v);
     req(layout, "stages", &cl);
     /* format 1 predates the key: its checkpoints were written under the chunked rule */
     m->own_rule = MC_OWN_CHUNKED;
@@ -656,9 +671,20 @@ int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
         get_int(o, "bytes", 0, &bytes, &cf);
         get_int(o, "rank", 0, &rank, &cf);
       }
-      if (name && (strlen(name) >= sizeof m->files[i].name || strchr(name, '/')))
+      if (name && (strlen(name) >= sizeof m->files[i].name || strchr(name, '/') || !name[0] || !strcmp(name, ".") ||
+                   !strcmp(name, "..")))
         mc_errlist_add(&errs, "%s.name '%s' is not a plain file name", where, name);
       else if (name) snprintf(m->files[i].name, sizeof m->files[i].name, "%s", name);
+      /* Additive: the whole-file SHA-256, checked before the file is parsed. Manifests
+       * written before it have none and are read with the size check only. */
+      cJSON *fsha = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "sha256") : NULL;
+      if (fsha && !(cJSON_IsString(fsha) && is_hex64(fsha->valuestring)))
+        mc_errlist_add(&errs, "%s.sha256 is not 64 lowercase hex digits", where);
+      else if (fsha) snprintf(m->files[i].sha256, sizeof m->files[i].sha256, "%s", fsha->valuestring);
+      if (bytes < 0) mc_errlist_add(&errs, "%s.bytes is negative", where);
+      for (int k = 0; k < i; k++)
+        if (m->files[i].name[0] && strcmp(m->files[k].name, m->files[i].name) == 0)
+          mc_errlist_add(&errs, "%s: file '%s' listed twice", where, m->files[i].name);
       m->files[i].bytes = bytes;
       m->files[i].rank = (int)rank;
     }
@@ -706,7 +732,7 @@ int mc_latest_read(const char *dir, int64_t *step, char *path, size_t cap, char 
   char lp[MC_PATH_MAX];
   snprintf(lp, sizeof lp, "%s/latest", dir);
   char *text = NULL;
-  if (mc_read_file(lp, &text, NULL) != 0) return mc_error("%s: no committed checkpoint (cannot read latest)", lp);
+  if (mc_read_file(lp, &text, NULL) != 0) return mc_error_context("no committed checkpoint (cannot read latest)");
   cJSON *o = cJSON_Parse(text);
   free(text);
   cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "step");

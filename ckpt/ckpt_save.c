@@ -262,7 +262,7 @@ static int read_back(const char *tmp, readback *r) {
     char path[MC_PATH_MAX];
     mc_shard_attrs *sa = NULL;
     int ns = 0;
-    if (mc_path_join(path, tmp, e->d_name) != 0 || mc_file_size(path, &f->bytes) != 0 || mc_h5_scan_rank_file(path, f->name, &sa, &ns) != 0) {
+    if (mc_path_join(path, tmp, e->d_name) != 0 || mc_sha256_file(path, &f->bytes, f->sha256) != 0 || mc_h5_scan_rank_file(path, f->name, &sa, &ns) != 0) {
       rc = -1;
       break;
     }
@@ -420,9 +420,9 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
     ok = prepare(dir, state->step, tmp, final) == 0;
     prepared = ok;
   }
-  if (!ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 ": %s", state->step, mc_errmsg());
+  if (!ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed (previous checkpoint kept): %s", state->step, mc_errmsg());
   if (!barrier(opts.barrier_user, ok)) {
-    if (ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 ": save aborted because another process failed", state->step);
+    if (ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed (previous checkpoint kept): save aborted because another process failed", state->step);
     if (prepared) mc_rmtree(tmp);
     write_set_free(&w);
     return mc_error("%s", err);
@@ -431,10 +431,10 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
   /* 2. every process writes and fsyncs its rank files */
   ok = write_rank_files(tmp, state->step, &w, opts.io_threads > 0 ? opts.io_threads : 1) == 0;
   if (ok && opts.write_files) ok = opts.write_files(opts.write_files_user, tmp) == 0;
-  if (!ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 ": %s", state->step, mc_errmsg());
+  if (!ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed (previous checkpoint kept): %s", state->step, mc_errmsg());
   write_set_free(&w);
   if (!barrier(opts.barrier_user, ok)) {
-    if (ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 ": save aborted because another process failed", state->step);
+    if (ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed (previous checkpoint kept): save aborted because another process failed", state->step);
     if (root) mc_rmtree(tmp);
     return mc_error("%s", err);
   }
@@ -451,7 +451,7 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
     if (ok && root)
       snprintf(err, sizeof err, "checkpoint step %" PRId64 " committed, but the barrier after the commit failed", state->step);
     else if (ok)
-      snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed: the root process failed", state->step);
+      snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed (previous checkpoint kept): the root process failed", state->step);
     return mc_error("%s", err);
   }
   if (root) {
@@ -513,7 +513,8 @@ int mc_ckpt_write_metadata_only(const char *dir, const mc_geometry *g, const mc_
   if (!bytes || !sh || !nrep) rc = mc_error("out of memory");
   for (int f = 0; f < g->fams.n && rc == 0; f++)
     for (int s = 0; s < MC_N_STATES && rc == 0; s++) rc = add_primaries(g, f, (mc_state)s, &rb, &cap, bytes, sh, nrep);
-  if (rc == 0 && !(rb.files = malloc((size_t)g->world * sizeof *rb.files))) rc = mc_error("out of memory");
+  /* zeroed: no data, so no whole-file hash (files[].sha256 is left out of the manifest) */
+  if (rc == 0 && !(rb.files = calloc((size_t)g->world, sizeof *rb.files))) rc = mc_error("out of memory");
   for (int r = 0; r < g->world && rc == 0; r++) {
     if (!bytes[r]) continue;
     mc_file_rec *fr = &rb.files[rb.n_files++];

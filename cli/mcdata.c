@@ -23,6 +23,7 @@
 #include "cli/cli_opts.h"
 #include "core/config.h"
 #include "util/error.h"
+#include "util/paths.h"
 
 #define CHUNK (1 << 20)
 
@@ -165,6 +166,11 @@ static int run(job *j) {
     total += st.st_size / j->in_bytes;
   }
   if (total == 0) return mc_error("mcdata: the inputs hold no tokens");
+  /* OUT is written as a temporary file renamed over it: never over a device or FIFO, never
+   * over one of the inputs. */
+  if (mc_output_file_ok(j->out, "mcdata: output") != 0) return -1;
+  for (int i = 0; i < j->n_files; i++)
+    if (mc_check_disjoint(j->out, "mcdata: output", j->files[i], "input") != 0) return -1;
 
   char tmp[2048];
   snprintf(tmp, sizeof tmp, "%s.tmp.%ld", j->out, (long)getpid());

@@ -75,6 +75,9 @@ static int eval(const char *ckpt_path, const char *data_path, int64_t batches, i
     have_geo = rc == 0;
   }
   if (rc == 0) rc = mc_ckpt_check_model(ck, &cfg.model);
+  /* The model is sized from the recorded config: check it against the shards before any
+   * tensor is allocated. */
+  if (rc == 0) rc = mc_ckpt_check_families(ck, &geo.fams);
   mc_net *net = NULL;
   if (rc == 0 && !(net = mc_net_create_on(&geo, 0, cfg.train.seed, be))) rc = -1;
   if (rc == 0) rc = mc_net_load(net, &geo, ck);

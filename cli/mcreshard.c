@@ -24,6 +24,7 @@
 #include "reshard/export.h"
 #include "reshard/plan_print.h"
 #include "reshard/reshard.h"
+#include "util/paths.h"
 
 /* --config/--set (and --layout, the same as --config) are here only to name them when their
  * value is missing: main moves them out of argv first, for resolve_layout to apply on the
@@ -141,9 +142,14 @@ static int resolve_layout(const mc_config *src_cfg, const layout_args *a, mc_lay
   return 0;
 }
 
+/* The --config/--set argument list lives until exit, whichever way main returns. */
+static char **g_cfg_argv;
+static void free_cfg_argv(void) { free(g_cfg_argv); }
+
 int main(int argc, char **argv) {
   layout_args la = {-1, -1, -1, -1, -1, -1, NULL, 0, 1, NULL};
-  la.cfg_argv = calloc((size_t)argc + 1, sizeof *la.cfg_argv);
+  la.cfg_argv = g_cfg_argv = calloc((size_t)argc + 1, sizeof *la.cfg_argv);
+  atexit(free_cfg_argv);
   if (!la.cfg_argv) {
     fprintf(stderr, "mcreshard: out of memory\n");
     return 1;
@@ -221,7 +227,8 @@ int main(int argc, char **argv) {
     mc_config fcfg;
     mc_layout target;
     mc_rs_summary sum;
-    if (mc_rs_safetensors_config(import_path, &fcfg) != 0 || resolve_layout(&fcfg, &la, &target) != 0 ||
+    if (mc_check_disjoint(pos[0], "destination", import_path, "the imported file") != 0 ||
+        mc_rs_safetensors_config(import_path, &fcfg) != 0 || resolve_layout(&fcfg, &la, &target) != 0 ||
         mc_rs_import_safetensors(import_path, &target, pos[0], &o, &sum) != 0) {
       fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
       return 1;
@@ -233,10 +240,22 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  /* The output must not be, contain or lie inside the source (run directory or step). */
+  const char *out_path = export_path ? export_path : pos[1];
+  const char *out_what = export_path ? "--export file" : "destination";
+  if (mc_check_disjoint(out_path, out_what, pos[0], "source") != 0) {
+    fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
+    return 1;
+  }
   mc_rs_source *src = NULL;
   /* a dry run plans from the manifest alone; a real run needs (and checks) every rank file */
   if ((dry ? mc_rs_source_open_metadata(pos[0], &src) : mc_rs_source_open(pos[0], &src)) != 0) {
     fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
+    return 1;
+  }
+  if (mc_check_disjoint(out_path, out_what, mc_ckpt_step_dir(mc_rs_source_ckpt(src)), "source step") != 0) {
+    fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
+    mc_rs_source_close(src);
     return 1;
   }
   int status = 0;

@@ -99,11 +99,12 @@ static int take_launch_opts(int *argc, char **argv, int v[3]) {
   return seen[0];
 }
 
-/* The seconds a collective may wait before the job is declared stalled (MEGAC_COMM_TIMEOUT_S). */
+/* The seconds a collective may wait before the job is declared stalled: MC_COMM_TIMEOUT_S, as
+ * for the MPI backend (default 600; 0 waits for ever). */
 static double comm_timeout(void) {
-  const char *s = getenv("MEGAC_COMM_TIMEOUT_S");
-  double t = s ? strtod(s, NULL) : 0.0;
-  return t > 0 ? t : 600.0;
+  const char *s = getenv("MC_COMM_TIMEOUT_S");
+  double t = s && *s ? strtod(s, NULL) : 600.0;
+  return t > 0 ? t : 0.0;
 }
 
 /* mcplan's per-category prediction for rank 0 of this config (what mcplan prints with its
@@ -155,6 +156,7 @@ int main(int argc, char **argv) {
      * failing rank has printed its error and ends them all. */
     if (world->size > 1 && rc == 1) MPI_Abort(MPI_COMM_WORLD, 1);
     mc_comm_mpi_finalize();
+    world->ops->destroy(world); /* frees the wrapper only: MPI_COMM_WORLD is not freed */
   }
   return rc;
 }

@@ -61,7 +61,7 @@ void mc_comm_mpi_finalize(void);
  * broadcast over `mpi_world` when given (under mpirun), else through the TCP rendezvous at
  * MASTER_ADDR:MASTER_PORT (comm/rendezvous.h), which also watches the other processes: a
  * process that ends without finishing ends the whole job (rank 0 names it). Each operation
- * waits at most `timeout_s` seconds (then the communicator is aborted and the call fails
+ * waits at most `timeout_s` seconds (0: no limit; the rendezvous then waits 600 s) (then the communicator is aborted and the call fails
  * naming the operation and group). The rank, size and rendezvous address come from l
  * (comm/launch.h). */
 int mc_comm_nccl_init(const mc_launch *l, int device, mc_comm *mpi_world, double timeout_s, mc_comm **world);

@@ -1,8 +1,12 @@
 /* MPI backend of the collective interface (CPU ranks). */
+#define _POSIX_C_SOURCE 200809L
 #include <limits.h>
 #include <mpi.h>
+#include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm/comm.h"
 #include "util/error.h"
@@ -37,6 +41,45 @@ static int check_mpi(int rc, mc_comm *c, const char *op) {
   return mc_error("MPI %s on the %s group (rank %d of %d) failed: %s", op, c->label, c->rank, c->size, msg);
 }
 
+/* Collective timeout (docs/reliability.md): every operation is started non-blocking and
+ * waited for with a deadline, so a stalled rank (SIGSTOP, a hung device) ends the job with a
+ * message instead of leaving the others spinning for ever. MC_COMM_TIMEOUT_S seconds without
+ * completion (default 600; 0 waits for ever) abort the whole job. */
+static double timeout_s(void) {
+  static double t = -1;
+  if (t < 0) {
+    const char *e = getenv("MC_COMM_TIMEOUT_S");
+    t = e && e[0] ? atof(e) : 600.0;
+    if (t < 0) t = 0;
+  }
+  return t;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int wait_req(int start_rc, MPI_Request *r, mc_comm *c, const char *op) {
+  if (start_rc != MPI_SUCCESS) return start_rc;
+  double limit = timeout_s(), t0 = limit > 0 ? now_s() : 0;
+  for (unsigned long spin = 0;; spin++) {
+    int done = 0, rc = MPI_Test(r, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS || done) return rc;
+    if (spin % 64 == 63) sched_yield(); /* oversubscribed ranks share cores */
+    if (limit > 0 && spin % 1024 == 1023 && now_s() - t0 > limit) {
+      fprintf(stderr,
+              "MPI %s on the %s group (rank %d of %d, world rank %d): no completion after %.0f s "
+              "(MC_COMM_TIMEOUT_S): another rank is stalled or gone; aborting the job\n",
+              op, c->label, c->rank, c->size, c->world_rank, limit);
+      fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+      return MPI_ERR_OTHER;
+    }
+  }
+}
+
 /* MPI counts are int: larger element counts are refused rather than truncated. */
 static int fits_int(mc_comm *c, const char *op, int64_t n) {
   if (n < 0 || n > INT_MAX) return mc_error("MPI %s on the %s group: count %lld is outside [0, INT_MAX]", op, c->label, (long long)n);
@@ -56,10 +99,11 @@ static int to_int_counts(mc_comm *c, const char *op, const int64_t *in, int *out
 
 static int mpi_allreduce(mc_comm *c, void *buf, int64_t count, mc_dtype t) {
   /* Large buffers go in INT_MAX-sized pieces. */
+  MPI_Request req;
   char *p = buf;
   while (count > 0) {
     int n = count > INT_MAX ? INT_MAX : (int)count;
-    if (check_mpi(MPI_Allreduce(MPI_IN_PLACE, p, n, mpi_type(t), MPI_SUM, handle(c)), c, "allreduce")) return -1;
+    if (check_mpi(wait_req(MPI_Iallreduce(MPI_IN_PLACE, p, n, mpi_type(t), MPI_SUM, handle(c), &req), &req, c, "allreduce"), c, "allreduce")) return -1;
     p += (size_t)n * mc_dtype_size(t);
     count -= n;
   }
@@ -67,25 +111,29 @@ static int mpi_allreduce(mc_comm *c, void *buf, int64_t count, mc_dtype t) {
 }
 
 static int mpi_reduce_scatter(mc_comm *c, const void *send, void *recv, const int64_t *counts, mc_dtype t) {
+  MPI_Request req;
   int *rc = malloc(sizeof(int) * (size_t)c->size);
   int err = !rc || to_int_counts(c, "reduce_scatter", counts, rc, NULL);
-  if (!err) err = check_mpi(MPI_Reduce_scatter(send, recv, rc, mpi_type(t), MPI_SUM, handle(c)), c, "reduce_scatter");
+  if (!err) err = check_mpi(wait_req(MPI_Ireduce_scatter(send, recv, rc, mpi_type(t), MPI_SUM, handle(c), &req), &req, c, "reduce_scatter"), c, "reduce_scatter");
   free(rc);
   return err ? -1 : 0;
 }
 
 static int mpi_allgather(mc_comm *c, const void *send, void *recv, const int64_t *counts, mc_dtype t) {
+  MPI_Request req;
   int *rc = malloc(sizeof(int) * 2 * (size_t)c->size);
   int err = !rc || to_int_counts(c, "allgather", counts, rc, rc + c->size);
   if (!err)
-    err = check_mpi(MPI_Allgatherv(send, rc[c->rank], mpi_type(t), recv, rc, rc + c->size, mpi_type(t), handle(c)), c,
-                    "allgather");
+    err = check_mpi(wait_req(MPI_Iallgatherv(send, rc[c->rank], mpi_type(t), recv, rc, rc + c->size, mpi_type(t), handle(c), &req),
+                             &req, c, "allgather"),
+                    c, "allgather");
   free(rc);
   return err ? -1 : 0;
 }
 
 static int mpi_alltoallv(mc_comm *c, const void *send, const int64_t *sc, const int64_t *sd, void *recv, const int64_t *rc,
                          const int64_t *rd, mc_dtype t) {
+  MPI_Request req;
   int n = c->size, err = 0;
   int *v = malloc(sizeof(int) * 4 * (size_t)n);
   if (!v) return mc_error("out of memory in alltoallv");
@@ -99,27 +147,35 @@ static int mpi_alltoallv(mc_comm *c, const void *send, const int64_t *sc, const 
     v[3 * n + i] = (int)rd[i];
   }
   if (!err)
-    err = check_mpi(MPI_Alltoallv(send, v, v + n, mpi_type(t), recv, v + 2 * n, v + 3 * n, mpi_type(t), handle(c)), c, "alltoallv");
+    err = check_mpi(wait_req(MPI_Ialltoallv(send, v, v + n, mpi_type(t), recv, v + 2 * n, v + 3 * n, mpi_type(t), handle(c), &req),
+                             &req, c, "alltoallv"),
+                    c, "alltoallv");
   free(v);
   return err ? -1 : 0;
 }
 
 static int mpi_send(mc_comm *c, const void *buf, int64_t count, mc_dtype t, int peer, int tag) {
+  MPI_Request req;
   if (fits_int(c, "send", count)) return -1;
-  return check_mpi(MPI_Send(buf, (int)count, mpi_type(t), peer, tag, handle(c)), c, "send");
+  return check_mpi(wait_req(MPI_Isend(buf, (int)count, mpi_type(t), peer, tag, handle(c), &req), &req, c, "send"), c, "send");
 }
 
 static int mpi_recv(mc_comm *c, void *buf, int64_t count, mc_dtype t, int peer, int tag) {
+  MPI_Request req;
   if (fits_int(c, "recv", count)) return -1;
-  return check_mpi(MPI_Recv(buf, (int)count, mpi_type(t), peer, tag, handle(c), MPI_STATUS_IGNORE), c, "recv");
+  return check_mpi(wait_req(MPI_Irecv(buf, (int)count, mpi_type(t), peer, tag, handle(c), &req), &req, c, "recv"), c, "recv");
 }
 
 static int mpi_bcast(mc_comm *c, void *buf, int64_t count, mc_dtype t, int root) {
+  MPI_Request req;
   if (fits_int(c, "bcast", count)) return -1;
-  return check_mpi(MPI_Bcast(buf, (int)count, mpi_type(t), root, handle(c)), c, "bcast");
+  return check_mpi(wait_req(MPI_Ibcast(buf, (int)count, mpi_type(t), root, handle(c), &req), &req, c, "bcast"), c, "bcast");
 }
 
-static int mpi_barrier(mc_comm *c) { return check_mpi(MPI_Barrier(handle(c)), c, "barrier"); }
+static int mpi_barrier(mc_comm *c) {
+  MPI_Request req;
+  return check_mpi(wait_req(MPI_Ibarrier(handle(c), &req), &req, c, "barrier"), c, "barrier");
+}
 
 static mc_comm *wrap(MPI_Comm h, const char *label, int world_rank);
 

@@ -89,11 +89,11 @@ static int wait_done(mc_comm *c, const char *op) {
       ((nccl_impl *)c->impl)->comm = NULL;
       return rc;
     }
-    if (now_s() - t0 > P.timeout_s) {
+    if (P.timeout_s > 0 && now_s() - t0 > P.timeout_s) {
       ncclCommAbort(handle(c));
       ((nccl_impl *)c->impl)->comm = NULL;
       char why[160];
-      snprintf(why, sizeof why, "not complete after %.0f s (MEGAC_COMM_TIMEOUT_S)", P.timeout_s);
+      snprintf(why, sizeof why, "not complete after %.0f s (MC_COMM_TIMEOUT_S)", P.timeout_s);
       return where(c, op, why, "a peer rank is stalled or gone");
     }
     if (spin > 2000) { /* a short busy spin first: most operations finish in microseconds */
@@ -343,7 +343,8 @@ int mc_comm_nccl_init(const mc_launch *l, int device, mc_comm *mpi_world, double
   if (l->rank == 0 && ncclGetUniqueId(&id) != ncclSuccess) return mc_error("rank 0: ncclGetUniqueId failed");
   if (mpi_world) {
     if (mc_bcast(mpi_world, &id, (int64_t)sizeof id, MC_DT_U8, 0)) return mc_error_context("handing out the NCCL id");
-  } else if (mc_rdv_start(l->rank, l->size, l->master_addr, l->master_port, timeout_s, &id, sizeof id, &P.rdv)) {
+  } else if (mc_rdv_start(l->rank, l->size, l->master_addr, l->master_port, timeout_s > 0 ? timeout_s : 600.0, &id,
+                          sizeof id, &P.rdv)) {
     return -1;
   }
   ncclComm_t h = NULL;

@@ -179,11 +179,14 @@ int mc_rs_source_bind(mc_rs_source *s, const mc_rs_plan *p) {
    * costs about a megabyte of library caches, so one is open at a time, and a file's handle is
    * kept only if a shard in it must be read through HDF5: the memory of a reshard does not
    * grow with the number of rank files (raw reads need only the descriptor). */
+  /* Whole-file hashes of every rank file first, in parallel (each is read whole anyway). */
+  if (rc == 0 && mc_ckpt_check_files(s->ck) != 0) rc = -1;
   for (int fi = 0; fi < s->n_files && rc == 0; fi++) {
     src_file *sf = &s->files[fi];
     char path[MC_PATH_MAX + 40];
     snprintf(path, sizeof path, "%s/%s", dir, sf->name);
-    if (sf->fid < 0 && mc_h5_open_read(path, &sf->fid) != 0) {
+    /* Verify before parsing: size and whole-file SHA-256 first (once per open). */
+    if (sf->fid < 0 && (mc_ckpt_check_file(s->ck, sf->name) != 0 || mc_h5_open_read(path, &sf->fid) != 0)) {
       rc = -1;
       break;
     }

@@ -6,13 +6,16 @@
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <dirent.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "ckpt/format.h"
 #include "reshard/ckpt_sink.h"
 #include "reshard/execute.h"
+#include "util/dirlock.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -32,8 +35,22 @@ void mc_rs_consolidated_layout(mc_layout *l) {
 }
 
 int mc_rs_check_destination(const char *dst, int force) {
-  if (mc_path_exists(dst) && !force)
-    return mc_error("%s already exists; refusing to overwrite it (pass --force to replace it)", dst);
+  if (!mc_path_exists(dst)) return 0;
+  if (!force) return mc_error("%s already exists; refusing to overwrite it (pass --force to replace it)", dst);
+  /* --force replaces a run directory (or an empty one), never anything else. */
+  struct stat st;
+  if (stat(dst, &st) != 0 || !S_ISDIR(st.st_mode))
+    return mc_error("%s exists and is not a directory; refusing to replace it, even with --force", dst);
+  char latest[MC_PATH_MAX + 16];
+  snprintf(latest, sizeof latest, "%s/latest", dst);
+  DIR *d = opendir(dst);
+  int empty = 1;
+  for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = 0;
+  if (d) closedir(d);
+  if (!empty && !mc_path_exists(latest))
+    return mc_error("%s is neither a checkpoint run directory (no latest) nor empty; refusing to replace it, even "
+                    "with --force", dst);
   return 0;
 }
 
@@ -77,10 +94,10 @@ static int stream_into(void *user, const char *step_dir) {
   return rc;
 }
 
-int mc_rs_write_from(int (*read)(void *, const mc_rs_plan *, int, int64_t, int64_t, float *),
-                     int (*src_done)(void *, const mc_rs_plan *, int, const unsigned char *), void *src_ctx,
-                     const mc_config *cfg, const mc_train_state *st, const mc_geometry *g,
-                     const mc_rs_plan *plan, const char *dst_in, const mc_rs_opts *o_in, mc_rs_summary *sum) {
+static int write_unlocked(int (*read)(void *, const mc_rs_plan *, int, int64_t, int64_t, float *),
+                          int (*src_done)(void *, const mc_rs_plan *, int, const unsigned char *), void *src_ctx,
+                          const mc_config *cfg, const mc_train_state *st, const mc_geometry *g,
+                          const mc_rs_plan *plan, const char *dst_in, const mc_rs_opts *o_in, mc_rs_summary *sum) {
   double t0 = now_s();
   /* "B/" must name B itself, or the temporary directory would land inside it. */
   char dst[MC_PATH_MAX];
@@ -138,6 +155,23 @@ int mc_rs_write_from(int (*read)(void *, const mc_rs_plan *, int, int64_t, int64
     sum->n_dst_files = plan->n_dst_writers;
   }
   return 0;
+}
+
+int mc_rs_write_from(int (*read)(void *, const mc_rs_plan *, int, int64_t, int64_t, float *),
+                     int (*src_done)(void *, const mc_rs_plan *, int, const unsigned char *), void *src_ctx,
+                     const mc_config *cfg, const mc_train_state *st, const mc_geometry *g,
+                     const mc_rs_plan *plan, const char *dst_in, const mc_rs_opts *o_in, mc_rs_summary *sum) {
+  /* One writer per destination: a second mcreshard to it is turned away naming the first.
+   * The lock file lies beside the destination, like its temporary directory. */
+  char dst[MC_PATH_MAX], lock[MC_PATH_MAX + 16];
+  if (snprintf(dst, sizeof dst, "%s", dst_in) >= (int)sizeof dst) return mc_error("destination path too long: %s", dst_in);
+  for (size_t n = strlen(dst); n > 1 && dst[n - 1] == '/'; n--) dst[n - 1] = 0;
+  snprintf(lock, sizeof lock, "%s.reshard.lock", dst);
+  int fd = mc_dirlock_take(lock, dst);
+  if (fd < 0) return mc_error_context("reshard destination");
+  int rc = write_unlocked(read, src_done, src_ctx, cfg, st, g, plan, dst_in, o_in, sum);
+  mc_dirlock_release(fd, lock, 1);
+  return rc;
 }
 
 int mc_rs_write(mc_rs_source *src, const mc_geometry *g, const mc_rs_plan *plan, const char *dst,

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "util/error.h"
+#include "util/paths.h"
 
 void mc_st_meta_free(mc_st_meta *m) {
   for (int i = 0; i < m->n_meta; i++) free(m->meta_val[i]);
@@ -106,6 +107,8 @@ static char *build_header(mc_st_tensor *t, int n, const mc_st_meta *meta, int64_
 int mc_st_create(mc_st_file *f, const char *path, const mc_st_tensor *t, int n, const mc_st_meta *meta) {
   memset(f, 0, sizeof *f);
   f->fd = -1;
+  /* Written to path.tmp and renamed over path: path must not be a device, FIFO, directory. */
+  if (mc_output_file_ok(path, "safetensors output") != 0) return -1;
   snprintf(f->path, sizeof f->path, "%s", path);
   snprintf(f->tmp, sizeof f->tmp, "%s.tmp", path);
   f->t = malloc((size_t)(n ? n : 1) * sizeof *f->t);
@@ -237,13 +240,23 @@ int mc_st_open(mc_st_file *f, const char *path) {
     t->ndim = cJSON_GetArraySize(sh);
     for (int d = 0; d < t->ndim; d++) {
       cJSON *v = cJSON_GetArrayItem(sh, d);
-      if (!cJSON_IsNumber(v) || v->valuedouble < 0) { rc = mc_error("%s: tensor %s: bad shape", path, t->name); break; }
+      /* integral, below 2^53 (exact in a double), and a product that fits: never a cast or a
+       * multiplication that overflows */
+      if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9007199254740992.0 ||
+          v->valuedouble != (double)(int64_t)v->valuedouble) {
+        rc = mc_error("%s: tensor %s: bad shape", path, t->name);
+        break;
+      }
       t->shape[d] = (int64_t)v->valuedouble;
-      numel *= t->shape[d];
+      if (__builtin_mul_overflow(numel, t->shape[d], &numel) || numel > INT64_MAX / 8) {
+        rc = mc_error("%s: tensor %s: shape has too many elements", path, t->name);
+        break;
+      }
     }
     if (rc) break;
     cJSON *b = cJSON_GetArrayItem(of, 0), *e = cJSON_GetArrayItem(of, 1);
-    if (!cJSON_IsNumber(b) || !cJSON_IsNumber(e) || b->valuedouble < 0 || e->valuedouble < b->valuedouble) {
+    if (!cJSON_IsNumber(b) || !cJSON_IsNumber(e) || b->valuedouble < 0 || e->valuedouble < b->valuedouble ||
+        e->valuedouble > 9007199254740992.0) {
       rc = mc_error("%s: tensor %s: bad data_offsets", path, t->name);
       break;
     }

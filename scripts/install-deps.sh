@@ -6,6 +6,7 @@ PKGS=(cmake gcc g++ make pkg-config
       libhdf5-dev hdf5-tools libcjson-dev libopenblas-dev libopenmpi-dev openmpi-bin
       libssl-dev zlib1g-dev
       python3 python3-h5py python3-numpy python3-jsonschema
+      clang
       fortunes fortunes-min)
 missing=()
 for p in "${PKGS[@]}"; do

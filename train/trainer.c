@@ -17,6 +17,7 @@
 #include "train/pipeline.h"
 #include "train/optim.h"
 #include "train/tfevents.h"
+#include "util/dirlock.h"
 #include "util/error.h"
 
 /* v[0], v[1] := their largest values over the world's ranks (a stop signal number, 0 = none;
@@ -142,6 +143,7 @@ typedef struct {
   char metrics_path[MC_PATH_MAX + 32];
   int64_t start_step, end_step;
   int64_t last_saved;
+  int lock_fd; /* rank 0: the run directory's job lock (util/dirlock.h), -1 if not held */
 } run;
 
 /* The checkpoint can continue this run: same model, moments present, same seed and batch. */
@@ -351,6 +353,13 @@ static int setup(run *r) {
   r->tokens = malloc(sizeof(int32_t) * (size_t)pipe_micro * (size_t)t->micro_batch * (size_t)(cfg->model.seq_len + 1));
   if (!r->tokens) return mc_error("out of memory");
 
+  /* One job per run directory: a second mctrain on it is turned away naming the first. */
+  if (r->rank == 0) {
+    char lock[MC_PATH_MAX + 32];
+    snprintf(lock, sizeof lock, "%s/.mctrain.lock", cfg->checkpoint.dir);
+    if (mkdir_p(cfg->checkpoint.dir) != 0) return -1;
+    if ((r->lock_fd = mc_dirlock_take(lock, cfg->checkpoint.dir)) < 0) return mc_error_context("checkpoint.dir");
+  }
   if (r->opts->resume) {
     const char *path = strcmp(r->opts->resume, "latest") ? r->opts->resume : cfg->checkpoint.dir;
     if (resume_from(r, path) != 0) return -1;
@@ -607,6 +616,7 @@ int mc_train(const mc_config *cfg, mc_trainer_opts *opts) {
   r.cfg = cfg;
   r.opts = opts;
   r.data.id = r.data.file = -1;
+  r.lock_fd = -1;
   int rc = setup(&r);
   if (rc == 0 && r.start_step >= r.end_step) {
     if (opts->progress)
@@ -645,5 +655,6 @@ int mc_train(const mc_config *cfg, mc_trainer_opts *opts) {
   mc_data_close(&r.data);
   if (r.comm) mc_comm_free_groups(&r.groups);
   if (r.have_geo) mc_geometry_free(&r.geo);
+  mc_dirlock_release(r.lock_fd, NULL, 0);
   return rc;
 }

@@ -1,6 +1,6 @@
 #!/bin/bash
 # mctrain under mpirun against the single-process run (tests/dist/dist.cmake registers it):
-#   mctrain_mpi.sh MODE   (equal | resume | stop | kill | errors | pp | async)
+#   mctrain_mpi.sh MODE   (equal | resume | stop | kill | stall | errors | pp | async)
 # equal:  10 steps in one process, then under mpirun for tp2 x dp2 zero 1, tp2+sp x dp2 zero 3
 #         and dp2 x ep2 zero 1 (expert parallelism):
 #         every step's loss and gradient norm, and val_loss at steps 5 and 10, within 1e-4
@@ -13,6 +13,8 @@
 # kill:   SIGKILL to one stage of a pp=2 x dp=2 run after a checkpoint is committed (the
 #         other ranks wait in a pipeline receive or a collective): the job ends within 30 s
 #         with mpirun naming the killed rank, and the last committed checkpoint still verifies.
+# stall:  SIGSTOP to one rank of dp2 (the other waits in a collective): with MC_COMM_TIMEOUT_S=5
+#         the waiting rank aborts the job within 30 s naming the collective (docs/reliability.md).
 # errors: a rank count that does not match the layout, tp=2 without mpirun and tp=2 with ep=2
 #         without sp are clear errors.
 # pp:     pipeline stages: pp=2 against one process (losses, gradient norms, val_loss), its
@@ -162,6 +164,28 @@ stop)
     || { cat t.log; die "uninterrupted run failed"; }
   same_losses t/metrics.jsonl s/metrics.jsonl $((n + 1)) $((n + 2))
   echo "SIGTERM to one of 2 ranks at step $n: both stopped, checkpoint saved, resumed run matches"
+  ;;
+stall)
+  long=("${COMMON[@]}" --set train.steps=5000 --set checkpoint.every=2 --set checkpoint.keep=2)
+  MC_COMM_TIMEOUT_S=5 "$MPIRUN" --oversubscribe -x MC_COMM_TIMEOUT_S -np 2 "$B/mctrain" "${long[@]}" \
+    --set checkpoint.dir=st --set parallel.dp=2 > st.log 2>&1 &
+  mpid=$!
+  wait_for_steps st 4
+  ranks=$(pgrep -P $mpid mctrain)
+  [ "$(echo $ranks | wc -w)" = 2 ] || die "expected the 2 mctrain ranks as children of mpirun, found: $ranks"
+  t0=$(date +%s)
+  kill -STOP $(echo $ranks | awk '{ print $NF }')
+  for i in $(seq 1 300); do kill -0 $mpid 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $mpid 2>/dev/null; then
+    kill -KILL $ranks $mpid 2>/dev/null
+    die "the job was still running 30 s after one rank was stopped (a hang)"
+  fi
+  wait $mpid
+  st_rc=$?
+  echo "one of 2 ranks stopped: the job ended in $(( $(date +%s) - t0 )) s with status $st_rc"
+  [ $st_rc != 0 ] || die "the job with a stalled rank exited with status 0"
+  grep -q "no completion after 5 s (MC_COMM_TIMEOUT_S)" st.log || { tail -20 st.log; die "no collective-timeout message"; }
+  "$B/mcaudit" st --verify --no-progress > st_audit.log 2>&1 || { cat st_audit.log; die "the last committed checkpoint does not verify"; }
   ;;
 kill)
   long=("${COMMON[@]}" --set train.steps=5000 --set checkpoint.every=2 --set checkpoint.keep=2)

@@ -129,11 +129,12 @@ static void pair_case(uint64_t seed, const mc_model *m, int k) {
 }
 
 /* Turns a checkpoint written under the chunked rule into exactly what format version 1 wrote:
- * manifest format_version 1 without layout.ownership_rule (its hashes in manifest.sha256 and
+ * manifest format_version 1 without layout.ownership_rule or files[].sha256 (its hashes in manifest.sha256 and
  * latest recomputed), rank files' format_version attribute 1. */
 static void make_format_v1(const char *dir, int64_t step) {
   CHECK(edit_manifest(dir, step, "\"format_version\":\t2", "\"format_version\":\t1") == 0 &&
-            edit_manifest(dir, step, "\"ownership_rule\":\t\"chunked\",\n\t\t", "") == 0,
+            edit_manifest(dir, step, "\"ownership_rule\":\t\"chunked\",\n\t\t", "") == 0 &&
+            strip_file_hashes(dir, step) == 0, /* version 1 predates whole-file hashes */
         "manifest of %s lacks version 2 or the chunked rule", dir);
   for (int r = 0; r < 64; r++) {
     char rp[2600];
@@ -353,6 +354,19 @@ static void failure_cases(const mc_model *m) {
   snprintf(step_dir, sizeof step_dir, "%s/step_7", A);
   snprintf(E, sizeof E, "%s/F-from-corrupt", root);
   CHECK_OK(corrupt(step_dir, "rank_1.h5", "/layers.00.attn.wq/exp_avg"));
+  /* The whole-file hash refuses the file before HDF5 parses it, in the reshard and the audit
+   * with or without --verify (2 problems: the file, and digests not computed). */
+  CHECK(reshard(A, E, &lb, 0, 1 << 20) != 0 && strstr(mc_errmsg(), "rank_1.h5") &&
+            strstr(mc_errmsg(), "whole-file hash mismatch"),
+        "corruption message: %s", mc_errmsg());
+  CHECK(!rs_exists(E), "reshard of a corrupted source left %s", E);
+  for (int v = 0; v < 2; v++) {
+    int pr = 0, nf = 0;
+    free(audit_digests(A, v, &pr, &nf));
+    CHECK(pr == 2, "audit (verify %d) of the corrupted file: %d problems", v, pr);
+  }
+  /* Without whole-file hashes (an older manifest) the shard hash names the dataset. */
+  CHECK(strip_file_hashes(A, 7) == 0, "strip the file hashes of %s", A);
   CHECK(reshard(A, E, &lb, 0, 1 << 20) != 0 && strstr(mc_errmsg(), "rank_1.h5") &&
             strstr(mc_errmsg(), "/layers.00.attn.wq/exp_avg") && strstr(mc_errmsg(), "SHA-256"),
         "corruption message: %s", mc_errmsg());

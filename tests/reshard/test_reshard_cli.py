@@ -19,6 +19,9 @@ import xml.etree.ElementTree as ET
 import h5py
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ckpt"))
+from ckpt_edit import step_dir, strip_file_hashes  # noqa: E402
+
 MCRESHARD, MCAUDIT, BENCH, SIM = sys.argv[1:5]
 SOURCE = os.environ.get("MC_SOURCE_DIR", ".")
 failures = 0
@@ -34,11 +37,6 @@ def check(cond, what):
 def run(*args):
     p = subprocess.run(list(args), capture_output=True, text=True)
     return p.returncode, p.stdout, p.stderr
-
-
-def step_dir(run_dir):
-    with open(os.path.join(run_dir, "latest")) as f:
-        return os.path.join(run_dir, json.load(f)["path"])
 
 
 def assemble(run_dir):
@@ -204,6 +202,14 @@ def body(tmp):
         b = f.read(1)
         f.seek(off)
         f.write(bytes([b[0] ^ 0x40]))
+    # The whole-file hash stops every reader before the file is parsed (verify before parsing).
+    for args in ((MCAUDIT, j("B"), "--verify", "--no-progress"), (MCAUDIT, j("B")),
+                 (MCRESHARD, j("B"), j("E"), "--consolidate", "--no-progress")):
+        rc, _, err = run(*args)
+        check(rc == 1 and "rank_3.h5" in err and "whole-file hash mismatch" in err and not os.path.exists(j("E")),
+              os.path.basename(args[0]) + " refuses the corrupted file before parsing it: " + err)
+    # Without whole-file hashes (an older manifest), the shard hashes catch it and name the dataset.
+    strip_file_hashes(j("B"))
     rc, _, err = run(MCAUDIT, j("B"), "--verify", "--no-progress")
     check(rc == 1 and name in err and "rank_3.h5" in err, "audit lists the corrupted shard: " + err)
     rc, _, err = run(MCAUDIT, j("B"))

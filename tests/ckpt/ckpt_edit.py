@@ -1,0 +1,52 @@
+"""Edits the manifest of a run directory's latest checkpoint and records its new hash in
+manifest.sha256 and latest, so that only the manifest's content rules (or the checks behind
+them) can catch the edit. Shared by the python tests that forge checkpoints."""
+import hashlib
+import json
+import os
+
+
+def step_dir(run_dir):
+    with open(os.path.join(run_dir, "latest")) as f:
+        return os.path.join(run_dir, json.load(f)["path"])
+
+
+def rewrite_manifest(run_dir, edit):
+    """edit(manifest_dict, step_dir) changes the parsed manifest in place."""
+    sd = step_dir(run_dir)
+    mp = os.path.join(sd, "manifest.json")
+    with open(mp) as f:
+        m = json.load(f)
+    edit(m, sd)
+    text = json.dumps(m, indent="\t").encode()
+    with open(mp, "wb") as f:
+        f.write(text)
+    h = hashlib.sha256(text).hexdigest()
+    with open(os.path.join(sd, "manifest.sha256"), "w") as f:
+        f.write(h + "  manifest.json\n")
+    with open(os.path.join(run_dir, "latest")) as f:
+        latest = json.load(f)
+    latest["manifest_sha256"] = h
+    with open(os.path.join(run_dir, "latest"), "w") as f:
+        json.dump(latest, f)
+
+
+def strip_file_hashes(run_dir):
+    """Makes the checkpoint look written before whole-file hashes (no files[].sha256): its
+    rank files are then parsed after a size check only."""
+    def edit(m, _):
+        for rec in m["files"]:
+            rec.pop("sha256", None)
+    rewrite_manifest(run_dir, edit)
+
+
+def rehash_files(run_dir):
+    """Records every rank file's current size and SHA-256: a forged checkpoint consistent in
+    every hash."""
+    def edit(m, sd):
+        for rec in m["files"]:
+            p = os.path.join(sd, rec["name"])
+            rec["bytes"] = os.path.getsize(p)
+            with open(p, "rb") as f:
+                rec["sha256"] = hashlib.sha256(f.read()).hexdigest()
+    rewrite_manifest(run_dir, edit)
