@@ -166,7 +166,10 @@ stop)
   echo "SIGTERM to one of 2 ranks at step $n: both stopped, checkpoint saved, resumed run matches"
   ;;
 stall)
-  long=("${COMMON[@]}" --set train.steps=5000 --set checkpoint.every=2 --set checkpoint.keep=2)
+  # Synchronous saves: every wait of the job is then an MPI call under the collective timeout.
+  # (With async saves the ranks' save threads meet through marker files, whose own limit is
+  # MC_CKPT_SYNC_TIMEOUT, default 600 s: a rank stopped during a save is found by that.)
+  long=("${COMMON[@]}" --set train.steps=5000 --set checkpoint.every=2 --set checkpoint.keep=2 --set checkpoint.async_save=false)
   MC_COMM_TIMEOUT_S=5 "$MPIRUN" --oversubscribe -x MC_COMM_TIMEOUT_S -np 2 "$B/mctrain" "${long[@]}" \
     --set checkpoint.dir=st --set parallel.dp=2 > st.log 2>&1 &
   mpid=$!
