@@ -265,6 +265,10 @@ static void case_manifest_invalid(void) {
   fresh(dir, sizeof dir);
   rewrite_manifest(dir, "\"world\":\t", "\"world\":\t1099511627776");
   expect_load_error(dir, "manifest world 2^40", "manifest invalid", "more than 1048576 ranks");
+  /* a rank file listed twice (found by sorting the names, not by comparing every pair) */
+  fresh(dir, sizeof dir);
+  rewrite_manifest(dir, "\"name\":\t\"rank_1.h5\"", "\"name\":\t\"rank_0.h5\"");
+  expect_load_error(dir, "manifest file listed twice", "manifest invalid", "file 'rank_0.h5' listed twice");
 }
 
 static void case_model_mismatch(void) {
