@@ -396,8 +396,10 @@ static int setup(run *r) {
     if (r->comm) {
       char sync[MC_PATH_MAX + 16];
       snprintf(sync, sizeof sync, "%s/.async_sync", cfg->checkpoint.dir);
-      const char *tv = getenv("MC_CKPT_SYNC_TIMEOUT");
-      double timeout = tv && *tv ? atof(tv) : 600;
+      /* MC_CKPT_SYNC_TIMEOUT, else the collective timeout (MC_COMM_TIMEOUT_S), else 600 s: a
+       * rank stalled during a save ends the job as one stalled in a collective does */
+      const char *tv = getenv("MC_CKPT_SYNC_TIMEOUT"), *cv = getenv("MC_COMM_TIMEOUT_S");
+      double timeout = tv && *tv ? atof(tv) : cv && *cv && atof(cv) > 0 ? atof(cv) : 600;
       int ok = mc_ckpt_fs_barrier_create(sync, r->rank, r->comm->world->size, timeout, &r->fsb) == 0;
       char err[MC_ERRMSG_MAX];
       snprintf(err, sizeof err, "%s", ok ? "" : mc_errmsg());

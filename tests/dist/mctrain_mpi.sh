@@ -166,9 +166,10 @@ stop)
   echo "SIGTERM to one of 2 ranks at step $n: both stopped, checkpoint saved, resumed run matches"
   ;;
 stall)
-  # Synchronous saves: every wait of the job is then an MPI call under the collective timeout.
-  # (With async saves the ranks' save threads meet through marker files, whose own limit is
-  # MC_CKPT_SYNC_TIMEOUT, default 600 s: a rank stopped during a save is found by that.)
+  # Synchronous saves: every wait of the job is then an MPI call under the collective timeout,
+  # whose message the test checks. (With async saves the ranks' save threads meet through
+  # marker files, whose limit, MC_CKPT_SYNC_TIMEOUT, defaults to MC_COMM_TIMEOUT_S: a rank
+  # stopped during a save is found by that, with the barrier's message.)
   long=("${COMMON[@]}" --set train.steps=5000 --set checkpoint.every=2 --set checkpoint.keep=2 --set checkpoint.async_save=false)
   MC_COMM_TIMEOUT_S=5 "$MPIRUN" --oversubscribe -x MC_COMM_TIMEOUT_S -np 2 "$B/mctrain" "${long[@]}" \
     --set checkpoint.dir=st --set parallel.dp=2 > st.log 2>&1 &
