@@ -47,6 +47,7 @@ mc_backend *mc_train_backend(const char *device, const char *dtype, int gpu) {
   }
   return be;
 #else
+  (void)gpu;
   mc_error("train.device=cuda but no CUDA device is available: this build has no CUDA backend (nvcc was not "
            "found when it was configured; set train.device=cpu)");
   return NULL;
