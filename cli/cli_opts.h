@@ -143,4 +143,16 @@ static inline int cli_int32(const char *opt, const char *text, int lo, int hi, c
   return 0;
 }
 
+/* What every program's --version prints: "PROG (MegaC VERSION, checkpoint format F)".
+ * MC_VERSION comes from CMake's project version; format is MC_CKPT_FORMAT_VERSION where the
+ * program reads checkpoints, 0 where it does not (the clause is then left out). */
+#ifndef MC_VERSION
+#error "MC_VERSION is defined by CMakeLists.txt (project VERSION)"
+#endif
+static inline int cli_version(const char *prog, int format) {
+  if (format > 0) printf("%s (MegaC %s, checkpoint format %d)\n", prog, MC_VERSION, format);
+  else printf("%s (MegaC %s)\n", prog, MC_VERSION);
+  return 0;
+}
+
 #endif
