@@ -117,6 +117,16 @@ int mc_ckpt_saver_create(const char *dir, const mc_ckpt_save_opts *opts, mc_ckpt
  * than wait for ever. */
 int mc_ckpt_saver_save(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *cfg,
                        const mc_train_state *state, const mc_ckpt_item *items, int n_items);
+/* The same without the copy: items' data are the caller's own host buffers, which the
+ * background thread writes from. The caller leaves them unchanged until the save has
+ * finished (mc_ckpt_saver_wait, a poll that returns 0 or -1, or close), so it must wait for
+ * the previous save before refilling them. ready(ready_user), when given, is called on the
+ * background thread before any byte is read: it blocks until the buffers are filled (a
+ * device-to-host copy still in flight when this returns) and returns 0, or -1 with mc_error,
+ * which fails the save (on every process, through the barrier). */
+int mc_ckpt_saver_save_staged(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *cfg,
+                              const mc_train_state *state, const mc_ckpt_item *items, int n_items,
+                              int (*ready)(void *), void *ready_user);
 int mc_ckpt_saver_wait(mc_ckpt_saver *s);
 /* Seconds the last mc_ckpt_saver_save kept its caller blocked (wait for the previous save
  * plus the copy). */

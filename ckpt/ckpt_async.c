@@ -1,6 +1,7 @@
 /* Asynchronous save: the caller is blocked only while the state is copied into host buffers
- * the saver owns (and while a previous save still runs); a background thread then does the
- * whole mc_ckpt_save. Its result is kept until a wait, the next save or close reports it. */
+ * the saver owns (and while a previous save still runs), or not at all for the caller's own
+ * staged buffers (mc_ckpt_saver_save_staged); a background thread then does the whole
+ * mc_ckpt_save. Its result is kept until a wait, the next save or close reports it. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdio.h>
@@ -20,6 +21,8 @@ struct mc_ckpt_saver {
   mc_train_state state;
   mc_ckpt_item *items;
   int n_items, cap_items;
+  int (*ready)(void *); /* staged saves: waits until the caller's buffers are filled */
+  void *ready_user;
   float *buf;          /* one host buffer holding every copied shard; kept between saves */
   size_t buf_cap;      /* in floats */
   /* the background thread */
@@ -65,6 +68,14 @@ static void mark_finished(mc_ckpt_saver *s) {
 
 static void *save_thread(void *arg) {
   mc_ckpt_saver *s = arg;
+  if (!s->fail_only && s->ready && s->ready(s->ready_user) != 0) {
+    /* The data never arrived: fail this save, on every process (through the barrier). */
+    snprintf(s->err, sizeof s->err, "checkpoint step %lld: %s", (long long)s->state.step, mc_errmsg());
+    if (s->opts.barrier) s->opts.barrier(s->opts.barrier_user, 0);
+    s->rc = -1;
+    mark_finished(s);
+    return NULL;
+  }
   if (s->fail_only) {
     /* This process failed before its save started (the caller has the error); the other
      * processes' saves wait for it in the first barrier, which makes them all fail. */
@@ -195,30 +206,25 @@ static int stage_copy(mc_ckpt_saver *s, const mc_geometry *g, const mc_ckpt_item
   return rc;
 }
 
-int mc_ckpt_saver_save(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *cfg, const mc_train_state *state,
-                       const mc_ckpt_item *items, int n_items) {
-  double t0 = now_s();
-  /* A failed previous save failed on every process (its barriers saw to that), so every
-   * process returns here alike. */
-  if (mc_ckpt_saver_wait(s) != 0) {
-    s->stall = now_s() - t0;
-    return -1;
+/* A save that failed before its thread started (the error is in mc_error): with other
+ * processes saving too, they must learn of it, or their saves would wait in the barrier for
+ * ever, so a thread takes part in it, failing. Returns -1. */
+static int fail_start(mc_ckpt_saver *s, int64_t step, double t0) {
+  if (s->opts.barrier) {
+    s->fail_only = 1;
+    snprintf(s->fail_err, sizeof s->fail_err, "checkpoint step %lld: %s", (long long)step, mc_errmsg());
+    if (pthread_create(&s->thread, NULL, save_thread, s) == 0) s->running = 1;
   }
-  s->rc = 0;
-  s->err[0] = 0;
-  s->finished = 0;
-  if (stage_copy(s, g, items, n_items) != 0) {
-    /* With other processes saving too, they must learn of this failure, or their saves would
-     * wait in the barrier for ever: a thread takes part in it, failing. */
-    if (s->opts.barrier) {
-      s->fail_only = 1;
-      snprintf(s->fail_err, sizeof s->fail_err, "checkpoint step %lld: %s", (long long)state->step, mc_errmsg());
-      if (pthread_create(&s->thread, NULL, save_thread, s) == 0) s->running = 1;
-    }
-    s->stall = now_s() - t0;
-    return -1;
-  }
+  s->stall = now_s() - t0;
+  return -1;
+}
+
+/* Starts the thread on s->items (filled). */
+static int start(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *cfg, const mc_train_state *state,
+                 int (*ready)(void *), void *ready_user, double t0) {
   s->fail_only = 0;
+  s->ready = ready;
+  s->ready_user = ready_user;
   s->g = g;
   s->cfg = *cfg;
   s->state = *state;
@@ -226,6 +232,46 @@ int mc_ckpt_saver_save(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *
   s->running = 1;
   s->stall = now_s() - t0;
   return 0;
+}
+
+/* Waits for the previous save (its failure is this call's: every process fails alike, its
+ * barriers saw to that) and clears the result. */
+static int begin(mc_ckpt_saver *s, double t0) {
+  if (mc_ckpt_saver_wait(s) != 0) {
+    s->stall = now_s() - t0;
+    return -1;
+  }
+  s->rc = 0;
+  s->err[0] = 0;
+  s->finished = 0;
+  return 0;
+}
+
+int mc_ckpt_saver_save(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *cfg, const mc_train_state *state,
+                       const mc_ckpt_item *items, int n_items) {
+  double t0 = now_s();
+  if (begin(s, t0) != 0) return -1;
+  if (stage_copy(s, g, items, n_items) != 0) return fail_start(s, state->step, t0);
+  return start(s, g, cfg, state, NULL, NULL, t0);
+}
+
+int mc_ckpt_saver_save_staged(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *cfg,
+                              const mc_train_state *state, const mc_ckpt_item *items, int n_items,
+                              int (*ready)(void *), void *ready_user) {
+  double t0 = now_s();
+  if (begin(s, t0) != 0) return -1;
+  if (n_items > s->cap_items) {
+    mc_ckpt_item *ni = realloc(s->items, (size_t)n_items * sizeof *ni);
+    if (!ni) {
+      mc_error("out of memory");
+      return fail_start(s, state->step, t0);
+    }
+    s->items = ni;
+    s->cap_items = n_items;
+  }
+  if (n_items > 0) memcpy(s->items, items, (size_t)n_items * sizeof *items);
+  s->n_items = n_items;
+  return start(s, g, cfg, state, ready, ready_user, t0);
 }
 
 double mc_ckpt_saver_last_stall(const mc_ckpt_saver *s) { return s->stall; }

@@ -81,6 +81,23 @@ struct mc_backend {
   void (*from_host)(mc_backend *be, void *dst, const void *host_src, size_t bytes);
   /* Waits for queued work; returns 0, or -1 with the first recorded failure in mc_error. */
   int (*sync)(mc_backend *be);
+  /* Host memory the backend copies to and from at full speed (page-locked for CUDA, so a
+   * snapshot copy into it runs asynchronously; calloc on the CPU). NULL with mc_error set. */
+  void *(*host_alloc)(mc_backend *be, size_t bytes);
+  void (*host_free)(mc_backend *be, void *p);
+  /* Snapshot copies (checkpoints taken while training goes on). snap_begin marks the point
+   * in the queued work whose results the following snap_to_host copies see; the copies run
+   * beside later work (CUDA: on a second stream, into host_alloc memory); snap_end closes
+   * the batch. snap_fence makes work queued after it wait until the batch has been read
+   * (queued: the host does not block), so whatever overwrites the copied tensors is queued
+   * after a fence. snap_wait blocks the calling host thread, which may be any thread, until
+   * the batch is in host memory: 0, or -1 with mc_error. On the CPU the copies are done at
+   * once and fence and wait have nothing to do. One batch at a time: begin waits for none. */
+  void (*snap_begin)(mc_backend *be);
+  void (*snap_to_host)(mc_backend *be, void *host_dst, const void *src, size_t bytes);
+  void (*snap_end)(mc_backend *be);
+  void (*snap_fence)(mc_backend *be);
+  int (*snap_wait)(mc_backend *be);
 
   /* ---- elementwise and reductions */
   void (*fill)(mc_backend *be, float *x, int64_t n, float value);

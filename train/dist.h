@@ -29,8 +29,11 @@ typedef struct {
   mc_optim opt;               /* slot i's buffers at grads[i] + offset, work[i] + offset */
   float **grads, **work;
   /* Host copies of the three states of every slot (3 per slot), for checkpoints of a
-   * backend whose memory is not host memory; allocated at the first save or load. */
+   * backend whose memory is not host memory: pointers into one block of the backend's
+   * host_alloc memory (pinned for CUDA), allocated once, at mc_dist_stage_alloc or the first
+   * save or load. */
   float **stage;
+  void *stage_mem;
 } mc_dist_opt;
 
 /* Binds the optimizer slots of `rank` to the network's parameters (on the network's
@@ -59,10 +62,21 @@ int mc_dist_publish(mc_dist_opt *d);
  * so every rank reports the global figures. */
 int mc_dist_stats_sum(const mc_comm_groups *comm, mc_net_stats *st);
 
-/* Checkpoint items of this rank (master, exp_avg, exp_avg_sq of every slot) in host memory:
- * the states themselves on the CPU, else host copies made now (valid until the next call).
- * items needs room for 3 * d->opt.n. Returns the count, or -1 with mc_error set. */
+/* Checkpoint items of this rank in host memory: master, exp_avg, exp_avg_sq of every slot
+ * that this rank is primary for (mc_shard_of; the save writes nothing else). On a host
+ * backend they are the states themselves; otherwise snapshot copies into the staging are
+ * queued (kernels/ops.h snap_*) and the call returns at once: the copies see the state as of
+ * the work queued so far, run beside the work queued next (the next optimizer step waits for
+ * them: mc_optim_step fences), and are complete once mc_dist_stage_ready returns. They stay
+ * valid until the next call. items needs room for 3 * d->opt.n. Returns the count, or -1
+ * with mc_error set. */
 int mc_dist_ckpt_items(mc_dist_opt *d, mc_ckpt_item *items);
+/* Allocates the host staging of the optimizer state now (nothing for a host backend), so
+ * the first checkpoint does not pay for it: 0, or -1 with mc_error. */
+int mc_dist_stage_alloc(mc_dist_opt *d);
+/* The staged copies of the last mc_dist_ckpt_items are complete (blocks the calling thread,
+ * which may be the checkpoint thread): 0, or -1 with mc_error. `user` is the mc_dist_opt. */
+int mc_dist_stage_ready(void *user);
 /* Reads this rank's shards of the three states from a checkpoint written under any layout
  * and publishes the weights. Collective over the world: the ranks load together
  * (train/load_shared.h: each needed stored byte read and hash-verified once in the job, then

@@ -66,8 +66,7 @@ int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const 
 }
 
 void mc_dist_opt_free(mc_dist_opt *d) {
-  if (d->stage)
-    for (int i = 0; i < 3 * d->opt.n; i++) free(d->stage[i]);
+  if (d->stage_mem) d->net->be->host_free(d->net->be, d->stage_mem);
   free(d->stage);
   free(d->grads), free(d->work);
   mc_optim_free(&d->opt);
@@ -170,19 +169,26 @@ int mc_dist_stats_sum(const mc_comm_groups *comm, mc_net_stats *st) {
 }
 
 /* Host staging buffers for a backend whose memory is not host memory (d->stage stays NULL
- * where none are needed). */
-static int ensure_stage(mc_dist_opt *d) {
-  if (mc_backend_is_host(d->net->be) || d->stage) return 0;
+ * where none are needed): one host_alloc block (pinned on CUDA, so snapshot copies into it
+ * run asynchronously at full speed), a range per state of every slot. */
+int mc_dist_stage_alloc(mc_dist_opt *d) {
+  mc_backend *be = d->net->be;
+  if (mc_backend_is_host(be) || d->stage) return 0;
+  size_t total = 0;
+  for (int s = 0; s < d->opt.n; s++) total += 3 * (size_t)d->opt.slots[s].numel;
   float **st = calloc((size_t)(3 * d->opt.n + 1), sizeof *st);
-  int ok = st != NULL;
-  for (int i = 0; ok && i < 3 * d->opt.n; i++)
-    ok = (st[i] = malloc((size_t)(d->opt.slots[i / 3].numel + 1) * sizeof(float))) != NULL;
-  if (!ok) {
-    for (int i = 0; st && i < 3 * d->opt.n; i++) free(st[i]);
+  float *mem = st ? be->host_alloc(be, (total > 0 ? total : 1) * sizeof(float)) : NULL;
+  if (!mem) {
     free(st);
-    return mc_error("checkpoint staging: out of host memory for a copy of the optimizer state");
+    return mc_error_context("checkpoint staging: a host copy of the optimizer state (%zu bytes)", total * sizeof(float));
+  }
+  size_t off = 0;
+  for (int i = 0; i < 3 * d->opt.n; i++) {
+    st[i] = mem + off;
+    off += (size_t)d->opt.slots[i / 3].numel;
   }
   d->stage = st;
+  d->stage_mem = mem;
   return 0;
 }
 
@@ -192,27 +198,39 @@ static void states_of(mc_optim_slot *sl, float *st[3]) {
 
 int mc_dist_ckpt_items(mc_dist_opt *d, mc_ckpt_item *items) {
   mc_backend *be = d->net->be;
-  if (ensure_stage(d)) return -1;
+  if (mc_dist_stage_alloc(d)) return -1;
+  if (d->stage) be->snap_begin(be);
   int n = 0;
   for (int s = 0; s < d->opt.n; s++) {
     mc_optim_slot *sl = &d->opt.slots[s];
     float *src[3];
     states_of(sl, src);
     for (int k = 0; k < 3; k++) {
+      mc_shard sh;
+      if (mc_shard_of(d->geo, sl->fam, (mc_state)k, d->rank, &sh) != 0) return -1;
+      if (!sh.held || !sh.primary) continue; /* a replica: its primary writes it */
       if (d->stage) {
-        be->to_host(be, d->stage[3 * s + k], src[k], (size_t)sl->numel * sizeof(float));
+        be->snap_to_host(be, d->stage[3 * s + k], src[k], (size_t)sl->numel * sizeof(float));
         src[k] = d->stage[3 * s + k];
       }
       items[n++] = (mc_ckpt_item){sl->fam, (mc_state)k, d->rank, src[k]};
     }
   }
-  if (be->sync(be)) return mc_error_context("copying the optimizer state to the host for a checkpoint");
+  if (d->stage) be->snap_end(be);
   return n;
+}
+
+int mc_dist_stage_ready(void *user) {
+  mc_dist_opt *d = user;
+  if (!d->stage) return 0;
+  mc_backend *be = d->net->be;
+  if (be->snap_wait(be)) return mc_error_context("copying the optimizer state to the host for a checkpoint");
+  return 0;
 }
 
 int mc_dist_load(mc_dist_opt *d, mc_ckpt *ck, const mc_load_opts *opts, mc_load_stats *stats) {
   mc_backend *be = d->net->be;
-  if (ensure_stage(d)) return -1;
+  if (mc_dist_stage_alloc(d)) return -1;
   /* this rank's hyperslab of each state, into host memory: the states themselves on the CPU */
   mc_ckpt_request *reqs = malloc(sizeof *reqs * (size_t)(3 * d->opt.n + 1));
   if (!reqs) return mc_error("loading %s: out of memory", mc_ckpt_step_dir(ck));

@@ -121,6 +121,8 @@ double mc_clip_scale(double norm, double clip) {
 void mc_optim_step(mc_optim *o, const mc_train_cfg *t, double lr, double grad_scale,
                    float *const *grads) {
   o->step++;
+  /* a checkpoint's snapshot copy of the state may still be reading it (kernels/ops.h) */
+  o->be->snap_fence(o->be);
   mc_adamw_args a = {(float)lr, (float)t->beta1, (float)t->beta2, (float)t->adam_eps, 0.0f, o->step, (float)grad_scale};
   /* Tensors update independently, so batching the list changes no result; the CUDA backend
    * launches once per 128 tensors anyway. */

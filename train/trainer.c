@@ -227,6 +227,9 @@ static int save(run *r, int64_t step, double lr) {
   st.seed = cfg->train.seed;
   st.rng_counter = 0; /* no sampling or dropout draws yet */
   st.data_position = step * cfg->train.global_batch;
+  /* A device's state goes to the host staging, which the previous async save may still be
+   * writing from: wait for it first (its failure, if any, is every rank's). */
+  if (r->saver && mc_ckpt_saver_wait(r->saver) != 0) return async_error(r);
   mc_ckpt_item *items = malloc(sizeof *items * (size_t)(3 * r->opt.opt.n + 1));
   if (!items) return mc_error("checkpoint: out of memory");
   int n_items = mc_dist_ckpt_items(&r->opt, items);
@@ -234,11 +237,17 @@ static int save(run *r, int64_t step, double lr) {
   if (n_items < 0) {
     rc = -1;
   } else if (r->saver) {
-    rc = mc_ckpt_saver_save(r->saver, &r->geo, cfg, &st, items, n_items);
+    /* A host backend's items are the live state, which the next step changes: the saver
+     * copies them. A device's are snapshot copies still in flight into the pinned staging:
+     * the saver's thread waits for them, so training goes on at once. */
+    if (mc_backend_is_host(mc_net_backend(r->net))) rc = mc_ckpt_saver_save(r->saver, &r->geo, cfg, &st, items, n_items);
+    else rc = mc_ckpt_saver_save_staged(r->saver, &r->geo, cfg, &st, items, n_items, mc_dist_stage_ready, &r->opt);
     if (rc != 0) {
       free(items);
       return async_error(r);
     }
+  } else if (mc_dist_stage_ready(&r->opt) != 0) {
+    rc = -1;
   } else {
     mc_ckpt_save_opts so;
     save_opts(cfg, &so);
@@ -414,6 +423,9 @@ static int setup(run *r) {
     }
     if (mc_ckpt_saver_create(cfg->checkpoint.dir, &so, &r->saver) != 0) return -1;
   }
+  /* the pinned staging of a device's state (every run saves at its end), once, before the
+   * first step rather than at the first save: pinning gigabytes takes a while */
+  if (mc_dist_stage_alloc(&r->opt) != 0) return -1;
   return 0;
 }
 
@@ -586,10 +598,11 @@ static int loop(run *r) {
     if (cfg->checkpoint.every > 0 && done % cfg->checkpoint.every == 0 && done != r->end_step) {
       double ts = now_s();
       if (save(r, done, lr) != 0) return -1;
-      const double paused = r->saver ? mc_ckpt_saver_last_stall(r->saver) : now_s() - ts;
+      const double paused = now_s() - ts;
       const char *tag = "checkpoint/training_paused_s";
       if (r->rank == 0 && mc_tfevents_scalars(&r->events, done, wall_s(), 1, &tag, &paused) != 0) return -1;
-      /* Async: the training loop waited only for the copy (and any save still in flight). */
+      /* Async: the training loop waited only for any save still in flight, and on a host
+       * backend for the copy of the state. */
       /* On a terminal (mpirun gives rank 0 one) the line replaces the step line being redrawn. */
       if (out) {
         fprintf(out, "%scheckpoint step %lld %s (training paused %.3f s)%s\n", r->opts->progress_tty ? "\r" : "",

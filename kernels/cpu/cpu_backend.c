@@ -65,6 +65,26 @@ static int cpu_sync(mc_backend *be) {
   return failed ? mc_error("cpu backend: %s", cpu_failure) : 0;
 }
 
+static void *cpu_host_alloc(mc_backend *be, size_t bytes) {
+  (void)be;
+  void *p = calloc(1, bytes ? bytes : 1);
+  if (!p) mc_error("cpu backend: cannot allocate %zu bytes of host memory", bytes);
+  return p;
+}
+
+static void cpu_host_free(mc_backend *be, void *p) {
+  (void)be;
+  free(p);
+}
+
+/* Snapshots: ops run when called, so a copy made now already sees every earlier op's result
+ * and nothing later can overwrite what it read. */
+static void cpu_snap_nothing(mc_backend *be) { (void)be; }
+static int cpu_snap_wait(mc_backend *be) {
+  (void)be;
+  return 0;
+}
+
 static mc_backend cpu_backend = {
     .name = "cpu",
     .ctx = NULL,
@@ -73,6 +93,13 @@ static mc_backend cpu_backend = {
     .to_host = cpu_memcpy,
     .from_host = cpu_memcpy,
     .sync = cpu_sync,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_host_free,
+    .snap_begin = cpu_snap_nothing,
+    .snap_to_host = cpu_memcpy,
+    .snap_end = cpu_snap_nothing,
+    .snap_fence = cpu_snap_nothing,
+    .snap_wait = cpu_snap_wait,
     .fill = mc_cpu_fill,
     .copy = mc_cpu_copy,
     .scale = mc_cpu_scale,

@@ -29,6 +29,11 @@ typedef struct {
   float2 *rope_tab;   /* RoPE (cos, sin) per (position, pair) for rope_T, rope_hd, rope_theta */
   int rope_T, rope_hd;
   double rope_theta;
+  /* snapshot copies (cuda_backend.cu): their own stream, made at the first snap_begin */
+  cudaStream_t snap_stream;
+  cudaEvent_t snap_start, snap_done;
+  int snap_ready;     /* stream and events exist */
+  int snap_pending;   /* a batch was ended: snap_done is recorded */
 } mc_cuda_ctx;
 
 #define MC_CUDA_THREADS 256

@@ -1,6 +1,8 @@
 /* Async save equals sync save (byte-identical files, same root hash) even when the caller
  * overwrites its buffers right after the call returns; a background failure is reported by
- * the next save, by wait or by close, exactly once; keep-last-K prunes the oldest steps. */
+ * the next save, by wait or by close, exactly once; keep-last-K prunes the oldest steps.
+ * Staged saves (the caller's buffers, filled by the time ready() returns on the saver's
+ * thread) equal sync saves; a failing ready() fails the save and keeps the previous one. */
 #include "tests/ckpt/test_ckpt_common.h"
 
 #include "tests/check.h"
@@ -132,11 +134,81 @@ static void test_keep_last(const char *root) {
   CHECK(path_exists(dir, "step_3") && path_exists(dir, "step_6") && path_exists(dir, "step_8"), "keep=0 prunes nothing");
 }
 
+/* A device copy in flight: the buffers hold garbage until ready() has run. */
+typedef struct {
+  item_set *set;
+  const mc_geometry *g;
+  unsigned seed;
+  int fail, calls;
+} filler;
+
+static int fill_ready(void *user) {
+  filler *f = user;
+  f->calls++;
+  if (f->fail) return mc_error("injected: the copy to the host failed");
+  item_set fresh;
+  if (make_items(f->g, f->seed, 7, 0, f->g->world, &fresh) != 0) return -1;
+  for (int i = 0; i < fresh.n; i++) {
+    mc_shard sh;
+    mc_shard_of(f->g, fresh.items[i].family, fresh.items[i].state, fresh.items[i].rank, &sh);
+    memcpy(f->set->bufs[i], fresh.bufs[i], (size_t)sh.numel * sizeof(float));
+  }
+  free_items(&fresh);
+  return 0;
+}
+
+static void test_staged(const char *root) {
+  mc_config cfg;
+  mc_geometry g;
+  CHECK_OK(tiny_geometry(2, 1, 2, 1, 0, 1, &cfg, &g));
+  char a[4096], b[4096];
+  pathf(a, sizeof a, "%s/staged_sync", root);
+  pathf(b, sizeof b, "%s/staged", root);
+  item_set set;
+  CHECK_OK(make_items(&g, 33, 7, 0, g.world, &set));
+  mc_train_state st;
+  make_state(3, &st);
+  CHECK_OK(mc_ckpt_save(a, &g, &cfg, &st, set.items, set.n, NULL));
+  for (int i = 0; i < set.n; i++) {
+    mc_shard sh;
+    mc_shard_of(&g, set.items[i].family, set.items[i].state, set.items[i].rank, &sh);
+    for (int64_t k = 0; k < sh.numel; k++) set.bufs[i][k] = NAN; /* not yet arrived */
+  }
+  mc_ckpt_saver *sv = NULL;
+  CHECK_OK(mc_ckpt_saver_create(b, NULL, &sv));
+  if (!sv) return;
+  filler f = {&set, &g, 33, 0, 0};
+  CHECK_OK(mc_ckpt_saver_save_staged(sv, &g, &cfg, &st, set.items, set.n, fill_ready, &f));
+  CHECK_OK(mc_ckpt_saver_wait(sv));
+  CHECK(f.calls == 1, "ready called %d times", f.calls);
+  char ha[65], hb[65];
+  root_hash_of(a, ha);
+  root_hash_of(b, hb);
+  CHECK(ha[0] && strcmp(ha, hb) == 0, "staged root hash %s, sync %s", hb, ha);
+
+  /* the copy fails: the save fails (reported by wait) and latest stays at step 3 */
+  mc_train_state st4;
+  make_state(4, &st4);
+  f.fail = 1;
+  CHECK_OK(mc_ckpt_saver_save_staged(sv, &g, &cfg, &st4, set.items, set.n, fill_ready, &f));
+  CHECK(mc_ckpt_saver_wait(sv) != 0 && strstr(mc_errmsg(), "copy to the host failed") && strstr(mc_errmsg(), "step 4"),
+        "wait reports: %s", mc_errmsg());
+  CHECK(!path_exists(b, "step_4") && !path_exists(b, "step_4.tmp"), "no trace of step 4");
+  mc_ckpt *ck = NULL;
+  CHECK_OK(mc_ckpt_open(b, NULL, &ck));
+  if (ck) CHECK(mc_ckpt_step(ck) == 3, "latest still step 3");
+  mc_ckpt_close(ck);
+  CHECK_OK(mc_ckpt_saver_close(sv));
+  free_items(&set);
+  mc_geometry_free(&g);
+}
+
 int main(void) {
   char root[2048];
   scratch_dir("async", root, sizeof root);
   test_async_equals_sync(root);
   test_keep_last(root);
+  test_staged(root);
   if (mc_check_failures == 0) rm_rf(root);
   return mc_check_exit("test_ckpt_async");
 }
