@@ -11,6 +11,14 @@
 #         GPU's step_20 on the GPU and on the CPU agree within BAND as well.
 #         Without a CUDA device (or a build without CUDA) it prints "SKIP: no CUDA device"
 #         and passes.
+# async:  checkpoints of a GPU run taken while it trains on (issue 15: snapshot copies on a
+#         second stream, the next optimizer step fenced behind them), for train.dtype fp32
+#         and bf16: a run with async saves every 5 steps has the same losses and gradient
+#         norms, bit for bit, as the run without saves; its step_10 resumed on the GPU
+#         continues them bit for bit (steps 11-20); and a save whose writes fail (the
+#         LD_PRELOAD shim MC_ENOSPC_SHIM makes step_15's files hit ENOSPC) ends the run with
+#         the error, exit non-zero, `latest` still step_10 and verified by mcaudit.
+#         Skips like match; the disk-full part is skipped without MC_ENOSPC_SHIM.
 # bf16:   the same CPU run against train.dtype=bf16 on the GPU (matrix products on bf16
 #         tensor cores, the rest fp32), and the bf16 run's step_10 resumed on the CPU in fp32:
 #         every loss within BF16_BAND (relative; default 1e-2) of the CPU run (gradient norms
@@ -59,7 +67,7 @@ compare() {
 }
 
 case "$MODE" in
-match|bf16)
+match|bf16|async)
   # Is there a GPU? The device is checked before the data, so a missing file is reached
   # only when the CUDA backend came up.
   "$B/mctrain" --set train.device=cuda --set data.path=/nonexistent.h5 --set checkpoint.dir=probe > probe.log 2>&1
@@ -80,6 +88,34 @@ match|bf16)
     "$B/mctrain" "${C[@]}" --set train.device=$dev --set checkpoint.dir=$name "$@" > $name.log 2>&1 || { cat $name.log; die "run $name on $dev failed"; return; }
     awk -v a="$t0" -v b="$(date +%s.%N)" -v n="$name" -v d="$dev" 'BEGIN { printf "run %s on %s: %.1f s\n", n, d, b - a }'
   }
+  if [ "$MODE" = async ]; then
+    for dt in fp32 bf16; do
+      D=(--set train.dtype=$dt)
+      run ${dt}_plain cuda "${D[@]}" --set checkpoint.every=0 --until 20
+      run ${dt}_async cuda "${D[@]}" --set checkpoint.every=5 --set checkpoint.async_save=true --until 20
+      grep -q "checkpoint step 10 queued" ${dt}_async.log || die "$dt: no async save at step 10"
+      grep "checkpoint step" ${dt}_async.log | sed 's/^/  /'
+      run ${dt}_resumed cuda --resume ${dt}_async/step_10 --until 20
+      compare "$dt: async saves every 5 steps against no saves" ${dt}_async ${dt}_plain 1 20 0 loss grad_norm
+      compare "$dt: the async step_10 resumed" ${dt}_resumed ${dt}_plain 11 20 0 loss grad_norm
+      if [ -n "${MC_ENOSPC_SHIM:-}" ]; then
+        LD_PRELOAD=$MC_ENOSPC_SHIM MC_ENOSPC_MATCH=step_15 MC_ENOSPC_AFTER=0 "$B/mctrain" "${C[@]}" "${D[@]}" \
+          --set train.device=cuda --set checkpoint.dir=${dt}_full --set checkpoint.every=5 \
+          --set checkpoint.async_save=true --until 20 > ${dt}_full.log 2>&1
+        rc=$?
+        echo "== $dt: step_15's writes fail (ENOSPC): exit $rc; $(grep '^mctrain' ${dt}_full.log | tail -1 | cut -c1-300)"
+        [ $rc != 0 ] || die "$dt: a failed async save did not end the run with an error"
+        grep -qi "no space\|ENOSPC" ${dt}_full.log || die "$dt: the error does not say the disk is full"
+        grep -q '"path":[[:space:]]*"step_10"' ${dt}_full/latest 2>/dev/null || die "$dt: latest is not step_10: $(cat ${dt}_full/latest 2>/dev/null)"
+        "$B/mcaudit" ${dt}_full --verify > ${dt}_full_audit.log 2>&1 || { tail -3 ${dt}_full_audit.log; die "$dt: step_10 does not verify"; }
+        [ -e ${dt}_full/step_20 ] && die "$dt: the run went on past the failed save"
+      else
+        echo "(disk-full part skipped: MC_ENOSPC_SHIM not set)"
+      fi
+    done
+    [ $fail = 0 ] && echo "cuda_train $MODE: ok"
+    exit $fail
+  fi
   if [ "$MODE" = bf16 ]; then
     # bf16 products against the fp32 CPU run; the bf16 run's checkpoint resumed on the CPU
     run cpu cpu --until 20
