@@ -103,10 +103,9 @@ def main():
             s = state()
             state_bytes = sum(v.numel() * v.element_size() for v in s.values())
             r = dcp.async_save(s, checkpoint_id=os.path.join(a.dir, f"step_{step}"), process_group=pg, **kwargs)
-            if a.mode == "pinned":
-                upload, staging = r.upload_completion, r.staging_completion
-            else:
-                upload = r
+            # a Future, or (with a stager that stages asynchronously) an AsyncSaveResponse
+            upload = getattr(r, "upload_completion", r)
+            staging = getattr(r, "staging_completion", None)
             pauses.append(time.perf_counter() - ts)
     if upload is not None:
         upload.result()
