@@ -60,7 +60,7 @@ def main():
     def state():
         s = {}
         for n, p in model.named_parameters():
-            s[f"model.{n}"] = p
+            s[f"model.{n}"] = p.detach()  # a plain tensor on the same storage (the stager deep-copies)
             st = opt.state.get(p)
             if st:
                 s[f"optim.{n}.exp_avg"] = st["exp_avg"]

@@ -2,8 +2,10 @@
  * the saver owns (and while a previous save still runs), or not at all for the caller's own
  * staged buffers (mc_ckpt_saver_save_staged); a background thread then does the whole
  * mc_ckpt_save. Its result is kept until a wait, the next save or close reports it. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* gettid */
 #include <pthread.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +70,10 @@ static void mark_finished(mc_ckpt_saver *s) {
 
 static void *save_thread(void *arg) {
   mc_ckpt_saver *s = arg;
+  /* The save shares the CPUs with the training loop's host thread, which launches the
+   * device's work: it runs (with the hashing threads it starts, which inherit this) at a
+   * lower priority, so the loop is not kept waiting for a CPU. Linux's nice is per thread. */
+  setpriority(PRIO_PROCESS, (id_t)gettid(), 10);
   if (!s->fail_only && s->ready && s->ready(s->ready_user) != 0) {
     /* The data never arrived: fail this save, on every process (through the barrier). */
     snprintf(s->err, sizeof s->err, "checkpoint step %lld: %s", (long long)s->state.step, mc_errmsg());
