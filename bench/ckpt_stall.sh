@@ -10,7 +10,7 @@
 # Binaries: NEW_BIN (and BASE_BIN, when given, run the same way first: before/after in one
 # invocation). In the same call: the disk's raw write speed (dd, 64 MiB blocks, fsync) on the
 # checkpoint directory's file system, and the PyTorch peer (bench/dcp_peer.py, DCP async_save
-# plain and pinned) when PEER=1.
+# plain and pinned, or PEER_MODES) when PEER=1.
 # Usage (repository root, GPU machine): OUT=DIR NEW_BIN=DIR [BASE_BIN=DIR] [CONFIGS="dense-a nam-small"]
 #   [UNTIL=100] [EVERY=40] [PEER=1] [MC_COMMIT=SHA] bash bench/ckpt_stall.sh
 set -u
@@ -77,7 +77,7 @@ for cfg in $CONFIGS; do
   run "$cfg" new "$NEW"
 done
 if [ "${PEER:-0}" = 1 ]; then
-  for mode in plain pinned; do
+  for mode in ${PEER_MODES:-plain pinned}; do
     rm -rf "$W/dcp-$mode"
     timeout 400 python3 bench/dcp_peer.py --dir "$W/dcp-$mode" --mode "$mode" --steps "$UNTIL" --every "$EVERY" \
       > "$OUT/dcp_$mode.json" 2> "$OUT/dcp_$mode.log" || echo "dcp $mode: FAILED ($(tail -2 "$OUT/dcp_$mode.log" | tr '\n' ' '))" | tee -a "$R"
