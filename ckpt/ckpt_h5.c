@@ -178,6 +178,34 @@ int mc_h5_write_shard_attrs(int64_t dset, const mc_shard_attrs *a) {
   return rc ? -1 : 0;
 }
 
+/* Writes a contiguous dataset in slabs of whole rows of at most MC_H5_SLAB_BYTES (one row
+ * at least). The HDF5 library is one lock: a training loop reading its token batches
+ * (train/data.c) waits for whatever H5Dwrite holds it, so an asynchronous save must not hold
+ * it for a whole 500 MB tensor at a time. Returns what H5Dwrite returns (< 0: failed). */
+#define MC_H5_SLAB_BYTES ((hsize_t)8 << 20)
+static herr_t write_in_slabs(hid_t d, hid_t file_space, int ndim, const hsize_t *dims, const float *data) {
+  hsize_t row = sizeof(float); /* bytes of one index of dim 0 */
+  for (int k = 1; k < ndim; k++) row *= dims[k];
+  const hsize_t total = ndim > 0 ? dims[0] : 1;
+  if (ndim == 0 || total * row <= MC_H5_SLAB_BYTES)
+    return H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+  const hsize_t per = row >= MC_H5_SLAB_BYTES ? 1 : MC_H5_SLAB_BYTES / row;
+  hsize_t start[MC_CKPT_MAX_DIM] = {0}, count[MC_CKPT_MAX_DIM];
+  for (int k = 0; k < ndim; k++) count[k] = dims[k];
+  herr_t rc = 0;
+  for (hsize_t r = 0; r < total && rc >= 0; r += per) {
+    start[0] = r;
+    count[0] = total - r < per ? total - r : per;
+    hsize_t n = count[0] * (row / sizeof(float));
+    hid_t mem = H5Screate_simple(1, &n, NULL);
+    rc = mem < 0 ? -1 : H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, NULL, count, NULL);
+    if (rc >= 0) rc = H5Dwrite(d, H5T_NATIVE_FLOAT, mem, file_space, H5P_DEFAULT, data + r * (row / sizeof(float)));
+    if (mem >= 0) H5Sclose(mem);
+  }
+  H5Sselect_all(file_space);
+  return rc;
+}
+
 int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_attrs *attrs,
                           const float *const *data, int n, mc_pool *hashes, int hash_base) {
   h5_quiet();
@@ -227,7 +255,7 @@ int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_att
     hid_t d = H5Dcreate2(g, mc_state_name(s->state), H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     if (d < 0) {
       rc = mc_error("%s: cannot create dataset %s: %s", path, s->dataset, h5_reason(&et));
-    } else if (H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data[i]) < 0) {
+    } else if (write_in_slabs(d, sp, s->ndim, dims, data[i]) < 0) {
       rc = mc_error("%s: writing dataset %s failed: %s", path, s->dataset, h5_reason(&et));
     } else if (i == 0 && mc_ckpt_fault("write_data")) {
       rc = mc_error_context("%s: writing dataset %s", path, s->dataset);

@@ -34,3 +34,14 @@ foreach(t test_ckpt_roundtrip test_ckpt_corrupt test_ckpt_fault test_ckpt_fault_
     set_tests_properties(ckpt.${t} PROPERTIES TIMEOUT 120)
   endif()
 endforeach()
+# Datasets above the writer's 8 MiB slab (ckpt_h5.c write_in_slabs): a model whose embedding
+# is 16 MiB (vocabulary 65536 x 64) is saved, mcaudit --verify re-hashes every shard from the file against the hashes
+# taken from memory, and the run resumes from it.
+if(TARGET mctrain AND TARGET mcaudit AND TARGET mcdata)
+  add_test(NAME ckpt.slab_write COMMAND bash -c
+    "set -e; d=$(mktemp -d); trap 'rm -rf $d' EXIT; cd $d; $<TARGET_FILE:mcdata> -o c.h5 ${MC_SOURCE_DIR}/docs/checkpoint.md > /dev/null; \
+     $<TARGET_FILE:mctrain> --set data.path=c.h5 --set model.vocab_size=65536 --set checkpoint.dir=big --until 2 > train.log; \
+     /usr/bin/python3 -c \"import h5py; assert h5py.File('big/step_2/rank_0.h5')['embed.weight/exp_avg'].nbytes > 8 << 20\"; \
+     $<TARGET_FILE:mcaudit> big --verify; \
+     $<TARGET_FILE:mctrain> --set data.path=c.h5 --set model.vocab_size=65536 --set checkpoint.dir=big2 --resume big/step_2 --until 3 > resume.log")
+endif()
