@@ -24,8 +24,8 @@ Convention (also in tests/docs/README.md):
                                    appear in its output in order ("..." lines stand for any
                                    lines; trailing blanks ignored)
 
-Each document runs in a fresh directory whose top-level entries are links to the source
-tree's (configs/, docs/, scripts/, ...; not build*, runs, data), plus data/default_corpus.h5,
+Each document runs in a fresh copy of the source tree (configs/, docs/, scripts/, ...; not
+.git, build*, runs, data: about 4 MB), plus data/default_corpus.h5,
 made by mcdata from docs/*.md: a small stand-in for the default corpus that
 scripts/train-default.sh builds from Debian packages. Its commands run in order, each in its
 own `bash -o pipefail -c` from that directory, with the build's programs first on PATH,
@@ -72,6 +72,13 @@ def parse_doc(path, rel):
         if not m:
             if "docs-test:" in text[i] and not MARKER_RE.match(text[i]):
                 problems.append(f"{rel}:{i + 1}: malformed docs-test marker: {text[i].strip()}")
+            elif MARKER_RE.match(text[i]):
+                k = i
+                while k + 1 < len(text) and MARKER_RE.match(text[k + 1]):
+                    k += 1
+                if k + 1 >= len(text) or not FENCE_RE.match(text[k + 1]):
+                    problems.append(f"{rel}:{i + 1}: docs-test marker not directly above a code block "
+                                    f"(no blank line between): {text[i].strip()}")
             i += 1
             continue
         lang = m.group(2)
@@ -204,11 +211,11 @@ class Runner:
             return "timeout", out, time.time() - t0
 
     def workdir(self, rel):
-        d = tempfile.mkdtemp(prefix="doc-", dir=self.args.workdir)
-        for name in sorted(os.listdir(self.args.src)):
-            if name in (".git", "runs", "data", ".device") or name.startswith("build"):
-                continue
-            os.symlink(os.path.join(self.args.src, name), os.path.join(d, name))
+        d = os.path.join(tempfile.mkdtemp(prefix="doc-", dir=self.args.workdir), "tree")
+        # a copy, so that no command of a document can write into the source tree (about 4 MB)
+        shutil.copytree(self.args.src, d, symlinks=True,
+                        ignore=lambda where, names: [n for n in names if where == self.args.src and (
+                            n in (".git", "runs", "data", ".device") or n.startswith("build"))])
         os.mkdir(os.path.join(d, "data"))
         shutil.copy(self.corpus, os.path.join(d, "data", "default_corpus.h5"))
         return d
@@ -277,7 +284,7 @@ class Runner:
                     return
                 print(f"ok   {dt:5.1f}s {rel}:{ln} {short[:150]}", flush=True)
         if not self.args.keep:
-            shutil.rmtree(d, ignore_errors=True)
+            shutil.rmtree(os.path.dirname(d), ignore_errors=True)
 
 
 def match_output(block_lines, out):

@@ -129,6 +129,12 @@ true
 ```
 
 Use `mcreshard --not-a-flag` here.
+
+<!-- docs-test: skip a marker with a blank line after it -->
+
+```sh
+true
+```
 """
 src, b = tree({"docs/bad.md": bad, "docs/bad2.md": bad2})
 rc, out = run(src, b)
@@ -142,6 +148,7 @@ check("'docs-test: skip' needs a reason" in out, "skip without a reason fails")
 check("unknown docs-test marker 'frobnicate'" in out, "an unknown marker fails")
 check("FAIL docs/bad2.md:22: mcreshard --not-a-flag is not in `mcreshard --help`" in out, "a flag missing from --help fails")
 check("FAIL docs/bad2.md:9: mctrain" not in out, "flags known to --help pass")
+check("docs/bad2.md:24: docs-test marker not directly above a code block" in out, "a marker away from its block fails")
 
 for r in roots:
     shutil.rmtree(r, ignore_errors=True)
