@@ -97,6 +97,8 @@ check("skip docs/good.md:24 (needs root)" in out, "a skipped block is reported w
 check("gpu  docs/good.md:29" in out, "a gpu block is listed, not run")
 rc, out = run(src, b, "--list-gpu")
 check(rc == 0 and "mctrain --known cuda" in out and "apt-get" not in out, "--list-gpu prints the gpu block only")
+rc, out = run(src, b, "--gpu")
+check(rc == 0 and "ok" in out and "docs/good.md:29 mctrain --known cuda" in out, "--gpu runs the gpu block too")
 
 # 2. failures: a failing command, an output block that differs, convention errors, a flag not in --help
 bad = """# Bad
