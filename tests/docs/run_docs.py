@@ -39,6 +39,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -201,14 +202,22 @@ class Runner:
 
     def sh(self, cmd, cwd, env, timeout):
         t0 = time.time()
+        # its own process group, so that a timeout ends mpirun and the ranks too, not only bash
+        p = subprocess.Popen(["bash", "-o", "pipefail", "-c", cmd], cwd=cwd, env=env,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            p = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=cwd, env=env,
-                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, timeout=timeout)
-            return p.returncode, p.stdout.decode("utf-8", "replace"), time.time() - t0
-        except subprocess.TimeoutExpired as e:
-            out = (e.stdout or b"").decode("utf-8", "replace")
-            return "timeout", out, time.time() - t0
+            out, _ = p.communicate(timeout=timeout)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                out, _ = p.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                out, _ = p.communicate()
+            rc = "timeout"
+        return rc, out.decode("utf-8", "replace"), time.time() - t0
 
     def workdir(self, rel):
         d = os.path.join(tempfile.mkdtemp(prefix="doc-", dir=self.args.workdir), "tree")

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUN = os.path.join(HERE, "run_docs.py")
@@ -101,6 +102,12 @@ rc, out = run(src, b, "--gpu")
 check(rc == 0 and "ok" in out and "docs/good.md:29 mctrain --known cuda" in out, "--gpu runs the gpu block too")
 
 # 2. failures: a failing command, an output block that differs, convention errors, a flag not in --help
+slow = """# Slow
+
+```sh
+(sleep 300; echo never) &  sleep 300
+```
+"""
 bad = """# Bad
 
 ```sh
@@ -154,5 +161,14 @@ check("docs/bad2.md:24: docs-test marker not directly above a code block" in out
 
 for r in roots:
     shutil.rmtree(r, ignore_errors=True)
+# 3. a command past its limit is ended with its children (the pipe closes), and reported
+src, b = tree({"docs/slow.md": slow})
+t0 = time.time()
+p = subprocess.run([sys.executable, RUN, "--src", src, "--bin", b, "--timeout", "2"],
+                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+out = p.stdout.decode()
+check(p.returncode == 1 and "FAIL docs/slow.md:4: timed out after 2.0 s" in out and time.time() - t0 < 30,
+      "a command past --timeout is ended with its children and reported\n" + out)
+
 print("test_run_docs: %s" % ("ok" if failures == 0 else "%d failed" % failures))
 sys.exit(1 if failures else 0)
