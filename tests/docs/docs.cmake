@@ -1,7 +1,8 @@
 # Docs that run (issue 18): tests/docs/run_docs.py runs every command of README.md and
 # docs/*.md as written, in order, one fresh directory per document (convention:
 # tests/docs/README.md), and checks every --flag the docs give a MegaC program against its
-# --help. About 70 s on 2 cores. `run_docs.py --list-gpu` prints the GPU-only commands.
+# --help. 70-105 s on a shared 2-core machine (about 24 s of CPU; mostly mpirun starts).
+# `run_docs.py --list-gpu` prints the GPU-only commands.
 find_program(MC_PYTHON3 python3)
 if(MC_PYTHON3 AND TARGET mctrain)
   add_test(NAME docs.run
