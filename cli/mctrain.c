@@ -29,19 +29,21 @@
 static volatile sig_atomic_t stop_signal = 0;
 static void on_signal(int sig) { stop_signal = sig; }
 
-enum { OPT_RESUME = CLI_LONG, OPT_UNTIL, OPT_QUIET, OPT_FORCE };
+enum { OPT_RESUME = CLI_LONG, OPT_UNTIL, OPT_QUIET, OPT_FORCE, OPT_VERSION };
 static const struct option LONG_OPTS[] = {
     {"help", no_argument, NULL, 'h'},
     {"resume", required_argument, NULL, OPT_RESUME},
     {"force", no_argument, NULL, OPT_FORCE},
     {"until", required_argument, NULL, OPT_UNTIL},
     {"quiet", no_argument, NULL, OPT_QUIET},
+    {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
 };
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: mctrain [--config FILE] [--set section.key=value]... [--resume latest|DIR] [--until STEP] [--quiet]\n"
+          "usage: mctrain [--config FILE] [--set section.key=value]... [--resume latest|DIR] [--force] [--until STEP] [--quiet]\n"
+          "       mctrain --help | --version\n"
           "  with no arguments trains the embedded default configuration (configs/default.json)\n"
           "  --resume latest   continue the run in checkpoint.dir from its newest checkpoint\n"
           "  --resume DIR      continue from a checkpoint directory (a run directory or a step_N)\n"
@@ -52,6 +54,7 @@ static void usage(FILE *f) {
           "  --force           with --resume: allow changes of the schedule, optimizer, batch, seed or split\n"
           "  --until STEP      stop after STEP steps (the schedule still spans train.steps)\n"
           "  --quiet           no progress output\n"
+          "  --version         print the MegaC version and checkpoint format, then exit\n"
           "  --nproc-per-node N  start N local GPU workers (ranks of one job, one per GPU; needs train.device=cuda)\n"
           "  --nnodes M --node-rank K  with --nproc-per-node: this host is node K of M (MASTER_ADDR/MASTER_PORT: node 0)\n"
           "  parallel layouts: mpirun -np <tp*dp*pp> mctrain --set parallel.tp=2 --set parallel.dp=2 ... (docs/parallel.md);\n"
@@ -126,6 +129,10 @@ static int predict_memory(const mc_config *cfg, int world_size, int64_t out[MC_M
 }
 
 int main(int argc, char **argv) {
+  /* --version answers before any launch or MPI start (it is also in the table, so that
+   * run_training accepts it) */
+  for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+    if (!strcmp(argv[i], "--version")) return cli_version("mctrain", MC_CKPT_FORMAT_VERSION);
   int lv[3];
   int nproc = take_launch_opts(&argc, argv, lv);
   if (nproc < 0) return cli_bad_usage("mctrain", usage);
@@ -311,6 +318,8 @@ static int run_training(mc_config *cfg, int argc, char **argv, mc_comm *world, i
     case OPT_QUIET:
       opts.progress = NULL;
       break;
+    case OPT_VERSION:
+      return cli_version("mctrain", MC_CKPT_FORMAT_VERSION);
     case OPT_FORCE: /* read with --resume before the configuration was built (run_main) */
       force = 1;
       break;

@@ -145,6 +145,17 @@ eval)
   [ "$got" = 256 ] || die "mceval --set data.path/train.eval_batches scored $got tokens, want 256"
   if "$B/mceval" run --set data.path=corpus.h5 --set model.d_model=48 > /dev/null 2> mm.log; then die "mceval accepted a changed model"; fi
   grep -q "model.d_model" mm.log || die "mceval model change not named: $(cat mm.log)"
+  # --json: one JSON document with the same loss (exactly), its perplexity, the tokens, split and step.
+  "$B/mceval" run/step_8 --data corpus.h5 --json > ev.json || die "mceval --json failed"
+  /usr/bin/python3 - "$(field run/metrics.jsonl val_loss 8)" ev.json <<'PY' || die "mceval --json: $(cat ev.json)"
+import json, math, sys
+want, doc = float(sys.argv[1]), json.load(open(sys.argv[2]))
+assert doc["loss"] == want, (doc["loss"], want)
+assert abs(doc["perplexity"] - math.exp(want)) <= 1e-12 * math.exp(want), doc["perplexity"]
+assert doc["split"] == "val" and doc["step"] == 8 and doc["tokens"] == doc["sequences"] * 32, doc
+assert doc["batches"] == 2 and doc["backend"] == "cpu" and doc["verified"] is True, doc
+assert doc["checkpoint"].endswith("step_8") and doc["data"] == "corpus.h5", doc
+PY
   ;;
 errors)
   # Bad input: clear messages naming the file, key or rule, non-zero exit, nothing written.
@@ -195,7 +206,11 @@ errors)
   # the launchers is tests/train/nccl_train.sh).
   expect "train.dtype=bf16 needs train.device=cuda" "$B/mctrain" "${SMALL[@]}" --set checkpoint.dir=f \
     --set data.path=corpus.h5 --set train.dtype=bf16
-  expect "mceval: train.device=tpu is not a device" "$B/mceval" e --data corpus.h5 --device tpu
+  expect "mceval: --device tpu: expected cpu or cuda" "$B/mceval" e --data corpus.h5 --device tpu
+  # Without a GPU (or in a build without CUDA) --device cuda fails naming the option.
+  if ! "$B/mceval" e --data corpus.h5 --device cuda > err.out 2> err.log; then
+    grep -q -- "mceval: --device cuda: no CUDA device is available" err.log || { cat err.log; die "mceval --device cuda: message lacks --device"; }
+  fi
   # A recomputation policy the trainer does not implement is refused, not ignored.
   expect "train.recompute=selective is not implemented by the trainer" "$B/mctrain" "${SMALL[@]}" \
     --set checkpoint.dir=rc --set data.path=corpus.h5 --set train.recompute=selective
