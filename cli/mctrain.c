@@ -29,7 +29,7 @@
 static volatile sig_atomic_t stop_signal = 0;
 static void on_signal(int sig) { stop_signal = sig; }
 
-enum { OPT_RESUME = CLI_LONG, OPT_UNTIL, OPT_QUIET, OPT_FORCE, OPT_VERSION };
+enum { OPT_RESUME = CLI_LONG, OPT_UNTIL, OPT_QUIET, OPT_FORCE, OPT_VERSION, OPT_PEAK };
 static const struct option LONG_OPTS[] = {
     {"help", no_argument, NULL, 'h'},
     {"resume", required_argument, NULL, OPT_RESUME},
@@ -37,12 +37,14 @@ static const struct option LONG_OPTS[] = {
     {"until", required_argument, NULL, OPT_UNTIL},
     {"quiet", no_argument, NULL, OPT_QUIET},
     {"version", no_argument, NULL, OPT_VERSION},
+    {"peak-tflops", required_argument, NULL, OPT_PEAK},
     {NULL, 0, NULL, 0},
 };
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: mctrain [--config FILE] [--set section.key=value]... [--resume latest|DIR] [--force] [--until STEP] [--quiet]\n"
+          "usage: mctrain [--config FILE] [--set section.key=value]... [--resume latest|DIR] [--force] [--until STEP]\n"
+          "               [--peak-tflops X] [--quiet]\n"
           "       mctrain --help | --version\n"
           "  with no arguments trains the embedded default configuration (configs/default.json)\n"
           "  --resume latest   continue the run in checkpoint.dir from its newest checkpoint\n"
@@ -53,7 +55,9 @@ static void usage(FILE *f) {
           "                    batch, seed or validation split unless --force is given\n"
           "  --force           with --resume: allow changes of the schedule, optimizer, batch, seed or split\n"
           "  --until STEP      stop after STEP steps (the schedule still spans train.steps)\n"
-          "  --quiet           no progress output\n"
+          "  --peak-tflops X   one device's peak TFLOP/s for the dtype (e.g. 989 for an H100 SXM in bf16): metrics\n"
+          "                    then carry mfu = model_tflops / X (model_tflops, model FLOP/s per device, always)\n"
+          "  --quiet           no progress output; off a terminal, progress is one plain line per logged step\n"
           "  --version         print the MegaC version and checkpoint format, then exit\n"
           "  --nproc-per-node N  start N local GPU workers (ranks of one job, one per GPU; needs train.device=cuda)\n"
           "  --nnodes M --node-rank K  with --nproc-per-node: this host is node K of M (MASTER_ADDR/MASTER_PORT: node 0)\n"
@@ -320,6 +324,15 @@ static int run_training(mc_config *cfg, int argc, char **argv, mc_comm *world, i
       break;
     case OPT_VERSION:
       return cli_version("mctrain", MC_CKPT_FORMAT_VERSION);
+    case OPT_PEAK: {
+      char *end = NULL;
+      opts.peak_tflops = strtod(p.arg, &end);
+      if (end == p.arg || *end || !(opts.peak_tflops > 0 && opts.peak_tflops < 1e9)) {
+        mc_error("--peak-tflops %s is not a positive number of TFLOP/s", p.arg);
+        return cli_bad_usage("mctrain", NULL);
+      }
+      break;
+    }
     case OPT_FORCE: /* read with --resume before the configuration was built (run_main) */
       force = 1;
       break;

@@ -68,6 +68,11 @@ resume)
   x=$(field a/metrics.jsonl val_loss 12); y=$(field b/metrics.jsonl val_loss 12)
   [ -n "$x" ] && [ "$x" = "$y" ] || die "val_loss at 12: straight $x, resumed $y"
   [ "$(grep -c '"step": ' b/metrics.jsonl)" = 12 ] || die "resumed log should hold steps 1..12 once"
+  # checkpoint records: 4 and 6 (--until) before the resume, 8 and 12 after; metrics.csv
+  # (rebuilt from the kept log at the resume, then appended) equals the log
+  [ "$(grep -o '"checkpoint": [0-9]*' b/metrics.jsonl | tr '\n' ' ')" = '"checkpoint": 4 "checkpoint": 6 "checkpoint": 8 "checkpoint": 12 ' ] \
+    || die "checkpoint records of the resumed log: $(grep -o '"checkpoint": [0-9]*' b/metrics.jsonl | tr '\n' ' ')"
+  MC_SOURCE_DIR=$S /usr/bin/python3 "$S/tests/train/metrics_check.py" b > mc.log 2>&1 || { cat mc.log; die "metrics.csv/svg of the resumed run"; }
   echo "12 steps straight and 6 + resume agree exactly (loss at 12: $x)"
   # Resuming again from step 6 into a fresh directory, via the step directory itself.
   "$B/mctrain" "${common[@]}" --set checkpoint.dir=c --resume b/step_6 --until 8 > c.log 2>&1 || { cat c.log; die "resume from DIR failed"; }
@@ -81,6 +86,9 @@ resume)
     [ "$(field b/metrics.jsonl $k 8)" = "$(field a/metrics.jsonl $k 8)" ] || die "bare resume: step 8 $k $(field b/metrics.jsonl $k 8), straight $(field a/metrics.jsonl $k 8)"
   done
   grep -q "resume changes" d.log && die "a bare resume reported changes: $(grep 'resume changes' d.log)"
+  # resumed at step 6 again: the log and its CSV drop steps 7-12 and checkpoints 8 and 12
+  [ "$(grep -c '"checkpoint": ' b/metrics.jsonl)" = 3 ] || die "checkpoint records after the resume from step 6: $(grep -c '"checkpoint": ' b/metrics.jsonl)"
+  MC_SOURCE_DIR=$S /usr/bin/python3 "$S/tests/train/metrics_check.py" b > mc.log 2>&1 || { cat mc.log; die "metrics.csv/svg after resuming step 6"; }
   "$B/mctrain" "${common[@]}" --set checkpoint.dir=e --set train.lr=0.01 --resume b/step_6 > e.log 2>&1 \
     && die "a resume changing train.lr succeeded without --force"
   grep -q "would change train.lr .*pass --force" e.log || { cat e.log; die "the refusal does not name train.lr and --force"; }
