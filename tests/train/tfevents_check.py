@@ -173,12 +173,18 @@ def main():
     except ImportError:
         print("tensorboard not installed: its reader not run")
         return
-    acc = EventAccumulator(f"{run}/tensorboard")
+    acc = EventAccumulator(f"{run}/tensorboard", size_guidance={"scalars": 0})
     acc.Reload()
     for r in recs:
         got = [s.value for s in acc.Scalars("train/loss") if s.step == r["step"]]
         assert got and got[-1] == f32(r["loss"]), f"TensorBoard's reader: step {r['step']} train/loss {got}"
-    print(f"TensorBoard's EventAccumulator reads the same train/loss at {len(recs)} steps; tags {sorted(acc.Tags()['scalars'])}")
+    # every scalar this decoder read, TensorBoard's reader reads alike
+    tags = set(acc.Tags()["scalars"])
+    assert tags == {t for t, _ in seen}, f"TensorBoard's reader sees tags {sorted(tags)}, this decoder {sorted({t for t, _ in seen})}"
+    for (tag, step), x in seen.items():
+        got = [s.value for s in acc.Scalars(tag) if s.step == step]
+        assert got and got[-1] == x, f"TensorBoard's reader: {tag} at step {step} {got}, this decoder {x}"
+    print(f"TensorBoard's EventAccumulator reads the same {len(seen)} scalars ({len(tags)} tags: {sorted(tags)})")
 
 
 if __name__ == "__main__":
