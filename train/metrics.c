@@ -187,6 +187,12 @@ static void polyline(FILE *f, const series *s, double x0, double x1, double y0, 
   fprintf(f, "\"/>\n");
 }
 
+/* 1 -> 2 -> 5 -> 10 -> 20 ...: the factor to the next round spacing. */
+static double every_next(double every) {
+  const double mant = every / pow(10, floor(log10(every) + 1e-9));
+  return mant < 1.5 ? 2.0 : mant < 3.5 ? 2.5 : 2.0;
+}
+
 static void free_series(series *a, series *b, series *c) {
   free(a->x), free(a->y), free(b->x), free(b->y), free(c->x), free(c->y);
 }
@@ -260,10 +266,13 @@ int mc_metrics_svg(const char *jsonl_path, const char *svg_path, const char *tit
   fprintf(f, "</text>\n");
   /* Axes with five ticks each: step below, loss left, learning rate right. */
   fprintf(f, "<path d=\"M%d %d V%d H%d V%d\" stroke=\"black\" fill=\"none\"/>\n", ML, MT, H - MB, W - MR, MT);
+  /* steps at a round spacing (1, 2 or 5 x 10^k, at most 6 ticks) */
+  double every = 1;
+  while (every * 5 < x1 - x0) every *= every_next(every);
+  for (double x = x0; x <= x1 + 1e-9; x += every)
+    fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%.0f</text>\n", sx(x, x0, x1), H - MB + 18, x);
   for (int i = 0; i <= 5; i++) {
-    double fx = ML + i / 5.0 * (W - ML - MR), fy = H - MB - i / 5.0 * (H - MT - MB);
-    fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%.0f</text>\n", fx, H - MB + 18,
-            x0 + i / 5.0 * (x1 - x0));
+    double fy = H - MB - i / 5.0 * (H - MT - MB);
     fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%.2f</text>\n", ML - 6, fy + 4,
             y0 + i / 5.0 * (y1 - y0));
     fprintf(f, "<text x=\"%d\" y=\"%.1f\" fill=\"#2ca02c\">%.1e</text>\n", W - MR + 6, fy + 4, i / 5.0 * l1);
