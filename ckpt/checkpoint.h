@@ -131,6 +131,10 @@ int mc_ckpt_saver_wait(mc_ckpt_saver *s);
 /* Seconds the last mc_ckpt_saver_save kept its caller blocked (wait for the previous save
  * plus the copy). */
 double mc_ckpt_saver_last_stall(const mc_ckpt_saver *s);
+/* Once per save that has committed, oldest first: 1 with its step and the seconds its
+ * background write took (write, hash, fsync, barriers, commit); 0 when none is unreported
+ * (up to the last 4 are kept). */
+int mc_ckpt_saver_take_done(mc_ckpt_saver *s, int64_t *step, double *seconds);
 /* Waits, frees everything, and returns the result of the save in flight (0 if none). */
 int mc_ckpt_saver_close(mc_ckpt_saver *s);
 /* Without blocking: 1 while a save is in flight, else what mc_ckpt_saver_wait returns (0, or

@@ -37,6 +37,11 @@ struct mc_ckpt_saver {
   pthread_mutex_t mu;
   int finished;        /* the thread has stored its result (under mu) */
   double stall;
+  /* saves that succeeded, oldest first, until mc_ckpt_saver_take_done reports them (under
+   * mu); the oldest is dropped when a fifth comes unreported */
+  int n_done;
+  int64_t done_step[4];
+  double done_s[4];
 };
 
 static double now_s(void) {
@@ -91,7 +96,19 @@ static void *save_thread(void *arg) {
     mark_finished(s);
     return NULL;
   }
+  const double t0 = now_s();
   s->rc = mc_ckpt_save(s->dir, s->g, &s->cfg, &s->state, s->items, s->n_items, &s->opts);
+  if (s->rc == 0) {
+    pthread_mutex_lock(&s->mu);
+    if (s->n_done == 4) {
+      memmove(s->done_step, s->done_step + 1, 3 * sizeof s->done_step[0]);
+      memmove(s->done_s, s->done_s + 1, 3 * sizeof s->done_s[0]);
+      s->n_done = 3;
+    }
+    s->done_step[s->n_done] = s->state.step, s->done_s[s->n_done] = now_s() - t0;
+    s->n_done++;
+    pthread_mutex_unlock(&s->mu);
+  }
   if (s->rc) {
     /* The message is thread-local: keep it for whoever waits. */
     strncpy(s->err, mc_errmsg(), sizeof s->err - 1);
@@ -281,6 +298,19 @@ int mc_ckpt_saver_save_staged(mc_ckpt_saver *s, const mc_geometry *g, const mc_c
 }
 
 double mc_ckpt_saver_last_stall(const mc_ckpt_saver *s) { return s->stall; }
+
+int mc_ckpt_saver_take_done(mc_ckpt_saver *s, int64_t *step, double *seconds) {
+  pthread_mutex_lock(&s->mu);
+  const int got = s->n_done > 0;
+  if (got) {
+    *step = s->done_step[0], *seconds = s->done_s[0];
+    s->n_done--;
+    memmove(s->done_step, s->done_step + 1, (size_t)s->n_done * sizeof s->done_step[0]);
+    memmove(s->done_s, s->done_s + 1, (size_t)s->n_done * sizeof s->done_s[0]);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return got;
+}
 
 int mc_ckpt_saver_close(mc_ckpt_saver *s) {
   if (!s) return 0;

@@ -23,20 +23,27 @@
 #include "reshard/ownmap.h"
 #include "reshard/plan_print.h"
 
-enum { OPT_VERIFY = CLI_LONG, OPT_JSON, OPT_MAP, OPT_NO_PROGRESS };
+enum { OPT_VERIFY = CLI_LONG, OPT_JSON, OPT_MAP, OPT_NO_PROGRESS, OPT_VERSION };
 static const struct option LONG_OPTS[] = {
     {"help", no_argument, NULL, 'h'},
     {"verify", no_argument, NULL, OPT_VERIFY},
     {"json", no_argument, NULL, OPT_JSON},
     {"map", required_argument, NULL, OPT_MAP},
     {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
+    {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
 };
 
 static void usage(FILE *f) {
   fprintf(f, "usage: mcaudit CKPT [--verify] [--json] [--map FILE.svg|FILE.html] [--no-progress]\n"
              "               [--config FILE] [--set section.key=value]\n"
+             "       mcaudit --help | --version\n"
              "  CKPT: a run directory (uses latest) or a step directory\n"
+             "  --verify        recompute every shard's SHA-256 and compare it with the manifest\n"
+             "  --json          print the report as one JSON document\n"
+             "  --map FILE      draw the ownership map (ranks x families) as FILE.svg or FILE.html\n"
+             "  --no-progress   no progress bar while the shards are read (none off a terminal anyway)\n"
+             "  --version       print the MegaC version and checkpoint format, then exit\n"
              "  --config/--set: also check that the checkpoint's model and layout are the ones this\n"
              "                  configuration describes (defaults, then files and assignments in order)\n");
 }
@@ -242,6 +249,7 @@ int main(int argc, char **argv) {
     case OPT_JSON: json = 1; break;
     case OPT_MAP: map = p.arg; break;
     case OPT_NO_PROGRESS: progress = 0; break;
+    case OPT_VERSION: return cli_version("mcaudit", MC_CKPT_FORMAT_VERSION);
     case CLI_ARG:
       if (cli_positional(&p, &ckpt, 1, &npos) == 0) break;
       return cli_bad_usage("mcaudit", usage);

@@ -1,6 +1,6 @@
 /* mcdata: text files (or pre-tokenised raw arrays) -> an HDF5 token dataset for mctrain.
  *
- *   mcdata -o OUT.h5 [--dtype bytes|uint16|uint32] [--vocab N] [--tokenizer NAME] FILE...
+ *   mcdata -o OUT.h5 [--dtype bytes|uint16|uint32] [--vocab N] [--tokenizer NAME] [--json] FILE...
  *   mcdata --config RUN.json [--set section.key=value] [options] FILE...  (-o defaults to
  *          data.path, --vocab to model.vocab_size)
  *
@@ -11,6 +11,7 @@
  * under a temporary name and renamed into place, so a failure never leaves a partial OUT. */
 #define _POSIX_C_SOURCE 200809L /* fileno, fstat */
 
+#include <cjson/cJSON.h>
 #include <hdf5.h>
 #include <openssl/evp.h>
 #include <stdint.h>
@@ -27,23 +28,31 @@
 
 #define CHUNK (1 << 20)
 
-enum { OPT_DTYPE = CLI_LONG, OPT_VOCAB, OPT_TOKENIZER };
+enum { OPT_DTYPE = CLI_LONG, OPT_VOCAB, OPT_TOKENIZER, OPT_JSON, OPT_VERSION };
 static const struct option LONG_OPTS[] = {
     {"help", no_argument, NULL, 'h'},
     {"output", required_argument, NULL, 'o'},
     {"dtype", required_argument, NULL, OPT_DTYPE},
     {"vocab", required_argument, NULL, OPT_VOCAB},
     {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
 };
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: mcdata -o OUT.h5 [--dtype bytes|uint16|uint32] [--vocab N] [--tokenizer NAME] FILE...\n"
+          "usage: mcdata -o OUT.h5 [--dtype bytes|uint16|uint32] [--vocab N] [--tokenizer NAME] [--json] FILE...\n"
           "       mcdata --config RUN.json [--set section.key=value] [options] FILE...\n"
-          "  with --config/--set: -o defaults to data.path and --vocab to model.vocab_size\n"
-          "  bytes: each byte of the text files is a token (vocab 256 by default)\n"
-          "  uint16/uint32: files are raw little-endian token arrays; --vocab N is required\n");
+          "       mcdata --help | --version\n"
+          "  -o, --output OUT.h5  the dataset to write (renamed into place when complete)\n"
+          "  --dtype         bytes (default): each byte of the text files is a token (vocab 256 by default);\n"
+          "                  uint16/uint32: files are raw little-endian token arrays; --vocab N is required\n"
+          "  --vocab N       every token must be below N (recorded as vocab_size)\n"
+          "  --tokenizer NAME  recorded as the tokenizer attribute (default bytes or pretokenized)\n"
+          "  --json          print the summary as one JSON document\n"
+          "  --version       print the MegaC version, then exit\n"
+          "  with --config/--set: -o defaults to data.path and --vocab to model.vocab_size\n");
 }
 
 typedef struct {
@@ -55,7 +64,32 @@ typedef struct {
   char **files;
   int64_t *sizes;   /* bytes per file */
   char (*sha)[65];
+  int json;         /* --json: the summary as one JSON document */
 } job;
+
+static void print_json(const job *j, int64_t total) {
+  cJSON *o = cJSON_CreateObject(), *files = o ? cJSON_AddArrayToObject(o, "sources") : NULL;
+  if (!files) {
+    cJSON_Delete(o);
+    return;
+  }
+  cJSON_AddStringToObject(o, "output", j->out);
+  cJSON_AddNumberToObject(o, "tokens", (double)total);
+  cJSON_AddNumberToObject(o, "vocab_size", (double)j->vocab);
+  cJSON_AddStringToObject(o, "dtype", j->vocab <= 65536 ? "uint16" : "uint32");
+  cJSON_AddStringToObject(o, "tokenizer", j->tokenizer);
+  for (int i = 0; i < j->n_files; i++) {
+    cJSON *f = cJSON_CreateObject();
+    cJSON_AddStringToObject(f, "path", j->files[i]);
+    cJSON_AddNumberToObject(f, "bytes", (double)j->sizes[i]);
+    cJSON_AddStringToObject(f, "sha256", j->sha[i]);
+    cJSON_AddItemToArray(files, f);
+  }
+  char *text = cJSON_Print(o);
+  if (text) printf("%s\n", text);
+  free(text);
+  cJSON_Delete(o);
+}
 
 static int write_string_attr(hid_t obj, const char *name, const char *value) {
   hid_t t = H5Tcopy(H5T_C_S1);
@@ -198,6 +232,8 @@ static int run(job *j) {
   if (H5Fclose(f) < 0 && rc == 0) rc = mc_error("mcdata: closing %s failed", tmp);
   if (rc == 0 && rename(tmp, j->out) != 0) rc = mc_error("mcdata: cannot rename %s to %s", tmp, j->out);
   if (rc != 0) unlink(tmp);
+  else if (j->json)
+    print_json(j, total);
   else
     printf("mcdata: wrote %s: %lld tokens (vocab %lld, %s) from %d file(s)\n", j->out, (long long)total,
            (long long)j->vocab, j->tokenizer, j->n_files);
@@ -237,6 +273,11 @@ int main(int argc, char **argv) {
     case OPT_TOKENIZER:
       j.tokenizer = p.arg;
       break;
+    case OPT_JSON:
+      j.json = 1;
+      break;
+    case OPT_VERSION:
+      return cli_version("mcdata", 0);
     case CLI_ARG:
       j.files[j.n_files++] = (char *)p.arg;
       break;

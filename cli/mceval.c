@@ -1,6 +1,7 @@
 /* mceval: the loss of a checkpoint on a token file.
  *
- *   mceval CKPT --data FILE [--batches N] [--split val|all] [--no-verify] [--config F] [--set k=v]
+ *   mceval CKPT --data FILE [--batches N] [--split val|all] [--device cpu|cuda] [--no-verify] [--json]
+ *          [--config F] [--set k=v]
  *
  * CKPT is a run directory (its latest checkpoint) or a step_N directory, written under any
  * layout: every family is read whole through the checkpoint library's hyperslab reads and
@@ -9,6 +10,8 @@
  * `--split val` (the default) with N = train.eval_batches prints the trainer's val_loss
  * for that step, digit for digit when computed on the run's device (--device cpu, the
  * default, or --device cuda). */
+#include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +26,7 @@
 
 /* --config/--set are here only to name them when their value is missing (main moves them
  * out of argv first, for eval to apply on the checkpoint's config). */
-enum { OPT_DATA = CLI_LONG, OPT_BATCHES, OPT_SPLIT, OPT_DEVICE, OPT_NO_VERIFY, OPT_CONFIG, OPT_SET };
+enum { OPT_DATA = CLI_LONG, OPT_BATCHES, OPT_SPLIT, OPT_DEVICE, OPT_NO_VERIFY, OPT_JSON, OPT_VERSION, OPT_CONFIG, OPT_SET };
 static const struct option LONG_OPTS[] = {
     {"help", no_argument, NULL, 'h'},
     {"data", required_argument, NULL, OPT_DATA},
@@ -31,6 +34,8 @@ static const struct option LONG_OPTS[] = {
     {"split", required_argument, NULL, OPT_SPLIT},
     {"device", required_argument, NULL, OPT_DEVICE},
     {"no-verify", no_argument, NULL, OPT_NO_VERIFY},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"version", no_argument, NULL, OPT_VERSION},
     {"config", required_argument, NULL, OPT_CONFIG},
     {"set", required_argument, NULL, OPT_SET},
     {NULL, 0, NULL, 0},
@@ -39,20 +44,57 @@ static const struct option LONG_OPTS[] = {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: mceval CKPT --data FILE [--batches N] [--split val|all] [--device cpu|cuda] [--no-verify]\n"
-          "              [--config FILE] [--set section.key=value]\n"
-          "  CKPT       a run directory (its latest checkpoint) or a step_N directory\n"
-          "  --data     HDF5 token dataset made by mcdata\n"
-          "  --batches  global batches of windows to score (default train.eval_batches; 0 = all)\n"
-          "  --split    val: the held-out windows (default); all: every window of the file\n"
-          "  --device   where to compute: cpu (default) or cuda\n"
+          "              [--json] [--config FILE] [--set section.key=value]\n"
+          "       mceval --help | --version\n"
+          "  CKPT         a run directory (its latest checkpoint) or a step_N directory\n"
+          "  --data       HDF5 token dataset made by mcdata\n"
+          "  --batches    global batches of windows to score (default train.eval_batches; 0 = all)\n"
+          "  --split      val: the held-out windows (default); all: every window of the file\n"
+          "  --device     where to compute: cpu (default) or cuda\n"
+          "  --no-verify  read the shards without checking their SHA-256\n"
+          "  --json       print the result as one JSON document (loss, perplexity, tokens, ...)\n"
+          "  --version    print the MegaC version and checkpoint format, then exit\n"
           "  --config/--set  overlay the checkpoint's recorded config (windows, split, micro-batch,\n"
           "             eval_batches; data.path is the default of --data); the model must not change\n");
 }
 
+/* --json: one JSON document on stdout. loss with 17 significant digits (cJSON prints the
+ * shortest text that reads back as the same double). */
+static int print_json(double loss, int64_t tokens, int64_t batches, int64_t sequences, int split_all, int64_t step,
+                      const char *ckpt_dir, const char *data_path, const char *backend, int verify) {
+  cJSON *o = cJSON_CreateObject();
+  if (!o) return mc_error("out of memory");
+  cJSON_AddNumberToObject(o, "loss", loss);
+  cJSON_AddNumberToObject(o, "perplexity", exp(loss));
+  cJSON_AddNumberToObject(o, "tokens", (double)tokens);
+  cJSON_AddNumberToObject(o, "sequences", (double)sequences);
+  cJSON_AddNumberToObject(o, "batches", (double)batches);
+  cJSON_AddStringToObject(o, "split", split_all ? "all" : "val");
+  cJSON_AddNumberToObject(o, "step", (double)step);
+  cJSON_AddStringToObject(o, "checkpoint", ckpt_dir);
+  cJSON_AddStringToObject(o, "data", data_path);
+  cJSON_AddStringToObject(o, "backend", backend);
+  cJSON_AddBoolToObject(o, "verified", verify);
+  char *text = cJSON_Print(o);
+  cJSON_Delete(o);
+  if (!text) return mc_error("out of memory");
+  printf("%s\n", text);
+  free(text);
+  return 0;
+}
+
 static int eval(const char *ckpt_path, const char *data_path, int64_t batches, int split_all, int verify,
-                const char *device, int cfg_argc, char **cfg_argv) {
+                const char *device, int json, int cfg_argc, char **cfg_argv) {
   mc_backend *be = mc_train_backend(device, "fp32", 0); /* GPU 0; before any reading: a bad device fails fast */
-  if (!be) return -1;
+  if (!be) { /* the library's message speaks of train.device: name this program's option */
+    char why[MC_ERRMSG_MAX];
+    const char *m = mc_errmsg(), *lead = "train.device=cuda but ", *fix = "set train.device=cpu";
+    if (!strncmp(m, lead, strlen(lead))) m += strlen(lead);
+    const char *at = strstr(m, fix);
+    if (at) snprintf(why, sizeof why, "%.*suse --device cpu%s", (int)(at - m), m, at + strlen(fix));
+    else snprintf(why, sizeof why, "%s", m);
+    return mc_error("--device %s: %s", device, why);
+  }
   mc_ckpt_open_opts oo;
   mc_ckpt_open_opts_default(&oo);
   oo.verify = verify;
@@ -90,7 +132,10 @@ static int eval(const char *ckpt_path, const char *data_path, int64_t batches, i
   int64_t tokens = 0;
   int64_t n = batches < 0 ? (int64_t)cfg.train.eval_batches * cfg.train.global_batch : batches * cfg.train.global_batch;
   if (rc == 0) rc = mc_eval_loss(net, &d, split_all, n, cfg.train.micro_batch, &loss, &tokens);
-  if (rc == 0)
+  if (rc == 0 && json)
+    rc = print_json(loss, tokens, batches < 0 ? cfg.train.eval_batches : batches, tokens / cfg.model.seq_len, split_all,
+                    mc_ckpt_step(ck), mc_ckpt_step_dir(ck), data_path, be->name, verify);
+  else if (rc == 0)
     printf("loss=%.17g tokens=%lld split=%s step=%lld checkpoint=%s data=%s\n", loss, (long long)tokens,
            split_all ? "all" : "val", (long long)mc_ckpt_step(ck), mc_ckpt_step_dir(ck), data_path);
   mc_data_close(&d);
@@ -106,7 +151,7 @@ int main(int argc, char **argv) {
   int cfg_argc = mc_config_take_args(&argc, argv, cfg_argv);
   const char *ckpt = NULL, *data = NULL;
   int64_t batches = -1;
-  int split_all = 0, verify = 1;
+  int split_all = 0, verify = 1, json = 0;
   const char *device = "cpu";
   cli_parser p;
   int npos = 0;
@@ -130,11 +175,20 @@ int main(int argc, char **argv) {
       split_all = !strcmp(p.arg, "all");
       break;
     case OPT_DEVICE:
+      if (strcmp(p.arg, "cpu") && strcmp(p.arg, "cuda")) {
+        fprintf(stderr, "mceval: --device %s: expected cpu or cuda\n", p.arg);
+        return 2;
+      }
       device = p.arg;
       break;
     case OPT_NO_VERIFY:
       verify = 0;
       break;
+    case OPT_JSON:
+      json = 1;
+      break;
+    case OPT_VERSION:
+      return cli_version("mceval", MC_CKPT_FORMAT_VERSION);
     case CLI_ARG:
       if (cli_positional(&p, &ckpt, 1, &npos) == 0) break;
       return cli_bad_usage("mceval", usage);
@@ -147,7 +201,7 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  int rc = eval(ckpt, data, batches, split_all, verify, device, cfg_argc, cfg_argv);
+  int rc = eval(ckpt, data, batches, split_all, verify, device, json, cfg_argc, cfg_argv);
   free(cfg_argv);
   if (rc != 0) {
     fprintf(stderr, "mceval: %s\n", mc_errmsg());

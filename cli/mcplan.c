@@ -14,7 +14,7 @@
 #include "plan/units.h"
 #include "util/error.h"
 
-enum { OPT_DEVICE_MEM = CLI_LONG, OPT_RESERVE, OPT_ALLOC_OVERHEAD, OPT_MARGIN, OPT_DETAIL, OPT_JSON };
+enum { OPT_DEVICE_MEM = CLI_LONG, OPT_RESERVE, OPT_ALLOC_OVERHEAD, OPT_MARGIN, OPT_DETAIL, OPT_JSON, OPT_VERSION };
 static const struct option LONG_OPTS[] = {
     {"help", no_argument, NULL, 'h'},
     {"device-mem", required_argument, NULL, OPT_DEVICE_MEM},
@@ -23,6 +23,7 @@ static const struct option LONG_OPTS[] = {
     {"margin", required_argument, NULL, OPT_MARGIN},
     {"detail", required_argument, NULL, OPT_DETAIL},
     {"json", no_argument, NULL, OPT_JSON},
+    {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
 };
 
@@ -30,12 +31,14 @@ static void usage(FILE *out) {
   fprintf(out,
           "usage: mcplan [--config FILE] [--set section.key=value ...] [--device-mem SIZE]\n"
           "              [--reserve SIZE] [--alloc-overhead PCT] [--margin PCT] [--detail N] [--json]\n"
+          "       mcplan --help | --version\n"
           "  --device-mem SIZE     memory per device, e.g. 80GiB, 141GB, 512MiB, 1000000 (default 80GiB)\n"
           "  --reserve SIZE        runtime reserve per device (default 1GiB for cuda, 256MiB for cpu)\n"
           "  --alloc-overhead PCT  allocator overhead, percent of allocated bytes (default 5)\n"
           "  --margin PCT          warn when headroom is under PCT percent of the device (default 10)\n"
           "  --detail N            list every rank for worlds up to N, else group them (default 16)\n"
           "  --json                print the plan as one JSON document\n"
+          "  --version             print the MegaC version, then exit\n"
           "Exit status: 0 planned, 2 bad input, 1 internal failure.\n");
 }
 
@@ -57,7 +60,7 @@ typedef struct {
   int detail;
 } plan_args;
 
-/* 0; 1 for --help; -1 with mc_error set. */
+/* 0; 1 for --help; 2 for --version; -1 with mc_error set. */
 static int parse_args(int argc, char **argv, plan_args *o) {
   cli_parser p;
   int npos = 0;
@@ -66,6 +69,8 @@ static int parse_args(int argc, char **argv, plan_args *o) {
     switch (c) {
     case 'h':
       return 1;
+    case OPT_VERSION:
+      return 2;
     case OPT_JSON:
       o->json = 1;
       break;
@@ -99,6 +104,8 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       usage(stdout);
       return 0;
+    } else if (!strcmp(argv[i], "--version")) {
+      return cli_version("mcplan", 0);
     }
   mc_config cfg;
   if (mc_config_from_args(&cfg, &argc, argv) != 0) {
@@ -112,6 +119,7 @@ int main(int argc, char **argv) {
     usage(stdout);
     return 0;
   }
+  if (parsed == 2) return cli_version("mcplan", 0);
   if (parsed != 0) return cli_bad_usage("mcplan", NULL);
   mc_geometry g;
   if (mc_geometry_build(&cfg.model, &cfg.parallel, &cfg.train, -1, &g) != 0) {

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <mpi.h>
@@ -29,19 +30,23 @@
 static volatile sig_atomic_t stop_signal = 0;
 static void on_signal(int sig) { stop_signal = sig; }
 
-enum { OPT_RESUME = CLI_LONG, OPT_UNTIL, OPT_QUIET, OPT_FORCE };
+enum { OPT_RESUME = CLI_LONG, OPT_UNTIL, OPT_QUIET, OPT_FORCE, OPT_VERSION, OPT_PEAK };
 static const struct option LONG_OPTS[] = {
     {"help", no_argument, NULL, 'h'},
     {"resume", required_argument, NULL, OPT_RESUME},
     {"force", no_argument, NULL, OPT_FORCE},
     {"until", required_argument, NULL, OPT_UNTIL},
     {"quiet", no_argument, NULL, OPT_QUIET},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {"peak-tflops", required_argument, NULL, OPT_PEAK},
     {NULL, 0, NULL, 0},
 };
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: mctrain [--config FILE] [--set section.key=value]... [--resume latest|DIR] [--until STEP] [--quiet]\n"
+          "usage: mctrain [--config FILE] [--set section.key=value]... [--resume latest|DIR] [--force] [--until STEP]\n"
+          "               [--peak-tflops X] [--quiet]\n"
+          "       mctrain --help | --version\n"
           "  with no arguments trains the embedded default configuration (configs/default.json)\n"
           "  --resume latest   continue the run in checkpoint.dir from its newest checkpoint\n"
           "  --resume DIR      continue from a checkpoint directory (a run directory or a step_N)\n"
@@ -51,7 +56,10 @@ static void usage(FILE *f) {
           "                    batch, seed or validation split unless --force is given\n"
           "  --force           with --resume: allow changes of the schedule, optimizer, batch, seed or split\n"
           "  --until STEP      stop after STEP steps (the schedule still spans train.steps)\n"
-          "  --quiet           no progress output\n"
+          "  --peak-tflops X   one device's peak TFLOP/s for the dtype (e.g. 989 for an H100 SXM in bf16): metrics\n"
+          "                    then carry mfu = model_tflops / X (model_tflops, model FLOP/s per device, always)\n"
+          "  --quiet           no progress output; off a terminal, progress is one plain line per logged step\n"
+          "  --version         print the MegaC version and checkpoint format, then exit\n"
           "  --nproc-per-node N  start N local GPU workers (ranks of one job, one per GPU; needs train.device=cuda)\n"
           "  --nnodes M --node-rank K  with --nproc-per-node: this host is node K of M (MASTER_ADDR/MASTER_PORT: node 0)\n"
           "  parallel layouts: mpirun -np <tp*dp*pp> mctrain --set parallel.tp=2 --set parallel.dp=2 ... (docs/parallel.md);\n"
@@ -62,6 +70,127 @@ static void usage(FILE *f) {
  * start stays one process without initialising MPI. */
 static int under_mpirun(void) {
   return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+/* ---------------------------------------------------------------- errors under mpirun
+ *
+ * An error every rank hits (a bad setting, a missing file) is printed once, by rank 0, and an
+ * error of some ranks only is printed by each of them, tagged `rank R`. A failing rank does
+ * not know whether the others failed, and a collective would hang on ranks still training, so
+ * the ranks use point-to-point messages with time limits: a failing rank R > 0 sends its
+ * message to rank 0 and waits up to ERR_ACK_S for an acknowledgement; rank 0, when it fails,
+ * collects the messages that arrive within ERR_GATHER_S (or until every rank has reported),
+ * prints each distinct message once with the ranks that hit it, then acknowledges. A rank
+ * that gets no acknowledgement (rank 0 is still training) prints its own message and ends the
+ * job (MPI_Abort). When every rank failed, all of them simply exit with their status;
+ * otherwise an acknowledged rank waits for rank 0 to end the job, so that rank 0's lines are
+ * not cut off. */
+enum { ERR_TAG = 7117, ERR_ACK_TAG = 7118 };
+enum { ERR_PRINTED = 0, ERR_WAIT = 1, ERR_ALL = 2 }; /* what report_error leaves to its caller */
+static int error_mode = ERR_PRINTED;
+#define ERR_GATHER_S 2.0
+#define ERR_ACK_S 5.0
+
+static double mono_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void nap(void) {
+  struct timespec d = {0, 5 * 1000 * 1000};
+  nanosleep(&d, NULL);
+}
+
+/* "1-3, 5" from a sorted list of ranks. */
+static void rank_list(const int *r, int n, char *out, size_t cap) {
+  size_t off = 0;
+  out[0] = 0;
+  for (int i = 0; i < n && off < cap; i++) {
+    int j = i;
+    while (j + 1 < n && r[j + 1] == r[j] + 1) j++;
+    off += (size_t)snprintf(out + off, cap - off, "%s%d", i ? ", " : "", r[i]);
+    if (j > i && off < cap) off += (size_t)snprintf(out + off, cap - off, "-%d", r[j]);
+    i = j;
+  }
+}
+
+/* Prints `msg`, this rank's error, as described above. nl: start with a newline (a progress
+ * line may be open on a terminal). Sets error_mode: ERR_PRINTED (this rank printed; a
+ * multi-rank job is then ended with MPI_Abort), ERR_WAIT (rank 0 printed it and ends the job)
+ * or ERR_ALL (every rank failed and rank 0 printed it: each exits normally). */
+static void report_error(mc_comm *mpi_world, const char *msg, int nl) {
+  error_mode = ERR_PRINTED;
+  const char *lead = nl ? "\n" : "";
+  fflush(stdout);
+  if (!mpi_world || mpi_world->size <= 1) {
+    fprintf(stderr, "%smctrain: %s\n", lead, msg);
+    return;
+  }
+  const int rank = mpi_world->rank, size = mpi_world->size;
+  if (rank != 0) {
+    MPI_Request send, ack;
+    int acked = 0, mode = 0, done = 0;
+    MPI_Isend(msg, (int)strlen(msg) + 1, MPI_CHAR, 0, ERR_TAG, MPI_COMM_WORLD, &send);
+    MPI_Irecv(&mode, 1, MPI_INT, 0, ERR_ACK_TAG, MPI_COMM_WORLD, &ack);
+    for (const double t0 = mono_s(); !acked && mono_s() - t0 < ERR_ACK_S; nap()) MPI_Test(&ack, &acked, MPI_STATUS_IGNORE);
+    if (acked) {
+      MPI_Wait(&send, MPI_STATUS_IGNORE); /* rank 0 has received it */
+      error_mode = mode;
+      return;
+    }
+    MPI_Cancel(&ack);
+    MPI_Test(&send, &done, MPI_STATUS_IGNORE); /* an eager send completes; a pending one dies with the job */
+    fprintf(stderr, "%smctrain: rank %d: %s\n", lead, rank, msg);
+    return;
+  }
+  /* rank 0: collect the others' messages */
+  char (*got)[MC_ERRMSG_MAX] = calloc((size_t)size, sizeof *got);
+  MPI_Request *req = calloc((size_t)size, sizeof *req);
+  int *in = calloc((size_t)size, sizeof *in), *ranks = calloc((size_t)size, sizeof *ranks);
+  if (!got || !req || !in || !ranks) {
+    fprintf(stderr, "%smctrain: rank 0: %s\n", lead, msg);
+    free(got), free(req), free(in), free(ranks);
+    return;
+  }
+  snprintf(got[0], sizeof got[0], "%s", msg);
+  in[0] = 1;
+  int n_in = 1;
+  for (int r = 1; r < size; r++) MPI_Irecv(got[r], MC_ERRMSG_MAX, MPI_CHAR, r, ERR_TAG, MPI_COMM_WORLD, &req[r]);
+  for (const double t0 = mono_s(); n_in < size && mono_s() - t0 < ERR_GATHER_S; nap())
+    for (int r = 1; r < size; r++)
+      if (!in[r]) {
+        MPI_Test(&req[r], &in[r], MPI_STATUS_IGNORE);
+        n_in += in[r];
+      }
+  /* each distinct message once, with the ranks that hit it */
+  int *shown = calloc((size_t)size, sizeof *shown);
+  for (int r = 0; r < size; r++) {
+    if (!in[r] || (shown && shown[r])) continue;
+    int n = 0;
+    for (int q = r; q < size; q++)
+      if (in[q] && !strcmp(got[q], got[r])) {
+        ranks[n++] = q;
+        if (shown) shown[q] = 1;
+      }
+    char list[256];
+    rank_list(ranks, n, list, sizeof list);
+    if (n == size) fprintf(stderr, "%smctrain: rank 0: %s (every rank failed alike)\n", lead, got[r]);
+    else if (n == 1) fprintf(stderr, "%smctrain: rank %d: %s\n", lead, r, got[r]);
+    else fprintf(stderr, "%smctrain: ranks %s: %s\n", lead, list, got[r]);
+    lead = "";
+  }
+  fflush(stderr);
+  int mode = n_in == size ? ERR_ALL : ERR_WAIT;
+  for (int r = 1; r < size; r++) {
+    if (!in[r]) {
+      MPI_Cancel(&req[r]);
+      continue;
+    }
+    MPI_Send(&mode, 1, MPI_INT, r, ERR_ACK_TAG, MPI_COMM_WORLD); /* a small message: sent eagerly */
+  }
+  error_mode = n_in == size ? ERR_ALL : ERR_PRINTED;
+  free(shown), free(got), free(req), free(in), free(ranks);
 }
 
 static int run_main(int argc, char **argv, const mc_launch *launch, mc_comm *mpi_world);
@@ -126,6 +255,10 @@ static int predict_memory(const mc_config *cfg, int world_size, int64_t out[MC_M
 }
 
 int main(int argc, char **argv) {
+  /* --version answers before any launch or MPI start (it is also in the table, so that
+   * run_training accepts it) */
+  for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+    if (!strcmp(argv[i], "--version")) return cli_version("mctrain", MC_CKPT_FORMAT_VERSION);
   int lv[3];
   int nproc = take_launch_opts(&argc, argv, lv);
   if (nproc < 0) return cli_bad_usage("mctrain", usage);
@@ -153,8 +286,11 @@ int main(int argc, char **argv) {
   int rc = run_main(argc, argv, &launch, world);
   if (world) {
     /* A failure on some ranks only would leave the others waiting in a collective; the
-     * failing rank has printed its error and ends them all. */
-    if (world->size > 1 && rc == 1) MPI_Abort(MPI_COMM_WORLD, 1);
+     * failing rank has printed its error (report_error) and ends them all. One whose error
+     * rank 0 printed waits for rank 0 to end the job. */
+    if (world->size > 1 && (rc == 1 || rc == 2) && error_mode == ERR_WAIT)
+      for (const double t0 = mono_s(); mono_s() - t0 < 30;) nap();
+    if (world->size > 1 && (rc == 1 || rc == 2) && error_mode != ERR_ALL) MPI_Abort(MPI_COMM_WORLD, rc);
     mc_comm_mpi_finalize();
     world->ops->destroy(world); /* frees the wrapper only: MPI_COMM_WORLD is not freed */
   }
@@ -275,7 +411,9 @@ static int run_main(int argc, char **argv, const mc_launch *launch, mc_comm *mpi
   int crc = run_config(&cfg, taken, nt, resume, force, out);
   free(taken);
   if (crc != 0) {
-    fprintf(stderr, "mctrain: %s\n", mc_errmsg());
+    char msg[MC_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "%s", mc_errmsg());
+    report_error(mpi_world, msg, 0);
     return 2;
   }
   mc_comm *world = NULL;
@@ -311,6 +449,17 @@ static int run_training(mc_config *cfg, int argc, char **argv, mc_comm *world, i
     case OPT_QUIET:
       opts.progress = NULL;
       break;
+    case OPT_VERSION:
+      return cli_version("mctrain", MC_CKPT_FORMAT_VERSION);
+    case OPT_PEAK: {
+      char *end = NULL;
+      opts.peak_tflops = strtod(p.arg, &end);
+      if (end == p.arg || *end || !(opts.peak_tflops > 0 && opts.peak_tflops < 1e9)) {
+        mc_error("--peak-tflops %s is not a positive number of TFLOP/s", p.arg);
+        return cli_bad_usage("mctrain", NULL);
+      }
+      break;
+    }
     case OPT_FORCE: /* read with --resume before the configuration was built (run_main) */
       force = 1;
       break;
@@ -325,7 +474,9 @@ static int run_training(mc_config *cfg, int argc, char **argv, mc_comm *world, i
     mc_error("--force goes with --resume (it allows changing the resumed run's schedule)");
     return cli_bad_usage("mctrain", NULL);
   }
-  opts.progress_tty = opts.progress && isatty(fileno(opts.progress));
+  /* \r progress only on a terminal, and never under a launcher: Open MPI gives every rank a
+   * pseudo-terminal even when mpirun's output goes to a file, so isatty cannot tell there */
+  opts.progress_tty = opts.progress && isatty(fileno(opts.progress)) && !world && !under_mpirun();
   /* SIGINT/SIGTERM (Ctrl-C, preemption): finish the step, checkpoint it, exit 128+signal.
    * The handler resets itself, so a second signal kills at once. */
   struct sigaction sa;
@@ -344,11 +495,14 @@ static int run_training(mc_config *cfg, int argc, char **argv, mc_comm *world, i
     else if (pr < 0) fprintf(stderr, "mctrain: no memory report: mcplan's prediction failed: %s\n", mc_errmsg());
   }
   if (mc_train(cfg, &opts) != 0) {
-    fflush(stdout);
-    if (world && world->size > 1)
-      fprintf(stderr, "%smctrain: rank %d: %s\n", opts.progress_tty ? "\n" : "", world->rank, mc_errmsg());
-    else
-      fprintf(stderr, "%smctrain: %s\n", opts.progress_tty ? "\n" : "", mc_errmsg());
+    char msg[MC_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "%s", mc_errmsg());
+    if (world && world->size > 1 && strcmp(world->ops->name, "mpi") != 0) { /* GPU ranks: no MPI to agree over */
+      fflush(stdout);
+      fprintf(stderr, "%smctrain: rank %d: %s\n", opts.progress_tty ? "\n" : "", world->rank, msg);
+      return 1;
+    }
+    report_error(world, msg, opts.progress_tty);
     return 1;
   }
   if (opts.stopped) {

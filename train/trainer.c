@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/cost.h"
 #include "train/device.h"
 #include "train/dist.h"
 #include "train/memreport.h"
@@ -143,6 +144,8 @@ typedef struct {
   char metrics_path[MC_PATH_MAX + 32];
   int64_t start_step, end_step;
   int64_t last_saved;
+  int64_t queued_step[2]; /* the last two async saves queued, and how long each paused training */
+  double queued_pause[2];
   int lock_fd; /* rank 0: the run directory's job lock (util/dirlock.h), -1 if not held */
 } run;
 
@@ -317,7 +320,37 @@ static int log_events(run *r, const mc_metrics_rec *rec) {
   int n = 5;
   if (rec->has_comm) tags[n] = "train/comm_s", v[n++] = rec->comm_s;
   if (rec->has_val) tags[n] = "val/loss", v[n++] = rec->val_loss;
+  if (rec->has_flops) tags[n] = "train/model_tflops", v[n++] = rec->model_tflops;
+  if (rec->has_mfu) tags[n] = "train/mfu", v[n++] = rec->mfu;
   return mc_tfevents_scalars(&r->events, rec->step, rec->time, n, tags, v);
+}
+
+/* Rank 0: one committed checkpoint in metrics.jsonl/.csv and as TensorBoard scalars
+ * checkpoint/training_paused_s and checkpoint/save_s at its step. */
+static int log_checkpoint(run *r, int64_t step, double paused, double save_s) {
+  if (r->rank != 0 || !r->metrics.f) return 0;
+  mc_metrics_ckpt c = {.step = step, .paused_s = paused, .save_s = save_s, .async = r->saver != NULL, .time = wall_s()};
+  const char *tags[2] = {"checkpoint/training_paused_s", "checkpoint/save_s"};
+  const double v[2] = {paused, save_s};
+  if (mc_metrics_checkpoint(&r->metrics, &c) != 0) return -1;
+  return mc_tfevents_scalars(&r->events, step, c.time, 2, tags, v);
+}
+
+/* Async saves: those committed since the last call (each reported once), with the pause
+ * queuing each cost. */
+static int log_async_done(run *r) {
+  int64_t step;
+  double secs;
+  while (r->saver && mc_ckpt_saver_take_done(r->saver, &step, &secs)) {
+    const double paused = step == r->queued_step[1] ? r->queued_pause[1] : step == r->queued_step[0] ? r->queued_pause[0] : 0.0;
+    if (log_checkpoint(r, step, paused, secs) != 0) return -1;
+  }
+  return 0;
+}
+
+static void queued(run *r, int64_t step, double paused) {
+  r->queued_step[0] = r->queued_step[1], r->queued_pause[0] = r->queued_pause[1];
+  r->queued_step[1] = step, r->queued_pause[1] = paused;
 }
 
 static int setup(run *r) {
@@ -500,7 +533,21 @@ static int memory_report(run *r) {
               "balanced routing), at most %lld used in step 1\n", (long long)reserved, (long long)balanced, (long long)peak);
     fflush(r->opts->progress);
   }
-  return r->metrics.f ? mc_mem_report_json(r->metrics.f, r->rank, be, m, r->opts->mem_predicted) : 0;
+  if (!r->metrics.f) return 0;
+  if (mc_mem_report_json(r->metrics.f, r->rank, be, m, r->opts->mem_predicted) != 0) return -1;
+  /* TensorBoard: memory/<category> (measured bytes of each arena the trainer keeps) and
+   * memory/total at step 1 */
+  const char *tags[MC_MEM_COUNT + 1];
+  double v[MC_MEM_COUNT + 1], total = 0;
+  char names[MC_MEM_COUNT][64];
+  int n = 0;
+  for (int c = 0; c < MC_MEM_COUNT; c++)
+    if (m[c] >= 0) {
+      snprintf(names[n], sizeof names[n], "memory/%s", mc_mem_cat_label((mc_mem_cat)c));
+      tags[n] = names[n], v[n++] = (double)m[c], total += (double)m[c];
+    }
+  tags[n] = "memory/total", v[n++] = total;
+  return mc_tfevents_scalars(&r->events, 1, wall_s(), n, tags, v);
 }
 
 
@@ -509,6 +556,7 @@ static int loop(run *r) {
   const mc_train_cfg *t = &cfg->train;
   FILE *out = r->opts->progress;
   int64_t tok_per_step = (int64_t)t->global_batch * cfg->model.seq_len;
+  const double flops_per_token = mc_model_train_flops_per_token(&cfg->model);
   int64_t n_params = 0;
   for (int f = 0; f < r->geo.fams.n; f++) n_params += r->geo.fams.f[f].numel;
   if (out) {
@@ -548,6 +596,7 @@ static int loop(run *r) {
       }
       return mc_error("%s", ck_err);
     }
+    if (log_async_done(r) != 0) return -1;
     int32_t stop = v[0];
     if (stop && s + 1 < r->end_step) {
       r->opts->stop_signal = stop;
@@ -578,6 +627,10 @@ static int loop(run *r) {
       const double comm_now = r->comm ? mc_comm_groups_busy(r->comm) : 0.0;
       rec.has_comm = r->comm != NULL;
       rec.comm_s = steps_since_log > 0 ? (comm_now - comm_log) / (double)steps_since_log : 0.0;
+      rec.has_flops = flops_per_token > 0;
+      rec.model_tflops = flops_per_token * rec.tokens_per_s / (double)r->geo.world / 1e12;
+      rec.has_mfu = rec.has_flops && r->opts->peak_tflops > 0;
+      rec.mfu = rec.has_mfu ? rec.model_tflops / r->opts->peak_tflops : 0.0;
       rec.time = wall_s();
       if (log_now && r->rank == 0 && (mc_metrics_write(&r->metrics, &rec) != 0 || log_events(r, &rec) != 0)) return -1;
       if (out) {
@@ -599,8 +652,8 @@ static int loop(run *r) {
       double ts = now_s();
       if (save(r, done, lr) != 0) return -1;
       const double paused = now_s() - ts;
-      const char *tag = "checkpoint/training_paused_s";
-      if (r->rank == 0 && mc_tfevents_scalars(&r->events, done, wall_s(), 1, &tag, &paused) != 0) return -1;
+      if (r->saver) queued(r, done, paused); /* logged once committed */
+      else if (log_checkpoint(r, done, paused, paused) != 0) return -1;
       /* Async: the training loop waited only for any save still in flight, and on a host
        * backend for the copy of the state. */
       /* On a terminal (mpirun gives rank 0 one) the line replaces the step line being redrawn. */
@@ -612,9 +665,14 @@ static int loop(run *r) {
     }
   }
   if (r->end_step > r->last_saved) {
+    double ts = now_s();
     if (save(r, r->end_step, lr) != 0) return -1;
+    const double paused = now_s() - ts;
+    if (r->saver) queued(r, r->end_step, paused);
+    else if (log_checkpoint(r, r->end_step, paused, paused) != 0) return -1;
   }
   if (r->saver && mc_ckpt_saver_wait(r->saver) != 0) return async_error(r);
+  if (log_async_done(r) != 0) return -1;
   if (out) {
     char took[32];
     fmt_duration(now_s() - t0, took, sizeof took);

@@ -35,6 +35,9 @@ typedef struct {
    * or NULL. When set, rank 0 prints the memory report after step 1 of a run that starts at
    * step 0 (train/memreport.h) to progress and writes it to the metrics log. */
   const int64_t *mem_predicted;
+  /* The peak FLOP/s of one device, in TFLOP/s (mctrain --peak-tflops); > 0: every logged
+   * record carries mfu = model_tflops / peak_tflops. */
+  double peak_tflops;
 } mc_trainer_opts;
 
 /* Runs (or continues) the training described by cfg. Returns 0, or -1 with mc_errmsg set. */

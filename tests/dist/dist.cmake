@@ -126,7 +126,7 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
 
   # mctrain itself under mpirun (tests/dist/mctrain_mpi.sh MODE)
   if(TARGET mctrain AND TARGET mcdata)
-    foreach(mode equal resume stop kill stall errors async)
+    foreach(mode equal resume stop kill stall errors async output)
       add_test(NAME dist.mctrain_${mode} COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/mctrain_mpi.sh ${mode})
       set_tests_properties(dist.mctrain_${mode} PROPERTIES ENVIRONMENT "${MC_DIST_ENV};MC_MPIRUN=${MC_DIST_MPIRUN}" TIMEOUT 180)
     endforeach()

@@ -31,6 +31,10 @@
 #         the stall is logged; resuming the last async checkpoint continues the losses; a save failing
 #         on rank 1 ends the run non-zero with rank 0 naming rank 1; SIGKILL of one rank while a
 #         save is in flight leaves `latest` on a checkpoint that mcaudit --verify accepts.
+# output: dp=2 with output to a file: progress from rank 0 only, in plain lines (no \r or
+#         terminal codes, though Open MPI gives each rank a pseudo-terminal); an error every rank
+#         hits (a missing dataset, a bad --set) is printed once, by rank 0, no MPI_ABORT; an error
+#         of rank 1 alone is printed by rank 1, tagged `rank 1`, and ends the job.
 set -u
 B=${MC_BINARY_DIR:?}
 S=${MC_SOURCE_DIR:?}
@@ -213,6 +217,27 @@ errors)
   "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=g --set parallel.tp=2 \
     --set parallel.ep=2 > g.log 2>&1 && die "tp=2 with ep=2 without sp succeeded"
   grep -q "ep=2 requires sp" g.log || { cat g.log; die "no message naming the tp/ep/sp rule"; }
+  ;;
+output)
+  "$MPIRUN" -np 2 "$B/mctrain" "${COMMON[@]}" --set train.steps=4 --set checkpoint.dir=o1 --set parallel.dp=2 > o1.log 2> o1.err \
+    || { cat o1.log o1.err; die "dp=2 run failed"; }
+  [ "$(grep -c '^step 4/4 ' o1.log)" = 1 ] || { cat o1.log; die "step 4's progress line should appear once (rank 0)"; }
+  [ "$(grep -c '^mctrain: model ' o1.log)" = 1 ] || die "the start line should appear once"
+  [ "$(grep -c '^memory after step 1' o1.log)" = 1 ] || die "the memory report should appear once"
+  if grep -q "$(printf '\r')" o1.log || grep -q "$(printf '\033')" o1.log; then die "progress off a terminal has \\r or escape codes"; fi
+  [ ! -s o1.err ] || { cat o1.err; die "a good run wrote to stderr"; }
+  "$MPIRUN" -np 2 "$B/mctrain" "${COMMON[@]}" --set data.path=nope.h5 --set checkpoint.dir=o2 --set parallel.dp=2 > o2.log 2>&1 \
+    && die "a missing dataset succeeded"
+  [ "$(grep -c 'nope.h5' o2.log)" = 1 ] || { cat o2.log; die "an error of every rank should be printed once"; }
+  grep -q '^mctrain: rank 0: dataset nope.h5: .*(every rank failed alike)' o2.log || { cat o2.log; die "not rank 0's single line"; }
+  grep -q MPI_ABORT o2.log && die "an error of every rank aborted the job"
+  "$MPIRUN" -np 2 "$B/mctrain" "${COMMON[@]}" --set train.bogus=1 --set parallel.dp=2 > o3.log 2>&1 && die "a bad --set succeeded"
+  [ "$(grep -c 'train.bogus' o3.log)" = 1 ] || { cat o3.log; die "a bad --set should be reported once"; }
+  # rank 1 alone fails (its dataset is missing); rank 0 waits in a collective until rank 1 ends the job
+  "$MPIRUN" -np 2 sh -c 'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then d=nope.h5; else d=corpus.h5; fi; exec "$0" "$@" --set data.path=$d' \
+    "$B/mctrain" "${SMALL[@]}" --set checkpoint.dir=o4 --set parallel.dp=2 > o4.log 2>&1 && die "a failing rank 1 did not fail the job"
+  grep -q '^mctrain: rank 1: dataset nope.h5: ' o4.log || { cat o4.log; die "rank 1's error is not tagged rank 1"; }
+  grep -q 'rank 0:\|every rank' o4.log && { cat o4.log; die "rank 1's error was reported as rank 0's or every rank's"; }
   ;;
 pp)
   # pp=2 (equal split, a checkpoint every 5 steps) against one process: losses, gradient norms,

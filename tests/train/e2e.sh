@@ -68,6 +68,11 @@ resume)
   x=$(field a/metrics.jsonl val_loss 12); y=$(field b/metrics.jsonl val_loss 12)
   [ -n "$x" ] && [ "$x" = "$y" ] || die "val_loss at 12: straight $x, resumed $y"
   [ "$(grep -c '"step": ' b/metrics.jsonl)" = 12 ] || die "resumed log should hold steps 1..12 once"
+  # checkpoint records: 4 and 6 (--until) before the resume, 8 and 12 after; metrics.csv
+  # (rebuilt from the kept log at the resume, then appended) equals the log
+  [ "$(grep -o '"checkpoint": [0-9]*' b/metrics.jsonl | tr '\n' ' ')" = '"checkpoint": 4 "checkpoint": 6 "checkpoint": 8 "checkpoint": 12 ' ] \
+    || die "checkpoint records of the resumed log: $(grep -o '"checkpoint": [0-9]*' b/metrics.jsonl | tr '\n' ' ')"
+  MC_SOURCE_DIR=$S /usr/bin/python3 "$S/tests/train/metrics_check.py" b > mc.log 2>&1 || { cat mc.log; die "metrics.csv/svg of the resumed run"; }
   echo "12 steps straight and 6 + resume agree exactly (loss at 12: $x)"
   # Resuming again from step 6 into a fresh directory, via the step directory itself.
   "$B/mctrain" "${common[@]}" --set checkpoint.dir=c --resume b/step_6 --until 8 > c.log 2>&1 || { cat c.log; die "resume from DIR failed"; }
@@ -81,6 +86,9 @@ resume)
     [ "$(field b/metrics.jsonl $k 8)" = "$(field a/metrics.jsonl $k 8)" ] || die "bare resume: step 8 $k $(field b/metrics.jsonl $k 8), straight $(field a/metrics.jsonl $k 8)"
   done
   grep -q "resume changes" d.log && die "a bare resume reported changes: $(grep 'resume changes' d.log)"
+  # resumed at step 6 again: the log and its CSV drop steps 7-12 and checkpoints 8 and 12
+  [ "$(grep -c '"checkpoint": ' b/metrics.jsonl)" = 3 ] || die "checkpoint records after the resume from step 6: $(grep -c '"checkpoint": ' b/metrics.jsonl)"
+  MC_SOURCE_DIR=$S /usr/bin/python3 "$S/tests/train/metrics_check.py" b > mc.log 2>&1 || { cat mc.log; die "metrics.csv/svg after resuming step 6"; }
   "$B/mctrain" "${common[@]}" --set checkpoint.dir=e --set train.lr=0.01 --resume b/step_6 > e.log 2>&1 \
     && die "a resume changing train.lr succeeded without --force"
   grep -q "would change train.lr .*pass --force" e.log || { cat e.log; die "the refusal does not name train.lr and --force"; }
@@ -145,6 +153,17 @@ eval)
   [ "$got" = 256 ] || die "mceval --set data.path/train.eval_batches scored $got tokens, want 256"
   if "$B/mceval" run --set data.path=corpus.h5 --set model.d_model=48 > /dev/null 2> mm.log; then die "mceval accepted a changed model"; fi
   grep -q "model.d_model" mm.log || die "mceval model change not named: $(cat mm.log)"
+  # --json: one JSON document with the same loss (exactly), its perplexity, the tokens, split and step.
+  "$B/mceval" run/step_8 --data corpus.h5 --json > ev.json || die "mceval --json failed"
+  /usr/bin/python3 - "$(field run/metrics.jsonl val_loss 8)" ev.json <<'PY' || die "mceval --json: $(cat ev.json)"
+import json, math, sys
+want, doc = float(sys.argv[1]), json.load(open(sys.argv[2]))
+assert doc["loss"] == want, (doc["loss"], want)
+assert abs(doc["perplexity"] - math.exp(want)) <= 1e-12 * math.exp(want), doc["perplexity"]
+assert doc["split"] == "val" and doc["step"] == 8 and doc["tokens"] == doc["sequences"] * 32, doc
+assert doc["batches"] == 2 and doc["backend"] == "cpu" and doc["verified"] is True, doc
+assert doc["checkpoint"].endswith("step_8") and doc["data"] == "corpus.h5", doc
+PY
   ;;
 errors)
   # Bad input: clear messages naming the file, key or rule, non-zero exit, nothing written.
@@ -195,7 +214,11 @@ errors)
   # the launchers is tests/train/nccl_train.sh).
   expect "train.dtype=bf16 needs train.device=cuda" "$B/mctrain" "${SMALL[@]}" --set checkpoint.dir=f \
     --set data.path=corpus.h5 --set train.dtype=bf16
-  expect "mceval: train.device=tpu is not a device" "$B/mceval" e --data corpus.h5 --device tpu
+  expect "mceval: --device tpu: expected cpu or cuda" "$B/mceval" e --data corpus.h5 --device tpu
+  # Without a GPU (or in a build without CUDA) --device cuda fails naming the option.
+  if ! "$B/mceval" e --data corpus.h5 --device cuda > err.out 2> err.log; then
+    grep -q -- "mceval: --device cuda: no CUDA device is available" err.log || { cat err.log; die "mceval --device cuda: message lacks --device"; }
+  fi
   # A recomputation policy the trainer does not implement is refused, not ignored.
   expect "train.recompute=selective is not implemented by the trainer" "$B/mctrain" "${SMALL[@]}" \
     --set checkpoint.dir=rc --set data.path=corpus.h5 --set train.recompute=selective

@@ -3,9 +3,12 @@
 CRC-32C, Event/Summary/Value protocol buffers) and checks it against metrics.jsonl: the first
 event is file_version brain.Event:2, every logged step's train/loss, train/lr,
 train/grad_norm (and val/loss where logged) equal the metrics record's values as float32, and
-the checkpoint pauses appear at checkpoint steps. Where TensorBoard is installed, its own
-reader (EventAccumulator) must see the same scalars.
-Usage: tfevents_check.py RUN_DIR CHECKPOINT_EVERY"""
+every checkpoint (periodic and last) has checkpoint/training_paused_s and checkpoint/save_s
+equal to its metrics.jsonl record, train/tokens_per_s, train/model_tflops, train/mfu (with
+--peak-tflops) and train/comm_s equal the records within their printed rounding, and the
+step-1 memory report's measured bytes are memory/<category> and memory/total at step 1.
+Where TensorBoard is installed, its own reader (EventAccumulator) must see the same scalars.
+Usage: tfevents_check.py RUN_DIR CHECKPOINT_EVERY [PEAK_TFLOPS]"""
 import glob
 import json
 import struct
@@ -99,8 +102,24 @@ def f32(x):
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
+# metrics.jsonl prints these rounded (tokens_per_s %.1f, seconds %.6f, model_tflops and mfu
+# %.6g); the others with 17 digits, so they must equal the event's float32 exactly.
+ROUNDED = {"tokens_per_s": (0.05, 1e-6), "comm_s": (1e-6, 1e-6), "paused_s": (1e-6, 1e-6), "save_s": (1e-6, 1e-6),
+           "model_tflops": (0.0, 1e-5), "mfu": (0.0, 1e-5)}
+
+
+def close(got, want, key):
+    if got is None:
+        return False
+    if key not in ROUNDED:
+        return got == f32(want)
+    a, r = ROUNDED[key]
+    return abs(got - want) <= a + r * abs(want) + 1e-7 * abs(want)
+
+
 def main():
     run, every = sys.argv[1], int(sys.argv[2])
+    peak = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0  # mctrain --peak-tflops
     files = sorted(glob.glob(f"{run}/tensorboard/events.out.tfevents.*"))
     assert files, f"no event file in {run}/tensorboard"
     evs = [e for f in files for e in events(f)]
@@ -109,30 +128,63 @@ def main():
     for e in evs[1:]:
         for tag, x in e["scalars"].items():
             seen[(tag, e.get("step", 0))] = x
-    recs = [json.loads(l) for l in open(f"{run}/metrics.jsonl") if '"step"' in l]
+    lines = [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
+    recs = [r for r in lines if "step" in r]
+    ckpts = [r for r in lines if "checkpoint" in r]
+    mem = [r["memory"] for r in lines if "memory" in r]
     n = 0
     for r in recs:
         for tag, key in (("train/loss", "loss"), ("train/lr", "lr"), ("train/grad_norm", "grad_norm"),
-                         ("train/aux_loss", "aux_loss"), ("val/loss", "val_loss")):
+                         ("train/aux_loss", "aux_loss"), ("val/loss", "val_loss"), ("train/tokens_per_s", "tokens_per_s"),
+                         ("train/model_tflops", "model_tflops"), ("train/mfu", "mfu"), ("train/comm_s", "comm_s")):
             if key in r:
                 got = seen.get((tag, r["step"]))
-                assert got == f32(r[key]), f"step {r['step']} {tag}: {got} in the events, {r[key]} in metrics.jsonl"
+                assert close(got, r[key], key), f"step {r['step']} {tag}: {got} in the events, {r[key]} in metrics.jsonl"
                 n += 1
+        assert "model_tflops" in r, f"step {r['step']}: no model_tflops"
+        assert ("mfu" in r) == (peak > 0), f"step {r['step']}: mfu {'missing' if peak else 'without --peak-tflops'}"
+        if peak:
+            assert abs(r["mfu"] - r["model_tflops"] / peak) <= 1e-5 * r["mfu"] + 1e-12, r
+    # every checkpoint (the periodic ones and the last) once, in metrics.jsonl and in the events
+    want = [r["step"] for r in recs if every > 0 and r["step"] % every == 0] + [recs[-1]["step"]]
+    want = sorted(set(want))
+    assert sorted(c["checkpoint"] for c in ckpts) == want, f"checkpoint records {[c['checkpoint'] for c in ckpts]}, want {want}"
+    for c in ckpts:
+        for tag, key in (("checkpoint/training_paused_s", "paused_s"), ("checkpoint/save_s", "save_s")):
+            got = seen.get((tag, c["checkpoint"]))
+            assert close(got, c[key], key) and c[key] >= 0, f"checkpoint {c['checkpoint']} {tag}: {got}, metrics.jsonl {c[key]}"
+            n += 1
     pauses = sorted(s for (t, s) in seen if t == "checkpoint/training_paused_s")
-    want = [r["step"] for r in recs if every > 0 and r["step"] % every == 0 and r["step"] != recs[-1]["step"]]
     assert pauses == want, f"checkpoint pauses at steps {pauses}, checkpoints at {want}"
-    print(f"tfevents: {len(evs)} events, {n} scalars equal metrics.jsonl, checkpoint pauses at steps {pauses}")
+    # the step-1 memory report's measured bytes, each category and the total
+    if mem:
+        total = 0
+        for cat, v in mem[0]["categories"].items():
+            if v["measured"] is not None:
+                assert seen.get((f"memory/{cat}", 1)) == f32(v["measured"]), f"memory/{cat}: {seen.get((f'memory/{cat}', 1))} vs {v}"
+                total += v["measured"]
+                n += 1
+            else:
+                assert (f"memory/{cat}", 1) not in seen, f"memory/{cat} written without a measurement"
+        assert seen.get(("memory/total", 1)) == f32(total), f"memory/total {seen.get(('memory/total', 1))} vs {total}"
+    print(f"tfevents: {len(evs)} events, {n} scalars equal metrics.jsonl, checkpoints at steps {pauses}, memory report {bool(mem)}")
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError:
         print("tensorboard not installed: its reader not run")
         return
-    acc = EventAccumulator(f"{run}/tensorboard")
+    acc = EventAccumulator(f"{run}/tensorboard", size_guidance={"scalars": 0})
     acc.Reload()
     for r in recs:
         got = [s.value for s in acc.Scalars("train/loss") if s.step == r["step"]]
         assert got and got[-1] == f32(r["loss"]), f"TensorBoard's reader: step {r['step']} train/loss {got}"
-    print(f"TensorBoard's EventAccumulator reads the same train/loss at {len(recs)} steps; tags {sorted(acc.Tags()['scalars'])}")
+    # every scalar this decoder read, TensorBoard's reader reads alike
+    tags = set(acc.Tags()["scalars"])
+    assert tags == {t for t, _ in seen}, f"TensorBoard's reader sees tags {sorted(tags)}, this decoder {sorted({t for t, _ in seen})}"
+    for (tag, step), x in seen.items():
+        got = [s.value for s in acc.Scalars(tag) if s.step == step]
+        assert got and got[-1] == x, f"TensorBoard's reader: {tag} at step {step} {got}, this decoder {x}"
+    print(f"TensorBoard's EventAccumulator reads the same {len(seen)} scalars ({len(tags)} tags: {sorted(tags)})")
 
 
 if __name__ == "__main__":
