@@ -24,7 +24,7 @@ static char root[2048];
 static void test_format(void) {
   char p[2300];
   snprintf(p, sizeof p, "%s/fmt.safetensors", root);
-  mc_st_tensor t[2] = {{"a", 2, {3, 2, 0}, 0, 0}, {"b.c", 1, {5, 0, 0}, 0, 0}};
+  mc_st_tensor t[2] = {{"a", 2, {3, 2, 0}, "F32", 0, 0, 0}, {"b.c", 1, {5, 0, 0}, "", 0, 0, 0}}; /* "": F32 */
   mc_st_meta meta = {0};
   mc_st_meta_add(&meta, "k", "v\"quoted\"");
   mc_st_file f;
@@ -50,20 +50,20 @@ static void test_format(void) {
   const char *v = mc_st_meta_get(&r.meta, "k");
   CHECK(v && strcmp(v, "v\"quoted\"") == 0, "metadata");
   mc_st_close(&r);
-  /* Malformed: header length past the end, wrong dtype. */
+  /* Malformed: header length past the end, a dtype not read (I64). */
   int fd = open(p, O_WRONLY);
   unsigned char big[8] = {0xff, 0xff, 0, 0, 0, 0, 0, 0};
   CHECK(pwrite(fd, big, 8, 0) == 8, "write");
   close(fd);
   CHECK(mc_st_open(&r, p) != 0 && strstr(mc_errmsg(), "header length"), "bad length: %s", mc_errmsg());
   FILE *w = fopen(p, "wb");
-  const char *h = "{\"x\":{\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[0,2]}}";
+  const char *h = "{\"x\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]}}";
   unsigned long long hl = strlen(h);
   fwrite(&hl, 8, 1, w);
   fputs(h, w);
-  fputs("zz", w);
+  fputs("zzzzzzzz", w);
   fclose(w);
-  CHECK(mc_st_open(&r, p) != 0 && strstr(mc_errmsg(), "F16"), "bad dtype: %s", mc_errmsg());
+  CHECK(mc_st_open(&r, p) != 0 && strstr(mc_errmsg(), "I64"), "bad dtype: %s", mc_errmsg());
 }
 
 static int run_audit(const char *path, mc_audit *a, mc_rs_source **s) {
