@@ -424,7 +424,8 @@ int mc_rs_export(mc_rs_source *src, const char *path, const mc_rs_export_opts *e
       sum->seconds = sum->copy_seconds = es_.seconds;
       sum->peak_rss_kb = mc_rs_peak_rss_kb();
       sum->n_src_shards = plan.n_src;
-      sum->n_dst_shards = nt;
+      sum->n_dst_shards = 0;
+      for (int i = 0; i < n_files; i++) sum->n_dst_shards += files[i].n;
       sum->n_dst_files = n_files;
     }
     if (rc == 0)
