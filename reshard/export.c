@@ -226,12 +226,14 @@ int mc_rs_export(mc_rs_source *src, const char *path, const mc_rs_export_opts *e
   const char *final = single ? path : dir;
   const int force = o && o->force;
   if (!single && !*dir) return mc_error("--export: empty output path");
-  if (mc_path_exists(final) && !force)
-    return mc_error("%s already exists; refusing to overwrite it (pass --force to replace it)", final);
   if (single && mc_output_file_ok(path, "--export file") != 0) return -1;
   struct stat st;
-  if (!single && stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+  if (!single && stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
+    if (mc_output_file_ok(dir, "--export path") != 0) return -1; /* a device, FIFO, ... */
     return mc_error("%s exists and is not a directory; a path without .safetensors is a model directory", dir);
+  }
+  if (mc_path_exists(final) && !force)
+    return mc_error("%s already exists; refusing to overwrite it (pass --force to replace it)", final);
 
   const mc_geometry *sg = mc_rs_source_geometry(src);
   mc_ckpt *ck = mc_rs_source_ckpt(src);
