@@ -49,38 +49,6 @@ int64_t mc_rs_parse_size(const char *text) {
   return mc_error("size %s: unknown unit %s (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)", text, end);
 }
 
-/* fp32 -> bf16, round to nearest even; NaN stays a (quiet) NaN. */
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-static float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static float from_f16(uint16_t h) {
-  uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
-  if (e == 0) {
-    if (m == 0) u = s;
-    else { /* subnormal: normalise */
-      e = 127 - 15 + 1;
-      while (!(m & 0x400)) m <<= 1, e--;
-      u = s | (e << 23) | ((m & 0x3ff) << 13);
-    }
-  } else if (e == 31) u = s | 0x7f800000u | (m << 13);
-  else u = s | ((e + 127 - 15) << 23) | (m << 13);
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 static const char *dir_trimmed(const char *path, char *buf, size_t cap) {
   snprintf(buf, cap, "%s", path);
   size_t n = strlen(buf);
@@ -167,7 +135,7 @@ static int hf_write(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t 
   if (s->bf16) {
     h = malloc((size_t)(n > 0 ? n : 1) * 2);
     if (!h) return mc_error("export: out of memory");
-    for (int64_t i = 0; i < n; i++) h[i] = to_bf16(buf[i]);
+    for (int64_t i = 0; i < n; i++) h[i] = mc_st_bf16_of(buf[i]);
     data = h, es = 2;
   }
   int rc = EVP_DigestUpdate(om->sha, data, (size_t)(n * es)) == 1 ? 0 : mc_error("export: SHA-256 failed");
@@ -616,7 +584,7 @@ static int hf_read(void *ctx, const mc_rs_plan *p, int s, int64_t off, int64_t n
   if (rc == 0 && es == 2) {
     const uint16_t *h = raw;
     const int bf = !strcmp(t->dtype, "BF16");
-    for (int64_t i = 0; i < k; i++) buf[i] = bf ? from_bf16(h[i]) : from_f16(h[i]);
+    for (int64_t i = 0; i < k; i++) buf[i] = bf ? mc_st_f32_of_bf16(h[i]) : mc_st_f32_of_f16(h[i]);
   }
   if (raw != buf) free(raw);
   return rc;
