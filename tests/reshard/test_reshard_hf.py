@@ -17,7 +17,9 @@ numpy and a hand-written safetensors reader (no torch, transformers or safetenso
   tensor; --dry-run writes nothing; an existing export is kept without --force; --names llama
   on a hybrid names the difference; --version; and hf_llama_check.py compiles.
 
-usage: test_reshard_hf.py MCRESHARD MCTRAIN MCDATA MCEVAL   (Debian's /usr/bin/python3)
+- a full disk (tests/reliability/enospc_shim.c, when given) during an export leaves nothing.
+
+usage: test_reshard_hf.py MCRESHARD MCTRAIN MCDATA MCEVAL [ENOSPC_SHIM.so]   (Debian's /usr/bin/python3)
 """
 import glob
 import hashlib
@@ -33,6 +35,7 @@ import tempfile
 import numpy as np
 
 MCRESHARD, MCTRAIN, MCDATA, MCEVAL = sys.argv[1:5]
+SHIM = sys.argv[5] if len(sys.argv) > 5 else None
 SOURCE = os.environ.get("MC_SOURCE_DIR", ".")
 failures = 0
 
@@ -44,8 +47,8 @@ def check(cond, what):
         print("FAILED:", what)
 
 
-def run(*args):
-    p = subprocess.run(list(args), capture_output=True, text=True)
+def run(*args, env=None):
+    p = subprocess.run(list(args), capture_output=True, text=True, env=env)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -316,6 +319,14 @@ def main():
               "--force replaced the export: " + err)
         rc, out, err = run(MCRESHARD, j("run"), "--export", j("m.safetensors"), "--no-progress")
         check(rc == 1 and "--force" in err, "existing file kept: " + err)
+
+        # a full disk: the export fails, names it, and leaves neither the output nor its temporary
+        for budget in ([0, 3000, 100000] if SHIM else []):
+            for out_path, match in ((j("disk"), "disk.export.tmp"), (j("disk.safetensors"), "disk.safetensors.tmp")):
+                env = dict(os.environ, LD_PRELOAD=SHIM, MC_ENOSPC_MATCH=match, MC_ENOSPC_AFTER=str(budget))
+                rc, out, err = run(MCRESHARD, j("run"), "--export", out_path, "--no-progress", env=env)
+                check(rc == 1 and "nothing written" in err and not glob.glob(j("disk*")),
+                      "full disk after %d bytes, %s: rc %d %s %s" % (budget, out_path, rc, err, glob.glob(j("disk*"))))
 
         # flags
         rc, out, err = run(MCRESHARD, "--version")
