@@ -1,7 +1,7 @@
 /* mceval: the loss of a checkpoint on a token file.
  *
  *   mceval CKPT --data FILE [--batches N] [--split val|all] [--device cpu|cuda] [--no-verify] [--json]
- *          [--config F] [--set k=v]
+ *          [--config F] [--set k=v] [--dump-logits FILE.npy]
  *
  * CKPT is a run directory (its latest checkpoint) or a step_N directory, written under any
  * layout: every family is read whole through the checkpoint library's hyperslab reads and
@@ -21,12 +21,13 @@
 #include "train/data.h"
 #include "train/device.h"
 #include "train/net.h"
+#include "train/net_blocks.h" /* --dump-logits reads the network's logits buffer */
 #include "train/trainer.h"
 #include "util/error.h"
 
 /* --config/--set are here only to name them when their value is missing (main moves them
  * out of argv first, for eval to apply on the checkpoint's config). */
-enum { OPT_DATA = CLI_LONG, OPT_BATCHES, OPT_SPLIT, OPT_DEVICE, OPT_NO_VERIFY, OPT_JSON, OPT_VERSION, OPT_CONFIG, OPT_SET };
+enum { OPT_DATA = CLI_LONG, OPT_BATCHES, OPT_SPLIT, OPT_DEVICE, OPT_NO_VERIFY, OPT_JSON, OPT_VERSION, OPT_CONFIG, OPT_SET, OPT_DUMP_LOGITS };
 static const struct option LONG_OPTS[] = {
     {"help", no_argument, NULL, 'h'},
     {"data", required_argument, NULL, OPT_DATA},
@@ -38,13 +39,14 @@ static const struct option LONG_OPTS[] = {
     {"version", no_argument, NULL, OPT_VERSION},
     {"config", required_argument, NULL, OPT_CONFIG},
     {"set", required_argument, NULL, OPT_SET},
+    {"dump-logits", required_argument, NULL, OPT_DUMP_LOGITS},
     {NULL, 0, NULL, 0},
 };
 
 static void usage(FILE *f) {
   fprintf(f,
           "usage: mceval CKPT --data FILE [--batches N] [--split val|all] [--device cpu|cuda] [--no-verify]\n"
-          "              [--json] [--config FILE] [--set section.key=value]\n"
+          "              [--json] [--config FILE] [--set section.key=value] [--dump-logits FILE.npy]\n"
           "       mceval --help | --version\n"
           "  CKPT         a run directory (its latest checkpoint) or a step_N directory\n"
           "  --data       HDF5 token dataset made by mcdata\n"
@@ -55,7 +57,63 @@ static void usage(FILE *f) {
           "  --json       print the result as one JSON document (loss, perplexity, tokens, ...)\n"
           "  --version    print the MegaC version and checkpoint format, then exit\n"
           "  --config/--set  overlay the checkpoint's recorded config (windows, split, micro-batch,\n"
-          "             eval_batches; data.path is the default of --data); the model must not change\n");
+          "             eval_batches; data.path is the default of --data); the model must not change\n"
+          "  --dump-logits FILE.npy  the logits of the first micro-batch scored: float32 [n_seq, seq_len,\n"
+          "             vocab_size] (padded vocabulary columns left out), and its input tokens, int32\n"
+          "             [n_seq, seq_len], in FILE minus .npy plus .tokens.npy (docs/export.md)\n");
+}
+
+/* --dump-logits: one .npy file (format 1.0: magic, header dict padded to 64 bytes, raw data). */
+static int write_npy(const char *path, const char *descr, const int64_t *shape, int ndim, const void *data, size_t bytes) {
+  char hdr[256], shp[128] = "";
+  int n = 0;
+  for (int i = 0; i < ndim; i++) n += snprintf(shp + n, sizeof shp - (size_t)n, "%s%lld", i ? ", " : "", (long long)shape[i]);
+  int hl = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (%s%s), }", descr, shp,
+                    ndim == 1 ? "," : "");
+  int total = 10 + hl + 1, pad = (64 - total % 64) % 64;
+  FILE *f = fopen(path, "wb");
+  if (!f) return mc_error("--dump-logits: cannot create %s", path);
+  unsigned short hlen = (unsigned short)(hl + pad + 1);
+  int ok = fwrite("\x93NUMPY\x01\x00", 1, 8, f) == 8 && fputc(hlen & 0xff, f) != EOF && fputc(hlen >> 8, f) != EOF &&
+           fwrite(hdr, 1, (size_t)hl, f) == (size_t)hl;
+  for (int i = 0; ok && i < pad; i++) ok = fputc(' ', f) != EOF;
+  ok = ok && fputc('\n', f) != EOF && fwrite(data, 1, bytes, f) == bytes;
+  if (fclose(f) != 0) ok = 0;
+  return ok ? 0 : mc_error("--dump-logits: cannot write %s", path);
+}
+
+/* The logits of the first micro-batch mc_eval_loss scores (the same windows: sequence k of n
+ * is window floor(k * avail / n) of the split), real vocabulary columns only. */
+static int dump_logits(mc_net *net, const mc_data *d, int split_all, int64_t n, int micro_batch, const char *path) {
+  const int T = d->seq_len, V = net->m.vocab_size, Vp = net->par.Vpl;
+  int64_t avail = split_all ? d->n_windows : d->n_val;
+  if (avail < 1) return mc_error("--dump-logits: the split has no window");
+  if (n <= 0 || n > avail) n = avail;
+  int cnt = (int)(n < micro_batch ? n : micro_batch);
+  int32_t *tok = malloc(sizeof(int32_t) * (size_t)cnt * (size_t)(T + 1));
+  int32_t *in = malloc(sizeof(int32_t) * (size_t)cnt * (size_t)T);
+  float *lg = malloc(sizeof(float) * (size_t)cnt * (size_t)T * (size_t)Vp);
+  int rc = tok && in && lg ? 0 : mc_error("--dump-logits: out of memory");
+  for (int i = 0; i < cnt && rc == 0; i++) {
+    int64_t k = (int64_t)i * avail / n;
+    rc = split_all ? mc_data_read_window(d, k, tok + (int64_t)i * (T + 1)) : mc_data_read_val(d, k, 1, tok + (int64_t)i * (T + 1));
+  }
+  mc_net_stats st;
+  if (rc == 0) rc = mc_net_forward(net, tok, cnt, &st);
+  if (rc == 0) {
+    net->be->to_host(net->be, lg, net->logits, sizeof(float) * (size_t)cnt * (size_t)T * (size_t)Vp);
+    for (int64_t r = 0; r < (int64_t)cnt * T; r++) memmove(lg + r * V, lg + r * Vp, sizeof(float) * (size_t)V);
+    for (int i = 0; i < cnt; i++) memcpy(in + (int64_t)i * T, tok + (int64_t)i * (T + 1), sizeof(int32_t) * (size_t)T);
+    int64_t shape[3] = {cnt, T, V};
+    char tpath[MC_PATH_MAX + 32];
+    size_t pl = strlen(path);
+    snprintf(tpath, sizeof tpath, "%.*s.tokens.npy", (int)(pl > 4 && !strcmp(path + pl - 4, ".npy") ? pl - 4 : pl), path);
+    rc = write_npy(path, "<f4", shape, 3, lg, sizeof(float) * (size_t)cnt * (size_t)T * (size_t)V);
+    if (rc == 0) rc = write_npy(tpath, "<i4", shape, 2, in, sizeof(int32_t) * (size_t)cnt * (size_t)T);
+    if (rc == 0) fprintf(stderr, "mceval: logits [%d, %d, %d] -> %s, tokens -> %s\n", cnt, T, V, path, tpath);
+  }
+  free(tok), free(in), free(lg);
+  return rc;
 }
 
 /* --json: one JSON document on stdout. loss with 17 significant digits (cJSON prints the
@@ -84,7 +142,7 @@ static int print_json(double loss, int64_t tokens, int64_t batches, int64_t sequ
 }
 
 static int eval(const char *ckpt_path, const char *data_path, int64_t batches, int split_all, int verify,
-                const char *device, int json, int cfg_argc, char **cfg_argv) {
+                const char *device, int json, int cfg_argc, char **cfg_argv, const char *dump) {
   mc_backend *be = mc_train_backend(device, "fp32", 0); /* GPU 0; before any reading: a bad device fails fast */
   if (!be) { /* the library's message speaks of train.device: name this program's option */
     char why[MC_ERRMSG_MAX];
@@ -131,6 +189,7 @@ static int eval(const char *ckpt_path, const char *data_path, int64_t batches, i
   double loss = 0;
   int64_t tokens = 0;
   int64_t n = batches < 0 ? (int64_t)cfg.train.eval_batches * cfg.train.global_batch : batches * cfg.train.global_batch;
+  if (rc == 0 && dump) rc = dump_logits(net, &d, split_all, n, cfg.train.micro_batch, dump);
   if (rc == 0) rc = mc_eval_loss(net, &d, split_all, n, cfg.train.micro_batch, &loss, &tokens);
   if (rc == 0 && json)
     rc = print_json(loss, tokens, batches < 0 ? cfg.train.eval_batches : batches, tokens / cfg.model.seq_len, split_all,
@@ -152,7 +211,7 @@ int main(int argc, char **argv) {
   const char *ckpt = NULL, *data = NULL;
   int64_t batches = -1;
   int split_all = 0, verify = 1, json = 0;
-  const char *device = "cpu";
+  const char *device = "cpu", *dump = NULL;
   cli_parser p;
   int npos = 0;
   cli_init(&p, argc, argv, "h", LONG_OPTS);
@@ -189,6 +248,9 @@ int main(int argc, char **argv) {
       break;
     case OPT_VERSION:
       return cli_version("mceval", MC_CKPT_FORMAT_VERSION);
+    case OPT_DUMP_LOGITS:
+      dump = p.arg;
+      break;
     case CLI_ARG:
       if (cli_positional(&p, &ckpt, 1, &npos) == 0) break;
       return cli_bad_usage("mceval", usage);
@@ -201,7 +263,7 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  int rc = eval(ckpt, data, batches, split_all, verify, device, json, cfg_argc, cfg_argv);
+  int rc = eval(ckpt, data, batches, split_all, verify, device, json, cfg_argc, cfg_argv, dump);
   free(cfg_argv);
   if (rc != 0) {
     fprintf(stderr, "mceval: %s\n", mc_errmsg());

@@ -4,14 +4,16 @@
  *             [--split equal|weighted|'AEME|AEMR'] [--config FILE] [--set parallel.K=V] [--consolidate]
  *             [--dry-run [--summary] [--node-gbps G] [--ranks-per-node R]] [--json] [--force]
  *             [--chunk-mb N] [--threads N] [--no-progress]
- *   mcreshard SRC --export FILE.safetensors
- *   mcreshard --import FILE.safetensors DST [layout options]
+ *   mcreshard SRC --export FILE.safetensors|DIR [--dtype fp32|bf16] [--names auto|llama|megac]
+ *             [--max-shard-size SIZE] [--dry-run] [--force]
+ *   mcreshard --import FILE.safetensors|DIR DST [layout options] [--dry-run] [--force]
+ *   mcreshard --version
  *
  * SRC is a run directory (its `latest` is used) or a step directory. Layout values not given
  * keep the source's (for --import: the layout recorded in the file). --dry-run plans from
  * SRC's manifest alone (its rank files are not opened: a metadata-only checkpoint of
  * bench/sim_scale --write-metadata works) and reports the target checkpoint's forecast.
- * docs/reshard.md. */
+ * docs/reshard.md; export and import: docs/export.md. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <stdio.h>
@@ -32,7 +34,7 @@
 enum {
   OPT_TP = CLI_LONG, OPT_PP, OPT_DP, OPT_EP, OPT_SP, OPT_ZERO, OPT_SPLIT, OPT_CONFIG, OPT_SET, OPT_EXPORT, OPT_IMPORT,
   OPT_CHUNK_MB, OPT_THREADS, OPT_CONSOLIDATE, OPT_DRY_RUN, OPT_JSON, OPT_FORCE, OPT_NO_PROGRESS, OPT_SUMMARY,
-  OPT_NODE_GBPS, OPT_RANKS_PER_NODE
+  OPT_NODE_GBPS, OPT_RANKS_PER_NODE, OPT_DTYPE, OPT_NAMES, OPT_MAX_SHARD, OPT_VERSION
 };
 static const struct option LONG_OPTS[] = {
     {"help", no_argument, NULL, 'h'},
@@ -58,6 +60,10 @@ static const struct option LONG_OPTS[] = {
     {"summary", no_argument, NULL, OPT_SUMMARY},
     {"node-gbps", required_argument, NULL, OPT_NODE_GBPS},
     {"ranks-per-node", required_argument, NULL, OPT_RANKS_PER_NODE},
+    {"dtype", required_argument, NULL, OPT_DTYPE},
+    {"names", required_argument, NULL, OPT_NAMES},
+    {"max-shard-size", required_argument, NULL, OPT_MAX_SHARD},
+    {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
 };
 
@@ -65,8 +71,10 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: mcreshard SRC DST [layout options] [--dry-run [--json] [--summary] [--node-gbps G] [--ranks-per-node R]]\n"
           "                 [--force] [--chunk-mb N] [--threads N]\n"
-          "       mcreshard SRC --export FILE.safetensors\n"
-          "       mcreshard --import FILE.safetensors DST [layout options] [--force]\n"
+          "       mcreshard SRC --export FILE.safetensors|DIR [--dtype fp32|bf16] [--names auto|llama|megac]\n"
+          "                 [--max-shard-size SIZE] [--dry-run] [--force]\n"
+          "       mcreshard --import FILE.safetensors|DIR DST [layout options] [--dry-run] [--force]\n"
+          "       mcreshard --version\n"
           "layout options (anything not given keeps the source's value):\n"
           "  --tp N --pp N --dp N --ep N --sp 0|1 --zero 0|1|3\n"
           "  --split equal|weighted|'AEME|AEMR'   pipeline stage split (pipes in the pattern)\n"
@@ -80,7 +88,18 @@ static void usage(FILE *f) {
           "  shard's pieces and a forecast of the target checkpoint (shards, rank files, manifest size,\n"
           "  writer balance, save time); --summary: the totals and the forecast only; --node-gbps G\n"
           "  (default 2) and --ranks-per-node R (default 8): the write bandwidth of one node of R ranks\n"
-          "  the forecast assumes. These three and --json need --dry-run; --export and --import have none.\n");
+          "  the forecast assumes. These three and --json need --dry-run.\n"
+          "--export: the weights in safetensors (docs/export.md). A path ending in .safetensors is one file;\n"
+          "  any other path a Hugging Face model directory: model-0000i-of-0000N.safetensors shards,\n"
+          "  model.safetensors.index.json and config.json. --dtype fp32 (default, the master weights\n"
+          "  exactly) or bf16 (round to nearest even); --names auto (default: Llama names and a\n"
+          "  LlamaForCausalLM config.json for a dense AEAE... model, MegaC names otherwise), llama\n"
+          "  (refused, naming the difference, when the model is not a Llama) or megac;\n"
+          "  --max-shard-size SIZE (directory; default 5GB; units B, KB, MB, GB, KiB, MiB, GiB).\n"
+          "--import: a file or model directory (MegaC or Llama names, F32/BF16/F16 tensors) into a new\n"
+          "  run directory DST: AdamW moments zero, step 0.\n"
+          "--dry-run with --export/--import: check everything and print what would be written; writes nothing.\n"
+          "--force: replace an existing DST or export path.\n");
 }
 
 typedef struct {
@@ -161,6 +180,9 @@ int main(int argc, char **argv) {
   int npos = 0, dry = 0, json = 0, progress = isatty(2), summary = 0, per_node = 8, forecast_flag = 0;
   double node_gbps = 2.0;
   mc_rs_opts o = {.chunk_bytes = (int64_t)16 << 20, .threads = 0};
+  mc_rs_export_opts eo;
+  mc_rs_export_opts_default(&eo);
+  int export_flag = 0;
   cli_parser p;
   cli_init(&p, argc, argv, "h", LONG_OPTS);
   for (int c; (c = cli_next(&p)) != -1;) {
@@ -193,6 +215,26 @@ int main(int argc, char **argv) {
     case OPT_SUMMARY: summary = 1, forecast_flag = 1; break;
     case OPT_NODE_GBPS: rc = parse_gbps(&p, &node_gbps), forecast_flag = 1; break;
     case OPT_RANKS_PER_NODE: rc = parse_int(&p, 1, &per_node), forecast_flag = 1; break;
+    case OPT_VERSION: return cli_version("mcreshard", MC_CKPT_FORMAT_VERSION);
+    case OPT_DTYPE:
+      export_flag = 1;
+      if (strcmp(p.arg, "fp32") && strcmp(p.arg, "bf16")) rc = mc_error("--dtype %s: expected fp32 or bf16", p.arg);
+      eo.bf16 = !strcmp(p.arg, "bf16");
+      break;
+    case OPT_NAMES:
+      export_flag = 1;
+      if (!strcmp(p.arg, "auto")) eo.names = MC_EXPORT_NAMES_AUTO;
+      else if (!strcmp(p.arg, "llama")) eo.names = MC_EXPORT_NAMES_LLAMA;
+      else if (!strcmp(p.arg, "megac")) eo.names = MC_EXPORT_NAMES_MEGAC;
+      else rc = mc_error("--names %s: expected auto, llama or megac", p.arg);
+      break;
+    case OPT_MAX_SHARD: {
+      export_flag = 1;
+      int64_t b = mc_rs_parse_size(p.arg);
+      if (b < 0) rc = -1;
+      else eo.max_shard_bytes = b;
+      break;
+    }
     case CLI_ARG:
       if (cli_positional(&p, pos, 2, &npos) == 0) break;
       return cli_bad_usage("mcreshard", usage);
@@ -213,10 +255,15 @@ int main(int argc, char **argv) {
     fprintf(stderr, "mcreshard: --json, --summary, --node-gbps and --ranks-per-node describe a --dry-run; without it they mean nothing\n");
     return 2;
   }
-  if (dry && (export_path || import_path)) {
-    fprintf(stderr, "mcreshard: --dry-run plans a reshard; --export and --import have no dry run\n");
+  if (export_flag && !export_path) {
+    fprintf(stderr, "mcreshard: --dtype, --names and --max-shard-size describe an --export\n");
     return 2;
   }
+  if ((forecast_flag || json) && (export_path || import_path)) {
+    fprintf(stderr, "mcreshard: --json, --summary, --node-gbps and --ranks-per-node describe a reshard's dry run, not --export/--import\n");
+    return 2;
+  }
+  eo.dry_run = dry;
   o.progress = progress && !json;
 
   if (import_path) {
@@ -229,11 +276,11 @@ int main(int argc, char **argv) {
     mc_rs_summary sum;
     if (mc_check_disjoint(pos[0], "destination", import_path, "the imported file") != 0 ||
         mc_rs_safetensors_config(import_path, &fcfg) != 0 || resolve_layout(&fcfg, &la, &target) != 0 ||
-        mc_rs_import_safetensors(import_path, &target, pos[0], &o, &sum) != 0) {
+        mc_rs_import(import_path, &target, pos[0], &o, dry, &sum) != 0) {
       fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
       return 1;
     }
-    mc_rs_summary_print(&sum, "import");
+    if (!dry) mc_rs_summary_print(&sum, "import");
     return 0;
   }
   if (npos != (export_path ? 1 : 2)) {
@@ -261,10 +308,10 @@ int main(int argc, char **argv) {
   int status = 0;
   if (export_path) {
     mc_rs_summary sum;
-    if (mc_rs_export_safetensors(src, export_path, &o, &sum) != 0) {
+    if (mc_rs_export(src, export_path, &eo, &o, &sum) != 0) {
       fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
       status = 1;
-    } else {
+    } else if (!dry) {
       mc_rs_summary_print(&sum, "export");
     }
     mc_rs_source_close(src);

@@ -68,6 +68,44 @@ static int read_all(int fd, void *buf, int64_t n, int64_t off, const char *path)
 
 /* The 8-byte length and the JSON header, padded with spaces so the data region starts
  * 8-byte aligned. Fills offsets and sizes into t. */
+/* fp32 -> bf16, round to nearest even; NaN stays a (quiet) NaN. */
+uint16_t mc_st_bf16_of(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+float mc_st_f32_of_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+float mc_st_f32_of_f16(uint16_t h) {
+  uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+  if (e == 0) {
+    if (m == 0) u = s;
+    else { /* subnormal: normalise */
+      e = 127 - 15 + 1;
+      while (!(m & 0x400)) m <<= 1, e--;
+      u = s | (e << 23) | ((m & 0x3ff) << 13);
+    }
+  } else if (e == 31) u = s | 0x7f800000u | (m << 13);
+  else u = s | ((e + 127 - 15) << 23) | (m << 13);
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+int mc_st_dtype_size(const char *dtype) {
+  if (!strcmp(dtype, "F32")) return 4;
+  if (!strcmp(dtype, "BF16") || !strcmp(dtype, "F16")) return 2;
+  return 0;
+}
+
 static char *build_header(mc_st_tensor *t, int n, const mc_st_meta *meta, int64_t *len) {
   cJSON *root = cJSON_CreateObject();
   if (meta && meta->n_meta) {
@@ -79,14 +117,16 @@ static char *build_header(mc_st_tensor *t, int n, const mc_st_meta *meta, int64_
     int64_t numel = 1;
     double shp[3];
     for (int d = 0; d < t[i].ndim; d++) numel *= t[i].shape[d], shp[d] = (double)t[i].shape[d];
+    if (!t[i].dtype[0]) snprintf(t[i].dtype, sizeof t[i].dtype, "F32");
+    t[i].esize = mc_st_dtype_size(t[i].dtype);
     t[i].offset = off;
-    t[i].bytes = numel * 4;
+    t[i].bytes = numel * t[i].esize;
     cJSON *o = cJSON_AddObjectToObject(root, t[i].name);
-    cJSON_AddStringToObject(o, "dtype", "F32");
+    cJSON_AddStringToObject(o, "dtype", t[i].dtype);
     cJSON_AddItemToObject(o, "shape", cJSON_CreateDoubleArray(shp, t[i].ndim));
-    double offs[2] = {(double)off, (double)(off + numel * 4)};
+    double offs[2] = {(double)off, (double)(off + t[i].bytes)};
     cJSON_AddItemToObject(o, "data_offsets", cJSON_CreateDoubleArray(offs, 2));
-    off += numel * 4;
+    off += t[i].bytes;
   }
   char *hdr = cJSON_PrintUnformatted(root);
   cJSON_Delete(root);
@@ -115,6 +155,11 @@ int mc_st_create(mc_st_file *f, const char *path, const mc_st_tensor *t, int n, 
   if (!f->t) return mc_error("safetensors: out of memory");
   f->n = n;
   memcpy(f->t, t, (size_t)n * sizeof *t);
+  for (int i = 0; i < n; i++)
+    if (f->t[i].dtype[0] && mc_st_dtype_size(f->t[i].dtype) == 0) {
+      mc_st_abort(f);
+      return mc_error("safetensors: tensor %s: unsupported dtype %s", t[i].name, t[i].dtype);
+    }
   int64_t hlen = 0;
   char *buf = build_header(f->t, n, meta, &hlen);
   if (!buf) {
@@ -227,11 +272,13 @@ int mc_st_open(mc_st_file *f, const char *path) {
     cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype");
     cJSON *sh = cJSON_GetObjectItemCaseSensitive(it, "shape");
     cJSON *of = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
-    if (!cJSON_IsString(dt) || strcmp(dt->valuestring, "F32") != 0) {
-      rc = mc_error("%s: tensor %s has dtype %s; only F32 is supported", path, t->name,
+    if (!cJSON_IsString(dt) || mc_st_dtype_size(dt->valuestring) == 0) {
+      rc = mc_error("%s: tensor %s has dtype %s; only F32, BF16 and F16 are supported", path, t->name,
                     cJSON_IsString(dt) ? dt->valuestring : "(missing)");
       break;
     }
+    snprintf(t->dtype, sizeof t->dtype, "%s", dt->valuestring);
+    t->esize = mc_st_dtype_size(t->dtype);
     if (!cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > 3 || !cJSON_IsArray(of) || cJSON_GetArraySize(of) != 2) {
       rc = mc_error("%s: tensor %s needs a shape of at most 3 dims and two data_offsets", path, t->name);
       break;
@@ -262,9 +309,9 @@ int mc_st_open(mc_st_file *f, const char *path) {
     }
     t->offset = (int64_t)b->valuedouble;
     t->bytes = (int64_t)e->valuedouble - t->offset;
-    if (t->bytes != numel * 4)
+    if (t->bytes != numel * t->esize)
       rc = mc_error("%s: tensor %s: data_offsets span %lld bytes but shape needs %lld", path, t->name,
-                    (long long)t->bytes, (long long)(numel * 4));
+                    (long long)t->bytes, (long long)(numel * t->esize));
     else if (t->offset + t->bytes > data_len)
       rc = mc_error("%s: tensor %s: data_offsets end at %lld, past the data region (%lld bytes)", path, t->name,
                     (long long)(t->offset + t->bytes), (long long)data_len);

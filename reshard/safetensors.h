@@ -1,7 +1,7 @@
 /* The safetensors file format (what other ecosystems load): an 8-byte little-endian header
  * length, a JSON header mapping each tensor name to {"dtype", "shape", "data_offsets"} plus
- * an optional "__metadata__" object of strings, then the raw little-endian data. Only F32 is
- * written or accepted (checkpoints hold fp32). Writes go to "<path>.tmp" and are renamed into
+ * an optional "__metadata__" object of strings, then the raw little-endian data. Tensors are F32, BF16 or F16 (dtype
+ * and esize below; written: F32 or BF16; read: all three). Writes go to "<path>.tmp" and are renamed into
  * place on close, so a failed export leaves no file. */
 #ifndef MC_RESHARD_SAFETENSORS_H
 #define MC_RESHARD_SAFETENSORS_H
@@ -14,6 +14,8 @@ typedef struct {
   char name[MC_ST_NAME_MAX];
   int ndim;
   int64_t shape[3];
+  char dtype[8];  /* "F32" (also when left empty at creation), "BF16", "F16" */
+  int esize;      /* bytes per element: 4 or 2 (filled by mc_st_create and mc_st_open) */
   int64_t offset; /* byte offset of the data from the start of the data region */
   int64_t bytes;
 } mc_st_tensor;
@@ -50,7 +52,16 @@ int mc_st_commit(mc_st_file *f);
 /* Removes the temporary file of an uncommitted export. */
 void mc_st_abort(mc_st_file *f);
 
-/* Opens and validates an existing file (header length, JSON, dtype F32, shapes against
+/* dtype conversions: fp32 -> bf16 rounds to nearest, ties to even (a NaN stays a quiet NaN,
+ * overflow goes to infinity); bf16 and IEEE half -> fp32 are exact (subnormals included). */
+uint16_t mc_st_bf16_of(float f);
+float mc_st_f32_of_bf16(uint16_t h);
+float mc_st_f32_of_f16(uint16_t h);
+
+/* Element size of a safetensors dtype this library reads ("F32" 4, "BF16" and "F16" 2), or 0. */
+int mc_st_dtype_size(const char *dtype);
+
+/* Opens and validates an existing file (header length, JSON, dtype F32/BF16/F16, shapes against
  * data_offsets, offsets inside the file and non-overlapping); errors name the file and tensor. */
 int mc_st_open(mc_st_file *f, const char *path);
 int mc_st_find(const mc_st_file *f, const char *name); /* index or -1 */

@@ -1,4 +1,5 @@
 /* Safetensors export and import, and the audit's tiling check:
+ *  - the dtype conversions (every IEEE half, bf16 ties, NaN, overflow), a BF16 file, sizes;
  *  - the safetensors writer/reader round-trip (header, metadata, offsets, data) and its
  *    refusal of malformed files;
  *  - export of a checkpoint's weights gives one global tensor per family with the right
@@ -7,6 +8,7 @@
  *  - mc_audit_tiling reports gaps, overlaps and out-of-bounds shards. */
 #define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
+#include <math.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +26,7 @@ static char root[2048];
 static void test_format(void) {
   char p[2300];
   snprintf(p, sizeof p, "%s/fmt.safetensors", root);
-  mc_st_tensor t[2] = {{"a", 2, {3, 2, 0}, 0, 0}, {"b.c", 1, {5, 0, 0}, 0, 0}};
+  mc_st_tensor t[2] = {{"a", 2, {3, 2, 0}, "F32", 0, 0, 0}, {"b.c", 1, {5, 0, 0}, "", 0, 0, 0}}; /* "": F32 */
   mc_st_meta meta = {0};
   mc_st_meta_add(&meta, "k", "v\"quoted\"");
   mc_st_file f;
@@ -50,20 +52,20 @@ static void test_format(void) {
   const char *v = mc_st_meta_get(&r.meta, "k");
   CHECK(v && strcmp(v, "v\"quoted\"") == 0, "metadata");
   mc_st_close(&r);
-  /* Malformed: header length past the end, wrong dtype. */
+  /* Malformed: header length past the end, a dtype not read (I64). */
   int fd = open(p, O_WRONLY);
   unsigned char big[8] = {0xff, 0xff, 0, 0, 0, 0, 0, 0};
   CHECK(pwrite(fd, big, 8, 0) == 8, "write");
   close(fd);
   CHECK(mc_st_open(&r, p) != 0 && strstr(mc_errmsg(), "header length"), "bad length: %s", mc_errmsg());
   FILE *w = fopen(p, "wb");
-  const char *h = "{\"x\":{\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[0,2]}}";
+  const char *h = "{\"x\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]}}";
   unsigned long long hl = strlen(h);
   fwrite(&hl, 8, 1, w);
   fputs(h, w);
-  fputs("zz", w);
+  fputs("zzzzzzzz", w);
   fclose(w);
-  CHECK(mc_st_open(&r, p) != 0 && strstr(mc_errmsg(), "F16"), "bad dtype: %s", mc_errmsg());
+  CHECK(mc_st_open(&r, p) != 0 && strstr(mc_errmsg(), "I64"), "bad dtype: %s", mc_errmsg());
 }
 
 static int run_audit(const char *path, mc_audit *a, mc_rs_source **s) {
@@ -190,9 +192,68 @@ static void test_tiling(void) {
   CHECK(mc_audit_tiling("f/param", 2, shape, out, ranks, 1, &e) == 1 && mc_errlist_has(&e, "outside"), "bounds");
 }
 
+static uint32_t bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+static float of_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* The dtype conversions of export and import: every IEEE half against its formula, bf16 round
+ * to nearest even at ties, NaN, infinity and overflow; a BF16 file written and read back;
+ * --max-shard-size units. */
+static void test_dtypes(void) {
+  int bad = 0;
+  for (uint32_t h = 0; h < 65536; h++) {
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    double want = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+    float got = mc_st_f32_of_f16((uint16_t)h);
+    if (s) want = -want;
+    if (isnan(want) ? !isnan(got) : (double)got != want || !!signbit(got) != s) bad++;
+  }
+  CHECK(bad == 0, "%d of 65536 halves widened wrong", bad);
+  CHECK(mc_st_bf16_of(1.0f) == 0x3f80 && mc_st_f32_of_bf16(0x3f80) == 1.0f, "bf16 of 1");
+  CHECK(mc_st_bf16_of(of_bits(0x3f808000u)) == 0x3f80, "tie rounds to the even 0x3f80");
+  CHECK(mc_st_bf16_of(of_bits(0x3f818000u)) == 0x3f82, "tie rounds to the even 0x3f82");
+  CHECK(mc_st_bf16_of(of_bits(0x3f808001u)) == 0x3f81, "above the tie rounds up");
+  CHECK(mc_st_bf16_of(of_bits(0xbf807fffu)) == 0xbf80, "below the tie rounds down (negative)");
+  CHECK(mc_st_bf16_of(of_bits(0x7f7fffffu)) == 0x7f80, "FLT_MAX overflows to infinity");
+  CHECK(mc_st_bf16_of(-INFINITY) == 0xff80, "-inf");
+  uint16_t qn = mc_st_bf16_of(of_bits(0x7f800001u)); /* a signalling NaN whose payload is below bf16 */
+  CHECK(isnan(mc_st_f32_of_bf16(qn)) && (qn & 0x40), "NaN stays a quiet NaN: %#x", qn);
+  CHECK(bits(mc_st_f32_of_bf16(0x8001)) == 0x80010000u, "bf16 widening is a shift");
+
+  char p[2300];
+  snprintf(p, sizeof p, "%s/bf16.safetensors", root);
+  mc_st_tensor t[1] = {{"w", 1, {3, 0, 0}, "BF16", 0, 0, 0}};
+  mc_st_file f;
+  CHECK_OK(mc_st_create(&f, p, t, 1, NULL));
+  uint16_t v[3] = {mc_st_bf16_of(1.5f), mc_st_bf16_of(-2.0f), mc_st_bf16_of(3.0f)}, r[3] = {0};
+  CHECK_OK(mc_st_pwrite(&f, 0, 0, v, 6));
+  CHECK_OK(mc_st_commit(&f));
+  CHECK_OK(mc_st_open(&f, p));
+  CHECK(f.n == 1 && !strcmp(f.t[0].dtype, "BF16") && f.t[0].esize == 2 && f.t[0].bytes == 6, "BF16 header");
+  CHECK_OK(mc_st_pread(&f, 0, 0, r, 6));
+  CHECK(mc_st_f32_of_bf16(r[0]) == 1.5f && mc_st_f32_of_bf16(r[1]) == -2.0f && mc_st_f32_of_bf16(r[2]) == 3.0f, "BF16 data");
+  mc_st_close(&f);
+
+  CHECK(mc_rs_parse_size("5GB") == 5000000000LL && mc_rs_parse_size("2GiB") == 2147483648LL &&
+            mc_rs_parse_size("500mb") == 500000000LL && mc_rs_parse_size("123") == 123 &&
+            mc_rs_parse_size("1.5KiB") == 1536,
+        "sizes");
+  CHECK(mc_rs_parse_size("5XB") < 0 && strstr(mc_errmsg(), "unknown unit"), "bad unit: %s", mc_errmsg());
+  CHECK(mc_rs_parse_size("-1GB") < 0 && mc_rs_parse_size("GB") < 0, "bad numbers");
+}
+
 int main(void) {
   rs_scratch("export", root, sizeof root);
   test_format();
+  test_dtypes();
   test_export_import();
   test_tiling();
   if (mc_check_failures == 0) rs_rm_rf(root);
