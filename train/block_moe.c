@@ -267,4 +267,22 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   return 0;
 }
 
-const mc_block_ops mc_block_moe = {'E', moe_forward, moe_backward};
+/* Selective recomputation: the SwiGLU output from the kept h1 and h3, over the rows the
+ * forward computed (every token on the plain path, the routed rows otherwise). Under ep > 1
+ * the experts' rows, SwiGLU output included, live with the layer's exchange plan in
+ * moe.scratch and are kept. */
+static int moe_rebuild(struct mc_net *net, mc_layer *L, int n_seq) {
+  const int dense = mc_moe_is_dense(net);
+  if (!dense && net->par.ep > 1) return 0;
+  int64_t rows = (int64_t)n_seq * net->par.moe_T;
+  if (!dense) {
+    rows = 0;
+    for (int e = 0; e < net->m.n_experts; e++) rows += L->counts_host[e];
+  }
+  const expert_bufs B = layer_bufs(net, L);
+  net->be->glu_fwd(net->be, MC_ACT_SILU, buf_in(B.h1, B.s16), buf_in(B.h3, B.s16), buf_out(B.a, B.s16),
+                   rows * net->m.expert_hidden);
+  return 0;
+}
+
+const mc_block_ops mc_block_moe = {'E', moe_forward, moe_backward, moe_rebuild};
