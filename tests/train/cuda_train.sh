@@ -17,6 +17,11 @@
 #         are printed, not checked). Skips like match.
 #         (The refusals of train.device=cuda under mpirun and of train.dtype=bf16 on the CPU
 #         are in e2e.sh errors.)
+# recompute: train.recompute=selective and full on the GPU against none on the GPU, fp32 and
+#         bf16, 10 steps each: every loss and gradient norm within BAND (fp32) or BF16_BAND
+#         (bf16) of none's (the line says whether they are bitwise equal), the step-1 report's
+#         activations ratio 1.000 (arena = mcplan) and each policy's arena below the previous
+#         one's; prints tokens/s of steps 2-10 per run. Skips like match.
 set -u
 B=${MC_BINARY_DIR:?}
 S=${MC_SOURCE_DIR:?}
@@ -59,7 +64,7 @@ compare() {
 }
 
 case "$MODE" in
-match|bf16)
+match|bf16|recompute)
   # Is there a GPU? The device is checked before the data, so a missing file is reached
   # only when the CUDA backend came up.
   "$B/mctrain" --set train.device=cuda --set data.path=/nonexistent.h5 --set checkpoint.dir=probe > probe.log 2>&1
@@ -80,6 +85,32 @@ match|bf16)
     "$B/mctrain" "${C[@]}" --set train.device=$dev --set checkpoint.dir=$name "$@" > $name.log 2>&1 || { cat $name.log; die "run $name on $dev failed"; return; }
     awk -v a="$t0" -v b="$(date +%s.%N)" -v n="$name" -v d="$dev" 'BEGIN { printf "run %s on %s: %.1f s\n", n, d, b - a }'
   }
+  if [ "$MODE" = recompute ]; then
+    for dt in fp32 bf16; do
+      band=$BAND; [ $dt = bf16 ] && band=$BF16_BAND
+      prev=
+      for pol in none selective full; do
+        run $dt-$pol cuda --set train.dtype=$dt --set train.recompute=$pol --set checkpoint.every=0 --until 10
+        act=$(grep -E '^  activations ' $dt-$pol.log | tr -s ' ')
+        echo "  $dt $pol:$act; tokens/s steps 2-10: $(grep -o '"tokens_per_s": [0-9.]*' $dt-$pol/metrics.jsonl | sed 1d | awk '{ s += $2; n++ } END { if (n) printf "%.0f", s / n }')"
+        echo "$act" | grep -q ' 1.000$' || die "$dt $pol: activations not as planned: '$act'"
+        a=$(echo "$act" | awk '{ print $2 }')
+        [ -z "$prev" ] || [ "$a" -lt "$prev" ] || die "$dt $pol: activations $a not below $prev"
+        prev=$a
+        if [ $pol != none ]; then
+          compare "GPU $dt recompute=$pol against none" $dt-$pol $dt-none 1 10 $band loss grad_norm
+          if cmp -s <(grep -o '"loss": [^,]*, "aux_loss": [^,]*' $dt-$pol/metrics.jsonl) \
+                    <(grep -o '"loss": [^,]*, "aux_loss": [^,]*' $dt-none/metrics.jsonl); then
+            echo "  $dt $pol: losses bitwise equal to none"
+          else
+            echo "  $dt $pol: losses not bitwise equal to none (within the band)"
+          fi
+        fi
+      done
+    done
+    [ $fail = 0 ] && echo "cuda_train $MODE: ok"
+    exit $fail
+  fi
   if [ "$MODE" = bf16 ]; then
     # bf16 products against the fp32 CPU run; the bf16 run's checkpoint resumed on the CPU
     run cpu cpu --until 20
