@@ -25,7 +25,7 @@ static int attn_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   be->rope_fwd(be, mc_saved_out(L, MC_A_Q), n, T, H, hd, m->rope_theta);
   be->rope_fwd(be, mc_saved_out(L, MC_A_K), n, T, KV, hd, m->rope_theta);
   attn_core(net, L, n_seq);
-  mc_linear_fwd(be, mc_saved_in(L, MC_A_O), mc_wm(net, L, MC_ROLE_ATTN_WO), n, H * hd, d, 1.0f, mc_o32(x));
+  if (x) mc_linear_fwd(be, mc_saved_in(L, MC_A_O), mc_wm(net, L, MC_ROLE_ATTN_WO), n, H * hd, d, 1.0f, mc_o32(x));
   return 0;
 }
 

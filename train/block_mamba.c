@@ -45,7 +45,7 @@ static int mamba_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WDT), n, d, hm, 0.0f, mc_o32(f[MC_M_DTP]));
   be->bias_fwd(be, f[MC_M_DTP], mc_w(net, L, MC_ROLE_SSM_DT_BIAS), n, hm);
   mamba_inner(net, L, n_seq);
-  mc_linear_fwd(be, mc_saved_in(L, MC_M_GN), mc_wm(net, L, MC_ROLE_SSM_WOUT), n, di, d, 1.0f, mc_o32(x));
+  if (x) mc_linear_fwd(be, mc_saved_in(L, MC_M_GN), mc_wm(net, L, MC_ROLE_SSM_WOUT), n, di, d, 1.0f, mc_o32(x));
   return 0;
 }
 

@@ -33,7 +33,7 @@ static int rec_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   be->bias_fwd(be, f[MC_R_RP], mc_w(net, L, MC_ROLE_REC_BR), n, dr);
   be->bias_fwd(be, f[MC_R_IP], mc_w(net, L, MC_ROLE_REC_BI), n, dr);
   rec_inner(net, L, n_seq);
-  mc_linear_fwd(be, mc_saved_in(L, MC_R_O), mc_wm(net, L, MC_ROLE_REC_WOUT), n, dr, d, 1.0f, mc_o32(x));
+  if (x) mc_linear_fwd(be, mc_saved_in(L, MC_R_O), mc_wm(net, L, MC_ROLE_REC_WOUT), n, dr, d, 1.0f, mc_o32(x));
   return 0;
 }
 

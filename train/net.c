@@ -559,18 +559,19 @@ static block_rows rows_of(const mc_net *net, const mc_layer *l) {
   return par->sp && par->moe_T != par->T_res ? ROWS_GATHERED : ROWS_LOCAL;
 }
 
-/* Runs a block's forward into net->y (dy NULL) or its backward from the output gradient dy
- * into net->du (seq_weight scales the aux loss). Under SP the layer keeps only its shard of
+/* Runs a block's forward into out (dy NULL; out NULL: the saved buffers only) or its backward
+ * from the output gradient dy into net->du (seq_weight scales the aux loss). Under SP the layer keeps only its shard of
  * the normed input; a block that needs whole sequences sees them all-gathered into a shared
  * buffer for the call, before the forward and again before the backward (so only shards are
  * kept per layer). */
-static int with_whole_input(mc_net *net, mc_layer *l, int n_seq, block_rows how, const float *dy, double seq_weight) {
+static int with_whole_input(mc_net *net, mc_layer *l, int n_seq, block_rows how, const float *dy, double seq_weight,
+                            float *out) {
   float *shard = l->u;
   if (net->par.sp && how != ROWS_LOCAL) {
     if (mc_sp_gather(&net->par, net->be, shard, net->par.ufull, n_seq, net->m.d_model)) return -1;
     l->u = net->par.ufull;
   }
-  int rc = !dy ? block_ops(l->kind)->forward(net, l, n_seq, net->y)
+  int rc = !dy ? block_ops(l->kind)->forward(net, l, n_seq, out)
                : block_ops(l->kind)->backward(net, l, n_seq, dy, net->du, seq_weight);
   l->u = shard;
   return rc;
@@ -588,7 +589,7 @@ static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
    * combined over TP first */
   if (how == ROWS_LOCAL) return block_ops(l->kind)->forward(net, l, n_seq, net->x);
   be->fill(be, net->y, (int64_t)n * d, 0.0f);
-  if (with_whole_input(net, l, n_seq, how, NULL, 0.0)) return -1;
+  if (with_whole_input(net, l, n_seq, how, NULL, 0.0, net->y)) return -1;
   if (how == ROWS_GATHERED) {
     mc_sp_take(par, be, net->y, par->ush, n_seq, d);
     be->axpy(be, net->x, par->ush, (int64_t)nl * d, 1.0f);
@@ -609,24 +610,22 @@ static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
  * gets the same bits: an E block routes again to the same experts (and under ep > 1 exchanges
  * its rows again over the EP group), rewriting its host-side counts and aux terms with the
  * same values, while the aux loss stays counted once (the forward's statistics add it, the
- * backward's gradient is moe_route_bwd's alone). The block's output goes to the free net->y
- * and is discarded, without the collectives that would combine it over TP (every TP rank
- * skips them alike; the gathers of the input under SP run as in the forward). Under
+ * backward's gradient is moe_route_bwd's alone). The block's output is not made (forward
+ * with x NULL: no output projection or MoE combine), nor the collectives that would combine
+ * it over TP (every TP rank skips them alike; the gathers of the input under SP run as in
+ * the forward, since the block reads whole rows). Under
  * selective the kind's rebuild redoes its elementwise, conv, scan and attention-core buffers
  * from the kept products' outputs. */
 static int layer_recompute(mc_net *net, mc_layer *l, int n_seq) {
   const mc_recompute r = net->hold.recompute;
   if (r == MC_RECOMPUTE_NONE) return 0;
   mc_backend *be = net->be;
-  const int d = net->m.d_model, n = n_seq * net->m.seq_len, nl = n_seq * net->par.T_res;
+  const int d = net->m.d_model, nl = n_seq * net->par.T_res;
   if (net->ws_poison && net->ws) be->fill(be, net->ws, net->ws_bytes / (int64_t)sizeof(float), NAN);
   be->rmsnorm_fwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), nl, d, d, (float)net->m.norm_eps,
                   l->u16 ? mc_o16(l->u16) : mc_o32(l->u), l->rstd);
   if (r == MC_RECOMPUTE_SELECTIVE) return block_ops(l->kind)->rebuild(net, l, n_seq);
-  const block_rows how = rows_of(net, l);
-  be->fill(be, net->y, (int64_t)n * d, 0.0f);
-  if (how == ROWS_LOCAL) return block_ops(l->kind)->forward(net, l, n_seq, net->y);
-  return with_whole_input(net, l, n_seq, how, NULL, 0.0);
+  return with_whole_input(net, l, n_seq, rows_of(net, l), NULL, 0.0, NULL);
 }
 
 int mc_net_set_recompute(mc_net *net, mc_recompute r) {
@@ -757,7 +756,7 @@ static int block_backward(mc_net *net, mc_layer *l, int n_seq, double seq_weight
     if (mc_sp_gather(par, be, net->dx, net->full, n_seq, d)) return -1;
     dy = net->full;
   }
-  if (with_whole_input(net, l, n_seq, how, dy, seq_weight)) return -1;
+  if (with_whole_input(net, l, n_seq, how, dy, seq_weight, NULL)) return -1;
   if (par->sp && how != ROWS_LOCAL) {
     if (mc_sp_reduce_scatter(par, be, net->du, par->ush, n_seq, d)) return -1;
     du_res = par->ush;

@@ -45,7 +45,9 @@ struct mc_net;
 
 typedef struct {
   char kind;
-  /* x += f(u): u = L->u is the normed input [n, d], x the residual stream. */
+  /* x += f(u): u = L->u is the normed input [n, d], x the residual stream. x NULL (full
+   * recomputation): only the saved buffers are wanted, and the products that make nothing
+   * but the output (the output projection, the MoE combine) are skipped. */
   int (*forward)(struct mc_net *net, mc_layer *L, int n_seq, float *x);
   /* du = d(objective)/du given dy = d(objective)/d(block output) [n, d] (du is written: the
    * block's first contribution sets it); adds parameter gradients. seq_weight scales the aux
