@@ -559,11 +559,11 @@ static block_rows rows_of(const mc_net *net, const mc_layer *l) {
   return par->sp && par->moe_T != par->T_res ? ROWS_GATHERED : ROWS_LOCAL;
 }
 
-/* Runs a block's forward into out (dy NULL; out NULL: the saved buffers only) or its backward
- * from the output gradient dy into net->du (seq_weight scales the aux loss). Under SP the layer keeps only its shard of
- * the normed input; a block that needs whole sequences sees them all-gathered into a shared
- * buffer for the call, before the forward and again before the backward (so only shards are
- * kept per layer). */
+/* Runs a block's forward into out (dy NULL; out NULL: the saved buffers only) or its
+ * backward from the output gradient dy into net->du (seq_weight scales the aux loss). Under
+ * SP the layer keeps only its shard of the normed input; a block that needs whole sequences
+ * sees them all-gathered into a shared buffer for the call, before the forward and again
+ * before the backward (so only shards are kept per layer). */
 static int with_whole_input(mc_net *net, mc_layer *l, int n_seq, block_rows how, const float *dy, double seq_weight,
                             float *out) {
   float *shard = l->u;
@@ -613,9 +613,10 @@ static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
  * backward's gradient is moe_route_bwd's alone). The block's output is not made (forward
  * with x NULL: no output projection or MoE combine), nor the collectives that would combine
  * it over TP (every TP rank skips them alike; the gathers of the input under SP run as in
- * the forward, since the block reads whole rows). Under
- * selective the kind's rebuild redoes its elementwise, conv, scan and attention-core buffers
- * from the kept products' outputs. */
+ * the forward, since the block reads whole rows). Under selective the kind's rebuild redoes
+ * its elementwise, conv, scan and attention-core buffers from the kept products' outputs.
+ * The working set is shared by every layer and micro-batch slot, so the rebuild is complete:
+ * nothing of an earlier layer's forward survives there (MC_RECOMPUTE_POISON checks it). */
 static int layer_recompute(mc_net *net, mc_layer *l, int n_seq) {
   const mc_recompute r = net->hold.recompute;
   if (r == MC_RECOMPUTE_NONE) return 0;

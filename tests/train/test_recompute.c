@@ -6,6 +6,8 @@
  *   copy of the CPU backend with bf16 weights (bf16 product activations in the working set);
  *   the working set is filled with NaN before every rebuild (MC_RECOMPUTE_POISON=1), so a
  *   buffer the rebuild misses would show; evaluation (forward only) agrees too;
+ * - the policies split each layer's buffers: kept + dropped = none's, for every kind under
+ *   TP, SP, bf16 products and the plain E block;
  * - memory, on the embedded default configuration (tiny, AEMR, 8 x 64 tokens): for each policy
  *   the activations arena equals mcplan's activation figure (mc_plan_build), and the bytes a
  *   step actually writes in it (the arena filled with a sentinel first, then the words that
@@ -124,7 +126,45 @@ static void test_memory(void) {
   }
 }
 
+/* The one definition (mc_act_buf_kept) splits each layer's buffers: kept + dropped = none's,
+ * for every kind and shape of the grid (routed and plain E, bf16 products, TP, SP). */
+static void test_split(void) {
+  mc_model m = nc_model("AEMR");
+  int n = 0;
+  for (int tp = 1; tp <= 2; tp++)
+    for (int sp = 0; sp <= tp - 1; sp++)
+      for (int act16 = 0; act16 <= (tp == 1); act16++)
+        for (int dense = 0; dense <= 1; dense++) {
+          mc_model mm = m;
+          if (dense) mm.n_experts = 1, mm.top_k = 1;
+          mc_layout l = nc_layout(tp, 1, 1);
+          l.sp = sp;
+          mc_geometry g;
+          if (mc_geometry_build(&mm, &l, NULL, -1, &g)) {
+            CHECK(0, "geometry tp=%d sp=%d: %s", tp, sp, mc_errmsg());
+            continue;
+          }
+          mc_hold_opts o = {.bf16_weights = act16, .act16 = act16, .micro_batch = 2, .n_micro = 1, .moe_dense = 1};
+          mc_act_shape sh;
+          mc_act_shape_of(&g, 0, &o, 2, &sh);
+          for (const char *c = mc_block_letters(); *c; c++) {
+            const mc_block_kind *k = mc_block_kind_of(*c);
+            const int64_t all = mc_act_layer_bytes(k, &sh, MC_RECOMPUTE_NONE);
+            CHECK(mc_act_layer_dropped_bytes(k, &sh, MC_RECOMPUTE_NONE) == 0, "%c: none drops something", *c);
+            for (int pi = 1; pi < 3; pi++) {
+              const int64_t kept = mc_act_layer_bytes(k, &sh, POLICIES[pi]), drop = mc_act_layer_dropped_bytes(k, &sh, POLICIES[pi]);
+              CHECK(kept + drop == all && drop > 0, "%c tp=%d sp=%d act16=%d dense=%d %s: kept %lld + dropped %lld != %lld", *c, tp,
+                    sp, act16, dense, mc_recompute_name(POLICIES[pi]), (long long)kept, (long long)drop, (long long)all);
+              n++;
+            }
+          }
+          mc_geometry_free(&g);
+        }
+  printf("  kept + dropped = none for %d (kind, shape, policy) cases\n", n);
+}
+
 int main(void) {
+  test_split();
   setenv("MC_RECOMPUTE_POISON", "1", 1);
   bf16_cpu = *mc_backend_cpu();
   bf16_cpu.bf16_weights = 1;
