@@ -208,10 +208,11 @@ int64_t mc_act_net_bytes(const mc_act_shape *s) { return list_bytes(mc_net_bufs,
  * min(k, El) rows to one owner of El = E/ep experts; with capacity C per sequence and expert,
  * a source sends at most n_seq x El x min(C, T). The balanced figure (every expert equally
  * loaded) is kept for the report. The saved rows are kept per E layer and per micro-batch in
- * flight (pipeline slots); the exchange scratch, which also stages the rank's own routed rows
- * (at most n x k, never more than the bound), is shared. */
+ * flight (pipeline slots), or under full recomputation once (the layers rebuild them in
+ * turn); the exchange scratch, which also stages the rank's own routed rows (at most n x k,
+ * never more than the bound), is shared. */
 static void moe_ep_buffers(const mc_geometry *g, const mc_act_shape *s, int n_moe_layers, int inflight,
-                           mc_stage_hold *h) {
+                           mc_recompute r, mc_stage_hold *h) {
   const mc_model *m = &g->model;
   const int ep = g->layout.ep, El = m->n_experts / ep, cap = mc_moe_capacity(m);
   const int64_t T = m->capacity_factor > 0 ? m->seq_len : s->T_res, n = (int64_t)s->n_seq * T;
@@ -226,7 +227,10 @@ static void moe_ep_buffers(const mc_geometry *g, const mc_act_shape *s, int n_mo
   h->moe_assignments = R;
   h->moe_balanced = (int64_t)ceil((double)n * m->top_k * rf);
   const int64_t rows_d = mc_mem_footprint(R * d * 4), rows_f = mc_mem_footprint(R * F * 4);
-  h->moe_layers = (int64_t)inflight * n_moe_layers * (rows_d + 3 * rows_f);
+  /* full recomputation rebuilds an E layer's received rows with its forward just before its
+   * backward, so the layers and micro-batches in flight share one set */
+  const int64_t sets = r == MC_RECOMPUTE_FULL ? 1 : (int64_t)inflight * n_moe_layers;
+  h->moe_layers = sets * (rows_d + 3 * rows_f);
   h->moe_exchange = 3 * rows_d + 3 * rows_f;
   h->moe_scratch = h->moe_layers + h->moe_exchange;
 }
@@ -257,7 +261,7 @@ int mc_stage_hold_of(const mc_geometry *g, int stage, const mc_hold_opts *o, mc_
   out->activations = out->inflight * out->per_micro + out->transient + out->scratch + out->network;
   /* 1F1B: one buffer for the incoming activation and one for the incoming gradient */
   if (l->pp > 1) out->pipeline = 2 * mc_mem_footprint((int64_t)s.n_seq * s.T_res * g->model.d_model * 4);
-  if (n_moe && l->ep > 1) moe_ep_buffers(g, &s, n_moe, out->inflight > 1 ? out->inflight : 1, out);
+  if (n_moe && l->ep > 1) moe_ep_buffers(g, &s, n_moe, out->inflight > 1 ? out->inflight : 1, o->recompute, out);
   return 0;
 }
 

@@ -137,7 +137,8 @@ typedef struct {
    * [R, F]. Every tensor at its footprint. */
   int64_t moe_assignments; /* R, the bound the buffers are sized for */
   int64_t moe_balanced;    /* rows received under balanced routing, tokens x top_k (x cf): for reports */
-  int64_t moe_layers;      /* in-flight micro-batches x E layers of the stage x (fp(R d 4) + 3 fp(R F 4)) */
+  int64_t moe_layers;      /* in-flight micro-batches x E layers of the stage x (fp(R d 4) + 3 fp(R F 4)); under
+                              full recomputation one set (fp(R d 4) + 3 fp(R F 4)), shared by them all */
   int64_t moe_exchange;    /* 3 fp(R d 4) + 3 fp(R F 4) */
   int64_t moe_scratch;     /* moe_layers + moe_exchange */
 } mc_stage_hold;

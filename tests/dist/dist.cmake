@@ -52,6 +52,8 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
     mc_dist_test(dist.recompute_tp2_sp_ep2_capacity_${pol} 2 $<TARGET_FILE:dist_train> 2 1 1 0 --ep 2 --moe 4 2 1.0 --recompute ${pol})
     mc_dist_test(dist.recompute_pp2_dp2_ep2_zero3_${pol} 4 $<TARGET_FILE:dist_train> 1 2 0 3 --ep 2 --pp 2 --split AEMR|AEMR --recompute ${pol})
   endforeach()
+  # full under ep > 1 keeps one set of received expert rows for all E layers (here three)
+  mc_dist_test(dist.recompute_dp2_ep2_three_e_full 2 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2 --pattern AEMEREAE --recompute full)
 
   # Fewer local experts than expert-DP members: the balanced-v2 rule splits the experts' ZeRO
   # parts on dim 1 (one expert, part of its rows, per member): ZeRO 3 over dp4 with E=2, and

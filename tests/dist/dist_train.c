@@ -23,8 +23,9 @@
  *                                            the working set poisoned before every rebuild):
  *                                            every step's loss and gradient norm and the
  *                                            final master weights bitwise equal, and each
- *                                            rank's activations arena equal to mcplan's
- *                                            figure for P (and below none's).
+ *                                            rank's activations and moe.scratch arenas equal
+ *                                            to mcplan's figures for P (activations below
+ *                                            none's; under full and ep > 1, moe.scratch too).
  *   dist_train TP DP SP ZERO --corrupt --resume DIR   rank 0 first flips a bit of a shard of
  *                                            DIR (a copy); the shared load must fail on every
  *                                            rank with one message naming the rank, the file
@@ -258,28 +259,42 @@ static void compare_recompute(setup *S, const mc_layout *l, int rank, const mc_c
       if (x->numel && memcmp(x->master, y->master, sizeof(float) * (size_t)x->numel)) differ++;
     }
     CHECK(differ == 0, "rank %d: %d master weight tensors differ", rank, differ);
-    /* the activations arena against mcplan's figure for this rank, under each policy */
-    int64_t row[4] = {0}, have[MC_MEM_COUNT] = {0}, plan[MC_MEM_COUNT] = {0};
+    /* the activations and moe.scratch arenas against mcplan's figures for this rank, under each
+     * policy: row = none's arena and plan, then the policy's, for activations and moe.scratch */
+    int64_t row[8] = {0}, have[MC_MEM_COUNT] = {0}, plan[MC_MEM_COUNT] = {0};
     mc_train_cfg t = S->t;
     mc_hold_opts o;
-    mc_net_mem_bytes(a.net, have);
-    CHECK_OK(mc_hold_opts_of(&a.geo, &t, &o) || mc_holdings_of(&a.geo, rank, &o, plan));
-    row[0] = have[MC_MEM_ACTIVATIONS], row[1] = plan[MC_MEM_ACTIVATIONS];
-    memset(have, 0, sizeof have);
-    snprintf(t.recompute, sizeof t.recompute, "%s", mc_recompute_name(r));
-    mc_net_mem_bytes(b.net, have);
-    CHECK_OK(mc_hold_opts_of(&b.geo, &t, &o) || mc_holdings_of(&b.geo, rank, &o, plan));
-    row[2] = have[MC_MEM_ACTIVATIONS], row[3] = plan[MC_MEM_ACTIVATIONS];
-    CHECK(row[0] == row[1] && row[2] == row[3] && row[2] < row[0],
-          "rank %d activations: none %lld bytes (mcplan %lld), %s %lld (mcplan %lld)", rank, (long long)row[0],
-          (long long)row[1], mc_recompute_name(r), (long long)row[2], (long long)row[3]);
+    const mc_mem_cat cats[2] = {MC_MEM_ACTIVATIONS, MC_MEM_MOE_SCRATCH};
+    for (int pol = 0; pol < 2; pol++) {
+      trainee *e = pol ? &b : &a;
+      memset(have, 0, sizeof have);
+      snprintf(t.recompute, sizeof t.recompute, "%s", mc_recompute_name(pol ? r : MC_RECOMPUTE_NONE));
+      mc_net_mem_bytes(e->net, have);
+      CHECK_OK(mc_hold_opts_of(&e->geo, &t, &o) || mc_holdings_of(&e->geo, rank, &o, plan));
+      for (int c = 0; c < 2; c++) row[4 * c + 2 * pol] = have[cats[c]], row[4 * c + 2 * pol + 1] = plan[cats[c]];
+    }
+    for (int c = 0; c < 2; c++) {
+      const int64_t *x = row + 4 * c;
+      CHECK(x[0] == x[1] && x[2] == x[3], "rank %d %s: none %lld bytes (mcplan %lld), %s %lld (mcplan %lld)", rank,
+            mc_mem_cat_label(cats[c]), (long long)x[0], (long long)x[1], mc_recompute_name(r), (long long)x[2], (long long)x[3]);
+    }
+    /* less activation memory; under full one set of EP rows for all E layers and slots (fewer
+     * bytes where a stage has more than one E layer or micro-batch in flight) */
+    CHECK(row[2] < row[0], "rank %d: %s keeps %lld activation bytes, none %lld", rank, mc_recompute_name(r), (long long)row[2],
+          (long long)row[0]);
+    CHECK(row[6] <= row[4], "rank %d: %s keeps %lld bytes of moe.scratch, none %lld", rank, mc_recompute_name(r),
+          (long long)row[6], (long long)row[4]);
     int world = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     int64_t *all = malloc(sizeof row * (size_t)world);
-    MPI_Gather(row, 4, MPI_INT64_T, all, 4, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    MPI_Gather(row, 8, MPI_INT64_T, all, 8, MPI_INT64_T, 0, MPI_COMM_WORLD);
     for (int k = 0; rank == 0 && k < world; k++)
-      printf("  rank %d activations: none %lld bytes (mcplan %lld), %s %lld (mcplan %lld)\n", k, (long long)all[4 * k],
-             (long long)all[4 * k + 1], mc_recompute_name(r), (long long)all[4 * k + 2], (long long)all[4 * k + 3]);
+      for (int c = 0; c < 2; c++) {
+        const int64_t *x = all + 8 * k + 4 * c;
+        if (x[1] || x[3])
+          printf("  rank %d %s: none %lld bytes (mcplan %lld), %s %lld (mcplan %lld)\n", k, mc_mem_cat_label(cats[c]),
+                 (long long)x[0], (long long)x[1], mc_recompute_name(r), (long long)x[2], (long long)x[3]);
+      }
     free(all);
     if (rank == 0) printf("  recompute=%s: losses, gradient norms and final master weights bitwise equal to none\n", mc_recompute_name(r));
   }

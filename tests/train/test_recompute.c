@@ -7,7 +7,8 @@
  *   the working set is filled with NaN before every rebuild (MC_RECOMPUTE_POISON=1), so a
  *   buffer the rebuild misses would show; evaluation (forward only) agrees too;
  * - the policies split each layer's buffers: kept + dropped = none's, for every kind under
- *   TP, SP, bf16 products and the plain E block;
+ *   TP, SP, bf16 products and the plain E block; under ep > 1 full keeps one set of the E
+ *   layers' received rows in moe.scratch, the others one per E layer and micro-batch in flight;
  * - memory, on the embedded default configuration (tiny, AEMR, 8 x 64 tokens): for each policy
  *   the activations arena equals mcplan's activation figure (mc_plan_build), and the bytes a
  *   step actually writes in it (the arena filled with a sentinel first, then the words that
@@ -163,8 +164,41 @@ static void test_split(void) {
   printf("  kept + dropped = none for %d (kind, shape, policy) cases\n", n);
 }
 
+/* Under ep > 1 the E layers' received rows (moe.scratch) are kept per E layer and micro-batch
+ * in flight, except under full recomputation: one set, which the layers rebuild in turn. */
+static void test_moe_scratch(void) {
+  mc_model m = nc_model("AEMEAEMR");
+  mc_layout l = nc_layout(1, 2, 2);
+  l.pp = 2;
+  mc_train_cfg t;
+  memset(&t, 0, sizeof t);
+  snprintf(t.dtype, sizeof t.dtype, "fp32");
+  t.micro_batch = 1, t.global_batch = 8; /* 4 micro-batches per DP rank: 2 in flight on stage 0 */
+  mc_geometry g;
+  if (mc_geometry_build(&m, &l, &t, -1, &g)) {
+    CHECK(0, "geometry: %s", mc_errmsg());
+    return;
+  }
+  int64_t set = 0;
+  for (int pi = 0; pi < 3; pi++) {
+    snprintf(t.recompute, sizeof t.recompute, "%s", mc_recompute_name(POLICIES[pi]));
+    mc_hold_opts o;
+    mc_stage_hold h;
+    CHECK_OK(mc_hold_opts_of(&g, &t, &o) || mc_stage_hold_of(&g, 0, &o, &h));
+    if (pi == 0) set = h.moe_layers / (h.inflight * 2); /* stage 0 (AEME) holds 2 E layers */
+    const int64_t want = pi == 2 ? set : set * h.inflight * 2;
+    CHECK(h.inflight == 2 && set > 0 && h.moe_layers == want && h.moe_scratch == h.moe_layers + h.moe_exchange,
+          "%s: moe.scratch kept rows %lld, expected %lld (one set %lld, %d in flight)", t.recompute, (long long)h.moe_layers,
+          (long long)want, (long long)set, h.inflight);
+    printf("  pp2 x dp2 x ep2, stage 0 (2 E layers, 2 micro-batches in flight), %-9s: moe.scratch kept rows %lld bytes\n",
+           t.recompute, (long long)h.moe_layers);
+  }
+  mc_geometry_free(&g);
+}
+
 int main(void) {
   test_split();
+  test_moe_scratch();
   setenv("MC_RECOMPUTE_POISON", "1", 1);
   bf16_cpu = *mc_backend_cpu();
   bf16_cpu.bf16_weights = 1;
