@@ -112,7 +112,7 @@ static const cfg_key k_keys[] = {
     {"train", "seed", K_U64, _Generic(CFG(train.seed), uint64_t: offsetof(mc_config, train.seed)), sizeof(uint64_t), 0,
      18446744073709551615.0, 0, NULL,
      "Seed of all counter-based randomness (initialisation, data order). Above 2^53 write it as a decimal string."},
-    ENUM_KEY("train", "recompute", train.recompute, "none|selective|full", "Activation recomputation policy: mcplan plans all three; mctrain keeps every activation and refuses selective and full."),
+    ENUM_KEY("train", "recompute", train.recompute, "none|selective|full", "Activation recomputation policy: none keeps every activation a layer's backward reads; selective keeps each layer's input, its norm's 1/rms and the products' outputs and recomputes the rest (norm, activations, convs, scan, attention core) just before the layer's backward; full keeps each layer's input only and re-runs the layer's forward there. Losses and gradients are those of none bit for bit on the CPU; mcplan counts exactly what each keeps (docs/training.md, Recomputation)."),
     ENUM_KEY("train", "dtype", train.dtype, "fp32|bf16",
              "Compute dtype; master weights and optimizer moments stay fp32."),
     ENUM_KEY("train", "device", train.device, "cpu|cuda", "Where the trainer computes."),

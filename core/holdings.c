@@ -156,24 +156,30 @@ const mc_act_buf mc_net_bufs[MC_NB_COUNT] = {
     [MC_NB_EMB_GATE] = TOK("emb_gates", ONE, F32, MC_IF_TP | MC_IF_FIRST, 1),
 };
 
-/* Footprint of the buffers of a list that exist, kept under policy r (saved buffers). */
-static int64_t list_bytes(const mc_act_buf *b, int n, const mc_act_shape *s, int routes, mc_recompute r) {
+int mc_act_buf_kept(const mc_act_buf *b, mc_recompute r) {
+  if (r == MC_RECOMPUTE_NONE) return 1;
+  if (r == MC_RECOMPUTE_SELECTIVE) return b->keep_selective;
+  return b == &mc_layer_bufs[MC_L_X_IN]; /* full: the layer input only */
+}
+
+/* Footprint of the buffers of a list that exist and that policy r keeps (kept = 1) or drops
+ * (kept = 0). */
+static int64_t list_bytes(const mc_act_buf *b, int n, const mc_act_shape *s, int routes, mc_recompute r, int kept) {
   int64_t sum = 0;
-  for (int i = 0; i < n; i++) {
-    if (!exists_in(&b[i], s, routes)) continue;
-    if (r == MC_RECOMPUTE_FULL || (r == MC_RECOMPUTE_SELECTIVE && !b[i].keep_selective)) continue;
-    sum += mc_mem_footprint(mc_act_buf_bytes(&b[i], s));
-  }
+  for (int i = 0; i < n; i++)
+    if (exists_in(&b[i], s, routes) && mc_act_buf_kept(&b[i], r) == kept) sum += mc_mem_footprint(mc_act_buf_bytes(&b[i], s));
   return sum;
 }
 
-int64_t mc_act_layer_bytes(const mc_block_kind *k, const mc_act_shape *s, mc_recompute r) {
-  /* every policy keeps the layer input x_in */
-  int64_t sum = r == MC_RECOMPUTE_FULL ? mc_mem_footprint(mc_act_buf_bytes(&mc_layer_bufs[MC_L_X_IN], s))
-                                       : list_bytes(mc_layer_bufs, MC_L_NBUFS, s, k->routes, r);
-  sum += list_bytes(k->saved, k->n_saved, s, k->routes, r);
-  sum += list_bytes(k->saved_i32, k->n_saved_i32, s, k->routes, r);
-  return sum;
+static int64_t layer_bytes(const mc_block_kind *k, const mc_act_shape *s, mc_recompute r, int kept) {
+  return list_bytes(mc_layer_bufs, MC_L_NBUFS, s, k->routes, r, kept) + list_bytes(k->saved, k->n_saved, s, k->routes, r, kept) +
+         list_bytes(k->saved_i32, k->n_saved_i32, s, k->routes, r, kept);
+}
+
+int64_t mc_act_layer_bytes(const mc_block_kind *k, const mc_act_shape *s, mc_recompute r) { return layer_bytes(k, s, r, 1); }
+
+int64_t mc_act_layer_dropped_bytes(const mc_block_kind *k, const mc_act_shape *s, mc_recompute r) {
+  return layer_bytes(k, s, r, 0);
 }
 
 int64_t mc_act_scratch_bytes(const char *kinds, const mc_act_shape *s) {
@@ -193,7 +199,7 @@ int64_t mc_act_scratch_bytes(const char *kinds, const mc_act_shape *s) {
   return sum;
 }
 
-int64_t mc_act_net_bytes(const mc_act_shape *s) { return list_bytes(mc_net_bufs, MC_NB_COUNT, s, 0, MC_RECOMPUTE_NONE); }
+int64_t mc_act_net_bytes(const mc_act_shape *s) { return list_bytes(mc_net_bufs, MC_NB_COUNT, s, 0, MC_RECOMPUTE_NONE, 1); }
 
 /* Expert parallelism's buffers (mc_stage_hold, train/dist_ep.c), sized for the most rows the
  * routing rule lets one rank's experts receive, so that no routing can overrun them. Each of
@@ -202,10 +208,11 @@ int64_t mc_act_net_bytes(const mc_act_shape *s) { return list_bytes(mc_net_bufs,
  * min(k, El) rows to one owner of El = E/ep experts; with capacity C per sequence and expert,
  * a source sends at most n_seq x El x min(C, T). The balanced figure (every expert equally
  * loaded) is kept for the report. The saved rows are kept per E layer and per micro-batch in
- * flight (pipeline slots); the exchange scratch, which also stages the rank's own routed rows
- * (at most n x k, never more than the bound), is shared. */
+ * flight (pipeline slots), or under full recomputation once (the layers rebuild them in
+ * turn); the exchange scratch, which also stages the rank's own routed rows (at most n x k,
+ * never more than the bound), is shared. */
 static void moe_ep_buffers(const mc_geometry *g, const mc_act_shape *s, int n_moe_layers, int inflight,
-                           mc_stage_hold *h) {
+                           mc_recompute r, mc_stage_hold *h) {
   const mc_model *m = &g->model;
   const int ep = g->layout.ep, El = m->n_experts / ep, cap = mc_moe_capacity(m);
   const int64_t T = m->capacity_factor > 0 ? m->seq_len : s->T_res, n = (int64_t)s->n_seq * T;
@@ -220,7 +227,10 @@ static void moe_ep_buffers(const mc_geometry *g, const mc_act_shape *s, int n_mo
   h->moe_assignments = R;
   h->moe_balanced = (int64_t)ceil((double)n * m->top_k * rf);
   const int64_t rows_d = mc_mem_footprint(R * d * 4), rows_f = mc_mem_footprint(R * F * 4);
-  h->moe_layers = (int64_t)inflight * n_moe_layers * (rows_d + 3 * rows_f);
+  /* full recomputation rebuilds an E layer's received rows with its forward just before its
+   * backward, so the layers and micro-batches in flight share one set */
+  const int64_t sets = r == MC_RECOMPUTE_FULL ? 1 : (int64_t)inflight * n_moe_layers;
+  h->moe_layers = sets * (rows_d + 3 * rows_f);
   h->moe_exchange = 3 * rows_d + 3 * rows_f;
   h->moe_scratch = h->moe_layers + h->moe_exchange;
 }
@@ -238,10 +248,10 @@ int mc_stage_hold_of(const mc_geometry *g, int stage, const mc_hold_opts *o, mc_
     const mc_block_kind *k = mc_block_kind_of(c);
     if (!k) return mc_error("holdings: block '%c' has no row in the block-kind table", c);
     kinds[nk++] = c;
-    const int64_t kept = mc_act_layer_bytes(k, &s, o->recompute), all = mc_act_layer_bytes(k, &s, MC_RECOMPUTE_NONE);
-    out->per_micro += kept;
-    /* a recomputed layer's whole working set exists one layer at a time */
-    if (all - kept > out->transient) out->transient = all - kept;
+    const int64_t dropped = mc_act_layer_dropped_bytes(k, &s, o->recompute);
+    out->per_micro += mc_act_layer_bytes(k, &s, o->recompute);
+    /* a layer's dropped buffers exist one layer at a time, in the working set the layers share */
+    if (dropped > out->transient) out->transient = dropped;
     n_moe += k->routes;
   }
   kinds[nk] = 0;
@@ -251,7 +261,7 @@ int mc_stage_hold_of(const mc_geometry *g, int stage, const mc_hold_opts *o, mc_
   out->activations = out->inflight * out->per_micro + out->transient + out->scratch + out->network;
   /* 1F1B: one buffer for the incoming activation and one for the incoming gradient */
   if (l->pp > 1) out->pipeline = 2 * mc_mem_footprint((int64_t)s.n_seq * s.T_res * g->model.d_model * 4);
-  if (n_moe && l->ep > 1) moe_ep_buffers(g, &s, n_moe, out->inflight > 1 ? out->inflight : 1, out);
+  if (n_moe && l->ep > 1) moe_ep_buffers(g, &s, n_moe, out->inflight > 1 ? out->inflight : 1, o->recompute, out);
   return 0;
 }
 

@@ -99,10 +99,18 @@ enum {
 };
 extern const mc_act_buf mc_net_bufs[MC_NB_COUNT];
 
-/* Footprint bytes one layer of `kind` keeps for backward under a recompute policy (per-layer
- * buffers and the kind's saved buffers; selective keeps x_in, rstd and the buffers marked
- * keep_selective; full keeps x_in only). */
+/* Whether a per-layer buffer (mc_layer_bufs) or a kind's saved buffer is kept for the backward
+ * under recompute policy r: none keeps every one; selective keeps x_in, rstd and the saved
+ * buffers marked keep_selective (the products' outputs); full keeps x_in only. A buffer not
+ * kept lives in the recompute working set, shared by the layers: the layer's forward writes
+ * it and the backward rebuilds it from the kept ones just before the layer's backward
+ * (train/net.c). This is the one definition the trainer places and the planner counts. */
+int mc_act_buf_kept(const mc_act_buf *b, mc_recompute r);
+/* Footprint bytes one layer of `kind` keeps for backward under a recompute policy (the per-layer
+ * buffers and the kind's saved buffers that mc_act_buf_kept keeps). */
 int64_t mc_act_layer_bytes(const mc_block_kind *k, const mc_act_shape *s, mc_recompute r);
+/* Footprint bytes of the buffers it does not keep (0 under none): its part of the working set. */
+int64_t mc_act_layer_dropped_bytes(const mc_block_kind *k, const mc_act_shape *s, mc_recompute r);
 /* Footprint bytes of the gradient scratch the layers of `kinds` (block letters) share: buffer
  * index i holds the largest buffer i of any of the kinds. */
 int64_t mc_act_scratch_bytes(const char *kinds, const mc_act_shape *s);
@@ -113,7 +121,8 @@ int64_t mc_act_net_bytes(const mc_act_shape *s);
 typedef struct {
   int inflight;          /* micro-batches in flight under 1F1B: min(pp - stage, n_micro) */
   int64_t per_micro;     /* the stage's layers, per micro-batch in flight */
-  int64_t transient;     /* recomputation working set of the largest layer (0 without recompute) */
+  int64_t transient;     /* recompute working set: the largest mc_act_layer_dropped_bytes of the stage's layers
+                            (0 without recompute) */
   int64_t scratch;       /* gradient scratch shared by the layers */
   int64_t network;       /* network buffers */
   int64_t activations;   /* inflight * per_micro + transient + scratch + network */
@@ -128,7 +137,8 @@ typedef struct {
    * [R, F]. Every tensor at its footprint. */
   int64_t moe_assignments; /* R, the bound the buffers are sized for */
   int64_t moe_balanced;    /* rows received under balanced routing, tokens x top_k (x cf): for reports */
-  int64_t moe_layers;      /* in-flight micro-batches x E layers of the stage x (fp(R d 4) + 3 fp(R F 4)) */
+  int64_t moe_layers;      /* in-flight micro-batches x E layers of the stage x (fp(R d 4) + 3 fp(R F 4)); under
+                              full recomputation one set (fp(R d 4) + 3 fp(R F 4)), shared by them all */
   int64_t moe_exchange;    /* 3 fp(R d 4) + 3 fp(R F 4) */
   int64_t moe_scratch;     /* moe_layers + moe_exchange */
 } mc_stage_hold;

@@ -6,18 +6,26 @@
  * The buffers are the A row of core/blocks.h. */
 #include "train/net_blocks.h"
 
+/* The attention core: o and the log-sum-exp from the rotated q, k and v (what selective
+ * recomputation rebuilds). */
+static int attn_core(struct mc_net *net, mc_layer *L, int n_seq) {
+  const mc_model *m = &net->m;
+  net->be->attn_fwd(net->be, mc_saved_in(L, MC_A_Q), mc_saved_in(L, MC_A_K), mc_saved_in(L, MC_A_V), n_seq, m->seq_len,
+                    m->n_heads, m->n_kv_heads, m->head_dim, mc_saved_out(L, MC_A_O), L->f[MC_A_LSE]);
+  return 0;
+}
+
 static int attn_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   mc_backend *be = net->be;
   const mc_model *m = &net->m;
   const int T = m->seq_len, n = n_seq * T, d = m->d_model, H = m->n_heads, KV = m->n_kv_heads, hd = m->head_dim;
-  float **f = L->f;
   mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WQ), n, d, H * hd, 0.0f, mc_saved_out(L, MC_A_Q));
   mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WK), n, d, KV * hd, 0.0f, mc_saved_out(L, MC_A_K));
   mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WV), n, d, KV * hd, 0.0f, mc_saved_out(L, MC_A_V));
   be->rope_fwd(be, mc_saved_out(L, MC_A_Q), n, T, H, hd, m->rope_theta);
   be->rope_fwd(be, mc_saved_out(L, MC_A_K), n, T, KV, hd, m->rope_theta);
-  be->attn_fwd(be, mc_saved_in(L, MC_A_Q), mc_saved_in(L, MC_A_K), mc_saved_in(L, MC_A_V), n_seq, T, H, KV, hd, mc_saved_out(L, MC_A_O), f[MC_A_LSE]);
-  mc_linear_fwd(be, mc_saved_in(L, MC_A_O), mc_wm(net, L, MC_ROLE_ATTN_WO), n, H * hd, d, 1.0f, mc_o32(x));
+  attn_core(net, L, n_seq);
+  if (x) mc_linear_fwd(be, mc_saved_in(L, MC_A_O), mc_wm(net, L, MC_ROLE_ATTN_WO), n, H * hd, d, 1.0f, mc_o32(x));
   return 0;
 }
 
@@ -46,4 +54,4 @@ static int attn_backward(struct mc_net *net, mc_layer *L, int n_seq, const float
   return 0;
 }
 
-const mc_block_ops mc_block_attn = {'A', attn_forward, attn_backward};
+const mc_block_ops mc_block_attn = {'A', attn_forward, attn_backward, attn_core};

@@ -8,18 +8,15 @@
  * The buffers are the M row of core/blocks.h. */
 #include "train/net_blocks.h"
 
-static int mamba_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
+/* Everything after the projections (and dt's bias): softplus, the convs and their SiLU, the
+ * scan, the gate and the gated norm, from z, x, B, C and dt_pre (what selective recomputation
+ * rebuilds). */
+static int mamba_inner(struct mc_net *net, mc_layer *L, int n_seq) {
   mc_backend *be = net->be;
   const mc_model *m = &net->m;
-  const int T = m->seq_len, n = n_seq * T, d = m->d_model, di = m->mamba_inner, hm = mc_mamba_heads(m);
+  const int T = m->seq_len, n = n_seq * T, di = m->mamba_inner, hm = mc_mamba_heads(m);
   const int N = m->ssm_state, K = m->conv_width;
   float **f = L->f;
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WZ), n, d, di, 0.0f, mc_saved_out(L, MC_M_Z));
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WX), n, d, di, 0.0f, mc_o32(f[MC_M_XR]));
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WB), n, d, N, 0.0f, mc_o32(f[MC_M_BR]));
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WC), n, d, N, 0.0f, mc_o32(f[MC_M_CR]));
-  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WDT), n, d, hm, 0.0f, mc_o32(f[MC_M_DTP]));
-  be->bias_fwd(be, f[MC_M_DTP], mc_w(net, L, MC_ROLE_SSM_DT_BIAS), n, hm);
   be->act_fwd(be, MC_ACT_SOFTPLUS, f[MC_M_DTP], f[MC_M_DT], (int64_t)n * hm);
   be->conv_fwd(be, f[MC_M_XR], mc_w(net, L, MC_ROLE_SSM_CONVX_W), mc_w(net, L, MC_ROLE_SSM_CONVX_B), n_seq, T, di, K, f[MC_M_XCP]);
   be->conv_fwd(be, f[MC_M_BR], mc_w(net, L, MC_ROLE_SSM_CONVB_W), mc_w(net, L, MC_ROLE_SSM_CONVB_B), n_seq, T, N, K, f[MC_M_BCP]);
@@ -32,7 +29,23 @@ static int mamba_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   be->glu_fwd(be, MC_ACT_SILU, mc_saved_in(L, MC_M_Z), mc_f32(f[MC_M_Y]), mc_o32(f[MC_M_G]), (int64_t)n * di);
   be->rmsnorm_fwd(be, f[MC_M_G], mc_w(net, L, MC_ROLE_SSM_NORM), n, di, m->mamba_head_dim, (float)m->norm_eps,
                   mc_saved_out(L, MC_M_GN), f[MC_M_GRSTD]);
-  mc_linear_fwd(be, mc_saved_in(L, MC_M_GN), mc_wm(net, L, MC_ROLE_SSM_WOUT), n, di, d, 1.0f, mc_o32(x));
+  return 0;
+}
+
+static int mamba_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
+  mc_backend *be = net->be;
+  const mc_model *m = &net->m;
+  const int T = m->seq_len, n = n_seq * T, d = m->d_model, di = m->mamba_inner, hm = mc_mamba_heads(m);
+  const int N = m->ssm_state;
+  float **f = L->f;
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WZ), n, d, di, 0.0f, mc_saved_out(L, MC_M_Z));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WX), n, d, di, 0.0f, mc_o32(f[MC_M_XR]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WB), n, d, N, 0.0f, mc_o32(f[MC_M_BR]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WC), n, d, N, 0.0f, mc_o32(f[MC_M_CR]));
+  mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WDT), n, d, hm, 0.0f, mc_o32(f[MC_M_DTP]));
+  be->bias_fwd(be, f[MC_M_DTP], mc_w(net, L, MC_ROLE_SSM_DT_BIAS), n, hm);
+  mamba_inner(net, L, n_seq);
+  if (x) mc_linear_fwd(be, mc_saved_in(L, MC_M_GN), mc_wm(net, L, MC_ROLE_SSM_WOUT), n, di, d, 1.0f, mc_o32(x));
   return 0;
 }
 
@@ -80,4 +93,4 @@ static int mamba_backward(struct mc_net *net, mc_layer *L, int n_seq, const floa
   return 0;
 }
 
-const mc_block_ops mc_block_mamba = {'M', mamba_forward, mamba_backward};
+const mc_block_ops mc_block_mamba = {'M', mamba_forward, mamba_backward, mamba_inner};

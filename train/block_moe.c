@@ -88,7 +88,7 @@ static mc_dst grad_out(mc_backend *be, float *p, int b16, int64_t n) {
 
 /* The experts on their input rows (expert-sorted, counts c, rows in all): xpo is the input as
  * the products read it; h1, h3 and the SwiGLU output are saved in B, the block output
- * y = a w2^T goes to out (beta 0). */
+ * y = a w2^T goes to out (beta 0; out NULL: not computed). */
 static int experts_forward(struct mc_net *net, mc_layer *L, int E, const int32_t *c, int64_t rows,
                            const expert_bufs *B, mc_operand xpo, float *out) {
   mc_backend *be = net->be;
@@ -100,6 +100,7 @@ static int experts_forward(struct mc_net *net, mc_layer *L, int E, const int32_t
                    buf_out(B->h3, B->s16), F, fr))
     return -1;
   be->glu_fwd(be, MC_ACT_SILU, buf_in(B->h1, B->s16), buf_in(B->h3, B->s16), buf_out(B->a, B->s16), rows * F);
+  if (!out) return 0;
   return experts_gemm(be, E, c, 0, 1, -1, d, F, buf_in(B->a, B->s16), F, fr, mc_wm(net, L, MC_ROLE_MOE_W2), F, w13, 0.0f,
                       mc_o32(out), d, xr);
 }
@@ -140,10 +141,10 @@ static int moe_forward_dense(struct mc_net *net, mc_layer *L, int n_seq, float *
   L->counts_host[0] = n, L->dropped = 0;
   for (int s = 0; s < n_seq; s++) L->aux_host[s] = 1.0f; /* E sum_e f_e P_e = 1 */
   /* x += y as the routed path's unpermute adds 1 * y: the product into scratch, then added */
-  float *y = net->g[MC_E_DYP];
+  float *y = x ? net->g[MC_E_DYP] : NULL; /* x NULL (recomputation): no output product */
   const expert_bufs B = layer_bufs(net, L);
   if (experts_forward(net, L, 1, L->counts_host, n, &B, mc_uin(L), y)) return -1;
-  net->be->axpy(net->be, x, y, (int64_t)n * net->m.d_model, 1.0f);
+  if (x) net->be->axpy(net->be, x, y, (int64_t)n * net->m.d_model, 1.0f);
   return 0;
 }
 
@@ -220,7 +221,7 @@ static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   for (int e = 0; e < E; e++) rows += L->counts_host[e];
   if (net->par.ep > 1) {
     if (experts_forward_ep(net, L, n)) return -1;
-    be->moe_unpermute(be, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d, x);
+    if (x) be->moe_unpermute(be, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d, x);
     return 0;
   }
   const int act16 = mc_saved_bf16(L, MC_E_XP);
@@ -229,7 +230,7 @@ static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   const mc_operand xpo = act16 ? mc_to16(be, xp, (mc_bf16 *)f[MC_E_XP], rows * d) : mc_f32(xp);
   const expert_bufs B = layer_bufs(net, L);
   if (experts_forward(net, L, E, L->counts_host, rows, &B, xpo, f[MC_E_YP])) return -1;
-  be->moe_unpermute(be, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d, x);
+  if (x) be->moe_unpermute(be, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d, x);
   return 0;
 }
 
@@ -267,4 +268,22 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   return 0;
 }
 
-const mc_block_ops mc_block_moe = {'E', moe_forward, moe_backward};
+/* Selective recomputation: the SwiGLU output from the kept h1 and h3, over the rows the
+ * forward computed (every token on the plain path, the routed rows otherwise). Under ep > 1
+ * the experts' rows, SwiGLU output included, live with the layer's exchange plan in
+ * moe.scratch and are kept. */
+static int moe_rebuild(struct mc_net *net, mc_layer *L, int n_seq) {
+  const int dense = mc_moe_is_dense(net);
+  if (!dense && net->par.ep > 1) return 0;
+  int64_t rows = (int64_t)n_seq * net->par.moe_T;
+  if (!dense) {
+    rows = 0;
+    for (int e = 0; e < net->m.n_experts; e++) rows += L->counts_host[e];
+  }
+  const expert_bufs B = layer_bufs(net, L);
+  net->be->glu_fwd(net->be, MC_ACT_SILU, buf_in(B.h1, B.s16), buf_in(B.h3, B.s16), buf_out(B.a, B.s16),
+                   rows * net->m.expert_hidden);
+  return 0;
+}
+
+const mc_block_ops mc_block_moe = {'E', moe_forward, moe_backward, moe_rebuild};

@@ -7,11 +7,24 @@
  * The buffers are the R row of core/blocks.h. */
 #include "train/net_blocks.h"
 
+/* Everything after the projections (and their biases): the gates, the recurrence and the
+ * output gate, from xb, gate_pre, r_pre and i_pre (what selective recomputation rebuilds). */
+static int rec_inner(struct mc_net *net, mc_layer *L, int n_seq) {
+  mc_backend *be = net->be;
+  const int T = net->m.seq_len, dr = net->m.rec_width;
+  const int64_t nd = (int64_t)n_seq * T * dr;
+  float **f = L->f;
+  be->act_fwd(be, MC_ACT_SIGMOID, f[MC_R_RP], f[MC_R_R], nd);
+  be->glu_fwd(be, MC_ACT_SIGMOID, mc_f32(f[MC_R_IP]), mc_saved_in(L, MC_R_XB), mc_o32(f[MC_R_GX]), nd);
+  be->rglru_fwd(be, f[MC_R_GX], f[MC_R_R], mc_w(net, L, MC_ROLE_REC_LAMBDA), n_seq, T, dr, f[MC_R_H]);
+  be->glu_fwd(be, MC_ACT_GELU, mc_saved_in(L, MC_R_GP), mc_f32(f[MC_R_H]), mc_saved_out(L, MC_R_O), nd);
+  return 0;
+}
+
 static int rec_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   mc_backend *be = net->be;
   const mc_model *m = &net->m;
   const int T = m->seq_len, n = n_seq * T, d = m->d_model, dr = m->rec_width;
-  const int64_t nd = (int64_t)n * dr;
   float **f = L->f;
   mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WX), n, d, dr, 0.0f, mc_saved_out(L, MC_R_XB));
   mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WGATE), n, d, dr, 0.0f, mc_saved_out(L, MC_R_GP));
@@ -19,11 +32,8 @@ static int rec_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   mc_linear_fwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WI), n, d, dr, 0.0f, mc_o32(f[MC_R_IP]));
   be->bias_fwd(be, f[MC_R_RP], mc_w(net, L, MC_ROLE_REC_BR), n, dr);
   be->bias_fwd(be, f[MC_R_IP], mc_w(net, L, MC_ROLE_REC_BI), n, dr);
-  be->act_fwd(be, MC_ACT_SIGMOID, f[MC_R_RP], f[MC_R_R], nd);
-  be->glu_fwd(be, MC_ACT_SIGMOID, mc_f32(f[MC_R_IP]), mc_saved_in(L, MC_R_XB), mc_o32(f[MC_R_GX]), nd);
-  be->rglru_fwd(be, f[MC_R_GX], f[MC_R_R], mc_w(net, L, MC_ROLE_REC_LAMBDA), n_seq, T, dr, f[MC_R_H]);
-  be->glu_fwd(be, MC_ACT_GELU, mc_saved_in(L, MC_R_GP), mc_f32(f[MC_R_H]), mc_saved_out(L, MC_R_O), nd);
-  mc_linear_fwd(be, mc_saved_in(L, MC_R_O), mc_wm(net, L, MC_ROLE_REC_WOUT), n, dr, d, 1.0f, mc_o32(x));
+  rec_inner(net, L, n_seq);
+  if (x) mc_linear_fwd(be, mc_saved_in(L, MC_R_O), mc_wm(net, L, MC_ROLE_REC_WOUT), n, dr, d, 1.0f, mc_o32(x));
   return 0;
 }
 
@@ -55,4 +65,4 @@ static int rec_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   return 0;
 }
 
-const mc_block_ops mc_block_rec = {'R', rec_forward, rec_backward};
+const mc_block_ops mc_block_rec = {'R', rec_forward, rec_backward, rec_inner};

@@ -85,16 +85,23 @@ static float *place(mc_arena *a, int count, int64_t n, int *ok) {
 }
 
 /* Counts (count = 1) or carves every EP buffer, in the order the holdings count them: per
- * slot and E layer the saved rows, then the shared scratch. */
-static int place_all(struct mc_ep_state *s, mc_arena *a, int count, int d, int F) {
+ * slot and E layer the saved rows (shared = 1, full recomputation: one set for all, each
+ * layer's forward rebuilds its rows just before its backward), then the shared scratch. */
+static int place_all(struct mc_ep_state *s, mc_arena *a, int count, int d, int F, int shared) {
   const int64_t R = s->cap_rows;
   int ok = 1;
+  const struct mc_ep_route *first = NULL;
   for (int k = 0; k < s->n_slots * s->n_layers; k++) {
     struct mc_ep_route *r = s->route[k];
     if (!r) continue;
+    r->cap = R;
+    if (shared && first) {
+      r->x = first->x, r->h1 = first->h1, r->h3 = first->h3, r->a = first->a;
+      continue;
+    }
+    first = r;
     r->x = place(a, count, R * d, &ok), r->h1 = place(a, count, R * F, &ok);
     r->h3 = place(a, count, R * F, &ok), r->a = place(a, count, R * F, &ok);
-    r->cap = R;
   }
   float **rows_d[] = {&s->stage, &s->rows_a, &s->rows_b}, **rows_f[] = {&s->da, &s->dh1, &s->dh3};
   for (int i = 0; i < 3; i++) *rows_d[i] = place(a, count, R * d, &ok);
@@ -126,12 +133,12 @@ int mc_ep_reserve(mc_net *net, int n_seq, int n_slots) {
     for (int L = net->L0; L < net->L1; L++)
       if (net->layers[L].bk->routes && !(s->route[(size_t)k * net->n_layers + L] = route_new(par->ep, L)))
         return mc_error("expert parallelism: out of memory");
-  const int d = net->m.d_model, F = net->m.expert_hidden;
-  place_all(s, a, 1, d, F);
+  const int d = net->m.d_model, F = net->m.expert_hidden, shared = net->hold.recompute == MC_RECOMPUTE_FULL;
+  place_all(s, a, 1, d, F, shared);
   if (a->cap != h.moe_scratch)
     return mc_error("expert parallelism: the moe.scratch arena counts %lld bytes, the holdings %lld (sizing and "
                     "placement disagree)", (long long)a->cap, (long long)h.moe_scratch);
-  if (mc_arena_open(a, net->be, MC_MEM_MOE_SCRATCH) || place_all(s, a, 0, d, F))
+  if (mc_arena_open(a, net->be, MC_MEM_MOE_SCRATCH) || place_all(s, a, 0, d, F, shared))
     return mc_error_context("expert parallelism: %lld routed rows per exchange", (long long)s->cap_rows);
   return 0;
 }

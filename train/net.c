@@ -347,6 +347,8 @@ static void free_activations(mc_net *net) {
                     &net->dlogits, &par->emb_rows, &par->emb_gate};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = NULL;
   for (int i = 0; i < MC_NET_GBUFS; i++) net->g[i] = NULL;
+  net->ws = NULL;
+  net->ws_bytes = 0;
   net->tok_in = net->tok_tgt = par->emb_tok = par->emb_slot = NULL;
   mc_arena_close(&net->arenas.a[MC_MEM_ACTIVATIONS]);
   mc_ep_free(par); /* the routes point into moe.scratch, sized with the activations */
@@ -400,10 +402,25 @@ static void *place_buf(mc_arena *a, int count, const mc_act_buf *b, const mc_act
   return p;
 }
 
+/* A buffer of a layer: its own place in the arena when the recompute policy keeps it (core/
+ * holdings.h mc_act_buf_kept), else the next place in the working set net->ws, which every
+ * layer's dropped buffers share (*ws_off: the layer's dropped bytes so far, footprints). */
+static void *place_layer_buf(mc_net *net, mc_arena *a, int count, const mc_act_buf *b, const mc_act_shape *s,
+                             int64_t *ws_off, int *ok) {
+  if (mc_act_buf_kept(b, net->hold.recompute)) return place_buf(a, count, b, s, ok);
+  const int64_t at = *ws_off;
+  *ws_off += mc_mem_footprint(mc_act_buf_bytes(b, s));
+  if (count) return NULL;
+  *ok = *ok && net->ws && *ws_off <= net->ws_bytes;
+  return *ok ? (char *)net->ws + at : NULL;
+}
+
 /* Places the activations and gradient scratch for micro-batches of n_seq sequences in the
  * activations arena: counts them (count = 1) or carves them (count = 0), in the same order.
  * What exists, its size and its storage are the block-kind table's and the holdings
- * function's (core/blocks.h, core/holdings.h), so mcplan counts exactly these buffers. */
+ * function's (core/blocks.h, core/holdings.h), so mcplan counts exactly these buffers. Under
+ * recomputation the buffers the policy drops share one working set, as large as the largest
+ * layer's dropped buffers (mc_stage_hold's transient); the count pass sizes it. */
 static int place_activations(mc_net *net, int n_seq, int n_slots, int count) {
   mc_arena *a = &net->arenas.a[MC_MEM_ACTIVATIONS];
   mc_act_shape s;
@@ -411,18 +428,24 @@ static int place_activations(mc_net *net, int n_seq, int n_slots, int count) {
   int64_t gmax[MC_NET_GBUFS] = {0};
   int ok = 1;
   const int nl = net->L1 - net->L0;
+  if (count) {
+    net->ws_bytes = 0;
+  } else if (net->ws_bytes > 0) {
+    ok = (net->ws = mc_arena_take(a, net->ws_bytes, MC_MEM_ACTIVATIONS)) != NULL;
+  }
   /* pipeline slots: the stage's layer buffers once per micro-batch in flight (core/holdings.h
    * mc_stage_hold_of's inflight sets) */
-  if (!count && n_slots > 1) ok = (net->slots = calloc((size_t)(n_slots * nl), sizeof(mc_layer))) != NULL;
+  if (!count && n_slots > 1 && ok) ok = (net->slots = calloc((size_t)(n_slots * nl), sizeof(mc_layer))) != NULL;
   for (int slot = 0; slot < n_slots && ok; slot++)
   for (int L = net->L0; L < net->L1; L++) {
     mc_layer *l = &net->layers[L];
     const mc_block_kind *k = l->bk;
+    int64_t ws_off = 0;
     l->f16 = l->g16 = 0;
     for (int j = 0; j < MC_L_NBUFS; j++) {
       const mc_act_buf *b = &mc_layer_bufs[j];
       if (!mc_act_buf_exists(b, &s, k)) continue;
-      void *p = place_buf(a, count, b, &s, &ok);
+      void *p = place_layer_buf(net, a, count, b, &s, &ws_off, &ok);
       if (j == MC_L_X_IN) l->x_in = p;
       else if (j == MC_L_RSTD) l->rstd = p;
       else if (mc_act_buf_bf16(b, &s)) l->u16 = p; /* the norm writes it in bf16, there is no fp32 u */
@@ -430,11 +453,12 @@ static int place_activations(mc_net *net, int n_seq, int n_slots, int count) {
     }
     for (int i = 0; i < k->n_saved; i++)
       if (mc_act_buf_exists(&k->saved[i], &s, k)) {
-        l->f[i] = place_buf(a, count, &k->saved[i], &s, &ok);
+        l->f[i] = place_layer_buf(net, a, count, &k->saved[i], &s, &ws_off, &ok);
         l->f16 |= (unsigned)mc_act_buf_bf16(&k->saved[i], &s) << i;
       }
     for (int i = 0; i < k->n_saved_i32; i++)
-      if (mc_act_buf_exists(&k->saved_i32[i], &s, k)) l->i[i] = place_buf(a, count, &k->saved_i32[i], &s, &ok);
+      if (mc_act_buf_exists(&k->saved_i32[i], &s, k)) l->i[i] = place_layer_buf(net, a, count, &k->saved_i32[i], &s, &ws_off, &ok);
+    if (count && ws_off > net->ws_bytes) net->ws_bytes = ws_off;
     for (int i = 0; i < k->n_grads; i++)
       if (mc_act_buf_exists(&k->grads[i], &s, k)) {
         const int64_t b = mc_act_buf_bytes(&k->grads[i], &s);
@@ -448,6 +472,7 @@ static int place_activations(mc_net *net, int n_seq, int n_slots, int count) {
     }
     if (!count && n_slots > 1) net->slots[slot * nl + L - net->L0] = *l;
   }
+  if (count && net->ws_bytes > 0) mc_arena_count(a, net->ws_bytes); /* a multiple of MC_MEM_ALIGN: its own footprint */
   if (!count) net->n_slots = n_slots, net->cur_slot = n_slots - 1; /* the layers hold the last slot */
   /* gradient scratch i: the largest buffer i of any kind (the backward is sequential) */
   for (int i = 0; i < MC_NET_GBUFS; i++) {
@@ -534,18 +559,19 @@ static block_rows rows_of(const mc_net *net, const mc_layer *l) {
   return par->sp && par->moe_T != par->T_res ? ROWS_GATHERED : ROWS_LOCAL;
 }
 
-/* Runs a block's forward into net->y (dy NULL) or its backward from the output gradient dy
- * into net->du (seq_weight scales the aux loss). Under SP the layer keeps only its shard of
- * the normed input; a block that needs whole sequences sees them all-gathered into a shared
- * buffer for the call, before the forward and again before the backward (so only shards are
- * kept per layer). */
-static int with_whole_input(mc_net *net, mc_layer *l, int n_seq, block_rows how, const float *dy, double seq_weight) {
+/* Runs a block's forward into out (dy NULL; out NULL: the saved buffers only) or its
+ * backward from the output gradient dy into net->du (seq_weight scales the aux loss). Under
+ * SP the layer keeps only its shard of the normed input; a block that needs whole sequences
+ * sees them all-gathered into a shared buffer for the call, before the forward and again
+ * before the backward (so only shards are kept per layer). */
+static int with_whole_input(mc_net *net, mc_layer *l, int n_seq, block_rows how, const float *dy, double seq_weight,
+                            float *out) {
   float *shard = l->u;
   if (net->par.sp && how != ROWS_LOCAL) {
     if (mc_sp_gather(&net->par, net->be, shard, net->par.ufull, n_seq, net->m.d_model)) return -1;
     l->u = net->par.ufull;
   }
-  int rc = !dy ? block_ops(l->kind)->forward(net, l, n_seq, net->y)
+  int rc = !dy ? block_ops(l->kind)->forward(net, l, n_seq, out)
                : block_ops(l->kind)->backward(net, l, n_seq, dy, net->du, seq_weight);
   l->u = shard;
   return rc;
@@ -563,7 +589,7 @@ static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
    * combined over TP first */
   if (how == ROWS_LOCAL) return block_ops(l->kind)->forward(net, l, n_seq, net->x);
   be->fill(be, net->y, (int64_t)n * d, 0.0f);
-  if (with_whole_input(net, l, n_seq, how, NULL, 0.0)) return -1;
+  if (with_whole_input(net, l, n_seq, how, NULL, 0.0, net->y)) return -1;
   if (how == ROWS_GATHERED) {
     mc_sp_take(par, be, net->y, par->ush, n_seq, d);
     be->axpy(be, net->x, par->ush, (int64_t)nl * d, 1.0f);
@@ -575,6 +601,45 @@ static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
     be->axpy(be, net->x, net->y, (int64_t)nl * d, 1.0f);
   }
   return 0;
+}
+
+/* Recomputation (train.recompute): rebuilds the buffers of layer l that the policy did not
+ * keep, from the ones it kept, just before the layer's backward (its weights acquired). The
+ * norm runs again on the kept input x_in (u; rstd gets the same values). Under full the
+ * block's whole forward runs again with the same ops on the same operands, so every buffer
+ * gets the same bits: an E block routes again to the same experts (and under ep > 1 exchanges
+ * its rows again over the EP group), rewriting its host-side counts and aux terms with the
+ * same values, while the aux loss stays counted once (the forward's statistics add it, the
+ * backward's gradient is moe_route_bwd's alone). The block's output is not made (forward
+ * with x NULL: no output projection or MoE combine), nor the collectives that would combine
+ * it over TP (every TP rank skips them alike; the gathers of the input under SP run as in
+ * the forward, since the block reads whole rows). Under selective the kind's rebuild redoes
+ * its elementwise, conv, scan and attention-core buffers from the kept products' outputs.
+ * The working set is shared by every layer and micro-batch slot, so the rebuild is complete:
+ * nothing of an earlier layer's forward survives there (MC_RECOMPUTE_POISON checks it). */
+static int layer_recompute(mc_net *net, mc_layer *l, int n_seq) {
+  const mc_recompute r = net->hold.recompute;
+  if (r == MC_RECOMPUTE_NONE) return 0;
+  mc_backend *be = net->be;
+  const int d = net->m.d_model, nl = n_seq * net->par.T_res;
+  if (net->ws_poison && net->ws) be->fill(be, net->ws, net->ws_bytes / (int64_t)sizeof(float), NAN);
+  be->rmsnorm_fwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), nl, d, d, (float)net->m.norm_eps,
+                  l->u16 ? mc_o16(l->u16) : mc_o32(l->u), l->rstd);
+  if (r == MC_RECOMPUTE_SELECTIVE) return block_ops(l->kind)->rebuild(net, l, n_seq);
+  return with_whole_input(net, l, n_seq, rows_of(net, l), NULL, 0.0, NULL);
+}
+
+int mc_net_set_recompute(mc_net *net, mc_recompute r) {
+  if (r != MC_RECOMPUTE_NONE && r != MC_RECOMPUTE_SELECTIVE && r != MC_RECOMPUTE_FULL)
+    return mc_error("network: unknown recompute policy %d", (int)r);
+  const char *poison = getenv("MC_RECOMPUTE_POISON");
+  net->ws_poison = poison && !strcmp(poison, "1");
+  if (r == net->hold.recompute) return 0;
+  const int cap = net->n_seq_cap, slots = net->n_slots;
+  net->hold.recompute = r;
+  if (cap <= 0) return 0; /* placed by the first reserve or pass */
+  free_activations(net);
+  return ensure_capacity(net, cap, slots > 1 ? slots : 1);
 }
 
 /* The final norm's output as the head's products read it (bf16 under mc_act16). */
@@ -692,7 +757,7 @@ static int block_backward(mc_net *net, mc_layer *l, int n_seq, double seq_weight
     if (mc_sp_gather(par, be, net->dx, net->full, n_seq, d)) return -1;
     dy = net->full;
   }
-  if (with_whole_input(net, l, n_seq, how, dy, seq_weight)) return -1;
+  if (with_whole_input(net, l, n_seq, how, dy, seq_weight, NULL)) return -1;
   if (par->sp && how != ROWS_LOCAL) {
     if (mc_sp_reduce_scatter(par, be, net->du, par->ush, n_seq, d)) return -1;
     du_res = par->ush;
@@ -771,7 +836,8 @@ int mc_net_stage_backward(mc_net *net, const int32_t *tokens, int n_seq, double 
   for (int L = net->L1 - 1; L >= net->L0; L--) {
     mc_layer *l = &net->layers[L];
     int np = layer_params(l, idx);
-    if (acquire(net, idx, np, 1) || block_backward(net, l, n_seq, seq_weight) || release(net, idx, np, 1))
+    if (acquire(net, idx, np, 1) || layer_recompute(net, l, n_seq) || block_backward(net, l, n_seq, seq_weight) ||
+        release(net, idx, np, 1))
       return mc_error_context("layer %d (%c) backward", L, l->kind);
   }
   if (!net->first) return be->sync(be);

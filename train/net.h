@@ -69,6 +69,13 @@ int mc_net_param_initial(mc_net *net, int i, float *dst);
 /* Sets param i's working weights (w or w16) from host fp32 values of its local slice. */
 int mc_net_load_param(mc_net *net, int i, const float *host);
 
+/* The activation recomputation policy (train.recompute; core/holdings.h mc_act_buf_kept says
+ * what each keeps): none (the default) keeps every buffer the backward reads; selective and
+ * full keep less and rebuild the rest of a layer just before its backward, with the same ops
+ * on the same operands, so losses and gradients are bit for bit those of none. Re-places the
+ * activations if they were already placed. Returns 0 or -1 with mc_error. */
+int mc_net_set_recompute(mc_net *net, mc_recompute r);
+
 /* Sizes and allocates the activations for micro-batches of up to n_seq sequences now (the
  * trainer calls it at start-up with train.micro_batch); otherwise the first pass does. */
 int mc_net_reserve(mc_net *net, int n_seq);

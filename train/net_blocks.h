@@ -45,13 +45,19 @@ struct mc_net;
 
 typedef struct {
   char kind;
-  /* x += f(u): u = L->u is the normed input [n, d], x the residual stream. */
+  /* x += f(u): u = L->u is the normed input [n, d], x the residual stream. x NULL (full
+   * recomputation): only the saved buffers are wanted, and the products that make nothing
+   * but the output (the output projection, the MoE combine) are skipped. */
   int (*forward)(struct mc_net *net, mc_layer *L, int n_seq, float *x);
   /* du = d(objective)/du given dy = d(objective)/d(block output) [n, d] (du is written: the
    * block's first contribution sets it); adds parameter gradients. seq_weight scales the aux
    * loss (E blocks). */
   int (*backward)(struct mc_net *net, mc_layer *L, int n_seq, const float *dy, float *du,
                   double seq_weight);
+  /* Selective recomputation (train.recompute=selective): rebuilds the saved buffers the kind's
+   * row does not mark keep_selective from those it does, with the forward's own ops on the
+   * same operands (so the same bits); the normed input is already rebuilt and is not read. */
+  int (*rebuild)(struct mc_net *net, mc_layer *L, int n_seq);
 } mc_block_ops;
 
 extern const mc_block_ops mc_block_attn, mc_block_mamba, mc_block_moe, mc_block_rec;
@@ -83,6 +89,15 @@ struct mc_net {
   mc_layer *layers;
   int fam_embed, fam_final_norm, fam_head; /* param indices */
   int n_seq_cap;       /* activations are allocated for this many sequences */
+  /* ---- recomputation (train.recompute, net->hold.recompute): the buffers the policy does not
+   * keep (core/holdings.h mc_act_buf_kept) of every layer and slot are placed in one working
+   * set, ws, shared by the layers: a layer's forward writes them there, and its backward
+   * first rebuilds them (train/net.c layer_recompute). ws_poison (environment
+   * MC_RECOMPUTE_POISON=1, for tests): ws is filled with NaN before each rebuild, so a buffer
+   * the rebuild misses cannot pass for a kept one. */
+  float *ws;
+  int64_t ws_bytes;
+  int ws_poison;
   /* ---- pipeline stage (train/pipeline.h): layers [L0, L1) of the global stack are this
    * rank's (all of them at pp = 1); first / last: the stage holds the embedding / the final
    * norm, head and loss. Under 1F1B a stage keeps the layer activations of n_slots

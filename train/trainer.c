@@ -370,11 +370,8 @@ static int setup(run *r) {
     if (mc_comm_make_groups(world, &cfg->parallel, &r->groups) != 0) return -1;
     r->comm = &r->groups;
   }
-  /* The network keeps every activation for backward; planning another policy is mcplan's */
-  if (strcmp(t->recompute, "none") != 0)
-    return mc_error("train.recompute=%s is not implemented by the trainer: it keeps every activation for the "
-                    "backward (set train.recompute=none; mcplan --set train.recompute=%s shows what it would save)",
-                    t->recompute, t->recompute);
+  const int recompute = mc_recompute_parse(t->recompute);
+  if (recompute < 0) return mc_error("train.recompute: unknown policy '%s' (none, selective, full)", t->recompute);
   mc_backend *be = mc_train_backend(t->device, t->dtype, r->opts->gpu);
   if (!be) return -1;
   if (t->steps < 1) return mc_error("train.steps=%d must be at least 1", t->steps);
@@ -385,6 +382,8 @@ static int setup(run *r) {
                     cfg->data.val_fraction);
   r->net = mc_net_create_dist_on(&r->geo, r->rank, t->seed, r->comm, be);
   if (!r->net) return mc_error_context("creating the network");
+  /* train.recompute: what the layers keep for the backward (docs/training.md, "Recomputation") */
+  if (mc_net_set_recompute(r->net, (mc_recompute)recompute) != 0) return -1;
   if (mc_dist_opt_init(&r->opt, r->net, &r->geo, r->comm, r->rank) != 0) return -1;
   r->have_opt = 1;
   /* The activations arena is sized now, for train.micro_batch (evaluation uses the same). */

@@ -40,6 +40,21 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
   mc_dist_test(dist.dp2_ep2_empty_expert 2 $<TARGET_FILE:dist_train> 1 2 0 0 --ep 2 --moe 8 1 0 --mb 1 --empty)
   mc_dist_test(dist.dp2_ep2_capacity 2 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2 --moe 4 2 1.0)
   mc_dist_test(dist.tp2_sp_ep2_capacity 2 $<TARGET_FILE:dist_train> 2 1 1 0 --ep 2 --moe 4 2 1.0)
+  # Activation recomputation (train.recompute, train/net.c): each layout run under none and
+  # under selective or full: losses, gradient norms and final master weights bitwise equal,
+  # every rank's activations arena equal to mcplan's figure (dist_train --recompute P).
+  foreach(pol selective full)
+    mc_dist_test(dist.recompute_tp2_${pol} 2 $<TARGET_FILE:dist_train> 2 1 0 0 --recompute ${pol})
+    mc_dist_test(dist.recompute_tp2_sp_${pol} 2 $<TARGET_FILE:dist_train> 2 1 1 0 --recompute ${pol})
+    mc_dist_test(dist.recompute_pp2_${pol} 2 $<TARGET_FILE:dist_train> 1 1 0 0 --pp 2 --split equal --recompute ${pol})
+    mc_dist_test(dist.recompute_dp2_zero3_${pol} 2 $<TARGET_FILE:dist_train> 1 2 0 3 --recompute ${pol})
+    mc_dist_test(dist.recompute_dp2_ep2_${pol} 2 $<TARGET_FILE:dist_train> 1 2 0 0 --ep 2 --recompute ${pol})
+    mc_dist_test(dist.recompute_tp2_sp_ep2_capacity_${pol} 2 $<TARGET_FILE:dist_train> 2 1 1 0 --ep 2 --moe 4 2 1.0 --recompute ${pol})
+    mc_dist_test(dist.recompute_pp2_dp2_ep2_zero3_${pol} 4 $<TARGET_FILE:dist_train> 1 2 0 3 --ep 2 --pp 2 --split AEMR|AEMR --recompute ${pol})
+  endforeach()
+  # full under ep > 1 keeps one set of received expert rows for all E layers (here three)
+  mc_dist_test(dist.recompute_dp2_ep2_three_e_full 2 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2 --pattern AEMEREAE --recompute full)
+
   # Fewer local experts than expert-DP members: the balanced-v2 rule splits the experts' ZeRO
   # parts on dim 1 (one expert, part of its rows, per member): ZeRO 3 over dp4 with E=2, and
   # tp2 x dp2 + sp ep2 ZeRO 1 with E=2 (one expert per EP rank, groups of 2).

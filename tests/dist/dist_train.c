@@ -18,6 +18,14 @@
  *                                            Both run steps 6..10 on the same data: losses
  *                                            bitwise equal, and within 1e-4 relative of
  *                                            DIR/losses.txt.
+ *   dist_train TP DP SP ZERO --recompute P   steps 1..10 under the layout twice, with
+ *                                            train.recompute=none and =P (selective, full;
+ *                                            the working set poisoned before every rebuild):
+ *                                            every step's loss and gradient norm and the
+ *                                            final master weights bitwise equal, and each
+ *                                            rank's activations and moe.scratch arenas equal
+ *                                            to mcplan's figures for P (activations below
+ *                                            none's; under full and ep > 1, moe.scratch too).
  *   dist_train TP DP SP ZERO --corrupt --resume DIR   rank 0 first flips a bit of a shard of
  *                                            DIR (a copy); the shared load must fail on every
  *                                            rank with one message naming the rank, the file
@@ -227,6 +235,73 @@ static void compare_weights(trainee *e, float **ref, int rank, uint64_t seed) {
   if (rank == 0) printf("  final weights: max |w - w_1| = %.3g (tolerance %g; training moved them by up to %.3g)\n", all, PTOL, moved);
 }
 
+/* --recompute: the same layout under none (a) and policy r (b), bitwise. */
+static void compare_recompute(setup *S, const mc_layout *l, int rank, const mc_comm_groups *grp, mc_recompute r) {
+  trainee a, b;
+  const int ok = trainee_make(&a, S, l, rank, grp) == 0 && trainee_make(&b, S, l, rank, grp) == 0 &&
+                 mc_net_set_recompute(b.net, r) == 0;
+  CHECK(ok, "rank %d: %s", rank, mc_errmsg());
+  double la[2 * STEPS], lb[2 * STEPS];
+  memset(la, 0, sizeof la);
+  memset(lb, 0, sizeof lb);
+  if (ok) {
+    CHECK_OK(run_steps(S, a.net, &a.d, l, rank, 0, STEPS, la));
+    CHECK_OK(run_steps(S, b.net, &b.d, l, rank, 0, STEPS, lb));
+    for (int s = 0; s < STEPS; s++) {
+      CHECK(la[s] == lb[s] && la[STEPS + s] == lb[STEPS + s],
+            "step %d: recompute=%s loss %.17g, gradient norm %.17g; none %.17g, %.17g", s + 1, mc_recompute_name(r), lb[s],
+            lb[STEPS + s], la[s], la[STEPS + s]);
+      if (rank == 0) printf("  step %2d  loss %.9f  |g| %.9f  (none: %.9f, %.9f)\n", s + 1, lb[s], lb[STEPS + s], la[s], la[STEPS + s]);
+    }
+    int differ = 0;
+    for (int i = 0; i < a.d.opt.n; i++) {
+      const mc_optim_slot *x = &a.d.opt.slots[i], *y = &b.d.opt.slots[i];
+      if (x->numel && memcmp(x->master, y->master, sizeof(float) * (size_t)x->numel)) differ++;
+    }
+    CHECK(differ == 0, "rank %d: %d master weight tensors differ", rank, differ);
+    /* the activations and moe.scratch arenas against mcplan's figures for this rank, under each
+     * policy: row = none's arena and plan, then the policy's, for activations and moe.scratch */
+    int64_t row[8] = {0}, have[MC_MEM_COUNT] = {0}, plan[MC_MEM_COUNT] = {0};
+    mc_train_cfg t = S->t;
+    mc_hold_opts o;
+    const mc_mem_cat cats[2] = {MC_MEM_ACTIVATIONS, MC_MEM_MOE_SCRATCH};
+    for (int pol = 0; pol < 2; pol++) {
+      trainee *e = pol ? &b : &a;
+      memset(have, 0, sizeof have);
+      snprintf(t.recompute, sizeof t.recompute, "%s", mc_recompute_name(pol ? r : MC_RECOMPUTE_NONE));
+      mc_net_mem_bytes(e->net, have);
+      CHECK_OK(mc_hold_opts_of(&e->geo, &t, &o) || mc_holdings_of(&e->geo, rank, &o, plan));
+      for (int c = 0; c < 2; c++) row[4 * c + 2 * pol] = have[cats[c]], row[4 * c + 2 * pol + 1] = plan[cats[c]];
+    }
+    for (int c = 0; c < 2; c++) {
+      const int64_t *x = row + 4 * c;
+      CHECK(x[0] == x[1] && x[2] == x[3], "rank %d %s: none %lld bytes (mcplan %lld), %s %lld (mcplan %lld)", rank,
+            mc_mem_cat_label(cats[c]), (long long)x[0], (long long)x[1], mc_recompute_name(r), (long long)x[2], (long long)x[3]);
+    }
+    /* less activation memory; under full one set of EP rows for all E layers and slots (fewer
+     * bytes where a stage has more than one E layer or micro-batch in flight) */
+    CHECK(row[2] < row[0], "rank %d: %s keeps %lld activation bytes, none %lld", rank, mc_recompute_name(r), (long long)row[2],
+          (long long)row[0]);
+    CHECK(row[6] <= row[4], "rank %d: %s keeps %lld bytes of moe.scratch, none %lld", rank, mc_recompute_name(r),
+          (long long)row[6], (long long)row[4]);
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    int64_t *all = malloc(sizeof row * (size_t)world);
+    MPI_Gather(row, 8, MPI_INT64_T, all, 8, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    for (int k = 0; rank == 0 && k < world; k++)
+      for (int c = 0; c < 2; c++) {
+        const int64_t *x = all + 8 * k + 4 * c;
+        if (x[1] || x[3])
+          printf("  rank %d %s: none %lld bytes (mcplan %lld), %s %lld (mcplan %lld)\n", k, mc_mem_cat_label(cats[c]),
+                 (long long)x[0], (long long)x[1], mc_recompute_name(r), (long long)x[2], (long long)x[3]);
+      }
+    free(all);
+    if (rank == 0) printf("  recompute=%s: losses, gradient norms and final master weights bitwise equal to none\n", mc_recompute_name(r));
+  }
+  trainee_free(&b);
+  trainee_free(&a);
+}
+
 /* Expert parallelism: every rank's moe.scratch arena (the exchange buffers, train/dist_ep.c)
  * must be exactly what mcplan's holdings plan for that rank (core/holdings.c), and the rows
  * any exchange moved at most the bound the arena is sized for (else the run would have failed
@@ -371,12 +446,12 @@ int main(int argc, char **argv) {
   if (mc_comm_mpi_init(&argc, &argv, &world)) return fprintf(stderr, "%s\n", mc_errmsg()), 1;
   if (argc < 5) {
     fprintf(stderr, "usage: dist_train TP DP SP ZERO [--ep N] [--moe E K CF] [--mb N] [--empty] [--pp N] [--split S] "
-                    "[--pattern P] [--save DIR | [--round-bytes N] [--replicas F] [--corrupt] --resume DIR]\n");
+                    "[--pattern P] [--recompute P | --save DIR | [--round-bytes N] [--replicas F] [--corrupt] --resume DIR]\n");
     mc_comm_mpi_finalize();
     return 2;
   }
   mc_layout l = dc_layout(atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
-  const char *save = NULL, *resume = NULL;
+  const char *save = NULL, *resume = NULL, *recompute = NULL;
   int E = 4, k = 2, mb = 2, want_empty = 0, replicas = 0, corrupt = 0;
   int64_t round_bytes = 1000;
   double cf = 0.0;
@@ -390,6 +465,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[a], "--round-bytes") && a + 1 < argc) round_bytes = atoll(argv[++a]);
     else if (!strcmp(argv[a], "--replicas") && a + 1 < argc) replicas = atoi(argv[++a]);
     else if (!strcmp(argv[a], "--corrupt")) corrupt = 1;
+    else if (!strcmp(argv[a], "--recompute") && a + 1 < argc) recompute = argv[++a];
     else if (!strcmp(argv[a], "--pp") && a + 1 < argc) l.pp = atoi(argv[++a]);
     else if (!strcmp(argv[a], "--pattern") && a + 1 < argc) snprintf(PATTERN, sizeof PATTERN, "%s", argv[++a]);
     else if (!strcmp(argv[a], "--split") && a + 1 < argc && mc_layout_parse_split(&l, argv[++a])) {
@@ -425,7 +501,12 @@ int main(int argc, char **argv) {
   int made = trainee_make(&e, &S, &l, rank, &grp) == 0;
   CHECK(made, "rank %d: %s", rank, mc_errmsg());
   char path[1200];
-  if (made && !save && !resume) {
+  if (made && recompute) {
+    const int r = mc_recompute_parse(recompute);
+    CHECK(r > 0, "--recompute %s: selective or full", recompute);
+    setenv("MC_RECOMPUTE_POISON", "1", 1);
+    if (r > 0) compare_recompute(&S, &l, rank, &grp, (mc_recompute)r);
+  } else if (made && !save && !resume) {
     float **ref = NULL;
     mc_family_set fams;
     memset(&fams, 0, sizeof fams);

@@ -8,7 +8,9 @@
 # - under mpirun (dp=2, ZeRO 1 and ZeRO 3) rank 0 alone reports, with the sharded optimizer
 #   arenas (and at ZeRO 3 the zero3.buffers arena);
 # - under expert parallelism (dp2 x ep2, pp2 x dp2 x ep2) the moe.scratch arena is measured,
-#   equal to mcplan's figure, and the rows the exchanges used are at most those it reserves.
+#   equal to mcplan's figure, and the rows the exchanges used are at most those it reserves;
+# - train.recompute=selective and full: the same agreement with mcplan, smaller activations,
+#   and the losses and gradient norms of none exactly.
 set -u
 B=${MC_BINARY_DIR:?}
 S=${MC_SOURCE_DIR:?}
@@ -75,6 +77,27 @@ PY
 
 "$B/mctrain" "${CFG[@]}" --set data.path=corpus.h5 --set checkpoint.dir=a > a.log 2>&1 || { cat a.log; die "mctrain failed"; }
 check_run a.log a/metrics.jsonl "${CFG[@]}"
+
+# train.recompute=selective and full (train/net.c): the same table checks against mcplan for
+# the policy, the activations arena below none's (full below selective), and every step's
+# loss, aux loss and gradient norm in the metrics log exactly those of run a
+prev=$(sed -n 's/.*"activations": {"measured": \([0-9]*\).*/\1/p' a/metrics.jsonl)
+for pol in selective full; do
+  "$B/mctrain" "${CFG[@]}" --set train.recompute=$pol --set data.path=corpus.h5 --set checkpoint.dir=$pol > $pol.log 2>&1 \
+    || { cat $pol.log; die "mctrain train.recompute=$pol failed"; }
+  check_run $pol.log $pol/metrics.jsonl "${CFG[@]}" --set train.recompute=$pol
+  act=$(sed -n 's/.*"activations": {"measured": \([0-9]*\).*/\1/p' $pol/metrics.jsonl)
+  [ -n "$act" ] && [ "$act" -lt "$prev" ] || die "train.recompute=$pol: activations $act bytes, not below $prev"
+  echo "train.recompute=$pol: activations $act bytes (the previous policy: $prev)"
+  prev=$act
+  "$PY" - a/metrics.jsonl $pol/metrics.jsonl <<'PY' || die "train.recompute=$pol: the losses differ from none's"
+import json, sys
+def steps(path):
+    return [(r["step"], r["loss"], r["aux_loss"], r["grad_norm"]) for r in map(json.loads, filter(str.strip, open(path))) if "loss" in r]
+a, b = steps(sys.argv[1]), steps(sys.argv[2])
+assert a and a == b, "%s vs %s" % (a, b)
+PY
+done
 
 # stop at step 2, resume to 4: the record of the first part is kept, none is added
 "$B/mctrain" "${CFG[@]}" --set data.path=corpus.h5 --set checkpoint.dir=b --until 2 > b1.log 2>&1 || { cat b1.log; die "mctrain --until 2 failed"; }
