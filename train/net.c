@@ -497,6 +497,9 @@ static int ensure_capacity(mc_net *net, int n_seq, int n_slots) {
   if ((int64_t)n_seq * net->m.seq_len > INT32_MAX)
     return mc_error("network: %d sequences of %d tokens are more than 2^31-1 tokens in one micro-batch", n_seq,
                     net->m.seq_len);
+  if (strchr(net->m.pattern, 'E') && (int64_t)n_seq * net->m.seq_len * net->m.top_k > INT32_MAX) /* int32 routing slots */
+    return mc_error("network: %d sequences of %d tokens with model.top_k=%d are more than 2^31-1 routed rows", n_seq,
+                    net->m.seq_len, net->m.top_k);
   if (n_seq < net->n_seq_cap) n_seq = net->n_seq_cap;
   if (n_slots < net->n_slots) n_slots = net->n_slots;
   free_activations(net);
