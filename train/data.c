@@ -104,16 +104,24 @@ int mc_data_open(mc_data *d, const char *path, int seq_len, double val_fraction)
   if (H5Aexists(d->id, "vocab_size") <= 0)
     return fail_open(d, "%s", "\"/tokens\" has no attribute vocab_size");
   hid_t a = H5Aopen(d->id, "vocab_size", H5P_DEFAULT);
-  /* an integer scalar only: a float (3.7) or a wider unsigned value would be converted */
+  /* one integer of at most 64 bits, read in its own signedness: HDF5 would convert a float
+   * (300.7) or clip a uint64 above 2^63-1 without a word */
   hid_t at = a >= 0 ? H5Aget_type(a) : -1, as = a >= 0 ? H5Aget_space(a) : -1;
-  const int int_attr = at >= 0 && H5Tget_class(at) == H5T_INTEGER && as >= 0 && H5Sget_simple_extent_npoints(as) == 1 &&
-                       (H5Tget_sign(at) == H5T_SGN_2 ? H5Tget_size(at) <= 8 : H5Tget_size(at) < 8);
+  const int int_attr = at >= 0 && H5Tget_class(at) == H5T_INTEGER && H5Tget_size(at) <= 8 && as >= 0 &&
+                       H5Sget_simple_extent_npoints(as) == 1;
+  const int is_signed = int_attr && H5Tget_sign(at) == H5T_SGN_2;
   if (at >= 0) H5Tclose(at);
   if (as >= 0) H5Sclose(as);
-  herr_t e = int_attr ? H5Aread(a, H5T_NATIVE_INT64, &d->vocab_size) : -1;
+  herr_t e = -1;
+  if (is_signed) e = H5Aread(a, H5T_NATIVE_INT64, &d->vocab_size);
+  else if (int_attr) {
+    uint64_t u = 0;
+    e = H5Aread(a, H5T_NATIVE_UINT64, &u);
+    d->vocab_size = u > (uint64_t)INT64_MAX ? -1 : (int64_t)u;
+  }
   if (a >= 0) H5Aclose(a);
   if (e < 0 || d->vocab_size < 1)
-    return fail_open(d, "%s", "attribute vocab_size is not a positive integer (one integer of at most 63 bits)");
+    return fail_open(d, "%s", "attribute vocab_size is not one positive integer below 2^63");
   if (read_string_attr(d->id, "tokenizer", d->tokenizer, sizeof d->tokenizer) < 0)
     return fail_open(d, "%s", "attribute tokenizer is not a string");
 

@@ -30,6 +30,10 @@ def sets(*kv):
 
 # (what, --set assignments, substrings the message must hold)
 CONFIGS = [
+    # 2^48 tokens x 2^24 vocabulary: at 79463f1 mcplan overflowed int64 in mc_act_buf_numel (UBSan)
+    ("2^48 tokens x 2^24 vocabulary", sets("model.seq_len=16777216", "train.micro_batch=16777216",
+                                           "train.global_batch=16777216", "model.vocab_size=16777216"),
+     ["train.micro_batch=16777216 x model.seq_len=16777216", "more than 2^31-1"]),
     ("tokens per micro-batch 2^32", sets("model.seq_len=16777216", "train.micro_batch=256", "train.global_batch=256"),
      ["train.micro_batch=256 x model.seq_len=16777216", "more than 2^31-1"]),
     ("logits of 2^46 elements", sets("model.vocab_size=16777216", "model.seq_len=65536", "train.micro_batch=64",
@@ -55,8 +59,8 @@ def configs(w):
     for what, args, want in CONFIGS:
         rc, out, err = run(os.path.join(B, "mcplan"), *args, timeout=60)
         check(rc == 2 and all(s in err for s in want), "mcplan, %s: rc %d, wanted %s in: %s" % (what, rc, want, err[-600:]))
-    # mctrain refuses before it allocates (the first two would ask for exabytes)
-    for what, args, want in CONFIGS[:2]:
+    # mctrain refuses before it allocates (the first three would ask for exabytes)
+    for what, args, want in CONFIGS[:3]:
         rc, _, err = run(os.path.join(B, "mctrain"), *args, "--set", "checkpoint.dir=" + os.path.join(w, "run"),
                          "--set", "data.path=" + os.path.join(w, "none.h5"), timeout=60)
         check(rc == 1 and all(s in err for s in want), "mctrain, %s: rc %d, wanted %s in: %s" % (what, rc, want, err[-600:]))
@@ -80,7 +84,12 @@ def datasets(w):
     with h5py.File(p, "w") as f:
         d = f.create_dataset("tokens", data=np.arange(4096, dtype=np.uint16) % 256)
         d.attrs["vocab_size"] = np.float64(300.7)
-    cases.append(("vocab_size 300.7", p, ["vocab_size is not a positive integer"]))
+    cases.append(("vocab_size 300.7", p, ["vocab_size is not one positive integer"]))
+    p = os.path.join(w, "bigvocab.h5")  # vocab_size 2^64-1 (uint64) was clipped to 2^63-1
+    with h5py.File(p, "w") as f:
+        d = f.create_dataset("tokens", data=np.arange(4096, dtype=np.uint16) % 256)
+        d.attrs["vocab_size"] = np.uint64(2**64 - 1)
+    cases.append(("vocab_size 2^64-1", p, ["vocab_size is not one positive integer"]))
     for what, path, want in cases:
         rc, _, err = run(os.path.join(B, "mctrain"), *SMALL, "--set", "data.path=" + path, "--set",
                          "checkpoint.dir=" + os.path.join(w, "run"), "--set", "train.steps=1", timeout=120)
