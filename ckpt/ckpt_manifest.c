@@ -3,6 +3,7 @@
  * schemas/manifest.schema.json. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdint.h>
@@ -12,6 +13,7 @@
 
 #include "ckpt/ckpt_internal.h"
 #include "core/json_num.h"
+#include "util/checked.h"
 #include "util/error.h"
 
 #define MC_JSON_INT_MAX 9007199254740992.0 /* 2^53: larger integers do not survive JSON numbers */
@@ -304,11 +306,23 @@ static int get_int(const cJSON *o, const char *key, int64_t lo, int64_t *out, co
   return 0;
 }
 
+/* An integer stored in an int (ranks, stages): refused, never truncated, above 2^31-1. */
+static int get_int32(const cJSON *o, const char *key, int64_t lo, int *out, const jctx *c) {
+  int64_t v;
+  if (get_int(o, key, lo, &v, c)) return -1;
+  if (v > INT32_MAX) {
+    mc_errlist_add(c->errs, "key '%s%s%s' is %" PRId64 ", more than 2^31-1", c->where, c->where[0] ? "." : "", key, v);
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
+}
+
 static int get_num(const cJSON *o, const char *key, double *out, const jctx *c) {
   cJSON *v = req(o, key, c);
   if (!v) return -1;
-  if (!cJSON_IsNumber(v)) {
-    mc_errlist_add(c->errs, "key '%s%s%s' must be a number", c->where, c->where[0] ? "." : "", key);
+  if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+    mc_errlist_add(c->errs, "key '%s%s%s' must be a finite number", c->where, c->where[0] ? "." : "", key);
     return -1;
   }
   *out = v->valuedouble;
@@ -328,12 +342,19 @@ static const char *get_str(const cJSON *o, const char *key, const jctx *c) {
 static int get_u64str(const cJSON *o, const char *key, uint64_t *out, const jctx *c) {
   const char *s = get_str(o, key, c);
   if (!s) return -1;
-  char *end = NULL;
   if (!*s || strspn(s, "0123456789") != strlen(s) || strlen(s) > 20) {
     mc_errlist_add(c->errs, "key '%s%s%s' must be a decimal string", c->where, c->where[0] ? "." : "", key);
     return -1;
   }
-  *out = strtoull(s, &end, 10);
+  /* strtoull clamps a value above 2^64-1 to 2^64-1 (ERANGE): refused, not clamped */
+  errno = 0;
+  unsigned long long u = strtoull(s, NULL, 10);
+  if (errno == ERANGE) {
+    mc_errlist_add(c->errs, "key '%s%s%s' \"%s\" is above the maximum 18446744073709551615", c->where,
+                   c->where[0] ? "." : "", key, s);
+    return -1;
+  }
+  *out = (uint64_t)u;
   return 0;
 }
 
@@ -441,7 +462,7 @@ static void parse_families(const cJSON *fa, mc_manifest *m, mc_errlist *errs) {
     get_dims(o, "shape", 1, f->shape, &f->ndim, &c);
     f->numel = 1;
     for (int k = 0; k < f->ndim; k++)
-      if (__builtin_mul_overflow(f->numel, f->shape[k], &f->numel) || f->numel > INT64_MAX / 8) {
+      if (mc_mul_i64(f->numel, f->shape[k], &f->numel) || f->numel > INT64_MAX / 8) {
         mc_errlist_add(errs, "%s.shape: %s has more elements than a checkpoint can hold", where, f->name);
         f->numel = 0;
         break;
@@ -450,8 +471,7 @@ static void parse_families(const cJSON *fa, mc_manifest *m, mc_errlist *errs) {
     if (dt && strcmp(dt, "float32") != 0) mc_errlist_add(errs, "%s.dtype '%s' is not float32", where, dt);
     const char *rule = get_str(o, "placement_rule", &c);
     if (rule) snprintf(f->placement_rule, sizeof f->placement_rule, "%s", rule);
-    int64_t stage = 0;
-    if (get_int(o, "stage", 0, &stage, &c) == 0) f->stage = (int)stage;
+    get_int32(o, "stage", 0, &f->stage, &c);
     const char *grp = get_str(o, "optimizer_group", &c);
     if (grp && strcmp(grp, "decay") && strcmp(grp, "no_decay"))
       mc_errlist_add(errs, "%s.optimizer_group '%s' is neither decay nor no_decay", where, grp);
@@ -521,11 +541,8 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
     }
     const char *fam = get_str(o, "family", &c), *state = get_str(o, "state", &c);
     const char *file = get_str(o, "file", &c), *ds = get_str(o, "dataset", &c), *sha = get_str(o, "sha256", &c);
-    int64_t rank = 0, stage = 0;
-    get_int(o, "rank", 0, &rank, &c);
-    get_int(o, "stage", 0, &stage, &c);
-    s->rank = (int)rank;
-    s->stage = (int)stage;
+    get_int32(o, "rank", 0, &s->rank, &c);
+    get_int32(o, "stage", 0, &s->stage, &c);
     int nd1 = 0, nd2 = 0;
     int okdims = get_dims(o, "start", 0, s->start, &nd1, &c) == 0;
     okdims &= get_dims(o, "count", 1, s->count, &nd2, &c) == 0;
@@ -554,7 +571,7 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
       /* count <= the family's extent (checked below), whose product is bounded: no overflow
        * once the extents pass; an oversized count is reported below, not multiplied. */
       for (int k = 0; k < nd1; k++)
-        if (__builtin_mul_overflow(s->numel, s->count[k], &s->numel) || s->numel > INT64_MAX / 8) {
+        if (mc_mul_i64(s->numel, s->count[k], &s->numel) || s->numel > INT64_MAX / 8) {
           mc_errlist_add(errs, "%s.count: more elements than a checkpoint can hold", where);
           s->numel = 0;
           break;
@@ -581,8 +598,10 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
       s->n_replicas = nr;
       const cJSON *e = rg->child;
       for (int k = 0; k < nr; k++, e = e->next) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0) mc_errlist_add(errs, "%s.replica_group[%d] is not a rank", where, k);
-        else m->replica_pool[used + (size_t)k] = e->valueint;
+        /* a rank: an integer in [0, 2^31), never a fraction or a large value cut to an int */
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble != floor(e->valuedouble) || e->valuedouble > INT32_MAX)
+          mc_errlist_add(errs, "%s.replica_group[%d] is not a rank (an integer in [0, 2^31))", where, k);
+        else m->replica_pool[used + (size_t)k] = (int)e->valuedouble;
       }
       /* format 1 (chunked): the primary is the lowest replica; format 2: one of them */
       int in = 0;
@@ -685,11 +704,12 @@ int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
       snprintf(where, sizeof where, "files[%d]", i);
       jctx cf = {&errs, where};
       const char *name = cJSON_IsObject(o) ? get_str(o, "name", &cf) : NULL;
-      int64_t bytes = 0, rank = 0;
+      int64_t bytes = 0;
+      int rank = 0;
       if (!cJSON_IsObject(o)) mc_errlist_add(&errs, "%s must be an object", where);
       else {
         get_int(o, "bytes", 0, &bytes, &cf);
-        get_int(o, "rank", 0, &rank, &cf);
+        get_int32(o, "rank", 0, &rank, &cf);
       }
       if (name && (strlen(name) >= sizeof m->files[i].name || strchr(name, '/') || !name[0] || !strcmp(name, ".") ||
                    !strcmp(name, "..")))
@@ -703,7 +723,7 @@ int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
       else if (fsha) snprintf(m->files[i].sha256, sizeof m->files[i].sha256, "%s", fsha->valuestring);
       if (bytes < 0) mc_errlist_add(&errs, "%s.bytes is negative", where);
       m->files[i].bytes = bytes;
-      m->files[i].rank = (int)rank;
+      m->files[i].rank = rank;
     }
     check_unique_files(m, &errs);
   }
@@ -758,7 +778,7 @@ int mc_latest_read(const char *dir, int64_t *step, char *path, size_t cap, char 
   cJSON *h = cJSON_GetObjectItemCaseSensitive(o, "manifest_sha256");
   char expect[48];
   int ok = cJSON_IsObject(o) && cJSON_IsNumber(st) && st->valuedouble >= 0 && st->valuedouble == floor(st->valuedouble) &&
-           cJSON_IsString(p) && cJSON_IsString(h) && is_hex64(h->valuestring);
+           st->valuedouble < MC_JSON_INT_MAX && cJSON_IsString(p) && cJSON_IsString(h) && is_hex64(h->valuestring);
   if (ok) {
     snprintf(expect, sizeof expect, "step_%" PRId64, (int64_t)st->valuedouble);
     ok = strcmp(expect, p->valuestring) == 0 && strlen(p->valuestring) < cap;

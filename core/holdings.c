@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/checked.h"
 #include "util/error.h"
 
 int mc_hold_opts_of(const mc_geometry *g, const mc_train_cfg *t, mc_hold_opts *o) {
@@ -16,13 +17,13 @@ int mc_hold_opts_of(const mc_geometry *g, const mc_train_cfg *t, mc_hold_opts *o
   if (rc < 0) return mc_error("train.recompute: unknown policy '%s' (none, selective, full)", t->recompute);
   o->recompute = (mc_recompute)rc;
   const mc_layout *l = &g->layout;
-  if (t->micro_batch <= 0 || l->dp <= 0 || t->global_batch % (t->micro_batch * l->dp) != 0)
+  if (t->micro_batch <= 0 || l->dp <= 0 || t->global_batch % ((int64_t)t->micro_batch * l->dp) != 0)
     return mc_error("train.global_batch=%d is not a multiple of train.micro_batch=%d * parallel.dp=%d", t->global_batch,
                     t->micro_batch, l->dp);
   /* product tensors in bf16 need whole rows on one rank: no TP (and so no SP) */
   o->act16 = o->bf16_weights && l->tp == 1;
   o->micro_batch = t->micro_batch;
-  o->n_micro = t->global_batch / (t->micro_batch * l->dp);
+  o->n_micro = (int)(t->global_batch / ((int64_t)t->micro_batch * l->dp));
   o->moe_dense = 1;
   return 0;
 }
@@ -108,14 +109,15 @@ int64_t mc_act_buf_numel(const mc_act_buf *b, const mc_act_shape *s) {
     case MC_ROWS_RESIDUAL: rows = (int64_t)s->n_seq * s->T_res; break;
   }
   const int64_t width = b->width == MC_DIM_VP ? mc_vocab_padded(&s->local) / s->tp : mc_dim_of(&s->local, b->width);
-  return rows * width;
+  /* bounded by mc_layout_check (MC_MAX_BUF_ELEMS); saturating for a shape it did not see */
+  return mc_mul_sat_i64(rows, width);
 }
 
 int mc_act_buf_bf16(const mc_act_buf *b, const mc_act_shape *s) { return b->store == MC_STORE_PROD && s->act16; }
 
 int64_t mc_act_buf_bytes(const mc_act_buf *b, const mc_act_shape *s) {
   const int64_t n = mc_act_buf_numel(b, s);
-  return mc_act_buf_bf16(b, s) ? (n + 1) / 2 * 4 : n * 4; /* bf16 in whole floats */
+  return mc_act_buf_bf16(b, s) ? mc_mul_sat_i64(n / 2 + n % 2, 4) : mc_mul_sat_i64(n, 4); /* bf16 in whole floats */
 }
 
 #define TOK(name, width, store, when, keep) {name, MC_ROWS_TOKENS, MC_DIM_##width, MC_STORE_##store, when, keep}
@@ -167,13 +169,15 @@ int mc_act_buf_kept(const mc_act_buf *b, mc_recompute r) {
 static int64_t list_bytes(const mc_act_buf *b, int n, const mc_act_shape *s, int routes, mc_recompute r, int kept) {
   int64_t sum = 0;
   for (int i = 0; i < n; i++)
-    if (exists_in(&b[i], s, routes) && mc_act_buf_kept(&b[i], r) == kept) sum += mc_mem_footprint(mc_act_buf_bytes(&b[i], s));
+    if (exists_in(&b[i], s, routes) && mc_act_buf_kept(&b[i], r) == kept)
+      sum = mc_add_sat_i64(sum, mc_mem_footprint(mc_act_buf_bytes(&b[i], s)));
   return sum;
 }
 
 static int64_t layer_bytes(const mc_block_kind *k, const mc_act_shape *s, mc_recompute r, int kept) {
-  return list_bytes(mc_layer_bufs, MC_L_NBUFS, s, k->routes, r, kept) + list_bytes(k->saved, k->n_saved, s, k->routes, r, kept) +
-         list_bytes(k->saved_i32, k->n_saved_i32, s, k->routes, r, kept);
+  int64_t sum = list_bytes(mc_layer_bufs, MC_L_NBUFS, s, k->routes, r, kept);
+  sum = mc_add_sat_i64(sum, list_bytes(k->saved, k->n_saved, s, k->routes, r, kept));
+  return mc_add_sat_i64(sum, list_bytes(k->saved_i32, k->n_saved_i32, s, k->routes, r, kept));
 }
 
 int64_t mc_act_layer_bytes(const mc_block_kind *k, const mc_act_shape *s, mc_recompute r) { return layer_bytes(k, s, r, 1); }
@@ -195,7 +199,7 @@ int64_t mc_act_scratch_bytes(const char *kinds, const mc_act_shape *s) {
   }
   int64_t sum = 0;
   for (int i = 0; i < MC_BLOCK_MAX_BUFS; i++)
-    if (most[i]) sum += mc_mem_footprint(most[i]);
+    if (most[i]) sum = mc_add_sat_i64(sum, mc_mem_footprint(most[i]));
   return sum;
 }
 
@@ -217,6 +221,7 @@ static void moe_ep_buffers(const mc_geometry *g, const mc_act_shape *s, int n_mo
   const int ep = g->layout.ep, El = m->n_experts / ep, cap = mc_moe_capacity(m);
   const int64_t T = m->capacity_factor > 0 ? m->seq_len : s->T_res, n = (int64_t)s->n_seq * T;
   const int64_t d = m->d_model, F = m->expert_hidden;
+  /* products bounded by mc_layout_check (MC_MAX_BUF_ELEMS), sums saturating */
   int64_t per_src = n * (m->top_k < El ? m->top_k : El);
   if (cap > 0) {
     const int64_t capped = (int64_t)s->n_seq * El * (cap < T ? cap : T);
@@ -226,13 +231,14 @@ static void moe_ep_buffers(const mc_geometry *g, const mc_act_shape *s, int n_mo
   const double rf = m->capacity_factor > 0 ? m->capacity_factor : 1.0;
   h->moe_assignments = R;
   h->moe_balanced = (int64_t)ceil((double)n * m->top_k * rf);
-  const int64_t rows_d = mc_mem_footprint(R * d * 4), rows_f = mc_mem_footprint(R * F * 4);
+  const int64_t rows_d = mc_mem_footprint(mc_mul_sat_i64(R, d * 4)), rows_f = mc_mem_footprint(mc_mul_sat_i64(R, F * 4));
   /* full recomputation rebuilds an E layer's received rows with its forward just before its
    * backward, so the layers and micro-batches in flight share one set */
   const int64_t sets = r == MC_RECOMPUTE_FULL ? 1 : (int64_t)inflight * n_moe_layers;
-  h->moe_layers = sets * (rows_d + 3 * rows_f);
-  h->moe_exchange = 3 * rows_d + 3 * rows_f;
-  h->moe_scratch = h->moe_layers + h->moe_exchange;
+  const int64_t per_layer = mc_add_sat_i64(rows_d, mc_mul_sat_i64(3, rows_f));
+  h->moe_layers = mc_mul_sat_i64(sets, per_layer);
+  h->moe_exchange = mc_add_sat_i64(mc_mul_sat_i64(3, rows_d), mc_mul_sat_i64(3, rows_f));
+  h->moe_scratch = mc_add_sat_i64(h->moe_layers, h->moe_exchange);
 }
 
 int mc_stage_hold_of(const mc_geometry *g, int stage, const mc_hold_opts *o, mc_stage_hold *out) {
@@ -249,7 +255,7 @@ int mc_stage_hold_of(const mc_geometry *g, int stage, const mc_hold_opts *o, mc_
     if (!k) return mc_error("holdings: block '%c' has no row in the block-kind table", c);
     kinds[nk++] = c;
     const int64_t dropped = mc_act_layer_dropped_bytes(k, &s, o->recompute);
-    out->per_micro += mc_act_layer_bytes(k, &s, o->recompute);
+    out->per_micro = mc_add_sat_i64(out->per_micro, mc_act_layer_bytes(k, &s, o->recompute));
     /* a layer's dropped buffers exist one layer at a time, in the working set the layers share */
     if (dropped > out->transient) out->transient = dropped;
     n_moe += k->routes;
@@ -258,9 +264,11 @@ int mc_stage_hold_of(const mc_geometry *g, int stage, const mc_hold_opts *o, mc_
   out->inflight = l->pp - stage < o->n_micro ? l->pp - stage : o->n_micro;
   out->scratch = mc_act_scratch_bytes(kinds, &s);
   out->network = mc_act_net_bytes(&s);
-  out->activations = out->inflight * out->per_micro + out->transient + out->scratch + out->network;
+  out->activations = mc_add_sat_i64(mc_add_sat_i64(mc_mul_sat_i64(out->inflight, out->per_micro), out->transient),
+                                    mc_add_sat_i64(out->scratch, out->network));
   /* 1F1B: one buffer for the incoming activation and one for the incoming gradient */
-  if (l->pp > 1) out->pipeline = 2 * mc_mem_footprint((int64_t)s.n_seq * s.T_res * g->model.d_model * 4);
+  if (l->pp > 1)
+    out->pipeline = mc_mul_sat_i64(2, mc_mem_footprint(mc_mul_sat_i64((int64_t)s.n_seq * s.T_res, (int64_t)g->model.d_model * 4)));
   if (n_moe && l->ep > 1) moe_ep_buffers(g, &s, n_moe, out->inflight > 1 ? out->inflight : 1, o->recompute, out);
   return 0;
 }

@@ -3,8 +3,17 @@
 #ifndef MC_CORE_LAYOUT_H
 #define MC_CORE_LAYOUT_H
 
+#include <stdint.h>
+
 #include "core/config.h"
 #include "util/error.h"
+
+/* Bounds on the sizes a configuration implies (mc_model_check, mc_layout_check; issue 17
+ * item 9): ranks in a layout, parameters of a model, elements of one activation buffer. Far
+ * above any machine, and low enough that every sum of sizes made of them fits in int64. */
+#define MC_MAX_WORLD (1 << 20)
+#define MC_MAX_PARAMS ((int64_t)1 << 56)
+#define MC_MAX_BUF_ELEMS ((int64_t)1 << 42)
 
 typedef struct {
   int rank;

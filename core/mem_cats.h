@@ -40,6 +40,7 @@ static const char *const mc_mem_cat_names[MC_MEM_COUNT] = {
 #define MC_MEM_ALIGN 256
 static inline int64_t mc_mem_footprint(int64_t bytes) {
   if (bytes < 1) bytes = 1;
+  if (bytes > INT64_MAX - MC_MEM_ALIGN) return INT64_MAX / MC_MEM_ALIGN * MC_MEM_ALIGN; /* saturates */
   return (bytes + MC_MEM_ALIGN - 1) / MC_MEM_ALIGN * MC_MEM_ALIGN;
 }
 

@@ -8,6 +8,7 @@
 
 #include "core/cost.h"
 #include "core/mem_cats.h"
+#include "util/checked.h"
 #include "util/error.h"
 
 #define GiB ((int64_t)1 << 30)
@@ -127,11 +128,13 @@ static int plan_rank(const mc_geometry *g, mc_plan *p, int rank, const mc_stage_
   }
   r->act = *sa;
   int64_t allocated = 0;
-  for (int c = 0; c < MC_MEM_RUNTIME_RESERVE; c++) allocated += r->bytes[c];
+  /* the categories are bounded (mc_layout_check) and saturate (core/holdings.c); so do their sums */
+  for (int c = 0; c < MC_MEM_RUNTIME_RESERVE; c++) allocated = mc_add_sat_i64(allocated, r->bytes[c]);
   r->bytes[MC_MEM_RUNTIME_RESERVE] = p->opts.reserve;
-  r->bytes[MC_MEM_ALLOCATOR_OVERHEAD] = (int64_t)((double)allocated * p->opts.alloc_overhead + 0.5);
+  const double over = (double)allocated * p->opts.alloc_overhead + 0.5;
+  r->bytes[MC_MEM_ALLOCATOR_OVERHEAD] = over < 9.2e18 ? (int64_t)over : INT64_MAX;
   r->total = 0;
-  for (int c = 0; c < MC_MEM_COUNT; c++) r->total += r->bytes[c];
+  for (int c = 0; c < MC_MEM_COUNT; c++) r->total = mc_add_sat_i64(r->total, r->bytes[c]);
   r->headroom = p->opts.device_mem - r->total;
   return 0;
 }

@@ -8,7 +8,10 @@
 
 static const char *cat_label(mc_mem_cat c) { return mc_mem_cat_label(c); }
 
-void mc_arena_count(mc_arena *a, int64_t bytes) { a->cap += mc_mem_footprint(bytes); }
+void mc_arena_count(mc_arena *a, int64_t bytes) {
+  const int64_t f = mc_mem_footprint(bytes); /* saturating: an impossible size fails to allocate */
+  a->cap = a->cap > INT64_MAX - f ? INT64_MAX : a->cap + f;
+}
 
 int mc_arena_open(mc_arena *a, mc_backend *be, mc_mem_cat cat) {
   a->be = be;

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "util/checked.h"
 #include "util/error.h"
 #include "util/rng.h"
 
@@ -55,7 +56,7 @@ int mc_data_open(mc_data *d, const char *path, int seq_len, double val_fraction)
   memset(d, 0, sizeof *d);
   d->id = d->file = -1;
   snprintf(d->path, sizeof d->path, "%s", path);
-  if (seq_len < 1) return mc_error("dataset %s: seq_len=%d must be at least 1", path, seq_len);
+  if (seq_len < 1 || seq_len == INT32_MAX) return mc_error("dataset %s: seq_len=%d must be in [1, 2^31-2]", path, seq_len);
   if (!(val_fraction >= 0 && val_fraction < 1))
     return mc_error("dataset %s: data.val_fraction=%g must be in [0, 1)", path, val_fraction);
   if (access(path, R_OK) != 0)
@@ -79,19 +80,53 @@ int mc_data_open(mc_data *d, const char *path, int seq_len, double val_fraction)
   if (nd == 1) H5Sget_simple_extent_dims(sp, dims, NULL);
   H5Sclose(sp);
   if (nd != 1) return fail_open(d, "%s", "\"/tokens\" must be one-dimensional");
+  /* The extent comes from the file: its byte count must be an int64, and an unfiltered
+   * dataset must store every token it declares (else reads return fill values). */
+  int64_t want = 0;
+  if (dims[0] > (hsize_t)INT64_MAX || mc_mul_i64((int64_t)dims[0], d->elem_bytes, &want)) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "\"/tokens\" declares %llu tokens of %d bytes: more bytes than a file can hold",
+             (unsigned long long)dims[0], d->elem_bytes);
+    return fail_open(d, "%s", msg);
+  }
   d->n_tokens = (int64_t)dims[0];
+  hid_t dcpl = H5Dget_create_plist(d->id);
+  const int nfilters = dcpl >= 0 ? H5Pget_nfilters(dcpl) : -1;
+  if (dcpl >= 0) H5Pclose(dcpl);
+  const hsize_t stored = H5Dget_storage_size(d->id);
+  if (nfilters == 0 && stored < (hsize_t)want) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "\"/tokens\" declares %lld tokens (%lld bytes) but stores %llu bytes",
+             (long long)d->n_tokens, (long long)want, (unsigned long long)stored);
+    return fail_open(d, "%s", msg);
+  }
 
   if (H5Aexists(d->id, "vocab_size") <= 0)
     return fail_open(d, "%s", "\"/tokens\" has no attribute vocab_size");
   hid_t a = H5Aopen(d->id, "vocab_size", H5P_DEFAULT);
-  herr_t e = H5Aread(a, H5T_NATIVE_INT64, &d->vocab_size);
-  H5Aclose(a);
-  if (e < 0 || d->vocab_size < 1) return fail_open(d, "%s", "attribute vocab_size is not a positive integer");
+  /* one integer of at most 64 bits, read in its own signedness: HDF5 would convert a float
+   * (300.7) or clip a uint64 above 2^63-1 without a word */
+  hid_t at = a >= 0 ? H5Aget_type(a) : -1, as = a >= 0 ? H5Aget_space(a) : -1;
+  const int int_attr = at >= 0 && H5Tget_class(at) == H5T_INTEGER && H5Tget_size(at) <= 8 && as >= 0 &&
+                       H5Sget_simple_extent_npoints(as) == 1;
+  const int is_signed = int_attr && H5Tget_sign(at) == H5T_SGN_2;
+  if (at >= 0) H5Tclose(at);
+  if (as >= 0) H5Sclose(as);
+  herr_t e = -1;
+  if (is_signed) e = H5Aread(a, H5T_NATIVE_INT64, &d->vocab_size);
+  else if (int_attr) {
+    uint64_t u = 0;
+    e = H5Aread(a, H5T_NATIVE_UINT64, &u);
+    d->vocab_size = u > (uint64_t)INT64_MAX ? -1 : (int64_t)u;
+  }
+  if (a >= 0) H5Aclose(a);
+  if (e < 0 || d->vocab_size < 1)
+    return fail_open(d, "%s", "attribute vocab_size is not one positive integer below 2^63");
   if (read_string_attr(d->id, "tokenizer", d->tokenizer, sizeof d->tokenizer) < 0)
     return fail_open(d, "%s", "attribute tokenizer is not a string");
 
   d->seq_len = seq_len;
-  d->n_windows = d->n_tokens >= seq_len + 1 ? (d->n_tokens - 1) / seq_len : 0;
+  d->n_windows = d->n_tokens >= (int64_t)seq_len + 1 ? (d->n_tokens - 1) / seq_len : 0;
   if (d->n_windows < 1) {
     char msg[160];
     snprintf(msg, sizeof msg, "%lld tokens are too few for one window of seq_len+1=%d tokens",
@@ -126,9 +161,9 @@ int mc_data_check_vocab(const mc_data *d, int model_vocab) {
   return 0;
 }
 
-/* Validation windows among [0, i). */
+/* Validation windows among [0, i). i * n_val reaches n_windows^2: 128-bit. */
 static int64_t val_before(const mc_data *d, int64_t i) {
-  return d->n_val ? i * d->n_val / d->n_windows : 0;
+  return d->n_val ? (int64_t)((unsigned __int128)i * (uint64_t)d->n_val / (uint64_t)d->n_windows) : 0;
 }
 
 int64_t mc_data_train_window(const mc_data *d, int64_t k) {
@@ -143,7 +178,8 @@ int64_t mc_data_train_window(const mc_data *d, int64_t k) {
 }
 
 int64_t mc_data_val_window(const mc_data *d, int64_t j) {
-  return ((j + 1) * d->n_windows + d->n_val - 1) / d->n_val - 1;
+  const unsigned __int128 num = (unsigned __int128)(uint64_t)(j + 1) * (uint64_t)d->n_windows + (uint64_t)d->n_val - 1;
+  return (int64_t)(num / (uint64_t)d->n_val) - 1;
 }
 
 /* Feistel rounds over a domain of 2^(2*half) values; the round key is Philox of

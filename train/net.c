@@ -393,6 +393,12 @@ void mc_net_zero_grad(mc_net *net) {
 /* One buffer of the activations arena: counted (count = 1, NULL returned) or carved. */
 static void *place_buf(mc_arena *a, int count, const mc_act_buf *b, const mc_act_shape *s, int *ok) {
   const int64_t bytes = mc_act_buf_bytes(b, s);
+  /* mc_layout_check bounds every buffer of a validated config; the sizes saturate beyond */
+  if (bytes > MC_MAX_BUF_ELEMS * 4) {
+    if (*ok) mc_error("activation buffer %s of %d sequences of %d tokens: more than 2^44 bytes", b->name, s->n_seq, s->T_res);
+    *ok = 0;
+    return NULL;
+  }
   if (count) {
     mc_arena_count(a, bytes);
     return NULL;
@@ -512,6 +518,13 @@ static int place_activations(mc_net *net, int n_seq, int n_slots, int count) {
  * replaces them). */
 static int ensure_capacity(mc_net *net, int n_seq, int n_slots) {
   if (n_seq <= net->n_seq_cap && n_slots <= net->n_slots) return 0;
+  /* the blocks and kernels count a micro-batch's tokens in an int (mc_layout_check bounds it) */
+  if ((int64_t)n_seq * net->m.seq_len > INT32_MAX)
+    return mc_error("network: %d sequences of %d tokens are more than 2^31-1 tokens in one micro-batch", n_seq,
+                    net->m.seq_len);
+  if (strchr(net->m.pattern, 'E') && (int64_t)n_seq * net->m.seq_len * net->m.top_k > INT32_MAX) /* int32 routing slots */
+    return mc_error("network: %d sequences of %d tokens with model.top_k=%d are more than 2^31-1 routed rows", n_seq,
+                    net->m.seq_len, net->m.top_k);
   if (n_seq < net->n_seq_cap) n_seq = net->n_seq_cap;
   if (n_slots < net->n_slots) n_slots = net->n_slots;
   free_activations(net);

@@ -19,6 +19,7 @@
 #include "train/optim.h"
 #include "train/tfevents.h"
 #include "util/dirlock.h"
+#include "util/checked.h"
 #include "util/error.h"
 
 /* v[0], v[1] := their largest values over the world's ranks (a stop signal number, 0 = none;
@@ -160,7 +161,13 @@ static int resumable(const mc_config *cfg, mc_ckpt *ck, mc_train_state *st) {
     return mc_error("checkpoint %s was trained with train.seed=%llu but the config says %llu; the data "
                     "order would change (pass the same seed)", mc_ckpt_step_dir(ck),
                     (unsigned long long)st->seed, (unsigned long long)cfg->train.seed);
-  if (st->data_position != st->step * cfg->train.global_batch)
+  int64_t pos, tok;
+  if (mc_mul_i64(st->step, cfg->train.global_batch, &pos) || mc_mul_i64(pos, cfg->model.seq_len, &tok) ||
+      tok >= ((int64_t)1 << 53))
+    return mc_error("checkpoint %s: training_state.step=%lld x train.global_batch=%d x model.seq_len=%d tokens reach "
+                    "2^53 (the largest count a checkpoint records)", mc_ckpt_step_dir(ck), (long long)st->step,
+                    cfg->train.global_batch, cfg->model.seq_len);
+  if (st->data_position != pos)
     return mc_error("checkpoint %s consumed %lld samples in %lld steps, which is not train.global_batch=%d "
                     "per step (pass the run's global batch)", mc_ckpt_step_dir(ck), (long long)st->data_position,
                     (long long)st->step, cfg->train.global_batch);

@@ -271,6 +271,41 @@ static void case_manifest_invalid(void) {
   expect_load_error(dir, "manifest file listed twice", "manifest invalid", "file 'rank_0.h5' listed twice");
 }
 
+/* issue 17 item 9: values the parser coerced silently (clamped, truncated to an int, a
+ * fraction taken as an integer, an infinity) are refused with the key named. */
+static void case_manifest_coercions(void) {
+  static const struct {
+    const char *what, *from, *to, *says;
+  } edits[] = {
+      /* 2^64: strtoull clamped it to 2^64-1 */
+      {"manifest seed 2^64", "\"seed\":\t\"18446744073709551557\"", "\"seed\":\t\"18446744073709551616\"",
+       "training_state.seed' \"18446744073709551616\" is above"},
+      /* 2^32 ranks and stages were cut to an int (2^32 -> 0) */
+      {"manifest file rank 2^32", "\"rank\":\t0,", "\"rank\":\t4294967296,", "].rank' is 4294967296, more than 2^31-1"},
+      {"manifest family stage 2^32", "\"stage\":\t0,", "\"stage\":\t4294967296,", "families[0].stage' is 4294967296"},
+      /* a fraction in a replica group was read as its integer part */
+      {"manifest replica 0.5", "\"replica_group\":\t[", "\"replica_group\":\t[0.5, ", "replica_group[0] is not a rank"},
+      /* 1e999 parses as an infinity */
+      {"manifest lr 1e999", "\"lr\":\t", "\"lr\":\t1e999,\n\"lr_was\":\t", "training_state.lr' must be a finite number"},
+  };
+  char dir[4096];
+  for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+    fresh(dir, sizeof dir);
+    rewrite_manifest(dir, edits[i].from, edits[i].to);
+    expect_load_error(dir, edits[i].what, "manifest invalid", edits[i].says);
+  }
+  /* a step in latest beyond int64 (its conversion was undefined) */
+  fresh(dir, sizeof dir);
+  char file[4200];
+  pathf(file, sizeof file, "%s/latest", dir);
+  FILE *f = fopen(file, "wb");
+  fputs("{\"step\": 1e300, \"path\": \"step_5\", \"manifest_sha256\": "
+        "\"0000000000000000000000000000000000000000000000000000000000000000\"}",
+        f);
+  fclose(f);
+  expect_load_error(dir, "latest step 1e300", "latest is malformed", NULL);
+}
+
 static void case_model_mismatch(void) {
   char dir[4096];
   fresh(dir, sizeof dir);
@@ -298,6 +333,7 @@ int main(void) {
   case_missing_dataset();
   case_wrong_root_hash();
   case_bad_latest();
+  case_manifest_coercions();
   case_version_too_new();
   case_manifest_invalid();
   case_model_mismatch();

@@ -106,6 +106,7 @@ int main(int argc, char **argv) {
   if (mc_comm_make_groups(world, &l, &grp)) {
     fprintf(stderr, "%s\n", mc_errmsg());
     mc_comm_mpi_finalize();
+    world->ops->destroy(world);
     return 1;
   }
   run_case(&grp, "AMER", 0, 0.0);
@@ -119,5 +120,6 @@ int main(int argc, char **argv) {
   int rc = grp.world->rank == 0 ? mc_check_exit("dist_tp") : (total ? 1 : 0);
   mc_comm_free_groups(&grp);
   mc_comm_mpi_finalize();
+  world->ops->destroy(world); /* the wrapper only: MPI_COMM_WORLD is not freed (as in mctrain) */
   return rc;
 }

@@ -448,6 +448,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: dist_train TP DP SP ZERO [--ep N] [--moe E K CF] [--mb N] [--empty] [--pp N] [--split S] "
                     "[--pattern P] [--recompute P | --save DIR | [--round-bytes N] [--replicas F] [--corrupt] --resume DIR]\n");
     mc_comm_mpi_finalize();
+    world->ops->destroy(world);
     return 2;
   }
   mc_layout l = dc_layout(atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
@@ -471,6 +472,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[a], "--split") && a + 1 < argc && mc_layout_parse_split(&l, argv[++a])) {
       fprintf(stderr, "%s\n", mc_errmsg());
       mc_comm_mpi_finalize();
+      world->ops->destroy(world);
       return 2;
     }
   }
@@ -484,6 +486,7 @@ int main(int argc, char **argv) {
   if (mc_comm_make_groups(world, &l, &grp)) {
     fprintf(stderr, "%s\n", mc_errmsg());
     mc_comm_mpi_finalize();
+    world->ops->destroy(world);
     return 1;
   }
   int rank = world->rank;
@@ -576,5 +579,6 @@ int main(int argc, char **argv) {
   int rc = rank == 0 ? mc_check_exit("dist_train") : (total ? 1 : 0);
   mc_comm_free_groups(&grp);
   mc_comm_mpi_finalize();
+  world->ops->destroy(world); /* the wrapper only: MPI_COMM_WORLD is not freed (as in mctrain) */
   return rc;
 }

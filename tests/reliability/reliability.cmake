@@ -36,3 +36,11 @@ if(TARGET mctrain AND TARGET mcaudit AND TARGET mcdata)
   set_tests_properties(reliability.kill_loop PROPERTIES
     ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR}" TIMEOUT 600)
 endif()
+# Checked arithmetic: configurations and token files whose sizes overflow (issue 17 item 9).
+if(TARGET mctrain AND TARGET mcplan)
+  add_test(NAME reliability.overflow
+           COMMAND /usr/bin/python3 ${MC_SOURCE_DIR}/tests/reliability/test_overflow.py
+           WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+  set_tests_properties(reliability.overflow PROPERTIES
+    ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR}")
+endif()
