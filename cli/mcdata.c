@@ -240,8 +240,17 @@ static int run(job *j) {
   return rc;
 }
 
+static int mcdata_main(int argc, char **argv, job *jp);
+
 int main(int argc, char **argv) {
   job j = {0};
+  const int rc = mcdata_main(argc, argv, &j);
+  free(j.files), free(j.sizes), free(j.sha); /* every way out of mcdata_main comes back here */
+  return rc;
+}
+
+static int mcdata_main(int argc, char **argv, job *jp) {
+  job j = *jp; /* what it allocates is recorded in *jp at once, for main to free */
   const char *dtype = "bytes";
   j.vocab = -1;
   /* With --config/--set, the run's data.path and model.vocab_size are the defaults of -o and
@@ -252,7 +261,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "mcdata: %s\n", mc_errmsg());
     return 2;
   }
-  j.files = malloc(sizeof(char *) * (size_t)(argc > 0 ? argc : 1));
+  j.files = jp->files = malloc(sizeof(char *) * (size_t)(argc > 0 ? argc : 1));
   if (!j.files) return 1;
   cli_parser p;
   cli_init(&p, argc, argv, "ho:", LONG_OPTS);
@@ -309,10 +318,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "mcdata: --dtype %s: expected bytes, uint16 or uint32\n", dtype);
     return 2;
   }
-  j.sizes = calloc((size_t)j.n_files, sizeof *j.sizes);
-  j.sha = calloc((size_t)j.n_files, sizeof *j.sha);
+  j.sizes = jp->sizes = calloc((size_t)j.n_files, sizeof *j.sizes);
+  j.sha = jp->sha = calloc((size_t)j.n_files, sizeof *j.sha);
   int rc = (j.sizes && j.sha) ? run(&j) : mc_error("mcdata: out of memory");
   if (rc != 0) fprintf(stderr, "%s\n", mc_errmsg());
-  free(j.files), free(j.sizes), free(j.sha);
   return rc ? 1 : 0;
 }

@@ -204,10 +204,19 @@ static int eval(const char *ckpt_path, const char *data_path, int64_t batches, i
   return rc;
 }
 
+static int eval_main(int argc, char **argv, int cfg_argc, char **cfg_argv);
+
 int main(int argc, char **argv) {
   char **cfg_argv = calloc((size_t)argc + 1, sizeof *cfg_argv);
   if (!cfg_argv) return 1;
   int cfg_argc = mc_config_take_args(&argc, argv, cfg_argv);
+  const int rc = eval_main(argc, argv, cfg_argc, cfg_argv);
+  free(cfg_argv); /* every way out of eval_main comes back here */
+  return rc;
+}
+
+/* The command line without --config/--set (those are cfg_argv), parsed and run. */
+static int eval_main(int argc, char **argv, int cfg_argc, char **cfg_argv) {
   const char *ckpt = NULL, *data = NULL;
   int64_t batches = -1;
   int split_all = 0, verify = 1, json = 0;
@@ -264,7 +273,6 @@ int main(int argc, char **argv) {
     return 2;
   }
   int rc = eval(ckpt, data, batches, split_all, verify, device, json, cfg_argc, cfg_argv, dump);
-  free(cfg_argv);
   if (rc != 0) {
     fprintf(stderr, "mceval: %s\n", mc_errmsg());
     return 1;
