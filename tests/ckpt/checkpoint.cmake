@@ -45,3 +45,10 @@ if(TARGET mctrain AND TARGET mcaudit AND TARGET mcdata)
      $<TARGET_FILE:mcaudit> big --verify; \
      $<TARGET_FILE:mctrain> --set data.path=c.h5 --set model.vocab_size=65536 --set checkpoint.dir=big2 --resume big/step_2 --until 3 > resume.log")
 endif()
+# checkpoint.compress=deflate and mcdata --compress end to end: losses, hashes, verify,
+# resume, mceval and reshard against the uncompressed run (tests/ckpt/test_ckpt_deflate.py).
+if(TARGET mctrain AND TARGET mcaudit AND TARGET mcdata AND TARGET mceval AND TARGET mcreshard)
+  add_test(NAME ckpt.deflate COMMAND /usr/bin/python3 ${MC_SOURCE_DIR}/tests/ckpt/test_ckpt_deflate.py)
+  set_tests_properties(ckpt.deflate PROPERTIES TIMEOUT 600
+                       ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR}")
+endif()
