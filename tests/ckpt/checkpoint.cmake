@@ -44,6 +44,11 @@ if(TARGET mctrain AND TARGET mcaudit AND TARGET mcdata)
      /usr/bin/python3 -c \"import h5py; assert h5py.File('big/step_2/rank_0.h5')['embed.weight/exp_avg'].nbytes > 8 << 20\"; \
      $<TARGET_FILE:mcaudit> big --verify; \
      $<TARGET_FILE:mctrain> --set data.path=c.h5 --set model.vocab_size=65536 --set checkpoint.dir=big2 --resume big/step_2 --until 3 > resume.log")
+  # The same under checkpoint.compress=deflate: the 16 MiB embedding is four 4 MiB chunks,
+  # two per slab; its hashes equal the uncompressed save's.
+  add_test(NAME ckpt.slab_write_deflate COMMAND bash -c
+    "set -e; d=$(mktemp -d); trap 'rm -rf $d' EXIT; cd $d; $<TARGET_FILE:mcdata> -o c.h5 ${MC_SOURCE_DIR}/docs/checkpoint.md > /dev/null;      $<TARGET_FILE:mctrain> --set data.path=c.h5 --set model.vocab_size=65536 --set checkpoint.dir=big --until 2 > train.log;      $<TARGET_FILE:mctrain> --set data.path=c.h5 --set model.vocab_size=65536 --set checkpoint.dir=z --set checkpoint.compress=deflate --until 2 > trainz.log;      /usr/bin/python3 -c \"import h5py, json; d = h5py.File('z/step_2/rank_0.h5')['embed.weight/exp_avg']; assert d.nbytes > 8 << 20 and d.chunks == (16384, 64) and d.compression == 'gzip' and d.shuffle, (d.chunks, d.compression); \
+       h = lambda r: sorted((s['dataset'], s['sha256']) for s in json.load(open(r + '/step_2/manifest.json'))['shards']); assert h('big') == h('z')\";      $<TARGET_FILE:mcaudit> z --verify;      $<TARGET_FILE:mctrain> --set data.path=c.h5 --set model.vocab_size=65536 --set checkpoint.dir=z2 --resume z/step_2 --until 3 > resume.log")
 endif()
 # checkpoint.compress=deflate and mcdata --compress end to end: losses, hashes, verify,
 # resume, mceval and reshard against the uncompressed run (tests/ckpt/test_ckpt_deflate.py).
