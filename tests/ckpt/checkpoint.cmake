@@ -57,3 +57,16 @@ if(TARGET mctrain AND TARGET mcaudit AND TARGET mcdata AND TARGET mceval AND TAR
   set_tests_properties(ckpt.deflate PROPERTIES TIMEOUT 600
                        ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR}")
 endif()
+# A row above the 4 MiB chunk limit (an expert weight of 2 x 2048 x 1024: 8 MiB a row) is cut
+# on its next dimension under checkpoint.compress=deflate: chunks (1, 1024, 1024); the
+# checkpoint verifies (mcaudit re-hashes the inflated data against the hashes from memory).
+if(TARGET mctrain AND TARGET mcaudit AND TARGET mcdata)
+  add_test(NAME ckpt.wide_rows_deflate COMMAND bash -c
+    "set -e; d=$(mktemp -d); trap 'rm -rf $d' EXIT; cd $d; $<TARGET_FILE:mcdata> -o c.h5 ${MC_SOURCE_DIR}/docs/checkpoint.md > /dev/null; \
+     $<TARGET_FILE:mctrain> --set data.path=c.h5 --set model.pattern=E --set model.d_model=1024 --set model.n_heads=8 \
+       --set model.head_dim=128 --set model.n_kv_heads=4 --set model.expert_hidden=2048 --set model.n_experts=2 \
+       --set model.top_k=1 --set model.seq_len=8 --set train.global_batch=1 --set train.micro_batch=1 \
+       --set checkpoint.dir=z --set checkpoint.compress=deflate --until 1 > train.log; \
+     /usr/bin/python3 -c \"import h5py; d = h5py.File('z/step_1/rank_0.h5')['layers.00.moe.w1/exp_avg_sq']; assert d.shape == (2, 2048, 1024) and d.chunks == (1, 1024, 1024) and d.compression == 'gzip' and d.shuffle, d.chunks\"; \
+     $<TARGET_FILE:mcaudit> z --verify --no-progress")
+endif()
