@@ -4,6 +4,12 @@
  *
  *   bench_ckpt --dir DIR [--gib 2] [--tp 2] [--dp 2] [--zero 1] [--threads 2] [--rounds 3] [--pause 0]
  *              [--alternate N] [--keep-files]
+ *   bench_ckpt --dir DIR --compress-from CKPT [--threads 2] [--rounds 3]
+ *
+ * --compress-from: the state of an existing checkpoint (e.g. a trained run's), saved one state
+ * kind at a time with checkpoint.compress none and deflate (zlib levels 1 and 6): bytes of
+ * the rank files, ratio (raw fp32 bytes / rank-file bytes), save time (mc_ckpt_save) and verified load time (open + read every shard after
+ * dropping the files' pages), median of the rounds; loads are compared with the state.
  *
  * Method: raw write = write() of 64 MiB blocks then fsync, timed to the end of the fsync;
  * raw read = read() of 64 MiB blocks after posix_fadvise(DONTNEED) has dropped the file's
@@ -28,6 +34,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/format.h"
+#include "core/families.h"
 #include "util/error.h"
 
 /* Paths here are short; vsnprintf keeps -Wformat-truncation out of it. */
@@ -146,7 +153,8 @@ static int raw_read(const char *path, char *block, size_t bs, double *secs, int6
   return 0;
 }
 
-static int64_t dir_bytes(const char *dir) {
+/* Bytes of the regular files of dir (only those named rank_* when ranks_only). */
+static int64_t dir_bytes_of(const char *dir, int ranks_only) {
   DIR *d = opendir(dir);
   int64_t n = 0;
   if (!d) return 0;
@@ -155,11 +163,15 @@ static int64_t dir_bytes(const char *dir) {
     char p[4200];
     struct stat st;
     pathf(p, sizeof p, "%s/%s", dir, e->d_name);
-    if (e->d_name[0] != '.' && stat(p, &st) == 0 && S_ISREG(st.st_mode)) n += st.st_size;
+    if (e->d_name[0] != '.' && (!ranks_only || !strncmp(e->d_name, "rank_", 5)) && stat(p, &st) == 0 &&
+        S_ISREG(st.st_mode))
+      n += st.st_size;
   }
   closedir(d);
   return n;
 }
+
+static int64_t dir_bytes(const char *dir) { return dir_bytes_of(dir, 0); }
 
 /* nam-small widths (docs/design.md section 7) with "AEMR" repeated until the three states of
  * every family reach the requested size. */
@@ -241,8 +253,86 @@ static int load_all(const char *dir, int threads, int verify, const mc_geometry 
   return rc;
 }
 
+static double median(double *v, int n);
+
+/* --compress-from: see the header. */
+static int compress_bench(const char *dir, const char *from, int threads, int rounds) {
+  mc_ckpt_open_opts oo;
+  mc_ckpt_open_opts_default(&oo);
+  mc_ckpt *ck = NULL;
+  mc_config cfg;
+  mc_train_state st;
+  mc_geometry g;
+  if (mc_ckpt_open(from, &oo, &ck) != 0 || mc_ckpt_config(ck, &cfg) != 0 || mc_ckpt_train_state(ck, &st) != 0 ||
+      mc_geometry_build(&cfg.model, &cfg.parallel, NULL, -1, &g) != 0)
+    return -1;
+  int ns = mc_ckpt_n_shards(ck), n = 0;
+  mc_ckpt_item *items = calloc((size_t)ns + 1, sizeof *items);
+  int64_t raw[MC_N_STATES] = {0};
+  int rc = items ? 0 : mc_error("out of memory");
+  for (int i = 0; i < ns && rc == 0; i++) {
+    const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
+    float *b = malloc((size_t)s->numel * 4);
+    int f = mc_family_find(&g.fams, s->family);
+    if (!b || f < 0) rc = mc_error("shard %s: %s", s->dataset, b ? "unknown family" : "out of memory");
+    else rc = mc_ckpt_read(ck, s->family, s->state, s->start, s->count, b);
+    if (b) items[n++] = (mc_ckpt_item){f, s->state, s->rank, b};
+    if (rc == 0) raw[s->state] += s->numel * 4;
+  }
+  mc_ckpt_close(ck);
+  printf("bench_ckpt --compress-from %s: model %s, world %d, %d shards, step %lld, %d I/O threads, %d rounds\n", from,
+         cfg.model.pattern, g.world, ns, (long long)st.step, threads, rounds);
+  printf("%-11s %-10s %10s %10s %6s %8s %9s %8s %9s %s\n", "state", "compress", "raw MB", "file MB", "ratio",
+         "save s", "save MB/s", "load s", "load MB/s", "bad");
+  static const int levels[] = {0, 1, 6};
+  for (int s = 0; s < MC_N_STATES && rc == 0; s++)
+    for (int li = 0; li < 3 && rc == 0; li++) {
+      mc_ckpt_item *sel = calloc((size_t)n + 1, sizeof *sel);
+      int m = 0;
+      for (int i = 0; sel && i < n; i++)
+        if ((int)items[i].state == s) sel[m++] = items[i];
+      double save[20], load[20];
+      int64_t stored = 0, bad = 0;
+      char sub[4200];
+      pathf(sub, sizeof sub, "%s/%s_%d", dir, mc_state_name((mc_state)s), levels[li]);
+      for (int r = 0; r < rounds && rc == 0; r++) {
+        char cmd[8600];
+        pathf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", sub, sub);
+        if (system(cmd) != 0) rc = mc_error("cannot prepare %s", sub);
+        mc_ckpt_save_opts so;
+        mc_ckpt_save_opts_default(&so);
+        so.io_threads = threads;
+        so.deflate = levels[li];
+        double t0 = now_s();
+        if (rc == 0) rc = mc_ckpt_save(sub, &g, &cfg, &st, sel, m, &so);
+        save[r] = now_s() - t0;
+        char step[4300];
+        pathf(step, sizeof step, "%s/step_%lld", sub, (long long)st.step);
+        stored = dir_bytes_of(step, 1);
+        drop_dir(step);
+        double t_open = 0, t_read = 0;
+        int64_t b = 0;
+        if (rc == 0) rc = load_all(sub, threads, 1, &g, sel, m, &t_open, &t_read, &b);
+        load[r] = t_open + t_read;
+        bad += b;
+      }
+      if (rc == 0) {
+        const double mb = (double)raw[s] / 1e6, ts = median(save, rounds), tl = median(load, rounds);
+        printf("%-11s %-10s %10.2f %10.2f %6.3f %8.3f %9.1f %8.3f %9.1f %lld\n", mc_state_name((mc_state)s),
+               levels[li] ? (levels[li] == 1 ? "deflate1" : "deflate6") : "none", mb, (double)stored / 1e6,
+               (double)raw[s] / (double)(stored > 0 ? stored : 1), ts, mb / ts, tl, mb / tl, (long long)bad);
+      }
+      free(sel);
+    }
+  for (int i = 0; i < n; i++) free((void *)items[i].data);
+  free(items);
+  mc_geometry_free(&g);
+  return rc;
+}
+
 static void usage(void) {
-  fprintf(stderr, "usage: bench_ckpt --dir DIR [--gib G] [--tp N] [--dp N] [--zero 0|1|3] [--threads N] [--rounds R] [--pause S] [--alternate N] [--keep-files]\n");
+  fprintf(stderr, "usage: bench_ckpt --dir DIR [--gib G] [--tp N] [--dp N] [--zero 0|1|3] [--threads N] [--rounds R] [--pause S] [--alternate N] [--keep-files]\n"
+                  "       bench_ckpt --dir DIR --compress-from CKPT [--threads N] [--rounds R]\n");
 }
 
 static int g_keep_files; /* --keep-files: leave the last round's checkpoints for inspection */
@@ -441,7 +531,7 @@ static int alternate_writes(int reps, const char *dir, const mc_geometry *g, con
 }
 
 int main(int argc, char **argv) {
-  const char *dir = NULL;
+  const char *dir = NULL, *from = NULL;
   double gib = 2.0;
   int tp = 2, dp = 2, zero = 1, threads = 2, rounds = 3, alternate = 0;
   for (int i = 1; i < argc; i++) {
@@ -455,6 +545,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--keep-files")) g_keep_files = 1;
     else if (!strcmp(argv[i], "--pause") && i + 1 < argc) g_pause = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--alternate") && i + 1 < argc) alternate = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--compress-from") && i + 1 < argc) from = argv[++i];
     else {
       usage();
       return 2;
@@ -463,6 +554,11 @@ int main(int argc, char **argv) {
   if (!dir || gib <= 0 || rounds < 1 || rounds > 20 || alternate < 0 || alternate > 20) {
     usage();
     return 2;
+  }
+  if (from) {
+    if (compress_bench(dir, from, threads, rounds) == 0) return 0;
+    fprintf(stderr, "bench_ckpt: %s\n", mc_errmsg());
+    return 1;
   }
   mc_config cfg;
   mc_geometry g;

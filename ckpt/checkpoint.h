@@ -67,6 +67,7 @@ typedef int (*mc_ckpt_barrier_fn)(void *user, int ok);
 typedef struct {
   int keep;              /* keep the last K committed checkpoints (0 = all) */
   int io_threads;        /* hashing threads (>= 1) */
+  int deflate;           /* 0: contiguous datasets; 1-9: chunked, shuffle + deflate at this level */
   int root;              /* this process writes the manifest and commits (rank 0's process) */
   mc_ckpt_barrier_fn barrier; /* NULL: this process is the only one writing */
   void *barrier_user;
@@ -78,7 +79,10 @@ typedef struct {
   void *write_files_user;
 } mc_ckpt_save_opts;
 
-/* keep = 0, io_threads = 2, root = 1, no barrier. */
+/* The zlib level of checkpoint.compress = deflate. */
+#define MC_CKPT_DEFLATE_LEVEL 1
+
+/* keep = 0, io_threads = 2, deflate = 0, root = 1, no barrier. */
 void mc_ckpt_save_opts_default(mc_ckpt_save_opts *o);
 
 /* Saves step state->step into dir (created if missing). `cfg` is recorded whole in the

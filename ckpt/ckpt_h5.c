@@ -1,5 +1,6 @@
-/* Rank files: one plain HDF5 file per writing rank, one contiguous fp32 dataset per shard
- * ("/<family>/<state>") carrying its ownership and SHA-256 as attributes. */
+/* Rank files: one plain HDF5 file per writing rank, one fp32 dataset per shard
+ * ("/<family>/<state>") carrying its ownership and SHA-256 as attributes: contiguous, or
+ * (checkpoint.compress = deflate) chunked in whole rows through HDF5's shuffle + deflate. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <hdf5.h>
@@ -183,13 +184,37 @@ int mc_h5_write_shard_attrs(int64_t dset, const mc_shard_attrs *a) {
  * (train/data.c) waits for whatever H5Dwrite holds it, so an asynchronous save must not hold
  * it for a whole 500 MB tensor at a time. Returns what H5Dwrite returns (< 0: failed). */
 #define MC_H5_SLAB_BYTES ((hsize_t)8 << 20)
-static herr_t write_in_slabs(hid_t d, hid_t file_space, int ndim, const hsize_t *dims, const float *data) {
+/* Largest chunk of a compressed shard, written and accepted (4 MiB). */
+#define MC_H5_CHUNK_BYTES ((hsize_t)4 << 20)
+/* Shards below this stay contiguous under deflate: a chunk index costs more than deflate
+ * saves on a few KiB. */
+#define MC_H5_DEFLATE_MIN_BYTES ((hsize_t)16 << 10)
+
+/* Chunk extent of a compressed shard: whole rows (an index range of dim 0) of at most
+ * MC_H5_CHUNK_BYTES; a row larger than that is cut on the next dimension, and so on. The
+ * reader refuses chunks above MC_H5_CHUNK_BYTES (check_storage). */
+static void chunk_dims(int ndim, const hsize_t *dims, hsize_t *chunk) {
+  for (int k = 0; k < ndim; k++) chunk[k] = dims[k] > 0 ? dims[k] : 1;
+  for (int k = 0; k < ndim; k++) {
+    hsize_t inner = sizeof(float);
+    for (int j = k + 1; j < ndim; j++) inner *= chunk[j];
+    if (inner * chunk[k] <= MC_H5_CHUNK_BYTES) return;
+    chunk[k] = inner <= MC_H5_CHUNK_BYTES ? MC_H5_CHUNK_BYTES / inner : 1;
+    if (inner <= MC_H5_CHUNK_BYTES) return;
+  }
+}
+
+/* crow: rows of dim 0 per chunk (0 when contiguous); slabs then hold whole chunks, so no
+ * chunk is written twice (HDF5 would read a partly written compressed chunk back). */
+static herr_t write_in_slabs(hid_t d, hid_t file_space, int ndim, const hsize_t *dims, const float *data,
+                             hsize_t crow) {
   hsize_t row = sizeof(float); /* bytes of one index of dim 0 */
   for (int k = 1; k < ndim; k++) row *= dims[k];
   const hsize_t total = ndim > 0 ? dims[0] : 1;
   if (ndim == 0 || total * row <= MC_H5_SLAB_BYTES)
     return H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
-  const hsize_t per = row >= MC_H5_SLAB_BYTES ? 1 : MC_H5_SLAB_BYTES / row;
+  hsize_t per = row >= MC_H5_SLAB_BYTES ? 1 : MC_H5_SLAB_BYTES / row;
+  if (crow > 0) per = per < crow ? crow : per / crow * crow;
   hsize_t start[MC_CKPT_MAX_DIM] = {0}, count[MC_CKPT_MAX_DIM];
   for (int k = 0; k < ndim; k++) count[k] = dims[k];
   herr_t rc = 0;
@@ -207,7 +232,7 @@ static herr_t write_in_slabs(hid_t d, hid_t file_space, int ndim, const hsize_t 
 }
 
 int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_attrs *attrs,
-                          const float *const *data, int n, mc_pool *hashes, int hash_base) {
+                          const float *const *data, int n, mc_pool *hashes, int hash_base, int deflate) {
   h5_quiet();
   h5_err_text et;
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
@@ -232,12 +257,6 @@ int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_att
   int rc = 0;
   if (mc_h5_write_file_attrs((int64_t)fid, step, rank))
     rc = mc_error("%s: cannot write file attributes: %s", path, h5_reason(&et));
-  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-  /* Contiguous, no fill: every byte is written once, by our H5Dwrite. */
-  H5Pset_layout(dcpl, H5D_CONTIGUOUS);
-  H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
-  H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_LATE);
-  H5Pset_obj_track_times(dcpl, 0);
   for (int i = 0; i < n && rc == 0; i++) {
     mc_ckpt_shard *s = &attrs[i].s;
     hid_t g = -1;
@@ -252,10 +271,29 @@ int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_att
     hsize_t dims[MC_CKPT_MAX_DIM];
     for (int k = 0; k < s->ndim; k++) dims[k] = (hsize_t)s->count[k];
     hid_t sp = H5Screate_simple(s->ndim, dims, NULL);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hsize_t chunk[MC_CKPT_MAX_DIM], crow = 0;
+    if (deflate > 0 && (hsize_t)s->numel * sizeof(float) >= MC_H5_DEFLATE_MIN_BYTES) {
+      /* Chunked in whole rows, shuffle (bytes of equal significance together) then deflate:
+       * the one pipeline readers accept besides contiguous data (check_storage). */
+      chunk_dims(s->ndim, dims, chunk);
+      crow = chunk[0];
+      H5Pset_chunk(dcpl, s->ndim, chunk);
+      H5Pset_shuffle(dcpl);
+      H5Pset_deflate(dcpl, (unsigned)deflate);
+      H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_INCR);
+    } else {
+      /* Contiguous: every byte is written once, by our H5Dwrite. */
+      H5Pset_layout(dcpl, H5D_CONTIGUOUS);
+      H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_LATE);
+    }
+    H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
+    H5Pset_obj_track_times(dcpl, 0);
     hid_t d = H5Dcreate2(g, mc_state_name(s->state), H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    H5Pclose(dcpl);
     if (d < 0) {
       rc = mc_error("%s: cannot create dataset %s: %s", path, s->dataset, h5_reason(&et));
-    } else if (write_in_slabs(d, sp, s->ndim, dims, data[i]) < 0) {
+    } else if (write_in_slabs(d, sp, s->ndim, dims, data[i], crow) < 0) {
       rc = mc_error("%s: writing dataset %s failed: %s", path, s->dataset, h5_reason(&et));
     } else if (i == 0 && mc_ckpt_fault("write_data")) {
       rc = mc_error_context("%s: writing dataset %s", path, s->dataset);
@@ -268,7 +306,6 @@ int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_att
     H5Sclose(sp);
     H5Gclose(g);
   }
-  H5Pclose(dcpl);
   H5Pclose(gcpl);
   /* Closing flushes metadata: a full disk shows up here too. */
   if (H5Fclose(fid) < 0 && rc == 0) rc = mc_error("%s: closing failed: %s", path, h5_reason(&et));
@@ -450,11 +487,6 @@ static hid_t open_dataset(hid_t fid, const char *file_name, const mc_ckpt_shard 
   return d;
 }
 
-/* The storage rule of the format (docs/reliability.md): a shard's data is contiguous,
- * unfiltered, in this file (no external storage, no virtual sources), allocated, and
- * offset + size lie inside the file. Anything else could make HDF5 read other files (or
- * decompress without bound) and is refused before any data is read. `bytes` is the size
- * the data must have. */
 /* The file's real size on disk (HDF5's own H5Fget_filesize also counts the end of
  * allocation its superblock claims). -1 if unknown. */
 static int64_t real_file_size(hid_t fid) {
@@ -465,29 +497,125 @@ static int64_t real_file_size(hid_t fid) {
   return (int64_t)st.st_size;
 }
 
+/* 1 if the dataset's filter pipeline is exactly shuffle then deflate (what the writer's
+ * checkpoint.compress = deflate sets), 0 otherwise; names the filters found into `names`. */
+static int is_shuffle_deflate(hid_t dcpl, int nfilters, char *names, size_t cap) {
+  names[0] = 0;
+  int ok = nfilters == 2;
+  for (int i = 0; i < nfilters && i < 8; i++) {
+    unsigned flags = 0, cd[8];
+    size_t ncd = 8;
+    char name[64] = "";
+    H5Z_filter_t id = H5Pget_filter2(dcpl, (unsigned)i, &flags, &ncd, cd, sizeof name, name, NULL);
+    size_t used = strlen(names);
+    snprintf(names + used, cap - used, "%s%s (id %d)", i ? ", " : "", name[0] ? name : "?", (int)id);
+    if (!(i == 0 ? id == H5Z_FILTER_SHUFFLE : id == H5Z_FILTER_DEFLATE)) ok = 0;
+  }
+  return ok;
+}
+
+/* A compressed shard's chunks (the storage rule, chunked case): chunk extent of at most
+ * MC_H5_CHUNK_BYTES, every chunk allocated (no fill values read), each stored chunk at most
+ * its raw size plus deflate's overhead on incompressible data and inside the file, no filter
+ * but shuffle and deflate skipped (HDF5 may store a chunk without an optional filter).
+ * Inflating a forged chunk is thereby bounded by deflate's largest ratio (about 1032:1) times
+ * that size until the hash check. Chunks are looked up by coordinate (a B-tree search each):
+ * HDF5 1.10's lookup by index walks the index from the start, quadratic in the chunks. */
+static int check_chunk_list(hid_t d, hid_t sp, const hsize_t *dims, const hsize_t *chunk, int nd,
+                            const char *file_name, const char *dataset, hsize_t fsize) {
+  hsize_t cbytes = sizeof(float), want = 1;
+  int too_big = 0;
+  for (int k = 0; k < nd && !too_big; k++) {
+    /* bounded factors: cbytes <= 4 MiB and chunk[k] <= 4 MiB before each product */
+    too_big = chunk[k] < 1 || chunk[k] > MC_H5_CHUNK_BYTES || (cbytes *= chunk[k]) > MC_H5_CHUNK_BYTES;
+    if (!too_big) want *= (dims[k] + chunk[k] - 1) / chunk[k];
+  }
+  if (too_big)
+    return mc_error("%s: dataset %s: chunks above %d bytes: refused", file_name, dataset, (int)MC_H5_CHUNK_BYTES);
+  /* deflate may add a few bytes to incompressible data (zlib's compressBound) */
+  const hsize_t cmax = cbytes + (cbytes >> 10) + 64;
+  hsize_t nchunks = 0;
+  if (H5Dget_num_chunks(d, sp, &nchunks) < 0 || nchunks != want)
+    return mc_error("%s: dataset %s: %llu of its %llu chunks are stored (reads would return fill values): refused",
+                    file_name, dataset, (unsigned long long)nchunks, (unsigned long long)want);
+  hsize_t coff[H5S_MAX_RANK] = {0};
+  for (hsize_t i = 0; i < nchunks; i++) {
+    if (i > 0) /* the next chunk in row-major order */
+      for (int k = nd - 1; k >= 0; k--) {
+        coff[k] += chunk[k];
+        if (coff[k] < dims[k]) break;
+        coff[k] = 0;
+      }
+    hsize_t csize = 0;
+    unsigned mask = 0;
+    haddr_t at = HADDR_UNDEF;
+    if (H5Dget_chunk_info_by_coord(d, coff, &mask, &at, &csize) < 0 || at == HADDR_UNDEF || csize > cmax ||
+        (mask & ~3u) != 0 || at > fsize || fsize - at < csize)
+      return mc_error("%s: dataset %s: chunk %llu (%llu bytes at offset %lld) is not a chunk of at most %llu bytes "
+                      "inside the file (%llu bytes): refused",
+                      file_name, dataset, (unsigned long long)i, (unsigned long long)csize,
+                      at == HADDR_UNDEF ? -1LL : (long long)at, (unsigned long long)cmax, (unsigned long long)fsize);
+  }
+  return 0;
+}
+
+static int check_chunks(hid_t d, hid_t dcpl, const char *file_name, const char *dataset, hsize_t fsize) {
+  hid_t sp = H5Dget_space(d);
+  hsize_t dims[H5S_MAX_RANK], chunk[H5S_MAX_RANK];
+  int nd = sp >= 0 ? H5Sget_simple_extent_dims(sp, dims, NULL) : -1;
+  if (nd < 1 || nd > MC_CKPT_MAX_DIM || H5Pget_chunk(dcpl, nd, chunk) != nd) {
+    if (sp >= 0) H5Sclose(sp);
+    return mc_error("%s: dataset %s: unreadable chunk extent: refused", file_name, dataset);
+  }
+  int rc = check_chunk_list(d, sp, dims, chunk, nd, file_name, dataset, fsize);
+  H5Sclose(sp);
+  return rc;
+}
+
+/* The storage rule of the format (docs/reliability.md): a shard's data is in this file (no
+ * external storage, no virtual sources), allocated, inside the file, and either contiguous
+ * and unfiltered (offset + size inside the file) or chunked through exactly shuffle +
+ * deflate (check_chunks). Anything else could make HDF5 read other files, return fill
+ * values or run other filters, and is refused before any data is read. `bytes` is the size
+ * the data must have. */
 static int check_storage(hid_t fid, hid_t d, const char *file_name, const char *dataset, int64_t bytes) {
   hid_t dcpl = H5Dget_create_plist(d);
   if (dcpl < 0) return mc_error("%s: dataset %s: cannot read its storage properties", file_name, dataset);
   H5D_layout_t layout = H5Pget_layout(dcpl);
   int nfilters = H5Pget_nfilters(dcpl);
   int next = H5Pget_external_count(dcpl);
-  H5Pclose(dcpl);
+  char names[256] = "";
+  int pipeline = layout == H5D_CHUNKED && nfilters > 0 && is_shuffle_deflate(dcpl, nfilters, names, sizeof names);
   const char *why = NULL;
   if (layout == H5D_VIRTUAL) why = "is a virtual dataset (its data would come from other files)";
   else if (next != 0) why = "uses external storage (its data would come from other files)";
-  else if (layout != H5D_CONTIGUOUS) why = "is not stored contiguously (chunked or compact)";
-  else if (nfilters != 0) why = "has filters (compression); shards are stored unfiltered";
-  if (why) return mc_error("%s: dataset %s %s: refused, the format allows contiguous data inside the file only", file_name, dataset, why);
-  haddr_t at = H5Dget_offset(d);
-  hsize_t size = H5Dget_storage_size(d);
-  int64_t real = real_file_size(fid);
-  if (real < 0) return mc_error("%s: cannot read its size", file_name);
-  hsize_t fsize = (hsize_t)real;
-  if (at == HADDR_UNDEF || (int64_t)size != bytes || at > fsize || fsize - at < size)
-    return mc_error("%s: dataset %s: data at offset %lld, %lld bytes, is not %lld bytes inside the file (%lld bytes): refused",
+  else if (layout == H5D_CHUNKED && nfilters == 0) why = "is chunked without compression (not stored contiguously)";
+  else if (layout == H5D_CHUNKED && !pipeline) why = NULL; /* named below, with its filters */
+  else if (layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED) why = "is not stored contiguously (compact)";
+  else if (layout == H5D_CONTIGUOUS && nfilters != 0) why = "has filters on contiguous data";
+  int64_t real = why ? 0 : real_file_size(fid);
+  int rc = 0;
+  if (why) {
+    rc = mc_error("%s: dataset %s %s: refused, the format allows contiguous data inside the file, or chunks "
+                  "through shuffle + deflate only", file_name, dataset, why);
+  } else if (layout == H5D_CHUNKED && !pipeline) {
+    rc = mc_error("%s: dataset %s has filters %s: refused, the format allows contiguous data inside the file, or "
+                  "chunks through shuffle + deflate only", file_name, dataset, names);
+  } else if (real < 0) {
+    rc = mc_error("%s: cannot read its size", file_name);
+  } else if (pipeline) {
+    rc = check_chunks(d, dcpl, file_name, dataset, (hsize_t)real);
+  } else {
+    haddr_t at = H5Dget_offset(d);
+    hsize_t size = H5Dget_storage_size(d);
+    hsize_t fsize = (hsize_t)real;
+    if (at == HADDR_UNDEF || (int64_t)size != bytes || at > fsize || fsize - at < size)
+      rc = mc_error("%s: dataset %s: data at offset %lld, %lld bytes, is not %lld bytes inside the file (%lld bytes): refused",
                     file_name, dataset, at == HADDR_UNDEF ? -1LL : (long long)at, (long long)size, (long long)bytes,
                     (long long)fsize);
-  return 0;
+  }
+  H5Pclose(dcpl);
+  return rc;
 }
 
 int mc_h5_check_attrs(int64_t fid, const char *file_name, const mc_ckpt_shard *s, const int64_t *global_shape) {

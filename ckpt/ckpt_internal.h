@@ -62,10 +62,12 @@ int mc_ckpt_fault(const char *point);
 
 /* Writes rank file `path`: every shard dataset with its attributes. data[i] holds shard i;
  * its hash is ready once mc_pool_wait_job(hashes, hash_base + i) returns, and is then in
- * attrs[i].s.sha256. The file is closed and its writeback started, not waited for: the
+ * attrs[i].s.sha256. deflate 0: contiguous datasets; 1-9: datasets of 16 KiB or more chunked
+ * in whole rows (at most 4 MiB a chunk) through shuffle + deflate at that level, smaller ones
+ * contiguous. The file is closed and its writeback started, not waited for: the
  * caller fsyncs it. */
 int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_attrs *attrs,
-                          const float *const *data, int n, mc_pool *hashes, int hash_base);
+                          const float *const *data, int n, mc_pool *hashes, int hash_base, int deflate);
 /* Reads back the attributes of every shard dataset in a rank file (in name order).
  * *out is malloc'd; free with mc_shard_attrs_free. */
 int mc_h5_scan_rank_file(const char *path, const char *file_name, mc_shard_attrs **out, int *n);

@@ -142,7 +142,8 @@ static int hash_job(void *ctx, int j) {
 }
 
 /* Writes one rank file per rank of the write set into tmp; hashing runs ahead on the pool. */
-static int write_rank_files(const char *tmp, int64_t step, write_set *w, int threads) {
+static int write_rank_files(const char *tmp, int64_t step, write_set *w, int threads, int deflate) {
+  if (deflate < 0 || deflate > 9) return mc_error("checkpoint deflate level %d: expected 0 (none) to 9", deflate);
   mc_pool *pool = mc_pool_start(w->n, threads, hash_job, w);
   if (!pool) return mc_error("out of memory starting hashing threads");
   int rc = 0;
@@ -151,7 +152,7 @@ static int write_rank_files(const char *tmp, int64_t step, write_set *w, int thr
     while (e < w->n && w->attrs[e].s.rank == w->attrs[b].s.rank) e++;
     char path[MC_PATH_MAX];
     rc = mc_path_join(path, tmp, w->attrs[b].s.file);
-    if (rc == 0) rc = mc_h5_write_rank_file(path, step, w->attrs[b].s.rank, w->attrs + b, w->data + b, e - b, pool, b);
+    if (rc == 0) rc = mc_h5_write_rank_file(path, step, w->attrs[b].s.rank, w->attrs + b, w->data + b, e - b, pool, b, deflate);
     b = e;
   }
   if (rc) mc_pool_cancel(pool);
@@ -429,7 +430,7 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
   }
 
   /* 2. every process writes and fsyncs its rank files */
-  ok = write_rank_files(tmp, state->step, &w, opts.io_threads > 0 ? opts.io_threads : 1) == 0;
+  ok = write_rank_files(tmp, state->step, &w, opts.io_threads > 0 ? opts.io_threads : 1, opts.deflate) == 0;
   if (ok && opts.write_files) ok = opts.write_files(opts.write_files_user, tmp) == 0;
   if (!ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed (previous checkpoint kept): %s", state->step, mc_errmsg());
   write_set_free(&w);

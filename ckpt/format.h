@@ -68,7 +68,9 @@ void mc_h5_close(int64_t fid);
  * extent s->count. Reads nothing but attributes and the dataset's type and extent.
  * file_name only names the file in messages. Errors: "<file>: dataset <d> is missing",
  * "<file>: attribute '<name>' of dataset <d> is missing, corrupt or disagrees with the
- * manifest" (the first mismatch), "<file>: dataset <d> is not fp32 of the recorded count". */
+ * manifest" (the first mismatch), "<file>: dataset <d> is not fp32 of the recorded count",
+ * then the storage rule (contiguous and unfiltered, or chunks through exactly shuffle +
+ * deflate: docs/reliability.md): "<file>: dataset <d> ...: refused". */
 int mc_h5_check_attrs(int64_t fid, const char *file_name, const mc_ckpt_shard *s,
                       const int64_t *global_shape);
 

@@ -1,6 +1,6 @@
 /* mcdata: text files (or pre-tokenised raw arrays) -> an HDF5 token dataset for mctrain.
  *
- *   mcdata -o OUT.h5 [--dtype bytes|uint16|uint32] [--vocab N] [--tokenizer NAME] [--json] FILE...
+ *   mcdata -o OUT.h5 [--dtype bytes|uint16|uint32] [--vocab N] [--tokenizer NAME] [--compress] [--json] FILE...
  *   mcdata --config RUN.json [--set section.key=value] [options] FILE...  (-o defaults to
  *          data.path, --vocab to model.vocab_size)
  *
@@ -27,14 +27,16 @@
 #include "util/paths.h"
 
 #define CHUNK (1 << 20)
+#define TOKEN_CHUNK ((hsize_t)65536) /* tokens per HDF5 chunk of a --compress dataset */
 
-enum { OPT_DTYPE = CLI_LONG, OPT_VOCAB, OPT_TOKENIZER, OPT_JSON, OPT_VERSION };
+enum { OPT_DTYPE = CLI_LONG, OPT_VOCAB, OPT_TOKENIZER, OPT_COMPRESS, OPT_JSON, OPT_VERSION };
 static const struct option LONG_OPTS[] = {
     {"help", no_argument, NULL, 'h'},
     {"output", required_argument, NULL, 'o'},
     {"dtype", required_argument, NULL, OPT_DTYPE},
     {"vocab", required_argument, NULL, OPT_VOCAB},
     {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
+    {"compress", no_argument, NULL, OPT_COMPRESS},
     {"json", no_argument, NULL, OPT_JSON},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -42,7 +44,7 @@ static const struct option LONG_OPTS[] = {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: mcdata -o OUT.h5 [--dtype bytes|uint16|uint32] [--vocab N] [--tokenizer NAME] [--json] FILE...\n"
+          "usage: mcdata -o OUT.h5 [--dtype bytes|uint16|uint32] [--vocab N] [--tokenizer NAME] [--compress] [--json] FILE...\n"
           "       mcdata --config RUN.json [--set section.key=value] [options] FILE...\n"
           "       mcdata --help | --version\n"
           "  -o, --output OUT.h5  the dataset to write (renamed into place when complete)\n"
@@ -50,6 +52,7 @@ static void usage(FILE *f) {
           "                  uint16/uint32: files are raw little-endian token arrays; --vocab N is required\n"
           "  --vocab N       every token must be below N (recorded as vocab_size)\n"
           "  --tokenizer NAME  recorded as the tokenizer attribute (default bytes or pretokenized)\n"
+          "  --compress      store /tokens in chunks of 65536 tokens through shuffle + deflate (zlib level 6)\n"
           "  --json          print the summary as one JSON document\n"
           "  --version       print the MegaC version, then exit\n"
           "  with --config/--set: -o defaults to data.path and --vocab to model.vocab_size\n");
@@ -65,6 +68,7 @@ typedef struct {
   int64_t *sizes;   /* bytes per file */
   char (*sha)[65];
   int json;         /* --json: the summary as one JSON document */
+  int compress;     /* --compress: chunked, shuffle + deflate */
 } job;
 
 static void print_json(const job *j, int64_t total) {
@@ -213,8 +217,18 @@ static int run(job *j) {
   if (f < 0) return mc_error("mcdata: cannot create %s", tmp);
   hsize_t dim = (hsize_t)total;
   hid_t sp = H5Screate_simple(1, &dim, NULL);
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  if (j->compress && total > 0) {
+    /* Chunks of TOKEN_CHUNK tokens: fill() writes CHUNK tokens at a time, a multiple of it, so
+     * every chunk is compressed once; a window read (train/data.c) inflates one or two. */
+    hsize_t c = dim < TOKEN_CHUNK ? dim : TOKEN_CHUNK;
+    H5Pset_chunk(dcpl, 1, &c);
+    H5Pset_shuffle(dcpl);
+    H5Pset_deflate(dcpl, 6);
+  }
   hid_t ds = H5Dcreate2(f, "/tokens", j->vocab <= 65536 ? H5T_STD_U16LE : H5T_STD_U32LE, sp,
-                        H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+                        H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  H5Pclose(dcpl);
   H5Sclose(sp);
   int rc = ds < 0 ? mc_error("mcdata: cannot create /tokens in %s", tmp) : fill(j, ds);
   if (rc == 0) {
@@ -281,6 +295,9 @@ static int mcdata_main(int argc, char **argv, job *jp) {
       break;
     case OPT_TOKENIZER:
       j.tokenizer = p.arg;
+      break;
+    case OPT_COMPRESS:
+      j.compress = 1;
       break;
     case OPT_JSON:
       j.json = 1;

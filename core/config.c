@@ -130,6 +130,10 @@ static const cfg_key k_keys[] = {
     BOOL_KEY("checkpoint", "async_save", checkpoint.async_save, "Write checkpoints in the background while training continues."),
     BOOL_KEY("checkpoint", "verify", checkpoint.verify, "Hash-verify every read."),
     INT_KEY("checkpoint", "io_threads", checkpoint.io_threads, 1, 256, NULL, "Threads for hashing and I/O."),
+    ENUM_KEY("checkpoint", "compress", checkpoint.compress, "none|deflate",
+             "Rank-file datasets: none stores them contiguous; deflate stores them in chunks of whole rows through "
+             "HDF5's shuffle and deflate (zlib level 1) filters. Hashes stay over the raw fp32 bytes; readers accept "
+             "either (docs/checkpoint.md, Compression, has the measured ratios)."),
 };
 #define N_KEYS ((int)(sizeof k_keys / sizeof k_keys[0]))
 

@@ -79,6 +79,7 @@ typedef struct {
   int async_save;   /* 0/1 */
   int verify;       /* hash-verify reads, 0/1 */
   int io_threads;   /* threads for hashing and I/O */
+  char compress[16]; /* rank-file datasets: "none" (contiguous) or "deflate" (shuffle + deflate) */
 } mc_ckpt_cfg;
 
 typedef struct {

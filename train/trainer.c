@@ -209,6 +209,7 @@ static void save_opts(const mc_config *cfg, mc_ckpt_save_opts *so) {
   mc_ckpt_save_opts_default(so);
   so->keep = cfg->checkpoint.keep;
   so->io_threads = cfg->checkpoint.io_threads > 0 ? cfg->checkpoint.io_threads : 1;
+  so->deflate = strcmp(cfg->checkpoint.compress, "deflate") == 0 ? MC_CKPT_DEFLATE_LEVEL : 0;
 }
 
 /* Turns the error of a failed asynchronous save (in mc_errmsg) into one naming the rank that

@@ -44,4 +44,29 @@ if(TARGET mctrain AND TARGET mcaudit AND TARGET mcdata)
      /usr/bin/python3 -c \"import h5py; assert h5py.File('big/step_2/rank_0.h5')['embed.weight/exp_avg'].nbytes > 8 << 20\"; \
      $<TARGET_FILE:mcaudit> big --verify; \
      $<TARGET_FILE:mctrain> --set data.path=c.h5 --set model.vocab_size=65536 --set checkpoint.dir=big2 --resume big/step_2 --until 3 > resume.log")
+  # The same under checkpoint.compress=deflate: the 16 MiB embedding is four 4 MiB chunks,
+  # two per slab; its hashes equal the uncompressed save's.
+  add_test(NAME ckpt.slab_write_deflate COMMAND bash -c
+    "set -e; d=$(mktemp -d); trap 'rm -rf $d' EXIT; cd $d; $<TARGET_FILE:mcdata> -o c.h5 ${MC_SOURCE_DIR}/docs/checkpoint.md > /dev/null;      $<TARGET_FILE:mctrain> --set data.path=c.h5 --set model.vocab_size=65536 --set checkpoint.dir=big --until 2 > train.log;      $<TARGET_FILE:mctrain> --set data.path=c.h5 --set model.vocab_size=65536 --set checkpoint.dir=z --set checkpoint.compress=deflate --until 2 > trainz.log;      /usr/bin/python3 -c \"import h5py, json; d = h5py.File('z/step_2/rank_0.h5')['embed.weight/exp_avg']; assert d.nbytes > 8 << 20 and d.chunks == (16384, 64) and d.compression == 'gzip' and d.shuffle, (d.chunks, d.compression); \
+       h = lambda r: sorted((s['dataset'], s['sha256']) for s in json.load(open(r + '/step_2/manifest.json'))['shards']); assert h('big') == h('z')\";      $<TARGET_FILE:mcaudit> z --verify;      $<TARGET_FILE:mctrain> --set data.path=c.h5 --set model.vocab_size=65536 --set checkpoint.dir=z2 --resume z/step_2 --until 3 > resume.log")
+endif()
+# checkpoint.compress=deflate and mcdata --compress end to end: losses, hashes, verify,
+# resume, mceval and reshard against the uncompressed run (tests/ckpt/test_ckpt_deflate.py).
+if(TARGET mctrain AND TARGET mcaudit AND TARGET mcdata AND TARGET mceval AND TARGET mcreshard)
+  add_test(NAME ckpt.deflate COMMAND /usr/bin/python3 ${MC_SOURCE_DIR}/tests/ckpt/test_ckpt_deflate.py)
+  set_tests_properties(ckpt.deflate PROPERTIES TIMEOUT 600
+                       ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR}")
+endif()
+# A row above the 4 MiB chunk limit (an expert weight of 2 x 2048 x 1024: 8 MiB a row) is cut
+# on its next dimension under checkpoint.compress=deflate: chunks (1, 1024, 1024); the
+# checkpoint verifies (mcaudit re-hashes the inflated data against the hashes from memory).
+if(TARGET mctrain AND TARGET mcaudit AND TARGET mcdata)
+  add_test(NAME ckpt.wide_rows_deflate COMMAND bash -c
+    "set -e; d=$(mktemp -d); trap 'rm -rf $d' EXIT; cd $d; $<TARGET_FILE:mcdata> -o c.h5 ${MC_SOURCE_DIR}/docs/checkpoint.md > /dev/null; \
+     $<TARGET_FILE:mctrain> --set data.path=c.h5 --set model.pattern=E --set model.d_model=1024 --set model.n_heads=8 \
+       --set model.head_dim=128 --set model.n_kv_heads=4 --set model.expert_hidden=2048 --set model.n_experts=2 \
+       --set model.top_k=1 --set model.seq_len=8 --set train.global_batch=1 --set train.micro_batch=1 \
+       --set checkpoint.dir=z --set checkpoint.compress=deflate --until 1 > train.log; \
+     /usr/bin/python3 -c \"import h5py; d = h5py.File('z/step_1/rank_0.h5')['layers.00.moe.w1/exp_avg_sq']; assert d.shape == (2, 2048, 1024) and d.chunks == (1, 1024, 1024) and d.compression == 'gzip' and d.shuffle, d.chunks\"; \
+     $<TARGET_FILE:mcaudit> z --verify --no-progress")
 endif()

@@ -5,7 +5,6 @@ time resumed from `latest`; `latest` must always verify, and the finished run's 
 equal an uninterrupted run's, digit for digit.
 
 usage: test_kill_loop.py [KILLS]   (MC_BINARY_DIR and MC_SOURCE_DIR from ctest)"""
-import json
 import os
 import random
 import signal
@@ -16,7 +15,7 @@ import time
 S = os.environ["MC_SOURCE_DIR"]
 B = os.environ["MC_BINARY_DIR"]
 sys.path.insert(0, os.path.join(S, "tests", "reliability"))
-from test_untrusted import SMALL, check, make_run, run, scratch_main  # noqa: E402
+from test_untrusted import SMALL, check, losses, make_run, run, scratch_main  # noqa: E402
 
 STEPS = 40
 
@@ -26,16 +25,6 @@ def args(run_dir):
     return [os.path.join(B, "mctrain"), *SMALL, "--set", "checkpoint.async_save=true", "--set", "data.path=corpus.h5",
             "--set", "checkpoint.dir=" + run_dir, "--set", "train.steps=%d" % STEPS, "--set", "checkpoint.every=1",
             "--set", "train.eval_every=0", "--set", "train.log_every=1"]
-
-
-def losses(path):
-    out = {}
-    with open(path) as f:
-        for line in f:
-            m = json.loads(line)
-            if "loss" in m and "step" in m:
-                out[m["step"]] = m["loss"]
-    return out
 
 
 def body(w):

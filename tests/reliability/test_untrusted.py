@@ -3,10 +3,12 @@
 mcaudit --verify, mctrain --resume, mceval, mcreshard and mcreshard --export.
 
   storage: a rank file whose shard is stored as HDF5 external storage, a virtual dataset,
-           chunked + gzip, or whose data runs past the end of the file, with every hash
-           (shard, whole file, manifest, latest) recomputed so that only the storage rule can
-           catch it: every reader exits 1 naming the file and dataset and never copies the
-           outside bytes anywhere.
+           chunked without filters, chunked + gzip without shuffle, shuffle + gzip +
+           fletcher32, shuffle + gzip with a chunk never written, with every hash (shard,
+           whole file, manifest, latest) recomputed so that only the storage rule can catch
+           it: every reader exits 1 naming the file and dataset and never copies the outside
+           bytes anywhere. The one accepted pipeline, shuffle + gzip in chunks (what
+           checkpoint.compress=deflate writes), written by h5py: every reader exits 0.
   flips:   N seeded random bit flips in the metadata of a rank file (bytes outside every
            dataset's data): every reader exits 1 or 2 with a message, none dies of a signal.
 
@@ -53,6 +55,17 @@ def run(*args, cwd=None, timeout=300, env=None):
         return p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired:
         return 999, "", "timed out after %d s" % timeout
+
+
+def losses(path):
+    """{step: loss} of a metrics.jsonl."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            m = json.loads(line)
+            if "loss" in m and "step" in m:
+                out[m["step"]] = m["loss"]
+    return out
 
 
 def make_run(w):
@@ -121,8 +134,24 @@ def storage_cases(w):
     def gzip(f, name, data):
         return f.create_dataset(name, data=data.astype("<f4"), chunks=True, compression="gzip")
 
+    def chunked(f, name, data):
+        return f.create_dataset(name, data=data.astype("<f4"), chunks=True)
+
+    def fletcher(f, name, data):
+        return f.create_dataset(name, data=data.astype("<f4"), chunks=(1, data.shape[1]), shuffle=True,
+                                compression="gzip", fletcher32=True)
+
+    def unwritten(f, name, data):
+        # shuffle + gzip, one row a chunk, the last row never written: reads would return
+        # fill values (the storage rule refuses it before any hash is computed)
+        d = f.create_dataset(name, shape=data.shape, dtype="<f4", chunks=(1, data.shape[1]), shuffle=True,
+                             compression="gzip")
+        d[:-1] = data[:-1].astype("<f4")
+        return d
+
     cases = [("external", external, "external storage"), ("virtual", virtual, "virtual dataset"),
-             ("gzip", gzip, "not stored contiguously")]
+             ("gzip", gzip, "has filters deflate"), ("chunked", chunked, "chunked without compression"),
+             ("fletcher32", fletcher, "has filters shuffle"), ("unwritten", unwritten, "chunks are stored")]
     for label, make, why in cases:
         rd = os.path.join(w, "run_" + label)
         shutil.copytree(os.path.join(w, "run"), rd)
@@ -140,6 +169,26 @@ def storage_cases(w):
                 shutil.rmtree(produced, ignore_errors=True) if os.path.isdir(produced) else os.unlink(produced)
         shutil.rmtree(rd)
     print("storage: %d forged layouts x 5 readers" % len(cases))
+
+    # the accepted pipeline, written by another program: shuffle + gzip, chunks of rows
+    def shuffle_gzip(f, name, data):
+        return f.create_dataset(name, data=data.astype("<f4"), chunks=(max(1, data.shape[0] // 3), data.shape[1]),
+                                shuffle=True, compression="gzip", compression_opts=4)
+
+    rd = os.path.join(w, "run_shuffle_gzip")
+    shutil.copytree(os.path.join(w, "run"), rd)
+    rank = os.path.join(step_dir(rd), "rank_0.h5")
+    name, data, attrs = pick_dataset(rank)
+    replace_dataset(rank, name, data, attrs, shuffle_gzip)
+    rehash_files(rd)
+    out_dir = os.path.join(w, "out_shuffle_gzip")
+    for tool, argv, cwd in readers(w, rd, out_dir):
+        os.makedirs(out_dir, exist_ok=True)
+        rc, out, err = run(*argv, cwd=cwd)
+        check(rc == 0, "shuffle+gzip: %s must accept %s (rc %d): %s" % (tool, name, rc, err.strip()[-400:]))
+    shutil.rmtree(rd)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    print("storage: shuffle + gzip accepted by 5 readers")
 
 
 def metadata_ranges(path):
