@@ -323,7 +323,10 @@ def main():
         # a full disk: the export fails, names it, and leaves neither the output nor its temporary
         for budget in ([0, 3000, 100000] if SHIM else []):
             for out_path, match in ((j("disk"), "disk.export.tmp"), (j("disk.safetensors"), "disk.safetensors.tmp")):
-                env = dict(os.environ, LD_PRELOAD=SHIM, MC_ENOSPC_MATCH=match, MC_ENOSPC_AFTER=str(budget))
+                # ASan (an MC_SANITIZE build) wants to come first; the shim must precede libc's write
+                asan = os.environ.get("ASAN_OPTIONS", "")
+                env = dict(os.environ, LD_PRELOAD=SHIM, MC_ENOSPC_MATCH=match, MC_ENOSPC_AFTER=str(budget),
+                           ASAN_OPTIONS=(asan + ":" if asan else "") + "verify_asan_link_order=0")
                 rc, out, err = run(MCRESHARD, j("run"), "--export", out_path, "--no-progress", env=env)
                 check(rc == 1 and "nothing written" in err and not glob.glob(j("disk*")),
                       "full disk after %d bytes, %s: rc %d %s %s" % (budget, out_path, rc, err, glob.glob(j("disk*"))))
