@@ -79,7 +79,7 @@ for tool, reads_ckpt in TOOLS.items():
     r = run(tool, "--version")
     want = "%s (MegaC %s%s)" % (tool, version, ", checkpoint format %s" % fmt if reads_ckpt else "")
     if r.returncode != 0 or r.stdout.strip() != want:
-        fail("%s --version: rc %d, printed %r, want %r" % (tool, r.returncode, r.stdout.strip(), want))
+        fail("%s --version: rc %d, printed %r, want %r; stderr: %s" % (tool, r.returncode, r.stdout.strip(), want, r.stderr.strip()[-2000:]))
     h = run(tool, "--help")
     if h.returncode != 0:
         fail("%s --help: rc %d (%s)" % (tool, h.returncode, h.stderr.strip()))
