@@ -49,8 +49,8 @@ typedef struct {
 #define ENUM_KEY(s, k, f, allowed, d) \
   {s, k, K_ENUM, _Generic(CFG(f), char *: offsetof(mc_config, f)), sizeof(CFG(f)), 0, 0, 0, allowed, d}
 
-static const char *const k_sections[] = {"model", "parallel", "train", "data", "checkpoint"};
-#define N_SECTIONS 5
+static const char *const k_sections[] = {"model", "parallel", "train", "optim", "data", "checkpoint"};
+#define N_SECTIONS 6
 
 /* Sections appear in this order; model comes before parallel so that the stage boundaries of
  * a piped model.pattern are known when parallel.pp_split is read. */
@@ -120,6 +120,18 @@ static const cfg_key k_keys[] = {
     INT_KEY("train", "eval_every", train.eval_every, 0, IMAX, NULL, "Evaluate on held-out windows every N steps; 0 = never."),
     INT_KEY("train", "eval_batches", train.eval_batches, 0, 1000000, NULL, "Batches per evaluation."),
     STR_KEY("train", "metrics", train.metrics, 0, "Metrics log path; empty = metrics.jsonl inside checkpoint.dir."),
+
+    STR_KEY("optim", "groups", train.optim.groups, 1,
+            "Which optimizer trains each family: comma-separated OPTIMIZER:SELECTOR rules, first match wins, every "
+            "family must match one. Optimizers: adamw, muon (2-D families only). Selectors: matrices (2-D "
+            "matrix-product weights but the embedding, head and router), experts (3-D), vectors (1-D), embed, head, "
+            "router, all, or a glob on the family name. Example: muon:matrices,adamw:all (docs/training.md, "
+            "Optimizer groups)."),
+    FLT_KEY("optim", "muon_momentum", train.optim.muon_momentum, 0, 1, XMAX, "Muon momentum mu: M = mu*M + g."),
+    BOOL_KEY("optim", "muon_nesterov", train.optim.muon_nesterov,
+             "Muon orthogonalises the Nesterov direction g + mu*M (else M)."),
+    INT_KEY("optim", "muon_ns_steps", train.optim.muon_ns_steps, 1, 100, NULL,
+            "Newton-Schulz iterations of Muon's orthogonalisation (quintic, coefficients 3.4445, -4.7750, 2.0315)."),
 
     STR_KEY("data", "path", data.path, 0, "HDF5 token dataset made by mcdata."),
     FLT_KEY("data", "val_fraction", data.val_fraction, 0, 1, XMAX, "Share of windows held out for evaluation."),
@@ -756,10 +768,11 @@ char *mc_config_to_json(const mc_config *cfg) {
 static const char *const k_resume_force[] = {
     "train.global_batch", "train.lr",      "train.min_lr",       "train.warmup_steps", "train.beta1",
     "train.beta2",        "train.adam_eps", "train.weight_decay", "train.grad_clip",    "train.seed",
-    "data.val_fraction",  NULL};
+    "data.val_fraction",  "optim.muon_momentum", "optim.muon_nesterov", "optim.muon_ns_steps", NULL};
 
 mc_resume_rule mc_config_resume_rule(const char *section, const char *key) {
-  if (!strcmp(section, "model")) return MC_RESUME_NEVER;
+  /* the checkpoint's tensors fix the model; its optimizer states fix which optimizer trains what */
+  if (!strcmp(section, "model") || (!strcmp(section, "optim") && !strcmp(key, "groups"))) return MC_RESUME_NEVER;
   char name[96];
   snprintf(name, sizeof name, "%s.%s", section, key);
   for (int i = 0; k_resume_force[i]; i++)

@@ -52,6 +52,14 @@ typedef enum { MC_RECOMPUTE_NONE = 0, MC_RECOMPUTE_SELECTIVE = 1, MC_RECOMPUTE_F
 int mc_recompute_parse(const char *name);
 const char *mc_recompute_name(mc_recompute r);
 
+/* Optimizer groups and Muon's settings (section optim; core/optim_groups.h). */
+typedef struct {
+  char groups[512];     /* optim.groups: "OPT:SELECTOR,..." */
+  double muon_momentum; /* mu */
+  int muon_nesterov;    /* 0/1 */
+  int muon_ns_steps;    /* Newton-Schulz iterations */
+} mc_optim_cfg;
+
 typedef struct {
   int steps;
   int global_batch;  /* sequences per optimizer step */
@@ -65,6 +73,7 @@ typedef struct {
   char device[8];     /* "cpu" | "cuda" */
   int log_every, eval_every, eval_batches;
   char metrics[MC_PATH_MAX]; /* metrics log path ("" = <checkpoint.dir>/metrics.jsonl) */
+  mc_optim_cfg optim;        /* the JSON section optim */
 } mc_train_cfg;
 
 typedef struct {

@@ -51,6 +51,8 @@ typedef struct {
   mc_init init;
   int decay;           /* 1 = weight-decay group (2-D and 3-D weights) */
   int tp_partial_grad; /* replicated over TP but receives a partial gradient per TP rank */
+  int opt;             /* optimizer (mc_opt_kind, core/optim_groups.h): MC_OPT_ADAMW unless
+                          optim.groups says otherwise (mc_optim_groups_assign) */
 } mc_family;
 
 typedef struct {

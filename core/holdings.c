@@ -2,6 +2,8 @@
  * the block-kind table; every tensor is counted at its footprint in its category. */
 #include "core/holdings.h"
 
+#include "core/optim_groups.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,10 +61,14 @@ int mc_param_hold_of(const mc_geometry *g, int fam, int rank, const mc_hold_opts
   out->has_master = out->working_bf16;
   out->master_bytes = out->has_master ? sh->numel * 4 : 0;
   out->moment_bytes = sh->numel * 4;
+  int n_decl;
+  mc_opt_states(f->opt, &n_decl);
+  out->n_moments = n_decl;
   for (int st = 0; st < MC_N_STATES; st++) {
     mc_shard ss;
     if (mc_shard_of(g, fam, (mc_state)st, rank, &ss)) return -1;
-    out->state_bytes[st] = ss.numel * 4;
+    /* every declared state is fp32 and shaped and placed like the parameter (optim_groups.h) */
+    out->state_bytes[st] = mc_family_has_state(f, (mc_state)st) ? ss.numel * 4 : 0;
     out->state_primary[st] = ss.primary;
     out->state_cat[st] = st == MC_STATE_PARAM ? out->param_cat : out->moments_cat;
   }
@@ -314,7 +320,7 @@ int mc_holdings_of(const mc_geometry *g, int rank, const mc_hold_opts *o, int64_
     bytes[h.param_cat] += mc_mem_footprint(h.working_bytes);
     bytes[MC_MEM_GRADS] += mc_mem_footprint(h.grad_bytes);
     if (h.has_master) bytes[h.master_cat] += mc_mem_footprint(h.master_bytes);
-    bytes[h.moments_cat] += 2 * mc_mem_footprint(h.moment_bytes);
+    bytes[h.moments_cat] += h.n_moments * mc_mem_footprint(h.moment_bytes);
   }
   const int64_t z3 = mc_zero3_buffer_bytes(g, rank, o);
   if (z3 < 0) return -1;

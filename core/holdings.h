@@ -53,10 +53,13 @@ typedef struct {
                               only (fp32 working weights are their own master) */
   int64_t master_bytes;    /* its bytes (0 with an empty hyperslab: still a tensor) */
   mc_mem_cat moments_cat;  /* optimizer.moments.{decay,no_decay} */
-  int64_t moment_bytes;    /* each of exp_avg and exp_avg_sq (two tensors) */
+  int n_moments;           /* optimizer state tensors besides the master: the states the family's
+                              optimizer declares (core/optim_groups.h: AdamW 2, Muon 1) */
+  int64_t moment_bytes;    /* each of them (all fp32, shaped like the state hyperslab) */
   /* The checkpoint's view (fp32 states): for each state kind, the bytes of the hyperslab the
-   * rank holds (mc_shard_of), the category it counts under (param: by placement; moments: by
-   * decay group) and whether the rank is its primary, the one that writes it. */
+   * rank holds (mc_shard_of; 0 for a kind the family's optimizer does not keep), the category
+   * it counts under (param: by placement; optimizer states: by decay group) and whether the
+   * rank is its primary, the one that writes it. */
   int64_t state_bytes[MC_N_STATES];
   mc_mem_cat state_cat[MC_N_STATES];
   int state_primary[MC_N_STATES];

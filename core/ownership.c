@@ -1,10 +1,12 @@
 #include "core/ownership.h"
 
+#include "core/optim_groups.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const STATE_NAMES[MC_N_STATES] = {"param", "exp_avg", "exp_avg_sq"};
+static const char *const STATE_NAMES[MC_N_STATES] = {"param", "exp_avg", "exp_avg_sq", "momentum"};
 
 const char *mc_state_name(mc_state s) { return s >= 0 && s < MC_N_STATES ? STATE_NAMES[s] : "?"; }
 
@@ -155,12 +157,25 @@ int mc_geometry_build(const mc_model *m, const mc_layout *l, const mc_train_cfg 
   g->world = mc_layout_world(l);
   if (mc_stage_map_build(m, l, &g->stages)) return -1;
   if (mc_families_build(m, l->sp, &g->fams)) return -1;
+  if (train && mc_optim_groups_assign(train->optim.groups, &g->fams) != 0) {
+    mc_families_free(&g->fams);
+    return -1;
+  }
   g->zero_rot = malloc(sizeof(int) * (size_t)(g->fams.n > 0 ? g->fams.n : 1));
   if (!g->zero_rot) {
     mc_families_free(&g->fams);
     return mc_error("out of memory building the geometry");
   }
   rotations(g, g->fams.n, g->zero_rot);
+  return 0;
+}
+
+int mc_geometry_of_config(const mc_config *cfg, const mc_layout *layout, mc_geometry *g) {
+  if (mc_geometry_build(&cfg->model, layout ? layout : &cfg->parallel, NULL, -1, g) != 0) return -1;
+  if (mc_optim_groups_assign(cfg->train.optim.groups, &g->fams) != 0) {
+    mc_geometry_free(g);
+    return -1;
+  }
   return 0;
 }
 
@@ -261,7 +276,7 @@ int mc_shard_of(const mc_geometry *g, int fam, mc_state state, int rank, mc_shar
       out->n_replicas = sharded ? 1 : l->tp * l->dp / l->ep;
       break;
   }
-  int pos = l->own_rule == MC_OWN_CHUNKED ? 0 : (int)(((int64_t)MC_N_STATES * fam + state) % out->n_replicas);
+  int pos = l->own_rule == MC_OWN_CHUNKED ? 0 : (int)(((int64_t)MC_PRIMARY_FAMILY_STRIDE * fam + state) % out->n_replicas);
   out->primary_rank = base + step * pos;
   out->primary = out->primary_rank == rank;
   return 0;

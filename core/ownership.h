@@ -12,9 +12,22 @@
 #include "core/layout.h"
 #include "core/stages.h"
 
-typedef enum { MC_STATE_PARAM = 0, MC_STATE_EXP_AVG = 1, MC_STATE_EXP_AVG_SQ = 2, MC_N_STATES = 3 } mc_state;
+/* The state kinds a checkpoint can hold of a family: its fp32 master weight (param, every
+ * family) and the states its optimizer group declares (core/optim_groups.h: AdamW's two
+ * moments, Muon's momentum). The number of a kind is part of the format: it picks the
+ * primary replica (step 3 of mc_shard_of), so kinds are only ever appended. */
+typedef enum {
+  MC_STATE_PARAM = 0,
+  MC_STATE_EXP_AVG = 1,
+  MC_STATE_EXP_AVG_SQ = 2,
+  MC_STATE_MOMENTUM = 3,
+  MC_N_STATES = 4
+} mc_state;
 const char *mc_state_name(mc_state s);
 int mc_state_parse(const char *name); /* -1 if unknown */
+/* The stride of the primary-replica formula (3*family + state): fixed at the number of kinds
+ * format version 2 knew, so that adding kinds moves no existing checkpoint's primaries. */
+#define MC_PRIMARY_FAMILY_STRIDE 3
 
 /* Ownership rules (layout.own_rule; docs/ownership.md states each exactly). The value 0 is
  * the rule of every new layout; a checkpoint records its rule by name, never by number.
@@ -51,9 +64,16 @@ typedef struct {
 } mc_geometry;
 
 /* Validates model and layout (every broken rule reported) and builds the geometry.
- * `train` may be NULL; launched_world < 0 skips the world-size rule. */
+ * `train` may be NULL; launched_world < 0 skips the world-size rule. With `train`, the
+ * families' optimizers come from train->optim.groups (core/optim_groups.h); without it every
+ * family is AdamW's until the caller assigns them (mc_optim_groups_assign: a reader of a
+ * checkpoint assigns the checkpoint's groups). */
 int mc_geometry_build(const mc_model *m, const mc_layout *l, const mc_train_cfg *train,
                       int launched_world, mc_geometry *g);
+/* The geometry of a recorded configuration (a checkpoint's) under `layout` (NULL: cfg->parallel):
+ * model and layout checked as by mc_geometry_build without training settings, the families'
+ * optimizers assigned from cfg->train.optim.groups. What a reader of a checkpoint builds. */
+int mc_geometry_of_config(const mc_config *cfg, const mc_layout *layout, mc_geometry *g);
 void mc_geometry_free(mc_geometry *g);
 int mc_family_stage(const mc_geometry *g, int fam);
 

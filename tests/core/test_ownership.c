@@ -123,7 +123,7 @@ static void check_geometry(const mc_geometry *g) {
             CHECK(sh[q].primary_rank == s->primary_rank, "%s/%s: replicas %d and %d name primaries %d and %d", f->name,
                   mc_state_name((mc_state)st), r, q, s->primary_rank, sh[q].primary_rank);
           }
-        const int want = n ? reps[g->layout.own_rule == MC_OWN_CHUNKED ? 0 : (MC_N_STATES * fi + st) % n] : -1;
+        const int want = n ? reps[g->layout.own_rule == MC_OWN_CHUNKED ? 0 : (3 * fi + st) % n] : -1;
         CHECK(in && want == s->primary_rank, "%s/%s rank %d: primary %d, brute force %d (layout tp%d dp%d pp%d ep%d zero%d rule %s)",
               f->name, mc_state_name((mc_state)st), r, s->primary_rank, want, g->layout.tp, g->layout.dp, g->layout.pp,
               g->layout.ep, g->layout.zero, mc_own_rule_name(g->layout.own_rule));
