@@ -49,10 +49,10 @@ void mc_muon_direction(mc_backend *be, float *M, const float *g, float *U, int64
                        float gs) {
   be->scale(be, M, n, mu);
   be->axpy(be, M, g, n, gs);
-  if (nesterov) {
-    be->copy(be, U, M, n);
-    be->scale(be, U, n, mu);
-    be->axpy(be, U, g, n, gs);
+  if (nesterov) { /* U = gs g + mu M, built on g so that U may be the gradient buffer itself */
+    if (U != g) be->copy(be, U, g, n);
+    be->scale(be, U, n, gs);
+    be->axpy(be, U, M, n, mu);
   } else if (U != M) {
     be->copy(be, U, M, n);
   }

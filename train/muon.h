@@ -32,7 +32,7 @@ double mc_muon_scale(int rows, int cols);
 
 /* Element-wise parts on a shard of n elements (backend memory):
  *   M = mu M + gs g;  U = nesterov ? gs g + mu M : M     (gs: gradient scale, clipping)
- * U may be M itself only without nesterov (then U is M as updated). */
+ * U may be g itself (the gradient buffer becomes the direction), or M without nesterov. */
 void mc_muon_direction(mc_backend *be, float *M, const float *g, float *U, int64_t n, float mu, int nesterov,
                        float gs);
 

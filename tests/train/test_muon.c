@@ -290,11 +290,16 @@ static void test_scalars(void) {
   CHECK(mc_muon_scale(16, 64) == 0.2 * 8.0 && mc_muon_scale(64, 16) == 0.2 * 8.0, "scale %g", mc_muon_scale(16, 64));
   CHECK(mc_muon_work_floats(8, 24) == 2 * 64 + 8 * 24 && mc_muon_work_floats(24, 8) == 2 * 64 + 8 * 24,
         "work floats %lld", (long long)mc_muon_work_floats(8, 24));
-  /* without Nesterov the direction may be the momentum itself */
+  /* without Nesterov the direction may be the momentum itself: M = 0.5 M + 2 g */
   mc_backend *be = mc_backend_cpu();
   float M[3] = {1, 2, 3}, g[3] = {1, -1, 0.5f};
   mc_muon_direction(be, M, g, M, 3, 0.5f, 0, 2.0f);
   CHECK(M[0] == 2.5f && M[1] == -1.0f && M[2] == 2.5f, "M = mu M + gs g in place: %g %g %g", M[0], M[1], M[2]);
+  /* with Nesterov the direction may overwrite the gradient: U = gs g + mu M (M as updated) */
+  float M2[3] = {1, 2, 3}, g2[3] = {1, -1, 0.5f};
+  mc_muon_direction(be, M2, g2, g2, 3, 0.5f, 1, 2.0f);
+  CHECK(M2[0] == 2.5f && M2[1] == -1.0f && M2[2] == 2.5f, "M with U = g: %g %g %g", M2[0], M2[1], M2[2]);
+  CHECK(g2[0] == 3.25f && g2[1] == -2.5f && g2[2] == 2.25f, "U = gs g + mu M into g: %g %g %g", g2[0], g2[1], g2[2]);
 }
 
 /* ------------------------------------------------------------------ TP column blocks */
