@@ -56,7 +56,7 @@ def main():
             svg.append('<polyline fill="none" stroke="%s" stroke-width="1.5" points="%s"/>' % (c, " ".join("%.1f,%.1f" % (sx(a), sy(b)) for a, b in t)))
         for a, b in v:
             svg.append('<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>' % (sx(a), sy(b), c))
-        svg.append('<text x="%d" y="%d" fill="%s">%s (line: training, dots: validation)</text>' % (L + 10, T + 16 + 16 * k, c, label))
+        svg.append('<text x="%d" y="%d" fill="%s">%s (line: training, dots: validation)</text>' % (L + 180, T + 16 + 16 * k, c, label))
         last = [b for _, b in t[-5:]]
         print("| %s | %.4f | %s |" % (label, sum(last) / len(last) if last else float("nan"), "%.4f" % min(b for _, b in v) if v else "-"))
     svg.append("</svg>")

@@ -8,12 +8,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/bench}
 mkdir -p "$out"
+{ echo "# AdamW vs AdamW + Muon on the embedded default (tiny model, default corpus, 600 steps, seed 1234, CPU)"
+  echo "# $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+  echo "# command: bash bench/muon_loss.sh"; } > "$out/muon_loss.txt"
 for g in adamw muon; do
   groups=adamw:all
   [ "$g" = muon ] && groups=muon:matrices,adamw:all
   rm -rf "runs/muon-loss-$g"
-  /usr/bin/time -f "%e s wall" build/mctrain --set optim.groups="$groups" --set checkpoint.dir="runs/muon-loss-$g" \
+  /usr/bin/time -f "$g: %e s wall" -a -o "$out/muon_loss.txt" build/mctrain --set optim.groups="$groups" --set checkpoint.dir="runs/muon-loss-$g" \
     --set checkpoint.every=0 --set checkpoint.keep=1 2>&1 | tail -n 3
 done
 python3 bench/loss_svg.py "$out/muon_loss.svg" "AdamW (adamw:all)=runs/muon-loss-adamw/metrics.jsonl" \
-  "AdamW + Muon (muon:matrices,adamw:all)=runs/muon-loss-muon/metrics.jsonl" | tee "$out/muon_loss.txt"
+  "AdamW + Muon (muon:matrices,adamw:all)=runs/muon-loss-muon/metrics.jsonl" | tee -a "$out/muon_loss.txt"

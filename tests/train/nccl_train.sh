@@ -6,7 +6,7 @@
 #           tp2 x pp2, dp4 x ep2 zero 1, tp2+sp x dp2 x ep2 zero 1, pp2 x dp2 x ep2: every step's
 #           loss and gradient norm within BAND (relative; default 1e-5) of the one-GPU run.
 # muon:     optim.groups=muon:matrices,adamw:all: tp2, tp2+sp, dp2 zero 1 and 3, pp2 against
-#           the one-GPU Muon run within BAND; a dp2 zero 1 step 5 resumed on one GPU (4 GPUs:
+#           the one-GPU Muon run within MUON_BAND (1e-4, see below); a dp2 zero 1 step 5 resumed on one GPU (4 GPUs:
 #           tp2 x dp2 zero 1 too).
 # bf16:     train.dtype=bf16: tp2, dp2, pp2, dp2 x ep2, dp2 zero 1 (and on 4 GPUs tp2 x dp2 zero
 #           1) against the one-GPU bf16 run, losses within BF16_BAND (relative; default 1e-2);
@@ -30,6 +30,11 @@ S=${MC_SOURCE_DIR:?}
 MODE=${1:?mode}
 BAND=${MC_NCCL_BAND:-1e-5}
 BF16_BAND=${MC_NCCL_BF16_BAND:-1e-2}
+# Muon under TP: the TP ranks' products round differently from one GPU's (~1e-7), and
+# Newton-Schulz amplifies rounding in a matrix's small singular directions (up to ~3.4 per
+# iteration, train.test_muon); measured on 2 H100s: 2.2e-5 at the gradient-norm spike of step 5
+# for tp2 (dp and pp layouts: under 4e-6).
+MUON_BAND=${MC_NCCL_MUON_BAND:-1e-4}
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "$NGPU" -lt 2 ]; then echo "SKIP: $NGPU CUDA device(s); multi-GPU tests need 2"; exit 0; fi
 W=$(mktemp -d /tmp/mc_nccl_train.XXXXXX)
@@ -106,11 +111,11 @@ muon)
     --set checkpoint.async_save=false
   "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=z1r --resume dp2z1s/step_5 > z1r.log 2>&1 \
     || { cat z1r.log; die "Muon dp2 zero 1 step 5 resumed on one GPU failed"; }
-  for r in tp2 tp2sp dp2z1 dp2z3 pp2x; do same "muon $r" one/metrics.jsonl $r/metrics.jsonl 1 10 "$BAND" loss grad_norm; done
-  same "muon dp2 zero 1 -> one GPU" dp2z1s/metrics.jsonl z1r/metrics.jsonl 6 10 "$BAND" loss grad_norm
+  for r in tp2 tp2sp dp2z1 dp2z3 pp2x; do same "muon $r" one/metrics.jsonl $r/metrics.jsonl 1 10 "$MUON_BAND" loss grad_norm; done
+  same "muon dp2 zero 1 -> one GPU" dp2z1s/metrics.jsonl z1r/metrics.jsonl 6 10 "$MUON_BAND" loss grad_norm
   if [ "$NGPU" -ge 4 ]; then
     launch 4 tp2dp2z1 tp2dp2z1.log "${M[@]}" --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero=1
-    same "muon tp2 x dp2 zero 1" one/metrics.jsonl tp2dp2z1/metrics.jsonl 1 10 "$BAND" loss grad_norm
+    same "muon tp2 x dp2 zero 1" one/metrics.jsonl tp2dp2z1/metrics.jsonl 1 10 "$MUON_BAND" loss grad_norm
   fi
   ;;
 bf16)
