@@ -4,8 +4,9 @@
  *                [--config FILE] [--set section.key=value]
  *
  * CKPT is a run directory (its `latest` is used) or a step directory. Prints the layout,
- * the stage map, and per family: global shape, placement rule, stage, shards and owners,
- * and a layout-independent content digest per state; totals per rank and per memory
+ * the stage map, and per family: global shape, placement rule, stage, optimizer, shards and
+ * owners, and a layout-independent content digest per state kind the family has (param and
+ * its optimizer's: exp_avg and exp_avg_sq, or momentum); totals per rank and per memory
  * category. Checks: primaries tile every family, shards are the owners' hyperslabs, HDF5
  * attributes agree with the manifest, and with --verify every SHA-256. Any failed check:
  * exit status 1 and the list of problems. With --config/--set the checkpoint's model and
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "cli/cli_opts.h"
+#include "core/optim_groups.h"
 #include "plan/plan.h"
 #include "reshard/audit.h"
 #include "reshard/ownmap.h"
@@ -109,9 +111,9 @@ static void print_text(mc_rs_source *src, const mc_audit *a, const int *idx) {
     char rule[64];
     mc_placement_rule(g, f, rule, sizeof rule);
     shape_of(fam, buf, sizeof buf);
-    printf("  %-28s %-16s %-28s stage %d\n", fam->name, buf, rule, mc_family_stage(g, f));
+    printf("  %-28s %-16s %-28s stage %d  %s\n", fam->name, buf, rule, mc_family_stage(g, f), mc_opt_name(fam->opt));
     for (int st = 0; st < MC_N_STATES; st++) {
-      if (!(a->states & (1u << st))) continue;
+      if (!(a->states & (1u << st)) || !mc_family_has_state(fam, (mc_state)st)) continue;
       printf("    %-10s", mc_state_name((mc_state)st));
       for (int r = 0; r < g->world; r++) {
         int k = idx[((size_t)f * MC_N_STATES + (size_t)st) * (size_t)g->world + (size_t)r];
@@ -178,10 +180,12 @@ static char *json_report(mc_rs_source *src, const mc_audit *a, const int *idx) {
     cJSON_AddItemToObject(o, "shape", cJSON_CreateDoubleArray(shp, fam->ndim));
     cJSON_AddStringToObject(o, "placement_rule", rule);
     cJSON_AddNumberToObject(o, "stage", mc_family_stage(g, f));
+    cJSON_AddStringToObject(o, "optimizer", mc_opt_name(fam->opt));
     cJSON *dig = cJSON_AddObjectToObject(o, "digest_sha256");
     cJSON *shards = cJSON_AddArrayToObject(o, "shards");
     for (int st = 0; st < MC_N_STATES; st++)
-      if ((a->states & (1u << st)) && a->digests) cJSON_AddStringToObject(dig, mc_state_name((mc_state)st), a->digest[f][st]);
+      if ((a->states & (1u << st)) && mc_family_has_state(fam, (mc_state)st) && a->digests)
+        cJSON_AddStringToObject(dig, mc_state_name((mc_state)st), a->digest[f][st]);
     for (int i = 0; i < MC_N_STATES * g->world; i++) {
       int k = idx[(size_t)f * MC_N_STATES * (size_t)g->world + (size_t)i];
       if (k < 0) continue;
