@@ -1,5 +1,6 @@
 /* The round trips of the reshard tests: a reshard through the engine (mcreshard's code path),
- * the audit's content digests, and the byte-identity check of two checkpoints' shards.
+ * the audit's content digests, the byte-identity check of two checkpoints' shards, and the
+ * A -> B -> A case over a random pair of layouts.
  * Header-only, like the other test helpers; CHECK from tests/check.h. */
 #ifndef MC_TESTS_RESHARD_RS_ROUNDTRIP_H
 #define MC_TESTS_RESHARD_RS_ROUNDTRIP_H
@@ -9,6 +10,7 @@
 #include <string.h>
 
 #include "../check.h"
+#include "rs_ckpt_testlib.h"
 #include "ckpt/checkpoint.h"
 #include "reshard/audit.h"
 #include "reshard/reshard.h"
@@ -86,6 +88,45 @@ static inline void rs_check_same_shards(const char *a_path, const char *b_path) 
   CHECK(memcmp(&sa, &sb, sizeof sa) == 0, "training state not carried over unchanged");
   mc_ckpt_close(a);
   mc_ckpt_close(b);
+}
+
+/* Checks a test adds to the A -> B -> A case: B's path, geometry and audit digests. */
+typedef void (*rs_pair_extra)(const char *b_path, const mc_geometry *gb, char (*db)[MC_N_STATES][65]);
+
+/* A random pair of layouts (families' optimizers from `groups`) under root/A<k> and root/B<k>:
+ * the reference content saved in A (step `step`), A -> B read back with the reference content,
+ * B -> A giving A's shards byte for byte, both audits clean (with --verify) and their content
+ * digests equal; then `extra` (may be NULL). */
+static inline void rs_pair_case(uint64_t seed, const mc_model *m, const char *groups, const char *root, int k, int64_t step,
+                                rs_pair_extra extra) {
+  mc_geometry ga, gb;
+  if (rs_random_geometry_groups(seed, m, groups, 8, &ga) || rs_random_geometry_groups(seed + 1, m, groups, 8, &gb)) {
+    CHECK(0, "random layouts: %s", mc_errmsg());
+    return;
+  }
+  char A[2300], B[2300], A2[2300];
+  snprintf(A, sizeof A, "%s/A%d", root, k);
+  snprintf(B, sizeof B, "%s/B%d", root, k);
+  snprintf(A2, sizeof A2, "%s/A%d-back", root, k);
+  CHECK_OK(rs_save_reference_groups(A, &ga, groups, step));
+  int64_t chunk = 256 * (1 + rs_pick(seed, 64)); /* small bands: many partial pieces */
+  CHECK_OK(rs_reshard(A, B, &gb.layout, 0, chunk));
+  CHECK(rs_check_content(B) == 0, "content of %s read back through the library differs", B);
+  CHECK_OK(rs_reshard(B, A2, &ga.layout, 0, chunk * 3));
+  rs_check_same_shards(A, A2);
+  int pa, pb, na = 0, nb = 0;
+  char(*da)[MC_N_STATES][65] = rs_audit_digests(A, 1, &pa, &na);
+  char(*db)[MC_N_STATES][65] = rs_audit_digests(B, 1, &pb, &nb);
+  CHECK(pa == 0 && pb == 0, "audit problems: %d in A, %d in B", pa, pb);
+  CHECK(da && db && na == nb && memcmp(da, db, (size_t)na * sizeof *da) == 0, "content digests differ between %s and %s", A, B);
+  if (extra) extra(B, &gb, db);
+  printf("  pair %d (%s): tp%d pp%d dp%d ep%d z%d %s -> tp%d pp%d dp%d ep%d z%d %s -> back\n", k, groups, ga.layout.tp,
+         ga.layout.pp, ga.layout.dp, ga.layout.ep, ga.layout.zero, mc_split_name(ga.layout.split), gb.layout.tp,
+         gb.layout.pp, gb.layout.dp, gb.layout.ep, gb.layout.zero, mc_split_name(gb.layout.split));
+  free(da);
+  free(db);
+  mc_geometry_free(&ga);
+  mc_geometry_free(&gb);
 }
 
 #endif

@@ -24,36 +24,6 @@
 
 static char root[2048];
 
-static void pair_case(uint64_t seed, const mc_model *m, int k) {
-  mc_geometry ga, gb;
-  if (rs_random_geometry(seed, m, 8, &ga) || rs_random_geometry(seed + 1, m, 8, &gb)) {
-    CHECK(0, "random layouts: %s", mc_errmsg());
-    return;
-  }
-  char A[2300], B[2300], A2[2300];
-  snprintf(A, sizeof A, "%s/A%d", root, k);
-  snprintf(B, sizeof B, "%s/B%d", root, k);
-  snprintf(A2, sizeof A2, "%s/A%d-back", root, k);
-  CHECK_OK(rs_save_reference(A, &ga, 40 + k));
-  int64_t chunk = 256 * (1 + rs_pick(seed, 64)); /* small bands: many partial pieces */
-  CHECK_OK(rs_reshard(A, B, &gb.layout, 0, chunk));
-  CHECK(rs_check_content(B) == 0, "content of %s read back through the library differs", B);
-  CHECK_OK(rs_reshard(B, A2, &ga.layout, 0, chunk * 3));
-  rs_check_same_shards(A, A2);
-  int pa, pb, na = 0, nb = 0;
-  char(*da)[MC_N_STATES][65] = rs_audit_digests(A, 1, &pa, &na);
-  char(*db)[MC_N_STATES][65] = rs_audit_digests(B, 1, &pb, &nb);
-  CHECK(pa == 0 && pb == 0, "audit problems: %d in A, %d in B", pa, pb);
-  CHECK(da && db && na == nb && memcmp(da, db, (size_t)na * sizeof *da) == 0, "content digests differ between %s and %s", A, B);
-  printf("  pair %d: tp%d pp%d dp%d ep%d z%d %s -> tp%d pp%d dp%d ep%d z%d %s ok\n", k, ga.layout.tp, ga.layout.pp,
-         ga.layout.dp, ga.layout.ep, ga.layout.zero, mc_split_name(ga.layout.split), gb.layout.tp, gb.layout.pp,
-         gb.layout.dp, gb.layout.ep, gb.layout.zero, mc_split_name(gb.layout.split));
-  free(da);
-  free(db);
-  mc_geometry_free(&ga);
-  mc_geometry_free(&gb);
-}
-
 /* Turns a checkpoint written under the chunked rule into exactly what format version 1 wrote:
  * manifest format_version 1 without layout.ownership_rule or files[].sha256 (its hashes in manifest.sha256 and
  * latest recomputed), rank files' format_version attribute 1. */
@@ -314,7 +284,7 @@ int main(void) {
   rs_scratch("ckpt", root, sizeof root);
   mc_model m;
   rs_test_model(&m, "AEMRME");
-  for (int k = 0; k < 4; k++) pair_case(500 + 17 * (uint64_t)k, &m, k);
+  for (int k = 0; k < 4; k++) rs_pair_case(500 + 17 * (uint64_t)k, &m, "adamw:all", root, k, 40 + k, NULL);
   old_rule_case(&m, MC_OWN_CHUNKED, 1, 3, 1, 1, 1, 0); /* ZeRO parts differ (rows not a multiple of 3) */
   old_rule_case(&m, MC_OWN_CHUNKED, 2, 2, 1, 2, 0, 1); /* replicas: the primaries differ */
   old_rule_case(&m, MC_OWN_CHUNKED, 2, 2, 2, 4, 1, 2);
