@@ -164,7 +164,7 @@ static void print_class(FILE *out, const mc_plan *p, const mc_rank_class *cl) {
   fprintf(out, "    %-36s", "optimizer states by optimizer");
   for (int k = 0, n = 0; k < MC_N_OPTS; k++)
     if (p->opt_group_fams[k] > 0)
-      fprintf(out, "%s %s (%s)", n++ ? "," : "", mc_format_bytes(r->opt_group_bytes[k], b1, sizeof b1), mc_opt_name(k));
+      fprintf(out, n++ ? " %s (%s)" : " %12s (%s)", mc_format_bytes(r->opt_group_bytes[k], b1, sizeof b1), mc_opt_name(k));
   fprintf(out, "\n");
 }
 
