@@ -15,13 +15,17 @@
 #include <stdint.h>
 
 #include "core/config.h"
+#include "core/optim_groups.h"
 #include "core/ownership.h"
 
-/* Version 2 records the ownership rule (manifest layout.ownership_rule: "balanced-v2" for
- * what this version writes, "balanced" for earlier version 2 checkpoints); version 1
- * checkpoints were written under MC_OWN_CHUNKED (core/ownership.h) and are read as such. A
- * reader that predates balanced-v2 refuses such a checkpoint naming the unknown rule. */
-#define MC_CKPT_FORMAT_VERSION 2
+/* Version 3 records the optimizer groups (manifest optimizer_groups, each family's optimizer,
+ * each dataset's `optimizer` attribute): a family stores param plus the state kinds its
+ * optimizer declares (core/optim_groups.h). Versions 1 and 2 predate them: every family is
+ * AdamW's and they are read as before. Version 2 records the ownership rule (manifest
+ * layout.ownership_rule: "balanced-v2" for what this version writes, "balanced" for earlier
+ * version 2 checkpoints); version 1 checkpoints were written under MC_OWN_CHUNKED
+ * (core/ownership.h) and are read as such. A reader refuses a newer version, naming both. */
+#define MC_CKPT_FORMAT_VERSION 3
 #define MC_CKPT_MAX_DIM 3
 #define MC_CKPT_RULE_MAX 64
 
@@ -49,7 +53,9 @@ typedef struct {
 
 /* One shard to save: the hyperslab `rank` holds of (family, state), exactly
  * mc_shard_of(g, family, state, rank).numel fp32 values, row-major over its count.
- * Items whose rank is not the primary of that hyperslab (or holds nothing) are skipped. */
+ * Items whose rank is not the primary of that hyperslab (or holds nothing) are skipped. An
+ * item of a state kind the family's optimizer does not keep (mc_family_has_state: momentum
+ * of an AdamW family, exp_avg of a Muon one) is refused, naming family, state and optimizer. */
 typedef struct {
   int family;        /* index into g->fams */
   mc_state state;
@@ -86,7 +92,9 @@ typedef struct {
 void mc_ckpt_save_opts_default(mc_ckpt_save_opts *o);
 
 /* Saves step state->step into dir (created if missing). `cfg` is recorded whole in the
- * manifest, with its model and parallel sections taken from g. On return 0 the checkpoint
+ * manifest, with its model and parallel sections taken from g; its optim.groups must assign
+ * every family of g the optimizer g has (mc_family.opt), else the save is refused naming the
+ * first family that differs (a reader checks the recorded families against it). On return 0 the checkpoint
  * is committed and `latest` names it. On failure (any process, any step, a full disk
  * included) the previous checkpoint and `latest` are untouched, the temporary directory is
  * removed and -1 is returned with a message naming the file and step that failed.
@@ -185,7 +193,8 @@ typedef struct {
   int64_t numel;
   char placement_rule[MC_CKPT_RULE_MAX]; /* e.g. "tp(dim=0) x zero_balanced(dim=0)" */
   int stage;
-  int decay;                             /* optimizer group: 1 = weight decay */
+  int decay;                             /* weight-decay group (manifest optimizer_group): 1 = decay */
+  mc_opt_kind opt;                       /* optimizer (manifest optimizer; format < 3: MC_OPT_ADAMW) */
 } mc_ckpt_family;
 
 /* One stored shard: a dataset of one rank file. */
@@ -203,6 +212,9 @@ typedef struct {
   int n_replicas;
   const int *replicas;                      /* replica group, ascending; contains rank (format 1: replicas[0]) */
   char sha256[65];                          /* hex of the raw little-endian fp32 bytes */
+  int opt;  /* the dataset's `optimizer` attribute: its family's optimizer (mc_opt_kind);
+             * -1 in a checkpoint of format < 3, whose datasets have no such attribute.
+             * Writers set the family's optimizer (0, MC_OPT_ADAMW, when zero-filled). */
 } mc_ckpt_shard;
 
 typedef struct {
@@ -235,8 +247,13 @@ int mc_ckpt_format_version(const mc_ckpt *ck);
 int mc_ckpt_config(const mc_ckpt *ck, mc_config *out);
 const char *mc_ckpt_config_json(const mc_ckpt *ck);    /* that section, as JSON text */
 int mc_ckpt_train_state(const mc_ckpt *ck, mc_train_state *out);
-/* 1 if the checkpoint stores this state kind (every family then has it). */
+/* 1 if the checkpoint stores this state kind (manifest `states`): then every family whose
+ * optimizer declares it (and every family, for param) has it, the others do not. */
 int mc_ckpt_has_state(const mc_ckpt *ck, mc_state state);
+/* 1 if the checkpoint stores state kind `s` of family `family_index` (an index of
+ * mc_ckpt_family_at): the kind is stored and is param or declared by the family's optimizer.
+ * 0 otherwise, also for an index or kind out of range. */
+int mc_ckpt_family_has_state(const mc_ckpt *ck, int family_index, mc_state s);
 
 int mc_ckpt_n_families(const mc_ckpt *ck);
 const mc_ckpt_family *mc_ckpt_family_at(const mc_ckpt *ck, int i);

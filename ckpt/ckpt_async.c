@@ -172,6 +172,10 @@ static int stage_copy(mc_ckpt_saver *s, const mc_geometry *g, const mc_ckpt_item
       free(numel);
       return mc_error("checkpoint item %d: family, state or rank out of range", i);
     }
+    if (mc_ckpt_item_state_check(g, &items[i]) != 0) {
+      free(numel);
+      return -1;
+    }
     if (mc_shard_of(g, items[i].family, items[i].state, items[i].rank, &sh) != 0) {
       free(numel);
       return -1;

@@ -176,6 +176,9 @@ int mc_h5_write_shard_attrs(int64_t dset, const mc_shard_attrs *a) {
   rc |= attr_i32s(d, "replica_group", s->replicas, s->n_replicas);
   rc |= attr_i32(d, "primary_rank", s->rank);
   rc |= attr_str(d, "sha256", s->sha256);
+  /* format 3: the optimizer whose state this is; an unknown one would be unreadable */
+  if (s->opt < 0 || s->opt >= MC_N_OPTS) return -1;
+  rc |= attr_str(d, "optimizer", mc_opt_name(s->opt));
   return rc ? -1 : 0;
 }
 
@@ -409,6 +412,7 @@ int mc_h5_scan_rank_file(const char *path, const char *file_name, mc_shard_attrs
       else if (attr_read_ints(d, "primary_rank", H5T_NATIVE_INT, &s->rank, 1, &one) || one != 1) bad = "primary_rank";
       else if (attr_read_ints(d, "replica_group", H5T_NATIVE_INT, replicas, nrep, &ns) || ns < 1) bad = "replica_group";
       else if (attr_read_str(d, "sha256", s->sha256, sizeof s->sha256) || strlen(s->sha256) != 64) bad = "sha256";
+      else if (attr_read_str(d, "optimizer", dtype, sizeof dtype) || (s->opt = mc_opt_parse(dtype)) < 0) bad = "optimizer";
       if (bad) {
         rc = mc_error("%s: dataset %s has a missing or malformed attribute '%s'", path, s->dataset, bad);
       } else {
@@ -641,6 +645,9 @@ int mc_h5_check_attrs(int64_t fid, const char *file_name, const mc_ckpt_shard *s
   else if (attr_read_ints(d, "stage", H5T_NATIVE_INT, &iv, 1, &one) || iv != s->stage) bad = "stage";
   else if (attr_read_ints(d, "primary_rank", H5T_NATIVE_INT, &iv, 1, &one) || iv != s->rank) bad = "primary_rank";
   else if (attr_read_str(d, "sha256", str, sizeof str) || strcmp(str, s->sha256)) bad = "sha256";
+  /* format < 3 (opt -1) predates the attribute */
+  else if (s->opt >= 0 && (attr_read_str(d, "optimizer", str, sizeof str) || strcmp(str, mc_opt_name(s->opt))))
+    bad = "optimizer";
   int rc = 0;
   if (bad) {
     rc = mc_error("%s: attribute '%s' of dataset %s is missing, corrupt or disagrees with the manifest",

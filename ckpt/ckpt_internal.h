@@ -78,6 +78,14 @@ int mc_h5_threadsafe(void);
 
 /* ---------------------------------------------------------------- manifest (ckpt_manifest.c) */
 
+/* An item (family and state in range) of a state kind its family has (mc_family_has_state),
+ * else -1 with "checkpoint item <family>/<state> of rank <r>: family <family> is trained by
+ * <optimizer>, which keeps no <state> state". */
+int mc_ckpt_item_state_check(const mc_geometry *g, const mc_ckpt_item *it);
+/* cfg's optim.groups assigns every family of g the optimizer g has, else -1 naming the first
+ * family that differs and both optimizers. */
+int mc_ckpt_check_optimizers(const mc_geometry *g, const mc_config *cfg);
+
 typedef struct {
   char name[32];
   int64_t bytes;
@@ -100,7 +108,7 @@ typedef struct {
   int *replica_pool;  /* backing store of shards[i].replicas */
   int n_files;
   mc_file_rec *files;
-  int has_state[MC_N_STATES];
+  int has_state[MC_N_STATES]; /* the state kinds stored (`states`) */
 } mc_manifest;
 
 /* Builds the manifest text from the geometry and the shards read back from the rank files;

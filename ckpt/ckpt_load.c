@@ -239,6 +239,10 @@ const mc_ckpt_shard *mc_ckpt_shard_at(const mc_ckpt *ck, int i) {
 int mc_ckpt_has_state(const mc_ckpt *ck, mc_state s) {
   return (int)s >= 0 && s < MC_N_STATES && ck->m.has_state[s];
 }
+int mc_ckpt_family_has_state(const mc_ckpt *ck, int family_index, mc_state s) {
+  return family_index >= 0 && family_index < ck->m.n_fams && mc_ckpt_has_state(ck, s) &&
+         (mc_opt_state_mask(ck->m.fams[family_index].opt) >> s & 1u);
+}
 
 int mc_ckpt_find_family(const mc_ckpt *ck, const char *name) {
   for (int i = 0; i < ck->m.n_fams; i++)
@@ -574,9 +578,10 @@ int mc_ckpt_check_request(const mc_ckpt *ck, const mc_ckpt_request *r) {
   int fi = r->family ? mc_ckpt_find_family(ck, r->family) : -1;
   if (fi < 0) return mc_error("%s: no family '%s' in the checkpoint", ck->step_dir, r->family ? r->family : "(null)");
   const mc_ckpt_family *f = &ck->m.fams[fi];
-  if (!mc_ckpt_has_state(ck, r->state))
-    return mc_error("%s: the checkpoint has no '%s' state for %s", ck->step_dir,
-                    (int)r->state >= 0 && r->state < MC_N_STATES ? mc_state_name(r->state) : "?", f->name);
+  if (!mc_ckpt_family_has_state(ck, fi, r->state))
+    return mc_error("%s: the checkpoint has no '%s' state for %s (trained by %s)", ck->step_dir,
+                    (int)r->state >= 0 && r->state < MC_N_STATES ? mc_state_name(r->state) : "?", f->name,
+                    mc_opt_name(f->opt));
   int64_t want = 1;
   for (int k = 0; k < f->ndim; k++) {
     if (r->start[k] < 0 || r->count[k] < 1 || r->start[k] + r->count[k] > f->shape[k])

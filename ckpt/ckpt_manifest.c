@@ -101,8 +101,32 @@ static int shard_key_cmp(const void *a, const void *b) {
   return x->s.rank - y->s.rank;
 }
 
-/* Every shard must be exactly a primary hyperslab of mc_shard_of, and every primary hyperslab
- * of every saved state must be present once. */
+int mc_ckpt_item_state_check(const mc_geometry *g, const mc_ckpt_item *it) {
+  const mc_family *f = &g->fams.f[it->family];
+  if (mc_family_has_state(f, it->state)) return 0;
+  return mc_error("checkpoint item %s/%s of rank %d: family %s is trained by %s, which keeps no %s state", f->name,
+                  mc_state_name(it->state), it->rank, f->name, mc_opt_name(f->opt), mc_state_name(it->state));
+}
+
+int mc_ckpt_check_optimizers(const mc_geometry *g, const mc_config *cfg) {
+  /* The manifest records both; a reader refuses a checkpoint where they disagree, so the
+   * writer refuses to make one. */
+  mc_family_set fs = {g->fams.n, malloc(sizeof(mc_family) * (size_t)(g->fams.n > 0 ? g->fams.n : 1))};
+  if (!fs.f) return mc_error("out of memory checking the optimizer groups");
+  memcpy(fs.f, g->fams.f, sizeof(mc_family) * (size_t)g->fams.n);
+  int rc = mc_optim_groups_assign(cfg->train.optim.groups, &fs);
+  if (rc) mc_error_context("the configuration to record");
+  for (int f = 0; f < fs.n && rc == 0; f++)
+    if (fs.f[f].opt != g->fams.f[f].opt)
+      rc = mc_error("family %s: the geometry's optimizer is %s but the configuration's optim.groups '%s' assigns %s",
+                    fs.f[f].name, mc_opt_name(g->fams.f[f].opt), cfg->train.optim.groups, mc_opt_name(fs.f[f].opt));
+  free(fs.f);
+  return rc;
+}
+
+/* Every shard must be exactly a primary hyperslab of mc_shard_of of a state kind its family
+ * has, labelled with the family's optimizer, and every primary hyperslab of every saved state
+ * of every family that has it must be present once. */
 static int check_shards(const mc_geometry *g, mc_shard_attrs *sh, int n, int *states_out) {
   const int nf = g->fams.n, W = g->world;
   unsigned char *seen = calloc((size_t)nf * MC_N_STATES * (size_t)W, 1);
@@ -119,6 +143,16 @@ static int check_shards(const mc_geometry *g, mc_shard_attrs *sh, int n, int *st
       break;
     }
     const mc_family *fam = &g->fams.f[f];
+    if ((int)s->state < 0 || s->state >= MC_N_STATES || !mc_family_has_state(fam, s->state)) {
+      rc = mc_error("%s: dataset %s: family %s is trained by %s, which keeps no %s state", s->file, s->dataset,
+                    fam->name, mc_opt_name(fam->opt), mc_state_name(s->state));
+      break;
+    }
+    if (s->opt != fam->opt) {
+      rc = mc_error("%s: dataset %s: attribute optimizer is '%s' but family %s is trained by %s", s->file, s->dataset,
+                    mc_opt_name(s->opt), fam->name, mc_opt_name(fam->opt));
+      break;
+    }
     mc_shard want;
     if (s->rank < 0 || s->rank >= W || mc_shard_of(g, f, s->state, s->rank, &want) != 0) {
       rc = mc_error("%s: dataset %s: primary_rank %d is not a rank of the layout (world %d)", s->file, s->dataset, s->rank, W);
@@ -161,7 +195,7 @@ static int check_shards(const mc_geometry *g, mc_shard_attrs *sh, int n, int *st
   for (int st = 0; st < MC_N_STATES && rc == 0; st++) {
     if (!states_out[st]) continue;
     for (int f = 0; f < nf && rc == 0; f++)
-      for (int r = 0; r < W && rc == 0; r++) {
+      for (int r = 0; r < W && rc == 0 && mc_family_has_state(&g->fams.f[f], (mc_state)st); r++) {
         mc_shard want;
         if (mc_shard_of(g, f, (mc_state)st, r, &want) != 0) {
           rc = mc_error_context("checking ownership of %s/%s", g->fams.f[f].name, mc_state_name((mc_state)st));
@@ -185,6 +219,7 @@ int mc_manifest_build(const mc_geometry *g, const mc_config *cfg_in, const mc_tr
       check_int64("data_position", st->data_position) || check_int64("warmup_steps", st->warmup_steps) ||
       check_int64("total_steps", st->total_steps))
     return -1;
+  if (mc_ckpt_check_optimizers(g, cfg_in) != 0) return -1;
   mc_shard_attrs *sh = malloc((size_t)(n_shards > 0 ? n_shards : 1) * sizeof *sh);
   if (!sh) return mc_error("out of memory building the manifest");
   memcpy(sh, shards_in, (size_t)n_shards * sizeof *sh);
@@ -229,6 +264,29 @@ int mc_manifest_build(const mc_geometry *g, const mc_config *cfg_in, const mc_tr
   cJSON *sa = cJSON_AddArrayToObject(root, "states");
   for (int s = 0; s < MC_N_STATES; s++)
     if (states[s]) cJSON_AddItemToArray(sa, cJSON_CreateString(mc_state_name((mc_state)s)));
+  /* Each optimizer in use with the state kinds it declares, so that a reader knows what every
+   * family stores without knowing the optimizer (docs/checkpoint.md, "Optimizer groups and
+   * state kinds"). */
+  cJSON *ga = cJSON_AddArrayToObject(root, "optimizer_groups");
+  for (int k = 0; k < MC_N_OPTS; k++) {
+    int used = 0;
+    for (int f = 0; f < g->fams.n && !used; f++) used = g->fams.f[f].opt == k;
+    if (!used) continue;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", mc_opt_name(k));
+    cJSON *ds = cJSON_AddArrayToObject(o, "states");
+    int nd;
+    const mc_state_decl *d = mc_opt_states(k, &nd);
+    for (int i = 0; i < nd; i++) {
+      cJSON *e = cJSON_CreateObject();
+      cJSON_AddStringToObject(e, "name", mc_state_name(d[i].state));
+      cJSON_AddStringToObject(e, "dtype", d[i].dtype);
+      cJSON_AddStringToObject(e, "shape", d[i].shape);
+      cJSON_AddStringToObject(e, "placement", d[i].placement);
+      cJSON_AddItemToArray(ds, e);
+    }
+    cJSON_AddItemToArray(ga, o);
+  }
   cJSON *fa = cJSON_AddArrayToObject(root, "families");
   for (int f = 0; f < g->fams.n; f++) {
     const mc_family *fam = &g->fams.f[f];
@@ -243,6 +301,7 @@ int mc_manifest_build(const mc_geometry *g, const mc_config *cfg_in, const mc_tr
     cJSON_AddNumberToObject(o, "split_dim", fam->split_dim);
     cJSON_AddNumberToObject(o, "stage", mc_family_stage(g, f));
     cJSON_AddStringToObject(o, "optimizer_group", fam->decay ? "decay" : "no_decay");
+    cJSON_AddStringToObject(o, "optimizer", mc_opt_name(fam->opt));
     cJSON_AddNumberToObject(o, "layer", fam->layer);
     char blk[2] = {fam->block, 0};
     cJSON_AddStringToObject(o, "block", blk);
@@ -476,6 +535,13 @@ static void parse_families(const cJSON *fa, mc_manifest *m, mc_errlist *errs) {
     if (grp && strcmp(grp, "decay") && strcmp(grp, "no_decay"))
       mc_errlist_add(errs, "%s.optimizer_group '%s' is neither decay nor no_decay", where, grp);
     f->decay = grp && strcmp(grp, "decay") == 0;
+    f->opt = MC_OPT_ADAMW; /* format < 3 predates optimizer groups: every family is AdamW's */
+    if (m->format_version >= 3) {
+      const char *opt = get_str(o, "optimizer", &c);
+      int k = opt ? mc_opt_parse(opt) : -1;
+      if (opt && k < 0) mc_errlist_add(errs, "%s.optimizer '%s' is not an optimizer (adamw, muon)", where, opt);
+      if (k >= 0) f->opt = (mc_opt_kind)k;
+    }
     for (int j = 0; j < i; j++)
       if (f->name[0] && strcmp(m->fams[j].name, f->name) == 0) mc_errlist_add(errs, "%s: family '%s' listed twice", where, f->name);
   }
@@ -535,6 +601,7 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
     jctx c = {errs, where};
     mc_ckpt_shard *s = &m->shards[i];
     s->family_index = -1;
+    s->opt = -1; /* format < 3: the datasets carry no optimizer attribute */
     if (!cJSON_IsObject(o)) {
       mc_errlist_add(errs, "%s must be an object", where);
       continue;
@@ -562,6 +629,13 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
     if (fam) {
       s->family_index = find_fam(m, fam, &fam_hint);
       if (s->family_index < 0) mc_errlist_add(errs, "%s.family '%s' is not listed in 'families'", where, fam);
+    }
+    if (s->family_index >= 0) {
+      const mc_ckpt_family *f = &m->fams[s->family_index];
+      if (m->format_version >= 3) s->opt = f->opt;
+      if (st >= 0 && !(mc_opt_state_mask(f->opt) >> st & 1u))
+        mc_errlist_add(errs, "%s: family %s is trained by %s, which keeps no %s state", where, f->name, mc_opt_name(f->opt),
+                       state);
     }
     if (okdims && nd1 != nd2) mc_errlist_add(errs, "%s: start and count differ in length", where);
     if (okdims && nd1 == nd2 && s->family_index >= 0) {
@@ -616,8 +690,8 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
   free(by_rank);
 }
 
-/* Per (family, state): stored elements must add up to the family's size. Together with the
- * read-time coverage check this catches missing shards. */
+/* Per (family, state the family has): stored elements must add up to the family's size.
+ * Together with the read-time coverage check this catches missing shards. */
 static void check_coverage(mc_manifest *m, mc_errlist *errs) {
   int64_t *sum = calloc((size_t)(m->n_fams > 0 ? m->n_fams : 1) * MC_N_STATES, sizeof(int64_t));
   if (!sum) return;
@@ -625,10 +699,128 @@ static void check_coverage(mc_manifest *m, mc_errlist *errs) {
     if (m->shards[i].family_index >= 0) sum[m->shards[i].family_index * MC_N_STATES + m->shards[i].state] += m->shards[i].numel;
   for (int f = 0; f < m->n_fams; f++)
     for (int s = 0; s < MC_N_STATES; s++)
-      if (m->has_state[s] && sum[f * MC_N_STATES + s] != m->fams[f].numel)
+      if (m->has_state[s] && (mc_opt_state_mask(m->fams[f].opt) >> s & 1u) && sum[f * MC_N_STATES + s] != m->fams[f].numel)
         mc_errlist_add(errs, "family %s state %s: shards hold %" PRId64 " of %" PRId64 " elements", m->fams[f].name,
                        mc_state_name((mc_state)s), sum[f * MC_N_STATES + s], m->fams[f].numel);
   free(sum);
+}
+
+/* "a, b" for the declared (non-param) kinds of mask. */
+static void kind_list(unsigned mask, char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = 0;
+  for (int s = 1; s < MC_N_STATES; s++)
+    if (mask >> s & 1u) n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s%s", n ? ", " : "", mc_state_name((mc_state)s));
+  if (!buf[0]) snprintf(buf, cap, "none");
+}
+
+/* One declared state of optimizer_groups[gi]: a known kind other than param, and only the
+ * dtype, shape rule and placement rule this MegaC implements. Returns its kind or -1. */
+static int parse_decl(const cJSON *e, const char *gwhere, const char *gname, int j, mc_errlist *errs) {
+  char where[64];
+  snprintf(where, sizeof where, "%s.states[%d]", gwhere, j);
+  jctx c = {errs, where};
+  if (!cJSON_IsObject(e)) {
+    mc_errlist_add(errs, "%s must be an object", where);
+    return -1;
+  }
+  const char *name = get_str(e, "name", &c);
+  int st = name ? mc_state_parse(name) : -1;
+  if (name && (st < 0 || st == MC_STATE_PARAM))
+    mc_errlist_add(errs, "%s (%s): '%s' is not a state kind an optimizer can declare", gwhere, gname, name);
+  static const char *const fields[3] = {"dtype", "shape", "placement"};
+  static const char *const implemented[3] = {"float32", "param", "param"};
+  for (int k = 0; k < 3; k++) {
+    const char *v = get_str(e, fields[k], &c);
+    if (v && strcmp(v, implemented[k]) != 0)
+      mc_errlist_add(errs, "%s (%s): state %s: %s '%s' is not implemented (only %s)", gwhere, gname, name ? name : "?",
+                     fields[k], v, implemented[k]);
+  }
+  return st > 0 ? st : -1;
+}
+
+/* optimizer_groups (format 3): each optimizer once, known, declaring exactly the state kinds
+ * this MegaC's optimizer of that name keeps (core/optim_groups.h). listed[k] = 1 for each. */
+static void parse_groups(const cJSON *ga, int *listed, mc_errlist *errs) {
+  int i = 0;
+  for (const cJSON *o = ga->child; o; o = o->next, i++) {
+    char where[32];
+    snprintf(where, sizeof where, "optimizer_groups[%d]", i);
+    jctx c = {errs, where};
+    if (!cJSON_IsObject(o)) {
+      mc_errlist_add(errs, "%s must be an object", where);
+      continue;
+    }
+    const char *name = get_str(o, "name", &c);
+    int k = name ? mc_opt_parse(name) : -1;
+    if (name && k < 0) mc_errlist_add(errs, "%s.name '%s' is not an optimizer this MegaC implements (adamw, muon)", where, name);
+    if (k >= 0 && listed[k]) mc_errlist_add(errs, "%s: optimizer %s listed twice", where, name);
+    if (k >= 0) listed[k] = 1;
+    cJSON *sa = req(o, "states", &c);
+    if (sa && !cJSON_IsArray(sa)) mc_errlist_add(errs, "key '%s.states' must be an array", where);
+    if (!cJSON_IsArray(sa)) continue;
+    unsigned mask = 1u << MC_STATE_PARAM;
+    int j = 0;
+    for (const cJSON *e = sa->child; e; e = e->next, j++) {
+      int st = parse_decl(e, where, name ? name : "?", j, errs);
+      if (st > 0 && (mask >> st & 1u)) mc_errlist_add(errs, "%s (%s): state %s declared twice", where, name, mc_state_name((mc_state)st));
+      if (st > 0) mask |= 1u << st;
+    }
+    if (k >= 0 && mask != mc_opt_state_mask(k)) {
+      char got[96], want[96];
+      kind_list(mask, got, sizeof got);
+      kind_list(mc_opt_state_mask(k), want, sizeof want);
+      mc_errlist_add(errs, "%s (%s) declares the states [%s] but %s keeps [%s]", where, name, got, name, want);
+    }
+  }
+}
+
+/* Every family's optimizer listed in optimizer_groups, every listed one used, every stored
+ * kind but param kept by some family's optimizer. */
+static void check_groups(const mc_manifest *m, const int *listed, mc_errlist *errs) {
+  int used[MC_N_OPTS] = {0};
+  unsigned kept = 1u << MC_STATE_PARAM;
+  for (int f = 0; f < m->n_fams; f++) {
+    const mc_ckpt_family *fa = &m->fams[f];
+    used[fa->opt] = 1;
+    kept |= mc_opt_state_mask(fa->opt);
+    if (m->format_version >= 3 && !listed[fa->opt])
+      mc_errlist_add(errs, "families[%d] (%s): optimizer %s is not listed in optimizer_groups", f, fa->name, mc_opt_name(fa->opt));
+  }
+  for (int k = 0; k < MC_N_OPTS && m->format_version >= 3; k++)
+    if (listed[k] && !used[k]) mc_errlist_add(errs, "optimizer_groups: %s trains no family", mc_opt_name(k));
+  for (int s = 0; s < MC_N_STATES; s++)
+    if (m->has_state[s] && !(kept >> s & 1u))
+      mc_errlist_add(errs, "states: '%s' is kept by no family's optimizer%s", mc_state_name((mc_state)s),
+                     m->format_version < 3 ? " (format version < 3: every family is AdamW's)" : "");
+}
+
+/* The recorded families' optimizers against what the recorded config's optim.groups assigns
+ * (mc_geometry_of_config, as a reader builds it). A manifest of format < 3 without an optim
+ * section is AdamW throughout, as its config's defaults say: nothing to check. */
+static void check_config_optimizers(const mc_manifest *m, const cJSON *config, mc_errlist *errs) {
+  if (m->format_version < 3 && !cJSON_GetObjectItemCaseSensitive(config, "optim")) return;
+  mc_config cfg;
+  mc_geometry g;
+  if (mc_config_default(&cfg) != 0 || mc_config_apply_json(&cfg, m->config_json, "config") != 0) {
+    mc_errlist_add(errs, "the recorded config is invalid: %s", mc_errmsg());
+    return;
+  }
+  cfg.parallel.own_rule = m->own_rule;
+  if (mc_geometry_of_config(&cfg, NULL, &g) != 0) {
+    mc_errlist_add(errs, "the recorded config gives no model with optimizer groups: %s", mc_errmsg());
+    return;
+  }
+  for (int i = 0; i < m->n_fams; i++) {
+    const mc_ckpt_family *f = &m->fams[i];
+    int k = i < g.fams.n && !strcmp(g.fams.f[i].name, f->name) ? i : mc_family_find(&g.fams, f->name);
+    if (k < 0) continue; /* not the recorded model's: mc_ckpt_check_families says so at load */
+    if (g.fams.f[k].opt != (int)f->opt)
+      mc_errlist_add(errs, "families[%d] (%s): optimizer %s%s but the recorded config's optim.groups '%s' assigns %s", i,
+                     f->name, mc_opt_name(f->opt), m->format_version < 3 ? " (format version < 3)" : "",
+                     cfg.train.optim.groups, mc_opt_name(g.fams.f[k].opt));
+  }
+  mc_geometry_free(&g);
 }
 
 int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
@@ -727,9 +919,16 @@ int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
     }
     check_unique_files(m, &errs);
   }
+  int listed[MC_N_OPTS] = {0};
+  if (m->format_version >= 3) {
+    cJSON *groups = req_type(root, "optimizer_groups", 1, &errs);
+    if (groups) parse_groups(groups, listed, &errs);
+  }
   if (fams) parse_families(fams, m, &errs);
+  if (fams && errs.n == 0) check_groups(m, listed, &errs);
   if (shards && errs.n == 0) parse_shards(shards, m, &errs);
   if (errs.n == 0) check_coverage(m, &errs);
+  if (config && errs.n == 0) check_config_optimizers(m, config, &errs);
   cJSON_Delete(root);
   if (errs.n) {
     char header[MC_PATH_MAX + 32];

@@ -70,6 +70,7 @@ static void fill_attrs(const mc_geometry *g, int family, mc_state state, int ran
   s->numel = sh->numel;
   s->rank = rank;
   s->stage = sh->stage;
+  s->opt = fam->opt;
   mc_placement_rule(g, family, a->placement_rule, sizeof a->placement_rule);
 }
 
@@ -93,6 +94,7 @@ static int build_write_set(const mc_geometry *g, const mc_ckpt_item *items, int 
       return free(order), write_set_free(w), mc_error("checkpoint item %d (%s): unknown state kind %d", i, g->fams.f[it->family].name, (int)it->state);
     if (it->rank < 0 || it->rank >= g->world)
       return free(order), write_set_free(w), mc_error("checkpoint item %d (%s): rank %d outside world %d", i, g->fams.f[it->family].name, it->rank, g->world);
+    if (mc_ckpt_item_state_check(g, it) != 0) return free(order), write_set_free(w), -1;
     order[i] = (item_key){it->rank, it->family, (int)it->state, i};
   }
   qsort(order, (size_t)n_items, sizeof *order, item_order);
@@ -513,7 +515,8 @@ int mc_ckpt_write_metadata_only(const char *dir, const mc_geometry *g, const mc_
   int *nrep = malloc((size_t)per * sizeof *nrep);
   if (!bytes || !sh || !nrep) rc = mc_error("out of memory");
   for (int f = 0; f < g->fams.n && rc == 0; f++)
-    for (int s = 0; s < MC_N_STATES && rc == 0; s++) rc = add_primaries(g, f, (mc_state)s, &rb, &cap, bytes, sh, nrep);
+    for (int s = 0; s < MC_N_STATES && rc == 0; s++)
+      if (mc_family_has_state(&g->fams.f[f], (mc_state)s)) rc = add_primaries(g, f, (mc_state)s, &rb, &cap, bytes, sh, nrep);
   /* zeroed: no data, so no whole-file hash (files[].sha256 is left out of the manifest) */
   if (rc == 0 && !(rb.files = calloc((size_t)g->world, sizeof *rb.files))) rc = mc_error("out of memory");
   for (int r = 0; r < g->world && rc == 0; r++) {

@@ -43,8 +43,9 @@ typedef struct {
 
 /* Writes the attributes of one shard dataset (`dset`, an open HDF5 dataset id) exactly as
  * the library's rank files carry them: family, state, dtype, global_shape, start, count,
- * placement_rule, stage, replica_group, primary_rank, sha256 (docs/checkpoint.md, the
- * attribute table). Reads `a` only (s.replicas must point at s.n_replicas ranks). For
+ * placement_rule, stage, replica_group, primary_rank, sha256, optimizer (docs/checkpoint.md,
+ * the attribute table; optimizer = mc_opt_name(s.opt), so s.opt must be an mc_opt_kind: the
+ * family's optimizer). Reads `a` only (s.replicas must point at s.n_replicas ranks). For
  * writers that create and fill datasets themselves. Returns 0, or -1 WITHOUT a message: the
  * caller names the file and dataset. An attribute that already exists makes it fail. */
 int mc_h5_write_shard_attrs(int64_t dset, const mc_shard_attrs *a);
@@ -64,7 +65,8 @@ void mc_h5_close(int64_t fid);
 
 /* Checks dataset s->dataset of an open rank file against the manifest's record `s` and the
  * family's global shape (s->ndim values): every attribute except placement_rule and
- * replica_group must equal the record, and the stored array must be fp32 little-endian of
+ * replica_group must equal the record (optimizer: mc_opt_name(s->opt); not checked when
+ * s->opt is -1, a checkpoint of format < 3), and the stored array must be fp32 little-endian of
  * extent s->count. Reads nothing but attributes and the dataset's type and extent.
  * file_name only names the file in messages. Errors: "<file>: dataset <d> is missing",
  * "<file>: attribute '<name>' of dataset <d> is missing, corrupt or disagrees with the

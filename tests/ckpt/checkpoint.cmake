@@ -13,6 +13,14 @@ if(TARGET test_ckpt_roundtrip)
     set_tests_properties(ckpt.test_ckpt_${py} PROPERTIES ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR}")
   endforeach()
 endif()
+# Format version 2 checkpoints (before optimizer groups) load as AdamW; a rank file's optimizer
+# attribute is checked (tests/ckpt/test_ckpt_v2.py, through test_ckpt_optim's modes).
+if(TARGET test_ckpt_optim)
+  add_test(NAME ckpt.test_ckpt_v2
+           COMMAND /usr/bin/python3 ${MC_SOURCE_DIR}/tests/ckpt/test_ckpt_v2.py $<TARGET_FILE:test_ckpt_optim>
+           WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+  set_tests_properties(ckpt.test_ckpt_v2 PROPERTIES ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR}")
+endif()
 # Several MPI processes writing one checkpoint: the test links MPI itself (the library does
 # not); run as one process by the default registration and as four under mpirun.
 if(TARGET test_ckpt_mpi)
@@ -29,7 +37,7 @@ endif()
 
 # A deadlock (e.g. in the barrier protocol) must fail the test, not hang the run.
 foreach(t test_ckpt_roundtrip test_ckpt_corrupt test_ckpt_fault test_ckpt_fault_crash test_ckpt_async test_ckpt_h5py
-          test_ckpt_schema test_ckpt_mpi test_ckpt_mpi_np4)
+          test_ckpt_schema test_ckpt_mpi test_ckpt_mpi_np4 test_ckpt_optim test_ckpt_v2)
   if(TEST ckpt.${t})
     set_tests_properties(ckpt.${t} PROPERTIES TIMEOUT 120)
   endif()

@@ -1,7 +1,8 @@
 """Interop: a checkpoint written by MegaC (test_ckpt_roundtrip --write) read with h5py,
 hashlib and h5dump alone, without any MegaC code: the root hash in `latest`, every shard's
 attributes against the manifest, every shard's SHA-256 over its raw little-endian fp32
-bytes, and that the shards of each family and state tile its global shape exactly once."""
+bytes, and that the shards of each family and of each state its optimizer keeps (param and
+what its group in optimizer_groups declares) tile its global shape exactly once."""
 import hashlib
 import json
 import os
@@ -71,6 +72,8 @@ def main():
         check(int(a["primary_rank"]) == s["rank"] and
               (s["rank"] == min(s["replica_group"]) if lowest else s["rank"] in s["replica_group"]), f"{where}: primary_rank")
         check(a["sha256"] == s["sha256"], f"{where}: sha256 attribute")
+        if manifest["format_version"] >= 3:
+            check(a["optimizer"] == fam["optimizer"], f"{where}: optimizer")
         check(ds.dtype == np.dtype("<f4") and list(ds.shape) == s["count"], f"{where}: dtype/shape")
         data = ds[()]
         check(hashlib.sha256(data.astype("<f4").tobytes()).hexdigest() == a["sha256"], f"{where}: data hash")
@@ -81,10 +84,16 @@ def main():
         cover[key][box] += 1
     for h in opened.values():
         h.close()
-    for name in fams:
+    declared = {g["name"]: {"param"} | {d["name"] for d in g["states"]} for g in manifest.get("optimizer_groups", [])}
+    for name, fam in fams.items():
+        keeps = declared.get(fam.get("optimizer", "adamw"), {"param", "exp_avg", "exp_avg_sq"})
         for state in manifest["states"]:
             c = cover.get((name, state))
+            if state not in keeps:
+                check(c is None, f"{name}/{state}: stored, but {fam['optimizer']} keeps no {state}")
+                continue
             check(c is not None and c.min() == 1 and c.max() == 1, f"{name}/{state}: shards tile the tensor once")
+    check(set(manifest["states"]) == {"param", "exp_avg", "exp_avg_sq", "momentum"}, f"states {manifest['states']}")
 
     # h5dump (HDF5's own tool) reads the attributes too.
     if shutil.which("h5dump"):

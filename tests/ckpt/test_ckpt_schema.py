@@ -40,16 +40,31 @@ def main():
             failures.append(f"schema accepts a manifest with {name}")
 
     broken("no shards", lambda m: m.pop("shards"))
-    broken("a newer format version", lambda m: m.update(format_version=3))
+    broken("a newer format version", lambda m: m.update(format_version=4))
+    broken("version 3 without optimizer groups", lambda m: m.pop("optimizer_groups"))
+    broken("a family without its optimizer", lambda m: m["families"][0].pop("optimizer"))
+    broken("an unknown optimizer", lambda m: m["families"][0].update(optimizer="sgd"))
+    broken("a bfloat16 state", lambda m: m["optimizer_groups"][0]["states"][0].update(dtype="bfloat16"))
+    broken("a state shaped otherwise", lambda m: m["optimizer_groups"][0]["states"][0].update(shape="rows"))
+    broken("version 2 with optimizer groups", lambda m: m.update(format_version=2))
     broken("version 2 without its ownership rule", lambda m: m["layout"].pop("ownership_rule"))
     broken("an unknown ownership rule", lambda m: m["layout"].update(ownership_rule="lumpy"))
-    broken("version 1 with an ownership rule", lambda m: m.update(format_version=1))
+    broken("version 1 with an ownership rule",
+           lambda m: (m.update(format_version=1), m.pop("optimizer_groups"), [f.pop("optimizer") for f in m["families"]]))
     broken("a short sha256", lambda m: m["shards"][0].update(sha256="abc"))
     broken("a seed as a number", lambda m: m["training_state"].update(seed=5))
-    broken("an unknown state", lambda m: m["shards"][0].update(state="momentum"))
+    broken("an unknown state", lambda m: m["shards"][0].update(state="velocity"))
     broken("a 4-d count", lambda m: m["shards"][0].update(count=[1, 1, 1, 1]))
     broken("an unknown top-level key", lambda m: m.update(extra=1))
     broken("a file outside the step directory", lambda m: m["files"][0].update(name="../rank_0.h5"))
+
+    v2 = copy.deepcopy(manifest)
+    v2.update(format_version=2, states=["param", "exp_avg", "exp_avg_sq"])
+    v2.pop("optimizer_groups")
+    for f in v2["families"]:
+        f.pop("optimizer")
+    if not validator.is_valid(v2):
+        failures.append("schema refuses a version 2 manifest")
 
     for f in failures:
         print("FAIL:", f, file=sys.stderr)
