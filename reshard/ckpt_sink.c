@@ -60,6 +60,7 @@ static int shard_attrs(hid_t d, const mc_geometry *g, int fam, mc_state st, cons
   a.s.n_replicas = mc_shard_replicas(g, fam, st, sh->rank, reps);
   a.s.replicas = reps;
   a.s.rank = sh->rank;
+  a.s.opt = f->opt; /* the target geometry's optimizer: the source's groups, kept */
   snprintf(a.s.sha256, sizeof a.s.sha256, "%s", hex);
   mc_placement_rule(g, fam, a.placement_rule, sizeof a.placement_rule);
   int rc = mc_h5_write_shard_attrs((int64_t)d, &a);

@@ -7,6 +7,7 @@
  * existing DST needs force; a target breaking a layout rule is refused naming the rule;
  * consolidation to world size 1. */
 #define _POSIX_C_SOURCE 200809L
+#include <cjson/cJSON.h>
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,13 +25,60 @@
 
 static char root[2048];
 
-/* Turns a checkpoint written under the chunked rule into exactly what format version 1 wrote:
- * manifest format_version 1 without layout.ownership_rule or files[].sha256 (its hashes in manifest.sha256 and
- * latest recomputed), rank files' format_version attribute 1. */
+/* Turns a checkpoint this version wrote (format 3) of an AdamW-only model into what format
+ * version 2 wrote: manifest format_version 2 without optimizer_groups, families[].optimizer
+ * and the config's optim section, rank files' format_version attribute 2 and no `optimizer`
+ * attribute on their datasets; without files[].sha256 (the rank files changed; a manifest
+ * without whole-file hashes is one readers accept), the manifest's hash in manifest.sha256
+ * and latest recomputed. */
+static void make_format_v2(const char *dir, int64_t step) {
+  char mp[4200], rp[4400];
+  size_t n = 0;
+  char *text = read_manifest_text(dir, step, mp, &n);
+  cJSON *m = text ? cJSON_Parse(text) : NULL;
+  cJSON *fams = cJSON_GetObjectItemCaseSensitive(m, "families"), *files = cJSON_GetObjectItemCaseSensitive(m, "files"),
+        *shards = cJSON_GetObjectItemCaseSensitive(m, "shards"), *it;
+  int ok = m && cJSON_GetObjectItemCaseSensitive(m, "optimizer_groups") && fams && files && shards;
+  /* the rank files: version attribute, and each shard's dataset without its optimizer */
+  cJSON_ArrayForEach(it, files) {
+    snprintf(rp, sizeof rp, "%s/step_%lld/%s", dir, (long long)step, cJSON_GetStringValue(cJSON_GetObjectItem(it, "name")));
+    hid_t fid = H5Fopen(rp, H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t at = fid >= 0 ? H5Aopen(fid, "format_version", H5P_DEFAULT) : -1;
+    int two = 2;
+    ok &= at >= 0 && H5Awrite(at, H5T_NATIVE_INT, &two) >= 0;
+    if (at >= 0) H5Aclose(at);
+    cJSON *sh;
+    cJSON_ArrayForEach(sh, shards) {
+      if (strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(sh, "file")), cJSON_GetStringValue(cJSON_GetObjectItem(it, "name"))))
+        continue;
+      ok &= fid >= 0 && H5Adelete_by_name(fid, cJSON_GetStringValue(cJSON_GetObjectItem(sh, "dataset")), "optimizer", H5P_DEFAULT) >= 0;
+    }
+    if (fid >= 0) H5Fclose(fid);
+  }
+  cJSON_DeleteItemFromObjectCaseSensitive(m, "optimizer_groups");
+  cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "config"), "optim");
+  cJSON_ReplaceItemInObjectCaseSensitive(m, "format_version", cJSON_CreateNumber(2));
+  cJSON_ArrayForEach(it, fams) cJSON_DeleteItemFromObjectCaseSensitive(it, "optimizer");
+  char *out = m ? cJSON_Print(m) : NULL;
+  FILE *mf = out ? fopen(mp, "wb") : NULL;
+  ok &= mf && fwrite(out, 1, strlen(out), mf) == strlen(out);
+  if (mf) ok &= fclose(mf) == 0;
+  ok &= strip_file_hashes(dir, step) == 0 && rehash_manifest(dir, step) == 0;
+  CHECK(ok, "%s: not rewritten as format version 2", dir);
+  free(out);
+  cJSON_Delete(m);
+  free(text);
+}
+
+/* Turns a checkpoint written under the chunked rule into exactly what format version 1 wrote
+ * (by way of version 2): manifest format_version 1 without layout.ownership_rule or
+ * files[].sha256 (its hashes in manifest.sha256 and latest recomputed), rank files'
+ * format_version attribute 1. */
 static void make_format_v1(const char *dir, int64_t step) {
+  make_format_v2(dir, step);
+  /* (version 1 predates whole-file hashes too: make_format_v2 left them out) */
   CHECK(edit_manifest(dir, step, "\"format_version\":\t2", "\"format_version\":\t1") == 0 &&
-            edit_manifest(dir, step, "\"ownership_rule\":\t\"chunked\",\n\t\t", "") == 0 &&
-            strip_file_hashes(dir, step) == 0, /* version 1 predates whole-file hashes */
+            edit_manifest(dir, step, "\"ownership_rule\":\t\"chunked\",\n\t\t", "") == 0,
         "manifest of %s lacks version 2 or the chunked rule", dir);
   for (int r = 0; r < 64; r++) {
     char rp[2600];
@@ -96,6 +144,7 @@ static void old_rule_case(const mc_model *m, int old_rule, int tp, int dp, int p
   snprintf(B2, sizeof B2, "%s/old%d-again", root, k);
   CHECK_OK(rs_save_reference(A, &gold, 60 + k));
   if (old_rule == MC_OWN_CHUNKED) make_format_v1(A, 60 + k);
+  else make_format_v2(A, 60 + k);
   mc_ckpt *ck;
   CHECK_OK(mc_ckpt_open(A, NULL, &ck));
   if (ck) {

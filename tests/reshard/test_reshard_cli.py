@@ -339,7 +339,7 @@ def groups(tmp):
     check(rc == 0, "synthesize with Muon groups: " + err)
     rc, _, err = run(MCRESHARD, j("S"), j("A"), "--tp", "2", "--dp", "2", "--zero", "1", "--no-progress")
     check(rc == 0, "S -> A (Muon groups): " + err)
-    rc, _, err = run(MCRESHARD, j("A"), j("B"), "--pp", "2", "--dp", "1", "--tp", "1", "--ep", "2", "--sp", "0",
+    rc, _, err = run(MCRESHARD, j("A"), j("B"), "--pp", "2", "--dp", "2", "--tp", "1", "--ep", "2", "--sp", "0",
                      "--zero", "0", "--no-progress")
     check(rc == 0, "A -> B (Muon groups): " + err)
     rc, _, err = run(MCRESHARD, j("B"), j("A2"), "--tp", "2", "--dp", "2", "--pp", "1", "--ep", "1", "--zero", "1",
