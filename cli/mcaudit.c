@@ -9,8 +9,8 @@
  * its optimizer's: exp_avg and exp_avg_sq, or momentum); totals per rank and per memory
  * category. Checks: primaries tile every family, shards are the owners' hyperslabs, HDF5
  * attributes agree with the manifest, and with --verify every SHA-256. Any failed check:
- * exit status 1 and the list of problems. With --config/--set the checkpoint's model and
- * layout must also be the configuration's. docs/audit.md. */
+ * exit status 1 and the list of problems. With --config/--set the checkpoint's model,
+ * optimizer groups and layout must also be the configuration's. docs/audit.md. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -46,16 +46,45 @@ static void usage(FILE *f) {
              "  --map FILE      draw the ownership map (ranks x families) as FILE.svg or FILE.html\n"
              "  --no-progress   no progress bar while the shards are read (none off a terminal anyway)\n"
              "  --version       print the MegaC version and checkpoint format, then exit\n"
-             "  --config/--set: also check that the checkpoint's model and layout are the ones this\n"
-             "                  configuration describes (defaults, then files and assignments in order)\n");
+             "  --config/--set: also check that the checkpoint's model, optimizer groups and layout are\n"
+             "                  the ones this configuration describes (defaults, then files and\n"
+             "                  assignments in order)\n");
 }
 
-/* The checkpoint against a run configuration: the model (every key the library compares)
- * and the layout (degrees, ZeRO, SP and the resulting stage map). */
+/* The optimizer of every family under the configuration's optim.groups against the
+ * checkpoint's (a resume keeps them): one problem naming the first family that differs and
+ * how many do. Families are compared, not the text, so equivalent rules agree. */
+static void check_groups_against_config(const mc_geometry *g, const mc_config *want, mc_errlist *problems) {
+  mc_family_set fs;
+  if (mc_families_build(&g->model, g->layout.sp, &fs) != 0) {
+    mc_errlist_add(problems, "checkpoint vs --config: %s", mc_errmsg());
+    return;
+  }
+  if (mc_optim_groups_assign(want->train.optim.groups, &fs) != 0) {
+    mc_errlist_add(problems, "checkpoint vs --config: %s", mc_errmsg());
+  } else {
+    int first = -1, n = 0;
+    for (int f = 0; f < fs.n && f < g->fams.n; f++)
+      if (fs.f[f].opt != g->fams.f[f].opt) {
+        if (first < 0) first = f;
+        n++;
+      }
+    if (n)
+      mc_errlist_add(problems, "checkpoint vs --config: family %s is trained by %s in the checkpoint, by %s under the "
+                     "config's optim.groups '%s' (%d famil%s differ)",
+                     g->fams.f[first].name, mc_opt_name(g->fams.f[first].opt), mc_opt_name(fs.f[first].opt),
+                     want->train.optim.groups, n, n == 1 ? "y" : "ies");
+  }
+  mc_families_free(&fs);
+}
+
+/* The checkpoint against a run configuration: the model (every key the library compares),
+ * the optimizer groups and the layout (degrees, ZeRO, SP and the resulting stage map). */
 static void check_against_config(mc_rs_source *src, const mc_config *want, mc_errlist *problems) {
   const mc_geometry *g = mc_rs_source_geometry(src);
   if (mc_ckpt_check_model(mc_rs_source_ckpt(src), &want->model) != 0)
     mc_errlist_add(problems, "checkpoint vs --config: %s", mc_errmsg());
+  else check_groups_against_config(g, want, problems);
   const mc_layout *h = &g->layout, *w = &want->parallel;
   const char *keys[] = {"tp", "pp", "dp", "ep", "sp", "zero"};
   const int have[] = {h->tp, h->pp, h->dp, h->ep, h->sp, h->zero}, wanted[] = {w->tp, w->pp, w->dp, w->ep, w->sp, w->zero};

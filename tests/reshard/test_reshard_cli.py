@@ -368,6 +368,13 @@ def groups(tmp):
     rc, out, _ = run(MCAUDIT, j("B"))
     check(rc == 0 and "    momentum " in out and "  muon" in out and "ok: no problems found" in out,
           "text audit lists momentum and the optimizers")
+    # against a run configuration: the optimizer groups are compared family by family
+    want = ["--set", "parallel.pp=2", "--set", "parallel.dp=2", "--set", "parallel.ep=2"]
+    rc, _, err = run(MCAUDIT, j("B"), *want)
+    check(rc == 1 and "family layers.00.attn.wq is trained by muon in the checkpoint, by adamw under the config's "
+          "optim.groups 'adamw:all' (15 families differ)" in err, "audit against AdamW-only groups: " + err)
+    rc, out, err = run(MCAUDIT, j("B"), *want, "--set", "optim.groups=muon:matrices , adamw:vectors,adamw:all")
+    check(rc == 0 and "ok: no problems found" in out, "audit against the same groups, spelled otherwise: " + err)
     rc, _, err = run(MCRESHARD, j("A"), j("C"), "--set", "optim.groups=adamw:all", "--no-progress")
     check(rc == 1 and "would change optim.groups 'muon:matrices,adamw:all' -> 'adamw:all'" in err and
           not os.path.exists(j("C")), "a reshard that changes the optimizer groups is refused: " + err)
