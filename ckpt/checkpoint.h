@@ -107,7 +107,8 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg,
 /* A checkpoint of geometry g without data, for planning at scales no machine here can save
  * (bench/sim_scale --write-metadata, then mcreshard --dry-run): <dir>/step_<N>/manifest.json
  * and manifest.sha256 exactly as a save of every state kind would write them (every primary
- * shard of every family, its hyperslab, replica group and placement rule; the rank files a
+ * shard of param and of its optimizer's states for every family, its hyperslab, replica group
+ * and placement rule; the rank files a
  * save would write, their `bytes` being their shards' fp32 bytes), and <dir>/latest; but no
  * rank file, and every shard's sha256 is 64 zeros (no data was hashed). It opens only with
  * mc_ckpt_open_opts.metadata_only; anything that reads data (a load, mcreshard without

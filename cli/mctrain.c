@@ -330,7 +330,7 @@ static int overlay(mc_config *cfg, char **taken, int nt) {
 }
 
 typedef struct {
-  int force, refused, model, shown;
+  int force, refused, model, groups, shown;
   char refused_keys[512];
   FILE *out;
 } resume_changes;
@@ -339,7 +339,8 @@ static void on_change(const char *section, const char *key, const char *was, con
   resume_changes *c = user;
   const mc_resume_rule rule = mc_config_resume_rule(section, key);
   if (rule == MC_RESUME_NEVER || (rule == MC_RESUME_FORCE && !c->force)) {
-    c->model += rule == MC_RESUME_NEVER;
+    c->model += rule == MC_RESUME_NEVER && !strcmp(section, "model");
+    c->groups += rule == MC_RESUME_NEVER && strcmp(section, "model") != 0;
     size_t n = strlen(c->refused_keys);
     snprintf(c->refused_keys + n, sizeof c->refused_keys - n, "%s%s.%s %s -> %s", c->refused++ ? ", " : "", section, key,
              was, now);
@@ -386,6 +387,9 @@ static int run_config(mc_config *cfg, char **taken, int nt, const char *resume, 
   if (c.model)
     return mc_error("checkpoint %s is from a different model: %s (the checkpoint's tensors fix model.*)", path,
                     c.refused_keys);
+  if (c.groups)
+    return mc_error("resuming %s would change %s: the checkpoint's optimizer states fix which optimizer trains each "
+                    "family (a new run can change optim.groups)", path, c.refused_keys);
   if (c.refused)
     return mc_error("resuming %s would change %s: the schedule, optimizer, global batch, seed and validation split "
                     "are the run's, kept from the checkpoint (pass --force to change them)", path, c.refused_keys);

@@ -310,6 +310,32 @@ int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts
   return worst;
 }
 
+int64_t mc_muon_ns_work_floats(int64_t rows, int64_t cols) {
+  const int64_t s = rows < cols ? rows : cols;
+  return 2 * s * s + rows * cols;
+}
+
+int mc_muon_scratch_of(const mc_geometry *g, int rank, mc_muon_scratch *out) {
+  memset(out, 0, sizeof *out);
+  int split = 0;
+  for (int fi = 0; fi < g->fams.n; fi++) {
+    const mc_family *f = &g->fams.f[fi];
+    if (f->opt != MC_OPT_MUON) continue;
+    mc_shard sh;
+    if (mc_shard_of(g, fi, MC_STATE_PARAM, rank, &sh)) return -1;
+    if (!sh.in_stage) continue;
+    const int64_t w = mc_muon_ns_work_floats(f->shape[0], f->shape[1]);
+    if (f->numel > out->full_floats) out->full_floats = f->numel;
+    if (w > out->work_floats) out->work_floats = w;
+    split |= sh.numel != f->numel;
+  }
+  if (split) out->gather_floats = out->full_floats;
+  if (out->full_floats)
+    out->bytes = mc_mem_footprint(out->full_floats * 4) + (split ? mc_mem_footprint(out->gather_floats * 4) : 0) +
+                 mc_mem_footprint(out->work_floats * 4);
+  return 0;
+}
+
 int mc_holdings_of(const mc_geometry *g, int rank, const mc_hold_opts *o, int64_t bytes[MC_MEM_COUNT]) {
   memset(bytes, 0, sizeof(int64_t) * MC_MEM_COUNT);
   for (int fi = 0; fi < g->fams.n; fi++) {
@@ -322,6 +348,9 @@ int mc_holdings_of(const mc_geometry *g, int rank, const mc_hold_opts *o, int64_
     if (h.has_master) bytes[h.master_cat] += mc_mem_footprint(h.master_bytes);
     bytes[h.moments_cat] += h.n_moments * mc_mem_footprint(h.moment_bytes);
   }
+  mc_muon_scratch ms;
+  if (mc_muon_scratch_of(g, rank, &ms)) return -1;
+  bytes[MC_MEM_OPTIM_SCRATCH] = ms.bytes;
   const int64_t z3 = mc_zero3_buffer_bytes(g, rank, o);
   if (z3 < 0) return -1;
   bytes[MC_MEM_ZERO3_BUFFERS] = z3;

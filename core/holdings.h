@@ -155,6 +155,20 @@ int mc_stage_hold_of(const mc_geometry *g, int stage, const mc_hold_opts *o, mc_
  * reserve and allocator overhead are left 0 (the planner's assumptions, not holdings). */
 int mc_holdings_of(const mc_geometry *g, int rank, const mc_hold_opts *o, int64_t bytes[MC_MEM_COUNT]);
 
+/* Muon's scratch on one rank (category optimizer.scratch; train/optim.c carves it), three
+ * tensors sized for the largest Muon family of the rank's stage: the whole matrix X
+ * [rows x cols], the gather buffer G of the same size (only when some Muon family's state
+ * hyperslab on this rank is not the whole matrix: TP or ZeRO split it) and the Newton-Schulz
+ * workspace (mc_muon_ns_work_floats). All 0 where the stage has no Muon family. */
+typedef struct {
+  int64_t full_floats, gather_floats, work_floats;
+  int64_t bytes; /* the three footprints (0 without Muon) */
+} mc_muon_scratch;
+int mc_muon_scratch_of(const mc_geometry *g, int rank, mc_muon_scratch *out);
+/* Floats of Newton-Schulz workspace for a rows x cols matrix: the Gram matrix A and
+ * B = b A + c A A (s x s each, s the smaller side) and the product B X (rows x cols). */
+int64_t mc_muon_ns_work_floats(int64_t rows, int64_t cols);
+
 /* ZeRO 3: bytes of the zero3.buffers allocation: the largest gather set (the embedding, one
  * layer, or the final norm with the head) as whole local slices of working weights plus, for
  * the backward, their whole-slice gradients. */

@@ -15,8 +15,9 @@ typedef enum {
   MC_MEM_GRADS,                 /* fp32 gradient accumulators */
   MC_MEM_MASTER_DECAY,          /* fp32 master weights of bf16 working weights (bf16 mode only), decay group */
   MC_MEM_MASTER_NO_DECAY,       /*   ... no-decay group */
-  MC_MEM_MOMENTS_DECAY,         /* AdamW exp_avg + exp_avg_sq, decay group */
+  MC_MEM_MOMENTS_DECAY,         /* optimizer states: AdamW exp_avg + exp_avg_sq, Muon momentum; decay group */
   MC_MEM_MOMENTS_NO_DECAY,      /*   ... no-decay group */
+  MC_MEM_OPTIM_SCRATCH,         /* Muon: the whole matrix, its gather buffer, Newton-Schulz workspace */
   MC_MEM_ZERO3_BUFFERS,         /* zero=3: gathered params and full grads of one layer */
   MC_MEM_ACTIVATIONS,           /* kept for backward over the in-flight micro-batches */
   MC_MEM_PIPELINE_BUFFERS,      /* pp > 1: boundary activation / gradient receive buffers */
@@ -29,7 +30,7 @@ typedef enum {
 static const char *const mc_mem_cat_names[MC_MEM_COUNT] = {
     "params.replicated",       "params.tp",           "params.ep",
     "grads",                   "optimizer.master.decay", "optimizer.master.no_decay",
-    "optimizer.moments.decay", "optimizer.moments.no_decay",
+    "optimizer.moments.decay", "optimizer.moments.no_decay", "optimizer.scratch",
     "zero3.buffers",           "activations",         "pipeline.buffers",
     "moe.scratch",             "runtime.reserve",     "allocator.overhead",
 };

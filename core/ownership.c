@@ -157,7 +157,8 @@ int mc_geometry_build(const mc_model *m, const mc_layout *l, const mc_train_cfg 
   g->world = mc_layout_world(l);
   if (mc_stage_map_build(m, l, &g->stages)) return -1;
   if (mc_families_build(m, l->sp, &g->fams)) return -1;
-  if (train && mc_optim_groups_assign(train->optim.groups, &g->fams) != 0) {
+  /* an empty value (a zeroed mc_train_cfg; the config key needs at least one rule) is the default */
+  if (train && train->optim.groups[0] && mc_optim_groups_assign(train->optim.groups, &g->fams) != 0) {
     mc_families_free(&g->fams);
     return -1;
   }

@@ -102,6 +102,11 @@ struct mc_backend {
   /* ---- elementwise and reductions */
   void (*fill)(mc_backend *be, float *x, int64_t n, float value);
   void (*copy)(mc_backend *be, float *dst, const float *src, int64_t n);
+  /* dst[r * dpitch + j] = src[r * spitch + j] for r < height, j < width (pitches in floats,
+   * each >= width; the regions must not overlap): a matrix assembled from, or split into,
+   * column blocks (Muon orthogonalizes a tensor-parallel weight as one matrix). */
+  void (*copy_2d)(mc_backend *be, float *dst, int64_t dpitch, const float *src, int64_t spitch, int64_t width,
+                  int64_t height);
   void (*scale)(mc_backend *be, float *x, int64_t n, float alpha);         /* x *= alpha */
   void (*axpy)(mc_backend *be, float *y, const float *x, int64_t n, float alpha); /* y += alpha x */
   /* Sum of squares of x, accumulated in double, returned on the host. */

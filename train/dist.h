@@ -28,7 +28,9 @@ typedef struct {
   int rank;
   mc_optim opt;               /* slot i's buffers at grads[i] + offset, work[i] + offset */
   float **grads, **work;
-  /* Host copies of the three states of every slot (3 per slot), for checkpoints of a
+  int *param_of_slot;         /* the network parameter of slot i */
+  /* Host copies of the states of every slot (MC_N_STATES entries per slot, NULL for a kind
+   * the slot's optimizer does not keep), for checkpoints of a
    * backend whose memory is not host memory: pointers into one block of the backend's
    * host_alloc memory (pinned for CUDA), allocated once, at mc_dist_stage_alloc or the first
    * save or load. */

@@ -8,9 +8,53 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/optim_groups.h"
 #include "train/device.h"
 #include "train/net_blocks.h"
 #include "util/error.h"
+
+/* The most TP ranks a Muon matrix is gathered over (counts on the stack). */
+#define MC_MAX_TP_GATHER 1024
+
+/* Muon's whole matrix (mc_optim.gather_matrix): the slot's shard of the direction is this
+ * rank's ZeRO part of its TP-local slice. All-gathering over the family's ZeRO group (the DP
+ * group: Muon families are dense) gives the local slice, member parts in member order, exactly
+ * as the updated weights are gathered (mc_dist_gather); all-gathering the local slices over TP
+ * gives the matrix, directly for a row split (dim 0) and as TP column blocks for a column
+ * split (dim 1), which copy_2d puts in place. Every rank of the group gets the same matrix. */
+static int muon_gather(void *user, int slot, float *x, float *g, float **full) {
+  mc_dist_opt *d = user;
+  mc_net *net = d->net;
+  mc_backend *be = net->be;
+  const mc_optim_slot *sl = &d->opt.slots[slot];
+  const mc_family *f = &d->geo->fams.f[sl->fam];
+  const int p = d->param_of_slot[slot];
+  const mc_net_param *np = &net->params[p];
+  float *local = x, *other = g;
+  if (net->par.zero > 0 && sl->numel != np->numel) { /* ZeRO parts -> the local slice, in g */
+    float *shard = x, *whole = g;
+    if (mc_dist_gather(&net->par, be, net->params, &p, 1, &shard, &whole) != 0) return -1;
+    local = g, other = x;
+  }
+  if (f->place != MC_PLACE_TP || net->par.tp == 1) {
+    *full = local;
+    return be->sync(be);
+  }
+  mc_comm *tp = d->comm->tp;
+  int64_t counts[MC_MAX_TP_GATHER];
+  if (tp->size > MC_MAX_TP_GATHER) return mc_error("Muon: a TP group of %d ranks (at most %d)", tp->size, MC_MAX_TP_GATHER);
+  for (int i = 0; i < tp->size; i++) counts[i] = np->numel;
+  if (be->sync(be) || mc_allgather(tp, local, other, counts, MC_DT_F32))
+    return mc_error_context("Muon: all-gathering %s over the TP group", f->name);
+  if (f->split_dim == 0) {
+    *full = other;
+  } else { /* column blocks [tp][rows][cols/tp] -> [rows][cols] */
+    const int64_t c = sl->cols / tp->size;
+    for (int i = 0; i < tp->size; i++) be->copy_2d(be, local + i * c, sl->cols, other + i * (int64_t)sl->rows * c, c, c, sl->rows);
+    *full = local;
+  }
+  return be->sync(be);
+}
 
 int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const mc_comm_groups *comm, int rank) {
   memset(d, 0, sizeof *d);
@@ -20,7 +64,10 @@ int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const 
   if (mc_optim_init_with(&d->opt, geo, rank, net->be, &net->hold)) return -1;
   d->grads = calloc((size_t)d->opt.n + 1, sizeof *d->grads);
   d->work = calloc((size_t)d->opt.n + 1, sizeof *d->work);
-  if (!d->grads || !d->work) {
+  d->param_of_slot = calloc((size_t)d->opt.n + 1, sizeof *d->param_of_slot);
+  d->opt.gather_matrix = muon_gather;
+  d->opt.gather_user = d;
+  if (!d->grads || !d->work || !d->param_of_slot) {
     mc_dist_opt_free(d);
     return mc_error("optimizer: out of memory");
   }
@@ -33,6 +80,7 @@ int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const 
       return mc_error("family %s: the network's ZeRO part and the optimizer shard disagree", geo->fams.f[p->fam].name);
     }
     d->grads[s] = p->g;
+    d->param_of_slot[s] = i;
     if (p->w16) {
       /* bf16 working weights with an fp32 master that starts from the fp32 initial draw, not
        * the rounded copy. ZeRO 0: the slot is the whole slice and the step writes it rounded.
@@ -68,7 +116,7 @@ int mc_dist_opt_init(mc_dist_opt *d, mc_net *net, const mc_geometry *geo, const 
 void mc_dist_opt_free(mc_dist_opt *d) {
   if (d->stage_mem) d->net->be->host_free(d->net->be, d->stage_mem);
   free(d->stage);
-  free(d->grads), free(d->work);
+  free(d->grads), free(d->work), free(d->param_of_slot);
   mc_optim_free(&d->opt);
   memset(d, 0, sizeof *d);
 }
@@ -145,7 +193,7 @@ int mc_dist_publish(mc_dist_opt *d) {
 
 /* The step updates each slot's master in place: the working rows themselves, or (bf16) it writes them rounded. */
 int mc_dist_update(mc_dist_opt *d, const mc_train_cfg *t, double lr, double grad_scale) {
-  mc_optim_step(&d->opt, t, lr, grad_scale, d->grads);
+  if (mc_optim_step(&d->opt, t, lr, grad_scale, d->grads) != 0) return -1;
   return gather_working(d);
 }
 
@@ -175,25 +223,24 @@ int mc_dist_stage_alloc(mc_dist_opt *d) {
   mc_backend *be = d->net->be;
   if (mc_backend_is_host(be) || d->stage) return 0;
   size_t total = 0;
-  for (int s = 0; s < d->opt.n; s++) total += 3 * (size_t)d->opt.slots[s].numel;
-  float **st = calloc((size_t)(3 * d->opt.n + 1), sizeof *st);
+  for (int s = 0; s < d->opt.n; s++)
+    for (int k = 0; k < MC_N_STATES; k++)
+      if (mc_optim_state(&d->opt.slots[s], (mc_state)k)) total += (size_t)d->opt.slots[s].numel;
+  float **st = calloc((size_t)(MC_N_STATES * d->opt.n + 1), sizeof *st);
   float *mem = st ? be->host_alloc(be, (total > 0 ? total : 1) * sizeof(float)) : NULL;
   if (!mem) {
     free(st);
     return mc_error_context("checkpoint staging: a host copy of the optimizer state (%zu bytes)", total * sizeof(float));
   }
   size_t off = 0;
-  for (int i = 0; i < 3 * d->opt.n; i++) {
+  for (int i = 0; i < MC_N_STATES * d->opt.n; i++) {
+    if (!mc_optim_state(&d->opt.slots[i / MC_N_STATES], (mc_state)(i % MC_N_STATES))) continue;
     st[i] = mem + off;
-    off += (size_t)d->opt.slots[i / 3].numel;
+    off += (size_t)d->opt.slots[i / MC_N_STATES].numel;
   }
   d->stage = st;
   d->stage_mem = mem;
   return 0;
-}
-
-static void states_of(mc_optim_slot *sl, float *st[3]) {
-  st[0] = sl->master, st[1] = sl->exp_avg, st[2] = sl->exp_avg_sq;
 }
 
 int mc_dist_ckpt_items(mc_dist_opt *d, mc_ckpt_item *items) {
@@ -203,17 +250,17 @@ int mc_dist_ckpt_items(mc_dist_opt *d, mc_ckpt_item *items) {
   int n = 0;
   for (int s = 0; s < d->opt.n; s++) {
     mc_optim_slot *sl = &d->opt.slots[s];
-    float *src[3];
-    states_of(sl, src);
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < MC_N_STATES; k++) {
+      const float *src = mc_optim_state(sl, (mc_state)k);
+      if (!src) continue; /* a state the family's optimizer does not keep */
       mc_shard sh;
       if (mc_shard_of(d->geo, sl->fam, (mc_state)k, d->rank, &sh) != 0) return -1;
       if (!sh.held || !sh.primary) continue; /* a replica: its primary writes it */
       if (d->stage) {
-        be->snap_to_host(be, d->stage[3 * s + k], src[k], (size_t)sl->numel * sizeof(float));
-        src[k] = d->stage[3 * s + k];
+        be->snap_to_host(be, d->stage[MC_N_STATES * s + k], src, (size_t)sl->numel * sizeof(float));
+        src = d->stage[MC_N_STATES * s + k];
       }
-      items[n++] = (mc_ckpt_item){sl->fam, (mc_state)k, d->rank, src[k]};
+      items[n++] = (mc_ckpt_item){sl->fam, (mc_state)k, d->rank, src};
     }
   }
   if (d->stage) be->snap_end(be);
@@ -232,21 +279,21 @@ int mc_dist_load(mc_dist_opt *d, mc_ckpt *ck, const mc_load_opts *opts, mc_load_
   mc_backend *be = d->net->be;
   if (mc_dist_stage_alloc(d)) return -1;
   /* this rank's hyperslab of each state, into host memory: the states themselves on the CPU */
-  mc_ckpt_request *reqs = malloc(sizeof *reqs * (size_t)(3 * d->opt.n + 1));
+  mc_ckpt_request *reqs = malloc(sizeof *reqs * (size_t)(MC_N_STATES * d->opt.n + 1));
   if (!reqs) return mc_error("loading %s: out of memory", mc_ckpt_step_dir(ck));
   int n = 0;
   for (int s = 0; s < d->opt.n; s++) {
     mc_optim_slot *sl = &d->opt.slots[s];
-    float *dst[3];
-    states_of(sl, dst);
-    for (int k = 0; k < 3 && sl->numel > 0; k++) {
+    for (int k = 0; k < MC_N_STATES && sl->numel > 0; k++) {
+      float *dst = mc_optim_state(sl, (mc_state)k);
+      if (!dst) continue;
       mc_ckpt_request *r = &reqs[n++];
       memset(r, 0, sizeof *r);
       r->family = d->geo->fams.f[sl->fam].name;
       r->state = (mc_state)k;
       memcpy(r->start, sl->shard.start, sizeof r->start);
       memcpy(r->count, sl->shard.count, sizeof r->count);
-      r->out = d->stage ? d->stage[3 * s + k] : dst[k];
+      r->out = d->stage ? d->stage[MC_N_STATES * s + k] : dst;
     }
   }
   int rc = mc_load_shared(ck, d->comm ? d->comm->world : NULL, reqs, n, opts, stats);
@@ -254,9 +301,10 @@ int mc_dist_load(mc_dist_opt *d, mc_ckpt *ck, const mc_load_opts *opts, mc_load_
   if (rc != 0) return mc_error_context("loading %s", mc_ckpt_step_dir(ck));
   for (int s = 0; d->stage && s < d->opt.n; s++) {
     mc_optim_slot *sl = &d->opt.slots[s];
-    float *dst[3];
-    states_of(sl, dst);
-    for (int k = 0; k < 3 && sl->numel > 0; k++) be->from_host(be, dst[k], d->stage[3 * s + k], (size_t)sl->numel * sizeof(float));
+    for (int k = 0; k < MC_N_STATES && sl->numel > 0; k++) {
+      float *dst = mc_optim_state(sl, (mc_state)k);
+      if (dst) be->from_host(be, dst, d->stage[MC_N_STATES * s + k], (size_t)sl->numel * sizeof(float));
+    }
   }
   return mc_dist_publish(d);
 }

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/optim_groups.h"
+#include "train/muon.h"
 #include "util/error.h"
 
 int mc_optim_init(mc_optim *o, const mc_geometry *geo, int rank) {
@@ -16,7 +18,8 @@ int mc_optim_init_on(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *
 
 /* Each slot's tensors are the family's optimizer holdings (core/holdings.h): the master copy
  * (where the working weights are not fp32 themselves) in the master arena of its weight-decay
- * group, both moments in the moments arena of its group. */
+ * group, the optimizer's states (AdamW's two moments, Muon's momentum) in the moments arena
+ * of its group; Muon's scratch (mc_muon_scratch_of) in optimizer.scratch. */
 int mc_optim_init_with(mc_optim *o, const mc_geometry *geo, int rank, mc_backend *be, const mc_hold_opts *hold) {
   memset(o, 0, sizeof *o);
   o->be = be;
@@ -43,23 +46,47 @@ int mc_optim_init_with(mc_optim *o, const mc_geometry *geo, int rank, mc_backend
     mc_optim_slot *s = &o->slots[o->n++];
     s->fam = f;
     s->decay = geo->fams.f[f].decay;
+    s->opt = geo->fams.f[f].opt;
+    s->rows = (int)geo->fams.f[f].shape[0];
+    s->cols = geo->fams.f[f].ndim > 1 ? (int)geo->fams.f[f].shape[1] : 1;
     s->shard = h.shard;
     s->numel = h.shard.numel;
     s->offset = h.z_off; /* where the shard starts inside the rank's local (working) slice */
     if (h.has_master) mc_arena_count(&ar[h.master_cat], h.master_bytes);
-    mc_arena_count(&ar[h.moments_cat], h.moment_bytes);
-    mc_arena_count(&ar[h.moments_cat], h.moment_bytes);
+    for (int k = 0; k < h.n_moments; k++) mc_arena_count(&ar[h.moments_cat], h.moment_bytes);
   }
+  mc_muon_scratch ms;
+  if (mc_muon_scratch_of(geo, rank, &ms) != 0) {
+    free(holds);
+    mc_optim_free(o);
+    return -1;
+  }
+  mc_arena *scr = &ar[MC_MEM_OPTIM_SCRATCH];
+  if (ms.full_floats) mc_arena_count(scr, ms.full_floats * 4), mc_arena_count(scr, ms.work_floats * 4);
+  if (ms.gather_floats) mc_arena_count(scr, ms.gather_floats * 4);
   int rc = 0;
   for (int c = 0; c < MC_MEM_COUNT && rc == 0; c++) rc = mc_arena_open(&ar[c], be, (mc_mem_cat)c);
   for (int i = 0; i < o->n && rc == 0; i++) { /* zero-filled, in the counting order */
     mc_optim_slot *s = &o->slots[i];
     const mc_param_hold *h = &holds[i];
     if (h->has_master) rc = !(s->master = mc_arena_take(&ar[h->master_cat], h->master_bytes, h->master_cat));
-    if (!rc) rc = !(s->exp_avg = mc_arena_take(&ar[h->moments_cat], h->moment_bytes, h->moments_cat));
-    if (!rc) rc = !(s->exp_avg_sq = mc_arena_take(&ar[h->moments_cat], h->moment_bytes, h->moments_cat));
+    float **st[2] = {&s->exp_avg, &s->exp_avg_sq};
+    if (s->opt == MC_OPT_MUON) st[0] = &s->momentum;
+    for (int k = 0; k < h->n_moments && !rc; k++) rc = !(*st[k] = mc_arena_take(&ar[h->moments_cat], h->moment_bytes, h->moments_cat));
     if (rc) mc_error_context("optimizer, family %s", geo->fams.f[s->fam].name);
   }
+  if (!rc && ms.full_floats) {
+    rc = !(o->muon_x = mc_arena_take(scr, ms.full_floats * 4, MC_MEM_OPTIM_SCRATCH)) ||
+         !(o->muon_w = mc_arena_take(scr, ms.work_floats * 4, MC_MEM_OPTIM_SCRATCH));
+    if (!rc && ms.gather_floats) rc = !(o->muon_g = mc_arena_take(scr, ms.gather_floats * 4, MC_MEM_OPTIM_SCRATCH));
+    if (rc) mc_error_context("optimizer, Muon scratch");
+  }
+  /* the workspace the holdings reserve must be what the orthogonalisation uses */
+  for (int i = 0; i < o->n && !rc; i++)
+    if (o->slots[i].opt == MC_OPT_MUON && mc_muon_work_floats(o->slots[i].rows, o->slots[i].cols) > ms.work_floats)
+      rc = mc_error("optimizer: Muon needs %lld workspace floats for %s, the holdings reserve %lld",
+                    (long long)mc_muon_work_floats(o->slots[i].rows, o->slots[i].cols),
+                    geo->fams.f[o->slots[i].fam].name, (long long)ms.work_floats);
   free(holds);
   if (rc) {
     mc_optim_free(o);
@@ -75,6 +102,16 @@ void mc_optim_free(mc_optim *o) {
 }
 
 void mc_optim_mem_bytes(const mc_optim *o, int64_t bytes[MC_MEM_COUNT]) { mc_arenas_add_bytes(&o->arenas, bytes); }
+
+float *mc_optim_state(const mc_optim_slot *s, mc_state st) {
+  switch (st) {
+    case MC_STATE_PARAM: return s->master;
+    case MC_STATE_EXP_AVG: return s->exp_avg;
+    case MC_STATE_EXP_AVG_SQ: return s->exp_avg_sq;
+    case MC_STATE_MOMENTUM: return s->momentum;
+    default: return NULL;
+  }
+}
 
 int mc_optim_slot_of(const mc_optim *o, int fam) {
   for (int i = 0; i < o->n; i++)
@@ -118,8 +155,34 @@ double mc_clip_scale(double norm, double clip) {
   return c < 1.0 ? c : 1.0;
 }
 
-void mc_optim_step(mc_optim *o, const mc_train_cfg *t, double lr, double grad_scale,
-                   float *const *grads) {
+/* One Muon slot: the direction on the shard, the whole matrix (gathered where split), its
+ * orthogonalisation, and the update of the shard with this rank's hyperslab of the result. */
+static int muon_slot(mc_optim *o, mc_optim_slot *s, const mc_train_cfg *t, double lr, double grad_scale, const float *g) {
+  mc_backend *be = o->be;
+  const int64_t whole = (int64_t)s->rows * s->cols;
+  float *x = o->muon_x, *full = x;
+  mc_muon_direction(be, s->momentum, g, x, s->numel, (float)t->optim.muon_momentum, t->optim.muon_nesterov,
+                    (float)grad_scale);
+  if (s->numel != whole) {
+    if (!o->gather_matrix) return mc_error("Muon: %lld of the %lld elements of a matrix on one rank and no gather",
+                                           (long long)s->numel, (long long)whole);
+    if (o->gather_matrix(o->gather_user, (int)(s - o->slots), x, o->muon_g, &full) != 0) return -1;
+  }
+  mc_muon_orthogonalize(be, full, s->rows, s->cols, t->optim.muon_ns_steps, o->muon_w);
+  /* this rank's hyperslab (a box of the matrix, row-major) into the other buffer */
+  const float *mine = full;
+  if (s->numel != whole) {
+    float *dst = full == x ? o->muon_g : x;
+    const mc_shard *h = &s->shard;
+    be->copy_2d(be, dst, h->count[1], full + h->start[0] * s->cols + h->start[1], s->cols, h->count[1], h->count[0]);
+    mine = dst;
+  }
+  mc_muon_apply(be, s->master, mine, s->numel, (float)lr, s->decay ? (float)t->weight_decay : 0.0f,
+                (float)mc_muon_scale(s->rows, s->cols), s->w_bf16);
+  return 0;
+}
+
+int mc_optim_step(mc_optim *o, const mc_train_cfg *t, double lr, double grad_scale, float *const *grads) {
   o->step++;
   /* a checkpoint's snapshot copy of the state may still be reading it (kernels/ops.h) */
   o->be->snap_fence(o->be);
@@ -136,7 +199,7 @@ void mc_optim_step(mc_optim *o, const mc_train_cfg *t, double lr, double grad_sc
     }
     if (i == o->n) break;
     mc_optim_slot *s = &o->slots[i];
-    if (s->numel == 0) continue;
+    if (s->numel == 0 || s->opt != MC_OPT_ADAMW) continue;
     upd[k++] = (mc_adamw_tensor){.w = s->master,
                                  .g = grads[i] + s->offset,
                                  .m = s->exp_avg,
@@ -145,4 +208,13 @@ void mc_optim_step(mc_optim *o, const mc_train_cfg *t, double lr, double grad_sc
                                  .weight_decay = s->decay ? (float)t->weight_decay : 0.0f,
                                  .w_bf16 = s->w_bf16};
   }
+  /* Muon slots in slot order; every rank of a gather group reaches each of its slots in the
+   * same order (a gather is collective, also for a rank whose shard is empty) */
+  for (int i = 0; i < o->n; i++) {
+    mc_optim_slot *s = &o->slots[i];
+    if (s->opt != MC_OPT_MUON) continue;
+    if (muon_slot(o, s, t, lr, grad_scale, grads[i] + s->offset) != 0)
+      return mc_error_context("Muon step of family #%d", s->fam);
+  }
+  return 0;
 }

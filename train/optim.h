@@ -1,4 +1,5 @@
-/* AdamW on this rank's optimizer shards, global-norm clipping and the learning-rate schedule.
+/* AdamW and Muon on this rank's optimizer shards, global-norm clipping and the learning-rate
+ * schedule. Each family's optimizer is its group's (core/optim_groups.h, optim.groups).
  * Master weights and moments live in the memory of the optimizer's backend (device memory for
  * CUDA); the update is the backend's multi-tensor adamw_multi op (every slot in one call) and
  * the norm its sumsq_multi op (one result, one device sync).
@@ -8,7 +9,13 @@
  * rows of the rank's TP/EP-local slice (ZeRO splits dim 0), so it is one contiguous run of the
  * working tensor. Update (PyTorch AdamW, decoupled decay, step t counted from 1):
  *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
- *   p = p (1 - lr wd [family decays]) - (lr / (1-b1^t)) m / (sqrt(v) / sqrt(1-b2^t) + eps). */
+ *   p = p (1 - lr wd [family decays]) - (lr / (1-b1^t)) m / (sqrt(v) / sqrt(1-b2^t) + eps).
+ * Muon (train/muon.h; 2-D families), with mu = optim.muon_momentum and the same lr and decay:
+ *   M = mu M + g;  U = nesterov ? g + mu M : M;  O = NS(U over the whole matrix)
+ *   p = p (1 - lr wd [family decays]) - lr 0.2 sqrt(max(rows, cols)) O
+ * Newton-Schulz needs the whole matrix while a rank holds a TP part and/or a ZeRO part of it:
+ * mc_optim.gather_matrix assembles it (train/dist_opt.c all-gathers over DP, then TP), every
+ * rank of the family's group orthogonalises the same matrix and keeps its own hyperslab. */
 #ifndef MC_TRAIN_OPTIM_H
 #define MC_TRAIN_OPTIM_H
 
@@ -23,10 +30,14 @@
 typedef struct {
   int fam;          /* index into geo->fams */
   int decay;        /* mc_family.decay */
+  int opt;          /* mc_family.opt: MC_OPT_ADAMW or MC_OPT_MUON */
+  int rows, cols;   /* the family's global shape (Muon: the matrix) */
   mc_shard shard;   /* mc_shard_of(geo, fam, MC_STATE_PARAM, rank) */
   int64_t offset;   /* where the shard starts inside the rank's local (working) slice */
   int64_t numel;    /* elements held */
-  float *master, *exp_avg, *exp_avg_sq; /* backend memory */
+  float *master;                /* backend memory */
+  float *exp_avg, *exp_avg_sq;  /* AdamW (NULL under Muon) */
+  float *momentum;              /* Muon (NULL under AdamW) */
   /* Optional destination of the updated master weights rounded to bf16 (kernels/bf16.h),
    * written by mc_optim_step in the same pass as the update (backend memory, numel elements,
    * NULL = none, the default): the caller points it at bf16 working weights. */
@@ -38,10 +49,22 @@ typedef struct {
   int n;
   mc_optim_slot *slots; /* one per family of the rank's stage, in family order */
   int64_t step;         /* optimizer steps taken (t of the last update) */
-  /* One allocation per category: master weights and moments, each by weight-decay group.
-   * A slot whose master is external (mc_optim_init_with) takes no master memory here. */
+  /* One allocation per category: master weights and optimizer states, each by weight-decay
+   * group, and Muon's scratch (core/holdings.h mc_muon_scratch_of). A slot whose master is
+   * external (mc_optim_init_with) takes no master memory here. */
   mc_arenas arenas;
+  float *muon_x, *muon_g, *muon_w; /* Muon scratch: whole matrix, gather buffer, NS workspace */
+  /* Muon with split matrices: on entry x[0..numel) holds slot `slot`'s shard of the update
+   * direction; assembles the whole rows x cols matrix (row-major) in x or g (both room for the
+   * largest matrix) and points *full at it. 0, or -1 with mc_error. NULL: one rank, whose Muon
+   * shards are whole matrices. */
+  int (*gather_matrix)(void *user, int slot, float *x, float *g, float **full);
+  void *gather_user;
 } mc_optim;
+
+/* Slot s's buffer of state kind st (the master for MC_STATE_PARAM), NULL for a kind its
+ * optimizer does not keep. */
+float *mc_optim_state(const mc_optim_slot *s, mc_state st);
 
 /* Slots for every family the rank's stage owns, in backend memory; moments and master zero.
  * mc_optim_init uses the CPU backend. */
@@ -69,11 +92,11 @@ double mc_optim_grad_sq(const mc_optim *o, float *const *grads);
 /* Clipping factor for a global gradient norm: min(1, clip / (norm + 1e-6)); 1 if clip <= 0. */
 double mc_clip_scale(double norm, double clip);
 
-/* One AdamW step on every slot (one adamw_multi call; weight decay only on decaying
- * families): grads[i] as above, multiplied by grad_scale (clipping). Each slot's updated
- * master weights also go to its w_bf16 where set. Queued on the backend:
- * failures are reported by o->be->sync(). */
-void mc_optim_step(mc_optim *o, const mc_train_cfg *t, double lr, double grad_scale,
-                   float *const *grads);
+/* One optimizer step on every slot: AdamW slots in adamw_multi calls, then each Muon slot
+ * (weight decay only on decaying families): grads[i] as above, multiplied by grad_scale
+ * (clipping). Each slot's updated master weights also go to its w_bf16 where set. Queued on
+ * the backend: 0, or -1 when a gather failed (mc_error); backend failures are reported by
+ * o->be->sync(). */
+int mc_optim_step(mc_optim *o, const mc_train_cfg *t, double lr, double grad_scale, float *const *grads);
 
 #endif

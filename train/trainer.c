@@ -2,6 +2,8 @@
 
 #include "train/trainer.h"
 
+#include "core/optim_groups.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -150,12 +152,17 @@ typedef struct {
   int lock_fd; /* rank 0: the run directory's job lock (util/dirlock.h), -1 if not held */
 } run;
 
-/* The checkpoint can continue this run: same model, moments present, same seed and batch. */
-static int resumable(const mc_config *cfg, mc_ckpt *ck, mc_train_state *st) {
+/* The checkpoint can continue this run: same model, the states of every family's optimizer
+ * present, same seed and batch. */
+static int resumable(const mc_config *cfg, const mc_geometry *geo, mc_ckpt *ck, mc_train_state *st) {
   if (mc_ckpt_check_model(ck, &cfg->model) != 0)
     return mc_error_context("checkpoint %s is from a different model", mc_ckpt_step_dir(ck));
-  if (!mc_ckpt_has_state(ck, MC_STATE_EXP_AVG) || !mc_ckpt_has_state(ck, MC_STATE_EXP_AVG_SQ))
-    return mc_error("checkpoint %s holds no optimizer moments; it cannot be resumed", mc_ckpt_step_dir(ck));
+  for (int f = 0; f < geo->fams.n; f++)
+    for (int k = 0; k < MC_N_STATES; k++)
+      if (mc_family_has_state(&geo->fams.f[f], (mc_state)k) && !mc_ckpt_has_state(ck, (mc_state)k))
+        return mc_error("checkpoint %s holds no %s state, which the %s optimizer of %s keeps; it cannot be resumed",
+                        mc_ckpt_step_dir(ck), mc_state_name((mc_state)k), mc_opt_name(geo->fams.f[f].opt),
+                        geo->fams.f[f].name);
   if (mc_ckpt_train_state(ck, st) != 0) return -1;
   if (st->seed != cfg->train.seed)
     return mc_error("checkpoint %s was trained with train.seed=%llu but the config says %llu; the data "
@@ -182,10 +189,10 @@ static int resume_from(run *r, const char *path) {
   oo.io_threads = cfg->checkpoint.io_threads > 0 ? cfg->checkpoint.io_threads : 1;
   mc_ckpt *ck = NULL;
   mc_train_state st;
-  int rc = mc_ckpt_open(path, &oo, &ck) != 0 ? mc_error_context("cannot resume from %s", path) : resumable(cfg, ck, &st);
+  int rc = mc_ckpt_open(path, &oo, &ck) != 0 ? mc_error_context("cannot resume from %s", path) : resumable(cfg, &r->geo, ck, &st);
   /* The ranks load together (train/load_shared.h): all go on, or all stop with one reason. */
   if (r->comm && mc_load_agree(r->comm->world, rc == 0) != 0) rc = -1;
-  /* This rank's hyperslabs of the three states, whatever layout wrote them. */
+  /* This rank's hyperslabs of its optimizer states, whatever layout wrote them. */
   mc_load_stats ls;
   if (rc == 0 && mc_dist_load(&r->opt, ck, NULL, &ls) != 0) rc = -1;
   if (rc == 0) {
@@ -241,7 +248,7 @@ static int save(run *r, int64_t step, double lr) {
   /* A device's state goes to the host staging, which the previous async save may still be
    * writing from: wait for it first (its failure, if any, is every rank's). */
   if (r->saver && mc_ckpt_saver_wait(r->saver) != 0) return async_error(r);
-  mc_ckpt_item *items = malloc(sizeof *items * (size_t)(3 * r->opt.opt.n + 1));
+  mc_ckpt_item *items = malloc(sizeof *items * (size_t)(MC_N_STATES * r->opt.opt.n + 1));
   if (!items) return mc_error("checkpoint: out of memory");
   int n_items = mc_dist_ckpt_items(&r->opt, items);
   int rc;

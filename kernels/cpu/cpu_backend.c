@@ -102,6 +102,7 @@ static mc_backend cpu_backend = {
     .snap_wait = cpu_snap_wait,
     .fill = mc_cpu_fill,
     .copy = mc_cpu_copy,
+    .copy_2d = mc_cpu_copy_2d,
     .scale = mc_cpu_scale,
     .axpy = mc_cpu_axpy,
     .sumsq = mc_cpu_sumsq,

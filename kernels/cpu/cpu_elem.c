@@ -1,5 +1,6 @@
-/* Whole-tensor elementwise ops, the sum of squares (one tensor or many) and AdamW (one tensor
- * or many, with the optional copies of the updated weights). */
+/* Whole-tensor elementwise ops, the copy of a block of rows (copy_2d), the sum of squares (one
+ * tensor or many) and AdamW (one tensor or many, with the optional copies of the updated
+ * weights). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,19 @@ void mc_cpu_copy(mc_backend *be, float *dst, const float *src, int64_t n) {
   (void)be;
   const size_t bytes = (size_t)n * sizeof(float);
   if (bytes) memcpy(dst, src, bytes);
+}
+
+void mc_cpu_copy_2d(mc_backend *be, float *dst, int64_t dpitch, const float *src, int64_t spitch, int64_t width,
+                    int64_t height) {
+  (void)be;
+  if (width <= 0 || height <= 0) return;
+  /* the CUDA op (cudaMemcpy2D) rejects a pitch below the width; so does the reference */
+  if (dpitch < width || spitch < width) {
+    mc_cpu_fail("copy_2d: a pitch is below the width");
+    return;
+  }
+#pragma omp parallel for if (width * height > MC_CPU_PAR_MIN)
+  for (int64_t r = 0; r < height; r++) memcpy(dst + r * dpitch, src + r * spitch, (size_t)width * sizeof(float));
 }
 
 void mc_cpu_scale(mc_backend *be, float *x, int64_t n, float alpha) {

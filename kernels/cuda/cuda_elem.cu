@@ -1,6 +1,7 @@
-/* Whole-tensor elementwise ops, the double-precision sum of squares and fused AdamW (one
- * tensor, or many in one launch with copies of the updated weights): the formulas of
- * kernels/cpu/cpu_elem.c, one thread per element (grid-stride). */
+/* Whole-tensor elementwise ops, the copy of a block of rows (one cudaMemcpy2DAsync), the
+ * double-precision sum of squares and fused AdamW (one tensor, or many in one launch with copies
+ * of the updated weights): the formulas of kernels/cpu/cpu_elem.c, one thread per element
+ * (grid-stride). */
 #include <cuda_bf16.h>
 
 #include <string.h>
@@ -28,6 +29,21 @@ static void cu_copy(mc_backend *be, float *dst, const float *src, int64_t n) {
   if (n <= 0) return;
   cudaError_t e = cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, mc_cu_stream(be));
   if (e != cudaSuccess) mc_cuda_fail(be, "copy of %lld floats: %s", (long long)n, cudaGetErrorString(e));
+}
+
+static void cu_copy_2d(mc_backend *be, float *dst, int64_t dpitch, const float *src, int64_t spitch, int64_t width,
+                       int64_t height) {
+  if (width <= 0 || height <= 0) return;
+  if (dpitch < width || spitch < width) {
+    mc_cuda_fail(be, "copy_2d: pitches %lld and %lld below the width %lld", (long long)dpitch, (long long)spitch,
+                 (long long)width);
+    return;
+  }
+  const size_t f = sizeof(float);
+  cudaError_t e = cudaMemcpy2DAsync(dst, (size_t)dpitch * f, src, (size_t)spitch * f, (size_t)width * f, (size_t)height,
+                                    cudaMemcpyDeviceToDevice, mc_cu_stream(be));
+  if (e != cudaSuccess)
+    mc_cuda_fail(be, "copy_2d of %lld rows of %lld floats: %s", (long long)height, (long long)width, cudaGetErrorString(e));
 }
 
 static void cu_scale(mc_backend *be, float *x, int64_t n, float alpha) {
@@ -318,6 +334,7 @@ static double cu_sumsq_multi(mc_backend *be, const float *const *x, const int64_
 void mc_cuda_install_elem(mc_backend *be) {
   be->fill = cu_fill;
   be->copy = cu_copy;
+  be->copy_2d = cu_copy_2d;
   be->scale = cu_scale;
   be->axpy = cu_axpy;
   be->sumsq = cu_sumsq;

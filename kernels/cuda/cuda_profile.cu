@@ -177,6 +177,7 @@ static void wrap_all(mc_backend *be, prof_state *p) {
   W(41, to_bf16);
   W(42, adamw_multi);
   W(43, sumsq_multi);
+  W(44, copy_2d);
 }
 
 void mc_cuda_install_profile(mc_backend *be) {

@@ -61,6 +61,24 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
   mc_dist_test(dist.dp4_zero3_experts_dim1 4 $<TARGET_FILE:dist_train> 1 4 0 3 --moe 2 1 0)
   mc_dist_test(dist.tp2_dp2_sp_ep2_zero1_experts_dim1 4 $<TARGET_FILE:dist_train> 2 2 1 1 --ep 2 --moe 2 1 0)
 
+  # Muon groups (optim.groups=muon:matrices,adamw:all, train/optim.c): the whole-matrix gathers
+  # over TP (row and column splits, with SP), over the ZeRO group (zero 1 and 3) and both, and
+  # pipeline stages, against the single-rank Muon run; a Muon checkpoint saved under tp2 x dp2
+  # zero 1 resumed as one rank and as pp2 x dp2 x ep2 zero 3 (its momentum resharded at load).
+  set(MC_MUON --groups muon:matrices,adamw:all)
+  mc_dist_test(dist.muon_tp2 2 $<TARGET_FILE:dist_train> 2 1 0 0 ${MC_MUON})
+  mc_dist_test(dist.muon_dp2_zero1 2 $<TARGET_FILE:dist_train> 1 2 0 1 ${MC_MUON})
+  mc_dist_test(dist.muon_tp2_sp_dp2_zero3 4 $<TARGET_FILE:dist_train> 2 2 1 3 ${MC_MUON})
+  mc_dist_test(dist.muon_pp2_dp2_ep2_zero1 4 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2 --pp 2 --split AE|MR ${MC_MUON})
+  set(MC_DIST_CKPT_MUON ${CMAKE_BINARY_DIR}/dist-ckpt-muon)
+  add_test(NAME dist.muon_ckpt_clean COMMAND ${CMAKE_COMMAND} -E rm -rf ${MC_DIST_CKPT_MUON})
+  set_tests_properties(dist.muon_ckpt_clean PROPERTIES FIXTURES_SETUP dist_muon_ckpt_clean)
+  mc_dist_test(dist.muon_ckpt_save_tp2_dp2_zero1 4 $<TARGET_FILE:dist_train> 2 2 0 1 ${MC_MUON} --save ${MC_DIST_CKPT_MUON})
+  set_tests_properties(dist.muon_ckpt_save_tp2_dp2_zero1 PROPERTIES FIXTURES_REQUIRED dist_muon_ckpt_clean FIXTURES_SETUP dist_muon_ckpt)
+  mc_dist_test(dist.muon_ckpt_resume_1rank 1 $<TARGET_FILE:dist_train> 1 1 0 0 ${MC_MUON} --resume ${MC_DIST_CKPT_MUON})
+  mc_dist_test(dist.muon_ckpt_resume_pp2_dp2_ep2_zero3 4 $<TARGET_FILE:dist_train> 1 2 0 3 --ep 2 --pp 2 --split AM|ER ${MC_MUON} --resume ${MC_DIST_CKPT_MUON})
+  set_tests_properties(dist.muon_ckpt_resume_1rank dist.muon_ckpt_resume_pp2_dp2_ep2_zero3 PROPERTIES FIXTURES_REQUIRED dist_muon_ckpt)
+
   # Save under tp2 x dp2 zero 1 at step 5; resume as one rank, as dp4 zero 3 and as tp2 + sp.
   set(MC_DIST_CKPT ${CMAKE_BINARY_DIR}/dist-ckpt)
   add_test(NAME dist.ckpt_clean COMMAND ${CMAKE_COMMAND} -E rm -rf ${MC_DIST_CKPT})

@@ -446,13 +446,13 @@ int main(int argc, char **argv) {
   if (mc_comm_mpi_init(&argc, &argv, &world)) return fprintf(stderr, "%s\n", mc_errmsg()), 1;
   if (argc < 5) {
     fprintf(stderr, "usage: dist_train TP DP SP ZERO [--ep N] [--moe E K CF] [--mb N] [--empty] [--pp N] [--split S] "
-                    "[--pattern P] [--recompute P | --save DIR | [--round-bytes N] [--replicas F] [--corrupt] --resume DIR]\n");
+                    "[--pattern P] [--groups OPTIM_GROUPS] [--recompute P | --save DIR | [--round-bytes N] [--replicas F] [--corrupt] --resume DIR]\n");
     mc_comm_mpi_finalize();
     world->ops->destroy(world);
     return 2;
   }
   mc_layout l = dc_layout(atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
-  const char *save = NULL, *resume = NULL, *recompute = NULL;
+  const char *save = NULL, *resume = NULL, *recompute = NULL, *groups = NULL;
   int E = 4, k = 2, mb = 2, want_empty = 0, replicas = 0, corrupt = 0;
   int64_t round_bytes = 1000;
   double cf = 0.0;
@@ -467,6 +467,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[a], "--replicas") && a + 1 < argc) replicas = atoi(argv[++a]);
     else if (!strcmp(argv[a], "--corrupt")) corrupt = 1;
     else if (!strcmp(argv[a], "--recompute") && a + 1 < argc) recompute = argv[++a];
+    else if (!strcmp(argv[a], "--groups") && a + 1 < argc) groups = argv[++a];
     else if (!strcmp(argv[a], "--pp") && a + 1 < argc) l.pp = atoi(argv[++a]);
     else if (!strcmp(argv[a], "--pattern") && a + 1 < argc) snprintf(PATTERN, sizeof PATTERN, "%s", argv[++a]);
     else if (!strcmp(argv[a], "--split") && a + 1 < argc && mc_layout_parse_split(&l, argv[++a])) {
@@ -492,10 +493,15 @@ int main(int argc, char **argv) {
   int rank = world->rank;
   setup S;
   make_setup(&S, E, k, cf, mb);
+  if (groups) { /* optim.groups, e.g. muon:matrices,adamw:all */
+    snprintf(S.t.optim.groups, sizeof S.t.optim.groups, "%s", groups);
+    S.cfg.train = S.t;
+  }
   if (rank == 0)
     printf("layout tp=%d dp=%d sp=%d ep=%d zero=%d pp=%d (split %s%s%s), pattern %s, E=%d k=%d cf=%g, G=%d, micro-batch "
-           "%d%s%s\n", l.tp, l.dp, l.sp, l.ep, l.zero, l.pp, mc_split_name(l.split), l.split == MC_SPLIT_EXPLICIT ? " " : "",
-           l.split == MC_SPLIT_EXPLICIT ? l.split_pattern : "", PATTERN, E, k, cf, S.t.global_batch, S.t.micro_batch, save ? ", save to " : resume ? ", resume from " : "",
+           "%d, optim.groups %s%s%s\n", l.tp, l.dp, l.sp, l.ep, l.zero, l.pp, mc_split_name(l.split), l.split == MC_SPLIT_EXPLICIT ? " " : "",
+           l.split == MC_SPLIT_EXPLICIT ? l.split_pattern : "", PATTERN, E, k, cf, S.t.global_batch, S.t.micro_batch,
+           S.t.optim.groups, save ? ", save to " : resume ? ", resume from " : "",
            save ? save : resume ? resume : "");
   double losses[2 * STEPS], want[2 * STEPS];
   memset(losses, 0, sizeof losses);

@@ -46,9 +46,10 @@ static inline int lc_state_diff(mc_dist_opt *a, mc_dist_opt *b) {
   for (int s = 0; s < a->opt.n; s++) {
     const mc_optim_slot *x = &a->opt.slots[s], *y = &b->opt.slots[s];
     const size_t bytes = sizeof(float) * (size_t)x->numel;
-    diff += bytes && memcmp(x->master, y->master, bytes) != 0;
-    diff += bytes && memcmp(x->exp_avg, y->exp_avg, bytes) != 0;
-    diff += bytes && memcmp(x->exp_avg_sq, y->exp_avg_sq, bytes) != 0;
+    for (int k = 0; k < MC_N_STATES; k++) {
+      const float *u = mc_optim_state(x, (mc_state)k), *v = mc_optim_state(y, (mc_state)k);
+      diff += bytes && (!u != !v || (u && memcmp(u, v, bytes) != 0));
+    }
   }
   for (int i = 0; i < mc_net_n_params(a->net); i++) {
     const mc_net_param *p = mc_net_param_at(a->net, i), *q = mc_net_param_at(b->net, i);

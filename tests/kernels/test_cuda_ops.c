@@ -139,7 +139,7 @@ static void test_elementwise(void) {
   const int64_t n = 100003;
   float *x = hrand(n, 2), *y = hrand(n, 1), *dx = hrand(n, 1);
   float *dX = up(x, n), *dY = up(y, n);
-  /* fill, copy, scale, axpy */
+  /* fill, copy, scale, axpy, copy_2d */
   float *r = hcopy(y, n);
   cpu->fill(cpu, r, n, 0.25f);
   gpu->fill(gpu, dY, n, 0.25f);
@@ -153,6 +153,17 @@ static void test_elementwise(void) {
   cpu->axpy(cpu, r, y, n, 0.75f);
   gpu->axpy(gpu, dY, up(y, n), n, 0.75f);
   cmp("axpy", dY, r, n, TOL_EXACT);
+  /* copy_2d: a column block of x viewed as 300 rows of pitch 333, into pitch 250; the floats
+   * between the rows stay NaN on both sides */
+  {
+    const int64_t H = 300, SP = 333, W = 217, DP = 250;
+    float *ref = track_host(malloc((size_t)(H * DP) * sizeof(float)));
+    for (int64_t i = 0; i < H * DP; i++) ref[i] = NAN;
+    float *dD = dnan(H * DP);
+    cpu->copy_2d(cpu, ref, DP, x + 5, SP, W, H);
+    gpu->copy_2d(gpu, dD, DP, dX + 5, SP, W, H);
+    cmp("copy_2d", dD, ref, H * DP, 0.0);
+  }
   /* activations and gated units */
   static const char *names[4] = {"silu", "gelu", "sigmoid", "softplus"};
   for (int a = 0; a < 4; a++) {

@@ -1,7 +1,7 @@
 /* Dense ops of the CPU backend: gemm (plain, strided, grouped), bias, activations, gated
- * units, embedding, RMSNorm, RoPE, cross-entropy, sum of squares, AdamW. Each backward is
- * checked against central differences (tolerance in kcheck.h); a few forward values are
- * computed by hand so a forward bug cannot hide behind a matching backward. */
+ * units, embedding, RMSNorm, RoPE, cross-entropy, sum of squares, AdamW, copy_2d. Each
+ * backward is checked against central differences (tolerance in kcheck.h); a few forward
+ * values are computed by hand so a forward bug cannot hide behind a matching backward. */
 #include <string.h>
 
 #include "kernels/bf16.h"
@@ -399,6 +399,31 @@ static void test_xent(void) {
   free(c.logits), free(c.loss), free(c.lse), free(c.tgt), free(d);
 }
 
+/* ------------------------------------------------------------------ copy_2d */
+/* A column block out of a wider matrix and back into another pitch, against the loop of the
+ * definition; elements outside the rows' `width` floats keep their sentinel. */
+static void test_copy_2d(void) {
+  enum { H = 5, SP = 9, W = 4, DP = 6 };
+  float *src = kc_rand(H * SP, 7, 1), dst[H * DP], back[H * SP];
+  for (int i = 0; i < H * DP; i++) dst[i] = -99.0f;
+  for (int i = 0; i < H * SP; i++) back[i] = -99.0f;
+  be->copy_2d(be, dst, DP, src + 2, SP, W, H); /* columns 2..5 */
+  int bad = 0;
+  for (int r = 0; r < H; r++)
+    for (int j = 0; j < DP; j++) bad += dst[r * DP + j] != (j < W ? src[r * SP + 2 + j] : -99.0f);
+  be->copy_2d(be, back + 3, SP, dst, DP, W, H); /* into columns 3..6 of a 9-wide matrix */
+  for (int r = 0; r < H; r++)
+    for (int j = 0; j < SP; j++) bad += back[r * SP + j] != (j >= 3 && j < 3 + W ? src[r * SP + j - 1] : -99.0f);
+  CHECK(bad == 0, "copy_2d: %d elements differ from the loop", bad);
+  be->copy_2d(be, dst, DP, src, SP, 0, H); /* empty: nothing written */
+  be->copy_2d(be, dst, DP, src, SP, W, 0);
+  CHECK(dst[0] == src[2], "copy_2d of nothing wrote");
+  CHECK(be->sync(be) == 0, "sync: %s", mc_errmsg());
+  be->copy_2d(be, dst, 2, src, SP, W, H); /* dpitch below the width */
+  CHECK(be->sync(be) != 0, "copy_2d with a pitch below the width was accepted");
+  free(src);
+}
+
 /* ------------------------------------------------------------------ reductions, adamw */
 static void test_misc(void) {
   const int64_t n = 200000; /* more than one reduction chunk */
@@ -435,5 +460,6 @@ int main(void) {
   test_rope();
   test_xent();
   test_misc();
+  test_copy_2d();
   return mc_check_exit("test_ops_dense");
 }

@@ -29,6 +29,9 @@
 #         are printed, not checked). Skips like match.
 #         (The refusals of train.device=cuda under mpirun and of train.dtype=bf16 on the CPU
 #         are in e2e.sh errors.)
+# muon:   match with optim.groups=muon:matrices,adamw:all (Muon's Newton-Schulz as cuBLAS
+#         products on the GPU, OpenBLAS on the CPU) within MUON_BAND (relative; default 1e-5).
+#         Skips like match.
 # recompute: train.recompute=selective and full on the GPU against none on the GPU, fp32 and
 #         bf16, 10 steps each: every loss and gradient norm within BAND (fp32) or BF16_BAND
 #         (bf16) of none's (the line says whether they are bitwise equal), the step-1 report's
@@ -40,6 +43,7 @@ S=${MC_SOURCE_DIR:?}
 MODE=${1:?mode}
 BAND=${MC_CUDA_LOSS_BAND:-2e-6}
 BF16_BAND=${MC_CUDA_BF16_BAND:-1e-2}
+MUON_BAND=${MC_CUDA_MUON_BAND:-1e-5}
 W=$(mktemp -d /tmp/mc_cuda_train.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 cd "$W"
@@ -76,7 +80,7 @@ compare() {
 }
 
 case "$MODE" in
-match|bf16|async|recompute)
+match|bf16|async|recompute|muon)
   # Is there a GPU? The device is checked before the data, so a missing file is reached
   # only when the CUDA backend came up.
   "$B/mctrain" --set train.device=cuda --set data.path=/nonexistent.h5 --set checkpoint.dir=probe > probe.log 2>&1
@@ -165,6 +169,10 @@ match|bf16|async|recompute)
     compare "GPU bf16 checkpoint resumed on the CPU in fp32" b2c cpu 11 20 $BF16_BAND loss
     [ $fail = 0 ] && echo "cuda_train $MODE: ok"
     exit $fail
+  fi
+  if [ "$MODE" = muon ]; then
+    C+=(--set optim.groups=muon:matrices,adamw:all)
+    BAND=$MUON_BAND
   fi
   run cpu cpu --until 20
   run gpu cuda --until 20

@@ -1,5 +1,5 @@
 #!/bin/bash
-# End-to-end tests of mcdata, mctrain and mceval: e2e.sh MODE (learn | resume | eval | errors).
+# End-to-end tests of mcdata, mctrain and mceval: e2e.sh MODE (learn | resume | muon | eval | errors).
 # Needs MC_BINARY_DIR and MC_SOURCE_DIR (ctest sets both). Each mode runs in its own temp dir.
 set -u
 B=${MC_BINARY_DIR:?}
@@ -127,6 +127,48 @@ resume)
   for s in 7 8; do
     [ "$(field d/metrics.jsonl loss $s)" = "$(field a/metrics.jsonl loss $s)" ] || die "resume from the pp=2 dp=2 checkpoint differs at step $s"
   done
+  ;;
+muon)
+  # optim.groups=muon:matrices,adamw:all: N straight steps == K steps + resume to N, digit for
+  # digit; the checkpoint holds momentum for the Muon families and the AdamW moments for the
+  # rest; a resume changing optim.groups is refused by name; resharded to pp2 x dp2 zero 1 x ep2
+  # and back, the files are byte-identical to the original, and the resharded one resumes
+  # the same run.
+  corpus
+  common=("${SMALL[@]}" --set data.path=corpus.h5 --set train.steps=12 --set train.eval_every=0 --set checkpoint.every=6
+          --set optim.groups=muon:matrices,adamw:all)
+  "$B/mctrain" "${common[@]}" --set checkpoint.dir=a --set checkpoint.async_save=false > a.log 2>&1 || { cat a.log; die "straight Muon run failed"; }
+  "$B/mctrain" "${common[@]}" --set checkpoint.dir=b --until 6 > b1.log 2>&1 || { cat b1.log; die "first half failed"; }
+  "$B/mctrain" "${common[@]}" --set checkpoint.dir=b --resume latest > b2.log 2>&1 || { cat b2.log; die "Muon resume failed"; }
+  for s in $(seq 1 12); do
+    for k in loss grad_norm; do
+      x=$(field a/metrics.jsonl $k $s); y=$(field b/metrics.jsonl $k $s)
+      [ -n "$x" ] && [ "$x" = "$y" ] || die "Muon step $s $k: straight $x, resumed $y"
+    done
+  done
+  echo "Muon: 12 steps straight and 6 + resume agree exactly (loss at 12: $(field a/metrics.jsonl loss 12))"
+  # a plain AdamW run of the same length: Muon changed the training
+  "$B/mctrain" "${SMALL[@]}" --set data.path=corpus.h5 --set train.steps=12 --set train.eval_every=0 \
+    --set checkpoint.every=0 --set checkpoint.dir=w > w.log 2>&1 || { cat w.log; die "AdamW run failed"; }
+  [ "$(field w/metrics.jsonl loss 12)" != "$(field a/metrics.jsonl loss 12)" ] || die "the Muon run's losses are AdamW's"
+  m=$(grep -o '"momentum"' b/step_6/manifest.json | wc -l); v=$(grep -o '"exp_avg_sq"' b/step_6/manifest.json | wc -l)
+  [ "$m" -gt 0 ] && [ "$v" -gt 0 ] || die "step_6 should hold momentum and exp_avg_sq shards (momentum $m, exp_avg_sq $v)"
+  "$B/mcaudit" b/step_6 --verify > audit.log 2>&1 || { cat audit.log; die "mcaudit of the Muon checkpoint"; }
+  grep -q momentum audit.log || { cat audit.log; die "mcaudit does not list the momentum state"; }
+  "$B/mctrain" "${common[@]}" --set checkpoint.dir=g --set optim.groups=adamw:all --resume b/step_6 > g.log 2>&1 \
+    && die "a resume changing optim.groups succeeded"
+  grep -q "would change optim.groups" g.log || { cat g.log; die "the refusal does not name optim.groups"; }
+  "$B/mcreshard" b/step_6 r --pp 2 --dp 2 --zero 1 --ep 2 --no-progress > r.log 2>&1 || { cat r.log; die "mcreshard of the Muon checkpoint failed"; }
+  "$B/mcreshard" r back --pp 1 --dp 1 --zero 0 --ep 1 --no-progress > back.log 2>&1 || { cat back.log; die "mcreshard back failed"; }
+  for f in b/step_6/rank_*.h5; do
+    cmp -s "$f" "back/step_6/$(basename "$f")" || die "A->B->A: $(basename "$f") differs from the original"
+  done
+  cmp -s b/step_6/manifest.json back/step_6/manifest.json || echo "(manifests differ: $(diff <(tr ',' '\n' < b/step_6/manifest.json) <(tr ',' '\n' < back/step_6/manifest.json) | head -4 | tr '\n' ' '))"
+  "$B/mctrain" "${common[@]}" --set checkpoint.dir=d --resume r --until 8 > d.log 2>&1 || { cat d.log; die "resume from the resharded Muon checkpoint failed"; }
+  for s in 7 8; do
+    [ "$(field d/metrics.jsonl loss $s)" = "$(field a/metrics.jsonl loss $s)" ] || die "Muon: resume from the pp=2 dp=2 checkpoint differs at step $s"
+  done
+  echo "Muon: resharded A->B->A byte-identical; the resharded checkpoint resumes the run exactly"
   ;;
 eval)
   # mceval prints the trainer's val_loss for the same checkpoint.

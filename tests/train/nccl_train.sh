@@ -5,6 +5,9 @@
 #           0/1/3, pp2 with the explicit split AE|MR and the weighted split, dp2 x ep2; (4 GPUs)
 #           tp2 x pp2, dp4 x ep2 zero 1, tp2+sp x dp2 x ep2 zero 1, pp2 x dp2 x ep2: every step's
 #           loss and gradient norm within BAND (relative; default 1e-5) of the one-GPU run.
+# muon:     optim.groups=muon:matrices,adamw:all: tp2, tp2+sp, dp2 zero 1 and 3, pp2 against
+#           the one-GPU Muon run within BAND; a dp2 zero 1 step 5 resumed on one GPU (4 GPUs:
+#           tp2 x dp2 zero 1 too).
 # bf16:     train.dtype=bf16: tp2, dp2, pp2, dp2 x ep2, dp2 zero 1 (and on 4 GPUs tp2 x dp2 zero
 #           1) against the one-GPU bf16 run, losses within BF16_BAND (relative; default 1e-2);
 #           the dp2 zero 1 run's step-5 checkpoint resumed on one GPU continues its losses.
@@ -88,6 +91,26 @@ layouts)
     for r in tp2pp2 dp4ep2 tp2spep2 pp2dp2ep2; do same "$r" one/metrics.jsonl $r/metrics.jsonl 1 10 "$BAND" loss grad_norm; done
   else
     echo "4-GPU layouts not run: $NGPU GPUs"
+  fi
+  ;;
+muon)
+  # optim.groups with Muon: the whole-matrix gathers over TP (row and column splits) and over
+  # the ZeRO group, against the one-GPU run; a dp2 zero 1 checkpoint resumed on one GPU
+  M=(--set optim.groups=muon:matrices,adamw:all)
+  "$B/mctrain" "${COMMON[@]}" "${M[@]}" --set checkpoint.dir=one > one.log 2>&1 || { cat one.log; die "one-GPU Muon run failed"; }
+  launch 2 tp2 tp2.log "${M[@]}" --set parallel.tp=2
+  launch 2 tp2sp tp2sp.log "${M[@]}" --set parallel.tp=2 --set parallel.sp=true
+  for z in 1 3; do launch 2 dp2z$z dp2z$z.log "${M[@]}" --set parallel.dp=2 --set parallel.zero=$z; done
+  launch 2 pp2x pp2x.log "${M[@]}" --set parallel.pp=2 --set 'parallel.pp_split=AE|MR'
+  launch 2 dp2z1s dp2z1s.log "${M[@]}" --set parallel.dp=2 --set parallel.zero=1 --set checkpoint.every=5 \
+    --set checkpoint.async_save=false
+  "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=z1r --resume dp2z1s/step_5 > z1r.log 2>&1 \
+    || { cat z1r.log; die "Muon dp2 zero 1 step 5 resumed on one GPU failed"; }
+  for r in tp2 tp2sp dp2z1 dp2z3 pp2x; do same "muon $r" one/metrics.jsonl $r/metrics.jsonl 1 10 "$BAND" loss grad_norm; done
+  same "muon dp2 zero 1 -> one GPU" dp2z1s/metrics.jsonl z1r/metrics.jsonl 6 10 "$BAND" loss grad_norm
+  if [ "$NGPU" -ge 4 ]; then
+    launch 4 tp2dp2z1 tp2dp2z1.log "${M[@]}" --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero=1
+    same "muon tp2 x dp2 zero 1" one/metrics.jsonl tp2dp2z1/metrics.jsonl 1 10 "$BAND" loss grad_norm
   fi
   ;;
 bf16)

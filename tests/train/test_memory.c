@@ -10,6 +10,7 @@
  *   moments), for every rank of several layouts;
  * - the activations arena is sized once for the reserved micro-batch and kept by passes that
  *   fit it; the JSON record carries every category. */
+#include "core/optim_groups.h"
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 
@@ -199,7 +200,7 @@ static void test_network(void) {
  * (master x 4 bytes, moments x 8), and mcplan (fp32) predicts exactly the moments' arena
  * bytes (their footprints); its master prediction is 0 in fp32 (the plan counts no separate master copy when the
  * working weights are fp32, the optimizer keeps one: docs/training.md). */
-static void test_optimizer(int tp, int dp, int ep, int zero) {
+static void test_optimizer(int tp, int dp, int ep, int zero, const char *groups) {
   mc_model m = nc_model("AEMR");
   mc_layout l = nc_layout(tp, dp, ep);
   l.zero = zero;
@@ -209,6 +210,7 @@ static void test_optimizer(int tp, int dp, int ep, int zero) {
   snprintf(t.recompute, sizeof t.recompute, "none");
   snprintf(t.dtype, sizeof t.dtype, "fp32");
   snprintf(t.device, sizeof t.device, "cpu");
+  snprintf(t.optim.groups, sizeof t.optim.groups, "%s", groups);
   mc_geometry g;
   if (mc_geometry_build(&m, &l, &t, -1, &g) != 0) {
     CHECK(0, "geometry tp=%d dp=%d ep=%d zero=%d: %s", tp, dp, ep, zero, mc_errmsg());
@@ -229,10 +231,11 @@ static void test_optimizer(int tp, int dp, int ep, int zero) {
       if (!sh[0].in_stage) continue;
       int dec = g.fams.f[f].decay;
       want[dec ? MC_MEM_MASTER_DECAY : MC_MEM_MASTER_NO_DECAY] += sh[MC_STATE_PARAM].numel * 4;
-      want[dec ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY] +=
-          (sh[MC_STATE_EXP_AVG].numel + sh[MC_STATE_EXP_AVG_SQ].numel) * 4;
-      fp[dec ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY] +=
-          mc_mem_footprint(sh[MC_STATE_EXP_AVG].numel * 4) + mc_mem_footprint(sh[MC_STATE_EXP_AVG_SQ].numel * 4);
+      for (int k = 1; k < MC_N_STATES; k++) /* the optimizer's states: AdamW's moments or Muon's momentum */
+        if (mc_family_has_state(&g.fams.f[f], (mc_state)k)) {
+          want[dec ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY] += sh[k].numel * 4;
+          fp[dec ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY] += mc_mem_footprint(sh[k].numel * 4);
+        }
     }
     const mc_mem_cat cats[] = {MC_MEM_MASTER_DECAY, MC_MEM_MASTER_NO_DECAY, MC_MEM_MOMENTS_DECAY,
                                MC_MEM_MOMENTS_NO_DECAY};
@@ -244,10 +247,9 @@ static void test_optimizer(int tp, int dp, int ep, int zero) {
       for (int i = 0; i < o.n; i++) {
         const mc_optim_slot *sl = &o.slots[i];
         if ((sl->decay ? MC_MEM_MASTER_DECAY : MC_MEM_MASTER_NO_DECAY) == cats[c]) add_span(s, &n, sl->master, sl->numel * 4);
-        if ((sl->decay ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY) == cats[c]) {
-          add_span(s, &n, sl->exp_avg, sl->numel * 4);
-          add_span(s, &n, sl->exp_avg_sq, sl->numel * 4);
-        }
+        if ((sl->decay ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY) == cats[c])
+          for (int k = 1; k < MC_N_STATES; k++)
+            if (mc_optim_state(sl, (mc_state)k)) add_span(s, &n, mc_optim_state(sl, (mc_state)k), sl->numel * 4);
       }
       check_spans(a, s, n, mc_mem_cat_label(cats[c]));
     }
@@ -259,6 +261,12 @@ static void test_optimizer(int tp, int dp, int ep, int zero) {
           (long long)pb[MC_MEM_MOMENTS_NO_DECAY], (long long)o.arenas.a[MC_MEM_MOMENTS_DECAY].cap,
           (long long)o.arenas.a[MC_MEM_MOMENTS_NO_DECAY].cap);
     CHECK(pb[MC_MEM_MASTER_DECAY] == 0 && pb[MC_MEM_MASTER_NO_DECAY] == 0, "fp32: mcplan counts no master copy");
+    /* Muon's scratch: the optimizer's arena is mcplan's figure, nonzero exactly with Muon */
+    int muon = 0;
+    for (int i = 0; i < o.n; i++) muon |= o.slots[i].opt == MC_OPT_MUON;
+    CHECK(o.arenas.a[MC_MEM_OPTIM_SCRATCH].cap == pb[MC_MEM_OPTIM_SCRATCH] && (pb[MC_MEM_OPTIM_SCRATCH] > 0) == muon,
+          "%s rank %d: optimizer.scratch arena %lld bytes, mcplan %lld (Muon slots: %d)", groups, r,
+          (long long)o.arenas.a[MC_MEM_OPTIM_SCRATCH].cap, (long long)pb[MC_MEM_OPTIM_SCRATCH], muon);
     /* working params and grads at fp32: the local slices (ZeRO 3: the persistent shard is what
      * the network keeps in its params arena, the plan counts the shard as working params) */
     int64_t wp = 0, wg = 0; /* footprints: one tensor per family in each category */
@@ -304,10 +312,13 @@ static void test_report_json(void) {
 
 int main(void) {
   test_network();
-  test_optimizer(1, 1, 1, 0);
-  test_optimizer(2, 2, 1, 1);
-  test_optimizer(1, 4, 2, 1);
-  test_optimizer(2, 2, 1, 3);
+  const char *groups[] = {"adamw:all", "muon:matrices,adamw:all"};
+  for (int k = 0; k < 2; k++) {
+    test_optimizer(1, 1, 1, 0, groups[k]);
+    test_optimizer(2, 2, 1, 1, groups[k]);
+    test_optimizer(1, 4, 2, 1, groups[k]);
+    test_optimizer(2, 2, 1, 3, groups[k]);
+  }
   test_report_json();
   return mc_check_exit("test_memory");
 }
