@@ -23,7 +23,7 @@ static const char *const cat_descs[MC_MEM_COUNT] = {
     "fp32 master weights, no-decay",
     "optimizer states, decay",
     "optimizer states, no-decay",
-    "Muon whole-matrix buffers and Newton-Schulz workspace",
+    "Muon matrix buffers + NS workspace",
     "ZeRO-3 gathered layer + full grads",
     "activations kept for backward",
     "pipeline receive buffers",
