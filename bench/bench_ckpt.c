@@ -35,6 +35,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/format.h"
 #include "core/families.h"
+#include "core/optim_groups.h"
 #include "util/error.h"
 
 /* Paths here are short; vsnprintf keeps -Wformat-truncation out of it. */
@@ -203,7 +204,7 @@ static int build_model(double gib, int tp, int dp, int zero, mc_config *cfg, mc_
     m->pattern[0] = 0;
     for (int i = 0; i < groups; i++) strcat(m->pattern, "AEMR");
     m->n_layers = (int)strlen(m->pattern);
-    if (mc_geometry_build(m, &l, NULL, -1, g) != 0) return -1;
+    if (mc_geometry_of_config(cfg, NULL, g) != 0) return -1; /* cfg's optim.groups: adamw:all, 3 states */
     int64_t numel = 0;
     for (int f = 0; f < g->fams.n; f++) numel += g->fams.f[f].numel;
     if ((double)numel * 12.0 >= gib * 1073741824.0) return 0;
@@ -264,7 +265,7 @@ static int compress_bench(const char *dir, const char *from, int threads, int ro
   mc_train_state st;
   mc_geometry g;
   if (mc_ckpt_open(from, &oo, &ck) != 0 || mc_ckpt_config(ck, &cfg) != 0 || mc_ckpt_train_state(ck, &st) != 0 ||
-      mc_geometry_build(&cfg.model, &cfg.parallel, NULL, -1, &g) != 0)
+      mc_geometry_of_config(&cfg, NULL, &g) != 0)
     return -1;
   int ns = mc_ckpt_n_shards(ck), n = 0;
   mc_ckpt_item *items = calloc((size_t)ns + 1, sizeof *items);
@@ -286,7 +287,7 @@ static int compress_bench(const char *dir, const char *from, int threads, int ro
          "save s", "save MB/s", "load s", "load MB/s", "bad");
   static const int levels[] = {0, 1, 6};
   for (int s = 0; s < MC_N_STATES && rc == 0; s++)
-    for (int li = 0; li < 3 && rc == 0; li++) {
+    for (int li = 0; li < 3 && rc == 0 && raw[s] > 0; li++) { /* the kinds the checkpoint stores */
       mc_ckpt_item *sel = calloc((size_t)n + 1, sizeof *sel);
       int m = 0;
       for (int i = 0; sel && i < n; i++)
@@ -579,6 +580,7 @@ int main(int argc, char **argv) {
     for (int f = 0; f < g.fams.n; f++)
       for (int s = 0; s < MC_N_STATES; s++) {
         mc_shard sh;
+        if (!mc_family_has_state(&g.fams.f[f], (mc_state)s)) continue; /* only the optimizer's kinds */
         mc_shard_of(&g, f, (mc_state)s, r, &sh);
         if (!sh.primary) continue;
         float *b = malloc((size_t)sh.numel * sizeof(float));

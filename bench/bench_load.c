@@ -3,7 +3,8 @@
  *
  *   mpirun -np N bench_load CKPT [--tp T] [--dp D] [--pp P] [--zero Z] [--round-bytes B]
  *
- * Every rank requests its hyperslab of every state of every family (mc_shard_of) under the
+ * Every rank requests its hyperslab of every state of every family (mc_shard_of; the kinds the
+ * family's optimizer keeps under the checkpoint's optim.groups) under the
  * layout (default: tp 1, dp N, pp 1, zero 0), as mc_dist_load does. Each mode opens its own
  * handle (so each reads and hashes for itself) and is timed from a barrier to the slowest
  * rank. Prints per mode: seconds, bytes read and hashed over all ranks, rounds; and whether
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/optim_groups.h"
 #include "train/load_shared.h"
 #include "util/error.h"
 
@@ -31,6 +33,7 @@ static int make_requests(const mc_geometry *g, int rank, request_set *rs) {
   for (int f = 0; f < g->fams.n; f++)
     for (int k = 0; k < MC_N_STATES; k++) {
       mc_shard sh;
+      if (!mc_family_has_state(&g->fams.f[f], (mc_state)k)) continue; /* not a kind its optimizer keeps */
       if (mc_shard_of(g, f, (mc_state)k, rank, &sh) != 0) return -1;
       if (!sh.held) continue;
       mc_ckpt_request *r = &rs->r[rs->n++];
@@ -84,6 +87,11 @@ int main(int argc, char **argv) {
     cfg.parallel.tp = tp, cfg.parallel.dp = dp, cfg.parallel.pp = pp, cfg.parallel.zero = zero;
     cfg.parallel.ep = 1, cfg.parallel.sp = 0, cfg.parallel.split = MC_SPLIT_EQUAL;
     rc = mc_geometry_build(&cfg.model, &cfg.parallel, NULL, world->size, &g);
+    /* the checkpoint's optimizer groups: which state kinds each family has */
+    if (rc == 0 && mc_optim_groups_assign(cfg.train.optim.groups, &g.fams) != 0) {
+      mc_geometry_free(&g);
+      rc = -1;
+    }
   }
   request_set a = {0, NULL}, b = {0, NULL};
   if (rc == 0) rc = make_requests(&g, rank, &a) || make_requests(&g, rank, &b);

@@ -2,11 +2,15 @@
  * disk speed measured in the same run and directory.
  *
  *   bench_reshard [--dir D] [--gib 2] [--chunk-mb 16] [--threads N] [--rounds 3] [--keep]
- *   bench_reshard --synth DST [--gib X | --tiny]   (only writes a synthetic checkpoint; the
- *       --tiny one is the embedded default configuration's model and layout, for tests)
+ *   bench_reshard --synth DST [--gib X | --tiny] [--groups G]   (only writes a synthetic
+ *       checkpoint; the --tiny one is the embedded default configuration's model and layout,
+ *       for tests)
  *
- * Method: a synthetic checkpoint of a nam-small-like model widened until its three states
- * reach the size is written in layout A (tp2 pp2 dp2 ep2 sp zero1). Raw write: the same
+ * --groups G sets optim.groups (default adamw:all): each family stores param and its
+ * optimizer's states (AdamW's exp_avg and exp_avg_sq, Muon's momentum).
+ *
+ * Method: a synthetic checkpoint of a nam-small-like model widened until its states (three
+ * per family under AdamW) reach the size is written in layout A (tp2 pp2 dp2 ep2 sp zero1). Raw write: the same
  * number of bytes written in 16 MiB blocks to one file, then fsync. Raw read: that file read
  * back after its pages are dropped from the page cache (posix_fadvise DONTNEED). Reshard:
  * A -> B (tp1 pp4 dp2 ep1 zero3, a different stage split) with A's pages dropped first,
@@ -26,6 +30,7 @@
 #include <unistd.h>
 
 #include "core/families.h"
+#include "core/optim_groups.h"
 #include "reshard/reshard.h"
 #include "reshard/synth.h"
 
@@ -49,18 +54,25 @@ static double median(const double *v, int n) {
   return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
 }
 
-static int64_t model_bytes(const mc_model *m) {
+/* The checkpoint's bytes: every family's fp32 states, as many as its optimizer keeps. */
+static int64_t model_bytes(const mc_model *m, const char *groups) {
   mc_family_set fs;
   if (mc_families_build(m, 0, &fs) != 0) return -1;
+  if (mc_optim_groups_assign(groups, &fs) != 0) {
+    mc_families_free(&fs);
+    return -1;
+  }
   int64_t n = 0;
-  for (int i = 0; i < fs.n; i++) n += fs.f[i].numel;
+  for (int i = 0; i < fs.n; i++)
+    for (int st = 0; st < MC_N_STATES; st++) n += mc_family_has_state(&fs.f[i], (mc_state)st) ? fs.f[i].numel * 4 : 0;
   mc_families_free(&fs);
-  return n * 4 * MC_N_STATES;
+  return n;
 }
 
 /* nam-small's shape (docs/design.md section 7), widened until the checkpoint reaches `bytes`. */
-static int make_config(double gib, mc_config *cfg) {
+static int make_config(double gib, const char *groups, mc_config *cfg) {
   if (mc_config_default(cfg) != 0) return -1;
+  snprintf(cfg->train.optim.groups, sizeof cfg->train.optim.groups, "%s", groups);
   mc_model *m = &cfg->model;
   snprintf(m->pattern, sizeof m->pattern, "AEMEAEMEAEMR");
   m->n_layers = 12;
@@ -80,7 +92,9 @@ static int make_config(double gib, mc_config *cfg) {
     m->expert_hidden = 2 * d;
     m->mamba_inner = 2 * d;
     m->rec_width = d;
-    if (model_bytes(m) >= want) break;
+    const int64_t have = model_bytes(m, groups);
+    if (have < 0) return -1;
+    if (have >= want) break;
   }
   cfg->parallel.tp = 2, cfg->parallel.pp = 2, cfg->parallel.dp = 2, cfg->parallel.ep = 2;
   cfg->parallel.sp = 1, cfg->parallel.zero = 1, cfg->parallel.split = MC_SPLIT_EQUAL;
@@ -145,7 +159,7 @@ static int raw_disk(const char *path, int64_t bytes, double *wgbs, double *rgbs)
 }
 
 int main(int argc, char **argv) {
-  const char *dir = "bench-reshard-tmp", *synth = NULL;
+  const char *dir = "bench-reshard-tmp", *synth = NULL, *groups = "adamw:all";
   double gib = 2.0;
   int keep = 0, tiny = 0, rounds = 3;
   mc_rs_opts o = {.chunk_bytes = 16 << 20, .threads = 0};
@@ -158,8 +172,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--keep")) keep = 1;
     else if (!strcmp(argv[i], "--tiny")) tiny = 1;
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--groups") && i + 1 < argc) groups = argv[++i];
     else {
-      fprintf(stderr, "usage: bench_reshard [--dir D] [--gib X] [--chunk-mb N] [--threads N] [--rounds N] [--keep] | --synth DST [--gib X | --tiny]\n");
+      fprintf(stderr, "usage: bench_reshard [--dir D] [--gib X] [--chunk-mb N] [--threads N] [--rounds N] [--keep] [--groups G] | "
+                      "--synth DST [--gib X | --tiny] [--groups G]\n");
       return 2;
     }
   }
@@ -168,10 +184,16 @@ int main(int argc, char **argv) {
     return 2;
   }
   mc_config cfg;
-  if ((tiny ? mc_config_default(&cfg) : make_config(gib, &cfg)) != 0) {
+  if (strlen(groups) >= sizeof cfg.train.optim.groups || mc_optim_groups_check(groups) != 0) {
+    fprintf(stderr, "bench_reshard: --groups '%.40s': %s\n", groups,
+            strlen(groups) >= sizeof cfg.train.optim.groups ? "too long" : mc_errmsg());
+    return 2;
+  }
+  if ((tiny ? mc_config_default(&cfg) : make_config(gib, groups, &cfg)) != 0) {
     fprintf(stderr, "bench_reshard: %s\n", mc_errmsg());
     return 1;
   }
+  if (tiny) snprintf(cfg.train.optim.groups, sizeof cfg.train.optim.groups, "%s", groups);
   if (synth) {
     if (mc_rs_synthesize(&cfg, 10, synth, &o, NULL) != 0) {
       fprintf(stderr, "bench_reshard: %s\n", mc_errmsg());

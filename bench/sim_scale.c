@@ -5,7 +5,8 @@
  *
  * For the configuration's layout (e.g. nam-medium on 4096 ranks) and a reshard target (--to),
  * times what the offline tools do and reports what a checkpoint of that run would be:
- *   - geometry and ownership: mc_geometry_build for both layouts;
+ *   - geometry and ownership: mc_geometry_build and mc_geometry_of_config for the two layouts
+ *     (the target keeps the configuration's optimizer groups);
  *   - mcplan's work: mc_plan_build (every rank's holdings);
  *   - mcreshard --dry-run's work: mc_rs_plan_build (the source and target primaries of every
  *     family and state, and the pieces between them);
@@ -28,6 +29,7 @@
 #include "ckpt/checkpoint.h"
 #include "core/holdings.h"
 #include "core/layout.h"
+#include "core/optim_groups.h"
 #include "plan/plan.h"
 #include "reshard/plan.h"
 #include "reshard/plan_print.h"
@@ -72,7 +74,7 @@ int main(int argc, char **argv) {
   }
   mc_layout tl = cfg.parallel;
   if (to[0] > 0) tl.tp = to[0], tl.pp = to[1], tl.dp = to[2], tl.ep = to[3], tl.sp = to[4], tl.zero = to[5];
-  if (mc_geometry_build(&cfg.model, &tl, NULL, -1, &h) != 0) {
+  if (mc_geometry_of_config(&cfg, &tl, &h) != 0) { /* a reshard keeps the optimizer groups */
     fprintf(stderr, "sim_scale: target layout: %s\n", mc_errmsg());
     return 1;
   }
@@ -100,7 +102,7 @@ int main(int argc, char **argv) {
         return 1;
       }
       for (int st = 0; ph.in_stage && st < MC_N_STATES; st++) {
-        if (!ph.state_primary[st]) continue;
+        if (!ph.state_primary[st] || !mc_family_has_state(&g.fams.f[f], (mc_state)st)) continue;
         mc_shard s;
         mc_shard_of(&g, f, (mc_state)st, r, &s);
         wrote[r] += ph.state_bytes[st];

@@ -4,12 +4,13 @@
  *                [--config FILE] [--set section.key=value]
  *
  * CKPT is a run directory (its `latest` is used) or a step directory. Prints the layout,
- * the stage map, and per family: global shape, placement rule, stage, shards and owners,
- * and a layout-independent content digest per state; totals per rank and per memory
+ * the stage map, and per family: global shape, placement rule, stage, optimizer, shards and
+ * owners, and a layout-independent content digest per state kind the family has (param and
+ * its optimizer's: exp_avg and exp_avg_sq, or momentum); totals per rank and per memory
  * category. Checks: primaries tile every family, shards are the owners' hyperslabs, HDF5
  * attributes agree with the manifest, and with --verify every SHA-256. Any failed check:
- * exit status 1 and the list of problems. With --config/--set the checkpoint's model and
- * layout must also be the configuration's. docs/audit.md. */
+ * exit status 1 and the list of problems. With --config/--set the checkpoint's model,
+ * optimizer groups and layout must also be the configuration's. docs/audit.md. */
 #define _POSIX_C_SOURCE 200809L
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "cli/cli_opts.h"
+#include "core/optim_groups.h"
 #include "plan/plan.h"
 #include "reshard/audit.h"
 #include "reshard/ownmap.h"
@@ -44,16 +46,45 @@ static void usage(FILE *f) {
              "  --map FILE      draw the ownership map (ranks x families) as FILE.svg or FILE.html\n"
              "  --no-progress   no progress bar while the shards are read (none off a terminal anyway)\n"
              "  --version       print the MegaC version and checkpoint format, then exit\n"
-             "  --config/--set: also check that the checkpoint's model and layout are the ones this\n"
-             "                  configuration describes (defaults, then files and assignments in order)\n");
+             "  --config/--set: also check that the checkpoint's model, optimizer groups and layout are\n"
+             "                  the ones this configuration describes (defaults, then files and\n"
+             "                  assignments in order)\n");
 }
 
-/* The checkpoint against a run configuration: the model (every key the library compares)
- * and the layout (degrees, ZeRO, SP and the resulting stage map). */
+/* The optimizer of every family under the configuration's optim.groups against the
+ * checkpoint's (a resume keeps them): one problem naming the first family that differs and
+ * how many do. Families are compared, not the text, so equivalent rules agree. */
+static void check_groups_against_config(const mc_geometry *g, const mc_config *want, mc_errlist *problems) {
+  mc_family_set fs;
+  if (mc_families_build(&g->model, g->layout.sp, &fs) != 0) {
+    mc_errlist_add(problems, "checkpoint vs --config: %s", mc_errmsg());
+    return;
+  }
+  if (mc_optim_groups_assign(want->train.optim.groups, &fs) != 0) {
+    mc_errlist_add(problems, "checkpoint vs --config: %s", mc_errmsg());
+  } else {
+    int first = -1, n = 0;
+    for (int f = 0; f < fs.n && f < g->fams.n; f++)
+      if (fs.f[f].opt != g->fams.f[f].opt) {
+        if (first < 0) first = f;
+        n++;
+      }
+    if (n)
+      mc_errlist_add(problems, "checkpoint vs --config: family %s is trained by %s in the checkpoint, by %s under the "
+                     "config's optim.groups '%s' (%d famil%s differ)",
+                     g->fams.f[first].name, mc_opt_name(g->fams.f[first].opt), mc_opt_name(fs.f[first].opt),
+                     want->train.optim.groups, n, n == 1 ? "y" : "ies");
+  }
+  mc_families_free(&fs);
+}
+
+/* The checkpoint against a run configuration: the model (every key the library compares),
+ * the optimizer groups and the layout (degrees, ZeRO, SP and the resulting stage map). */
 static void check_against_config(mc_rs_source *src, const mc_config *want, mc_errlist *problems) {
   const mc_geometry *g = mc_rs_source_geometry(src);
   if (mc_ckpt_check_model(mc_rs_source_ckpt(src), &want->model) != 0)
     mc_errlist_add(problems, "checkpoint vs --config: %s", mc_errmsg());
+  else check_groups_against_config(g, want, problems);
   const mc_layout *h = &g->layout, *w = &want->parallel;
   const char *keys[] = {"tp", "pp", "dp", "ep", "sp", "zero"};
   const int have[] = {h->tp, h->pp, h->dp, h->ep, h->sp, h->zero}, wanted[] = {w->tp, w->pp, w->dp, w->ep, w->sp, w->zero};
@@ -109,9 +140,9 @@ static void print_text(mc_rs_source *src, const mc_audit *a, const int *idx) {
     char rule[64];
     mc_placement_rule(g, f, rule, sizeof rule);
     shape_of(fam, buf, sizeof buf);
-    printf("  %-28s %-16s %-28s stage %d\n", fam->name, buf, rule, mc_family_stage(g, f));
+    printf("  %-28s %-16s %-28s stage %d  %s\n", fam->name, buf, rule, mc_family_stage(g, f), mc_opt_name(fam->opt));
     for (int st = 0; st < MC_N_STATES; st++) {
-      if (!(a->states & (1u << st))) continue;
+      if (!(a->states & (1u << st)) || !mc_family_has_state(fam, (mc_state)st)) continue;
       printf("    %-10s", mc_state_name((mc_state)st));
       for (int r = 0; r < g->world; r++) {
         int k = idx[((size_t)f * MC_N_STATES + (size_t)st) * (size_t)g->world + (size_t)r];
@@ -178,10 +209,12 @@ static char *json_report(mc_rs_source *src, const mc_audit *a, const int *idx) {
     cJSON_AddItemToObject(o, "shape", cJSON_CreateDoubleArray(shp, fam->ndim));
     cJSON_AddStringToObject(o, "placement_rule", rule);
     cJSON_AddNumberToObject(o, "stage", mc_family_stage(g, f));
+    cJSON_AddStringToObject(o, "optimizer", mc_opt_name(fam->opt));
     cJSON *dig = cJSON_AddObjectToObject(o, "digest_sha256");
     cJSON *shards = cJSON_AddArrayToObject(o, "shards");
     for (int st = 0; st < MC_N_STATES; st++)
-      if ((a->states & (1u << st)) && a->digests) cJSON_AddStringToObject(dig, mc_state_name((mc_state)st), a->digest[f][st]);
+      if ((a->states & (1u << st)) && mc_family_has_state(fam, (mc_state)st) && a->digests)
+        cJSON_AddStringToObject(dig, mc_state_name((mc_state)st), a->digest[f][st]);
     for (int i = 0; i < MC_N_STATES * g->world; i++) {
       int k = idx[(size_t)f * MC_N_STATES * (size_t)g->world + (size_t)i];
       if (k < 0) continue;

@@ -129,7 +129,8 @@ static int parse_int(const cli_parser *p, int lo, int *out) {
 }
 
 /* Resolves the target layout: source values, then --config/--layout files and --set
- * assignments in order (the model must stay the source's), then the layout flags. */
+ * assignments in order (the model and the optimizer groups must stay the source's), then the
+ * layout flags. */
 static int resolve_layout(const mc_config *src_cfg, const layout_args *a, mc_layout *out) {
   mc_config cfg = *src_cfg;
   if (a->cfg_argc > 1) {
@@ -144,6 +145,11 @@ static int resolve_layout(const mc_config *src_cfg, const layout_args *a, mc_lay
     mc_errlist_init(&e);
     if (mc_rs_model_diff(&src_cfg->model, &cfg.model, &e))
       return mc_errlist_raise(&e, "--config/--set would change the model");
+    /* the optimizer groups fix which state kinds the checkpoint holds: a reshard keeps them */
+    if (strcmp(src_cfg->train.optim.groups, cfg.train.optim.groups) != 0)
+      return mc_error("--config/--set would change optim.groups '%s' -> '%s' (a reshard keeps the optimizer groups; "
+                      "the target's are the source's)",
+                      src_cfg->train.optim.groups, cfg.train.optim.groups);
   }
   mc_layout l = cfg.parallel;
   if (a->consolidate) mc_rs_consolidated_layout(&l);

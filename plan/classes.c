@@ -1,4 +1,5 @@
-/* Groups ranks whose memory plans are identical (same stage and same bytes per category). */
+/* Groups ranks whose memory plans are identical (same stage, same bytes per category and per
+ * optimizer group). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,11 +16,14 @@ static int cmp_rank(const void *pa, const void *pb) {
   if (a->stage != b->stage) return a->stage - b->stage;
   for (int c = 0; c < MC_MEM_COUNT; c++)
     if (a->bytes[c] != b->bytes[c]) return a->bytes[c] < b->bytes[c] ? -1 : 1;
+  for (int k = 0; k < MC_N_OPTS; k++)
+    if (a->opt_group_bytes[k] != b->opt_group_bytes[k]) return a->opt_group_bytes[k] < b->opt_group_bytes[k] ? -1 : 1;
   return a->rank - b->rank;
 }
 
 static int same_plan(const mc_plan_rank *a, const mc_plan_rank *b) {
-  return a->stage == b->stage && memcmp(a->bytes, b->bytes, sizeof a->bytes) == 0;
+  return a->stage == b->stage && memcmp(a->bytes, b->bytes, sizeof a->bytes) == 0 &&
+         memcmp(a->opt_group_bytes, b->opt_group_bytes, sizeof a->opt_group_bytes) == 0;
 }
 
 static int cmp_class(const void *pa, const void *pb) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/box.h"
+#include "core/optim_groups.h"
 #include "util/error.h"
 
 typedef struct {
@@ -63,6 +64,7 @@ int mc_own_table_build(const mc_geometry *g, int fam, mc_own_table *t) {
     }
     if (!s.in_stage) continue;
     for (int st = MC_STATE_EXP_AVG; st < MC_N_STATES; st++) {
+      if (!mc_family_has_state(&g->fams.f[fam], (mc_state)st)) continue;
       if (mc_shard_of(g, fam, (mc_state)st, rank, &m) != 0) {
         free(e), mc_own_table_free(t);
         return -1;

@@ -23,7 +23,8 @@ typedef struct {
   int n;                /* groups */
   mc_own_group *groups; /* ordered by their lowest rank */
   int *rank_storage;
-  int moments_match;    /* 1 if exp_avg / exp_avg_sq hyperslabs equal the param one everywhere */
+  int moments_match;    /* 1 if the hyperslabs of the optimizer's states (exp_avg and exp_avg_sq,
+                           or momentum) equal the param one everywhere */
 } mc_own_table;
 
 int mc_own_table_build(const mc_geometry *g, int fam, mc_own_table *t);

@@ -21,9 +21,9 @@ static const char *const cat_descs[MC_MEM_COUNT] = {
     "gradients (fp32)",
     "fp32 master weights, decay",
     "fp32 master weights, no-decay",
-    "optimizer states (AdamW moments, Muon momentum), decay",
+    "optimizer states, decay",
     "optimizer states, no-decay",
-    "Muon whole-matrix buffers and Newton-Schulz workspace",
+    "Muon matrix buffers + NS workspace",
     "ZeRO-3 gathered layer + full grads",
     "activations kept for backward",
     "pipeline receive buffers",
@@ -119,12 +119,14 @@ static int plan_rank(const mc_geometry *g, mc_plan *p, int rank, const mc_stage_
     if (mc_param_hold_of(g, fi, rank, &p->hold, &h)) return mc_error_context("planning rank %d", rank);
     if (!h.in_stage) continue;
     r->working_elems += h.working_numel;
+    const mc_family *f = &g->fams.f[fi];
     for (int s = 0; s < MC_N_STATES; s++) {
-      mc_shard sh;
-      if (mc_shard_of(g, fi, (mc_state)s, rank, &sh) != 0)
-        return mc_error_context("planning rank %d, family %s, state %s", rank, g->fams.f[fi].name, mc_state_name((mc_state)s));
-      r->state_elems[s] += sh.numel;
-      if (sh.primary) r->primary_elems[s] += sh.numel;
+      if (!mc_family_has_state(f, (mc_state)s)) continue; /* a kind its optimizer does not keep */
+      const int64_t elems = h.state_bytes[s] / 4;       /* every state is fp32 (core/optim_groups.h) */
+      r->state_elems[s] += elems;
+      if (h.state_primary[s]) r->primary_elems[s] += elems;
+      /* each optimizer state is one tensor at its footprint, as holdings counts the moments */
+      if (s != MC_STATE_PARAM) r->opt_group_bytes[f->opt] += mc_mem_footprint(h.state_bytes[s]);
     }
   }
   r->act = *sa;
@@ -189,6 +191,7 @@ int mc_plan_build(const mc_geometry *g, const mc_train_cfg *train, const mc_plan
   for (int fi = 0; fi < g->fams.n; fi++) {
     p->model_elems += g->fams.f[fi].numel;
     p->model_elems_by_place[g->fams.f[fi].place] += g->fams.f[fi].numel;
+    if (g->fams.f[fi].opt >= 0 && g->fams.f[fi].opt < MC_N_OPTS) p->opt_group_fams[g->fams.f[fi].opt]++;
   }
   mc_stage_hold *sa = calloc((size_t)l->pp, sizeof *sa);
   p->ranks = calloc((size_t)g->world, sizeof *p->ranks);

@@ -13,7 +13,7 @@
 #include "core/ownership.h"
 #include "core/holdings.h"
 #include "core/mem_cats.h"
-
+#include "core/optim_groups.h"
 
 /* Stable short name, e.g. "params.tp", "optimizer.moments.decay" (used as JSON keys). */
 const char *mc_mem_cat_name(mc_mem_cat c);
@@ -40,8 +40,14 @@ typedef struct {
   int64_t headroom;           /* device_mem - total (may be negative) */
   /* Elements, from mc_shard_of. */
   int64_t working_elems;      /* working params resident (local slice, or state shard at zero=3) */
-  int64_t state_elems[MC_N_STATES];   /* state hyperslab elements held */
+  int64_t state_elems[MC_N_STATES];   /* state hyperslab elements held (0 for a kind no family
+                                         of the stage has) */
   int64_t primary_elems[MC_N_STATES]; /* ... of which this rank is the primary (it writes them) */
+  /* Per optimizer (mc_opt_kind): the bytes of the optimizer-state tensors (the kinds it declares:
+   * AdamW's exp_avg and exp_avg_sq, Muon's momentum) of the families it trains, each at its
+   * footprint, from mc_param_hold_of's state_bytes. Summed over the optimizers they are the two
+   * optimizer.moments categories. */
+  int64_t opt_group_bytes[MC_N_OPTS];
   /* Activation detail of this rank's stage (in flight, per micro-batch, recompute working
    * set, gradient scratch, network buffers, pipeline buffers, MoE dispatch scratch). */
   mc_stage_hold act;
@@ -69,6 +75,7 @@ typedef struct {
   double flops_per_step;
   int64_t model_elems;        /* total elements over all families */
   int64_t model_elems_by_place[3]; /* ... by mc_place */
+  int opt_group_fams[MC_N_OPTS];   /* families each optimizer trains (optim.groups) */
   mc_plan_rank *ranks;        /* world entries */
   int peak_rank;              /* rank with the largest total */
   int n_low_headroom;         /* ranks whose headroom is under the margin (or negative) */
@@ -102,7 +109,7 @@ typedef enum { MC_FIT_OK = 0, MC_FIT_LOW_HEADROOM = 1, MC_FIT_NO = 2 } mc_fit;
 /* Whether a rank's plan fits the device with the margin to spare. */
 mc_fit mc_plan_fit(const mc_plan *p, const mc_plan_rank *r);
 
-/* Optimizer state (master + moments) of one group on one rank, in bytes. */
+/* Optimizer state (master + moments) of one weight-decay group on one rank, in bytes. */
 int64_t mc_plan_optimizer_bytes(const mc_plan_rank *r, int decay);
 
 #endif

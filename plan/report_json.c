@@ -98,6 +98,7 @@ static cJSON *ownership(const mc_geometry *g) {
     cJSON_AddStringToObject(o, "rule", rule);
     cJSON_AddNumberToObject(o, "stage", t.stage);
     cJSON_AddStringToObject(o, "group", f->decay ? "decay" : "no_decay");
+    cJSON_AddStringToObject(o, "optimizer", mc_opt_name(f->opt));
     cJSON_AddBoolToObject(o, "moments_match_param", t.moments_match);
     cJSON *shards = cJSON_AddArrayToObject(o, "shards");
     for (int i = 0; i < t.n; i++) {
@@ -157,6 +158,9 @@ static cJSON *memory_rank(const mc_plan *p, const mc_plan_rank *r) {
   cJSON *opt = cJSON_AddObjectToObject(o, "optimizer");
   cJSON_AddNumberToObject(opt, "decay", (double)mc_plan_optimizer_bytes(r, 1));
   cJSON_AddNumberToObject(opt, "no_decay", (double)mc_plan_optimizer_bytes(r, 0));
+  cJSON *og = cJSON_AddObjectToObject(o, "optimizer_groups"); /* the optimizers that train some family */
+  for (int k = 0; k < MC_N_OPTS; k++)
+    if (p->opt_group_fams[k] > 0) cJSON_AddNumberToObject(og, mc_opt_name(k), (double)r->opt_group_bytes[k]);
   cJSON_AddNumberToObject(o, "total", (double)r->total);
   cJSON_AddNumberToObject(o, "headroom", (double)r->headroom);
   cJSON_AddStringToObject(o, "fit", fits[mc_plan_fit(p, r)]);
@@ -225,6 +229,9 @@ cJSON *mc_plan_to_json(const mc_geometry *g, const mc_plan *p) {
   cJSON_AddNumberToObject(tr, "micro_batch", p->micro_batch);
   cJSON_AddNumberToObject(tr, "micro_batches_per_step", p->n_micro);
   cJSON_AddNumberToObject(tr, "tokens_per_step", (double)p->tokens_per_step);
+  cJSON *grp = cJSON_AddObjectToObject(tr, "optimizer_groups"); /* families per optimizer */
+  for (int k = 0; k < MC_N_OPTS; k++)
+    if (p->opt_group_fams[k] > 0) cJSON_AddNumberToObject(grp, mc_opt_name(k), p->opt_group_fams[k]);
   cJSON_AddItemToObject(root, "rank_map", rank_map(g, members));
   free(members);
   cJSON_AddItemToObject(root, "stage_map", stage_map(g, p));

@@ -23,6 +23,10 @@ static void print_header(FILE *out, const mc_geometry *g, const mc_plan *p) {
   fprintf(out, "parameters: %lld elements (replicated %lld, tp-sharded %lld, ep-sharded %lld)\n",
           (long long)p->model_elems, (long long)p->model_elems_by_place[MC_PLACE_REPLICATED],
           (long long)p->model_elems_by_place[MC_PLACE_TP], (long long)p->model_elems_by_place[MC_PLACE_EP]);
+  fprintf(out, "optimizer groups:");
+  for (int k = 0, n = 0; k < MC_N_OPTS; k++)
+    if (p->opt_group_fams[k] > 0) fprintf(out, "%s %s %d families", n++ ? "," : "", mc_opt_name(k), p->opt_group_fams[k]);
+  fprintf(out, "\n");
 }
 
 static void print_rank_map(FILE *out, const mc_geometry *g, int detail_max) {
@@ -74,7 +78,8 @@ static void print_stage_map(FILE *out, const mc_geometry *g, const mc_plan *p) {
 }
 
 static int print_ownership(FILE *out, const mc_geometry *g, int detail_max) {
-  fprintf(out, "\n== ownership (mc_shard_of; local = working slice, state = param/exp_avg/exp_avg_sq hyperslab) ==\n");
+  fprintf(out, "\n== ownership (mc_shard_of; local = working slice, state = the hyperslab of param and of the "
+               "optimizer's states) ==\n");
   const int per_rank = g->world <= detail_max;
   for (int fi = 0; fi < g->fams.n; fi++) {
     const mc_family *f = &g->fams.f[fi];
@@ -85,8 +90,8 @@ static int print_ownership(FILE *out, const mc_geometry *g, int detail_max) {
     strncat(shape, "]", sizeof shape - strlen(shape) - 1);
     mc_own_table t;
     if (mc_own_table_build(g, fi, &t) != 0) return -1;
-    fprintf(out, "%s %s  %s  stage %d  %s%s\n", f->name, shape, rule, t.stage, f->decay ? "decay" : "no-decay",
-            t.moments_match ? "" : "  (moment hyperslabs differ from the param state!)");
+    fprintf(out, "%s %s  %s  stage %d  %s  %s%s\n", f->name, shape, rule, t.stage, f->decay ? "decay" : "no-decay",
+            mc_opt_name(f->opt), t.moments_match ? "" : "  (optimizer-state hyperslabs differ from the param state!)");
     int shown = 0;
     for (int i = 0; i < t.n; i++) {
       const mc_own_group *gr = &t.groups[i];
@@ -156,6 +161,11 @@ static void print_class(FILE *out, const mc_plan *p, const mc_rank_class *cl) {
   fprintf(out, "    %-36s %12s (decay) %s (no-decay)\n", "optimizer state by group",
           mc_format_bytes(mc_plan_optimizer_bytes(r, 1), b1, sizeof b1),
           mc_format_bytes(mc_plan_optimizer_bytes(r, 0), b2, sizeof b2));
+  fprintf(out, "    %-36s", "optimizer states by optimizer");
+  for (int k = 0, n = 0; k < MC_N_OPTS; k++)
+    if (p->opt_group_fams[k] > 0)
+      fprintf(out, n++ ? " %s (%s)" : " %12s (%s)", mc_format_bytes(r->opt_group_bytes[k], b1, sizeof b1), mc_opt_name(k));
+  fprintf(out, "\n");
 }
 
 static void print_memory(FILE *out, const mc_plan *p, const mc_rank_classes *cls, int detail_max) {

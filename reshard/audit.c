@@ -8,6 +8,7 @@
 
 #include "ckpt/format.h"
 #include "core/holdings.h"
+#include "core/optim_groups.h"
 #include "reshard/execute.h"
 #include "reshard/reshard.h"
 
@@ -79,8 +80,8 @@ static int run_digests(mc_rs_source *src, int verify, int progress, mc_audit *a)
   const mc_geometry *sg = mc_rs_source_geometry(src);
   mc_layout l;
   mc_rs_consolidated_layout(&l);
-  mc_geometry cg;
-  if (mc_geometry_build(&sg->model, &l, NULL, -1, &cg) != 0) return mc_error_context("the world-size-1 layout");
+  mc_geometry cg; /* with the recorded optimizer groups: the same state kinds per family */
+  if (mc_geometry_of_config(mc_rs_source_config(src), &l, &cg) != 0) return mc_error_context("the world-size-1 layout");
   mc_rs_plan plan;
   if (mc_rs_plan_build(sg, &cg, a->states, &plan) != 0) {
     mc_geometry_free(&cg);
@@ -128,7 +129,7 @@ static void check_manifest(mc_rs_source *src, mc_audit *a) {
   }
   for (int f = 0; f < g->fams.n; f++)
     for (int st = 0; st < MC_N_STATES; st++) {
-      if (!(a->states & (1u << st))) continue;
+      if (!(a->states & (1u << st)) || !mc_family_has_state(&g->fams.f[f], (mc_state)st)) continue;
       int n = 0;
       for (int r = 0; r < g->world; r++) {
         int k = idx[((size_t)f * MC_N_STATES + (size_t)st) * (size_t)g->world + (size_t)r];
@@ -162,7 +163,10 @@ static void check_manifest(mc_rs_source *src, mc_audit *a) {
     int nr = mc_shard_replicas(g, f, s->state, s->rank, reps);
     int same_reps = nr == s->n_replicas;
     for (int k = 0; same_reps && k < nr; k++) same_reps = reps[k] == s->replicas[k];
-    if (!same)
+    if (!mc_family_has_state(&g->fams.f[f], s->state))
+      mc_errlist_add(&a->problems, "%s: dataset %s: family %s is trained by %s, which keeps no %s state (optim.groups)",
+                     s->file, s->dataset, s->family, mc_opt_name(g->fams.f[f].opt), mc_state_name(s->state));
+    else if (!same)
       mc_errlist_add(&a->problems, "%s: dataset %s is not the hyperslab rank %d is primary for (mc_shard_of)", s->file,
                      s->dataset, s->rank);
     else if (!same_reps)

@@ -1,7 +1,9 @@
 /* mcaudit's checks over a committed checkpoint:
  *  - the manifest opens (root hash, format) and names a valid model and layout;
- *  - for every family and state, the stored primaries tile the global shape exactly
- *    (in bounds, no overlap, no gap), from the manifest alone;
+ *  - for every family and every state kind it has (param and the kinds its optimizer group
+ *    declares: AdamW's exp_avg, exp_avg_sq; Muon's momentum), the stored primaries tile the
+ *    global shape exactly (in bounds, no overlap, no gap), from the manifest alone, and no
+ *    shard stores a kind the family's optimizer does not keep;
  *  - every stored shard is the primary hyperslab mc_shard_of gives its rank;
  *  - every dataset's HDF5 attributes agree with the manifest;
  *  - with verify, every shard's SHA-256 (all bad shards are listed, not only the first);
@@ -11,7 +13,7 @@
  *    (core/holdings.h), and every rank's stored bytes equal to those of the states it is
  *    primary for;
  *  - the balance of the ownership rule: each rank's optimizer-state bytes (every audited
- *    state it holds: the fp32 master/param and the moments) and the largest over the mean,
+ *    state it holds: the fp32 master/param and its optimizer's states) and the largest over the mean,
  *    and the same for the bytes each rank wrote. */
 #ifndef MC_RESHARD_AUDIT_H
 #define MC_RESHARD_AUDIT_H
@@ -23,8 +25,8 @@
 #include "reshard/ckpt_source.h"
 
 /* The memory categories a checkpoint's states count under (core/holdings.h state_cat): params
- * by placement, moments by weight-decay group; fp32 checkpoints store the master weights as
- * param. mcaudit prints them under the planner's names. */
+ * by placement, optimizer states (moments, momentum) by weight-decay group; fp32 checkpoints
+ * store the master weights as param. mcaudit prints them under the planner's names. */
 #define MC_AUDIT_N_CATS 5
 extern const mc_mem_cat mc_audit_cats[MC_AUDIT_N_CATS];
 
@@ -32,7 +34,7 @@ typedef struct {
   mc_errlist problems;
   int world, n_fams;
   unsigned states;
-  char (*digest)[MC_N_STATES][65]; /* per family; "" where not computed */
+  char (*digest)[MC_N_STATES][65]; /* per family; "" where not computed or not a kind the family has */
   int64_t *held;                   /* [world][MC_N_STATES]: bytes each rank holds (replicas too) */
   int64_t *stored;                 /* [world]: bytes of the primaries each rank wrote */
   int64_t *cat;                    /* [world][MC_MEM_COUNT]: held bytes by category (holdings) */

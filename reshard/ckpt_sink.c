@@ -60,6 +60,7 @@ static int shard_attrs(hid_t d, const mc_geometry *g, int fam, mc_state st, cons
   a.s.n_replicas = mc_shard_replicas(g, fam, st, sh->rank, reps);
   a.s.replicas = reps;
   a.s.rank = sh->rank;
+  a.s.opt = f->opt; /* the target geometry's optimizer: the source's groups, kept */
   snprintf(a.s.sha256, sizeof a.s.sha256, "%s", hex);
   mc_placement_rule(g, fam, a.placement_rule, sizeof a.placement_rule);
   int rc = mc_h5_write_shard_attrs((int64_t)d, &a);
@@ -91,15 +92,25 @@ static int create_file(mc_rs_sink *s, const mc_rs_plan *p, const char *step_dir,
   f->fd = -1;
   snprintf(f->path, sizeof f->path, "%s/rank_%d.h5", step_dir, rank);
   hid_t fapl = file_access();
-  hid_t fid = H5Fcreate(f->path, H5F_ACC_EXCL, H5P_DEFAULT, fapl);
+  /* No object timestamps (as the library's writer): the same target gives byte-identical
+   * files, so A -> B -> A reproduces A's rank files when A was written by a reshard. */
+  hid_t fcpl = H5Pcreate(H5P_FILE_CREATE), gcpl = H5Pcreate(H5P_GROUP_CREATE);
+  H5Pset_obj_track_times(fcpl, 0);
+  H5Pset_obj_track_times(gcpl, 0);
+  hid_t fid = H5Fcreate(f->path, H5F_ACC_EXCL, fcpl, fapl);
   H5Pclose(fapl);
-  if (fid < 0) return mc_error("%s: cannot create HDF5 file", f->path);
+  H5Pclose(fcpl);
+  if (fid < 0) {
+    H5Pclose(gcpl);
+    return mc_error("%s: cannot create HDF5 file", f->path);
+  }
   s->file_of_rank[rank] = s->n_files++;
   int rc = mc_h5_write_file_attrs((int64_t)fid, step, rank) ? mc_error("%s: cannot write file attributes", f->path) : 0;
   hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
   H5Pset_layout(dcpl, H5D_CONTIGUOUS);
   H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
   H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
+  H5Pset_obj_track_times(dcpl, 0);
   for (int i = 0; i < p->n_targets && rc == 0; i++) {
     const mc_rs_target *tg = &p->targets[i];
     if (tg->shard.rank != rank) continue;
@@ -108,7 +119,7 @@ static int create_file(mc_rs_sink *s, const mc_rs_plan *p, const char *step_dir,
     char gname[MC_FAMILY_NAME_MAX + 2];
     snprintf(gname, sizeof gname, "/%s", fam->name);
     hid_t gr = H5Lexists(fid, gname, H5P_DEFAULT) > 0 ? H5Gopen2(fid, gname, H5P_DEFAULT)
-                                                      : H5Gcreate2(fid, gname, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+                                                      : H5Gcreate2(fid, gname, H5P_DEFAULT, gcpl, H5P_DEFAULT);
     if (gr < 0) {
       rc = mc_error("%s: cannot create group %s", f->path, gname);
       break;
@@ -131,6 +142,7 @@ static int create_file(mc_rs_sink *s, const mc_rs_plan *p, const char *step_dir,
     if (H5Dclose(d) < 0 && rc == 0) rc = mc_error("%s: cannot close dataset %s/%s", f->path, gname, mc_state_name(tn->state));
   }
   H5Pclose(dcpl);
+  H5Pclose(gcpl);
   /* Closing flushes the metadata: a full disk shows up here too. */
   if (H5Fclose(fid) < 0 && rc == 0) rc = mc_error("%s: closing failed (disk full?)", f->path);
   if (rc == 0 && (f->fd = open(f->path, O_WRONLY)) < 0) rc = mc_error("%s: cannot open for writing", f->path);

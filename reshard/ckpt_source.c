@@ -53,9 +53,9 @@ static int source_open(const char *path, int metadata_only, mc_rs_source **out) 
     free(s);
     return -1;
   }
-  if (mc_ckpt_config(s->ck, &s->cfg) != 0 ||
-      mc_geometry_build(&s->cfg.model, &s->cfg.parallel, NULL, -1, &s->g) != 0) {
-    mc_error_context("%s: the recorded model and layout", mc_ckpt_step_dir(s->ck));
+  /* the recorded optimizer groups decide which state kinds each family has */
+  if (mc_ckpt_config(s->ck, &s->cfg) != 0 || mc_geometry_of_config(&s->cfg, NULL, &s->g) != 0) {
+    mc_error_context("%s: the recorded model, layout and optimizer groups", mc_ckpt_step_dir(s->ck));
     mc_rs_source_close(s);
     return -1;
   }

@@ -22,7 +22,9 @@ void mc_rs_source_close(mc_rs_source *s);
 mc_ckpt *mc_rs_source_ckpt(mc_rs_source *s);
 const mc_geometry *mc_rs_source_geometry(const mc_rs_source *s);
 const mc_config *mc_rs_source_config(const mc_rs_source *s);
-/* The state kinds the checkpoint stores, as an MC_RS_ALL_STATES-style mask. */
+/* The state kinds the checkpoint stores, as an MC_RS_ALL_STATES-style mask (a kind is in it
+ * when some family stores it; which families have it is their optimizer's, mc_family_has_state
+ * on the geometry, whose optimizers come from the recorded optim.groups). */
 unsigned mc_rs_source_states(const mc_rs_source *s);
 
 /* An index of the manifest's shards: idx[(family * MC_N_STATES + state) * world + rank] is

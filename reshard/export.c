@@ -100,10 +100,12 @@ static char *read_text_file(const char *path) {
   return buf;
 }
 
-static int consolidated_geometry(const mc_model *m, mc_geometry *g) {
+/* The world-size-1 geometry of cfg's model with cfg's optimizer groups (a plan needs the same
+ * optimizer per family on both sides). */
+static int consolidated_geometry(const mc_config *cfg, mc_geometry *g) {
   mc_layout l;
   mc_rs_consolidated_layout(&l);
-  if (mc_geometry_build(m, &l, NULL, -1, g) != 0) return mc_error_context("the world-size-1 layout");
+  if (mc_geometry_of_config(cfg, &l, g) != 0) return mc_error_context("the world-size-1 layout");
   return 0;
 }
 
@@ -220,7 +222,7 @@ int mc_rs_export(mc_rs_source *src, const char *path, const mc_rs_export_opts *e
   const int es = eo.bf16 ? 2 : 4;
 
   mc_geometry cg;
-  if (consolidated_geometry(m, &cg) != 0) return -1;
+  if (consolidated_geometry(mc_rs_source_config(src), &cg) != 0) return -1;
   mc_rs_plan plan;
   if (mc_rs_plan_build(sg, &cg, 1u << MC_STATE_PARAM, &plan) != 0) {
     mc_geometry_free(&cg);
@@ -620,11 +622,11 @@ int mc_rs_import(const char *path, const mc_layout *target, const char *dst, con
   mc_config cfg = in.cfg;
   if (target) cfg.parallel = *target;
   mc_geometry cg, dg;
-  if (consolidated_geometry(&cfg.model, &cg) != 0) {
+  if (consolidated_geometry(&cfg, &cg) != 0) {
     input_close(&in);
     return mc_error_context("the model of %s", in.cfg_origin);
   }
-  if (mc_geometry_build(&cfg.model, &cfg.parallel, NULL, -1, &dg) != 0) {
+  if (mc_geometry_of_config(&cfg, NULL, &dg) != 0) {
     mc_geometry_free(&cg);
     input_close(&in);
     return mc_error_context("target layout refused");
@@ -700,11 +702,12 @@ int mc_rs_import(const char *path, const mc_layout *target, const char *dst, con
   if (rc == 0 && dry_run) {
     char ld[600];
     mc_rs_layout_format(&dg.layout, ld, sizeof ld);
-    printf("target layout %s: %d shards; AdamW moments zero, step 0\n", ld, plan.n_targets);
+    printf("target layout %s: %d shards; optimizer states zero (optim.groups %s), step 0\n", ld, plan.n_targets,
+           cfg.train.optim.groups);
   } else if (rc == 0) {
     mc_train_state st;
     memset(&st, 0, sizeof st);
-    /* A fresh start from the weights: step 0, the run's hyperparameters, zero moments. */
+    /* A fresh start from the weights: step 0, the run's hyperparameters, zero optimizer states. */
     st.lr_max = cfg.train.lr;
     st.lr_min = cfg.train.min_lr;
     st.warmup_steps = cfg.train.warmup_steps;

@@ -1,5 +1,7 @@
 #include "reshard/plan.h"
 
+#include "core/optim_groups.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,8 +88,17 @@ int mc_rs_plan_build(const mc_geometry *src, const mc_geometry *dst, unsigned st
                src->fams.f[f].name, dst->fams.f[f].name);
       goto fail;
     }
+    /* The optimizer fixes which state kinds a family has; a reshard moves states, it cannot
+     * turn AdamW moments into a Muon momentum. */
+    if (src->fams.f[f].opt != dst->fams.f[f].opt) {
+      mc_error("reshard refused: family %s is trained by %s in the source and by %s in the target (a reshard keeps "
+               "the optimizer groups, optim.groups)",
+               src->fams.f[f].name, mc_opt_name(src->fams.f[f].opt), mc_opt_name(dst->fams.f[f].opt));
+      goto fail;
+    }
     for (int st = 0; st < MC_N_STATES; st++) {
-      if (!(states & (1u << st))) continue;
+      /* `states` names kinds; a family has only those its optimizer declares */
+      if (!(states & (1u << st)) || !mc_family_has_state(&src->fams.f[f], (mc_state)st)) continue;
       mc_rs_tensor t = {.fam = f, .state = (mc_state)st, .first_src = out->n_src, .first_tgt = out->n_targets};
       int ns = mc_rs_primaries(src, f, (mc_state)st, tmp);
       if (ns < 0) goto fail;

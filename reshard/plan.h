@@ -59,11 +59,14 @@ int mc_rs_model_diff(const mc_model *src, const mc_model *dst, mc_errlist *errs)
  * count; `out` needs room for g->world entries. */
 int mc_rs_primaries(const mc_geometry *g, int fam, mc_state state, mc_rs_shard *out);
 
-/* Bit mask of the state kinds a plan moves: 1u << MC_STATE_PARAM etc. */
+/* Bit mask of the state kinds a plan moves: 1u << MC_STATE_PARAM etc. A mask names kinds,
+ * not tensors: a family contributes only the kinds its optimizer declares (core/optim_groups.h),
+ * so MC_RS_ALL_STATES moves AdamW families' moments and Muon families' momentum. */
 #define MC_RS_ALL_STATES ((1u << MC_N_STATES) - 1u)
 
-/* Builds the plan for the state kinds in `states`. Fails (naming the tensor) if the models
- * differ or if some target shard is not covered exactly by source pieces. */
+/* Builds the plan for the state kinds in `states` that each family has. Fails (naming the
+ * tensor) if the models differ, if a family's optimizer differs between the two geometries,
+ * or if some target shard is not covered exactly by source pieces. */
 int mc_rs_plan_build(const mc_geometry *src, const mc_geometry *dst, unsigned states, mc_rs_plan *out);
 void mc_rs_plan_free(mc_rs_plan *p);
 

@@ -56,8 +56,9 @@ int mc_rs_check_destination(const char *dst, int force) {
 
 int mc_rs_prepare(mc_rs_source *src, const mc_layout *target, mc_geometry *dst_g, mc_rs_plan *plan) {
   const mc_geometry *sg = mc_rs_source_geometry(src);
-  /* Batch rules are left to the run that resumes (it may change micro_batch). */
-  if (mc_geometry_build(&sg->model, target, NULL, -1, dst_g) != 0)
+  /* Batch rules are left to the run that resumes (it may change micro_batch). The target keeps
+   * the source's model and optimizer groups: a reshard changes the layout only. */
+  if (mc_geometry_of_config(mc_rs_source_config(src), target, dst_g) != 0)
     return mc_error_context("target layout refused");
   if (mc_rs_plan_build(sg, dst_g, mc_rs_source_states(src), plan) != 0) {
     mc_geometry_free(dst_g);

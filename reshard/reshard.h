@@ -33,8 +33,8 @@ typedef struct {
 /* "Refuses an existing destination unless force": the check, for callers to run early. */
 int mc_rs_check_destination(const char *dst, int force);
 
-/* Builds the target geometry for the source model (every layout rule checked, all broken
- * ones listed) and the plan for the states the source stores. */
+/* Builds the target geometry for the source model and optimizer groups (every layout rule
+ * checked, all broken ones listed) and the plan for the states the source stores. */
 int mc_rs_prepare(mc_rs_source *src, const mc_layout *target, mc_geometry *dst_g, mc_rs_plan *plan);
 
 /* Streams plan into a new run directory `dst` and commits it. */

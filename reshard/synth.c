@@ -14,9 +14,9 @@ static int synth_read(void *ctx, const mc_rs_plan *p, int s, int64_t off, int64_
 int mc_rs_synthesize(const mc_config *cfg, int64_t step, const char *dst, const mc_rs_opts *o, mc_rs_summary *sum) {
   mc_layout one;
   mc_rs_consolidated_layout(&one);
-  mc_geometry cg, dg;
-  if (mc_geometry_build(&cfg->model, &one, NULL, -1, &cg) != 0) return -1;
-  if (mc_geometry_build(&cfg->model, &cfg->parallel, NULL, -1, &dg) != 0) {
+  mc_geometry cg, dg; /* both with cfg's optimizer groups: each family gets the states its optimizer keeps */
+  if (mc_geometry_of_config(cfg, &one, &cg) != 0) return -1;
+  if (mc_geometry_of_config(cfg, NULL, &dg) != 0) {
     mc_geometry_free(&cg);
     return -1;
   }

@@ -12,7 +12,8 @@ static inline float mc_rs_synth_value(int fam, int state, int64_t idx) {
   return (float)(h & 0xffffff) * (1.0f / 16777216.0f) - 0.5f;
 }
 
-/* Writes a new run directory `dst` holding step `step` of cfg's model in cfg's layout. */
+/* Writes a new run directory `dst` holding step `step` of cfg's model in cfg's layout, every
+ * family with the states of its optimizer under cfg's optim.groups. */
 int mc_rs_synthesize(const mc_config *cfg, int64_t step, const char *dst, const mc_rs_opts *o, mc_rs_summary *sum);
 
 #endif

@@ -1,6 +1,7 @@
 /* Property tests of the ownership function over random valid (model, layout) pairs:
  * primaries tile every family and state exactly once, replicas hold identical hyperslabs,
- * the analytic primary/replica answer matches brute force, and stage splits behave. */
+ * the analytic primary/replica answer matches brute force, and stage splits behave; under
+ * random optimizer groups each family holds exactly its optimizer's state kinds. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,8 @@
 #include "../check.h"
 #include "core/config.h"
 #include "core/cost.h"
+#include "core/holdings.h"
+#include "core/optim_groups.h"
 #include "core/ownership.h"
 #include "util/rng.h"
 
@@ -179,8 +182,67 @@ static void check_geometry(const mc_geometry *g) {
   free(reps);
 }
 
+/* Optimizer groups over a geometry: for every family, the state kinds some rank holds bytes
+ * of (core/holdings.h, what the trainer allocates and the checkpoint stores) are exactly the
+ * kinds its optimizer declares (mc_opt_state_mask), and the primaries of each declared kind
+ * tile the family once, byte for byte, while an undeclared kind has no bytes anywhere. */
+static void check_groups(const mc_geometry *g) {
+  const mc_hold_opts o = {.moe_dense = 1};
+  for (int fi = 0; fi < g->fams.n; fi++) {
+    const mc_family *f = &g->fams.f[fi];
+    unsigned held = 0;
+    int64_t primary[MC_N_STATES] = {0};
+    for (int r = 0; r < g->world; r++) {
+      mc_param_hold h;
+      CHECK_OK(mc_param_hold_of(g, fi, r, &o, &h));
+      if (!h.in_stage) continue;
+      int n_decl;
+      mc_opt_states(f->opt, &n_decl);
+      CHECK(h.n_moments == n_decl, "%s: %d optimizer tensors, %s declares %d", f->name, h.n_moments, mc_opt_name(f->opt), n_decl);
+      for (int st = 0; st < MC_N_STATES; st++) {
+        if (h.state_bytes[st] > 0) held |= 1u << st;
+        if (h.state_primary[st]) primary[st] += h.state_bytes[st];
+      }
+    }
+    CHECK(held == mc_opt_state_mask(f->opt), "%s (%s): kinds held 0x%x, declared 0x%x", f->name, mc_opt_name(f->opt), held,
+          mc_opt_state_mask(f->opt));
+    for (int st = 0; st < MC_N_STATES; st++) {
+      const int64_t want = mc_family_has_state(f, (mc_state)st) ? f->numel * 4 : 0;
+      CHECK(primary[st] == want, "%s (%s) %s: primaries hold %lld bytes, want %lld", f->name, mc_opt_name(f->opt),
+            mc_state_name((mc_state)st), (long long)primary[st], (long long)want);
+    }
+  }
+}
+
+/* Assigns a random optim.groups value to g's families (AdamW only, Muon for the matrices or
+ * for a glob of 2-D families); a glob that also matches 1-D families is refused naming the
+ * rule and a family, and leaves every family as it was. Returns 1 if some family is Muon's. */
+static int random_groups(mc_geometry *g) {
+  static const char *const groups[] = {"adamw:all", "muon:matrices,adamw:all",
+                                       "muon:layers.0*.attn.w*,muon:layers.*.rec.w_*,adamw:all"};
+  int *before = malloc(sizeof(int) * (size_t)g->fams.n);
+  for (int fi = 0; fi < g->fams.n; fi++) before[fi] = g->fams.f[fi].opt;
+  /* layers.00.norm.weight is 1-D and every model has a layer 0 */
+  CHECK(mc_optim_groups_assign("muon:layers.0*,adamw:all", &g->fams) != 0 && strstr(mc_errmsg(), "rule muon:layers.0*") &&
+            strstr(mc_errmsg(), "layers.00.norm.weight") && strstr(mc_errmsg(), "Muon takes 2-D"),
+        "a Muon glob over 1-D families: %s", mc_errmsg());
+  int unchanged = 1;
+  for (int fi = 0; fi < g->fams.n; fi++) unchanged &= g->fams.f[fi].opt == before[fi];
+  CHECK(unchanged, "a refused optim.groups changed some family's optimizer");
+  free(before);
+  const char *pick_groups = groups[pick(3)];
+  CHECK_OK(mc_optim_groups_assign(pick_groups, &g->fams));
+  int muon = 0;
+  for (int fi = 0; fi < g->fams.n; fi++) {
+    const mc_family *f = &g->fams.f[fi];
+    muon += f->opt == MC_OPT_MUON;
+    CHECK(f->opt != MC_OPT_MUON || f->ndim == 2, "%s is %d-D and Muon's", f->name, f->ndim);
+  }
+  return muon > 0;
+}
+
 static void test_random_layouts(void) {
-  int valid = 0, tries = 0, zero_seen[4] = {0}, split_seen[3] = {0}, ep_multi = 0;
+  int valid = 0, tries = 0, zero_seen[4] = {0}, split_seen[3] = {0}, ep_multi = 0, with_muon = 0;
   while (valid < 600 && tries < 20000) {
     tries++;
     mc_model m;
@@ -193,6 +255,8 @@ static void test_random_layouts(void) {
     split_seen[l.split]++;
     ep_multi += l.ep > 1;
     check_geometry(&g);
+    with_muon += random_groups(&g);
+    check_groups(&g);
     mc_geometry_free(&g);
     /* the same layout under the older rules (checkpoints of format version 2 before
      * balanced-v2, and of format version 1) */
@@ -208,7 +272,10 @@ static void test_random_layouts(void) {
   CHECK(split_seen[0] && split_seen[1] && split_seen[2], "split modes covered");
   CHECK(ep_multi > 20, "ep > 1 covered (%d)", ep_multi);
   CHECK(split_beyond0 > 1000, "balanced-v2 splits after dim 0 covered (%ld parts)", split_beyond0);
-  printf("ownership property: %d valid layouts (%d tries), %d with ep>1, each under the three rules; %ld parts split after dim 0\n", valid, tries, ep_multi, split_beyond0);
+  CHECK(with_muon > 100 && with_muon < valid - 100, "mixed optimizer groups covered (%d of %d with Muon)", with_muon, valid);
+  printf("ownership property: %d valid layouts (%d tries), %d with ep>1, %d with Muon groups, each under the three rules; "
+         "%ld parts split after dim 0\n",
+         valid, tries, ep_multi, with_muon, split_beyond0);
 }
 
 /* mc_zero_rows against its definition, for every group size, rotation and row count up to a

@@ -1,6 +1,8 @@
 /* The memory planner: category totals agree with the ownership function over a grid of
  * layouts, and each category reacts to tp, zero, dtype, recompute, sp and pp as documented
  * in docs/mcplan.md. */
+#define _POSIX_C_SOURCE 200809L /* open_memstream */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +32,7 @@ static void base_train(mc_train_cfg *t) {
   strcpy(t->recompute, "none");
   strcpy(t->dtype, "fp32");
   strcpy(t->device, "cuda");
+  strcpy(t->optim.groups, "adamw:all");
 }
 
 static mc_layout layout(int tp, int dp, int pp, int ep, int sp, int zero) {
@@ -57,25 +60,30 @@ static void drop(mc_geometry *g, mc_plan *p) {
   mc_geometry_free(g);
 }
 
-/* Sum over primaries of every state = the model's elements times the state count; every
- * rank's category bytes equal an independent sum over its mc_shard_of hyperslabs. */
+/* Sum over primaries of every state = each family's elements times the number of state kinds
+ * its optimizer keeps; every rank's category bytes equal an independent sum over its
+ * mc_shard_of hyperslabs; each optimizer group's state bytes equal the sum of the holdings
+ * (mc_param_hold_of) of its families, and the groups together the optimizer.moments
+ * categories. Under AdamW only and with Muon for the matrices. */
 static void test_totals_grid(void) {
   mc_model m;
   tiny_model(&m);
   mc_train_cfg t;
   base_train(&t);
   t.global_batch = 48;
-  int cases = 0;
+  int cases = 0, muon_cases = 0;
   static const int zeros[] = {0, 1, 3};
+  static const char *const groups[2] = {"adamw:all", "muon:matrices,adamw:all"};
   for (int tp = 1; tp <= 4; tp *= 2)
     for (int dp = 1; dp <= 3; dp++)
       for (int pp = 1; pp <= 2; pp++)
         for (int ep = 1; ep <= 4; ep *= 2)
           for (int zi = 0; zi < 3; zi++)
-            for (int bf = 0; bf < 2; bf++) {
+            for (int bf = 0; bf < 4; bf++) {
               if ((tp * dp) % ep) continue;
               int sp = tp > 1 && ep > 1;
-              strcpy(t.dtype, bf ? "bf16" : "fp32");
+              strcpy(t.dtype, bf & 1 ? "bf16" : "fp32");
+              strcpy(t.optim.groups, groups[bf >> 1]);
               mc_geometry g;
               mc_plan p;
               mc_layout l = layout(tp, dp, pp, ep, sp, zeros[zi]);
@@ -84,33 +92,62 @@ static void test_totals_grid(void) {
                 continue;
               }
               cases++;
-              int64_t prim = 0;
+              int64_t prim = 0, want_prim = 0;
+              int n_muon = 0;
               for (int r = 0; r < p.world; r++)
                 for (int s = 0; s < MC_N_STATES; s++) prim += p.ranks[r].primary_elems[s];
-              CHECK(prim * 4 == p.model_elems * 4 * MC_N_STATES,
-                    "tp=%d dp=%d pp=%d ep=%d zero=%d: primary bytes %lld != %lld", tp, dp, pp, ep, zeros[zi],
-                    (long long)(prim * 4), (long long)(p.model_elems * 4 * MC_N_STATES));
+              for (int fi = 0; fi < g.fams.n; fi++) {
+                n_muon += g.fams.f[fi].opt == MC_OPT_MUON;
+                for (int s = 0; s < MC_N_STATES; s++)
+                  want_prim += mc_family_has_state(&g.fams.f[fi], (mc_state)s) ? g.fams.f[fi].numel : 0;
+              }
+              muon_cases += n_muon > 0;
+              CHECK((bf >> 1) == (n_muon > 0), "groups %s: %d Muon families", t.optim.groups, n_muon);
+              CHECK(prim == want_prim, "tp=%d dp=%d pp=%d ep=%d zero=%d %s: primary elements %lld != %lld", tp, dp, pp, ep,
+                    zeros[zi], t.optim.groups, (long long)prim, (long long)want_prim);
+              CHECK(p.opt_group_fams[MC_OPT_MUON] == n_muon && p.opt_group_fams[MC_OPT_ADAMW] == g.fams.n - n_muon,
+                    "families per optimizer %d + %d", p.opt_group_fams[MC_OPT_ADAMW], p.opt_group_fams[MC_OPT_MUON]);
               /* Recount rank 0 and the last rank from mc_shard_of directly. */
               int probe[2] = {0, p.world - 1};
               for (int k = 0; k < 2; k++) {
                 int r = probe[k];
-                int64_t bytes[3] = {0, 0, 0}, mom = 0, master = 0;
+                int64_t bytes[3] = {0, 0, 0}, mom = 0, master = 0, group[MC_N_OPTS] = {0}, held[MC_N_OPTS] = {0};
                 for (int fi = 0; fi < g.fams.n; fi++) {
+                  const mc_family *fa = &g.fams.f[fi];
                   mc_shard s;
                   mc_shard_of(&g, fi, MC_STATE_PARAM, r, &s);
                   if (!s.in_stage) continue;
                   int64_t local = 1;
                   for (int d = 0; d < s.ndim; d++) local *= s.local_count[d];
                   /* each tensor at its footprint in its category's allocation */
-                  const int wb = bf && mc_role_is_matmul(g.fams.f[fi].role) ? 2 : 4;
-                  bytes[g.fams.f[fi].place] += mc_mem_footprint((zeros[zi] == 3 ? s.numel : local) * wb);
-                  master += bf && mc_role_is_matmul(g.fams.f[fi].role) ? mc_mem_footprint(s.numel * 4) : 0;
-                  mc_shard_of(&g, fi, MC_STATE_EXP_AVG, r, &s);
-                  mom += mc_mem_footprint(s.numel * 4);
-                  mc_shard_of(&g, fi, MC_STATE_EXP_AVG_SQ, r, &s);
-                  mom += mc_mem_footprint(s.numel * 4);
+                  const int wb = (bf & 1) && mc_role_is_matmul(fa->role) ? 2 : 4;
+                  bytes[fa->place] += mc_mem_footprint((zeros[zi] == 3 ? s.numel : local) * wb);
+                  master += (bf & 1) && mc_role_is_matmul(fa->role) ? mc_mem_footprint(s.numel * 4) : 0;
+                  /* AdamW keeps two moments, Muon one momentum, each shaped like the param state */
+                  const mc_state kinds[3] = {MC_STATE_EXP_AVG, MC_STATE_EXP_AVG_SQ, MC_STATE_MOMENTUM};
+                  for (int q = 0; q < 3; q++) {
+                    if ((fa->opt == MC_OPT_MUON) != (kinds[q] == MC_STATE_MOMENTUM)) continue;
+                    mc_shard_of(&g, fi, kinds[q], r, &s);
+                    mom += mc_mem_footprint(s.numel * 4);
+                    group[fa->opt] += mc_mem_footprint(s.numel * 4);
+                  }
+                  /* the same from the holdings the planner reads */
+                  mc_param_hold h;
+                  CHECK_OK(mc_param_hold_of(&g, fi, r, &p.hold, &h));
+                  for (int q = 1; q < MC_N_STATES; q++)
+                    if (mc_family_has_state(fa, (mc_state)q)) held[fa->opt] += mc_mem_footprint(h.state_bytes[q]);
+                    else CHECK(h.state_bytes[q] == 0, "%s holds %s bytes under %s", fa->name, mc_state_name((mc_state)q),
+                               mc_opt_name(fa->opt));
                 }
                 const mc_plan_rank *pr = &p.ranks[r];
+                for (int o = 0; o < MC_N_OPTS; o++)
+                  CHECK(pr->opt_group_bytes[o] == group[o] && pr->opt_group_bytes[o] == held[o],
+                        "rank %d %s group bytes %lld, hyperslabs %lld, holdings %lld (%s)", r, mc_opt_name(o),
+                        (long long)pr->opt_group_bytes[o], (long long)group[o], (long long)held[o], t.optim.groups);
+                CHECK(pr->opt_group_bytes[MC_OPT_ADAMW] + pr->opt_group_bytes[MC_OPT_MUON] ==
+                          pr->bytes[MC_MEM_MOMENTS_DECAY] + pr->bytes[MC_MEM_MOMENTS_NO_DECAY],
+                      "rank %d: the groups' state bytes are the optimizer.moments categories", r);
+                CHECK(n_muon == 0 || r != 0 || pr->opt_group_bytes[MC_OPT_MUON] > 0, "rank 0 holds Muon momentum");
                 CHECK(pr->bytes[MC_MEM_PARAMS_REPLICATED] == bytes[MC_PLACE_REPLICATED], "replicated params rank %d", r);
                 CHECK(pr->bytes[MC_MEM_PARAMS_TP] == bytes[MC_PLACE_TP], "tp params rank %d", r);
                 CHECK(pr->bytes[MC_MEM_PARAMS_EP] == bytes[MC_PLACE_EP], "ep params rank %d", r);
@@ -123,7 +160,7 @@ static void test_totals_grid(void) {
               }
               drop(&g, &p);
             }
-  CHECK(cases >= 100, "grid covered %d layouts", cases);
+  CHECK(cases >= 200 && muon_cases * 2 == cases, "grid covered %d layouts, %d with Muon", cases, muon_cases);
 }
 
 static int64_t rank_bytes(const mc_plan *p, int r, mc_mem_cat c) { return p->ranks[r].bytes[c]; }
@@ -177,8 +214,10 @@ static void test_zero_shards_optimizer(void) {
     }
   for (int st = 0; st < MC_N_STATES; st++) {
     int64_t sum = 0;
+    /* AdamW only: every family has param and the two moments, none a momentum */
+    const int64_t want = st == MC_STATE_MOMENTUM ? 0 : p0.model_elems;
     for (int r = 0; r < dp; r++) sum += p1.ranks[r].state_elems[st];
-    CHECK(sum == p0.ranks[0].state_elems[st] && sum == p0.model_elems, "%s: zero=1 shards hold %lld elements, zero=0 %lld",
+    CHECK(sum == p0.ranks[0].state_elems[st] && sum == want, "%s: zero=1 shards hold %lld elements, zero=0 %lld",
           mc_state_name((mc_state)st), (long long)sum, (long long)p0.ranks[0].state_elems[st]);
   }
   /* The dp members of zero=1 hold a quarter each here (every row count divides by 4). */
@@ -513,6 +552,59 @@ static void test_groups_and_json(void) {
   drop(&g, &p);
 }
 
+/* The per-rank report of each optimizer group (JSON optimizer_groups, the text line) under
+ * Muon for the matrices and AdamW for the rest: the numbers are the plan's, the groups the
+ * configuration's, and a Muon family shows as such in the ownership table. */
+static void test_optimizer_groups_report(void) {
+  mc_model m;
+  tiny_model(&m);
+  mc_train_cfg t;
+  base_train(&t);
+  strcpy(t.optim.groups, "muon:matrices,adamw:all");
+  mc_geometry g;
+  mc_plan p;
+  CHECK_OK(make_plan(&m, layout(2, 2, 2, 1, 0, 1), &t, &g, &p));
+  if (!p.ranks) return;
+  cJSON *doc = mc_plan_to_json(&g, &p);
+  cJSON *ranks = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "memory"), "ranks");
+  CHECK(cJSON_GetArraySize(ranks) == p.world, "memory.ranks");
+  for (int r = 0; r < p.world; r++) {
+    cJSON *og = cJSON_GetObjectItem(cJSON_GetArrayItem(ranks, r), "optimizer_groups");
+    cJSON *a = cJSON_GetObjectItem(og, "adamw"), *mu = cJSON_GetObjectItem(og, "muon");
+    CHECK(a && mu && (int64_t)a->valuedouble == p.ranks[r].opt_group_bytes[MC_OPT_ADAMW] &&
+              (int64_t)mu->valuedouble == p.ranks[r].opt_group_bytes[MC_OPT_MUON] && mu->valuedouble > 0,
+          "rank %d optimizer_groups", r);
+  }
+  cJSON *tg = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "train"), "optimizer_groups");
+  CHECK(tg && cJSON_GetObjectItem(tg, "muon") && cJSON_GetObjectItem(tg, "muon")->valueint == p.opt_group_fams[MC_OPT_MUON] &&
+            p.opt_group_fams[MC_OPT_MUON] > 0,
+        "train.optimizer_groups");
+  int wq = mc_family_find(&g.fams, "layers.00.attn.wq");
+  cJSON *own = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "ownership"), wq);
+  CHECK(wq >= 0 && own && !strcmp(cJSON_GetObjectItem(own, "optimizer")->valuestring, "muon"), "wq is Muon's");
+  cJSON_Delete(doc);
+  /* the text report's line, one entry per optimizer */
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  CHECK_OK(mc_plan_print_text(f, &g, &p, 16));
+  fclose(f);
+  CHECK(buf && strstr(buf, "optimizer states by optimizer") && strstr(buf, "(muon)") && strstr(buf, "(adamw)") &&
+            strstr(buf, "optimizer groups: adamw "),
+        "text report lists both groups");
+  free(buf);
+  drop(&g, &p);
+  /* AdamW only: one group, no Muon key */
+  strcpy(t.optim.groups, "adamw:all");
+  CHECK_OK(make_plan(&m, layout(2, 2, 2, 1, 0, 1), &t, &g, &p));
+  doc = mc_plan_to_json(&g, &p);
+  cJSON *og = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "memory"), "ranks"), 0),
+                                  "optimizer_groups");
+  CHECK(og && cJSON_GetArraySize(og) == 1 && cJSON_GetObjectItem(og, "adamw"), "AdamW only: one group");
+  cJSON_Delete(doc);
+  drop(&g, &p);
+}
+
 static void test_headroom(void) {
   mc_model m;
   tiny_model(&m);
@@ -759,6 +851,7 @@ int main(void) {
   test_pipeline();
   test_units();
   test_groups_and_json();
+  test_optimizer_groups_report();
   test_headroom();
   test_weighted_exhaustive();
   test_weighted_vs_explicit();

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/box.h"
+#include "core/optim_groups.h"
 #include "core/ownership.h"
 #include "util/rng.h"
 
@@ -42,7 +43,7 @@ static inline int rs_pick(uint64_t seed, int n) {
   return (int)mc_rng_below(seed, MC_RNG_STREAM_TEST, rs_test_ctr++, (uint64_t)n);
 }
 
-/* A random layout valid for m (tries until mc_geometry_build accepts it). */
+/* A random layout valid for m (tries until mc_geometry_build accepts it); every family AdamW's. */
 static inline int rs_random_geometry(uint64_t seed, const mc_model *m, int max_world, mc_geometry *g) {
   for (int tries = 0; tries < 10000; tries++) {
     mc_layout l;
@@ -76,6 +77,17 @@ static inline int rs_random_geometry(uint64_t seed, const mc_model *m, int max_w
     if (mc_geometry_build(m, &l, NULL, -1, g) == 0) return 0;
   }
   return -1;
+}
+
+/* The same with the families' optimizers assigned from an optim.groups value. */
+static inline int rs_random_geometry_groups(uint64_t seed, const mc_model *m, const char *groups, int max_world,
+                                            mc_geometry *g) {
+  if (rs_random_geometry(seed, m, max_world, g) != 0) return -1;
+  if (mc_optim_groups_assign(groups, &g->fams) != 0) {
+    mc_geometry_free(g);
+    return -1;
+  }
+  return 0;
 }
 
 /* Content of element idx of (family, state): distinct, layout-independent values. */

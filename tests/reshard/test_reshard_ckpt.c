@@ -7,6 +7,7 @@
  * existing DST needs force; a target breaking a layout rule is refused naming the rule;
  * consolidation to world size 1. */
 #define _POSIX_C_SOURCE 200809L
+#include <cjson/cJSON.h>
 #include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,122 +20,65 @@
 #include "reshard/audit.h"
 #include "reshard/reshard.h"
 #include "rs_ckpt_testlib.h"
+#include "rs_roundtrip.h"
 #include "tests/ckpt/test_ckpt_common.h"
 
 static char root[2048];
 
-static int reshard(const char *src, const char *dst, const mc_layout *target, int force, int64_t chunk) {
-  mc_rs_source *s;
-  if (mc_rs_source_open(src, &s) != 0) return -1;
-  mc_geometry g;
-  mc_rs_plan p;
-  int rc = mc_rs_prepare(s, target, &g, &p);
-  if (rc == 0) {
-    mc_rs_opts o = {.chunk_bytes = chunk, .threads = 2, .force = force};
-    rc = mc_rs_write(s, &g, &p, dst, &o, NULL);
-    mc_rs_plan_free(&p);
-    mc_geometry_free(&g);
-  }
-  mc_rs_source_close(s);
-  return rc;
-}
-
-/* Runs the audit; returns its digests (caller frees) or NULL; *problems gets the count. */
-static char (*audit_digests(const char *path, int verify, int *problems, int *n_fams))[MC_N_STATES][65] {
-  mc_rs_source *s;
-  *problems = -1;
-  if (mc_rs_source_open(path, &s) != 0) return NULL;
-  mc_audit a;
-  char(*d)[MC_N_STATES][65] = NULL;
-  if (mc_audit_run(s, verify, 0, &a) == 0) {
-    *problems = a.problems.n;
-    for (int i = 0; i < a.problems.n && i < 3; i++) fprintf(stderr, "  audit %s: %s\n", path, a.problems.msg[i]);
-    *n_fams = a.n_fams;
-    d = malloc((size_t)a.n_fams * sizeof *d);
-    memcpy(d, a.digest, (size_t)a.n_fams * sizeof *d);
-    mc_audit_free(&a);
-  }
-  mc_rs_source_close(s);
-  return d;
-}
-
-/* Same shards (rank, hyperslab, file, dataset, hash) and same stored bytes, same state. */
-static void check_same_shards(const char *a_path, const char *b_path) {
-  mc_ckpt *a, *b;
-  mc_ckpt_open_opts o;
-  mc_ckpt_open_opts_default(&o);
-  if (mc_ckpt_open(a_path, &o, &a) != 0 || mc_ckpt_open(b_path, &o, &b) != 0) {
-    CHECK(0, "open: %s", mc_errmsg());
-    return;
-  }
-  CHECK(mc_ckpt_n_shards(a) == mc_ckpt_n_shards(b), "shard counts %d vs %d", mc_ckpt_n_shards(a), mc_ckpt_n_shards(b));
-  int differ = 0;
-  for (int i = 0; i < mc_ckpt_n_shards(a); i++) {
-    const mc_ckpt_shard *x = mc_ckpt_shard_at(a, i);
-    const mc_ckpt_shard *y = NULL;
-    for (int k = 0; k < mc_ckpt_n_shards(b) && !y; k++) {
-      const mc_ckpt_shard *c = mc_ckpt_shard_at(b, k);
-      if (!strcmp(c->family, x->family) && c->state == x->state && c->rank == x->rank) y = c;
+/* Turns a checkpoint this version wrote (format 3) of an AdamW-only model into what format
+ * version 2 wrote: manifest format_version 2 without optimizer_groups, families[].optimizer
+ * and the config's optim section, rank files' format_version attribute 2 and no `optimizer`
+ * attribute on their datasets; without files[].sha256 (the rank files changed; a manifest
+ * without whole-file hashes is one readers accept), the manifest's hash in manifest.sha256
+ * and latest recomputed. */
+static void make_format_v2(const char *dir, int64_t step) {
+  char mp[4200], rp[4400];
+  size_t n = 0;
+  char *text = read_manifest_text(dir, step, mp, &n);
+  cJSON *m = text ? cJSON_Parse(text) : NULL;
+  cJSON *fams = cJSON_GetObjectItemCaseSensitive(m, "families"), *files = cJSON_GetObjectItemCaseSensitive(m, "files"),
+        *shards = cJSON_GetObjectItemCaseSensitive(m, "shards"), *it;
+  int ok = m && cJSON_GetObjectItemCaseSensitive(m, "optimizer_groups") && fams && files && shards;
+  /* the rank files: version attribute, and each shard's dataset without its optimizer */
+  cJSON_ArrayForEach(it, files) {
+    snprintf(rp, sizeof rp, "%s/step_%lld/%s", dir, (long long)step, cJSON_GetStringValue(cJSON_GetObjectItem(it, "name")));
+    hid_t fid = H5Fopen(rp, H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t at = fid >= 0 ? H5Aopen(fid, "format_version", H5P_DEFAULT) : -1;
+    int two = 2;
+    ok &= at >= 0 && H5Awrite(at, H5T_NATIVE_INT, &two) >= 0;
+    if (at >= 0) H5Aclose(at);
+    cJSON *sh;
+    cJSON_ArrayForEach(sh, shards) {
+      if (strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(sh, "file")), cJSON_GetStringValue(cJSON_GetObjectItem(it, "name"))))
+        continue;
+      ok &= fid >= 0 && H5Adelete_by_name(fid, cJSON_GetStringValue(cJSON_GetObjectItem(sh, "dataset")), "optimizer", H5P_DEFAULT) >= 0;
     }
-    if (!y || strcmp(x->sha256, y->sha256) || strcmp(x->file, y->file) || strcmp(x->dataset, y->dataset) ||
-        memcmp(x->start, y->start, sizeof x->start) || memcmp(x->count, y->count, sizeof x->count) ||
-        x->n_replicas != y->n_replicas) {
-      differ++;
-      continue;
-    }
-    float *da = malloc((size_t)x->numel * 4), *db = malloc((size_t)y->numel * 4);
-    if (mc_ckpt_read(a, x->family, x->state, x->start, x->count, da) || mc_ckpt_read(b, y->family, y->state, y->start, y->count, db) ||
-        memcmp(da, db, (size_t)x->numel * 4))
-      differ++;
-    free(da);
-    free(db);
+    if (fid >= 0) H5Fclose(fid);
   }
-  CHECK(differ == 0, "%d shards of %s differ from %s", differ, b_path, a_path);
-  mc_train_state sa, sb;
-  CHECK_OK(mc_ckpt_train_state(a, &sa));
-  CHECK_OK(mc_ckpt_train_state(b, &sb));
-  CHECK(memcmp(&sa, &sb, sizeof sa) == 0, "training state not carried over unchanged");
-  mc_ckpt_close(a);
-  mc_ckpt_close(b);
+  cJSON_DeleteItemFromObjectCaseSensitive(m, "optimizer_groups");
+  cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "config"), "optim");
+  cJSON_ReplaceItemInObjectCaseSensitive(m, "format_version", cJSON_CreateNumber(2));
+  cJSON_ArrayForEach(it, fams) cJSON_DeleteItemFromObjectCaseSensitive(it, "optimizer");
+  char *out = m ? cJSON_Print(m) : NULL;
+  FILE *mf = out ? fopen(mp, "wb") : NULL;
+  ok &= mf && fwrite(out, 1, strlen(out), mf) == strlen(out);
+  if (mf) ok &= fclose(mf) == 0;
+  ok &= strip_file_hashes(dir, step) == 0 && rehash_manifest(dir, step) == 0;
+  CHECK(ok, "%s: not rewritten as format version 2", dir);
+  free(out);
+  cJSON_Delete(m);
+  free(text);
 }
 
-static void pair_case(uint64_t seed, const mc_model *m, int k) {
-  mc_geometry ga, gb;
-  if (rs_random_geometry(seed, m, 8, &ga) || rs_random_geometry(seed + 1, m, 8, &gb)) {
-    CHECK(0, "random layouts: %s", mc_errmsg());
-    return;
-  }
-  char A[2300], B[2300], A2[2300];
-  snprintf(A, sizeof A, "%s/A%d", root, k);
-  snprintf(B, sizeof B, "%s/B%d", root, k);
-  snprintf(A2, sizeof A2, "%s/A%d-back", root, k);
-  CHECK_OK(rs_save_reference(A, &ga, 40 + k));
-  int64_t chunk = 256 * (1 + rs_pick(seed, 64)); /* small bands: many partial pieces */
-  CHECK_OK(reshard(A, B, &gb.layout, 0, chunk));
-  CHECK(rs_check_content(B) == 0, "content of %s read back through the library differs", B);
-  CHECK_OK(reshard(B, A2, &ga.layout, 0, chunk * 3));
-  check_same_shards(A, A2);
-  int pa, pb, na = 0, nb = 0;
-  char(*da)[MC_N_STATES][65] = audit_digests(A, 1, &pa, &na);
-  char(*db)[MC_N_STATES][65] = audit_digests(B, 1, &pb, &nb);
-  CHECK(pa == 0 && pb == 0, "audit problems: %d in A, %d in B", pa, pb);
-  CHECK(da && db && na == nb && memcmp(da, db, (size_t)na * sizeof *da) == 0, "content digests differ between %s and %s", A, B);
-  printf("  pair %d: tp%d pp%d dp%d ep%d z%d %s -> tp%d pp%d dp%d ep%d z%d %s ok\n", k, ga.layout.tp, ga.layout.pp,
-         ga.layout.dp, ga.layout.ep, ga.layout.zero, mc_split_name(ga.layout.split), gb.layout.tp, gb.layout.pp,
-         gb.layout.dp, gb.layout.ep, gb.layout.zero, mc_split_name(gb.layout.split));
-  free(da);
-  free(db);
-  mc_geometry_free(&ga);
-  mc_geometry_free(&gb);
-}
-
-/* Turns a checkpoint written under the chunked rule into exactly what format version 1 wrote:
- * manifest format_version 1 without layout.ownership_rule or files[].sha256 (its hashes in manifest.sha256 and
- * latest recomputed), rank files' format_version attribute 1. */
+/* Turns a checkpoint written under the chunked rule into exactly what format version 1 wrote
+ * (by way of version 2): manifest format_version 1 without layout.ownership_rule or
+ * files[].sha256 (its hashes in manifest.sha256 and latest recomputed), rank files'
+ * format_version attribute 1. */
 static void make_format_v1(const char *dir, int64_t step) {
+  make_format_v2(dir, step);
+  /* (version 1 predates whole-file hashes too: make_format_v2 left them out) */
   CHECK(edit_manifest(dir, step, "\"format_version\":\t2", "\"format_version\":\t1") == 0 &&
-            edit_manifest(dir, step, "\"ownership_rule\":\t\"chunked\",\n\t\t", "") == 0 &&
-            strip_file_hashes(dir, step) == 0, /* version 1 predates whole-file hashes */
+            edit_manifest(dir, step, "\"ownership_rule\":\t\"chunked\",\n\t\t", "") == 0,
         "manifest of %s lacks version 2 or the chunked rule", dir);
   for (int r = 0; r < 64; r++) {
     char rp[2600];
@@ -151,8 +95,9 @@ static void make_format_v1(const char *dir, int64_t step) {
   }
 }
 
-/* Every hyperslab every rank of g holds, read from the checkpoint at path, equals the
- * reference content (what a run of layout g loads). Returns the mismatching elements. */
+/* Every hyperslab every rank of g holds (of the state kinds each family's optimizer keeps),
+ * read from the checkpoint at path, equals the reference content (what a run of layout g
+ * loads). Returns the mismatching elements. */
 static int64_t load_as(const char *path, const mc_geometry *g) {
   mc_ckpt *ck;
   if (mc_ckpt_open(path, NULL, &ck) != 0) return -1;
@@ -161,6 +106,7 @@ static int64_t load_as(const char *path, const mc_geometry *g) {
     for (int f = 0; f < g->fams.n && bad >= 0; f++)
       for (int s = 0; s < MC_N_STATES; s++) {
         mc_shard sh;
+        if (!mc_family_has_state(&g->fams.f[f], (mc_state)s)) continue; /* a kind its optimizer does not keep */
         if (mc_shard_of(g, f, (mc_state)s, r, &sh) != 0 || !sh.held) continue;
         mc_box sl = {sh.ndim, {0}, {0}};
         for (int d = 0; d < sh.ndim; d++) sl.start[d] = sh.start[d], sl.count[d] = sh.count[d];
@@ -198,6 +144,7 @@ static void old_rule_case(const mc_model *m, int old_rule, int tp, int dp, int p
   snprintf(B2, sizeof B2, "%s/old%d-again", root, k);
   CHECK_OK(rs_save_reference(A, &gold, 60 + k));
   if (old_rule == MC_OWN_CHUNKED) make_format_v1(A, 60 + k);
+  else make_format_v2(A, 60 + k);
   mc_ckpt *ck;
   CHECK_OK(mc_ckpt_open(A, NULL, &ck));
   if (ck) {
@@ -228,12 +175,12 @@ static void old_rule_case(const mc_model *m, int old_rule, int tp, int dp, int p
   CHECK(load_as(A, &gnew) == 0, "old checkpoint %s loaded under the balanced-v2 rule differs", A);
   CHECK(rs_check_content(A) == 0, "content of %s differs", A);
   int pa = -1, pb = -1, na = 0, nb = 0;
-  char(*da)[MC_N_STATES][65] = audit_digests(A, 1, &pa, &na);
+  char(*da)[MC_N_STATES][65] = rs_audit_digests(A, 1, &pa, &na);
   CHECK(pa == 0, "audit of the %s checkpoint: %d problems", mc_own_rule_name(old_rule), pa);
   /* reshards to a new layout: a checkpoint of the current rule that audits clean, same content */
   if (rs_random_geometry(900 + (uint64_t)k, m, 8, &gb) == 0) {
     CHECK(gb.layout.own_rule == MC_OWN_BALANCED_V2, "a new layout uses the balanced-v2 rule");
-    CHECK_OK(reshard(A, B, &gb.layout, 0, 4096));
+    CHECK_OK(rs_reshard(A, B, &gb.layout, 0, 4096));
     CHECK(rs_check_content(B) == 0, "content of %s differs", B);
     CHECK(load_as(B, &gb) == 0 && load_as(A, &gb) == 0, "resharded/old checkpoint loaded as tp%d dp%d pp%d ep%d differs",
           gb.layout.tp, gb.layout.dp, gb.layout.pp, gb.layout.ep);
@@ -243,19 +190,19 @@ static void old_rule_case(const mc_model *m, int old_rule, int tp, int dp, int p
       CHECK(mc_ckpt_config(ck, &cb) == 0 && cb.parallel.own_rule == MC_OWN_BALANCED_V2, "resharded rule");
       mc_ckpt_close(ck);
     }
-    char(*db)[MC_N_STATES][65] = audit_digests(B, 1, &pb, &nb);
+    char(*db)[MC_N_STATES][65] = rs_audit_digests(B, 1, &pb, &nb);
     CHECK(pb == 0, "audit of the resharded checkpoint: %d problems", pb);
     CHECK(da && db && na == nb && memcmp(da, db, (size_t)na * sizeof *da) == 0, "digests differ between %s and %s", A, B);
     free(db);
     /* back to A's layout (now under balanced-v2): the same content, loads as the old layout
      * did; and to B's again: B's shards byte for byte */
-    CHECK_OK(reshard(B, A2, &gnew.layout, 0, 1024));
+    CHECK_OK(rs_reshard(B, A2, &gnew.layout, 0, 1024));
     CHECK(load_as(A2, &gnew) == 0 && load_as(A2, &gb) == 0, "%s loaded back differs", A2);
-    db = audit_digests(A2, 1, &pb, &nb);
+    db = rs_audit_digests(A2, 1, &pb, &nb);
     CHECK(pb == 0 && da && db && na == nb && memcmp(da, db, (size_t)na * sizeof *da) == 0, "digests differ between %s and %s", A, A2);
     free(db);
-    CHECK_OK(reshard(A2, B2, &gb.layout, 0, 4096));
-    check_same_shards(B, B2);
+    CHECK_OK(rs_reshard(A2, B2, &gb.layout, 0, 4096));
+    rs_check_same_shards(B, B2);
     printf("  old rule %d: tp%d dp%d pp%d ep%d z%d (format %d, %s) -> tp%d dp%d pp%d ep%d z%d (balanced-v2) -> back -> again ok\n",
            k, tp, dp, pp, ep, zero, want_version, mc_own_rule_name(old_rule), gb.layout.tp, gb.layout.dp, gb.layout.pp,
            gb.layout.ep, gb.layout.zero);
@@ -301,13 +248,13 @@ static void failure_cases(const mc_model *m) {
   /* A target that breaks a layout rule is refused with the rule named. */
   mc_layout bad = lb;
   bad.tp = 3;
-  CHECK(reshard(A, D, &bad, 0, 1 << 20) != 0 && strstr(mc_errmsg(), "tp=3 does not divide"),
+  CHECK(rs_reshard(A, D, &bad, 0, 1 << 20) != 0 && strstr(mc_errmsg(), "tp=3 does not divide"),
         "rule violation message: %s", mc_errmsg());
   CHECK(!rs_exists(D), "refused reshard left %s", D);
 
   /* An injected write failure: error, and neither DST nor the temporary directory stays. */
   setenv("MC_RESHARD_FAULT", "fail:3000", 1);
-  CHECK(reshard(A, D, &lb, 0, 1024) != 0 && strstr(mc_errmsg(), "injected failure"), "fault: %s", mc_errmsg());
+  CHECK(rs_reshard(A, D, &lb, 0, 1024) != 0 && strstr(mc_errmsg(), "injected failure"), "fault: %s", mc_errmsg());
   unsetenv("MC_RESHARD_FAULT");
   CHECK(!rs_exists(D) && !rs_exists(T), "failed reshard left files behind");
 
@@ -315,7 +262,7 @@ static void failure_cases(const mc_model *m) {
   pid_t pid = fork();
   if (pid == 0) {
     setenv("MC_RESHARD_FAULT", "crash:5000", 1);
-    reshard(A, D, &lb, 0, 1024);
+    rs_reshard(A, D, &lb, 0, 1024);
     _exit(0); /* not reached when the fault fires */
   }
   int status = 0;
@@ -324,15 +271,15 @@ static void failure_cases(const mc_model *m) {
   CHECK(!rs_exists(D), "a crashed reshard left %s", D);
   CHECK(rs_exists(T), "the crash happened before anything was written (test is not testing)");
   /* The next run clears the leftovers and succeeds. */
-  CHECK_OK(reshard(A, D, &lb, 0, 1024));
+  CHECK_OK(rs_reshard(A, D, &lb, 0, 1024));
   CHECK(rs_exists(D) && !rs_exists(T), "after a clean run: DST present, leftovers gone");
   CHECK(rs_check_content(D) == 0, "content after recovery");
 
   /* An existing DST needs force, and force replaces it with a complete checkpoint. */
   mc_layout lc = lb;
   lc.dp = 2;
-  CHECK(reshard(A, D, &lc, 0, 1 << 20) != 0 && strstr(mc_errmsg(), "--force"), "existing DST: %s", mc_errmsg());
-  CHECK_OK(reshard(A, D, &lc, 1, 1 << 20));
+  CHECK(rs_reshard(A, D, &lc, 0, 1 << 20) != 0 && strstr(mc_errmsg(), "--force"), "existing DST: %s", mc_errmsg());
+  CHECK_OK(rs_reshard(A, D, &lc, 1, 1 << 20));
   mc_rs_source *s;
   CHECK_OK(mc_rs_source_open(D, &s));
   if (s) {
@@ -345,7 +292,7 @@ static void failure_cases(const mc_model *m) {
   snprintf(C, sizeof C, "%s/F-one", root);
   mc_layout one;
   mc_rs_consolidated_layout(&one);
-  CHECK_OK(reshard(A, C, &one, 0, 1 << 20));
+  CHECK_OK(rs_reshard(A, C, &one, 0, 1 << 20));
   CHECK(rs_check_content(C) == 0, "consolidated content");
   CHECK(rs_exists(C) && access(C, F_OK) == 0, "consolidated exists");
 
@@ -356,27 +303,27 @@ static void failure_cases(const mc_model *m) {
   CHECK_OK(corrupt(step_dir, "rank_1.h5", "/layers.00.attn.wq/exp_avg"));
   /* The whole-file hash refuses the file before HDF5 parses it, in the reshard and the audit
    * with or without --verify (2 problems: the file, and digests not computed). */
-  CHECK(reshard(A, E, &lb, 0, 1 << 20) != 0 && strstr(mc_errmsg(), "rank_1.h5") &&
+  CHECK(rs_reshard(A, E, &lb, 0, 1 << 20) != 0 && strstr(mc_errmsg(), "rank_1.h5") &&
             strstr(mc_errmsg(), "whole-file hash mismatch"),
         "corruption message: %s", mc_errmsg());
   CHECK(!rs_exists(E), "reshard of a corrupted source left %s", E);
   for (int v = 0; v < 2; v++) {
     int pr = 0, nf = 0;
-    free(audit_digests(A, v, &pr, &nf));
+    free(rs_audit_digests(A, v, &pr, &nf));
     CHECK(pr == 2, "audit (verify %d) of the corrupted file: %d problems", v, pr);
   }
   /* Without whole-file hashes (an older manifest) the shard hash names the dataset. */
   CHECK(strip_file_hashes(A, 7) == 0, "strip the file hashes of %s", A);
-  CHECK(reshard(A, E, &lb, 0, 1 << 20) != 0 && strstr(mc_errmsg(), "rank_1.h5") &&
+  CHECK(rs_reshard(A, E, &lb, 0, 1 << 20) != 0 && strstr(mc_errmsg(), "rank_1.h5") &&
             strstr(mc_errmsg(), "/layers.00.attn.wq/exp_avg") && strstr(mc_errmsg(), "SHA-256"),
         "corruption message: %s", mc_errmsg());
   CHECK(!rs_exists(E), "reshard of a corrupted source left %s", E);
   /* mcaudit --verify lists it too. */
   int pr = 0, nf = 0;
-  char(*d)[MC_N_STATES][65] = audit_digests(A, 1, &pr, &nf);
+  char(*d)[MC_N_STATES][65] = rs_audit_digests(A, 1, &pr, &nf);
   CHECK(pr == 1, "audit --verify of the corrupted checkpoint: %d problems", pr);
   free(d);
-  d = audit_digests(A, 0, &pr, &nf);
+  d = rs_audit_digests(A, 0, &pr, &nf);
   CHECK(pr == 0, "audit without --verify does not check hashes (%d problems)", pr);
   free(d);
   mc_geometry_free(&ga);
@@ -386,7 +333,7 @@ int main(void) {
   rs_scratch("ckpt", root, sizeof root);
   mc_model m;
   rs_test_model(&m, "AEMRME");
-  for (int k = 0; k < 4; k++) pair_case(500 + 17 * (uint64_t)k, &m, k);
+  for (int k = 0; k < 4; k++) rs_pair_case(500 + 17 * (uint64_t)k, &m, "adamw:all", root, k, 40 + k, NULL);
   old_rule_case(&m, MC_OWN_CHUNKED, 1, 3, 1, 1, 1, 0); /* ZeRO parts differ (rows not a multiple of 3) */
   old_rule_case(&m, MC_OWN_CHUNKED, 2, 2, 1, 2, 0, 1); /* replicas: the primaries differ */
   old_rule_case(&m, MC_OWN_CHUNKED, 2, 2, 2, 4, 1, 2);

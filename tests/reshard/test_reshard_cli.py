@@ -1,10 +1,12 @@
 """mcreshard and mcaudit end to end, checked with independent readers (h5py, numpy, hashlib,
 jsonschema): content and hashes preserved across layouts, the refusals and their messages,
 dry-run JSON, audit digests and map, corruption, safetensors export/import; planning from a
-metadata-only checkpoint (sim_scale --write-metadata, mcreshard --dry-run) and its refusals.
+metadata-only checkpoint (sim_scale --write-metadata, mcreshard --dry-run) and its refusals;
+a checkpoint with mixed optimizer groups (Muon's momentum beside AdamW's moments).
 
 usage: test_reshard_cli.py MCRESHARD MCAUDIT BENCH_RESHARD SIM_SCALE   (Debian's /usr/bin/python3)
 """
+import filecmp
 import glob
 import hashlib
 import json
@@ -14,6 +16,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 
 import h5py
@@ -82,6 +85,8 @@ def main():
         body(tmp)
         os.mkdir(os.path.join(tmp, "meta"))
         metadata_only(os.path.join(tmp, "meta"))
+        os.mkdir(os.path.join(tmp, "groups"))
+        groups(os.path.join(tmp, "groups"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("test_reshard_cli: %d failures" % failures)
@@ -311,6 +316,76 @@ def metadata_only(tmp):
           "export refused: " + err)
     rc, out, err = run(MCAUDIT, j("M"))
     check(rc != 0 and "rank_0.h5: missing shard file" in out + err, "audit refused: " + out + err)
+
+
+def rank_datasets(run_dir):
+    """{(file, dataset): (sha256 attribute, raw bytes)} of a checkpoint's rank files."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(step_dir(run_dir), "rank_*.h5"))):
+        with h5py.File(path, "r") as f:
+            for fam in f:
+                for state in f[fam]:
+                    d = f[fam][state]
+                    out[(os.path.basename(path), fam + "/" + state)] = (d.attrs["sha256"], d[()].astype("<f4").tobytes())
+    return out
+
+
+def groups(tmp):
+    """optim.groups muon:matrices,adamw:all: each family stores param and its optimizer's
+    states only; A -> B -> A gives A's rank files back byte for byte; mcaudit passes,
+    lists each family's optimizer and a momentum digest (sha256 of the global tensor, the same
+    in both layouts); a reshard that would change the groups is refused."""
+    j = lambda *p: os.path.join(tmp, *p)
+    g = "muon:matrices,adamw:all"
+    rc, _, err = run(BENCH, "--synth", j("S"), "--tiny", "--groups", g)
+    check(rc == 0, "synthesize with Muon groups: " + err)
+    rc, _, err = run(MCRESHARD, j("S"), j("A"), "--tp", "2", "--dp", "2", "--zero", "1", "--no-progress")
+    check(rc == 0, "S -> A (Muon groups): " + err)
+    rc, _, err = run(MCRESHARD, j("A"), j("B"), "--pp", "2", "--dp", "2", "--tp", "1", "--ep", "2", "--sp", "0",
+                     "--zero", "0", "--no-progress")
+    check(rc == 0, "A -> B (Muon groups): " + err)
+    time.sleep(1.1)  # a file with HDF5 object timestamps (seconds) would now differ from A's
+    rc, _, err = run(MCRESHARD, j("B"), j("A2"), "--tp", "2", "--dp", "2", "--pp", "1", "--ep", "1", "--zero", "1",
+                     "--no-progress")
+    check(rc == 0, "B -> A2 (Muon groups): " + err)
+    da, da2 = rank_datasets(j("A")), rank_datasets(j("A2"))
+    check(da and da == da2, "A -> B -> A gives A's datasets back byte for byte (%d vs %d)" % (len(da), len(da2)))
+    # A was written by a reshard too, so the rank files themselves are the same bytes (no
+    # object timestamps in them)
+    fa = sorted(os.path.basename(p) for p in glob.glob(os.path.join(step_dir(j("A")), "rank_*.h5")))
+    check(fa and all(filecmp.cmp(os.path.join(step_dir(j("A")), n), os.path.join(step_dir(j("A2")), n), shallow=False)
+                     for n in fa), "A -> B -> A gives A's rank files back byte for byte")
+    rc, ra, err = audit_json(j("A"), "--verify")
+    check(rc == 0 and ra.get("ok"), "audit of the Muon checkpoint A: " + err)
+    rc, rb, err = audit_json(j("B"), "--verify")
+    check(rc == 0 and rb.get("ok"), "audit of the Muon checkpoint B: " + err)
+    check(digests(ra) == digests(rb) and digests(ra), "digests equal across layouts (Muon groups)")
+    opt = {f["name"]: f.get("optimizer") for f in rb.get("families", [])}
+    kinds = {"adamw": {"param", "exp_avg", "exp_avg_sq"}, "muon": {"param", "momentum"}}
+    B, _ = assemble(j("B"))
+    held = {}
+    for fam, state in B:
+        held.setdefault(fam, set()).add(state)
+    check(opt and all(held.get(f) == kinds.get(o) for f, o in opt.items()) and opt.get("layers.00.attn.wq") == "muon"
+          and opt.get("layers.00.norm.weight") == "adamw", "each family stores its optimizer's kinds: %s" % held)
+    d = digests(rb)
+    check(all(set(d[f]) == kinds[o] for f, o in opt.items()), "a digest for each kind a family has")
+    check(all(d[fam][state] == hashlib.sha256(arr.astype("<f4").tobytes()).hexdigest() for (fam, state), arr in B.items())
+          and any(state == "momentum" for _, state in B), "momentum digests are sha256 of the global tensors")
+    check(all(r["held_bytes"].get("momentum", 0) > 0 for r in rb["ranks"]), "every rank holds momentum bytes")
+    rc, out, _ = run(MCAUDIT, j("B"))
+    check(rc == 0 and "    momentum " in out and "  muon" in out and "ok: no problems found" in out,
+          "text audit lists momentum and the optimizers")
+    # against a run configuration: the optimizer groups are compared family by family
+    want = ["--set", "parallel.pp=2", "--set", "parallel.dp=2", "--set", "parallel.ep=2"]
+    rc, _, err = run(MCAUDIT, j("B"), *want)
+    check(rc == 1 and "family layers.00.attn.wq is trained by muon in the checkpoint, by adamw under the config's "
+          "optim.groups 'adamw:all' (15 families differ)" in err, "audit against AdamW-only groups: " + err)
+    rc, out, err = run(MCAUDIT, j("B"), *want, "--set", "optim.groups=muon:matrices , adamw:vectors,adamw:all")
+    check(rc == 0 and "ok: no problems found" in out, "audit against the same groups, spelled otherwise: " + err)
+    rc, _, err = run(MCRESHARD, j("A"), j("C"), "--set", "optim.groups=adamw:all", "--no-progress")
+    check(rc == 1 and "would change optim.groups 'muon:matrices,adamw:all' -> 'adamw:all'" in err and
+          not os.path.exists(j("C")), "a reshard that changes the optimizer groups is refused: " + err)
 
 
 if __name__ == "__main__":
