@@ -65,7 +65,7 @@ zero3, ep = sys.argv[4] == "zero3", sys.argv[5] == "ep"
 if ep and not (cats["moe.scratch"]["predicted"] > 0 and cats["moe.scratch"]["measured"] == cats["moe.scratch"]["predicted"]):
     bad.append("moe.scratch under ep: %s" % cats["moe.scratch"])
 arenas = (["zero3.buffers"] if zero3 else []) + (["moe.scratch"] if ep else []) + ["params.replicated", "params.tp", "params.ep", "grads", "optimizer.master.decay",
-          "optimizer.master.no_decay", "optimizer.moments.decay", "optimizer.moments.no_decay", "activations"]
+          "optimizer.master.no_decay", "optimizer.moments.decay", "optimizer.moments.no_decay", "optimizer.scratch", "activations"]
 for c in arenas:
     if cats[c]["measured"] is None or cats[c]["measured"] % 256: bad.append("%s: no arena or unaligned size" % c)
 for c in set(cats) - set(arenas):
