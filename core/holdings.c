@@ -327,7 +327,8 @@ int mc_muon_scratch_of(const mc_geometry *g, int rank, mc_muon_scratch *out) {
     const int64_t w = mc_muon_ns_work_floats(f->shape[0], f->shape[1]);
     if (f->numel > out->full_floats) out->full_floats = f->numel;
     if (w > out->work_floats) out->work_floats = w;
-    split |= sh.numel != f->numel;
+    /* by the layout, as the trainer's gather decides (train/dist_opt.c muon_gather) */
+    split |= (g->layout.zero > 0 && g->layout.dp > 1) || (f->place == MC_PLACE_TP && g->layout.tp > 1);
   }
   if (split) out->gather_floats = out->full_floats;
   if (out->full_floats)

@@ -157,8 +157,8 @@ int mc_holdings_of(const mc_geometry *g, int rank, const mc_hold_opts *o, int64_
 
 /* Muon's scratch on one rank (category optimizer.scratch; train/optim.c carves it), three
  * tensors sized for the largest Muon family of the rank's stage: the whole matrix X
- * [rows x cols], the gather buffer G of the same size (only when some Muon family's state
- * hyperslab on this rank is not the whole matrix: TP or ZeRO split it) and the Newton-Schulz
+ * [rows x cols], the gather buffer G of the same size (only when the layout splits some Muon
+ * family of the stage: ZeRO over dp > 1, or a TP family under tp > 1) and the Newton-Schulz
  * workspace (mc_muon_ns_work_floats). All 0 where the stage has no Muon family. */
 typedef struct {
   int64_t full_floats, gather_floats, work_floats;

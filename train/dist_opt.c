@@ -31,26 +31,28 @@ static int muon_gather(void *user, int slot, float *x, float *g, float **full) {
   const int p = d->param_of_slot[slot];
   const mc_net_param *np = &net->params[p];
   float *local = x, *other = g;
-  if (net->par.zero > 0 && sl->numel != np->numel) { /* ZeRO parts -> the local slice, in g */
+  if (f->place == MC_PLACE_EP) return mc_error("Muon: %s is an expert family", f->name); /* 2-D only: never */
+  const int dp = d->comm && d->comm->dp ? d->comm->dp->size : 1, tp = d->comm && d->comm->tp ? d->comm->tp->size : 1;
+  if (net->par.zero > 0 && dp > 1) { /* ZeRO parts -> the local slice, in g */
     float *shard = x, *whole = g;
     if (mc_dist_gather(&net->par, be, net->params, &p, 1, &shard, &whole) != 0) return -1;
     local = g, other = x;
   }
-  if (f->place != MC_PLACE_TP || net->par.tp == 1) {
+  if (f->place != MC_PLACE_TP || tp == 1) {
     *full = local;
     return be->sync(be);
   }
-  mc_comm *tp = d->comm->tp;
+  mc_comm *tpc = d->comm->tp;
   int64_t counts[MC_MAX_TP_GATHER];
-  if (tp->size > MC_MAX_TP_GATHER) return mc_error("Muon: a TP group of %d ranks (at most %d)", tp->size, MC_MAX_TP_GATHER);
-  for (int i = 0; i < tp->size; i++) counts[i] = np->numel;
-  if (be->sync(be) || mc_allgather(tp, local, other, counts, MC_DT_F32))
+  if (tp > MC_MAX_TP_GATHER) return mc_error("Muon: a TP group of %d ranks (at most %d)", tp, MC_MAX_TP_GATHER);
+  for (int i = 0; i < tp; i++) counts[i] = np->numel;
+  if (be->sync(be) || mc_allgather(tpc, local, other, counts, MC_DT_F32))
     return mc_error_context("Muon: all-gathering %s over the TP group", f->name);
   if (f->split_dim == 0) {
     *full = other;
   } else { /* column blocks [tp][rows][cols/tp] -> [rows][cols] */
-    const int64_t c = sl->cols / tp->size;
-    for (int i = 0; i < tp->size; i++) be->copy_2d(be, local + i * c, sl->cols, other + i * (int64_t)sl->rows * c, c, c, sl->rows);
+    const int64_t c = sl->cols / tp;
+    for (int i = 0; i < tp; i++) be->copy_2d(be, local + i * c, sl->cols, other + i * (int64_t)sl->rows * c, c, c, sl->rows);
     *full = local;
   }
   return be->sync(be);

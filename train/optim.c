@@ -163,15 +163,15 @@ static int muon_slot(mc_optim *o, mc_optim_slot *s, const mc_train_cfg *t, doubl
   float *x = o->muon_x, *full = x;
   mc_muon_direction(be, s->momentum, g, x, s->numel, (float)t->optim.muon_momentum, t->optim.muon_nesterov,
                     (float)grad_scale);
-  if (s->numel != whole) {
-    if (!o->gather_matrix) return mc_error("Muon: %lld of the %lld elements of a matrix on one rank and no gather",
-                                           (long long)s->numel, (long long)whole);
-    if (o->gather_matrix(o->gather_user, (int)(s - o->slots), x, o->muon_g, &full) != 0) return -1;
-  }
+  /* the gather is collective: called for every Muon slot (it decides from the layout alone) */
+  if (o->gather_matrix && o->gather_matrix(o->gather_user, (int)(s - o->slots), x, o->muon_g, &full) != 0) return -1;
+  if (!o->gather_matrix && s->numel != whole)
+    return mc_error("Muon: %lld of the %lld elements of a matrix on one rank and no gather", (long long)s->numel,
+                    (long long)whole);
   mc_muon_orthogonalize(be, full, s->rows, s->cols, t->optim.muon_ns_steps, o->muon_w);
   /* this rank's hyperslab (a box of the matrix, row-major) into the other buffer */
   const float *mine = full;
-  if (s->numel != whole) {
+  if (full != x || s->numel != whole) {
     float *dst = full == x ? o->muon_g : x;
     const mc_shard *h = &s->shard;
     be->copy_2d(be, dst, h->count[1], full + h->start[0] * s->cols + h->start[1], s->cols, h->count[1], h->count[0]);

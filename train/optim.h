@@ -54,10 +54,11 @@ typedef struct {
    * external (mc_optim_init_with) takes no master memory here. */
   mc_arenas arenas;
   float *muon_x, *muon_g, *muon_w; /* Muon scratch: whole matrix, gather buffer, NS workspace */
-  /* Muon with split matrices: on entry x[0..numel) holds slot `slot`'s shard of the update
-   * direction; assembles the whole rows x cols matrix (row-major) in x or g (both room for the
-   * largest matrix) and points *full at it. 0, or -1 with mc_error. NULL: one rank, whose Muon
-   * shards are whole matrices. */
+  /* Muon's whole matrix: on entry x[0..numel) holds slot `slot`'s shard of the update
+   * direction; assembles the whole rows x cols matrix (row-major) in x or g (g: room for the
+   * largest matrix wherever the layout splits one, else NULL) and points *full at it. Called
+   * for every Muon slot in slot order (it may be collective: whether it gathers depends on the
+   * layout only). 0, or -1 with mc_error. NULL: one rank, whose Muon shards are whole. */
   int (*gather_matrix)(void *user, int slot, float *x, float *g, float **full);
   void *gather_user;
 } mc_optim;
