@@ -24,22 +24,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ckpt"))
 from ckpt_edit import step_dir, strip_file_hashes  # noqa: E402
+import checks  # noqa: E402
+from checks import check, run  # noqa: E402
 
 MCRESHARD, MCAUDIT, BENCH, SIM = sys.argv[1:5]
 SOURCE = os.environ.get("MC_SOURCE_DIR", ".")
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    if not cond:
-        failures += 1
-        print("FAILED:", what)
-
-
-def run(*args):
-    p = subprocess.run(list(args), capture_output=True, text=True)
-    return p.returncode, p.stdout, p.stderr
 
 
 def assemble(run_dir):
@@ -89,8 +78,8 @@ def main():
         groups(os.path.join(tmp, "groups"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print("test_reshard_cli: %d failures" % failures)
-    return 1 if failures else 0
+    print("test_reshard_cli: %d failures" % checks.failures)
+    return 1 if checks.failures else 0
 
 
 def body(tmp):

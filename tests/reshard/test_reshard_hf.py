@@ -34,22 +34,13 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ckpt"))
+import checks  # noqa: E402
+from checks import check, run  # noqa: E402
+
 MCRESHARD, MCTRAIN, MCDATA, MCEVAL = sys.argv[1:5]
 SHIM = sys.argv[5] if len(sys.argv) > 5 else None
 SOURCE = os.environ.get("MC_SOURCE_DIR", ".")
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    if not cond:
-        failures += 1
-        print("FAILED:", what)
-
-
-def run(*args, env=None):
-    p = subprocess.run(list(args), capture_output=True, text=True, env=env)
-    return p.returncode, p.stdout, p.stderr
 
 
 NP_DTYPE = {"F32": "<f4", "F16": "<f2"}
@@ -360,8 +351,8 @@ def main():
         py_compile.compile(os.path.join(SOURCE, "tests", "reshard", "hf_llama_check.py"), doraise=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if failures:
-        print("test_reshard_hf: %d failures" % failures)
+    if checks.failures:
+        print("test_reshard_hf: %d failures" % checks.failures)
         return 1
     print("test_reshard_hf: ok")
     return 0
