@@ -241,7 +241,7 @@ int mc_ckpt_has_state(const mc_ckpt *ck, mc_state s) {
 }
 int mc_ckpt_family_has_state(const mc_ckpt *ck, int family_index, mc_state s) {
   return family_index >= 0 && family_index < ck->m.n_fams && mc_ckpt_has_state(ck, s) &&
-         (mc_opt_state_mask(ck->m.fams[family_index].opt) >> s & 1u);
+         mc_opt_has_state(ck->m.fams[family_index].opt, s);
 }
 
 int mc_ckpt_find_family(const mc_ckpt *ck, const char *name) {

@@ -633,7 +633,7 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
     if (s->family_index >= 0) {
       const mc_ckpt_family *f = &m->fams[s->family_index];
       if (m->format_version >= 3) s->opt = f->opt;
-      if (st >= 0 && !(mc_opt_state_mask(f->opt) >> st & 1u))
+      if (st >= 0 && !mc_opt_has_state(f->opt, (mc_state)st))
         mc_errlist_add(errs, "%s: family %s is trained by %s, which keeps no %s state", where, f->name, mc_opt_name(f->opt),
                        state);
     }
@@ -699,7 +699,7 @@ static void check_coverage(mc_manifest *m, mc_errlist *errs) {
     if (m->shards[i].family_index >= 0) sum[m->shards[i].family_index * MC_N_STATES + m->shards[i].state] += m->shards[i].numel;
   for (int f = 0; f < m->n_fams; f++)
     for (int s = 0; s < MC_N_STATES; s++)
-      if (m->has_state[s] && (mc_opt_state_mask(m->fams[f].opt) >> s & 1u) && sum[f * MC_N_STATES + s] != m->fams[f].numel)
+      if (m->has_state[s] && mc_opt_has_state(m->fams[f].opt, (mc_state)s) && sum[f * MC_N_STATES + s] != m->fams[f].numel)
         mc_errlist_add(errs, "family %s state %s: shards hold %" PRId64 " of %" PRId64 " elements", m->fams[f].name,
                        mc_state_name((mc_state)s), sum[f * MC_N_STATES + s], m->fams[f].numel);
   free(sum);

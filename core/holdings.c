@@ -315,6 +315,11 @@ int64_t mc_muon_ns_work_floats(int64_t rows, int64_t cols) {
   return 2 * s * s + rows * cols;
 }
 
+void mc_muon_gathers(const mc_layout *l, const mc_family *f, int *over_dp, int *over_tp) {
+  *over_dp = l->zero > 0 && l->dp > 1;
+  *over_tp = f->place == MC_PLACE_TP && l->tp > 1;
+}
+
 int mc_muon_scratch_of(const mc_geometry *g, int rank, mc_muon_scratch *out) {
   memset(out, 0, sizeof *out);
   int split = 0;
@@ -327,8 +332,9 @@ int mc_muon_scratch_of(const mc_geometry *g, int rank, mc_muon_scratch *out) {
     const int64_t w = mc_muon_ns_work_floats(f->shape[0], f->shape[1]);
     if (f->numel > out->full_floats) out->full_floats = f->numel;
     if (w > out->work_floats) out->work_floats = w;
-    /* by the layout, as the trainer's gather decides (train/dist_opt.c muon_gather) */
-    split |= (g->layout.zero > 0 && g->layout.dp > 1) || (f->place == MC_PLACE_TP && g->layout.tp > 1);
+    int over_dp, over_tp;
+    mc_muon_gathers(&g->layout, f, &over_dp, &over_tp);
+    split |= over_dp || over_tp;
   }
   if (split) out->gather_floats = out->full_floats;
   if (out->full_floats)

@@ -165,6 +165,12 @@ typedef struct {
   int64_t bytes; /* the three footprints (0 without Muon) */
 } mc_muon_scratch;
 int mc_muon_scratch_of(const mc_geometry *g, int rank, mc_muon_scratch *out);
+/* Where the trainer gathers a Muon family's update direction into the whole matrix, from the
+ * layout alone (every rank of a group must agree: the gathers are collective): over the ZeRO
+ * group when zero > 0 and dp > 1 (Muon families are dense: the DP group), over TP when the
+ * family is TP-split and tp > 1. train/dist_opt.c gathers so; mc_muon_scratch_of holds the
+ * gather buffer exactly where either is true. */
+void mc_muon_gathers(const mc_layout *l, const mc_family *f, int *over_dp, int *over_tp);
 /* Floats of Newton-Schulz workspace for a rows x cols matrix: the Gram matrix A and
  * B = b A + c A A (s x s each, s the smaller side) and the product B X (rows x cols). */
 int64_t mc_muon_ns_work_floats(int64_t rows, int64_t cols);

@@ -48,9 +48,11 @@ unsigned mc_opt_state_mask(int kind) {
   return m;
 }
 
-int mc_family_has_state(const mc_family *f, mc_state s) {
-  return (int)s >= 0 && s < MC_N_STATES && (mc_opt_state_mask(f->opt) >> s & 1u);
+int mc_opt_has_state(int kind, mc_state s) {
+  return (int)s >= 0 && s < MC_N_STATES && (mc_opt_state_mask(kind) >> s & 1u);
 }
+
+int mc_family_has_state(const mc_family *f, mc_state s) { return mc_opt_has_state(f->opt, s); }
 
 /* ------------------------------------------------------------------ optim.groups */
 

@@ -42,6 +42,8 @@ typedef struct {
 const mc_state_decl *mc_opt_states(int kind, int *n);
 /* Bit s set for every state kind a family trained by `kind` has: param and the declared ones. */
 unsigned mc_opt_state_mask(int kind);
+/* 1 if optimizer `kind` keeps state kind s (param included: every optimizer has it). */
+int mc_opt_has_state(int kind, mc_state s);
 /* 1 if family f (its optimizer f->opt) has state kind s. */
 int mc_family_has_state(const mc_family *f, mc_state s);
 

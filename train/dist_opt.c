@@ -32,17 +32,19 @@ static int muon_gather(void *user, int slot, float *x, float *g, float **full) {
   const mc_net_param *np = &net->params[p];
   float *local = x, *other = g;
   if (f->place == MC_PLACE_EP) return mc_error("Muon: %s is an expert family", f->name); /* 2-D only: never */
-  const int dp = d->comm && d->comm->dp ? d->comm->dp->size : 1, tp = d->comm && d->comm->tp ? d->comm->tp->size : 1;
-  if (net->par.zero > 0 && dp > 1) { /* ZeRO parts -> the local slice, in g */
+  int over_dp, over_tp;
+  mc_muon_gathers(&d->geo->layout, f, &over_dp, &over_tp);
+  if (over_dp) { /* ZeRO parts -> the local slice, in g */
     float *shard = x, *whole = g;
     if (mc_dist_gather(&net->par, be, net->params, &p, 1, &shard, &whole) != 0) return -1;
     local = g, other = x;
   }
-  if (f->place != MC_PLACE_TP || tp == 1) {
+  if (!over_tp) {
     *full = local;
     return be->sync(be);
   }
   mc_comm *tpc = d->comm->tp;
+  const int tp = tpc->size;
   int64_t counts[MC_MAX_TP_GATHER];
   if (tp > MC_MAX_TP_GATHER) return mc_error("Muon: a TP group of %d ranks (at most %d)", tp, MC_MAX_TP_GATHER);
   for (int i = 0; i < tp; i++) counts[i] = np->numel;

@@ -4,6 +4,8 @@
 
 #include <math.h>
 
+#include "core/holdings.h"
+
 /* The quintic's coefficients (Keller Jordan's Muon): chosen to push every singular value in
  * (0, 1] towards 1 as fast as possible, not to converge exactly; after a few steps they lie in
  * about [0.7, 1.2], which is all Muon needs. */
@@ -12,11 +14,8 @@
 #define NS_C 2.0315f
 
 /* Gram matrix A and polynomial B (small x small each), then a copy of X to read from while
- * the product writes X. */
-int64_t mc_muon_work_floats(int rows, int cols) {
-  const int64_t m = rows < cols ? rows : cols, n = rows < cols ? cols : rows;
-  return 2 * m * m + m * n;
-}
+ * the product writes X: the holdings' figure, which the trainer's scratch is sized by. */
+int64_t mc_muon_work_floats(int rows, int cols) { return mc_muon_ns_work_floats(rows, cols); }
 
 void mc_muon_orthogonalize(mc_backend *be, float *X, int rows, int cols, int steps, float *work) {
   if (rows <= 0 || cols <= 0) return;

@@ -8,6 +8,17 @@
 #include "train/muon.h"
 #include "util/error.h"
 
+/* The field of slot s that holds state kind st (NULL for no such kind). */
+static float **state_field(mc_optim_slot *s, mc_state st) {
+  switch (st) {
+    case MC_STATE_PARAM: return &s->master;
+    case MC_STATE_EXP_AVG: return &s->exp_avg;
+    case MC_STATE_EXP_AVG_SQ: return &s->exp_avg_sq;
+    case MC_STATE_MOMENTUM: return &s->momentum;
+    default: return NULL;
+  }
+}
+
 int mc_optim_init(mc_optim *o, const mc_geometry *geo, int rank) {
   return mc_optim_init_on(o, geo, rank, mc_backend_cpu());
 }
@@ -70,9 +81,10 @@ int mc_optim_init_with(mc_optim *o, const mc_geometry *geo, int rank, mc_backend
     mc_optim_slot *s = &o->slots[i];
     const mc_param_hold *h = &holds[i];
     if (h->has_master) rc = !(s->master = mc_arena_take(&ar[h->master_cat], h->master_bytes, h->master_cat));
-    float **st[2] = {&s->exp_avg, &s->exp_avg_sq};
-    if (s->opt == MC_OPT_MUON) st[0] = &s->momentum;
-    for (int k = 0; k < h->n_moments && !rc; k++) rc = !(*st[k] = mc_arena_take(&ar[h->moments_cat], h->moment_bytes, h->moments_cat));
+    int nd;
+    const mc_state_decl *decl = mc_opt_states(s->opt, &nd); /* the optimizer's states, n_moments of them */
+    for (int k = 0; k < nd && !rc; k++)
+      rc = !(*state_field(s, decl[k].state) = mc_arena_take(&ar[h->moments_cat], h->moment_bytes, h->moments_cat));
     if (rc) mc_error_context("optimizer, family %s", geo->fams.f[s->fam].name);
   }
   if (!rc && ms.full_floats) {
@@ -81,12 +93,6 @@ int mc_optim_init_with(mc_optim *o, const mc_geometry *geo, int rank, mc_backend
     if (!rc && ms.gather_floats) rc = !(o->muon_g = mc_arena_take(scr, ms.gather_floats * 4, MC_MEM_OPTIM_SCRATCH));
     if (rc) mc_error_context("optimizer, Muon scratch");
   }
-  /* the workspace the holdings reserve must be what the orthogonalisation uses */
-  for (int i = 0; i < o->n && !rc; i++)
-    if (o->slots[i].opt == MC_OPT_MUON && mc_muon_work_floats(o->slots[i].rows, o->slots[i].cols) > ms.work_floats)
-      rc = mc_error("optimizer: Muon needs %lld workspace floats for %s, the holdings reserve %lld",
-                    (long long)mc_muon_work_floats(o->slots[i].rows, o->slots[i].cols),
-                    geo->fams.f[o->slots[i].fam].name, (long long)ms.work_floats);
   free(holds);
   if (rc) {
     mc_optim_free(o);
@@ -104,13 +110,8 @@ void mc_optim_free(mc_optim *o) {
 void mc_optim_mem_bytes(const mc_optim *o, int64_t bytes[MC_MEM_COUNT]) { mc_arenas_add_bytes(&o->arenas, bytes); }
 
 float *mc_optim_state(const mc_optim_slot *s, mc_state st) {
-  switch (st) {
-    case MC_STATE_PARAM: return s->master;
-    case MC_STATE_EXP_AVG: return s->exp_avg;
-    case MC_STATE_EXP_AVG_SQ: return s->exp_avg_sq;
-    case MC_STATE_MOMENTUM: return s->momentum;
-    default: return NULL;
-  }
+  float **f = state_field((mc_optim_slot *)s, st);
+  return f ? *f : NULL;
 }
 
 int mc_optim_slot_of(const mc_optim *o, int fam) {
