@@ -18,6 +18,7 @@
 
 #include "cli/cli_opts.h"
 #include "ckpt/checkpoint.h"
+#include "core/json_num.h"
 #include "train/data.h"
 #include "train/device.h"
 #include "train/net.h"
@@ -116,8 +117,9 @@ static int dump_logits(mc_net *net, const mc_data *d, int split_all, int64_t n, 
   return rc;
 }
 
-/* --json: one JSON document on stdout. loss with 17 significant digits (cJSON prints the
- * shortest text that reads back as the same double). */
+/* --json: one JSON document on stdout, its numbers as the shortest text that reads back as
+ * the same double (core/json_num.h: cJSON alone prints 15 digits when that is within about
+ * an ulp, so the loss would not equal the trainer's val_loss bit for bit). */
 static int print_json(double loss, int64_t tokens, int64_t batches, int64_t sequences, int split_all, int64_t step,
                       const char *ckpt_dir, const char *data_path, const char *backend, int verify) {
   cJSON *o = cJSON_CreateObject();
@@ -133,9 +135,9 @@ static int print_json(double loss, int64_t tokens, int64_t batches, int64_t sequ
   cJSON_AddStringToObject(o, "data", data_path);
   cJSON_AddStringToObject(o, "backend", backend);
   cJSON_AddBoolToObject(o, "verified", verify);
-  char *text = cJSON_Print(o);
+  char *text = mc_json_print_exact(o, 1);
   cJSON_Delete(o);
-  if (!text) return mc_error("out of memory");
+  if (!text) return -1;
   printf("%s\n", text);
   free(text);
   return 0;

@@ -50,7 +50,8 @@ int mc_param_hold_of(const mc_geometry *g, int fam, int rank, const mc_hold_opts
     stride *= sh->local_count[i];
   }
   out->z_numel = sh->numel;
-  out->working_bf16 = o->bf16_weights && mc_role_is_matmul(f->role);
+  out->compute_bf16 = o->bf16_weights && mc_role_is_matmul(f->role);
+  out->working_bf16 = out->compute_bf16 && g->layout.zero != 3;
   out->param_cat = mc_mem_param_cat(f->place);
   out->working_numel = g->layout.zero == 3 ? out->z_numel : out->local_numel;
   out->working_bytes = out->working_numel * (out->working_bf16 ? 2 : 4);
@@ -300,10 +301,12 @@ int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts
       return -1;
     }
     if (!h.in_stage) continue;
-    /* the gathered working weights and the whole-slice gradient, and the reduced shard a
-     * backward adds into the accumulator */
+    /* the gathered working weights (fp32; bf16 weights are then rounded into a bf16 copy)
+     * and the whole-slice gradient, and the reduced shard a backward adds into the
+     * accumulator */
     int64_t *b = &set[gather_set(g, &g->fams.f[fi])];
     *b += 2 * mc_mem_footprint(h.local_numel * 4) + mc_mem_footprint(h.z_numel * 4);
+    if (h.compute_bf16) *b += mc_mem_footprint(h.local_numel * 2);
     worst = *b > worst ? *b : worst;
   }
   free(set);

@@ -43,14 +43,17 @@ typedef struct {
   mc_shard shard;          /* mc_shard_of(g, fam, MC_STATE_PARAM, rank) */
   int64_t local_numel;     /* elements of the TP/EP-local slice */
   int64_t z_off, z_numel;  /* this rank's ZeRO part of the local slice: the state hyperslab, one contiguous run of it */
-  int working_bf16;        /* the working weights are bf16 */
+  int compute_bf16;        /* the layers multiply by bf16 weights (train.dtype=bf16, matrix families) */
+  int working_bf16;        /* the resident working weights are bf16: compute_bf16 at ZeRO 0/1. ZeRO 3
+                              keeps the fp32 shard resident (its own master) and rounds each
+                              gathered slice to bf16 in zero3.buffers */
   mc_mem_cat param_cat;    /* params.replicated / params.tp / params.ep, by placement */
   int64_t working_numel;   /* resident working weights: the local slice, or at zero=3 the ZeRO part */
   int64_t working_bytes;
   int64_t grad_bytes;      /* fp32 gradient accumulator of the resident elements (category grads) */
   mc_mem_cat master_cat;   /* optimizer.master.{decay,no_decay} */
-  int has_master;          /* an fp32 master copy of the state hyperslab: bf16 working weights
-                              only (fp32 working weights are their own master) */
+  int has_master;          /* an fp32 master copy of the state hyperslab: bf16 resident working
+                              weights only (fp32 working weights are their own master) */
   int64_t master_bytes;    /* its bytes (0 with an empty hyperslab: still a tensor) */
   mc_mem_cat moments_cat;  /* optimizer.moments.{decay,no_decay} */
   int n_moments;           /* optimizer state tensors besides the master: the states the family's

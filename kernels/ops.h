@@ -268,5 +268,13 @@ struct mc_backend {
 
 /* The CPU reference backend (CBLAS + OpenMP). A process-wide instance; never freed. */
 mc_backend *mc_backend_cpu(void);
+/* The CPU reference with bf16_weights set (train.device=cpu train.dtype=bf16): the network
+ * keeps in bf16 exactly what it keeps in bf16 on the CUDA bf16 instance, and the ops widen
+ * bf16 inputs exactly; unlike the CUDA instance, products of fp32 operands are not rounded
+ * to bf16 first and attention computes in fp32. For testing the bf16 storage paths under
+ * every layout without a GPU, not for speed. A process-wide instance; never freed. */
+mc_backend *mc_backend_cpu_bf16(void);
+/* 1 if be is one of the two CPU instances (their memory is host memory). */
+int mc_backend_is_cpu(const mc_backend *be);
 
 #endif

@@ -9,7 +9,7 @@
 #include "kernels/backend_cuda.h"
 #endif
 
-int mc_backend_is_host(const mc_backend *be) { return be == mc_backend_cpu(); }
+int mc_backend_is_host(const mc_backend *be) { return mc_backend_is_cpu(be); }
 
 mc_backend *mc_train_backend(const char *device, const char *dtype, int gpu) {
   int bf16 = !strcmp(dtype, "bf16");
@@ -18,10 +18,7 @@ mc_backend *mc_train_backend(const char *device, const char *dtype, int gpu) {
     return NULL;
   }
   if (!strcmp(device, "cpu")) {
-    if (!bf16) return mc_backend_cpu();
-    mc_error("train.dtype=bf16 needs train.device=cuda: the CPU reference computes in fp32 only "
-             "(set train.dtype=fp32)");
-    return NULL;
+    return bf16 ? mc_backend_cpu_bf16() : mc_backend_cpu();
   }
   if (strcmp(device, "cuda") != 0) {
     mc_error("train.device=%s is not a device (cpu or cuda)", device);

@@ -230,8 +230,13 @@ int mc_zero3_acquire(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_par
   for (int k = 0; k < n; k++) {
     mc_net_param *p = &params[idx[k]];
     const int64_t bytes = p->numel * (int64_t)sizeof(float);
-    if (!(p->w = mc_arena_take(bufs, bytes, MC_MEM_ZERO3_BUFFERS))) return -1;
-    shard[k] = p->ws, full[k] = p->w;
+    if (!(full[k] = mc_arena_take(bufs, bytes, MC_MEM_ZERO3_BUFFERS))) return -1;
+    shard[k] = p->ws;
+    /* bf16 weights: the fp32 master shards are gathered and the slice rounded once, as ZeRO 0/1
+     * round their master; the layers see only w16 */
+    if (p->compute_bf16 && !(p->w16 = mc_arena_take(bufs, p->numel * (int64_t)sizeof(mc_bf16), MC_MEM_ZERO3_BUFFERS)))
+      return -1;
+    p->w = p->compute_bf16 ? NULL : full[k];
     if (for_backward) {
       float *whole = mc_arena_take(bufs, bytes, MC_MEM_ZERO3_BUFFERS);
       if (!whole) return -1;
@@ -241,6 +246,8 @@ int mc_zero3_acquire(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_par
     }
   }
   if (mc_dist_gather(par, be, params, idx, n, shard, full)) return mc_error_context("ZeRO 3: gathering layer weights");
+  for (int k = 0; k < n; k++)
+    if (params[idx[k]].compute_bf16) be->to_bf16(be, full[k], params[idx[k]].w16, params[idx[k]].numel);
   return 0;
 }
 
@@ -252,6 +259,7 @@ int mc_zero3_release(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_par
   for (int k = 0; k < n; k++) {
     mc_net_param *p = &params[idx[k]];
     p->w = NULL;
+    if (p->compute_bf16) p->w16 = NULL;
     g[k] = p->g;
     if (after_backward && !(part[k] = mc_arena_take(bufs, p->z_numel * (int64_t)sizeof(float), MC_MEM_ZERO3_BUFFERS)))
       rc = -1;

@@ -137,11 +137,6 @@ static int check_layout(const mc_geometry *geo, int rank, const mc_comm_groups *
   /* pp > 1: each rank builds its stage's layers; train/pipeline.c moves the boundary rows */
   if (l->pp > 1 && comm && comm_size(comm->pp) != l->pp)
     return mc_error("network: the pp communicator has %d members, the layout %d stages", comm_size(comm->pp), l->pp);
-  /* bf16 working weights under ZeRO 3 would gather bf16 shards into the layer buffers: not built
-   * (ZeRO 1 gathers the fp32 master rows and rounds them, train/dist_opt.c). */
-  if (be->bf16_weights && l->zero == 3)
-    return mc_error("not supported yet by the network: parallel.zero=3 with bf16 working weights (train.dtype=bf16); "
-                    "set parallel.zero=0 or 1");
   /* ep > 1: train/dist_ep.c; with pp > 1 an E layer keeps one exchange per micro-batch slot in
    * flight (the EP group lies inside one stage and runs its 1F1B schedule in lockstep) */
   if (l->ep > 1 && comm && comm_size(comm->ep) != l->ep)
@@ -288,6 +283,7 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
     mc_net_param *p = &net->params[idx];
     const mc_family *f = &geo->fams.f[p->fam];
     const mc_param_hold *h = &holds[idx];
+    p->compute_bf16 = h->compute_bf16;
     if (h->working_bf16) { /* bf16 working weights: the whole local slice (ZeRO 0 or 1) */
       p->w16 = mc_arena_take(&net->arenas.a[h->param_cat], h->working_bytes, h->param_cat);
       if (!p->w16 || !(p->g = mc_arena_take(&net->arenas.a[MC_MEM_GRADS], h->grad_bytes, MC_MEM_GRADS)) || init_param(net, p))

@@ -24,13 +24,16 @@ typedef struct {
   float *w;         /* fp32 working weights in backend memory, local slice, row-major (ZeRO 3: only while a
                        pass uses them, NULL otherwise; NULL when w16 holds them) */
   mc_bf16 *w16;     /* the working weights in bf16 instead of w: matrix weights (mc_role_is_matmul) on a
-                       backend with bf16_weights (train.dtype=bf16); NULL otherwise */
+                       backend with bf16_weights (train.dtype=bf16; ZeRO 3: only while a pass uses
+                       them); NULL otherwise */
   float *g;         /* fp32 gradient accumulator, same shape (ZeRO 3: the shard, z_numel) */
   /* This rank's ZeRO part of the local slice: elements [z_off, z_off + z_numel) (the
    * hyperslab mc_shard_of gives, one contiguous run of the slice; the whole slice when
    * zero = 0). */
   int64_t z_off, z_numel;
   float *ws;        /* ZeRO 3: the persistent shard of the working weights; else NULL */
+  int compute_bf16; /* the layers read this matrix in bf16 (w16): resident at ZeRO 0/1, rounded into
+                       zero3.buffers from the gathered fp32 slice by each ZeRO-3 gather */
 } mc_net_param;
 
 typedef struct {

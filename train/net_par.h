@@ -126,7 +126,8 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, const mc_net_par
 int mc_dist_gather(const mc_net_par *par, mc_backend *be, const mc_net_param *params, const int *idx, int n,
                    float *const *shard, float *const *full);
 /* ZeRO 3: gathers the working weights of params idx[0..n) into the zero3.buffers arena
- * `bufs` / gives them up again (one set at a time); nothing for other ZeRO stages. */
+ * `bufs` / gives them up again (one set at a time); nothing for other ZeRO stages. A param
+ * with compute_bf16 gets w16 (the gathered fp32 slice rounded) and no w. */
 int mc_zero3_acquire(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_param *params, const int *idx, int n,
                      int for_backward);
 int mc_zero3_release(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_param *params, const int *idx, int n,

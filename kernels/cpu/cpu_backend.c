@@ -2,6 +2,7 @@
  * of op inputs; the ops are in one source file per op family (docs/kernels.md). Backend memory
  * is host memory, so copies are memcpy and nothing is ever queued. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,3 +147,20 @@ static mc_backend cpu_backend = {
 };
 
 mc_backend *mc_backend_cpu(void) { return &cpu_backend; }
+
+/* The same table with bf16_weights set: the network then stores what the CUDA bf16 instance
+ * stores in bf16, and every op widens bf16 inputs exactly (the CPU ops take both storage
+ * forms). Products of fp32 operands are not rounded first, as the CUDA instance's are. */
+static mc_backend cpu_bf16_backend;
+static pthread_once_t cpu_bf16_once = PTHREAD_ONCE_INIT;
+static void cpu_bf16_init(void) {
+  cpu_bf16_backend = cpu_backend;
+  cpu_bf16_backend.name = "cpu-bf16";
+  cpu_bf16_backend.bf16_weights = 1;
+}
+mc_backend *mc_backend_cpu_bf16(void) {
+  pthread_once(&cpu_bf16_once, cpu_bf16_init);
+  return &cpu_bf16_backend;
+}
+
+int mc_backend_is_cpu(const mc_backend *be) { return be == &cpu_backend || be == &cpu_bf16_backend; }

@@ -79,6 +79,25 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
   mc_dist_test(dist.muon_ckpt_resume_pp2_dp2_ep2_zero3 4 $<TARGET_FILE:dist_train> 1 2 0 3 --ep 2 --pp 2 --split AM|ER ${MC_MUON} --resume ${MC_DIST_CKPT_MUON})
   set_tests_properties(dist.muon_ckpt_resume_1rank dist.muon_ckpt_resume_pp2_dp2_ep2_zero3 PROPERTIES FIXTURES_REQUIRED dist_muon_ckpt)
 
+  # bf16 weights (train.dtype=bf16) on the CPU's bf16 instance, against the single-rank bf16
+  # run: ZeRO 1 and ZeRO 3 (fp32 master shards, each gather rounded to bf16), with pipeline
+  # stages and with Muon; a bf16 ZeRO 3 checkpoint resumed as one rank and as pp2 x dp2 ZeRO 1.
+  # Layouts without TP or EP only: under TP the product activations stay fp32 (dist_train
+  # refuses --bf16 with tp > 1), and under EP the runs differ from the single-rank one by about
+  # 1e-4 (bf16 storage on the exchange path, with any ZeRO stage).
+  mc_dist_test(dist.bf16_dp2_zero1 2 $<TARGET_FILE:dist_train> 1 2 0 1 --bf16)
+  mc_dist_test(dist.bf16_dp2_zero3 2 $<TARGET_FILE:dist_train> 1 2 0 3 --bf16)
+  mc_dist_test(dist.bf16_pp2_dp2_zero3 4 $<TARGET_FILE:dist_train> 1 2 0 3 --pp 2 --split AE|MR --bf16)
+  mc_dist_test(dist.bf16_muon_dp2_zero3 2 $<TARGET_FILE:dist_train> 1 2 0 3 --bf16 ${MC_MUON})
+  set(MC_DIST_CKPT_BF16 ${CMAKE_BINARY_DIR}/dist-ckpt-bf16)
+  add_test(NAME dist.bf16_ckpt_clean COMMAND ${CMAKE_COMMAND} -E rm -rf ${MC_DIST_CKPT_BF16})
+  set_tests_properties(dist.bf16_ckpt_clean PROPERTIES FIXTURES_SETUP dist_bf16_ckpt_clean)
+  mc_dist_test(dist.bf16_ckpt_save_dp2_zero3 2 $<TARGET_FILE:dist_train> 1 2 0 3 --bf16 --save ${MC_DIST_CKPT_BF16})
+  set_tests_properties(dist.bf16_ckpt_save_dp2_zero3 PROPERTIES FIXTURES_REQUIRED dist_bf16_ckpt_clean FIXTURES_SETUP dist_bf16_ckpt)
+  mc_dist_test(dist.bf16_ckpt_resume_1rank 1 $<TARGET_FILE:dist_train> 1 1 0 0 --bf16 --resume ${MC_DIST_CKPT_BF16})
+  mc_dist_test(dist.bf16_ckpt_resume_pp2_dp2_zero1 4 $<TARGET_FILE:dist_train> 1 2 0 1 --pp 2 --split AM|ER --bf16 --resume ${MC_DIST_CKPT_BF16})
+  set_tests_properties(dist.bf16_ckpt_resume_1rank dist.bf16_ckpt_resume_pp2_dp2_zero1 PROPERTIES FIXTURES_REQUIRED dist_bf16_ckpt)
+
   # Save under tp2 x dp2 zero 1 at step 5; resume as one rank, as dp4 zero 3 and as tp2 + sp.
   set(MC_DIST_CKPT ${CMAKE_BINARY_DIR}/dist-ckpt)
   add_test(NAME dist.ckpt_clean COMMAND ${CMAKE_COMMAND} -E rm -rf ${MC_DIST_CKPT})

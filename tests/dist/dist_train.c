@@ -35,7 +35,8 @@
  * --empty: some EP rank's expert must receive no row in some micro-batch; with CF > 0 some
  * assignment must be dropped (the capacity path ran); --pp N pipeline stages, --split S
  * their split (equal, weighted, or a pattern with pipes such as AEMR|AEMR: explicit, and the
- * model's pattern is it without pipes), --pattern P the model's pattern (default AMER). Under
+ * model's pattern is it without pipes), --pattern P the model's pattern (default AMER), --bf16
+ * bf16 weights (train.dtype=bf16) on the CPU's bf16 instance, oracle included. Under
  * pp > 1 a step's micro-batches go through mc_net_pipeline_step (1F1B, train/pipeline.h).
  * The step is the documented sequence of train/dist.h: micro-batches, mc_dist_sync_grads,
  * mc_dist_grad_norm, clipping, mc_dist_update; samples follow mc_data_first_sample. */
@@ -54,6 +55,8 @@
  * whatever the gradient's size, so this bounds the drift of 10 steps at lr 3e-3 (0.03) by
  * a factor 300 below it; the runs differ only by summation order. */
 #define PTOL 1e-4
+/* The backend of every network: the CPU, or with --bf16 its bf16 instance (train.dtype=bf16). */
+static mc_backend *BE;
 
 static char PATTERN[MC_MAX_LAYERS + 1] = "AMER";
 
@@ -149,7 +152,7 @@ typedef struct {
 static int trainee_make(trainee *e, const setup *S, const mc_layout *l, int rank, const mc_comm_groups *grp) {
   memset(e, 0, sizeof *e);
   if (mc_geometry_build(&S->m, l, &S->t, grp ? grp->world->size : 1, &e->geo)) return -1;
-  e->net = mc_net_create_dist(&e->geo, rank, S->t.seed, grp);
+  e->net = mc_net_create_dist_on(&e->geo, rank, S->t.seed, grp, BE);
   if (!e->net || mc_dist_opt_init(&e->d, e->net, &e->geo, grp, rank)) return -1;
   e->ok = 1;
   return 0;
@@ -212,6 +215,7 @@ static void compare_weights(trainee *e, float **ref, int rank, uint64_t seed) {
   }
   for (int i = 0; i < mc_net_n_params(e->net) && e->net->par.zero != 3; i++) { /* working weights = whole local slices */
     mc_net_param *p = mc_net_param_at(e->net, i);
+    if (p->w16) continue; /* bf16: the master rounded (tests/train/test_bf16_weights.c) */
     double rmax, diff = dc_slice_diff(p->w, &p->shard, p->shard.local_start, p->shard.local_count, ref[p->fam],
                                       &e->geo.fams.f[p->fam], &rmax);
     CHECK(diff <= PTOL, "rank %d %s: working weights differ by %.3g", rank, e->geo.fams.f[p->fam].name, diff);
@@ -446,7 +450,7 @@ int main(int argc, char **argv) {
   if (mc_comm_mpi_init(&argc, &argv, &world)) return fprintf(stderr, "%s\n", mc_errmsg()), 1;
   if (argc < 5) {
     fprintf(stderr, "usage: dist_train TP DP SP ZERO [--ep N] [--moe E K CF] [--mb N] [--empty] [--pp N] [--split S] "
-                    "[--pattern P] [--groups OPTIM_GROUPS] [--recompute P | --save DIR | [--round-bytes N] [--replicas F] [--corrupt] --resume DIR]\n");
+                    "[--pattern P] [--groups OPTIM_GROUPS] [--bf16] [--recompute P | --save DIR | [--round-bytes N] [--replicas F] [--corrupt] --resume DIR]\n");
     mc_comm_mpi_finalize();
     world->ops->destroy(world);
     return 2;
@@ -468,6 +472,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[a], "--corrupt")) corrupt = 1;
     else if (!strcmp(argv[a], "--recompute") && a + 1 < argc) recompute = argv[++a];
     else if (!strcmp(argv[a], "--groups") && a + 1 < argc) groups = argv[++a];
+    else if (!strcmp(argv[a], "--bf16")) BE = mc_backend_cpu_bf16();
     else if (!strcmp(argv[a], "--pp") && a + 1 < argc) l.pp = atoi(argv[++a]);
     else if (!strcmp(argv[a], "--pattern") && a + 1 < argc) snprintf(PATTERN, sizeof PATTERN, "%s", argv[++a]);
     else if (!strcmp(argv[a], "--split") && a + 1 < argc && mc_layout_parse_split(&l, argv[++a])) {
@@ -476,6 +481,15 @@ int main(int argc, char **argv) {
       world->ops->destroy(world);
       return 2;
     }
+  }
+  if (!BE) BE = mc_backend_cpu();
+  /* under TP the product activations stay fp32 (bf16 ones need whole rows), in the oracle
+   * they are bf16: the runs would differ by that rounding, not by the layout */
+  if (BE->bf16_weights && l.tp > 1) {
+    fprintf(stderr, "dist_train: --bf16 compares layouts without TP only (tp=%d)\n", l.tp);
+    mc_comm_mpi_finalize();
+    world->ops->destroy(world);
+    return 2;
   }
   if (l.split == MC_SPLIT_EXPLICIT) { /* the model's pattern is the split's without pipes */
     int n = 0;

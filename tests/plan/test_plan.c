@@ -119,10 +119,12 @@ static void test_totals_grid(void) {
                   if (!s.in_stage) continue;
                   int64_t local = 1;
                   for (int d = 0; d < s.ndim; d++) local *= s.local_count[d];
-                  /* each tensor at its footprint in its category's allocation */
-                  const int wb = (bf & 1) && mc_role_is_matmul(fa->role) ? 2 : 4;
-                  bytes[fa->place] += mc_mem_footprint((zeros[zi] == 3 ? s.numel : local) * wb);
-                  master += (bf & 1) && mc_role_is_matmul(fa->role) ? mc_mem_footprint(s.numel * 4) : 0;
+                  /* each tensor at its footprint in its category's allocation; bf16 matrix
+                   * weights are resident in bf16 beside an fp32 master at ZeRO 0/1, while ZeRO
+                   * 3 keeps the fp32 shard (its own master) and rounds each gathered slice */
+                  const int resident16 = (bf & 1) && mc_role_is_matmul(fa->role) && zeros[zi] != 3;
+                  bytes[fa->place] += mc_mem_footprint((zeros[zi] == 3 ? s.numel : local) * (resident16 ? 2 : 4));
+                  master += resident16 ? mc_mem_footprint(s.numel * 4) : 0;
                   /* AdamW keeps two moments, Muon one momentum, each shaped like the param state */
                   const mc_state kinds[3] = {MC_STATE_EXP_AVG, MC_STATE_EXP_AVG_SQ, MC_STATE_MOMENTUM};
                   for (int q = 0; q < 3; q++) {

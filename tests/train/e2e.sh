@@ -259,11 +259,15 @@ errors)
   expect "cannot resume" "$B/mctrain" "${SMALL[@]}" "${T[@]}" --set data.path=corpus.h5 --resume nowhere
   expect "missing --data" "$B/mceval" e
   expect "larger than model.vocab_size" "$B/mceval" e --data big.h5
-  # Devices and precision: bf16 on the GPU only; a bad device. GPU ranks (NCCL) need a GPU
+  # Devices and precision: bf16 on the CPU (its bf16 instance) trains and saves, also under
+  # ZeRO 3, and the checkpoint resumes in fp32; a bad device. GPU ranks (NCCL) need a GPU
   # each; the launchers' environment is checked (this machine may have no GPU: the GPU side of
   # the launchers is tests/train/nccl_train.sh).
-  expect "train.dtype=bf16 needs train.device=cuda" "$B/mctrain" "${SMALL[@]}" --set checkpoint.dir=f \
-    --set data.path=corpus.h5 --set train.dtype=bf16
+  "$B/mctrain" "${SMALL[@]}" --set checkpoint.dir=bf --set data.path=corpus.h5 --set train.dtype=bf16 \
+    --set parallel.zero=3 --set train.steps=2 > bf.log 2>&1 || { cat bf.log; die "bf16 on the CPU under ZeRO 3 failed"; }
+  "$B/mctrain" "${SMALL[@]}" --set data.path=corpus.h5 --set train.steps=3 --set train.dtype=fp32 --resume bf > bf2.log 2>&1 \
+    || { cat bf2.log; die "the bf16 checkpoint did not resume in fp32"; }
+  grep -q 'resume changes train.dtype: "bf16" -> "fp32"' bf2.log || { cat bf2.log; die "resume did not report the dtype change"; }
   expect "mceval: --device tpu: expected cpu or cuda" "$B/mceval" e --data corpus.h5 --device tpu
   # Without a GPU (or in a build without CUDA) --device cuda fails naming the option.
   if ! "$B/mceval" e --data corpus.h5 --device cuda > err.out 2> err.log; then

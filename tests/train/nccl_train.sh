@@ -8,9 +8,10 @@
 # muon:     optim.groups=muon:matrices,adamw:all: tp2, tp2+sp, dp2 zero 1 and 3, pp2 against
 #           the one-GPU Muon run within MUON_BAND (1e-4, see below); a dp2 zero 1 step 5 resumed on one GPU (4 GPUs:
 #           tp2 x dp2 zero 1 too).
-# bf16:     train.dtype=bf16: tp2, dp2, pp2, dp2 x ep2, dp2 zero 1 (and on 4 GPUs tp2 x dp2 zero
-#           1) against the one-GPU bf16 run, losses within BF16_BAND (relative; default 1e-2);
-#           the dp2 zero 1 run's step-5 checkpoint resumed on one GPU continues its losses.
+# bf16:     train.dtype=bf16: tp2, dp2, pp2, dp2 x ep2, dp2 zero 1 and 3, pp2 zero 3 (and on 4
+#           GPUs tp2 x dp2 zero 1, tp2+sp x dp2 zero 3) against the one-GPU bf16 run, losses
+#           within BF16_BAND (relative; default 1e-2); the dp2 zero 1 and zero 3 runs' step-5
+#           checkpoints resumed on one GPU continue their losses.
 # resume:   a 4-GPU tp2 x dp2 zero 1 run (2 GPUs: dp2) saves step 5; resumed on 2 GPUs as pp2 and
 #           on 1 GPU by load-time resharding, and after mcreshard to tp2 on 2 GPUs: steps 6-10
 #           within BAND of the uninterrupted run.
@@ -126,14 +127,22 @@ bf16)
   launch 2 dp2ep2 dp2ep2.log --set train.dtype=bf16 --set parallel.dp=2 --set parallel.ep=2
   launch 2 dp2z1 dp2z1.log --set train.dtype=bf16 --set parallel.dp=2 --set parallel.zero=1 --set checkpoint.every=5 \
     --set checkpoint.async_save=false
-  for r in tp2 dp2 pp2 dp2ep2 dp2z1; do same "bf16 $r" one/metrics.jsonl $r/metrics.jsonl 1 10 "$BF16_BAND" loss; done
-  # ZeRO 1 keeps each rank's rows of the fp32 master: its step-5 checkpoint resumed on one GPU
-  "$B/mctrain" "${COMMON[@]}" --set train.dtype=bf16 --set checkpoint.dir=z1r --resume dp2z1/step_5 > z1r.log 2>&1 \
-    || { cat z1r.log; die "bf16 dp2 zero 1 step 5 resumed on one GPU failed"; }
-  same "bf16 dp2 zero 1 -> one GPU" dp2z1/metrics.jsonl z1r/metrics.jsonl 6 10 "$BF16_BAND" loss
+  launch 2 dp2z3 dp2z3.log --set train.dtype=bf16 --set parallel.dp=2 --set parallel.zero=3 --set checkpoint.every=5 \
+    --set checkpoint.async_save=false
+  launch 2 pp2z3 pp2z3.log --set train.dtype=bf16 --set parallel.pp=2 --set parallel.zero=3
+  for r in tp2 dp2 pp2 dp2ep2 dp2z1 dp2z3 pp2z3; do same "bf16 $r" one/metrics.jsonl $r/metrics.jsonl 1 10 "$BF16_BAND" loss; done
+  # ZeRO 1 keeps each rank's rows of the fp32 master, ZeRO 3 its fp32 shard: their step-5
+  # checkpoints resumed on one GPU
+  for z in 1 3; do
+    "$B/mctrain" "${COMMON[@]}" --set train.dtype=bf16 --set checkpoint.dir=z${z}r --resume dp2z$z/step_5 > z${z}r.log 2>&1 \
+      || { cat z${z}r.log; die "bf16 dp2 zero $z step 5 resumed on one GPU failed"; }
+    same "bf16 dp2 zero $z -> one GPU" dp2z$z/metrics.jsonl z${z}r/metrics.jsonl 6 10 "$BF16_BAND" loss
+  done
   if [ "$NGPU" -ge 4 ]; then
     launch 4 tp2dp2z1 tp2dp2z1.log --set train.dtype=bf16 --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero=1
-    same "bf16 tp2 x dp2 zero 1" one/metrics.jsonl tp2dp2z1/metrics.jsonl 1 10 "$BF16_BAND" loss
+    launch 4 tp2spdp2z3 tp2spdp2z3.log --set train.dtype=bf16 --set parallel.tp=2 --set parallel.sp=true \
+      --set parallel.dp=2 --set parallel.zero=3
+    for r in tp2dp2z1 tp2spdp2z3; do same "bf16 $r" one/metrics.jsonl $r/metrics.jsonl 1 10 "$BF16_BAND" loss; done
   fi
   ;;
 resume)
