@@ -4,7 +4,10 @@
 
 double mc_block_fwd_flops(const mc_model *m, char block) {
   const mc_block_kind *k = mc_block_kind_of(block);
-  return k ? k->fwd_flops(m) : 0.0;
+  double f = 0.0;
+  /* the parts add up to the same forward whether the block routes or not */
+  for (int p = 0; k && p < MC_N_PARTS; p++) f += k->part_flops(m, (mc_fwd_part)p, 1);
+  return f;
 }
 
 double mc_block_bwd_flops(const mc_model *m, char block) {
