@@ -211,24 +211,26 @@ static void moe_check(const mc_model *m, mc_errlist *e) {
   if (m->top_k < 1 || m->top_k > m->n_experts) mc_errlist_add(e, "top_k=%d must be in [1, n_experts=%d]", m->top_k, m->n_experts);
 }
 
-/* the router and each chosen expert's up (w1, w3) and down (w2) products; the SwiGLU */
-static double moe_up_flops(const mc_model *m) {
-  return 2.0 * m->d_model * (double)m->n_experts + m->top_k * 2.0 * 2.0 * m->d_model * (double)m->expert_hidden;
-}
+/* the router, each chosen expert's up (w1, w3) and down (w2) products; the SwiGLU */
+static double moe_router_flops(const mc_model *m) { return 2.0 * m->d_model * (double)m->n_experts; }
+
+static double moe_up_flops(const mc_model *m) { return m->top_k * 2.0 * 2.0 * m->d_model * (double)m->expert_hidden; }
 
 static double moe_down_flops(const mc_model *m) { return m->top_k * 2.0 * m->expert_hidden * (double)m->d_model; }
 
 static double moe_swiglu_flops(const mc_model *m) { return m->top_k * 4.0 * m->expert_hidden; }
 
-/* Routed, the down product writes expert_output (kept for the backward) and the combine, not
- * counted, makes the output; plain, the down product makes the output itself. */
+/* Routed, the router's product makes the logits and the down product writes expert_output
+ * (both kept for the backward), and the combine, not counted, makes the output. Plain (one
+ * expert, one choice: train/block_moe.c), no router runs and the down product makes the output
+ * itself. */
 static double moe_part_flops(const mc_model *m, mc_fwd_part p, int routed) {
-  return part_of(p, norm_flops(m), moe_up_flops(m) + (routed ? moe_down_flops(m) : 0.0), moe_swiglu_flops(m),
-                 routed ? 0.0 : moe_down_flops(m));
+  return part_of(p, norm_flops(m), moe_up_flops(m) + (routed ? moe_router_flops(m) + moe_down_flops(m) : 0.0),
+                 moe_swiglu_flops(m), routed ? 0.0 : moe_down_flops(m));
 }
 
 static double moe_bwd_flops(const mc_model *m) {
-  return 2.0 * (moe_up_flops(m) + moe_down_flops(m)) + 2.0 * (norm_flops(m) + moe_swiglu_flops(m));
+  return 2.0 * (moe_router_flops(m) + moe_up_flops(m) + moe_down_flops(m)) + 2.0 * (norm_flops(m) + moe_swiglu_flops(m));
 }
 
 /* ------------------------------------------------------------------ R: gated linear recurrence */

@@ -137,9 +137,10 @@ typedef struct {
   mc_dim tp_divides[2];
   mc_dim ep_divides;
   /* Forward FLOPs per token of one part (a multiply-add is 2 FLOPs); the forward is the sum
-   * of the parts. routed: the block routes tokens (its MC_IF_ROUTED buffers exist), which
-   * moves the experts' down product from the output part (plain SwiGLU: it makes only the
-   * output) to the projections (routed: it makes expert_output); the sum is the same. */
+   * of the parts (routed, mc_block_fwd_flops). routed: the block routes tokens (its
+   * MC_IF_ROUTED buffers exist); an E block that does not (the plain SwiGLU) runs no router
+   * product, and its down product makes only the output (output part) where a routed one's
+   * makes expert_output (projections). */
   double (*part_flops)(const mc_model *m, mc_fwd_part part, int routed);
   /* Backward FLOPs per token: 2x the forward products and elementwise terms, 2.5x the
    * attention core (the fused backward recomputes the scores); core/blocks.c says why. */

@@ -5,7 +5,8 @@
 double mc_block_fwd_flops(const mc_model *m, char block) {
   const mc_block_kind *k = mc_block_kind_of(block);
   double f = 0.0;
-  /* the parts add up to the same forward whether the block routes or not */
+  /* an E block as the model defines it, routed: the plain SwiGLU a training setting may run
+   * for one expert skips the router product (2 d per token), which the model FLOPs keep */
   for (int p = 0; k && p < MC_N_PARTS; p++) f += k->part_flops(m, (mc_fwd_part)p, 1);
   return f;
 }
