@@ -57,18 +57,18 @@ static void print_rank_map(FILE *out, const mc_geometry *g, int detail_max) {
 
 static void print_stage_map(FILE *out, const mc_geometry *g, const mc_plan *p) {
   const int pp = g->stages.pp;
-  fprintf(out, "\n== stage map (split %s; FLOP/tok = per token, embed/head included; per device = one step on one of the "
-               "stage's dp*tp ranks; memory = the stage's largest rank; bubble = idle share of the step under 1F1B, "
-               "%d micro-batches) ==\n",
-          mc_split_name(g->layout.split), p->n_micro);
-  fprintf(out, "%6s %9s  %-24s %12s %12s %14s %14s %12s %8s\n", "stage", "layers", "blocks", "fwd FLOP/tok",
+  fprintf(out, "\n== stage map (split %s; FLOP/tok = per token, embed/head included; recomp = the forward its layers "
+               "run again under train.recompute=%s; per device = one step on one of the stage's dp*tp ranks; memory = the "
+               "stage's largest rank; bubble = idle share of the step under 1F1B, %d micro-batches) ==\n",
+          mc_split_name(g->layout.split), mc_recompute_name(p->recompute), p->n_micro);
+  fprintf(out, "%6s %9s  %-24s %12s %12s %15s %14s %12s %8s\n", "stage", "layers", "blocks", "fwd FLOP/tok",
           "f+b FLOP/tok", "recomp FLOP/tok", "f+b FLOP/dev", "memory", "bubble");
   for (int s = 0; s < pp; s++) {
     char range[32], blocks[MC_MAX_LAYERS + 8], mem[32];
     int f = g->stages.first[s], n = g->stages.count[s];
     snprintf(range, sizeof range, "%d-%d", f, f + n - 1);
     snprintf(blocks, sizeof blocks, "%s%.*s%s", s == 0 ? "embed " : "", n, g->model.pattern + f, s == pp - 1 ? " head" : "");
-    fprintf(out, "%6d %9s  %-24s %12.4g %12.4g %14.4g %14.4g %12s %7.1f%%\n", s, range, blocks, g->stages.cost[s],
+    fprintf(out, "%6d %9s  %-24s %12.4g %12.4g %15.4g %14.4g %12s %7.1f%%\n", s, range, blocks, g->stages.cost[s],
             g->stages.flops[s], p->stages[s].recompute_flops_per_token, p->stages[s].flops,
             mc_format_bytes(p->stages[s].peak_bytes, mem, sizeof mem),
             100.0 * p->stages[s].bubble);
