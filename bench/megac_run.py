@@ -6,10 +6,13 @@ line every step, reads the per-step tokens/s from metrics.jsonl (mctrain's own c
 whole step, data loading and the optimizer included) and writes one JSON record in the shape
 bench/torch_hybrid.py writes, so `torch_hybrid.py --summarize` tabulates both side by side.
 Device memory is the largest `nvidia-smi` reading of the process's used memory, sampled every
-0.2 s (it includes the CUDA context, unlike torch.cuda.max_memory_allocated).
+0.2 s (it includes the CUDA context, unlike torch.cuda.max_memory_allocated); 0 on the CPU.
+The record also carries the trainer's step-1 memory report (metrics.jsonl's memory record:
+bytes measured in each category's arena and mcplan's prediction) as `memory_report`.
 
 Usage: megac_run.py --bin DIR --config configs/nam-small.json --dtype bf16 --data corpus.h5
                     --flops-per-token F --peak-tflops P --json-out FILE [--warmup 2 --steps 4]
+                    [--device cuda|cpu] [--set section.key=value ...]
 """
 import argparse
 import json
@@ -49,31 +52,38 @@ def main():
     ap.add_argument("--flops-per-token", type=float, default=0.0)
     ap.add_argument("--peak-tflops", type=float, default=0.0)
     ap.add_argument("--json-out")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to mctrain's --set")
     args = ap.parse_args()
 
     total = args.warmup + args.steps
     name = os.path.basename(args.config).removesuffix(".json")
     with tempfile.TemporaryDirectory() as run_dir:
         cmd = [os.path.join(args.bin, "mctrain"), "--config", args.config, "--set", f"train.dtype={args.dtype}",
-               "--set", "train.device=cuda", "--set", f"data.path={args.data}", "--set", f"checkpoint.dir={run_dir}",
+               "--set", f"train.device={args.device}", "--set", f"data.path={args.data}", "--set", f"checkpoint.dir={run_dir}",
                "--set", "checkpoint.every=0", "--set", "train.log_every=1", "--set", "train.eval_every=0",
                "--until", str(total)]
+        for kv in args.set:
+            cmd += ["--set", kv]
         print("$", " ".join(cmd), flush=True)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         stop, peak = threading.Event(), [0]
         sampler = threading.Thread(target=gpu_mem_sampler, args=(proc.pid, stop, peak), daemon=True)
-        sampler.start()
+        if args.device == "cuda":
+            sampler.start()
         for line in proc.stdout:
             print("  " + line.rstrip(), flush=True)
         rc = proc.wait()
         stop.set()
-        sampler.join()
+        if args.device == "cuda":
+            sampler.join()
         if rc != 0:
             print(f"mctrain failed (exit {rc})", file=sys.stderr)
             return 1
         with open(os.path.join(run_dir, "metrics.jsonl")) as f:
             recs = [json.loads(line) for line in f if line.strip()]
     by_step = {r["step"]: r for r in recs if "step" in r and "tokens_per_s" in r}  # skip the memory record
+    memory = next((r["memory"] for r in recs if "memory" in r), None)
     missing = [s for s in range(1, total + 1) if s not in by_step]
     if missing:
         print(f"metrics.jsonl lacks steps {missing}", file=sys.stderr)
@@ -87,7 +97,9 @@ def main():
         "first_step_s": times[0], "step_s_median": med, "step_s_min": min(timed), "step_s_max": max(timed),
         "timed_steps": len(timed), "tokens_per_s": tokens / med,
         "loss_first": by_step[1]["loss"], "loss_last": by_step[total]["loss"],
-        "max_mem_gib": peak[0] / 1024.0, "mem_source": "nvidia-smi used_memory (process, with CUDA context)",
+        "max_mem_gib": peak[0] / 1024.0,
+        "mem_source": "nvidia-smi used_memory (process, with CUDA context)" if args.device == "cuda" else "none (CPU)",
+        "timed_step_range": [args.warmup + 1, total], "memory_report": memory,
     }
     add_model_flops(res, args.flops_per_token, args.peak_tflops)
     print(result_line(res), flush=True)

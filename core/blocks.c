@@ -84,21 +84,33 @@ static void attn_check(const mc_model *m, mc_errlist *e) {
  * forms dV, dP, dQ and dK, 5 products where the forward has 2, so 2.5x. */
 static double norm_flops(const mc_model *m) { return 4.0 * m->d_model; }
 
-/* the four projections, and the score and value products of the attention core */
-static double attn_proj_flops(const mc_model *m) {
-  double d = m->d_model, q = (double)m->n_heads * m->head_dim, kv = (double)m->n_kv_heads * m->head_dim;
-  return 2.0 * d * q + 2.0 * 2.0 * d * kv + 2.0 * q * d;
+/* Part p's figure of a block's forward, given each part's. */
+static double part_of(mc_fwd_part p, double norm, double proj, double inner, double out) {
+  return p == MC_PART_NORM ? norm : p == MC_PART_PROJ ? proj : p == MC_PART_INNER ? inner : out;
 }
+
+/* the q, k, v projections and the output projection; the score and value products of the
+ * attention core */
+static double attn_qkv_flops(const mc_model *m) {
+  double d = m->d_model, q = (double)m->n_heads * m->head_dim, kv = (double)m->n_kv_heads * m->head_dim;
+  return 2.0 * d * q + 2.0 * 2.0 * d * kv;
+}
+
+static double attn_out_flops(const mc_model *m) { return 2.0 * m->n_heads * m->head_dim * (double)m->d_model; }
 
 static double attn_core_flops(const mc_model *m) {
   double q = (double)m->n_heads * m->head_dim, ctx = (m->seq_len + 1) / 2.0;
   return 2.0 * 2.0 * q * ctx;
 }
 
-static double attn_flops(const mc_model *m) { return norm_flops(m) + attn_proj_flops(m) + attn_core_flops(m); }
+/* q, k, v are the projections' outputs (after RoPE, not counted); o and lse the core's */
+static double attn_part_flops(const mc_model *m, mc_fwd_part p, int routed) {
+  (void)routed;
+  return part_of(p, norm_flops(m), attn_qkv_flops(m), attn_core_flops(m), attn_out_flops(m));
+}
 
 static double attn_bwd_flops(const mc_model *m) {
-  return 2.0 * norm_flops(m) + 2.0 * attn_proj_flops(m) + 2.5 * attn_core_flops(m);
+  return 2.0 * norm_flops(m) + 2.0 * (attn_qkv_flops(m) + attn_out_flops(m)) + 2.5 * attn_core_flops(m);
 }
 
 /* ------------------------------------------------------------------ M: Mamba-2 mixer */
@@ -139,20 +151,28 @@ static void mamba_check(const mc_model *m, mc_errlist *e) {
     mc_errlist_add(e, "mamba_head_dim=%d does not divide mamba_inner=%d", m->mamba_head_dim, m->mamba_inner);
 }
 
-/* the z, x, dt, B, C and output projections; the convs, the scan and the gated norm */
-static double mamba_mat_flops(const mc_model *m) {
+/* the z, x, dt, B and C projections and the output projection; the convs, the scan and the
+ * gated norm */
+static double mamba_in_flops(const mc_model *m) {
   double d = m->d_model, di = m->mamba_inner, n = m->ssm_state, hm = mc_mamba_heads(m);
-  return 2.0 * 2.0 * d * di + 2.0 * d * hm + 2.0 * 2.0 * d * n + 2.0 * di * d;
+  return 2.0 * 2.0 * d * di + 2.0 * d * hm + 2.0 * 2.0 * d * n;
 }
 
-static double mamba_elem_flops(const mc_model *m) {
+static double mamba_out_flops(const mc_model *m) { return 2.0 * m->mamba_inner * (double)m->d_model; }
+
+static double mamba_inner_flops(const mc_model *m) {
   double di = m->mamba_inner, n = m->ssm_state, k = m->conv_width;
-  return norm_flops(m) + 2.0 * k * (di + 2.0 * n) + 6.0 * di * n + 8.0 * di;
+  return 2.0 * k * (di + 2.0 * n) + 6.0 * di * n + 8.0 * di;
 }
 
-static double mamba_flops(const mc_model *m) { return mamba_mat_flops(m) + mamba_elem_flops(m); }
+static double mamba_part_flops(const mc_model *m, mc_fwd_part p, int routed) {
+  (void)routed;
+  return part_of(p, norm_flops(m), mamba_in_flops(m), mamba_inner_flops(m), mamba_out_flops(m));
+}
 
-static double mamba_bwd_flops(const mc_model *m) { return 2.0 * mamba_mat_flops(m) + 2.0 * mamba_elem_flops(m); }
+static double mamba_bwd_flops(const mc_model *m) {
+  return 2.0 * (mamba_in_flops(m) + mamba_out_flops(m)) + 2.0 * (norm_flops(m) + mamba_inner_flops(m));
+}
 
 /* ------------------------------------------------------------------ E: mixture of experts */
 
@@ -191,17 +211,27 @@ static void moe_check(const mc_model *m, mc_errlist *e) {
   if (m->top_k < 1 || m->top_k > m->n_experts) mc_errlist_add(e, "top_k=%d must be in [1, n_experts=%d]", m->top_k, m->n_experts);
 }
 
-/* the router and each chosen expert's three products; the norm and the SwiGLU */
-static double moe_mat_flops(const mc_model *m) {
-  double d = m->d_model, f = m->expert_hidden;
-  return 2.0 * d * m->n_experts + m->top_k * (2.0 * 2.0 * d * f + 2.0 * f * d);
+/* the router, each chosen expert's up (w1, w3) and down (w2) products; the SwiGLU */
+static double moe_router_flops(const mc_model *m) { return 2.0 * m->d_model * (double)m->n_experts; }
+
+static double moe_up_flops(const mc_model *m) { return m->top_k * 2.0 * 2.0 * m->d_model * (double)m->expert_hidden; }
+
+static double moe_down_flops(const mc_model *m) { return m->top_k * 2.0 * m->expert_hidden * (double)m->d_model; }
+
+static double moe_swiglu_flops(const mc_model *m) { return m->top_k * 4.0 * m->expert_hidden; }
+
+/* Routed, the router's product makes the logits and the down product writes expert_output
+ * (both kept for the backward), and the combine, not counted, makes the output. Plain (one
+ * expert, one choice: train/block_moe.c), no router runs and the down product makes the output
+ * itself. */
+static double moe_part_flops(const mc_model *m, mc_fwd_part p, int routed) {
+  return part_of(p, norm_flops(m), moe_up_flops(m) + (routed ? moe_router_flops(m) + moe_down_flops(m) : 0.0),
+                 moe_swiglu_flops(m), routed ? 0.0 : moe_down_flops(m));
 }
 
-static double moe_elem_flops(const mc_model *m) { return norm_flops(m) + m->top_k * 4.0 * m->expert_hidden; }
-
-static double moe_flops(const mc_model *m) { return moe_mat_flops(m) + moe_elem_flops(m); }
-
-static double moe_bwd_flops(const mc_model *m) { return 2.0 * moe_mat_flops(m) + 2.0 * moe_elem_flops(m); }
+static double moe_bwd_flops(const mc_model *m) {
+  return 2.0 * (moe_router_flops(m) + moe_up_flops(m) + moe_down_flops(m)) + 2.0 * (norm_flops(m) + moe_swiglu_flops(m));
+}
 
 /* ------------------------------------------------------------------ R: gated linear recurrence */
 
@@ -228,17 +258,21 @@ static void rec_check(const mc_model *m, mc_errlist *e) {
   if (m->rec_width < 1) mc_errlist_add(e, "rec_width=%d must be >= 1", m->rec_width);
 }
 
-/* the four input projections and the output projection; the norm, gates and recurrence */
-static double rec_mat_flops(const mc_model *m) {
-  double d = m->d_model, dr = m->rec_width;
-  return 2.0 * 4.0 * d * dr + 2.0 * dr * d;
+/* the four input projections and the output projection; the gates and the recurrence */
+static double rec_in_flops(const mc_model *m) { return 2.0 * 4.0 * m->d_model * (double)m->rec_width; }
+
+static double rec_out_flops(const mc_model *m) { return 2.0 * m->rec_width * (double)m->d_model; }
+
+static double rec_inner_flops(const mc_model *m) { return 12.0 * m->rec_width; }
+
+static double rec_part_flops(const mc_model *m, mc_fwd_part p, int routed) {
+  (void)routed;
+  return part_of(p, norm_flops(m), rec_in_flops(m), rec_inner_flops(m), rec_out_flops(m));
 }
 
-static double rec_elem_flops(const mc_model *m) { return norm_flops(m) + 12.0 * m->rec_width; }
-
-static double rec_flops(const mc_model *m) { return rec_mat_flops(m) + rec_elem_flops(m); }
-
-static double rec_bwd_flops(const mc_model *m) { return 2.0 * rec_mat_flops(m) + 2.0 * rec_elem_flops(m); }
+static double rec_bwd_flops(const mc_model *m) {
+  return 2.0 * (rec_in_flops(m) + rec_out_flops(m)) + 2.0 * (norm_flops(m) + rec_inner_flops(m));
+}
 
 /* ------------------------------------------------------------------ the table */
 
@@ -246,12 +280,12 @@ static double rec_bwd_flops(const mc_model *m) { return 2.0 * rec_mat_flops(m) +
 
 static const mc_block_kind kinds[] = {
     {'A', "attention", 0, N_(attn_fams), attn_fams, attn_check, 2, {"n_heads", "n_kv_heads"}, {MC_DIM_H, MC_DIM_KVH},
-     MC_DIM_NONE, attn_flops, attn_bwd_flops, MC_A_NSAVED, attn_saved, 0, NULL, MC_A_NGRADS, attn_grads},
+     MC_DIM_NONE, attn_part_flops, attn_bwd_flops, MC_A_NSAVED, attn_saved, 0, NULL, MC_A_NGRADS, attn_grads},
     {'M', "mamba", 0, N_(mamba_fams), mamba_fams, mamba_check, 1, {"mamba_heads (mamba_inner/mamba_head_dim)"},
-     {MC_DIM_HM}, MC_DIM_NONE, mamba_flops, mamba_bwd_flops, MC_M_NSAVED, mamba_saved, 0, NULL, MC_M_NGRADS, mamba_grads},
-    {'E', "moe", 1, N_(moe_fams), moe_fams, moe_check, 0, {NULL}, {MC_DIM_NONE}, MC_DIM_E, moe_flops, moe_bwd_flops, MC_E_NSAVED,
+     {MC_DIM_HM}, MC_DIM_NONE, mamba_part_flops, mamba_bwd_flops, MC_M_NSAVED, mamba_saved, 0, NULL, MC_M_NGRADS, mamba_grads},
+    {'E', "moe", 1, N_(moe_fams), moe_fams, moe_check, 0, {NULL}, {MC_DIM_NONE}, MC_DIM_E, moe_part_flops, moe_bwd_flops, MC_E_NSAVED,
      moe_saved, MC_E_NSAVED_I32, moe_saved_i32, MC_E_NGRADS, moe_grads},
-    {'R', "recurrence", 0, N_(rec_fams), rec_fams, rec_check, 1, {"rec_width"}, {MC_DIM_DR}, MC_DIM_NONE, rec_flops, rec_bwd_flops,
+    {'R', "recurrence", 0, N_(rec_fams), rec_fams, rec_check, 1, {"rec_width"}, {MC_DIM_DR}, MC_DIM_NONE, rec_part_flops, rec_bwd_flops,
      MC_R_NSAVED, rec_saved, 0, NULL, MC_R_NGRADS, rec_grads},
 };
 

@@ -56,6 +56,15 @@ typedef struct {
   mc_dim shape[3];
 } mc_block_family;
 
+/* The parts of a block's forward, in the order it runs them. Each saved buffer of the kind is
+ * made by one part: the products from the normed input (and what routing derives from the
+ * router's product) make the buffers marked keep_selective, everything after them (gates,
+ * convs, scans, the attention core) the others. The norm makes the layer's normed input and
+ * its 1/rms; the output part (the output projection, or the plain SwiGLU's down product) makes
+ * only the block's output, which no buffer holds. Recomputation reruns a part exactly when
+ * the policy drops a buffer it makes (core/recompute.h). */
+typedef enum { MC_PART_NORM, MC_PART_PROJ, MC_PART_INNER, MC_PART_OUT, MC_N_PARTS } mc_fwd_part;
+
 /* Rows of an activation buffer, for a micro-batch of n_seq sequences of T positions. */
 typedef enum {
   MC_ROWS_TOKENS, /* n_seq * T */
@@ -127,8 +136,12 @@ typedef struct {
   const char *tp_divides_name[2];
   mc_dim tp_divides[2];
   mc_dim ep_divides;
-  /* Forward FLOPs per token, pre-norm included (a multiply-add is 2 FLOPs). */
-  double (*fwd_flops)(const mc_model *m);
+  /* Forward FLOPs per token of one part (a multiply-add is 2 FLOPs); the forward is the sum
+   * of the parts (routed, mc_block_fwd_flops). routed: the block routes tokens (its
+   * MC_IF_ROUTED buffers exist); an E block that does not (the plain SwiGLU) runs no router
+   * product, and its down product makes only the output (output part) where a routed one's
+   * makes expert_output (projections). */
+  double (*part_flops)(const mc_model *m, mc_fwd_part part, int routed);
   /* Backward FLOPs per token: 2x the forward products and elementwise terms, 2.5x the
    * attention core (the fused backward recomputes the scores); core/blocks.c says why. */
   double (*bwd_flops)(const mc_model *m);

@@ -4,7 +4,11 @@
 
 double mc_block_fwd_flops(const mc_model *m, char block) {
   const mc_block_kind *k = mc_block_kind_of(block);
-  return k ? k->fwd_flops(m) : 0.0;
+  double f = 0.0;
+  /* an E block as the model defines it, routed: the plain SwiGLU a training setting may run
+   * for one expert skips the router product (2 d per token), which the model FLOPs keep */
+  for (int p = 0; k && p < MC_N_PARTS; p++) f += k->part_flops(m, (mc_fwd_part)p, 1);
+  return f;
 }
 
 double mc_block_bwd_flops(const mc_model *m, char block) {

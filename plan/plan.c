@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/cost.h"
+#include "core/recompute.h"
 #include "core/mem_cats.h"
 #include "util/checked.h"
 #include "util/error.h"
@@ -56,6 +57,19 @@ int64_t mc_plan_optimizer_bytes(const mc_plan_rank *r, int decay) {
 
 double mc_plan_stage_step_flops(const mc_geometry *g, const mc_plan *p, int stage) {
   return g->stages.flops[stage] * (double)p->tokens_per_step / (double)(g->layout.dp * g->layout.tp);
+}
+
+/* The forward FLOPs per token stage s runs again under the plan's recompute policy. */
+static double stage_recompute_per_token(const mc_geometry *g, const mc_plan *p, int stage) {
+  mc_act_shape shape;
+  mc_act_shape_of(g, stage, &p->hold, p->micro_batch, &shape);
+  return mc_recompute_flops(&g->model, g->model.pattern + g->stages.first[stage], g->stages.count[stage], shape.routed,
+                            p->recompute);
+}
+
+double mc_plan_stage_hw_step_flops(const mc_geometry *g, const mc_plan *p, int stage) {
+  return (g->stages.flops[stage] + stage_recompute_per_token(g, p, stage)) * (double)p->tokens_per_step /
+         (double)(g->layout.dp * g->layout.tp);
 }
 
 double mc_plan_1f1b(int pp, int m, const double *fwd, const double *bwd, double *idle) {
@@ -147,9 +161,9 @@ static int plan_stages(const mc_geometry *g, mc_plan *p) {
   const int pp = g->layout.pp;
   p->pp = pp;
   p->stages = calloc((size_t)pp, sizeof *p->stages);
-  double *idle = calloc((size_t)pp, sizeof *idle);
-  if (!p->stages || !idle) {
-    free(idle);
+  double *idle = calloc((size_t)pp, sizeof *idle), *bwd_hw = calloc((size_t)pp, sizeof *bwd_hw);
+  if (!p->stages || !idle || !bwd_hw) {
+    free(idle), free(bwd_hw);
     return mc_error("out of memory planning %d stages", pp);
   }
   const double per_dev = (double)p->tokens_per_step / (double)(g->layout.dp * g->layout.tp);
@@ -158,16 +172,25 @@ static int plan_stages(const mc_geometry *g, mc_plan *p) {
     st->fwd_flops = g->stages.cost[s] * per_dev;
     st->bwd_flops = g->stages.bwd[s] * per_dev;
     st->flops = mc_plan_stage_step_flops(g, p, s);
+    st->recompute_flops_per_token = stage_recompute_per_token(g, p, s);
+    st->recompute_flops = st->recompute_flops_per_token * per_dev;
+    st->hw_flops = mc_plan_stage_hw_step_flops(g, p, s);
     st->peak_rank = -1;
+    /* the recomputed forward runs just before the layer's backward, on the backward's turn */
+    bwd_hw[s] = g->stages.bwd[s] + st->recompute_flops_per_token;
+    p->recompute_flops_per_token += st->recompute_flops_per_token;
   }
+  p->hw_flops_per_token = mc_model_fwd_bwd_flops_per_token(&g->model) + p->recompute_flops_per_token;
+  p->hw_flops_per_step = p->hw_flops_per_token * (double)p->tokens_per_step;
   for (int r = 0; r < g->world; r++) {
     mc_plan_stage *st = &p->stages[p->ranks[r].stage];
     if (st->peak_rank < 0 || p->ranks[r].total > st->peak_bytes) st->peak_rank = r, st->peak_bytes = p->ranks[r].total;
   }
-  /* a micro-batch's forward and backward take time in proportion to the stage's FLOPs */
-  p->bubble = mc_plan_1f1b(pp, p->n_micro, g->stages.cost, g->stages.bwd, idle);
+  /* a micro-batch's forward and backward take time in proportion to the FLOPs the stage
+   * executes for them: hardware FLOPs, the backward with its recomputed forward */
+  p->bubble = mc_plan_1f1b(pp, p->n_micro, g->stages.cost, bwd_hw, idle);
   for (int s = 0; s < pp; s++) p->stages[s].bubble = idle[s];
-  free(idle);
+  free(idle), free(bwd_hw);
   return p->bubble < 0 ? mc_error("out of memory simulating the 1F1B schedule") : 0;
 }
 

@@ -57,6 +57,10 @@ typedef struct {
  * token x tokens per step / (dp x tp)), its largest rank, and its idle share under 1F1B. */
 typedef struct {
   double fwd_flops, bwd_flops, flops; /* per step per device; flops = fwd + bwd */
+  /* Recomputation (train.recompute): the forward FLOPs per token the stage's layers run again
+   * before their backward (mc_recompute_flops), and per step per device; hardware FLOPs =
+   * flops + recompute_flops, what the stage's devices execute in a step. */
+  double recompute_flops_per_token, recompute_flops, hw_flops;
   int peak_rank;                      /* the stage's rank with the largest total */
   int64_t peak_bytes;
   double bubble;                      /* idle / step time, from mc_plan_1f1b */
@@ -71,8 +75,16 @@ typedef struct {
   int micro_batch;
   int n_micro;                /* micro-batches per step per DP rank */
   int64_t tokens_per_step;    /* global_batch * seq_len */
-  double flops_per_token;     /* mc_model_train_flops_per_token */
+  double flops_per_token;     /* model FLOPs, the MFU numerator: mc_model_train_flops_per_token */
   double flops_per_step;
+  /* Hardware FLOPs, what the devices execute: every block's forward and backward as run
+   * (mc_model_fwd_bwd_flops_per_token: the attention backward's recomputed scores and the
+   * embedding's gradient scatter included) plus the forward recomputed under train.recompute
+   * (recompute_flops_per_token, the stages' sum; 0 under none). Unlike model FLOPs they depend
+   * on the recompute policy. */
+  double recompute_flops_per_token;
+  double hw_flops_per_token;
+  double hw_flops_per_step;
   int64_t model_elems;        /* total elements over all families */
   int64_t model_elems_by_place[3]; /* ... by mc_place */
   int opt_group_fams[MC_N_OPTS];   /* families each optimizer trains (optim.groups) */
@@ -95,6 +107,10 @@ void mc_plan_free(mc_plan *p);
  * per token (mc_stage_map.flops, embedding/head included) x tokens per step, divided evenly
  * over its dp*tp ranks. */
 double mc_plan_stage_step_flops(const mc_geometry *g, const mc_plan *p, int stage);
+
+/* Hardware FLOPs of one step on one device of stage s: mc_plan_stage_step_flops plus the
+ * stage's recomputed forward (mc_plan_stage.recompute_flops). */
+double mc_plan_stage_hw_step_flops(const mc_geometry *g, const mc_plan *p, int stage);
 
 /* Simulates one step of the 1F1B schedule (non-interleaved: stage s runs min(pp-1-s, m)
  * forwards, then alternates a forward and a backward, then the remaining backwards) with m

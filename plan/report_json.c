@@ -71,6 +71,9 @@ static cJSON *stage_map(const mc_geometry *g, const mc_plan *p) {
     cJSON_AddNumberToObject(o, "fwd_flops_per_step_per_device", p->stages[s].fwd_flops);
     cJSON_AddNumberToObject(o, "bwd_flops_per_step_per_device", p->stages[s].bwd_flops);
     cJSON_AddNumberToObject(o, "train_flops_per_step_per_device", p->stages[s].flops);
+    cJSON_AddNumberToObject(o, "recompute_flops_per_token", p->stages[s].recompute_flops_per_token);
+    cJSON_AddNumberToObject(o, "recompute_flops_per_step_per_device", p->stages[s].recompute_flops);
+    cJSON_AddNumberToObject(o, "hardware_flops_per_step_per_device", p->stages[s].hw_flops);
     cJSON_AddNumberToObject(o, "split_memory_estimate", g->stages.mem[s]);
     cJSON_AddNumberToObject(o, "peak_rank", p->stages[s].peak_rank);
     cJSON_AddNumberToObject(o, "peak_bytes", (double)p->stages[s].peak_bytes);
@@ -263,5 +266,9 @@ cJSON *mc_plan_to_json(const mc_geometry *g, const mc_plan *p) {
   cJSON_AddNumberToObject(fl, "per_token", p->flops_per_token);
   cJSON_AddNumberToObject(fl, "forward_per_token", p->flops_per_token / 3.0);
   cJSON_AddNumberToObject(fl, "per_step", p->flops_per_step);
+  cJSON_AddStringToObject(fl, "recompute", mc_recompute_name(p->recompute));
+  cJSON_AddNumberToObject(fl, "recompute_per_token", p->recompute_flops_per_token);
+  cJSON_AddNumberToObject(fl, "hardware_per_token", p->hw_flops_per_token);
+  cJSON_AddNumberToObject(fl, "hardware_per_step", p->hw_flops_per_step);
   return root;
 }

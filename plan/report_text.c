@@ -57,19 +57,20 @@ static void print_rank_map(FILE *out, const mc_geometry *g, int detail_max) {
 
 static void print_stage_map(FILE *out, const mc_geometry *g, const mc_plan *p) {
   const int pp = g->stages.pp;
-  fprintf(out, "\n== stage map (split %s; FLOP/tok = per token, embed/head included; per device = one step on one of the "
-               "stage's dp*tp ranks; memory = the stage's largest rank; bubble = idle share of the step under 1F1B, "
-               "%d micro-batches) ==\n",
-          mc_split_name(g->layout.split), p->n_micro);
-  fprintf(out, "%6s %9s  %-24s %12s %12s %14s %12s %8s\n", "stage", "layers", "blocks", "fwd FLOP/tok", "f+b FLOP/tok",
-          "f+b FLOP/dev", "memory", "bubble");
+  fprintf(out, "\n== stage map (split %s; FLOP/tok = per token, embed/head included; recomp = the forward its layers "
+               "run again under train.recompute=%s; per device = one step on one of the stage's dp*tp ranks; memory = the "
+               "stage's largest rank; bubble = idle share of the step under 1F1B, %d micro-batches) ==\n",
+          mc_split_name(g->layout.split), mc_recompute_name(p->recompute), p->n_micro);
+  fprintf(out, "%6s %9s  %-24s %12s %12s %15s %14s %12s %8s\n", "stage", "layers", "blocks", "fwd FLOP/tok",
+          "f+b FLOP/tok", "recomp FLOP/tok", "f+b FLOP/dev", "memory", "bubble");
   for (int s = 0; s < pp; s++) {
     char range[32], blocks[MC_MAX_LAYERS + 8], mem[32];
     int f = g->stages.first[s], n = g->stages.count[s];
     snprintf(range, sizeof range, "%d-%d", f, f + n - 1);
     snprintf(blocks, sizeof blocks, "%s%.*s%s", s == 0 ? "embed " : "", n, g->model.pattern + f, s == pp - 1 ? " head" : "");
-    fprintf(out, "%6d %9s  %-24s %12.4g %12.4g %14.4g %12s %7.1f%%\n", s, range, blocks, g->stages.cost[s],
-            g->stages.flops[s], p->stages[s].flops, mc_format_bytes(p->stages[s].peak_bytes, mem, sizeof mem),
+    fprintf(out, "%6d %9s  %-24s %12.4g %12.4g %15.4g %14.4g %12s %7.1f%%\n", s, range, blocks, g->stages.cost[s],
+            g->stages.flops[s], p->stages[s].recompute_flops_per_token, p->stages[s].flops,
+            mc_format_bytes(p->stages[s].peak_bytes, mem, sizeof mem),
             100.0 * p->stages[s].bubble);
   }
   if (pp > 1)
@@ -184,13 +185,18 @@ static void print_memory(FILE *out, const mc_plan *p, const mc_rank_classes *cls
 }
 
 static void print_flops(FILE *out, const mc_geometry *g, const mc_plan *p) {
-  fprintf(out, "\n== FLOPs (model FLOPs: 3 x forward, multiply-add = 2; recomputation not counted) ==\n");
-  fprintf(out, "per token:  %.6g  (forward %.6g)\n", p->flops_per_token, p->flops_per_token / 3.0);
-  fprintf(out, "per step:   %.6g  (%lld tokens)\n", p->flops_per_step, (long long)p->tokens_per_step);
+  fprintf(out, "\n== FLOPs (multiply-add = 2) ==\n");
+  fprintf(out, "model FLOPs (3 x forward; MFU is computed from these; recomputation not counted):\n");
+  fprintf(out, "  per token:  %.6g  (forward %.6g)\n", p->flops_per_token, p->flops_per_token / 3.0);
+  fprintf(out, "  per step:   %.6g  (%lld tokens)\n", p->flops_per_step, (long long)p->tokens_per_step);
+  fprintf(out, "hardware FLOPs (forward + backward as run, plus the forward recomputed under train.recompute=%s):\n",
+          mc_recompute_name(p->recompute));
+  fprintf(out, "  per token:  %.6g  (recomputed forward %.6g)\n", p->hw_flops_per_token, p->recompute_flops_per_token);
+  fprintf(out, "  per step:   %.6g\n", p->hw_flops_per_step);
   double worst = 0;
   for (int s = 0; s < g->stages.pp; s++)
-    if (mc_plan_stage_step_flops(g, p, s) > worst) worst = mc_plan_stage_step_flops(g, p, s);
-  fprintf(out, "per step per device (busiest stage, forward + backward, split evenly over dp*tp): %.6g\n", worst);
+    if (mc_plan_stage_hw_step_flops(g, p, s) > worst) worst = mc_plan_stage_hw_step_flops(g, p, s);
+  fprintf(out, "  per step per device (busiest stage, split evenly over dp*tp): %.6g\n", worst);
 }
 
 static void print_warnings(FILE *out, const mc_plan *p, const mc_rank_classes *cls) {

@@ -8,6 +8,7 @@
 
 #include "../check.h"
 #include "core/cost.h"
+#include "core/recompute.h"
 #include "plan/owners.h"
 #include "plan/plan.h"
 #include "plan/report.h"
@@ -329,6 +330,124 @@ static void test_recompute_order(void) {
           "block %c ordering", *b);
   }
   drop(&g, &p);
+}
+
+/* Builds the plan of m (one rank, or pp stages) under a recompute policy. */
+static int plan_policy(const mc_model *m, int pp, const char *policy, mc_geometry *g, mc_plan *p) {
+  mc_train_cfg t;
+  base_train(&t);
+  strcpy(t.recompute, policy);
+  return make_plan(m, layout(1, 1, pp, 1, 0, 0), &t, g, p);
+}
+
+/* Recomputation's FLOPs (core/recompute.h) as the plan reports them. A model of one block kind
+ * against a count by hand, per token and layer (a multiply-add is 2 FLOPs; an RMSNorm 4 per
+ * element; the output part is never rerun: the trainer's full rebuild runs the forward with no
+ * output, its selective rebuild redoes only what follows the projections; both redo the norm):
+ *   A (d 64, q = 4 heads x 16 = 64, kv = 2 heads x 16 = 32, T 64, average context 32.5):
+ *     norm 4 d = 256; q, k, v products 2 d q + 2 x 2 d kv = 8192 + 8192 = 16384; attention core
+ *     (scores and values) 2 x 2 q 32.5 = 8320; output product 2 q d = 8192.
+ *     selective = 256 + 8320 = 8576, full = 256 + 16384 + 8320 = 24960.
+ *   R (d 64, rec_width 64): norm 256; x, gate, r, i products 4 x 2 d dr = 32768; gates and
+ *     recurrence 12 dr = 768; output 8192. selective = 256 + 768 = 1024, full = 33792.
+ *   E plain (1 expert, top 1, hidden 128: the SwiGLU without routing, so no router product):
+ *     norm 256; w1 and w3 2 x 2 d F = 32768; SwiGLU 4 F = 512; w2 2 F d = 16384 makes only the
+ *     output. selective = 256 + 512 = 768, full = 256 + 32768 + 512 = 33536.
+ *   E routed (4 experts, top 2, hidden 128): router 2 d 4 = 512, per choice w1, w3 and w2
+ *     2 x (32768 + 16384) = 98304 (w2 writes the kept expert output, so full reruns it, and
+ *     only the combine makes the output); SwiGLU 2 x 512 = 1024.
+ *     selective = 256 + 1024 = 1280, full = 256 + 512 + 98304 + 1024 = 100096.
+ * Also: none is 0; 0 < selective < full <= forward for every kind of the tiny model (equal for a
+ * routed E block: its output part, the combine, is not counted), and the model FLOPs
+ * do not move; hardware = forward + backward + recompute, per token, step and stage; the 1F1B
+ * estimate runs each stage's backward with its recompute; the JSON fields. */
+static void test_recompute_flops(void) {
+  static const char *const pol[3] = {"none", "selective", "full"};
+  static const struct {
+    const char *pattern;
+    int n_experts, top_k, routed; /* routed: the E blocks route (-1: no E block) */
+    double selective, full;
+  } one_kind[] = {
+      {"AAAA", 4, 2, -1, 8576, 24960}, {"RR", 4, 2, -1, 1024, 33792}, {"EE", 1, 1, 0, 768, 33536}, {"EE", 4, 2, 1, 1280, 100096},
+  };
+  for (size_t c = 0; c < sizeof one_kind / sizeof one_kind[0]; c++) {
+    mc_model m;
+    tiny_model(&m);
+    m.n_kv_heads = 2;
+    strcpy(m.pattern, one_kind[c].pattern);
+    m.n_layers = (int)strlen(m.pattern);
+    m.n_experts = one_kind[c].n_experts, m.top_k = one_kind[c].top_k;
+    for (int k = 0; k < 3; k++) {
+      mc_geometry g;
+      mc_plan p;
+      CHECK_OK(plan_policy(&m, 1, pol[k], &g, &p));
+      if (!p.ranks) continue;
+      mc_act_shape sh;
+      mc_act_shape_of(&g, 0, &p.hold, p.micro_batch, &sh);
+      CHECK(one_kind[c].routed < 0 || sh.routed == one_kind[c].routed, "%s routed %d", m.pattern, sh.routed);
+      const double want = m.n_layers * (k == 0 ? 0.0 : k == 1 ? one_kind[c].selective : one_kind[c].full);
+      CHECK(p.recompute_flops_per_token == want, "%s %s: recompute %.17g per token, by hand %.17g", m.pattern, pol[k],
+            p.recompute_flops_per_token, want);
+      drop(&g, &p);
+    }
+  }
+
+  /* the tiny model, every kind: the order of the policies, per kind and in the plan */
+  mc_model m;
+  tiny_model(&m);
+  for (const char *b = "AEMR"; *b; b++)
+    for (int routed = 0; routed < 2; routed++) {
+      const double sel = mc_block_recompute_flops(&m, *b, routed, MC_RECOMPUTE_SELECTIVE),
+                   full = mc_block_recompute_flops(&m, *b, routed, MC_RECOMPUTE_FULL);
+      CHECK(mc_block_recompute_flops(&m, *b, routed, MC_RECOMPUTE_NONE) == 0.0, "%c none", *b);
+      CHECK(sel > 0 && full > sel && full <= mc_block_fwd_flops(&m, *b), "%c (routed %d): selective %g, full %g, forward %g",
+            *b, routed, sel, full, mc_block_fwd_flops(&m, *b));
+    }
+  double rf[3] = {0}, model[3] = {0};
+  for (int k = 0; k < 3; k++) {
+    mc_geometry g;
+    mc_plan p;
+    CHECK_OK(plan_policy(&m, 2, pol[k], &g, &p));
+    if (!p.ranks) continue;
+    rf[k] = p.recompute_flops_per_token, model[k] = p.flops_per_token;
+    CHECK_CLOSE(p.hw_flops_per_token, mc_model_fwd_bwd_flops_per_token(&m) + p.recompute_flops_per_token, 1e-12);
+    CHECK_CLOSE(p.hw_flops_per_step, p.hw_flops_per_token * 16 * 64, 1e-12);
+    double sum = 0, bwd[2];
+    for (int s = 0; s < 2; s++) {
+      const mc_plan_stage *st = &p.stages[s];
+      sum += st->recompute_flops_per_token;
+      CHECK_CLOSE(st->recompute_flops, st->recompute_flops_per_token * 16 * 64, 1e-12);
+      CHECK_CLOSE(st->hw_flops, st->flops + st->recompute_flops, 1e-12);
+      CHECK_CLOSE(mc_plan_stage_hw_step_flops(&g, &p, s), st->hw_flops, 1e-12);
+      bwd[s] = g.stages.bwd[s] + st->recompute_flops_per_token;
+    }
+    CHECK_CLOSE(sum, p.recompute_flops_per_token, 1e-12);
+    CHECK_CLOSE(p.bubble, mc_plan_1f1b(2, p.n_micro, g.stages.cost, bwd, NULL), 1e-12);
+    if (k == 2) { /* the JSON fields, under full where they are not 0 */
+      cJSON *doc = mc_plan_to_json(&g, &p);
+      cJSON *fl = doc ? cJSON_GetObjectItem(doc, "flops") : NULL;
+      static const char *const keys[] = {"recompute_per_token", "hardware_per_token", "hardware_per_step"};
+      const double vals[] = {p.recompute_flops_per_token, p.hw_flops_per_token, p.hw_flops_per_step};
+      for (int i = 0; i < 3; i++) {
+        cJSON *v = fl ? cJSON_GetObjectItem(fl, keys[i]) : NULL;
+        CHECK(v && v->valuedouble == vals[i], "flops.%s", keys[i]);
+      }
+      cJSON *pol_name = fl ? cJSON_GetObjectItem(fl, "recompute") : NULL;
+      CHECK(pol_name && cJSON_IsString(pol_name) && !strcmp(pol_name->valuestring, "full"), "flops.recompute");
+      cJSON *st1 = doc ? cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "stage_map"), 1) : NULL;
+      static const char *const skeys[] = {"recompute_flops_per_token", "recompute_flops_per_step_per_device",
+                                          "hardware_flops_per_step_per_device"};
+      const double svals[] = {p.stages[1].recompute_flops_per_token, p.stages[1].recompute_flops, p.stages[1].hw_flops};
+      for (int i = 0; i < 3; i++) {
+        cJSON *v = st1 ? cJSON_GetObjectItem(st1, skeys[i]) : NULL;
+        CHECK(v && v->valuedouble == svals[i] && svals[i] > 0, "stage_map[1].%s", skeys[i]);
+      }
+      cJSON_Delete(doc);
+    }
+    drop(&g, &p);
+  }
+  CHECK(rf[0] == 0 && rf[1] > 0 && rf[2] > rf[1], "plan recompute: none %g, selective %g, full %g", rf[0], rf[1], rf[2]);
+  CHECK(model[0] == model[1] && model[1] == model[2], "model FLOPs do not depend on the policy");
 }
 
 static int64_t fp(int64_t bytes) { return mc_mem_footprint(bytes); }
@@ -849,6 +968,7 @@ int main(void) {
   test_zero_shards_optimizer();
   test_dtype();
   test_recompute_order();
+  test_recompute_flops();
   test_block_formulas();
   test_pipeline();
   test_units();
