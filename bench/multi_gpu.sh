@@ -11,8 +11,9 @@
 # LAYOUTS=medium instead runs configs/nam-medium.json's own layout (dp2 x ep2, ZeRO 1, bf16) on
 # 2 GPUs and dp4 x ep2 / dp4 x ep4 on 4 (train.recompute=none: the trainer implements no other
 # policy; one GPU would need 87.6 GiB by mcplan), scaled against the 2-GPU run per GPU.
+# LAYOUTS=zero runs one GPU and dp2 with ZeRO 0, 1 and 3 (the config's dtype: bf16 for nam-small).
 # Usage (repository root, on the GPU machine): OUT=DIR MEGAC_BIN=DIR [CONFIG=configs/nam-small.json]
-#   [LAYOUTS=small|medium] [SAVES=1] [UNTIL=10] [MC_COMMIT=SHA] bash bench/multi_gpu.sh
+#   [LAYOUTS=small|medium|zero] [SAVES=1] [UNTIL=10] [MC_COMMIT=SHA] bash bench/multi_gpu.sh
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:?}
@@ -34,7 +35,8 @@ export NCCL_NVLS_ENABLE=0
 } | tee -a "$OUT/multi_gpu.txt"
 python3 bench/torch_peak.py --json-out "$W/peak.json" > "$W/peak.log" 2>&1 || cat "$W/peak.log"
 peak=$(python3 -c "import json; print(json.load(open('$W/peak.json'))['bf16']['tflops'])" 2>/dev/null || echo 0)
-flop=$("$B/mcplan" --config "$CONFIG" "${EXTRA[@]}" 2>/dev/null | sed -n 's/^per token: *\([0-9.e+]*\).*/\1/p')
+# the first "per token" line: model FLOPs (3 x forward), the convention MFU is computed from
+flop=$("$B/mcplan" --config "$CONFIG" "${EXTRA[@]}" 2>/dev/null | sed -n 's/^ *per token: *\([0-9.e+]*\).*/\1/p' | head -1)
 echo "# bf16 matmul peak $peak TFLOP/s per GPU (bench/torch_peak.py); model FLOP per token $flop (mcplan)" | tee -a "$OUT/multi_gpu.txt"
 find . -path ./build\* -prune -o -path ./gpubuild -prune -o \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.md' \) -print |
   sort > "$W/files.txt"
@@ -73,6 +75,11 @@ if [ "$LAYOUTS" = medium ]; then
   run dp2_ep2_zero1 2 2 --set parallel.ep=2 --set parallel.zero=1
   run dp4_ep2_zero1 4 4 --set parallel.ep=2 --set parallel.zero=1
   run dp4_ep4_zero1 4 4 --set parallel.ep=4 --set parallel.zero=1
+  exit 0
+fi
+if [ "$LAYOUTS" = zero ]; then # bf16 ZeRO stages on 2 GPUs: what sharding costs (calls block: no overlap)
+  run 1gpu 1 1
+  for z in 0 1 3; do run dp2_zero$z 2 2 --set parallel.zero=$z; done
   exit 0
 fi
 run 1gpu 1 1
