@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/dtype.h"
 #include "ckpt/format.h"
 #include "util/paths.h"
 #include "reshard/execute.h"
@@ -137,7 +138,7 @@ static int hf_write(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t 
   if (s->bf16) {
     h = malloc((size_t)(n > 0 ? n : 1) * 2);
     if (!h) return mc_error("export: out of memory");
-    for (int64_t i = 0; i < n; i++) h[i] = mc_st_bf16_of(buf[i]);
+    for (int64_t i = 0; i < n; i++) h[i] = mc_bf16_of_f32(buf[i]);
     data = h, es = 2;
   }
   int rc = EVP_DigestUpdate(om->sha, data, (size_t)(n * es)) == 1 ? 0 : mc_error("export: SHA-256 failed");
@@ -586,7 +587,7 @@ static int hf_read(void *ctx, const mc_rs_plan *p, int s, int64_t off, int64_t n
   if (rc == 0 && es == 2) {
     const uint16_t *h = raw;
     const int bf = !strcmp(t->dtype, "BF16");
-    for (int64_t i = 0; i < k; i++) buf[i] = bf ? mc_st_f32_of_bf16(h[i]) : mc_st_f32_of_f16(h[i]);
+    for (int64_t i = 0; i < k; i++) buf[i] = bf ? mc_f32_of_bf16(h[i]) : mc_f32_of_f16(h[i]);
   }
   if (raw != buf) free(raw);
   return rc;
