@@ -126,7 +126,8 @@ typedef struct {
   int bf16;
 } hf_sink;
 
-static int hf_write(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const float *buf) {
+static int hf_write(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const void *data_in) {
+  const float *buf = data_in; /* an export's plan keeps fp32 targets (mc_rs_tensor.dtype) */
   hf_sink *s = ((mc_rs_io_ctx *)ctx)->sink;
   out_map *om = &s->m[t];
   (void)p;
@@ -229,6 +230,7 @@ int mc_rs_export(mc_rs_source *src, const char *path, const mc_rs_export_opts *e
     mc_geometry_free(&cg);
     return -1;
   }
+  mc_rs_source_dtypes(src, &plan); /* read as stored, widened; the targets stay fp32 (hf_write) */
   int rc = 0, nt = plan.n_targets;
   hf_sink sink;
   memset(&sink, 0, sizeof sink);
