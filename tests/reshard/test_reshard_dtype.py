@@ -13,6 +13,7 @@
   numpy float16, fp8 uint8 with the float8 attribute), and the fp8 decoder docs/checkpoint.md
   gives;
 - a --dry-run that reports the conversion; mctrain --resume from a converted checkpoint;
+  --export of a converted checkpoint (F32, the widened values);
 - refusals: an unknown state or dtype, a state given twice, a state kind no family has, the
   flag with --export, a dataset whose HDF5 type disagrees with its declared dtype.
 
@@ -25,6 +26,7 @@ import json
 import os
 import random
 import shutil
+import struct
 import sys
 import tempfile
 
@@ -367,6 +369,28 @@ def resume(tmp):
         check(set(d.values()) == {"float32"}, "%s: the resumed run saves float32" % name)
 
 
+def export_widened(tmp, X):
+    """--export of a converted checkpoint: the safetensors file holds the widened values (F32)."""
+    path = os.path.join(tmp, "x.safetensors")
+    rc, out, err = run(MCRESHARD, X, "--export", path, "--names", "megac", "--no-progress")
+    check(rc == 0, "export of a converted checkpoint: " + err)
+    if rc != 0:
+        return
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    hdr, base = json.loads(raw[8:8 + n]), 8 + n
+    g, _ = assemble(X)
+    wrong = 0
+    for (fam, state), (dt, bits) in g.items():
+        if state != "param":
+            continue
+        t = hdr[fam]
+        got = np.frombuffer(raw[base + t["data_offsets"][0]:base + t["data_offsets"][1]], "<f4").reshape(t["shape"])
+        wrong += t["dtype"] != "F32" or not np.array_equal(got.view(np.uint32), widen(bits, dt).view(np.uint32))
+    check(wrong == 0, "export: %d tensors are not the widened stored values" % wrong)
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="mc_reshard_dtype_")
     j = lambda *p: os.path.join(tmp, *p)
@@ -392,6 +416,7 @@ def main():
                 seen |= h5py_types(X)
         check(seen == set(DTYPES), "every dtype was stored and read with h5py: %s" % sorted(seen))
         refusals(tmp, j("S"), j("all_a_fixed"))
+        export_widened(tmp, j("all_a_fixed"))
         dry_run(tmp, j("all_a_fixed"))
         resume(tmp)
     finally:
