@@ -196,6 +196,7 @@ typedef struct {
   int stage;
   int decay;                             /* weight-decay group (manifest optimizer_group): 1 = decay */
   mc_opt_kind opt;                       /* optimizer (manifest optimizer; format < 3: MC_OPT_ADAMW) */
+  int dtype; /* element dtype of its stored param (manifest dtype; mc_elem_dtype, core/dtype.h) */
 } mc_ckpt_family;
 
 /* One stored shard: a dataset of one rank file. */
@@ -212,7 +213,10 @@ typedef struct {
   int stage;
   int n_replicas;
   const int *replicas;                      /* replica group, ascending; contains rank (format 1: replicas[0]) */
-  char sha256[65];                          /* hex of the raw little-endian fp32 bytes */
+  char sha256[65];                          /* hex of the stored bytes: little-endian elements of
+                                             * `dtype`, row-major */
+  int dtype; /* element dtype of the stored data (mc_elem_dtype, core/dtype.h): its family's
+              * declared dtype of this state kind; 0, float32, when zero-filled */
   int opt;  /* the dataset's `optimizer` attribute: its family's optimizer (mc_opt_kind);
              * -1 in a checkpoint of format < 3, whose datasets have no such attribute.
              * Writers set the family's optimizer (0, MC_OPT_ADAMW, when zero-filled). */
@@ -255,6 +259,11 @@ int mc_ckpt_has_state(const mc_ckpt *ck, mc_state state);
  * mc_ckpt_family_at): the kind is stored and is param or declared by the family's optimizer.
  * 0 otherwise, also for an index or kind out of range. */
 int mc_ckpt_family_has_state(const mc_ckpt *ck, int family_index, mc_state s);
+/* The element dtype (mc_elem_dtype) state kind `s` of family `family_index` is stored in: for
+ * param the family's `dtype`, for a declared kind its optimizer group's declared `dtype`
+ * (docs/checkpoint.md, "Element dtypes"); -1 if the family does not have that state. Reads
+ * widen it to fp32 exactly. */
+int mc_ckpt_state_dtype(const mc_ckpt *ck, int family_index, mc_state s);
 
 int mc_ckpt_n_families(const mc_ckpt *ck);
 const mc_ckpt_family *mc_ckpt_family_at(const mc_ckpt *ck, int i);

@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt_internal.h"
+#include "core/box.h"
+#include "core/dtype.h"
 #include "util/error.h"
 
 /* ---------------------------------------------------------------- HDF5 errors */
@@ -150,6 +152,62 @@ static int attr_read_ints(hid_t obj, const char *name, hid_t mtype, void *out, i
   return rc;
 }
 
+/* ---------------------------------------------------------------- element types */
+
+/* A 16-bit little-endian float type: sign bit 15, `ebits` exponent bits above `mbits` mantissa
+ * bits, bias 2^(ebits-1)-1, implied leading one (bfloat16: 8 and 7; IEEE half: 5 and 10).
+ * HDF5 1.10 has no predefined half type, so both are built from fp32's. */
+static hid_t float16_type(int ebits, int mbits) {
+  hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+  if (t < 0) return -1;
+  if (H5Tset_fields(t, 15, (size_t)mbits, (size_t)ebits, 0, (size_t)mbits) < 0 || H5Tset_precision(t, 16) < 0 ||
+      H5Tset_size(t, 2) < 0 || H5Tset_ebias(t, (size_t)((1 << (ebits - 1)) - 1)) < 0) {
+    H5Tclose(t);
+    return -1;
+  }
+  return t;
+}
+
+/* The HDF5 type the format stores dtype `dt` as (a transient copy), or -1. fp8 is uint8 (the
+ * dataset's `float8` attribute names the format). */
+static hid_t stored_type(int dt) {
+  switch (dt) {
+    case MC_ELEM_F32: return H5Tcopy(H5T_IEEE_F32LE);
+    case MC_ELEM_BF16: return float16_type(8, 7);
+    case MC_ELEM_F16: return float16_type(5, 10);
+    case MC_ELEM_F8_E4M3:
+    case MC_ELEM_F8_E5M2: return H5Tcopy(H5T_STD_U8LE);
+    default: return -1;
+  }
+}
+
+/* 1 if dataset d's type t is how the format stores dtype dt (and, for fp8, its `float8`
+ * attribute names that format). */
+static int is_stored_type(hid_t d, hid_t t, int dt) {
+  hid_t want = stored_type(dt);
+  int ok = want >= 0 && H5Tequal(t, want) > 0;
+  if (want >= 0) H5Tclose(want);
+  if (ok && (dt == MC_ELEM_F8_E4M3 || dt == MC_ELEM_F8_E5M2)) {
+    char f8[16];
+    ok = !attr_read_str(d, "float8", f8, sizeof f8) && !strcmp(f8, dt == MC_ELEM_F8_E4M3 ? "e4m3" : "e5m2");
+  }
+  return ok;
+}
+
+int64_t mc_h5_stored_type(int64_t file, int dtype) {
+  h5_quiet();
+  hid_t fid = (hid_t)file;
+  if (dtype != MC_ELEM_BF16) return (int64_t)stored_type(dtype);
+  /* bfloat16: one committed type per file, "/bfloat16", so a reader sees it named */
+  if (H5Lexists(fid, "/bfloat16", H5P_DEFAULT) > 0) return (int64_t)H5Topen2(fid, "/bfloat16", H5P_DEFAULT);
+  hid_t t = stored_type(dtype), tcpl = H5Pcreate(H5P_DATATYPE_CREATE);
+  H5Pset_obj_track_times(tcpl, 0); /* byte-identical files, as every object of a rank file */
+  int ok = t >= 0 && tcpl >= 0 && H5Tcommit2(fid, "bfloat16", t, H5P_DEFAULT, tcpl, H5P_DEFAULT) >= 0;
+  if (tcpl >= 0) H5Pclose(tcpl);
+  if (!ok && t >= 0) H5Tclose(t);
+  return ok ? (int64_t)t : -1;
+}
+
 /* ---------------------------------------------------------------- writing */
 
 int mc_h5_write_file_attrs(int64_t file, int64_t step, int rank) {
@@ -167,7 +225,11 @@ int mc_h5_write_shard_attrs(int64_t dset, const mc_shard_attrs *a) {
   int rc = 0;
   rc |= attr_str(d, "family", s->family);
   rc |= attr_str(d, "state", mc_state_name(s->state));
-  rc |= attr_str(d, "dtype", "float32");
+  if (s->dtype < 0 || s->dtype >= MC_N_ELEM_DTYPES) return -1;
+  rc |= attr_str(d, "dtype", mc_elem_dtype_name(s->dtype));
+  /* fp8 is stored as uint8: the attribute says which of the two formats the bytes are */
+  if (s->dtype == MC_ELEM_F8_E4M3 || s->dtype == MC_ELEM_F8_E5M2)
+    rc |= attr_str(d, "float8", s->dtype == MC_ELEM_F8_E4M3 ? "e4m3" : "e5m2");
   rc |= attr_i64s(d, "global_shape", a->global_shape, s->ndim);
   rc |= attr_i64s(d, "start", s->start, s->ndim);
   rc |= attr_i64s(d, "count", s->count, s->ndim);
@@ -361,6 +423,11 @@ int mc_h5_scan_rank_file(const char *path, const char *file_name, mc_shard_attrs
   mc_shard_attrs *recs = NULL;
   int n = 0, cap = 0;
   for (int f = 0; f < fams.n && rc == 0; f++) {
+    /* the committed bfloat16 type of a file with bfloat16 datasets (mc_h5_stored_type) */
+    H5O_info_t oi;
+    if (!strcmp(fams.names[f], "bfloat16") && H5Oget_info_by_name(fid, "bfloat16", &oi, H5P_DEFAULT) >= 0 &&
+        oi.type == H5O_TYPE_NAMED_DATATYPE)
+      continue;
     hid_t g = H5Gopen2(fid, fams.names[f], H5P_DEFAULT);
     if (g < 0) {
       rc = mc_error("%s: /%s is not a group of shard datasets", path, fams.names[f]);
@@ -403,7 +470,7 @@ int mc_h5_scan_rank_file(const char *path, const char *file_name, mc_shard_attrs
       }
       if (attr_read_str(d, "family", s->family, sizeof s->family)) bad = "family";
       else if (attr_read_str(d, "state", state, sizeof state) || mc_state_parse(state) < 0) bad = "state";
-      else if (attr_read_str(d, "dtype", dtype, sizeof dtype) || strcmp(dtype, "float32") != 0) bad = "dtype";
+      else if (attr_read_str(d, "dtype", dtype, sizeof dtype) || (s->dtype = mc_elem_dtype_parse(dtype)) < 0) bad = "dtype";
       else if (attr_read_ints(d, "global_shape", H5T_NATIVE_INT64, r->global_shape, MC_CKPT_MAX_DIM, &na) || na < 1) bad = "global_shape";
       else if (attr_read_ints(d, "start", H5T_NATIVE_INT64, s->start, MC_CKPT_MAX_DIM, &nb) || nb != na) bad = "start";
       else if (attr_read_ints(d, "count", H5T_NATIVE_INT64, s->count, MC_CKPT_MAX_DIM, &nc) || nc != na) bad = "count";
@@ -526,8 +593,8 @@ static int is_shuffle_deflate(hid_t dcpl, int nfilters, char *names, size_t cap)
  * that size until the hash check. Chunks are looked up by coordinate (a B-tree search each):
  * HDF5 1.10's lookup by index walks the index from the start, quadratic in the chunks. */
 static int check_chunk_list(hid_t d, hid_t sp, const hsize_t *dims, const hsize_t *chunk, int nd,
-                            const char *file_name, const char *dataset, hsize_t fsize) {
-  hsize_t cbytes = sizeof(float), want = 1;
+                            const char *file_name, const char *dataset, hsize_t fsize, hsize_t esize) {
+  hsize_t cbytes = esize, want = 1;
   int too_big = 0;
   for (int k = 0; k < nd && !too_big; k++) {
     /* bounded factors: cbytes <= 4 MiB and chunk[k] <= 4 MiB before each product */
@@ -563,7 +630,7 @@ static int check_chunk_list(hid_t d, hid_t sp, const hsize_t *dims, const hsize_
   return 0;
 }
 
-static int check_chunks(hid_t d, hid_t dcpl, const char *file_name, const char *dataset, hsize_t fsize) {
+static int check_chunks(hid_t d, hid_t dcpl, const char *file_name, const char *dataset, hsize_t fsize, hsize_t esize) {
   hid_t sp = H5Dget_space(d);
   hsize_t dims[H5S_MAX_RANK], chunk[H5S_MAX_RANK];
   int nd = sp >= 0 ? H5Sget_simple_extent_dims(sp, dims, NULL) : -1;
@@ -571,7 +638,7 @@ static int check_chunks(hid_t d, hid_t dcpl, const char *file_name, const char *
     if (sp >= 0) H5Sclose(sp);
     return mc_error("%s: dataset %s: unreadable chunk extent: refused", file_name, dataset);
   }
-  int rc = check_chunk_list(d, sp, dims, chunk, nd, file_name, dataset, fsize);
+  int rc = check_chunk_list(d, sp, dims, chunk, nd, file_name, dataset, fsize, esize);
   H5Sclose(sp);
   return rc;
 }
@@ -580,9 +647,10 @@ static int check_chunks(hid_t d, hid_t dcpl, const char *file_name, const char *
  * external storage, no virtual sources), allocated, inside the file, and either contiguous
  * and unfiltered (offset + size inside the file) or chunked through exactly shuffle +
  * deflate (check_chunks). Anything else could make HDF5 read other files, return fill
- * values or run other filters, and is refused before any data is read. `bytes` is the size
- * the data must have. */
-static int check_storage(hid_t fid, hid_t d, const char *file_name, const char *dataset, int64_t bytes) {
+ * values or run other filters, and is refused before any data is read. The data must be
+ * numel elements of `dtype` (numel times its size in bytes). */
+static int check_storage(hid_t fid, hid_t d, const char *file_name, const char *dataset, int64_t numel, int dtype) {
+  const int64_t esize = (int64_t)mc_elem_dtype_size(dtype), bytes = numel * esize;
   hid_t dcpl = H5Dget_create_plist(d);
   if (dcpl < 0) return mc_error("%s: dataset %s: cannot read its storage properties", file_name, dataset);
   H5D_layout_t layout = H5Pget_layout(dcpl);
@@ -608,7 +676,7 @@ static int check_storage(hid_t fid, hid_t d, const char *file_name, const char *
   } else if (real < 0) {
     rc = mc_error("%s: cannot read its size", file_name);
   } else if (pipeline) {
-    rc = check_chunks(d, dcpl, file_name, dataset, (hsize_t)real);
+    rc = check_chunks(d, dcpl, file_name, dataset, (hsize_t)real, (hsize_t)esize);
   } else {
     haddr_t at = H5Dget_offset(d);
     hsize_t size = H5Dget_storage_size(d);
@@ -632,7 +700,7 @@ int mc_h5_check_attrs(int64_t fid, const char *file_name, const mc_ckpt_shard *s
   const char *bad = NULL;
   if (attr_read_str(d, "family", str, sizeof str) || strcmp(str, s->family)) bad = "family";
   else if (attr_read_str(d, "state", str, sizeof str) || strcmp(str, mc_state_name(s->state))) bad = "state";
-  else if (attr_read_str(d, "dtype", str, sizeof str) || strcmp(str, "float32")) bad = "dtype";
+  else if (attr_read_str(d, "dtype", str, sizeof str) || strcmp(str, mc_elem_dtype_name(s->dtype))) bad = "dtype";
   else if (attr_read_ints(d, "global_shape", H5T_NATIVE_INT64, v, MC_CKPT_MAX_DIM, &n) || n != s->ndim ||
            memcmp(v, global_shape, (size_t)n * sizeof *v))
     bad = "global_shape";
@@ -653,16 +721,18 @@ int mc_h5_check_attrs(int64_t fid, const char *file_name, const mc_ckpt_shard *s
     rc = mc_error("%s: attribute '%s' of dataset %s is missing, corrupt or disagrees with the manifest",
                   file_name, bad, s->dataset);
   } else {
-    /* The stored array itself must be fp32 with exactly the recorded extent. */
+    /* The stored array itself must be of the declared dtype with exactly the recorded extent. */
     hid_t t = H5Dget_type(d), sp = H5Dget_space(d);
     hsize_t dims[H5S_MAX_RANK];
     int nd = sp >= 0 ? H5Sget_simple_extent_dims(sp, dims, NULL) : -1;
-    int ok = t >= 0 && H5Tequal(t, H5T_IEEE_F32LE) > 0 && nd == s->ndim;
+    int ok = t >= 0 && is_stored_type(d, t, s->dtype) && nd == s->ndim;
     for (int k = 0; ok && k < nd; k++) ok = (int64_t)dims[k] == s->count[k];
-    if (!ok) rc = mc_error("%s: dataset %s is not fp32 of the recorded count", file_name, s->dataset);
+    if (!ok)
+      rc = mc_error("%s: dataset %s is not %s of the recorded count (its HDF5 type or extent disagrees with the "
+                    "declared dtype and count)", file_name, s->dataset, mc_elem_dtype_name(s->dtype));
     if (t >= 0) H5Tclose(t);
     if (sp >= 0) H5Sclose(sp);
-    if (rc == 0) rc = check_storage((hid_t)fid, d, file_name, s->dataset, s->numel * (int64_t)sizeof(float));
+    if (rc == 0) rc = check_storage((hid_t)fid, d, file_name, s->dataset, s->numel, s->dtype);
   }
   H5Dclose(d);
   return rc;
@@ -701,6 +771,61 @@ int mc_read_raw(int fd, int64_t at, void *dst, int64_t bytes, const char *file, 
   return 0;
 }
 
+/* Reads the box (off, cnt) of open dataset d as its stored bytes (little-endian elements of
+ * s->dtype, row-major over cnt) into dst: the dataset's own type as the memory type, so HDF5
+ * converts nothing. */
+static int read_stored_box(hid_t d, const char *file_name, const mc_ckpt_shard *s, const int64_t *off,
+                           const int64_t *cnt, void *dst) {
+  h5_err_text et;
+  hsize_t fo[MC_CKPT_MAX_DIM], fc[MC_CKPT_MAX_DIM];
+  for (int k = 0; k < s->ndim; k++) fo[k] = (hsize_t)off[k], fc[k] = (hsize_t)cnt[k];
+  hid_t t = H5Dget_type(d), fs = H5Dget_space(d), ms = H5Screate_simple(s->ndim, fc, NULL);
+  int rc = 0;
+  /* dst holds elements of the declared dtype: a dataset of another type is never read into it */
+  if (t >= 0 && !is_stored_type(d, t, s->dtype))
+    rc = mc_error("%s: dataset %s is not %s (its HDF5 type disagrees with the declared dtype)", file_name, s->dataset,
+                  mc_elem_dtype_name(s->dtype));
+  else if (t < 0 || fs < 0 || ms < 0 || H5Sselect_hyperslab(fs, H5S_SELECT_SET, fo, NULL, fc, NULL) < 0 ||
+           H5Dread(d, t, ms, fs, H5P_DEFAULT, dst) < 0)
+    rc = mc_error("%s: reading dataset %s failed: %s", file_name, s->dataset, h5_reason(&et));
+  if (t >= 0) H5Tclose(t);
+  if (fs >= 0) H5Sclose(fs);
+  if (ms >= 0) H5Sclose(ms);
+  return rc;
+}
+
+int mc_h5_read_stored(int64_t fid, const char *file_name, const mc_ckpt_shard *s, void *dst) {
+  h5_quiet();
+  hid_t d = open_dataset((hid_t)fid, file_name, s);
+  if (d < 0) return -1;
+  int64_t zero[MC_CKPT_MAX_DIM] = {0};
+  int rc = check_storage((hid_t)fid, d, file_name, s->dataset, s->numel, s->dtype);
+  if (rc == 0) rc = read_stored_box(d, file_name, s, zero, s->count, dst);
+  H5Dclose(d);
+  return rc;
+}
+
+/* A box of a dataset of a narrower dtype: its stored bytes, widened exactly to fp32, placed
+ * at out_off of `out`. */
+static int read_box_widening(hid_t d, const char *file_name, const mc_ckpt_shard *s, const int64_t *off,
+                             const int64_t *cnt, float *out, const int64_t *out_dims, const int64_t *out_off) {
+  int64_t n = 1;
+  for (int k = 0; k < s->ndim; k++) n *= cnt[k];
+  void *raw = malloc((size_t)(n > 0 ? n : 1) * mc_elem_dtype_size(s->dtype));
+  float *wide = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+  int rc = raw && wide ? read_stored_box(d, file_name, s, off, cnt, raw)
+                       : mc_error("out of memory reading %s:%s", file_name, s->dataset);
+  if (rc == 0) {
+    mc_elem_widen(s->dtype, raw, wide, n);
+    int64_t zero[MC_CKPT_MAX_DIM] = {0};
+    mc_box src = mc_box_make(s->ndim, out_off, cnt), dst = mc_box_make(s->ndim, zero, out_dims);
+    mc_box_copy(wide, &src, out, &dst, &src);
+  }
+  free(raw);
+  free(wide);
+  return rc;
+}
+
 int mc_h5_read_box(int64_t fid, const char *file_name, const mc_ckpt_shard *s, const int64_t *off,
                    const int64_t *cnt, float *out, const int64_t *out_dims, const int64_t *out_off) {
   h5_quiet();
@@ -708,9 +833,14 @@ int mc_h5_read_box(int64_t fid, const char *file_name, const mc_ckpt_shard *s, c
   hid_t d = open_dataset((hid_t)fid, file_name, s);
   if (d < 0) return -1;
   /* Never let H5Dread follow external files or virtual sources, whoever calls. */
-  if (check_storage((hid_t)fid, d, file_name, s->dataset, s->numel * (int64_t)sizeof(float)) != 0) {
+  if (check_storage((hid_t)fid, d, file_name, s->dataset, s->numel, s->dtype) != 0) {
     H5Dclose(d);
     return -1;
+  }
+  if (s->dtype != MC_ELEM_F32) {
+    int rc = read_box_widening(d, file_name, s, off, cnt, out, out_dims, out_off);
+    H5Dclose(d);
+    return rc;
   }
   int whole = 1;
   hsize_t fo[MC_CKPT_MAX_DIM], fc[MC_CKPT_MAX_DIM], md[MC_CKPT_MAX_DIM], mo[MC_CKPT_MAX_DIM];

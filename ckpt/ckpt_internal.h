@@ -109,6 +109,9 @@ typedef struct {
   int n_files;
   mc_file_rec *files;
   int has_state[MC_N_STATES]; /* the state kinds stored (`states`) */
+  /* optimizer_groups[].states[].dtype: the element dtype (mc_elem_dtype) optimizer k's
+   * families store kind s in (0, float32, where undeclared; param: each family's dtype) */
+  int state_dtype[MC_N_OPTS][MC_N_STATES];
 } mc_manifest;
 
 /* Builds the manifest text from the geometry and the shards read back from the rank files;

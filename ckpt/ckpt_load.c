@@ -14,6 +14,7 @@
 
 #include "ckpt/ckpt_internal.h"
 #include "core/box.h"
+#include "core/dtype.h"
 #include "util/error.h"
 
 struct mc_ckpt {
@@ -244,6 +245,12 @@ int mc_ckpt_family_has_state(const mc_ckpt *ck, int family_index, mc_state s) {
          mc_opt_has_state(ck->m.fams[family_index].opt, s);
 }
 
+int mc_ckpt_state_dtype(const mc_ckpt *ck, int family_index, mc_state s) {
+  if (!mc_ckpt_family_has_state(ck, family_index, s)) return -1;
+  const mc_ckpt_family *f = &ck->m.fams[family_index];
+  return s == MC_STATE_PARAM ? f->dtype : ck->m.state_dtype[f->opt][s];
+}
+
 int mc_ckpt_find_family(const mc_ckpt *ck, const char *name) {
   for (int i = 0; i < ck->m.n_fams; i++)
     if (strcmp(ck->m.fams[i].name, name) == 0) return i;
@@ -312,7 +319,7 @@ int mc_ckpt_check_families(const mc_ckpt *ck, const mc_family_set *fams) {
       return mc_error("%s: family %s of the recorded model is %s the manifest's families", ck->step_dir, f->name,
                       c ? "shaped differently from" : "missing from");
     if (f->numel > INT64_MAX / 4 - need) return mc_error("%s: the recorded model is too large", ck->step_dir);
-    need += f->numel * 4;
+    need += f->numel * (int64_t)mc_elem_dtype_size(c->dtype); /* param, as stored */
   }
   for (int i = 0; i < ck->m.n_files; i++) have += ck->m.files[i].bytes;
   if (need > have)
@@ -423,6 +430,30 @@ static int read_whole(mc_ckpt *ck, int si, int64_t fid, const char *where, float
   return rc;
 }
 
+/* Reads shard si whole into buf (fp32) and hashes its stored bytes into hex: read_whole for
+ * float32; a narrower dtype is read as stored, hashed, then widened exactly. */
+static int read_whole_hashed(mc_ckpt *ck, int si, int64_t fid, const char *where, float *buf, char hex[65]) {
+  const mc_ckpt_shard *s = &ck->m.shards[si];
+  const int64_t bytes = s->numel * (int64_t)mc_elem_dtype_size(s->dtype);
+  if (s->dtype == MC_ELEM_F32) {
+    if (read_whole(ck, si, fid, where, buf) != 0) return -1;
+    mc_sha256_hex(buf, (size_t)bytes, hex);
+  } else {
+    void *raw = malloc((size_t)(bytes > 0 ? bytes : 1));
+    if (!raw) return mc_error("out of memory reading %s:%s", s->file, s->dataset);
+    int rc = mc_h5_read_stored(fid, where, s, raw);
+    if (rc == 0) {
+      count_io(ck, bytes, 0);
+      mc_sha256_hex(raw, (size_t)bytes, hex);
+      mc_elem_widen(s->dtype, raw, buf, s->numel);
+    }
+    free(raw);
+    if (rc != 0) return -1;
+  }
+  count_io(ck, 0, bytes);
+  return 0;
+}
+
 /* The boxes of a request and of a shard (a request has its family's ndim: the shard's). */
 static mc_box request_box(const mc_ckpt_request *r, const mc_ckpt_shard *s) {
   return mc_box_make(s->ndim, r->start, r->count);
@@ -524,13 +555,11 @@ static int read_task(void *arg, int t) {
     }
     float *buf = only ? only->out : malloc((size_t)s->numel * sizeof(float));
     if (!buf) return mc_error("out of memory reading %s:%s", s->file, s->dataset);
-    if (read_whole(ck, si, fid, where, buf) != 0) {
+    char hex[65];
+    if (read_whole_hashed(ck, si, fid, where, buf, hex) != 0) {
       if (!only) free(buf);
       return -1;
     }
-    char hex[65];
-    mc_sha256_hex(buf, (size_t)s->numel * sizeof(float), hex);
-    count_io(ck, 0, s->numel * (int64_t)sizeof(float));
     if (strcmp(hex, s->sha256) != 0) {
       if (!only) free(buf);
       return mc_error("%s: hash mismatch in dataset %s: data hashes to %s, the manifest records %s", where, s->dataset,
@@ -568,7 +597,7 @@ static void plan_read_ahead(const mc_ckpt *ck, read_ctx *c, int n_tasks) {
     int fi = file_index(ck, s->file);
     if (fi < 0) continue;
     if (need[fi] == 0) c->forder[c->n_forder++] = fi;
-    need[fi] += s->numel * (int64_t)sizeof(float);
+    need[fi] += s->numel * (int64_t)mc_elem_dtype_size(s->dtype);
   }
   for (int k = 0; k < c->n_forder; k++) c->prefetch[k] = 2 * need[c->forder[k]] >= ck->m.files[c->forder[k]].bytes;
   free(need);

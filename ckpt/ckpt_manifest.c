@@ -12,12 +12,16 @@
 #include <string.h>
 
 #include "ckpt/ckpt_internal.h"
+#include "core/dtype.h"
 #include "core/json_num.h"
 #include "util/checked.h"
 #include "util/error.h"
 
 #define MC_JSON_INT_MAX 9007199254740992.0 /* 2^53: larger integers do not survive JSON numbers */
 
+
+/* The element dtypes, as errors list them. */
+#define DTYPE_LIST "float32, bfloat16, float16, float8_e4m3, float8_e5m2"
 /* ---------------------------------------------------------------- building */
 
 static cJSON *int_array(const int64_t *v, int n) {
@@ -210,6 +214,37 @@ static int check_shards(const mc_geometry *g, mc_shard_attrs *sh, int n, int *st
   return rc;
 }
 
+/* The element dtype of each family's param (fam_dt, g->fams.n entries) and of each declared
+ * kind per optimizer (decl_dt), from the shards read back: every shard of one family and
+ * kind, and every family of one optimizer for a declared kind, must agree (the manifest
+ * declares one dtype for each), else an error naming both datasets. Unsaved: float32. Call
+ * after check_shards (the family names resolve). */
+static int collect_dtypes(const mc_geometry *g, const mc_shard_attrs *sh, int n, int *fam_dt,
+                          int decl_dt[MC_N_OPTS][MC_N_STATES]) {
+  const char **fam_by = calloc((size_t)(g->fams.n > 0 ? g->fams.n : 1), sizeof *fam_by);
+  const char *decl_by[MC_N_OPTS][MC_N_STATES] = {{0}};
+  if (!fam_by) return mc_error("out of memory building the manifest");
+  for (int f = 0; f < g->fams.n; f++) fam_dt[f] = MC_ELEM_F32;
+  for (int k = 0; k < MC_N_OPTS; k++)
+    for (int st = 0; st < MC_N_STATES; st++) decl_dt[k][st] = MC_ELEM_F32;
+  int rc = 0;
+  for (int i = 0; i < n && rc == 0; i++) {
+    const mc_ckpt_shard *s = &sh[i].s;
+    int f = mc_family_find(&g->fams, s->family);
+    if (f < 0) continue;
+    int *slot = s->state == MC_STATE_PARAM ? &fam_dt[f] : &decl_dt[g->fams.f[f].opt][s->state];
+    const char **by = s->state == MC_STATE_PARAM ? &fam_by[f] : &decl_by[g->fams.f[f].opt][s->state];
+    if (*by && *slot != s->dtype)
+      rc = mc_error("%s: dataset %s is %s but %s is %s: one %s dtype is declared for %s", s->file, s->dataset,
+                    mc_elem_dtype_name(s->dtype), *by, mc_elem_dtype_name(*slot), mc_state_name(s->state),
+                    s->state == MC_STATE_PARAM ? "each family's param" : "every family of an optimizer");
+    *slot = s->dtype;
+    if (!*by) *by = s->dataset;
+  }
+  free(fam_by);
+  return rc;
+}
+
 int mc_manifest_build(const mc_geometry *g, const mc_config *cfg_in, const mc_train_state *st,
                       const mc_shard_attrs *shards_in, int n_shards, const mc_file_rec *files, int n_files,
                       char **json_out) {
@@ -229,7 +264,11 @@ int mc_manifest_build(const mc_geometry *g, const mc_config *cfg_in, const mc_tr
     free(sh);
     return mc_error("nothing to save: no rank wrote any shard");
   }
-  if (check_shards(g, sh, n_shards, states) != 0) {
+  int *fam_dt = malloc((size_t)(g->fams.n > 0 ? g->fams.n : 1) * sizeof *fam_dt);
+  int decl_dt[MC_N_OPTS][MC_N_STATES];
+  if (!fam_dt || check_shards(g, sh, n_shards, states) != 0 || collect_dtypes(g, sh, n_shards, fam_dt, decl_dt) != 0) {
+    if (!fam_dt) mc_error("out of memory building the manifest");
+    free(fam_dt);
     free(sh);
     return -1;
   }
@@ -238,6 +277,7 @@ int mc_manifest_build(const mc_geometry *g, const mc_config *cfg_in, const mc_tr
   cfg.parallel = g->layout;
   cJSON *cj = config_json(&cfg);
   if (!cj) {
+    free(fam_dt);
     free(sh);
     return -1;
   }
@@ -280,7 +320,7 @@ int mc_manifest_build(const mc_geometry *g, const mc_config *cfg_in, const mc_tr
     for (int i = 0; i < nd; i++) {
       cJSON *e = cJSON_CreateObject();
       cJSON_AddStringToObject(e, "name", mc_state_name(d[i].state));
-      cJSON_AddStringToObject(e, "dtype", d[i].dtype);
+      cJSON_AddStringToObject(e, "dtype", mc_elem_dtype_name(decl_dt[k][d[i].state]));
       cJSON_AddStringToObject(e, "shape", d[i].shape);
       cJSON_AddStringToObject(e, "placement", d[i].placement);
       cJSON_AddItemToArray(ds, e);
@@ -295,7 +335,7 @@ int mc_manifest_build(const mc_geometry *g, const mc_config *cfg_in, const mc_tr
     mc_placement_rule(g, f, rule, sizeof rule);
     cJSON_AddStringToObject(o, "name", fam->name);
     cJSON_AddItemToObject(o, "shape", int_array(fam->shape, fam->ndim));
-    cJSON_AddStringToObject(o, "dtype", "float32");
+    cJSON_AddStringToObject(o, "dtype", mc_elem_dtype_name(fam_dt[f]));
     cJSON_AddStringToObject(o, "placement_rule", rule);
     cJSON_AddStringToObject(o, "place", mc_place_name(fam->place));
     cJSON_AddNumberToObject(o, "split_dim", fam->split_dim);
@@ -332,6 +372,7 @@ int mc_manifest_build(const mc_geometry *g, const mc_config *cfg_in, const mc_tr
     cJSON_AddStringToObject(o, "sha256", s->sha256);
     cJSON_AddItemToArray(sj, o);
   }
+  free(fam_dt);
   free(sh);
   char *text = mc_json_exact_numbers(root) == 0 ? cJSON_Print(root) : NULL;
   cJSON_Delete(root);
@@ -526,8 +567,12 @@ static void parse_families(const cJSON *fa, mc_manifest *m, mc_errlist *errs) {
         f->numel = 0;
         break;
       }
+    /* the element dtype its param is stored in (docs/checkpoint.md, "Element dtypes") */
     const char *dt = get_str(o, "dtype", &c);
-    if (dt && strcmp(dt, "float32") != 0) mc_errlist_add(errs, "%s.dtype '%s' is not float32", where, dt);
+    f->dtype = dt ? mc_elem_dtype_parse(dt) : MC_ELEM_F32;
+    if (f->dtype < 0)
+      mc_errlist_add(errs, "%s.dtype '%s' is not an element dtype this MegaC implements (%s)", where, dt, DTYPE_LIST);
+    if (f->dtype < 0) f->dtype = MC_ELEM_F32;
     const char *rule = get_str(o, "placement_rule", &c);
     if (rule) snprintf(f->placement_rule, sizeof f->placement_rule, "%s", rule);
     get_int32(o, "stage", 0, &f->stage, &c);
@@ -633,6 +678,8 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
     if (s->family_index >= 0) {
       const mc_ckpt_family *f = &m->fams[s->family_index];
       if (m->format_version >= 3) s->opt = f->opt;
+      /* the dtype its family declares for this kind: param's own, or its optimizer group's */
+      if (st >= 0) s->dtype = st == MC_STATE_PARAM ? f->dtype : m->state_dtype[f->opt][st];
       if (st >= 0 && !mc_opt_has_state(f->opt, (mc_state)st))
         mc_errlist_add(errs, "%s: family %s is trained by %s, which keeps no %s state", where, f->name, mc_opt_name(f->opt),
                        state);
@@ -714,9 +761,10 @@ static void kind_list(unsigned mask, char *buf, size_t cap) {
   if (!buf[0]) snprintf(buf, cap, "none");
 }
 
-/* One declared state of optimizer_groups[gi]: a known kind other than param, and only the
- * dtype, shape rule and placement rule this MegaC implements. Returns its kind or -1. */
-static int parse_decl(const cJSON *e, const char *gwhere, const char *gname, int j, mc_errlist *errs) {
+/* One declared state of optimizer_groups[gi]: a known kind other than param, an element dtype
+ * this MegaC implements (*dtype), and only the shape rule and placement rule it implements.
+ * Returns its kind or -1. */
+static int parse_decl(const cJSON *e, const char *gwhere, const char *gname, int j, int *dtype, mc_errlist *errs) {
   char where[64];
   snprintf(where, sizeof where, "%s.states[%d]", gwhere, j);
   jctx c = {errs, where};
@@ -728,9 +776,15 @@ static int parse_decl(const cJSON *e, const char *gwhere, const char *gname, int
   int st = name ? mc_state_parse(name) : -1;
   if (name && (st < 0 || st == MC_STATE_PARAM))
     mc_errlist_add(errs, "%s (%s): '%s' is not a state kind an optimizer can declare", gwhere, gname, name);
-  static const char *const fields[3] = {"dtype", "shape", "placement"};
-  static const char *const implemented[3] = {"float32", "param", "param"};
-  for (int k = 0; k < 3; k++) {
+  const char *dt = get_str(e, "dtype", &c);
+  *dtype = dt ? mc_elem_dtype_parse(dt) : MC_ELEM_F32;
+  if (*dtype < 0)
+    mc_errlist_add(errs, "%s (%s): state %s: dtype '%s' is not an element dtype this MegaC implements (%s)", gwhere,
+                   gname, name ? name : "?", dt, DTYPE_LIST);
+  if (*dtype < 0) *dtype = MC_ELEM_F32;
+  static const char *const fields[2] = {"shape", "placement"};
+  static const char *const implemented[2] = {"param", "param"};
+  for (int k = 0; k < 2; k++) {
     const char *v = get_str(e, fields[k], &c);
     if (v && strcmp(v, implemented[k]) != 0)
       mc_errlist_add(errs, "%s (%s): state %s: %s '%s' is not implemented (only %s)", gwhere, gname, name ? name : "?",
@@ -741,7 +795,7 @@ static int parse_decl(const cJSON *e, const char *gwhere, const char *gname, int
 
 /* optimizer_groups (format 3): each optimizer once, known, declaring exactly the state kinds
  * this MegaC's optimizer of that name keeps (core/optim_groups.h). listed[k] = 1 for each. */
-static void parse_groups(const cJSON *ga, int *listed, mc_errlist *errs) {
+static void parse_groups(const cJSON *ga, int *listed, mc_manifest *m, mc_errlist *errs) {
   int i = 0;
   for (const cJSON *o = ga->child; o; o = o->next, i++) {
     char where[32];
@@ -762,7 +816,9 @@ static void parse_groups(const cJSON *ga, int *listed, mc_errlist *errs) {
     unsigned mask = 1u << MC_STATE_PARAM;
     int j = 0;
     for (const cJSON *e = sa->child; e; e = e->next, j++) {
-      int st = parse_decl(e, where, name ? name : "?", j, errs);
+      int dt = MC_ELEM_F32;
+      int st = parse_decl(e, where, name ? name : "?", j, &dt, errs);
+      if (st > 0 && k >= 0) m->state_dtype[k][st] = dt;
       if (st > 0 && (mask >> st & 1u)) mc_errlist_add(errs, "%s (%s): state %s declared twice", where, name, mc_state_name((mc_state)st));
       if (st > 0) mask |= 1u << st;
     }
@@ -922,7 +978,7 @@ int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
   int listed[MC_N_OPTS] = {0};
   if (m->format_version >= 3) {
     cJSON *groups = req_type(root, "optimizer_groups", 1, &errs);
-    if (groups) parse_groups(groups, listed, &errs);
+    if (groups) parse_groups(groups, listed, m, &errs);
   }
   if (fams) parse_families(fams, m, &errs);
   if (fams && errs.n == 0) check_groups(m, listed, &errs);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "ckpt/ckpt_internal.h"
+#include "core/dtype.h"
 #include "util/error.h"
 
 void mc_ckpt_save_opts_default(mc_ckpt_save_opts *o) {
@@ -60,6 +61,7 @@ static void fill_attrs(const mc_geometry *g, int family, mc_state state, int ran
   snprintf(s->dataset, sizeof s->dataset, "/%s/%s", fam->name, mc_state_name(state));
   snprintf(s->family, sizeof s->family, "%s", fam->name);
   s->family_index = family;
+  s->dtype = MC_ELEM_F32; /* a save writes the trainer's states as it holds them: fp32 */
   s->state = state;
   s->ndim = sh->ndim;
   for (int d = 0; d < sh->ndim; d++) {

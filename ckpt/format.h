@@ -24,7 +24,8 @@
 /* ---------------------------------------------------------------- shard hash */
 
 /* hex = lowercase hex SHA-256 of len bytes at data, NUL-terminated (65 bytes). This is the
- * `sha256` of a shard when data is its fp32 values, row-major, little-endian. Cannot fail. */
+ * `sha256` of a shard when data is its stored bytes: its elements in its dtype (float32,
+ * bfloat16, ...: core/dtype.h), row-major, little-endian. Cannot fail. */
 void mc_sha256_hex(const void *data, size_t len, char hex[65]);
 
 /* ---------------------------------------------------------------- writing rank files */
@@ -50,6 +51,15 @@ typedef struct {
  * caller names the file and dataset. An attribute that already exists makes it fail. */
 int mc_h5_write_shard_attrs(int64_t dset, const mc_shard_attrs *a);
 
+/* The HDF5 type to create a dataset of element dtype `dtype` (mc_elem_dtype) with in the open
+ * rank file `file` (docs/checkpoint.md, "Element dtypes"): IEEE fp32 little-endian; for
+ * bfloat16 the file's committed type "/bfloat16" (committed by the first call for the file:
+ * a 16-bit float, sign bit 15, 8 exponent bits at bit 7, 7 mantissa bits, bias 127); for
+ * float16 an IEEE half (HDF5 1.10 has none predefined); for the fp8 formats uint8, and the
+ * dataset's `float8` attribute (written by mc_h5_write_shard_attrs from s.dtype) names the
+ * format. Returns a type id to close with H5Tclose, or -1 WITHOUT a message. */
+int64_t mc_h5_stored_type(int64_t file, int dtype);
+
 /* Writes a rank file's own attributes to an open HDF5 file id: format = "megac-checkpoint",
  * format_version = MC_CKPT_FORMAT_VERSION, step, rank. Returns 0, or -1 WITHOUT a message
  * (the caller names the file). */
@@ -66,18 +76,19 @@ void mc_h5_close(int64_t fid);
 /* Checks dataset s->dataset of an open rank file against the manifest's record `s` and the
  * family's global shape (s->ndim values): every attribute except placement_rule and
  * replica_group must equal the record (optimizer: mc_opt_name(s->opt); not checked when
- * s->opt is -1, a checkpoint of format < 3), and the stored array must be fp32 little-endian of
- * extent s->count. Reads nothing but attributes and the dataset's type and extent.
+ * s->opt is -1, a checkpoint of format < 3; dtype: mc_elem_dtype_name(s->dtype)), and the
+ * stored array must be of the HDF5 type the format stores s->dtype as (mc_h5_stored_type;
+ * fp8: uint8 with the `float8` attribute naming the format), of extent s->count. Reads nothing but attributes and the dataset's type and extent.
  * file_name only names the file in messages. Errors: "<file>: dataset <d> is missing",
  * "<file>: attribute '<name>' of dataset <d> is missing, corrupt or disagrees with the
- * manifest" (the first mismatch), "<file>: dataset <d> is not fp32 of the recorded count",
+ * manifest" (the first mismatch), "<file>: dataset <d> is not <dtype> of the recorded count ...",
  * then the storage rule (contiguous and unfiltered, or chunks through exactly shuffle +
  * deflate: docs/reliability.md): "<file>: dataset <d> ...: refused". */
 int mc_h5_check_attrs(int64_t fid, const char *file_name, const mc_ckpt_shard *s,
                       const int64_t *global_shape);
 
 /* The byte offset of a dataset's data in its file when it is contiguous, unfiltered fp32
- * little-endian data (the shard's hashed bytes, row-major), else -1, also when the dataset
+ * little-endian data (float32 only: a dataset of another dtype gives -1) (the shard's hashed bytes, row-major), else -1, also when the dataset
  * cannot be opened (no message is set). Such data can be read with mc_read_raw: plain
  * preads, which do not take the HDF5 library's global lock and so run in parallel. */
 int64_t mc_h5_raw_offset(int64_t fid, const char *dataset);
@@ -89,12 +100,18 @@ int mc_read_raw(int fd, int64_t at, void *dst, int64_t bytes, const char *file, 
 
 /* Reads the box (off, cnt) of dataset s->dataset (offsets relative to the shard, s->ndim
  * values each) through HDF5 into `out`, a row-major fp32 array of extent out_dims, with the
- * box placed at out_off; the rest of `out` is not touched. Whole shard: off = 0,
+ * box placed at out_off; the rest of `out` is not touched. A dataset of a narrower dtype
+ * (s->dtype) is widened exactly (core/dtype.h). Whole shard: off = 0,
  * cnt = s->count, out_dims = s->count, out_off = 0. The caller owns `out`. Errors name the
  * file and dataset ("... is missing", "reading [a hyperslab of] dataset ... failed: ..."). */
 int mc_h5_read_box(int64_t fid, const char *file_name, const mc_ckpt_shard *s,
                    const int64_t *off, const int64_t *cnt, float *out, const int64_t *out_dims,
                    const int64_t *out_off);
+
+/* Reads the whole shard s->dataset as its stored bytes (s->numel elements of s->dtype,
+ * little-endian, row-major: what its `sha256` hashes) into dst, after the storage rule. Errors
+ * as mc_h5_read_box's. */
+int mc_h5_read_stored(int64_t fid, const char *file_name, const mc_ckpt_shard *s, void *dst);
 
 /* ---------------------------------------------------------------- files and directories */
 

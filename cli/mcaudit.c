@@ -5,8 +5,9 @@
  *
  * CKPT is a run directory (its `latest` is used) or a step directory. Prints the layout,
  * the stage map, and per family: global shape, placement rule, stage, optimizer, shards and
- * owners, and a layout-independent content digest per state kind the family has (param and
- * its optimizer's: exp_avg and exp_avg_sq, or momentum); totals per rank and per memory
+ * owners, and per state kind the family has (param and its optimizer's: exp_avg and
+ * exp_avg_sq, or momentum) its stored element dtype and a layout-independent content digest
+ * (over the stored bytes); totals per rank and per memory
  * category. Checks: primaries tile every family, shards are the owners' hyperslabs, HDF5
  * attributes agree with the manifest, and with --verify every SHA-256. Any failed check:
  * exit status 1 and the list of problems. With --config/--set the checkpoint's model,
@@ -19,6 +20,7 @@
 #include <unistd.h>
 
 #include "cli/cli_opts.h"
+#include "core/dtype.h"
 #include "core/optim_groups.h"
 #include "plan/plan.h"
 #include "reshard/audit.h"
@@ -143,7 +145,9 @@ static void print_text(mc_rs_source *src, const mc_audit *a, const int *idx) {
     printf("  %-28s %-16s %-28s stage %d  %s\n", fam->name, buf, rule, mc_family_stage(g, f), mc_opt_name(fam->opt));
     for (int st = 0; st < MC_N_STATES; st++) {
       if (!(a->states & (1u << st)) || !mc_family_has_state(fam, (mc_state)st)) continue;
-      printf("    %-10s", mc_state_name((mc_state)st));
+      /* the element dtype it is stored in (docs/checkpoint.md, "Element dtypes") */
+      int fk = mc_ckpt_find_family(ck, fam->name);
+      printf("    %-10s %-11s", mc_state_name((mc_state)st), mc_elem_dtype_name(mc_ckpt_state_dtype(ck, fk, (mc_state)st)));
       for (int r = 0; r < g->world; r++) {
         int k = idx[((size_t)f * MC_N_STATES + (size_t)st) * (size_t)g->world + (size_t)r];
         if (k < 0) continue;
@@ -211,6 +215,10 @@ static char *json_report(mc_rs_source *src, const mc_audit *a, const int *idx) {
     cJSON_AddNumberToObject(o, "stage", mc_family_stage(g, f));
     cJSON_AddStringToObject(o, "optimizer", mc_opt_name(fam->opt));
     cJSON *dig = cJSON_AddObjectToObject(o, "digest_sha256");
+    cJSON *dts = cJSON_AddObjectToObject(o, "dtype"); /* each state kind's stored element dtype */
+    for (int st = 0, fk = mc_ckpt_find_family(ck, fam->name); st < MC_N_STATES; st++)
+      if ((a->states & (1u << st)) && mc_family_has_state(fam, (mc_state)st))
+        cJSON_AddStringToObject(dts, mc_state_name((mc_state)st), mc_elem_dtype_name(mc_ckpt_state_dtype(ck, fk, (mc_state)st)));
     cJSON *shards = cJSON_AddArrayToObject(o, "shards");
     for (int st = 0; st < MC_N_STATES; st++)
       if ((a->states & (1u << st)) && mc_family_has_state(fam, (mc_state)st) && a->digests)

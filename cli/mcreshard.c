@@ -3,7 +3,7 @@
  *   mcreshard SRC DST [--tp N] [--pp N] [--dp N] [--ep N] [--sp 0|1] [--zero 0|1|3]
  *             [--split equal|weighted|'AEME|AEMR'] [--config FILE] [--set parallel.K=V] [--consolidate]
  *             [--dry-run [--summary] [--node-gbps G] [--ranks-per-node R]] [--json] [--force]
- *             [--chunk-mb N] [--threads N] [--no-progress]
+ *             [--chunk-mb N] [--threads N] [--no-progress] [--state-dtype STATE=DTYPE[,STATE=DTYPE...]]
  *   mcreshard SRC --export FILE.safetensors|DIR [--dtype fp32|bf16] [--names auto|llama|megac]
  *             [--max-shard-size SIZE] [--dry-run] [--force]
  *   mcreshard --import FILE.safetensors|DIR DST [layout options] [--dry-run] [--force]
@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cli/cli_opts.h"
+#include "core/dtype.h"
 #include "core/layout.h"
 #include "reshard/export.h"
 #include "reshard/plan_print.h"
@@ -34,7 +35,7 @@
 enum {
   OPT_TP = CLI_LONG, OPT_PP, OPT_DP, OPT_EP, OPT_SP, OPT_ZERO, OPT_SPLIT, OPT_CONFIG, OPT_SET, OPT_EXPORT, OPT_IMPORT,
   OPT_CHUNK_MB, OPT_THREADS, OPT_CONSOLIDATE, OPT_DRY_RUN, OPT_JSON, OPT_FORCE, OPT_NO_PROGRESS, OPT_SUMMARY,
-  OPT_NODE_GBPS, OPT_RANKS_PER_NODE, OPT_DTYPE, OPT_NAMES, OPT_MAX_SHARD, OPT_VERSION
+  OPT_NODE_GBPS, OPT_RANKS_PER_NODE, OPT_DTYPE, OPT_NAMES, OPT_MAX_SHARD, OPT_VERSION, OPT_STATE_DTYPE
 };
 static const struct option LONG_OPTS[] = {
     {"help", no_argument, NULL, 'h'},
@@ -64,13 +65,14 @@ static const struct option LONG_OPTS[] = {
     {"names", required_argument, NULL, OPT_NAMES},
     {"max-shard-size", required_argument, NULL, OPT_MAX_SHARD},
     {"version", no_argument, NULL, OPT_VERSION},
+    {"state-dtype", required_argument, NULL, OPT_STATE_DTYPE},
     {NULL, 0, NULL, 0},
 };
 
 static void usage(FILE *f) {
   fprintf(f,
           "usage: mcreshard SRC DST [layout options] [--dry-run [--json] [--summary] [--node-gbps G] [--ranks-per-node R]]\n"
-          "                 [--force] [--chunk-mb N] [--threads N]\n"
+          "                 [--force] [--chunk-mb N] [--threads N] [--state-dtype STATE=DTYPE[,STATE=DTYPE...]]\n"
           "       mcreshard SRC --export FILE.safetensors|DIR [--dtype fp32|bf16] [--names auto|llama|megac]\n"
           "                 [--max-shard-size SIZE] [--dry-run] [--force]\n"
           "       mcreshard --import FILE.safetensors|DIR DST [layout options] [--dry-run] [--force]\n"
@@ -84,6 +86,9 @@ static void usage(FILE *f) {
           "  (--config/--set are applied first, then the flags above; other sections are not used)\n"
           "  --consolidate    world size 1 (tp=pp=dp=ep=1, zero 0)\n"
           "SRC: a run directory (uses latest) or a step directory. DST: a new run directory.\n"
+          "--state-dtype STATE=DTYPE[,...]: store those state kinds (param, exp_avg, exp_avg_sq, momentum) in DTYPE\n"
+          "  (float32, bfloat16, float16, float8_e4m3, float8_e5m2; narrowing rounds to nearest even, E4M3\n"
+          "  saturates at +-448); the kinds not named keep the source's dtype. May be given more than once.\n"
           "--dry-run: plan from SRC's manifest alone (rank files are not opened) and print every target\n"
           "  shard's pieces and a forecast of the target checkpoint (shards, rank files, manifest size,\n"
           "  writer balance, save time); --summary: the totals and the forecast only; --node-gbps G\n"
@@ -126,6 +131,43 @@ static int parse_gbps(const cli_parser *p, double *out) {
 /* An integer option's value in [lo, 2^20]. */
 static int parse_int(const cli_parser *p, int lo, int *out) {
   return cli_int32(p->opt, p->arg, lo, 1 << 20, lo ? "an integer in [1, 1048576]" : "an integer in [0, 1048576]", out);
+}
+
+/* --state-dtype STATE=DTYPE[,STATE=DTYPE...]: dt[state] = the dtype (others untouched). A
+ * state named twice, over one or several flags, is refused. */
+static int parse_state_dtypes(const char *arg, int *dt) {
+  char buf[256];
+  if (snprintf(buf, sizeof buf, "%s", arg) >= (int)sizeof buf) return mc_error("--state-dtype %s: too long", arg);
+  char *save = NULL;
+  for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+    char *eq = strchr(item, '=');
+    if (!eq) return mc_error("--state-dtype %s: '%s' is not STATE=DTYPE", arg, item);
+    *eq = 0;
+    int s = mc_state_parse(item), d = mc_elem_dtype_parse(eq + 1);
+    if (s < 0) return mc_error("--state-dtype %s: '%s' is not a state kind (param, exp_avg, exp_avg_sq, momentum)", arg, item);
+    if (d < 0)
+      return mc_error("--state-dtype %s: '%s' is not an element dtype (float32, bfloat16, float16, float8_e4m3, "
+                      "float8_e5m2)", arg, eq + 1);
+    if (dt[s] >= 0) return mc_error("--state-dtype %s: state %s is given twice", arg, item);
+    dt[s] = d;
+  }
+  return 0;
+}
+
+/* Converts the plan's tensors of each kind named by --state-dtype; a kind no family of the
+ * source has is refused, naming it and the kinds it has. */
+static int apply_state_dtypes(const int *dt, unsigned have, const char *src, mc_rs_plan *plan) {
+  for (int s = 0; s < MC_N_STATES; s++) {
+    if (dt[s] < 0 || (have >> s & 1u)) continue;
+    char kinds[96] = "";
+    for (int k = 0; k < MC_N_STATES; k++)
+      if (have >> k & 1u) snprintf(kinds + strlen(kinds), sizeof kinds - strlen(kinds), "%s%s", kinds[0] ? ", " : "", mc_state_name((mc_state)k));
+    return mc_error("--state-dtype %s=%s: no family of %s has a %s state (it stores %s)", mc_state_name((mc_state)s),
+                    mc_elem_dtype_name(dt[s]), src, mc_state_name((mc_state)s), kinds);
+  }
+  for (int t = 0; t < plan->n_tensors; t++)
+    if (dt[plan->tensors[t].state] >= 0) plan->tensors[t].dtype = dt[plan->tensors[t].state];
+  return 0;
 }
 
 /* Resolves the target layout: source values, then --config/--layout files and --set
@@ -188,7 +230,8 @@ int main(int argc, char **argv) {
   mc_rs_opts o = {.chunk_bytes = (int64_t)16 << 20, .threads = 0};
   mc_rs_export_opts eo;
   mc_rs_export_opts_default(&eo);
-  int export_flag = 0;
+  int export_flag = 0, state_dtype[MC_N_STATES], state_dtype_flag = 0;
+  for (int s = 0; s < MC_N_STATES; s++) state_dtype[s] = -1;
   cli_parser p;
   cli_init(&p, argc, argv, "h", LONG_OPTS);
   for (int c; (c = cli_next(&p)) != -1;) {
@@ -222,6 +265,7 @@ int main(int argc, char **argv) {
     case OPT_NODE_GBPS: rc = parse_gbps(&p, &node_gbps), forecast_flag = 1; break;
     case OPT_RANKS_PER_NODE: rc = parse_int(&p, 1, &per_node), forecast_flag = 1; break;
     case OPT_VERSION: return cli_version("mcreshard", MC_CKPT_FORMAT_VERSION);
+    case OPT_STATE_DTYPE: rc = parse_state_dtypes(p.arg, state_dtype), state_dtype_flag = 1; break;
     case OPT_DTYPE:
       export_flag = 1;
       if (strcmp(p.arg, "fp32") && strcmp(p.arg, "bf16")) rc = mc_error("--dtype %s: expected fp32 or bf16", p.arg);
@@ -263,6 +307,10 @@ int main(int argc, char **argv) {
   }
   if (export_flag && !export_path) {
     fprintf(stderr, "mcreshard: --dtype, --names and --max-shard-size describe an --export\n");
+    return 2;
+  }
+  if (state_dtype_flag && (export_path || import_path)) {
+    fprintf(stderr, "mcreshard: --state-dtype describes a reshard (SRC DST), not --export/--import\n");
     return 2;
   }
   if ((forecast_flag || json) && (export_path || import_path)) {
@@ -332,6 +380,13 @@ int main(int argc, char **argv) {
     mc_rs_source_close(src);
     return 1;
   }
+  if (apply_state_dtypes(state_dtype, mc_rs_source_states(src), pos[0], &plan) != 0) {
+    fprintf(stderr, "mcreshard: %s\n", mc_errmsg());
+    mc_rs_plan_free(&plan);
+    mc_geometry_free(&dg);
+    mc_rs_source_close(src);
+    return 1;
+  }
   if (dry) {
     mc_rs_forecast fc;
     if (mc_rs_plan_forecast(&plan, &dg, node_gbps, per_node, &fc) != 0) {
@@ -345,6 +400,7 @@ int main(int argc, char **argv) {
     } else {
       mc_ckpt *ck = mc_rs_source_ckpt(src);
       mc_rs_plan_print(stdout, &plan, mc_rs_source_geometry(src), &dg, !summary);
+      mc_rs_plan_print_dtypes(stdout, &plan);
       printf("source checkpoint: %d shards, %d rank files; manifest %zu bytes (%.1f MiB), planned from it alone\n",
              mc_ckpt_n_shards(ck), plan.n_src_writers, strlen(mc_ckpt_manifest_json(ck)),
              (double)strlen(mc_ckpt_manifest_json(ck)) / (1 << 20));
@@ -360,6 +416,7 @@ int main(int argc, char **argv) {
       mc_rs_layout_format(&mc_rs_source_geometry(src)->layout, ls, sizeof ls);
       mc_rs_layout_format(&dg.layout, ld, sizeof ld);
       printf("resharded %s (%s) -> %s (%s)\n", pos[0], ls, pos[1], ld);
+      mc_rs_plan_print_dtypes(stdout, &plan);
       mc_rs_summary_print(&sum, "reshard");
     }
   }

@@ -33,7 +33,8 @@ int mc_opt_parse(const char *name); /* -1 if unknown */
 /* A declared state kind of an optimizer. */
 typedef struct {
   mc_state state;
-  const char *dtype;     /* element dtype as the checkpoint names it: "float32" */
+  const char *dtype;     /* element dtype the optimizer keeps it in: "float32" (a checkpoint may
+                          * store it narrower: docs/checkpoint.md, "Element dtypes") */
   const char *shape;     /* "param": the parameter's shape (the only rule so far) */
   const char *placement; /* "param": the parameter's hyperslab on every rank (mc_shard_of) */
 } mc_state_decl;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ckpt/format.h"
+#include "core/dtype.h"
 #include "core/holdings.h"
 #include "core/optim_groups.h"
 #include "reshard/execute.h"
@@ -52,8 +53,8 @@ typedef struct {
   char (*hex)[65]; /* per target */
 } digest_ctx;
 
-static int null_write(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const float *buf) {
-  (void)ctx, (void)p, (void)t, (void)off, (void)n, (void)buf;
+static int null_write(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const void *data) {
+  (void)ctx, (void)p, (void)t, (void)off, (void)n, (void)data;
   return 0;
 }
 
@@ -87,6 +88,9 @@ static int run_digests(mc_rs_source *src, int verify, int progress, mc_audit *a)
     mc_geometry_free(&cg);
     return -1;
   }
+  /* The digest is over the stored bytes: each tensor in its own dtype on both sides. */
+  mc_rs_source_dtypes(src, &plan);
+  for (int t = 0; t < plan.n_tensors; t++) plan.tensors[t].dtype = plan.tensors[t].src_dtype;
   int rc = mc_rs_source_bind(src, &plan);
   digest_ctx d = {src, verify, PTHREAD_MUTEX_INITIALIZER, &a->problems, NULL};
   d.hex = calloc((size_t)plan.n_targets + 1, sizeof *d.hex);
@@ -186,7 +190,8 @@ static void check_manifest(mc_rs_source *src, mc_audit *a) {
     }
     if (fid >= 0 && mc_h5_check_attrs(fid, s->file, s, g->fams.f[f].shape) != 0)
       mc_errlist_add(&a->problems, "%s", mc_errmsg());
-    a->stored[s->rank] += s->numel * 4;
+    a->stored[s->rank] += s->numel * (int64_t)mc_elem_dtype_size(s->dtype);
+    a->stored_fp32[s->rank] += s->numel * 4;
   }
   if (fid >= 0) mc_h5_close(fid);
 out:
@@ -218,9 +223,9 @@ static void totals(const mc_geometry *g, mc_audit *a) {
         if (h.state_primary[st]) primary += h.state_bytes[st];
       }
     }
-    if (a->stored[r] != primary)
-      mc_errlist_add(&a->problems, "rank %d wrote %lld bytes of shards; under the layout it is primary for %lld (core/holdings.h)",
-                     r, (long long)a->stored[r], (long long)primary);
+    if (a->stored_fp32[r] != primary)
+      mc_errlist_add(&a->problems, "rank %d wrote %lld bytes of shards (at fp32); under the layout it is primary for %lld (core/holdings.h)",
+                     r, (long long)a->stored_fp32[r], (long long)primary);
     for (int st = 0; st < MC_N_STATES; st++) a->optimizer[r] += a->held[r * MC_N_STATES + st];
   }
   /* balance: largest over mean of the optimizer state held and of the bytes written */
@@ -245,9 +250,10 @@ int mc_audit_run(mc_rs_source *src, int verify, int progress, mc_audit *a) {
   a->digest = calloc((size_t)g->fams.n + 1, sizeof *a->digest);
   a->held = calloc((size_t)g->world * MC_N_STATES, sizeof *a->held);
   a->stored = calloc((size_t)g->world, sizeof *a->stored);
+  a->stored_fp32 = calloc((size_t)g->world, sizeof *a->stored_fp32);
   a->cat = calloc((size_t)g->world * MC_MEM_COUNT, sizeof *a->cat);
   a->optimizer = calloc((size_t)g->world, sizeof *a->optimizer);
-  if (!a->digest || !a->held || !a->stored || !a->cat || !a->optimizer) {
+  if (!a->digest || !a->held || !a->stored || !a->stored_fp32 || !a->cat || !a->optimizer) {
     mc_audit_free(a);
     return mc_error("out of memory");
   }
@@ -271,8 +277,9 @@ void mc_audit_free(mc_audit *a) {
   free(a->digest);
   free(a->held);
   free(a->stored);
+  free(a->stored_fp32);
   free(a->cat);
   free(a->optimizer);
   a->digest = NULL;
-  a->held = a->stored = a->cat = a->optimizer = NULL;
+  a->held = a->stored = a->stored_fp32 = a->cat = a->optimizer = NULL;
 }

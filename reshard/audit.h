@@ -6,9 +6,11 @@
  *    shard stores a kind the family's optimizer does not keep;
  *  - every stored shard is the primary hyperslab mc_shard_of gives its rank;
  *  - every dataset's HDF5 attributes agree with the manifest;
- *  - with verify, every shard's SHA-256 (all bad shards are listed, not only the first);
+ *  - with verify, every shard's SHA-256 over its stored bytes (all bad shards are listed, not
+ *    only the first);
  *  - a layout-independent content digest per family and state: SHA-256 of the global tensor
- *    in row-major order, streamed through the reshard engine (bounded memory);
+ *    in row-major order, as stored (its element dtype), streamed through the reshard engine
+ *    (bounded memory);
  *  - bytes held per rank, per state and per memory category, from the holdings function
  *    (core/holdings.h), and every rank's stored bytes equal to those of the states it is
  *    primary for;
@@ -36,7 +38,9 @@ typedef struct {
   unsigned states;
   char (*digest)[MC_N_STATES][65]; /* per family; "" where not computed or not a kind the family has */
   int64_t *held;                   /* [world][MC_N_STATES]: bytes each rank holds (replicas too) */
-  int64_t *stored;                 /* [world]: bytes of the primaries each rank wrote */
+  int64_t *stored;                 /* [world]: bytes of the primaries each rank wrote, as stored */
+  int64_t *stored_fp32;            /* [world]: the same at 4 bytes an element, which the holdings
+                                    * (fp32 in memory) must equal */
   int64_t *cat;                    /* [world][MC_MEM_COUNT]: held bytes by category (holdings) */
   int64_t *optimizer;              /* [world]: optimizer-state bytes held (the audited states summed) */
   double optimizer_balance;        /* largest / mean of optimizer[] (1 when nothing is held) */

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "ckpt/format.h"
+#include "core/dtype.h"
 #include "reshard/ckpt_source.h"
 
 typedef struct {
@@ -42,7 +43,8 @@ struct mc_rs_sink {
 
 /* The shard's attributes, written by the checkpoint library's own writer so the names, types
  * and encodings are those of every rank file. */
-static int shard_attrs(hid_t d, const mc_geometry *g, int fam, mc_state st, const mc_rs_shard *sh, const char *hex) {
+static int shard_attrs(hid_t d, const mc_geometry *g, int fam, mc_state st, int dtype, const mc_rs_shard *sh,
+                       const char *hex) {
   const mc_family *f = &g->fams.f[fam];
   int *reps = malloc((size_t)g->world * sizeof *reps);
   if (!reps) return mc_error("out of memory");
@@ -50,6 +52,7 @@ static int shard_attrs(hid_t d, const mc_geometry *g, int fam, mc_state st, cons
   memset(&a, 0, sizeof a);
   snprintf(a.s.family, sizeof a.s.family, "%s", f->name);
   a.s.state = st;
+  a.s.dtype = dtype;
   a.s.ndim = f->ndim;
   for (int i = 0; i < f->ndim; i++) {
     a.s.start[i] = sh->slab.start[i];
@@ -127,7 +130,9 @@ static int create_file(mc_rs_sink *s, const mc_rs_plan *p, const char *step_dir,
     hsize_t dims[3];
     for (int d = 0; d < fam->ndim; d++) dims[d] = (hsize_t)tg->shard.slab.count[d];
     hid_t sp = H5Screate_simple(fam->ndim, dims, NULL);
-    hid_t d = H5Dcreate2(gr, mc_state_name(tn->state), H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    hid_t type = (hid_t)mc_h5_stored_type((int64_t)fid, tn->dtype); /* the element dtype as stored */
+    hid_t d = type < 0 ? -1 : H5Dcreate2(gr, mc_state_name(tn->state), type, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (type >= 0) H5Tclose(type);
     H5Sclose(sp);
     H5Gclose(gr);
     if (d < 0) {
@@ -192,13 +197,14 @@ int mc_rs_sink_create(const char *step_dir, const mc_geometry *g, const mc_rs_pl
   return 0;
 }
 
-int mc_rs_sink_write(void *ctx, const mc_rs_plan *p, int i, int64_t off, int64_t n, const float *buf) {
+int mc_rs_sink_write(void *ctx, const mc_rs_plan *p, int i, int64_t off, int64_t n, const void *data) {
   mc_rs_sink *s = ((mc_rs_io_ctx *)ctx)->sink;
   const sink_file *f = &s->files[s->t[i].file];
-  /* fp32 little-endian rows at the dataset's offset (the format's storage, as the reader's raw
-   * path reads them) */
-  const char *b = (const char *)buf;
-  int64_t left = n * 4, at = s->t[i].offset + off * 4;
+  /* little-endian rows of the target's dtype at the dataset's offset (the format's storage:
+   * contiguous, unfiltered) */
+  const int64_t es = (int64_t)mc_elem_dtype_size(p->tensors[p->targets[i].tensor].dtype);
+  const char *b = (const char *)data;
+  int64_t left = n * es, at = s->t[i].offset + off * es;
   int rc = 0;
   while (left > 0) {
     ssize_t w = pwrite(f->fd, b, (size_t)left, (off_t)at);
@@ -213,7 +219,7 @@ int mc_rs_sink_write(void *ctx, const mc_rs_plan *p, int i, int64_t off, int64_t
   /* Start writing the dirty pages back now, while reading goes on, so that the final fsync
    * does not have the whole checkpoint to flush at once. Advisory: errors surface at fsync. */
   if (rc == 0) sync_file_range(f->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
-  long long total = atomic_fetch_add(&s->written, n * 4) + n * 4;
+  long long total = atomic_fetch_add(&s->written, n * es) + n * es;
   if (rc == 0 && s->fault_bytes >= 0 && total >= s->fault_bytes) {
     if (s->fault_crash) _exit(3);
     rc = mc_error("%s: injected failure after %lld bytes (MC_RESHARD_FAULT)", f->path, total);
@@ -244,7 +250,7 @@ static int write_attrs(mc_rs_sink *s, const mc_rs_plan *p, int k) {
     char name[MC_FAMILY_NAME_MAX + 24];
     snprintf(name, sizeof name, "/%s/%s", s->g->fams.f[tn->fam].name, mc_state_name(tn->state));
     hid_t d = H5Dopen2(fid, name, H5P_DEFAULT);
-    if (d < 0 || shard_attrs(d, s->g, tn->fam, tn->state, &tg->shard, s->t[i].sha) != 0)
+    if (d < 0 || shard_attrs(d, s->g, tn->fam, tn->state, tn->dtype, &tg->shard, s->t[i].sha) != 0)
       rc = mc_error("%s: cannot write the attributes of %s", f->path, name);
     if (d >= 0 && H5Dclose(d) < 0 && rc == 0) rc = mc_error("%s: cannot close %s", f->path, name);
   }

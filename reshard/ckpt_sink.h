@@ -1,6 +1,7 @@
 /* The target side of a reshard: rank files written in the checkpoint library's format
  * (docs/checkpoint.md), one dataset per target primary shard, its space allocated when the
- * file is made, filled in streamed row ranges by pwrite at its data offset, and given its
+ * file is made (of its tensor's element dtype, mc_rs_tensor.dtype: docs/checkpoint.md,
+ * "Element dtypes"), filled in streamed row ranges by pwrite at its data offset, and given its
  * attributes (ownership, SHA-256) when the sink finishes. Only one HDF5 file is open at a
  * time, so memory does not grow with the number of rank files.
  *
@@ -22,7 +23,7 @@ typedef struct mc_rs_sink mc_rs_sink;
 int mc_rs_sink_create(const char *step_dir, const mc_geometry *dst, const mc_rs_plan *p, int64_t step,
                       mc_rs_sink **out);
 /* Executor callbacks; ctx is an mc_rs_io_ctx whose sink is the mc_rs_sink. */
-int mc_rs_sink_write(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const float *buf);
+int mc_rs_sink_write(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const void *data);
 int mc_rs_sink_done(void *ctx, const mc_rs_plan *p, int t, const unsigned char sha[32]);
 /* Adds the shard attributes, closes and fsyncs every file; fails if some target was not
  * completed. `p` is the plan the sink was created for. */

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ckpt/format.h"
+#include "core/dtype.h"
 
 typedef struct {
   char name[32];
@@ -135,6 +136,15 @@ int mc_rs_shard_index(mc_ckpt *ck, const mc_geometry *g, int **out) {
   return 0;
 }
 
+void mc_rs_source_dtypes(mc_rs_source *s, mc_rs_plan *p) {
+  for (int t = 0; t < p->n_tensors; t++) {
+    mc_rs_tensor *tn = &p->tensors[t];
+    int k = mc_ckpt_find_family(s->ck, s->g.fams.f[tn->fam].name);
+    int dt = mc_ckpt_state_dtype(s->ck, k, tn->state);
+    tn->src_dtype = dt >= 0 ? dt : MC_ELEM_F32; /* a tensor the checkpoint lacks: bind refuses it */
+  }
+}
+
 int mc_rs_source_bind(mc_rs_source *s, const mc_rs_plan *p) {
   free(s->shards);
   s->shards = calloc((size_t)(p->n_src ? p->n_src : 1), sizeof *s->shards);
@@ -164,6 +174,11 @@ int mc_rs_source_bind(mc_rs_source *s, const mc_rs_plan *p) {
       int fi = file_index(s, rec->file);
       if (fi < 0) {
         rc = -1;
+        break;
+      }
+      if (rec->dtype != tn->src_dtype) {
+        rc = mc_error("%s: dataset %s is %s but the plan reads it as %s (mc_rs_source_dtypes not applied)", rec->file,
+                      rec->dataset, mc_elem_dtype_name(rec->dtype), mc_elem_dtype_name(tn->src_dtype));
         break;
       }
       src_shard *sh = &s->shards[i];

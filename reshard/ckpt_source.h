@@ -31,9 +31,16 @@ unsigned mc_rs_source_states(const mc_rs_source *s);
  * the shard's index for mc_ckpt_shard_at, or -1 (families as in g). Caller frees. */
 int mc_rs_shard_index(mc_ckpt *ck, const mc_geometry *g, int **idx);
 
-/* Matches the plan's source shards to the manifest and checks their attributes. */
+/* Sets every tensor's src_dtype to the element dtype the checkpoint stores it in (the
+ * manifest's declaration; core/dtype.h), so the executor hashes the source's bytes as stored.
+ * Call after mc_rs_plan_build on this source's geometry; leaves dtype (the target's) alone. */
+void mc_rs_source_dtypes(mc_rs_source *s, mc_rs_plan *p);
+
+/* Matches the plan's source shards to the manifest and checks their attributes (and that the
+ * plan's src_dtype of each is the stored one). */
 int mc_rs_source_bind(mc_rs_source *s, const mc_rs_plan *p);
-/* Executor callbacks (read, src_done); ctx is an mc_rs_io_ctx whose src is the mc_rs_source. */
+/* Executor callbacks (read, src_done); ctx is an mc_rs_io_ctx whose src is the mc_rs_source.
+ * read gives fp32 values: a shard of a narrower dtype is widened exactly. */
 int mc_rs_source_read(void *ctx, const mc_rs_plan *p, int s, int64_t off, int64_t n, float *buf);
 int mc_rs_source_done(void *ctx, const mc_rs_plan *p, int s, const unsigned char sha[32]);
 

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/dtype.h"
 #include "util/order.h"
 
 /* A shard as the streaming executor sees it: its box in the tensor's "view", the tensor
@@ -55,10 +56,13 @@ static void set_error(exec_shared *x) {
   atomic_store(&x->abort, 1);
 }
 
+/* The bytes tensor t moves, read and written, halved (the progress bar's unit, which is a
+ * tensor's size when both sides have the same dtype). */
 static int64_t tensor_bytes(const mc_rs_plan *p, int t) {
   int64_t b = 0;
   const mc_rs_tensor *tn = &p->tensors[t];
-  for (int i = 0; i < tn->n_src; i++) b += mc_box_numel(&p->src[tn->first_src + i].slab) * 4;
+  const int64_t es = (int64_t)(mc_elem_dtype_size(tn->src_dtype) + mc_elem_dtype_size(tn->dtype));
+  for (int i = 0; i < tn->n_src; i++) b += mc_box_numel(&p->src[tn->first_src + i].slab) * es / 2;
   return b;
 }
 
@@ -103,7 +107,16 @@ static int sha_finish(EVP_MD_CTX *c, unsigned char out[32]) {
   return 0;
 }
 
-static int run_tensor(exec_shared *x, int ti, float *band, float *tmp, EVP_MD_CTX **ctx, stream_shard *boxes) {
+/* The stored bytes of n fp32 values in dtype dt: the values themselves for float32, else
+ * narrowed into raw. */
+static const void *as_stored(int dt, const float *buf, unsigned char *raw, int64_t n) {
+  if (dt == MC_ELEM_F32) return buf;
+  mc_elem_narrow(dt, buf, raw, n);
+  return raw;
+}
+
+static int run_tensor(exec_shared *x, int ti, float *band, float *tmp, unsigned char *raw, EVP_MD_CTX **ctx,
+                      stream_shard *boxes) {
   const mc_rs_plan *p = x->p;
   const mc_rs_tensor *tn = &p->tensors[ti];
   const mc_family *f = &x->g->fams.f[tn->fam];
@@ -116,12 +129,12 @@ static int run_tensor(exec_shared *x, int ti, float *band, float *tmp, EVP_MD_CT
   else D[0] = f->shape[0], D[1] = f->shape[1], D[2] = f->shape[2];
   for (int i = 0; i < ns; i++) boxes[i].view = to_view(&p->src[tn->first_src + i].slab, f, flat);
   for (int i = 0; i < nt; i++) boxes[ns + i].view = to_view(&p->targets[tn->first_tgt + i].shard.slab, f, flat);
-  /* A target that is exactly one source shard gets the same bytes, so the same digest: its
-   * hash is the source's, verified, without a second pass of SHA-256 over the data. */
+  /* A target that is exactly one source shard, in the same dtype, gets the same bytes, so the
+   * same digest: its hash is the source's, verified, without a second pass of SHA-256. */
   for (int i = 0; i < nt; i++) {
     const mc_box *t = &p->targets[tn->first_tgt + i].shard.slab;
     boxes[ns + i].alias = -1;
-    for (int k = 0; k < ns && boxes[ns + i].alias < 0; k++)
+    for (int k = 0; k < ns && boxes[ns + i].alias < 0 && tn->src_dtype == tn->dtype; k++)
       if (mc_box_equal(&p->src[tn->first_src + k].slab, t)) boxes[ns + i].alias = k;
   }
   for (int i = 0; i < ns + nt; i++)
@@ -146,17 +159,22 @@ static int run_tensor(exec_shared *x, int ti, float *band, float *tmp, EVP_MD_CT
       int64_t srow = b->count[1] * b->count[2], n = (e - a) * srow, off = (a - b->start[0]) * srow;
       int full = b->count[1] == D[1] && b->count[2] == D[2];
       float *buf = full ? band + (a - r0) * rowel : tmp;
+      int alias = is_src ? -1 : boxes[i].alias;
+      const int dt = is_src ? tn->src_dtype : tn->dtype;
+      const int64_t bytes = n * (int64_t)mc_elem_dtype_size(dt);
+      const void *stored = NULL;
       if (is_src) {
         if (x->io->read(x->io->ctx, p, tn->first_src + i, off, n, buf) != 0) return -1;
         if (!full) move_rows(band, D, r0, b, a, e, tmp, 1);
-        atomic_fetch_add(&x->bytes_read, n * 4);
+        stored = as_stored(dt, buf, raw, n); /* the source's own bytes, for its hash */
+        atomic_fetch_add(&x->bytes_read, bytes);
       } else {
         if (!full) move_rows(band, D, r0, b, a, e, tmp, 0);
-        if (x->io->write(x->io->ctx, p, tn->first_tgt + i - ns, off, n, buf) != 0) return -1;
-        atomic_fetch_add(&x->bytes_written, n * 4);
+        stored = as_stored(dt, buf, raw, n);
+        if (x->io->write(x->io->ctx, p, tn->first_tgt + i - ns, off, n, stored) != 0) return -1;
+        atomic_fetch_add(&x->bytes_written, bytes);
       }
-      int alias = is_src ? -1 : boxes[i].alias;
-      if (alias < 0 && EVP_DigestUpdate(ctx[i], buf, (size_t)n * 4) != 1) return mc_error("SHA-256 update failed");
+      if (alias < 0 && EVP_DigestUpdate(ctx[i], stored, (size_t)bytes) != 1) return mc_error("SHA-256 update failed");
       if (e == b->start[0] + b->count[0]) {
         /* Sources come before targets in every band, so an alias's source is complete. */
         unsigned char sha[32];
@@ -187,9 +205,10 @@ static void *worker(void *arg) {
   }
   int64_t cap = x->chunk / 4 > maxrow ? x->chunk / 4 : maxrow;
   float *band = malloc((size_t)cap * 4), *tmp = malloc((size_t)cap * 4);
+  unsigned char *raw = malloc((size_t)cap * 4); /* a piece narrowed to its dtype */
   EVP_MD_CTX **ctx = calloc((size_t)(maxn ? maxn : 1), sizeof *ctx);
   stream_shard *boxes = malloc((size_t)(maxn ? maxn : 1) * sizeof *boxes);
-  int ok = band && tmp && ctx && boxes;
+  int ok = band && tmp && raw && ctx && boxes;
   for (int i = 0; ok && i < maxn; i++) ok = (ctx[i] = EVP_MD_CTX_new()) != NULL;
   if (!ok) {
     mc_error("reshard: out of memory for %lld-byte buffers", (long long)cap * 4);
@@ -198,7 +217,7 @@ static void *worker(void *arg) {
   while (ok && !atomic_load(&x->abort)) {
     int k = atomic_fetch_add(&x->next, 1);
     if (k >= p->n_tensors) break;
-    int rc = run_tensor(x, x->order[k], band, tmp, ctx, boxes);
+    int rc = run_tensor(x, x->order[k], band, tmp, raw, ctx, boxes);
     if (rc == -1) set_error(x);
     if (rc != 0) break;
   }
@@ -207,6 +226,7 @@ static void *worker(void *arg) {
   free(boxes);
   free(band);
   free(tmp);
+  free(raw);
   atomic_fetch_add(&x->workers_done, 1);
   return NULL;
 }
@@ -246,7 +266,8 @@ int mc_rs_execute(const mc_rs_plan *p, const mc_geometry *g, const mc_rs_io *io,
     free(x);
     return mc_error("reshard: out of memory");
   }
-  for (int i = 0; i < p->n_tensors; i++) sz[i].bytes = tensor_bytes(p, i), sz[i].idx = i;
+  int64_t total = 0;
+  for (int i = 0; i < p->n_tensors; i++) sz[i].bytes = tensor_bytes(p, i), sz[i].idx = i, total += sz[i].bytes;
   mc_sort_largest_first(sz, p->n_tensors);
   for (int i = 0; i < p->n_tensors; i++) x->order[i] = sz[i].idx;
   free(sz);
@@ -263,13 +284,13 @@ int mc_rs_execute(const mc_rs_plan *p, const mc_geometry *g, const mc_rs_io *io,
   }
   /* Progress in checkpoint bytes: each is read once and written once. */
   while (o && o->progress && atomic_load(&x->workers_done) < started) {
-    progress_line(o->label, (atomic_load(&x->bytes_read) + atomic_load(&x->bytes_written)) / 2, p->bytes, t0);
+    progress_line(o->label, (atomic_load(&x->bytes_read) + atomic_load(&x->bytes_written)) / 2, total, t0);
     struct timespec ts = {0, 100 * 1000 * 1000};
     nanosleep(&ts, NULL);
   }
   for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
   if (o && o->progress) {
-    progress_line(o->label, (atomic_load(&x->bytes_read) + atomic_load(&x->bytes_written)) / 2, p->bytes, t0);
+    progress_line(o->label, (atomic_load(&x->bytes_read) + atomic_load(&x->bytes_written)) / 2, total, t0);
     fputc('\n', stderr);
   }
   int rc = 0;

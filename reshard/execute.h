@@ -8,6 +8,11 @@
  * second pass. Tensors run in parallel on `threads` workers (I/O and hashing overlap across
  * workers); peak memory is about threads * 2 * chunk_bytes, whatever the checkpoint's size.
  *
+ * Values travel as fp32 (core/dtype.h): the reader widens a source of a narrower dtype
+ * exactly, and a target whose dtype is not fp32 is narrowed (round to nearest even) before it
+ * is hashed and written. Narrowing a widened value gives back its bytes, so a tensor kept in
+ * its dtype is copied byte for byte.
+ *
  * Where the bytes come from and go is the caller's (mc_rs_io): HDF5 checkpoints, a
  * safetensors file, memory in tests. */
 #ifndef MC_RESHARD_EXECUTE_H
@@ -24,12 +29,16 @@ typedef struct {
    * always whole rows of the shard (multiples of the product of its count[1:]). */
   int (*read)(void *ctx, const mc_rs_plan *p, int s, int64_t off, int64_t n, float *buf);
   /* Writes elements [off, off+n) of target shard t (index into plan->targets); whole rows,
-   * increasing `off`, as for read. */
-  int (*write)(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const float *buf);
-  /* After the last element of source shard s: the SHA-256 of all its bytes. Returns -1 with
+   * increasing `off`, as for read. `data` is them as stored: n little-endian elements of the
+   * target tensor's dtype (fp32 unless the caller set another: mc_rs_tensor.dtype). */
+  int (*write)(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const void *data);
+  /* After the last element of source shard s: the SHA-256 of all its bytes (as stored: the
+   * fp32 values read, narrowed to the tensor's src_dtype, which gives back exactly the stored
+   * bytes since every stored value widens exactly). Returns -1 with
    * an error naming the shard when it does not match the recorded hash. May be NULL. */
   int (*src_done)(void *ctx, const mc_rs_plan *p, int s, const unsigned char sha[32]);
-  /* After the last element of target shard t: the SHA-256 of all its bytes. May be NULL. */
+  /* After the last element of target shard t: the SHA-256 of all its bytes as stored (its
+   * dtype). May be NULL. */
   int (*tgt_done)(void *ctx, const mc_rs_plan *p, int t, const unsigned char sha[32]);
 } mc_rs_io;
 

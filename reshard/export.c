@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/dtype.h"
 #include "ckpt/format.h"
 #include "util/paths.h"
 #include "reshard/execute.h"
@@ -125,7 +126,8 @@ typedef struct {
   int bf16;
 } hf_sink;
 
-static int hf_write(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const float *buf) {
+static int hf_write(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const void *data_in) {
+  const float *buf = data_in; /* an export's plan keeps fp32 targets (mc_rs_tensor.dtype) */
   hf_sink *s = ((mc_rs_io_ctx *)ctx)->sink;
   out_map *om = &s->m[t];
   (void)p;
@@ -137,7 +139,7 @@ static int hf_write(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t 
   if (s->bf16) {
     h = malloc((size_t)(n > 0 ? n : 1) * 2);
     if (!h) return mc_error("export: out of memory");
-    for (int64_t i = 0; i < n; i++) h[i] = mc_st_bf16_of(buf[i]);
+    for (int64_t i = 0; i < n; i++) h[i] = mc_bf16_of_f32(buf[i]);
     data = h, es = 2;
   }
   int rc = EVP_DigestUpdate(om->sha, data, (size_t)(n * es)) == 1 ? 0 : mc_error("export: SHA-256 failed");
@@ -228,6 +230,7 @@ int mc_rs_export(mc_rs_source *src, const char *path, const mc_rs_export_opts *e
     mc_geometry_free(&cg);
     return -1;
   }
+  mc_rs_source_dtypes(src, &plan); /* read as stored, widened; the targets stay fp32 (hf_write) */
   int rc = 0, nt = plan.n_targets;
   hf_sink sink;
   memset(&sink, 0, sizeof sink);
@@ -586,7 +589,7 @@ static int hf_read(void *ctx, const mc_rs_plan *p, int s, int64_t off, int64_t n
   if (rc == 0 && es == 2) {
     const uint16_t *h = raw;
     const int bf = !strcmp(t->dtype, "BF16");
-    for (int64_t i = 0; i < k; i++) buf[i] = bf ? mc_st_f32_of_bf16(h[i]) : mc_st_f32_of_f16(h[i]);
+    for (int64_t i = 0; i < k; i++) buf[i] = bf ? mc_f32_of_bf16(h[i]) : mc_f32_of_f16(h[i]);
   }
   if (raw != buf) free(raw);
   return rc;

@@ -1,5 +1,6 @@
 #include "reshard/plan.h"
 
+#include "core/dtype.h"
 #include "core/optim_groups.h"
 
 #include <stdlib.h>
@@ -99,7 +100,8 @@ int mc_rs_plan_build(const mc_geometry *src, const mc_geometry *dst, unsigned st
     for (int st = 0; st < MC_N_STATES; st++) {
       /* `states` names kinds; a family has only those its optimizer declares */
       if (!(states & (1u << st)) || !mc_family_has_state(&src->fams.f[f], (mc_state)st)) continue;
-      mc_rs_tensor t = {.fam = f, .state = (mc_state)st, .first_src = out->n_src, .first_tgt = out->n_targets};
+      mc_rs_tensor t = {.fam = f, .state = (mc_state)st, .first_src = out->n_src, .first_tgt = out->n_targets,
+                        .src_dtype = MC_ELEM_F32, .dtype = MC_ELEM_F32};
       int ns = mc_rs_primaries(src, f, (mc_state)st, tmp);
       if (ns < 0) goto fail;
       for (int i = 0; i < ns; i++) {

@@ -35,6 +35,11 @@ typedef struct {
   mc_state state;
   int first_src, n_src;
   int first_tgt, n_tgt;
+  /* Element dtypes (mc_elem_dtype, core/dtype.h) of its source and target shards: what the
+   * source's bytes are hashed as, and what the target is stored and hashed as. The planner
+   * sets both to float32; the caller sets them from the checkpoint (mc_rs_source_dtypes) and
+   * any conversion (mcreshard --state-dtype). */
+  int src_dtype, dtype;
 } mc_rs_tensor;
 
 typedef struct {
@@ -46,7 +51,8 @@ typedef struct {
   mc_rs_target *targets;
   int n_pieces;
   mc_rs_piece *pieces;
-  int64_t bytes;          /* fp32 bytes of all primaries (same on both sides: they tile) */
+  int64_t bytes;          /* fp32 bytes of all primaries (same on both sides: they tile); the
+                           * stored bytes are fewer where a side's dtype is narrower */
   int n_src_writers;      /* ranks that own at least one source primary */
   int n_dst_writers;      /* ranks that own at least one target primary */
 } mc_rs_plan;

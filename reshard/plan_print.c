@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
 #include "core/layout.h"
 
 void mc_rs_layout_format(const mc_layout *l, char *buf, int cap) {
@@ -57,7 +58,7 @@ int mc_rs_plan_forecast(const mc_rs_plan *p, const mc_geometry *dst, double node
   for (int i = 0; i < p->n_targets; i++) {
     const mc_rs_target *t = &p->targets[i];
     const mc_rs_tensor *tn = &p->tensors[t->tensor];
-    bytes[t->shard.rank] += mc_box_numel(&t->shard.slab) * 4;
+    bytes[t->shard.rank] += mc_box_numel(&t->shard.slab) * (int64_t)mc_elem_dtype_size(tn->dtype); /* as stored */
     f->manifest_bytes += mc_rs_record_bytes(dst->fams.f[tn->fam].name, mc_state_name(tn->state), t->shard.rank,
                                             t->shard.slab.ndim, t->shard.slab.start, t->shard.slab.count,
                                             t->shard.n_replicas);
@@ -99,6 +100,32 @@ void mc_rs_plan_print(FILE *f, const mc_rs_plan *p, const mc_geometry *src, cons
              "%d pieces, %.3f MiB\n",
           p->n_tensors, p->n_src, p->n_src_writers, p->n_targets, p->n_dst_writers, p->n_pieces,
           (double)p->bytes / (1024.0 * 1024.0));
+}
+
+/* The element dtype of each state kind the plan moves, on each side: src[s], dst[s] (-1: the
+ * plan moves no tensor of kind s; a kind whose tensors disagree reports the first's). Returns 1
+ * if any is not float32. */
+static int state_dtypes(const mc_rs_plan *p, int *src, int *dst) {
+  int narrow = 0;
+  for (int s = 0; s < MC_N_STATES; s++) src[s] = dst[s] = -1;
+  for (int t = 0; t < p->n_tensors; t++) {
+    const mc_rs_tensor *tn = &p->tensors[t];
+    if (src[tn->state] < 0) src[tn->state] = tn->src_dtype, dst[tn->state] = tn->dtype;
+    narrow |= tn->src_dtype != MC_ELEM_F32 || tn->dtype != MC_ELEM_F32;
+  }
+  return narrow;
+}
+
+void mc_rs_plan_print_dtypes(FILE *f, const mc_rs_plan *p) {
+  int src[MC_N_STATES], dst[MC_N_STATES], n = 0;
+  if (!state_dtypes(p, src, dst)) return;
+  fprintf(f, "element dtypes:");
+  for (int s = 0; s < MC_N_STATES; s++) {
+    if (src[s] < 0) continue;
+    fprintf(f, "%s %s %s", n++ ? "," : "", mc_state_name((mc_state)s), mc_elem_dtype_name(src[s]));
+    if (dst[s] != src[s]) fprintf(f, " -> %s", mc_elem_dtype_name(dst[s]));
+  }
+  fputc('\n', f);
 }
 
 cJSON *mc_rs_layout_json(const mc_geometry *g) {
@@ -155,6 +182,15 @@ char *mc_rs_plan_json(const mc_rs_plan *p, const mc_geometry *src, const mc_geom
   cJSON_AddNumberToObject(tot, "source_writers", p->n_src_writers);
   cJSON_AddNumberToObject(tot, "target_writers", p->n_dst_writers);
   cJSON_AddNumberToObject(tot, "bytes", (double)p->bytes);
+  int sdt[MC_N_STATES], ddt[MC_N_STATES];
+  state_dtypes(p, sdt, ddt);
+  cJSON *dts = cJSON_AddObjectToObject(root, "dtypes");
+  for (int s = 0; s < MC_N_STATES; s++) {
+    if (sdt[s] < 0) continue;
+    cJSON *o = cJSON_AddObjectToObject(dts, mc_state_name((mc_state)s));
+    cJSON_AddStringToObject(o, "source", mc_elem_dtype_name(sdt[s]));
+    cJSON_AddStringToObject(o, "target", mc_elem_dtype_name(ddt[s]));
+  }
   if (fc) {
     cJSON *o = cJSON_AddObjectToObject(root, "forecast");
     const struct { const char *key; double v; } kv[] = {

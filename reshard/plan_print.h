@@ -40,8 +40,12 @@ void mc_rs_forecast_print(FILE *out, const mc_rs_forecast *f, const char *what);
 
 /* Every target shard and its pieces (targets = 0: left out), then the totals. */
 void mc_rs_plan_print(FILE *f, const mc_rs_plan *p, const mc_geometry *src, const mc_geometry *dst, int targets);
+/* "element dtypes: param float32, exp_avg float32 -> bfloat16, ..." (each kind the plan moves,
+ * its source dtype and, where it is converted, the target's), only when some is not float32. */
+void mc_rs_plan_print_dtypes(FILE *f, const mc_rs_plan *p);
 /* Malloc'd JSON text; NULL (with the error set) on failure. targets = 0 leaves the per-target
- * list out (totals only); fc (may be NULL) adds a "forecast" object. */
+ * list out (totals only); fc (may be NULL) adds a "forecast" object; "dtypes" gives each kind
+ * the plan moves its {"source", "target"} element dtype. */
 char *mc_rs_plan_json(const mc_rs_plan *p, const mc_geometry *src, const mc_geometry *dst, int targets,
                       const mc_rs_forecast *fc);
 

@@ -64,6 +64,9 @@ int mc_rs_prepare(mc_rs_source *src, const mc_layout *target, mc_geometry *dst_g
     mc_geometry_free(dst_g);
     return -1;
   }
+  /* Each state keeps its stored dtype unless the caller converts it (mcreshard --state-dtype). */
+  mc_rs_source_dtypes(src, plan);
+  for (int t = 0; t < plan->n_tensors; t++) plan->tensors[t].dtype = plan->tensors[t].src_dtype;
   return 0;
 }
 

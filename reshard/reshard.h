@@ -34,7 +34,8 @@ typedef struct {
 int mc_rs_check_destination(const char *dst, int force);
 
 /* Builds the target geometry for the source model and optimizer groups (every layout rule
- * checked, all broken ones listed) and the plan for the states the source stores. */
+ * checked, all broken ones listed) and the plan for the states the source stores, each target
+ * in its source's element dtype (a caller converting a state kind sets its tensors' dtype). */
 int mc_rs_prepare(mc_rs_source *src, const mc_layout *target, mc_geometry *dst_g, mc_rs_plan *plan);
 
 /* Streams plan into a new run directory `dst` and commits it. */

@@ -66,46 +66,14 @@ static int read_all(int fd, void *buf, int64_t n, int64_t off, const char *path)
   return 0;
 }
 
-/* The 8-byte length and the JSON header, padded with spaces so the data region starts
- * 8-byte aligned. Fills offsets and sizes into t. */
-/* fp32 -> bf16, round to nearest even; NaN stays a (quiet) NaN. */
-uint16_t mc_st_bf16_of(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
-float mc_st_f32_of_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-float mc_st_f32_of_f16(uint16_t h) {
-  uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
-  if (e == 0) {
-    if (m == 0) u = s;
-    else { /* subnormal: normalise */
-      e = 127 - 15 + 1;
-      while (!(m & 0x400)) m <<= 1, e--;
-      u = s | (e << 23) | ((m & 0x3ff) << 13);
-    }
-  } else if (e == 31) u = s | 0x7f800000u | (m << 13);
-  else u = s | ((e + 127 - 15) << 23) | (m << 13);
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
 int mc_st_dtype_size(const char *dtype) {
   if (!strcmp(dtype, "F32")) return 4;
   if (!strcmp(dtype, "BF16") || !strcmp(dtype, "F16")) return 2;
   return 0;
 }
 
+/* The 8-byte length and the JSON header, padded with spaces so the data region starts
+ * 8-byte aligned. Fills offsets and sizes into t. */
 static char *build_header(mc_st_tensor *t, int n, const mc_st_meta *meta, int64_t *len) {
   cJSON *root = cJSON_CreateObject();
   if (meta && meta->n_meta) {

@@ -52,11 +52,7 @@ int mc_st_commit(mc_st_file *f);
 /* Removes the temporary file of an uncommitted export. */
 void mc_st_abort(mc_st_file *f);
 
-/* dtype conversions: fp32 -> bf16 rounds to nearest, ties to even (a NaN stays a quiet NaN,
- * overflow goes to infinity); bf16 and IEEE half -> fp32 are exact (subnormals included). */
-uint16_t mc_st_bf16_of(float f);
-float mc_st_f32_of_bf16(uint16_t h);
-float mc_st_f32_of_f16(uint16_t h);
+/* dtype conversions: core/dtype.h (mc_bf16_of_f32, mc_f32_of_bf16, mc_f32_of_f16). */
 
 /* Element size of a safetensors dtype this library reads ("F32" 4, "BF16" and "F16" 2), or 0. */
 int mc_st_dtype_size(const char *dtype);

@@ -194,8 +194,8 @@ static const manifest_edit edits[] = {
     {"family optimizer vs its states", ALL_STATES, "\"optimizer\":\t\"muon\"", "\"optimizer\":\t\"adamw\"",
      "trained by adamw, which keeps no momentum state", NULL},
     /* declarations this MegaC does not implement, each named by group, state and field */
-    {"bfloat16 state", ALL_STATES, "\"dtype\":\t\"float32\"", "\"dtype\":\t\"bfloat16\"",
-     "optimizer_groups[0] (adamw): state exp_avg: dtype 'bfloat16' is not implemented", "only float32"},
+    {"float64 state", ALL_STATES, "\"dtype\":\t\"float32\"", "\"dtype\":\t\"float64\"",
+     "dtype 'float64' is not an element dtype this MegaC implements", "float32, bfloat16, float16"},
     {"shape rule", ALL_STATES, "\"shape\":\t\"param\"", "\"shape\":\t\"rows\"",
      "optimizer_groups[0] (adamw): state exp_avg: shape 'rows' is not implemented", NULL},
     {"placement rule", ALL_STATES, "\"placement\":\t\"param\"", "\"placement\":\t\"replicated\"",

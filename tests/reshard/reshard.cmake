@@ -28,3 +28,17 @@ if(TARGET mcreshard AND TARGET mctrain AND TARGET mcdata AND TARGET mceval)
   set_tests_properties(reshard.test_reshard_hf PROPERTIES
     ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR};OMP_NUM_THREADS=1" TIMEOUT 300)
 endif()
+
+# Stored states in narrower element dtypes (tests/reshard/test_reshard_dtype.py): mcreshard
+# --state-dtype over random layouts and dtype choices (AdamW and Muon groups), the values
+# against numpy's conversions, A -> B -> A byte for byte, mcaudit --verify, what h5py reads,
+# the refusals, a dry run, and mctrain --resume from converted checkpoints of the tiny configs.
+if(TARGET mcreshard AND TARGET mcaudit AND TARGET bench_reshard AND TARGET mctrain AND TARGET mcdata)
+  add_test(NAME reshard.test_reshard_dtype
+           COMMAND /usr/bin/python3 ${MC_SOURCE_DIR}/tests/reshard/test_reshard_dtype.py
+                   $<TARGET_FILE:mcreshard> $<TARGET_FILE:mcaudit> $<TARGET_FILE:bench_reshard>
+                   $<TARGET_FILE:mctrain> $<TARGET_FILE:mcdata>
+           WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+  set_tests_properties(reshard.test_reshard_dtype PROPERTIES
+    ENVIRONMENT "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR};OMP_NUM_THREADS=1" TIMEOUT 600)
+endif()

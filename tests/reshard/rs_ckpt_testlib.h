@@ -34,11 +34,13 @@ static inline void rs_train_state(int64_t step, mc_train_state *st) {
   st->data_position = step * 16 + 3;
 }
 
-/* Saves the reference content (rs_value) of geometry g as step `step` in dir, through
- * mc_ckpt_save (the library's writer): every family's param and the states of its optimizer.
+/* Saves the content value() (rs_save_reference_groups: the reference, rs_value) of geometry g
+ * as step `step` in dir, through mc_ckpt_save (the library's writer): every family's param
+ * and the states of its optimizer.
  * `groups` is the optim.groups the families' optimizers were assigned from (recorded in the
  * checkpoint's config, so that readers see the same groups). */
-static inline int rs_save_reference_groups(const char *dir, const mc_geometry *g, const char *groups, int64_t step) {
+static inline int rs_save_values(const char *dir, const mc_geometry *g, const char *groups, int64_t step,
+                                 rs_value_fn value) {
   mc_config cfg;
   if (mc_config_default(&cfg) != 0) return -1;
   cfg.model = g->model;
@@ -57,7 +59,7 @@ static inline int rs_save_reference_groups(const char *dir, const mc_geometry *g
         mc_box sl = {sh.ndim, {0}, {0}};
         for (int d = 0; d < sh.ndim; d++) sl.start[d] = sh.start[d], sl.count[d] = sh.count[d];
         bufs[n] = malloc((size_t)sh.numel * 4);
-        rs_pack(f, s, g->fams.f[f].shape, g->fams.f[f].ndim, &sl, bufs[n]);
+        rs_pack_values(value, f, s, g->fams.f[f].shape, g->fams.f[f].ndim, &sl, bufs[n]);
         items[n] = (mc_ckpt_item){f, (mc_state)s, r, bufs[n]};
         n++;
       }
@@ -68,6 +70,10 @@ static inline int rs_save_reference_groups(const char *dir, const mc_geometry *g
   free(items);
   free(bufs);
   return rc;
+}
+
+static inline int rs_save_reference_groups(const char *dir, const mc_geometry *g, const char *groups, int64_t step) {
+  return rs_save_values(dir, g, groups, step, rs_value);
 }
 
 /* The same for a geometry whose families are all AdamW's (mc_geometry_build's default). */

@@ -95,8 +95,12 @@ static inline float rs_value(int fam, int state, int64_t idx) {
   return (float)(fam * 1000003 + state * 7919) + (float)idx * 0.5f;
 }
 
-/* Packs the hyperslab `s` of the global tensor (shape) filled by rs_value into out. */
-static inline void rs_pack(int fam, int state, const int64_t *shape, int ndim, const mc_box *s, float *out) {
+/* The content of element idx of (family, state) under some rule (rs_value is the usual one). */
+typedef float (*rs_value_fn)(int fam, int state, int64_t idx);
+
+/* Packs the hyperslab `s` of the global tensor (shape) filled by value() into out. */
+static inline void rs_pack_values(rs_value_fn value, int fam, int state, const int64_t *shape, int ndim, const mc_box *s,
+                                  float *out) {
   int64_t n = 0;
   int64_t c1 = ndim > 1 ? s->count[1] : 1, c2 = ndim > 2 ? s->count[2] : 1;
   int64_t S1 = ndim > 1 ? shape[1] : 1, S2 = ndim > 2 ? shape[2] : 1;
@@ -104,7 +108,12 @@ static inline void rs_pack(int fam, int state, const int64_t *shape, int ndim, c
   for (int64_t i = 0; i < s->count[0]; i++)
     for (int64_t j = 0; j < c1; j++)
       for (int64_t k = 0; k < c2; k++)
-        out[n++] = rs_value(fam, state, ((s->start[0] + i) * S1 + o1 + j) * S2 + o2 + k);
+        out[n++] = value(fam, state, ((s->start[0] + i) * S1 + o1 + j) * S2 + o2 + k);
+}
+
+/* Packs the hyperslab `s` of the global tensor (shape) filled by rs_value into out. */
+static inline void rs_pack(int fam, int state, const int64_t *shape, int ndim, const mc_box *s, float *out) {
+  rs_pack_values(rs_value, fam, state, shape, ndim, s, out);
 }
 
 #endif

@@ -42,7 +42,7 @@ static int m_read(void *ctx, const mc_rs_plan *p, int s, int64_t off, int64_t n,
   memcpy(buf, m->src[s] + off, (size_t)n * 4);
   return 0;
 }
-static int m_write(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const float *buf) {
+static int m_write(void *ctx, const mc_rs_plan *p, int t, int64_t off, int64_t n, const void *buf) {
   mem_io *m = ctx;
   int64_t r = row_of(&p->targets[t].shard.slab);
   if (off % r || n % r) atomic_fetch_add(&not_whole_rows, 1);
