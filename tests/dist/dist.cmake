@@ -83,8 +83,9 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
   # run: ZeRO 1 and ZeRO 3 (fp32 master shards, each gather rounded to bf16), with pipeline
   # stages and with Muon; a bf16 ZeRO 3 checkpoint resumed as one rank and as pp2 x dp2 ZeRO 1.
   # Layouts without TP or EP only: under TP the product activations stay fp32 (dist_train
-  # refuses --bf16 with tp > 1), and under EP the runs differ from the single-rank one by about
-  # 1e-4 (bf16 storage on the exchange path, with any ZeRO stage).
+  # refuses --bf16 with tp > 1), and under EP the exchanged expert rows and their h1, h3 and
+  # SwiGLU stay fp32 (train/dist_ep.c keeps them in moe.scratch) where one rank keeps them in
+  # bf16, so the runs differ by about 1e-4 from step 1.
   mc_dist_test(dist.bf16_dp2_zero1 2 $<TARGET_FILE:dist_train> 1 2 0 1 --bf16)
   mc_dist_test(dist.bf16_dp2_zero3 2 $<TARGET_FILE:dist_train> 1 2 0 3 --bf16)
   mc_dist_test(dist.bf16_pp2_dp2_zero3 4 $<TARGET_FILE:dist_train> 1 2 0 3 --pp 2 --split AE|MR --bf16)
