@@ -8,9 +8,9 @@
 # trainer's comm_s: calls block, so all of it is exposed; on pipeline stages it includes the
 # bubble). Then periodic async saves from every rank of the largest DP run: the training
 # pause each save reports and the step times around it.
-# LAYOUTS=medium instead runs configs/nam-medium.json's own layout (dp2 x ep2, ZeRO 1, bf16) on
-# 2 GPUs and dp4 x ep2 / dp4 x ep4 on 4 (train.recompute=none: the trainer implements no other
-# policy; one GPU would need 87.6 GiB by mcplan), scaled against the 2-GPU run per GPU.
+# LAYOUTS=medium instead runs configs/nam-medium.json's own layout (dp2 x ep2, ZeRO 1, bf16,
+# train.recompute=full as the config says; RECOMPUTE=none|selective overrides it) on 2 GPUs
+# and dp4 x ep2 / dp4 x ep4 on 4, scaled against the 2-GPU run per GPU.
 # LAYOUTS=zero runs one GPU and dp2 with ZeRO 0, 1 and 3 (the config's dtype: bf16 for nam-small).
 # Usage (repository root, on the GPU machine): OUT=DIR MEGAC_BIN=DIR [CONFIG=configs/nam-small.json]
 #   [LAYOUTS=small|medium|zero] [SAVES=1] [UNTIL=10] [MC_COMMIT=SHA] bash bench/multi_gpu.sh
@@ -21,7 +21,7 @@ B=${MEGAC_BIN:?}
 LAYOUTS=${LAYOUTS:-small}
 if [ "$LAYOUTS" = medium ]; then CONFIG=${CONFIG:-configs/nam-medium.json}; else CONFIG=${CONFIG:-configs/nam-small.json}; fi
 EXTRA=()
-[ "$LAYOUTS" = medium ] && EXTRA=(--set train.recompute=none)
+[ -n "${RECOMPUTE:-}" ] && EXTRA=(--set train.recompute="$RECOMPUTE")
 UNTIL=${UNTIL:-10}
 NGPU=$(nvidia-smi -L | grep -c '^GPU')
 W=$(mktemp -d)
