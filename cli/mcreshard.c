@@ -72,7 +72,8 @@ static const struct option LONG_OPTS[] = {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: mcreshard SRC DST [layout options] [--dry-run [--json] [--summary] [--node-gbps G] [--ranks-per-node R]]\n"
-          "                 [--force] [--chunk-mb N] [--threads N] [--state-dtype STATE=DTYPE[,STATE=DTYPE...]]\n"
+          "                 [--force] [--chunk-mb N] [--threads N] [--no-progress]\n"
+          "                 [--state-dtype STATE=DTYPE[,STATE=DTYPE...]]\n"
           "       mcreshard SRC --export FILE.safetensors|DIR [--dtype fp32|bf16] [--names auto|llama|megac]\n"
           "                 [--max-shard-size SIZE] [--dry-run] [--force]\n"
           "       mcreshard --import FILE.safetensors|DIR DST [layout options] [--dry-run] [--force]\n"
@@ -104,7 +105,8 @@ static void usage(FILE *f) {
           "--import: a file or model directory (MegaC or Llama names, F32/BF16/F16 tensors) into a new\n"
           "  run directory DST: AdamW moments zero, step 0.\n"
           "--dry-run with --export/--import: check everything and print what would be written; writes nothing.\n"
-          "--force: replace an existing DST or export path.\n");
+          "--force: replace an existing DST or export path.\n"
+          "--no-progress: no progress bar (it is drawn on stderr only when stderr is a terminal).\n");
 }
 
 typedef struct {
