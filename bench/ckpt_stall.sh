@@ -12,7 +12,7 @@
 # checkpoint directory's file system, and the PyTorch peer (bench/dcp_peer.py, DCP async_save
 # plain and pinned, or PEER_MODES) when PEER=1.
 # Usage (repository root, GPU machine): OUT=DIR NEW_BIN=DIR [BASE_BIN=DIR] [CONFIGS="dense-a nam-small"]
-#   [UNTIL=100] [EVERY=40] [PEER=1] [MC_COMMIT=SHA] bash bench/ckpt_stall.sh
+#   [UNTIL=100] [EVERY=40] [PEER=1] [VARIANTS=...] [CKPT_ROOT=DIR] [MC_COMMIT=SHA] bash bench/ckpt_stall.sh
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:?}
@@ -45,12 +45,15 @@ python3 -c "print('# raw write: 4.29 GB in %.2f s = %.2f GB/s (dd oflag=direct c
 rm -f "$W/raw.in" "$W/raw.out"
 
 printf '%-10s %-5s %10s %9s %22s %22s %16s\n' config bin state_GB steady_s "pauses_s" "worst/median excess" lost_s/save | tee -a "$R"
+# VARIANTS="name:--set k=v ..." (one per line; default "new:" alone) runs the NEW binaries once per
+# variant with those extra mctrain arguments; CKPT_ROOT puts the run directories elsewhere (e.g.
+# /dev/shm, to take the disk out of the measurement).
 run() {
-  local cfg=$1 tag=$2 bin=$3 dir="$W/$1-$2"
+  local cfg=$1 tag=$2 bin=$3 dir="${CKPT_ROOT:-$W}/$1-$2"; shift 3
   rm -rf "$dir"
   timeout 400 "$bin/mctrain" --config "configs/$cfg.json" --set data.path="$W/corpus.h5" --set checkpoint.dir="$dir" \
     --set checkpoint.every="$EVERY" --set checkpoint.async_save=true --set train.log_every=1 --set train.eval_every=0 \
-    --until "$UNTIL" > "$OUT/run_$cfg-$tag.log" 2>&1 || { echo "$cfg $tag: FAILED ($(tail -1 "$OUT/run_$cfg-$tag.log"))" | tee -a "$R"; return; }
+    --until "$UNTIL" "$@" > "$OUT/run_$cfg-$tag.log" 2>&1 || { echo "$cfg $tag: FAILED ($(tail -1 "$OUT/run_$cfg-$tag.log"))" | tee -a "$R"; return; }
   python3 - "$dir" "$OUT/run_$cfg-$tag.log" "$cfg" "$tag" "$EVERY" <<'PY' | tee -a "$R"
 import json, os, re, statistics, sys
 d, log, cfg, tag, every = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
@@ -74,7 +77,12 @@ PY
 }
 for cfg in $CONFIGS; do
   [ -n "$BASE" ] && run "$cfg" base "$BASE"
-  run "$cfg" new "$NEW"
+  while IFS= read -r v; do
+    [ -n "$v" ] || continue
+    # shellcheck disable=SC2086 # the variant's arguments are words
+    run "$cfg" "${v%%:*}" "$NEW" ${v#*:}
+    rm -rf "${CKPT_ROOT:-$W}/$cfg-${v%%:*}"
+  done <<< "${VARIANTS:-new:}"
 done
 if [ "${PEER:-0}" = 1 ]; then
   for mode in ${PEER_MODES:-plain pinned}; do
