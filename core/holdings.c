@@ -292,25 +292,34 @@ static int gather_set(const mc_geometry *g, const mc_family *f) {
 int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts *o) {
   if (g->layout.zero != 3) return 0;
   int64_t *set = calloc((size_t)g->model.n_layers + 2, sizeof *set);
-  if (!set) return mc_error("holdings: out of memory");
-  int64_t worst = 0;
-  for (int fi = 0; fi < g->fams.n; fi++) {
+  /* per set: its tensors, and the elements of its slices and of this rank's shards */
+  int64_t *slices = calloc((size_t)g->model.n_layers + 2, sizeof *slices);
+  int64_t *shards = calloc((size_t)g->model.n_layers + 2, sizeof *shards);
+  int rc = set && slices && shards ? 0 : mc_error("holdings: out of memory");
+  for (int fi = 0; fi < g->fams.n && rc == 0; fi++) {
     mc_param_hold h;
     if (mc_param_hold_of(g, fi, rank, o, &h)) {
-      free(set);
-      return -1;
+      rc = -1;
+      break;
     }
     if (!h.in_stage) continue;
     /* the gathered working weights (fp32; bf16 weights are then rounded into a bf16 copy)
      * and the whole-slice gradient, and the reduced shard a backward adds into the
      * accumulator */
-    int64_t *b = &set[gather_set(g, &g->fams.f[fi])];
-    *b += 2 * mc_mem_footprint(h.local_numel * 4) + mc_mem_footprint(h.z_numel * 4);
-    if (h.compute_bf16) *b += mc_mem_footprint(h.local_numel * 2);
-    worst = *b > worst ? *b : worst;
+    const int s = gather_set(g, &g->fams.f[fi]);
+    set[s] += 2 * mc_mem_footprint(h.local_numel * 4) + mc_mem_footprint(h.z_numel * 4);
+    if (h.compute_bf16) set[s] += mc_mem_footprint(h.local_numel * 2);
+    slices[s] += h.local_numel, shards[s] += h.z_numel;
   }
-  free(set);
-  return worst;
+  /* and the collectives' packs (train/dist_sync.c): the set's slices member-major and this
+   * rank's rows of them, at most, in flight at once */
+  int64_t worst = 0;
+  for (int s = 0; rc == 0 && s < g->model.n_layers + 2; s++) {
+    if (set[s] > 0) set[s] += mc_mem_footprint(slices[s] * 4) + mc_mem_footprint(shards[s] * 4);
+    worst = set[s] > worst ? set[s] : worst;
+  }
+  free(set), free(slices), free(shards);
+  return rc ? -1 : worst;
 }
 
 int64_t mc_muon_ns_work_floats(int64_t rows, int64_t cols) {

@@ -36,7 +36,7 @@ static int muon_gather(void *user, int slot, float *x, float *g, float **full) {
   mc_muon_gathers(&d->geo->layout, f, &over_dp, &over_tp);
   if (over_dp) { /* ZeRO parts -> the local slice, in g */
     float *shard = x, *whole = g;
-    if (mc_dist_gather(&net->par, be, net->params, &p, 1, &shard, &whole) != 0) return -1;
+    if (mc_dist_gather(&net->par, be, NULL, net->params, &p, 1, &shard, &whole) != 0) return -1;
     local = g, other = x;
   }
   if (!over_tp) {
@@ -146,7 +146,7 @@ int mc_dist_sync_grads(mc_dist_opt *d) {
   float **g, **out;
   if (all_params(net, &idx, &g, &out)) return -1;
   for (int i = 0; i < net->n_params; i++) g[i] = net->params[i].g, out[i] = g[i] + net->params[i].z_off;
-  int rc = mc_dist_reduce_grads(&net->par, net->be, net->params, idx, net->n_params, g, out);
+  int rc = mc_dist_reduce_grads(&net->par, net->be, NULL, net->params, idx, net->n_params, g, out);
   free(idx), free(g), free(out);
   return rc;
 }
@@ -177,7 +177,7 @@ static int gather_working(mc_dist_opt *d) {
     full[i] = p->w16 ? p->g : p->w, shard[i] = full[i] + p->z_off;
     if (p->w16 && p->z_numel) be->copy(be, shard[i], d->opt.slots[mc_optim_slot_of(&d->opt, p->fam)].master, p->z_numel);
   }
-  int rc = mc_dist_gather(&net->par, be, net->params, idx, net->n_params, shard, full);
+  int rc = mc_dist_gather(&net->par, be, NULL, net->params, idx, net->n_params, shard, full);
   for (int i = 0; !rc && i < net->n_params; i++)
     if (net->params[i].w16) be->to_bf16(be, net->params[i].g, net->params[i].w16, net->params[i].numel);
   free(idx), free(shard), free(full);

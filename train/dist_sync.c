@@ -97,6 +97,32 @@ static void free_buckets(bucket *bk, int n_bk) {
   for (int b = 0; b < n_bk; b++) free(bk[b].at), free(bk[b].counts);
 }
 
+/* Where a collective's packs live: carved from the caller's arena and given back by rewinding
+ * it (ZeRO 3's layer sets: zero3.buffers is sized for them, so the layer loop allocates
+ * nothing; a cudaMalloc/cudaFree pair per collective cost more than the collective), or
+ * allocated from the backend (the once-a-step collectives of ZeRO 0 and 1). */
+typedef struct {
+  mc_backend *be;
+  mc_arena *arena, mark;
+} staging;
+
+static staging stage_begin(mc_backend *be, mc_arena *arena) {
+  staging s = {be, arena, {0}};
+  if (arena) s.mark = *arena;
+  return s;
+}
+
+static float *stage_take(staging *s, int64_t n) {
+  const int64_t bytes = (n > 0 ? n : 1) * (int64_t)sizeof(float);
+  return s->arena ? mc_arena_take(s->arena, bytes, MC_MEM_ZERO3_BUFFERS) : s->be->alloc(s->be, (size_t)bytes);
+}
+
+/* Gives back what stage_take handed out since stage_begin (a and b: its results, or NULL). */
+static void stage_end(staging *s, float *a, float *b) {
+  if (s->arena) *s->arena = s->mark;
+  else s->be->free(s->be, a), s->be->free(s->be, b);
+}
+
 /* Copies between the params' rows and a member-major pack: for member j, for each param, its
  * rows of member j (all rows when whole = 1, i.e. concatenated slices). */
 static void pack_rows(const mc_net_par *par, mc_backend *be, const mc_net_param *params, const int *idx,
@@ -115,8 +141,8 @@ static void pack_rows(const mc_net_par *par, mc_backend *be, const mc_net_param 
     }
 }
 
-int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, const mc_net_param *params, const int *idx, int n,
-                         float *const *g, float *const *out) {
+int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
+                         const int *idx, int n, float *const *g, float *const *out) {
   if (n <= 0) return 0;
   /* 1. experts' duplicate copies contribute nothing; partial sums over TP, in one pack */
   int64_t tp_total = 0;
@@ -129,7 +155,8 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, const mc_net_par
   float *pack = NULL, *recv = NULL;
   int n_bk = 0, rc = !bk ? mc_error("gradient reduction: out of memory") : 0;
   if (!rc && tp_total > 0) {
-    pack = be->alloc(be, (size_t)tp_total * sizeof(float));
+    staging st = stage_begin(be, stage);
+    pack = stage_take(&st, tp_total);
     int64_t pos = 0;
     for (int k = 0; pack && k < n; k++)
       if (par->dist[idx[k]].tp_sum) be->copy(be, pack + pos, g[k], params[idx[k]].numel), pos += params[idx[k]].numel;
@@ -137,7 +164,7 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, const mc_net_par
     pos = 0;
     for (int k = 0; !rc && k < n; k++)
       if (par->dist[idx[k]].tp_sum) be->copy(be, g[k], pack + pos, params[idx[k]].numel), pos += params[idx[k]].numel;
-    be->free(be, pack), pack = NULL;
+    stage_end(&st, pack, NULL), pack = NULL;
     if (rc) rc = mc_error_context("summing partial gradients over TP");
   }
   /* 2. over each data-parallel group: all-reduce (ZeRO 0) or this rank's rows (ZeRO >= 1) */
@@ -153,8 +180,9 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, const mc_net_par
     }
     const int whole = par->zero == 0;
     const int64_t mine = whole ? B->total : B->counts[B->group->rank];
-    pack = be->alloc(be, (size_t)B->total * sizeof(float));
-    recv = whole ? NULL : be->alloc(be, (size_t)(mine ? mine : 1) * sizeof(float));
+    staging st = stage_begin(be, stage);
+    pack = stage_take(&st, B->total);
+    recv = whole ? NULL : stage_take(&st, mine);
     if (!pack || (!whole && !recv)) rc = -1;
     if (!rc) pack_rows(par, be, params, idx, B, g, pack, whole, 1);
     if (!rc) rc = be->sync(be);
@@ -170,7 +198,7 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, const mc_net_par
         pos += p->z_numel;
       }
     }
-    be->free(be, pack), be->free(be, recv);
+    stage_end(&st, pack, recv);
     pack = recv = NULL;
     if (rc) rc = mc_error_context("%s gradients over the %s group (%d members)", whole ? "all-reducing" : "reduce-scattering",
                                   B->group->label, B->group->size);
@@ -180,8 +208,8 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, const mc_net_par
   return rc ? -1 : be->sync(be);
 }
 
-int mc_dist_gather(const mc_net_par *par, mc_backend *be, const mc_net_param *params, const int *idx, int n,
-                   float *const *shard, float *const *full) {
+int mc_dist_gather(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params, const int *idx,
+                   int n, float *const *shard, float *const *full) {
   if (n <= 0) return 0;
   bucket *bk = calloc((size_t)n, sizeof *bk);
   int n_bk = 0, rc = !bk ? mc_error("parameter gather: out of memory") : make_buckets(par, params, idx, n, bk, &n_bk);
@@ -195,8 +223,9 @@ int mc_dist_gather(const mc_net_par *par, mc_backend *be, const mc_net_param *pa
       continue;
     }
     const int64_t mine = B->counts[B->group->rank];
-    float *send = be->alloc(be, (size_t)(mine ? mine : 1) * sizeof(float));
-    float *pack = be->alloc(be, (size_t)B->total * sizeof(float));
+    staging st = stage_begin(be, stage);
+    float *send = stage_take(&st, mine);
+    float *pack = stage_take(&st, B->total);
     if (!send || !pack) rc = -1;
     int64_t pos = 0;
     for (int k = 0; !rc && k < B->n; k++) {
@@ -206,7 +235,7 @@ int mc_dist_gather(const mc_net_par *par, mc_backend *be, const mc_net_param *pa
     }
     if (!rc) rc = be->sync(be) || mc_allgather(B->group, send, pack, B->counts, MC_DT_F32);
     if (!rc) pack_rows(par, be, params, idx, B, full, pack, 0, 0);
-    be->free(be, send), be->free(be, pack);
+    stage_end(&st, send, pack);
     if (rc) rc = mc_error_context("all-gathering parameters over the %s group (%d members)", B->group->label, B->group->size);
   }
   free_buckets(bk, n_bk);
@@ -245,7 +274,7 @@ int mc_zero3_acquire(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_par
       p->g = whole;
     }
   }
-  if (mc_dist_gather(par, be, params, idx, n, shard, full)) return mc_error_context("ZeRO 3: gathering layer weights");
+  if (mc_dist_gather(par, be, bufs, params, idx, n, shard, full)) return mc_error_context("ZeRO 3: gathering layer weights");
   for (int k = 0; k < n; k++)
     if (params[idx[k]].compute_bf16) be->to_bf16(be, full[k], params[idx[k]].w16, params[idx[k]].numel);
   return 0;
@@ -265,7 +294,7 @@ int mc_zero3_release(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_par
       rc = -1;
   }
   if (!after_backward) return 0;
-  if (!rc) rc = mc_dist_reduce_grads(par, be, params, idx, n, g, part);
+  if (!rc) rc = mc_dist_reduce_grads(par, be, bufs, params, idx, n, g, part);
   for (int k = 0; k < n; k++) {
     mc_net_param *p = &params[idx[k]];
     if (!rc) be->axpy(be, par->dist[idx[k]].g_acc, part[k], p->z_numel, 1.0f);

@@ -112,19 +112,22 @@ int mc_ep_dispatch(const mc_net_par *par, mc_backend *be, const struct mc_ep_rou
 int mc_ep_combine(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, float *em, float *local, int d,
                   float *stage, const char *what);
 
-/* ---- gradient combination and ZeRO (train/dist_sync.c), over the network's params */
+/* ---- gradient combination and ZeRO (train/dist_sync.c), over the network's params. The
+ * collectives move rows through packs: carved from `stage` and given back to it (ZeRO 3's
+ * zero3.buffers, sized for them by mc_zero3_buffer_bytes) or, with stage NULL, allocated from
+ * the backend for the call. */
 /* Fills par->dist[0..n_params) (par->dist allocated by the caller) from the layout. */
 int mc_dist_setup(mc_net_par *par, const mc_geometry *geo, int rank, const mc_net_param *params, int n_params);
 void mc_dist_free(mc_net_par *par, int n_params);
 /* Combines the local-slice gradients g[k] of params idx[k] over the ranks holding pieces of
  * them: zero 0 leaves the sums in g[k]; otherwise this rank's ZeRO part of each sum goes to
  * out[k] (z_numel elements; g[k] is clobbered; out[k] may be g[k] + z_off). */
-int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, const mc_net_param *params, const int *idx, int n,
-                         float *const *g, float *const *out);
+int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
+                         const int *idx, int n, float *const *g, float *const *out);
 /* Puts each member's rows shard[k] (z_numel elements, this rank's) of params idx[k] into
  * the whole local slices full[k], over the params' groups (shard[k] may be full[k] + z_off). */
-int mc_dist_gather(const mc_net_par *par, mc_backend *be, const mc_net_param *params, const int *idx, int n,
-                   float *const *shard, float *const *full);
+int mc_dist_gather(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params, const int *idx,
+                   int n, float *const *shard, float *const *full);
 /* ZeRO 3: gathers the working weights of params idx[0..n) into the zero3.buffers arena
  * `bufs` / gives them up again (one set at a time); nothing for other ZeRO stages. A param
  * with compute_bf16 gets w16 (the gathered fp32 slice rounded) and no w. */
