@@ -3,7 +3,10 @@
  * per GPU, comm/comm_nccl.c) are interchangeable. Buffers are host memory for MPI; for NCCL
  * they may be device memory (used in place) or host memory (staged through the device).
  * Every call is complete when it returns (the buffers may be reused) and returns 0, or -1
- * with mc_error naming the operation and group. */
+ * with mc_error naming the operation and group; except on a stream-ordered communicator
+ * (mc_comm_ordered): there a call whose buffers are all device memory returns once it is
+ * queued on the compute stream, after the work queued there before it and before the work
+ * queued after it, so the device sees the result in order and the host does not wait. */
 #ifndef MC_COMM_COMM_H
 #define MC_COMM_COMM_H
 
@@ -35,6 +38,8 @@ typedef struct {
    * over c, as MPI_Comm_split): NULL with mc_error set on failure. */
   mc_comm *(*split)(mc_comm *c, int color, int key, const char *label);
   void (*destroy)(mc_comm *c);
+  /* 1 when device-buffer calls only queue (see the top of this file); NULL: never */
+  int (*ordered)(const mc_comm *c);
 } mc_comm_ops;
 
 struct mc_comm {
@@ -67,6 +72,14 @@ void mc_comm_mpi_finalize(void);
 int mc_comm_nccl_init(const mc_launch *l, int device, mc_comm *mpi_world, double timeout_s, mc_comm **world);
 /* 1 when this build has the NCCL backend. */
 int mc_comm_have_nccl(void);
+/* Makes every NCCL communicator of this process stream-ordered on `cuda_stream` (a
+ * cudaStream_t: the compute stream of the device backend): operations queue there instead of
+ * on the module's own stream, and those on device buffers return without waiting. A watchdog
+ * thread then holds the timeout instead of the call: an operation not complete after
+ * timeout_s (or failed asynchronously) ends the process with status 1 and a message naming
+ * the rank, operation and group (the rendezvous watch ends the others). 0, or -1 with
+ * mc_error (no NCCL world, or the watchdog could not start). */
+int mc_comm_nccl_order_with(void *cuda_stream);
 
 /* Splits the world into the layout's groups (through the world's split). Fails with a clear
  * error when the world size differs from tp*dp*pp ("world size tp*dp*pp=4 does not equal the
@@ -103,7 +116,10 @@ static inline int mc_recv(mc_comm *c, void *b, int64_t n, mc_dtype t, int peer, 
 static inline int mc_bcast(mc_comm *c, void *b, int64_t n, mc_dtype t, int root) { MC_COMM_TIMED(c, c->ops->bcast(c, b, n, t, root)); }
 static inline int mc_barrier(mc_comm *c) { MC_COMM_TIMED(c, c->ops->barrier(c)); }
 
-/* The busy seconds of the layout's groups together (world, tp, dp, pp, ep, edp). */
+static inline int mc_comm_ordered(const mc_comm *c) { return c && c->ops->ordered && c->ops->ordered(c); }
+
+/* The busy seconds of the layout's groups together (world, tp, dp, pp, ep, edp). On a
+ * stream-ordered communicator a device-buffer call's seconds are its queuing only. */
 double mc_comm_groups_busy(const mc_comm_groups *g);
 
 #endif

@@ -6,9 +6,17 @@
  * (the communicator is then aborted), so a stalled or dead peer ends in an error naming the
  * operation and group, never a hang. Host buffers (loss sums, routing counts) are staged
  * through a device scratch buffer; unequal reduce-scatter and all-gather counts (ZeRO chunks
- * differ by a row) run the equal-count NCCL collective over chunks padded to the largest. */
+ * differ by a row) run the equal-count NCCL collective over chunks padded to the largest.
+ *
+ * Stream-ordered mode (mc_comm_nccl_order_with): the stream is the device backend's compute
+ * stream, and an operation on device buffers returns once queued, so the host never drains
+ * the GPU around a collective (ZeRO 3 makes hundreds a step). Each queued operation records
+ * an event; a watchdog thread takes over the timeout and the asynchronous-error check for
+ * them, and ends the process naming the operation when one fails or stalls (the calling
+ * thread may by then be waiting in the backend's sync, where nothing else would notice). */
 #define _POSIX_C_SOURCE 200809L /* nanosleep, clock_gettime */
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +33,16 @@
 
 int mc_comm_have_nccl(void) { return 1; }
 
+/* Queued operations the watchdog follows, oldest first (a ring; the caller waits for the
+ * oldest when it is full). */
+#define WATCH_SLOTS 1024
+typedef struct {
+  cudaEvent_t done;
+  double t0;
+  mc_comm *c;
+  const char *op;
+} watch_slot;
+
 /* The process's one device, stream and staging scratch. */
 static struct {
   int device;
@@ -33,7 +51,12 @@ static struct {
   size_t scratch_cap;
   double timeout_s;
   mc_rdv *rdv;
-} P;
+  int ordered; /* stream-ordered mode: stream is the compute stream */
+  pthread_t watchdog;
+  pthread_mutex_t lock;
+  watch_slot ring[WATCH_SLOTS];
+  int head, count; /* under lock */
+} P = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 typedef struct {
   ncclComm_t comm;
@@ -103,6 +126,92 @@ static int wait_done(mc_comm *c, const char *op) {
   }
 }
 
+/* The end of an operation just queued: in stream-ordered mode, with every buffer on the
+ * device, hand it to the watchdog and return; otherwise wait for it. */
+static int finish(mc_comm *c, const char *op, int device_only) {
+  if (!P.ordered || !device_only) return wait_done(c, op);
+  for (;;) {
+    pthread_mutex_lock(&P.lock);
+    if (P.count < WATCH_SLOTS) break;
+    pthread_mutex_unlock(&P.lock);
+    struct timespec nap = {0, 100 * 1000}; /* the ring is full: the watchdog frees the oldest */
+    nanosleep(&nap, NULL);
+  }
+  watch_slot *w = &P.ring[(P.head + P.count) % WATCH_SLOTS];
+  cudaError_t e = cudaEventRecord(w->done, P.stream);
+  if (e == cudaSuccess) {
+    w->t0 = now_s(), w->c = c, w->op = op;
+    P.count++;
+  }
+  pthread_mutex_unlock(&P.lock);
+  return check_cuda(e, c, op);
+}
+
+static void watch_fail(const watch_slot *w, const char *why, const char *detail) {
+  mc_comm *c = w->c;
+  fprintf(stderr, "rank %d: error: NCCL %s on the %s group (rank %d of %d): %s%s%s; ending this process\n",
+          c->world_rank, w->op, c->label, c->rank, c->size, why, detail ? ": " : "", detail ? detail : "");
+  fflush(stderr);
+  if (handle(c)) ncclCommAbort(handle(c));
+  _Exit(1);
+}
+
+/* The watchdog: retires completed operations in order; fails the process on an
+ * asynchronous NCCL error or an operation older than the timeout. */
+static void *watchdog_main(void *arg) {
+  (void)arg;
+  cudaSetDevice(P.device);
+  for (;;) {
+    pthread_mutex_lock(&P.lock);
+    int busy = P.count > 0;
+    watch_slot w = busy ? P.ring[P.head] : (watch_slot){0};
+    pthread_mutex_unlock(&P.lock);
+    if (busy) {
+      cudaError_t e = cudaEventQuery(w.done);
+      if (e == cudaSuccess) {
+        pthread_mutex_lock(&P.lock);
+        P.head = (P.head + 1) % WATCH_SLOTS, P.count--;
+        pthread_mutex_unlock(&P.lock);
+        continue;
+      }
+      if (e != cudaErrorNotReady) watch_fail(&w, "CUDA error", cudaGetErrorString(e));
+      ncclResult_t ar = ncclSuccess;
+      if (handle(w.c)) ncclCommGetAsyncError(handle(w.c), &ar);
+      if (ar != ncclSuccess && ar != ncclInProgress) watch_fail(&w, ncclGetErrorString(ar), ncclGetLastError(handle(w.c)));
+      if (P.timeout_s > 0 && now_s() - w.t0 > P.timeout_s) {
+        char why[160];
+        snprintf(why, sizeof why, "not complete after %.0f s (MC_COMM_TIMEOUT_S)", P.timeout_s);
+        watch_fail(&w, why, "a peer rank is stalled or gone");
+      }
+    }
+    struct timespec nap = {0, busy ? 20 * 1000 : 200 * 1000};
+    nanosleep(&nap, NULL);
+  }
+  return NULL;
+}
+
+int mc_comm_nccl_order_with(void *cuda_stream) {
+  if (!P.stream) return mc_error("stream-ordered NCCL: no NCCL world in this process");
+  if (P.ordered) return 0;
+  cudaError_t e = cudaStreamSynchronize(P.stream); /* nothing of the module's own stream is left behind */
+  for (int i = 0; e == cudaSuccess && i < WATCH_SLOTS; i++)
+    e = cudaEventCreateWithFlags(&P.ring[i].done, cudaEventDisableTiming);
+  if (e != cudaSuccess) return mc_error("stream-ordered NCCL: %s", cudaGetErrorString(e));
+  P.stream = (cudaStream_t)cuda_stream;
+  P.ordered = 1;
+  if (pthread_create(&P.watchdog, NULL, watchdog_main, NULL) != 0) {
+    P.ordered = 0;
+    return mc_error("stream-ordered NCCL: cannot start the watchdog thread");
+  }
+  pthread_detach(P.watchdog);
+  return 0;
+}
+
+static int nc_ordered(const mc_comm *c) {
+  (void)c;
+  return P.ordered;
+}
+
 static int alive(mc_comm *c, const char *op) {
   return handle(c) ? 0 : where(c, op, "the communicator was aborted by an earlier failure", NULL);
 }
@@ -152,7 +261,7 @@ static int nc_allreduce(mc_comm *c, void *buf, int64_t count, mc_dtype t) {
   if (!d || copy(c, d, buf, bytes, op)) return -1;
   if (check_nccl(ncclAllReduce(d, d, (size_t)count, nccl_type(t), ncclSum, handle(c), P.stream), c, op)) return -1;
   if (copy(c, buf, d, bytes, op)) return -1;
-  return wait_done(c, op);
+  return finish(c, op, d == buf);
 }
 
 static int nc_reduce_scatter(mc_comm *c, const void *send, void *recv, const int64_t *counts, mc_dtype t) {
@@ -164,7 +273,7 @@ static int nc_reduce_scatter(mc_comm *c, const void *send, void *recv, const int
   const size_t es = mc_dtype_size(t), mine = (size_t)counts[c->rank] * es;
   if (equal && on_device(send) && on_device(recv)) {
     if (check_nccl(ncclReduceScatter(send, recv, (size_t)m, nccl_type(t), ncclSum, handle(c), P.stream), c, op)) return -1;
-    return wait_done(c, op);
+    return finish(c, op, 1);
   }
   char *in = scratch(c, (size_t)m * es * ((size_t)c->size + 1), op), *out = in ? in + (size_t)m * es * c->size : NULL;
   if (!in) return -1;
@@ -175,7 +284,7 @@ static int nc_reduce_scatter(mc_comm *c, const void *send, void *recv, const int
   }
   if (check_nccl(ncclReduceScatter(in, out, (size_t)m, nccl_type(t), ncclSum, handle(c), P.stream), c, op)) return -1;
   if (copy(c, recv, out, mine, op)) return -1;
-  return wait_done(c, op);
+  return finish(c, op, on_device(send) && on_device(recv));
 }
 
 static int nc_allgather(mc_comm *c, const void *send, void *recv, const int64_t *counts, mc_dtype t) {
@@ -187,7 +296,7 @@ static int nc_allgather(mc_comm *c, const void *send, void *recv, const int64_t 
   const size_t es = mc_dtype_size(t);
   if (equal && on_device(send) && on_device(recv)) {
     if (check_nccl(ncclAllGather(send, recv, (size_t)m, nccl_type(t), handle(c), P.stream), c, op)) return -1;
-    return wait_done(c, op);
+    return finish(c, op, 1);
   }
   char *in = scratch(c, (size_t)m * es * ((size_t)c->size + 1), op), *out = in ? in + (size_t)m * es : NULL;
   if (!in || copy(c, in, send, (size_t)counts[c->rank] * es, op)) return -1;
@@ -197,7 +306,7 @@ static int nc_allgather(mc_comm *c, const void *send, void *recv, const int64_t 
     if (copy(c, (char *)recv + at, out + (size_t)i * m * es, (size_t)counts[i] * es, op)) return -1;
     at += (size_t)counts[i] * es;
   }
-  return wait_done(c, op);
+  return finish(c, op, on_device(send) && on_device(recv));
 }
 
 static int nc_alltoallv(mc_comm *c, const void *send, const int64_t *sc, const int64_t *sd, void *recv,
@@ -227,7 +336,7 @@ static int nc_alltoallv(mc_comm *c, const void *send, const int64_t *sc, const i
   }
   if (check_nccl(ncclGroupEnd(), c, op)) err = -1;
   if (!err && !r_dev && copy(c, recv, rt, (size_t)r_end * es, op)) err = -1;
-  return err ? -1 : wait_done(c, op);
+  return err ? -1 : finish(c, op, s_dev && r_dev);
 }
 
 /* Point to point: NCCL has no tags; the pipeline issues each link's calls in the same order
@@ -247,7 +356,7 @@ static int nc_p2p(mc_comm *c, void *buf, int64_t count, mc_dtype t, int peer, in
     if (check_nccl(ncclRecv(d, (size_t)count, nccl_type(t), peer, handle(c), P.stream), c, op) || copy(c, buf, d, bytes, op))
       return -1;
   }
-  return wait_done(c, op);
+  return finish(c, op, d == buf);
 }
 
 static int nc_send(mc_comm *c, const void *buf, int64_t count, mc_dtype t, int peer, int tag) {
@@ -269,7 +378,7 @@ static int nc_bcast(mc_comm *c, void *buf, int64_t count, mc_dtype t, int root) 
   if (!d || (c->rank == root && copy(c, d, buf, bytes, op))) return -1;
   if (check_nccl(ncclBroadcast(d, d, (size_t)count, nccl_type(t), root, handle(c), P.stream), c, op)) return -1;
   if (c->rank != root && copy(c, buf, d, bytes, op)) return -1;
-  return wait_done(c, op);
+  return finish(c, op, d == buf);
 }
 
 static int nc_barrier(mc_comm *c) {
@@ -290,6 +399,14 @@ static mc_comm *nc_split(mc_comm *c, int color, int key, const char *label) {
 
 static void nc_destroy(mc_comm *c) {
   if (!c) return;
+  for (;;) { /* the watchdog may still follow an operation of c (it ends a stalled one) */
+    pthread_mutex_lock(&P.lock);
+    const int left = P.count;
+    pthread_mutex_unlock(&P.lock);
+    if (!left) break;
+    struct timespec nap = {0, 100 * 1000};
+    nanosleep(&nap, NULL);
+  }
   nccl_impl *im = c->impl;
   if (im && im->comm) ncclCommDestroy(im->comm);
   if (im && im->is_world) { /* the job is over for this process: tell the watch */
@@ -302,7 +419,7 @@ static void nc_destroy(mc_comm *c) {
 
 static const mc_comm_ops NCCL_OPS = {
     "nccl", nc_allreduce, nc_reduce_scatter, nc_allgather, nc_alltoallv, nc_send,
-    nc_recv, nc_bcast, nc_barrier, nc_split, nc_destroy,
+    nc_recv, nc_bcast, nc_barrier, nc_split, nc_destroy, nc_ordered,
 };
 
 static mc_comm *wrap(ncclComm_t h, const char *label, int world_rank, int is_world) {
@@ -359,6 +476,11 @@ int mc_comm_nccl_init(const mc_launch *l, int device, mc_comm *mpi_world, double
 #else /* no NCCL in this build */
 
 int mc_comm_have_nccl(void) { return 0; }
+
+int mc_comm_nccl_order_with(void *cuda_stream) {
+  (void)cuda_stream;
+  return mc_error("stream-ordered NCCL: this build has no NCCL");
+}
 
 int mc_comm_nccl_init(const mc_launch *l, int device, mc_comm *mpi_world, double timeout_s, mc_comm **world) {
   (void)device, (void)mpi_world, (void)timeout_s;

@@ -11,6 +11,15 @@
 
 int mc_backend_is_host(const mc_backend *be) { return mc_backend_is_cpu(be); }
 
+void *mc_train_backend_stream(mc_backend *be) {
+#ifdef MC_HAVE_CUDA
+  if (!mc_backend_is_cpu(be)) return mc_cuda_stream_handle(be);
+#else
+  (void)be;
+#endif
+  return NULL;
+}
+
 mc_backend *mc_train_backend(const char *device, const char *dtype, int gpu) {
   int bf16 = !strcmp(dtype, "bf16");
   if (!bf16 && strcmp(dtype, "fp32") != 0) {

@@ -11,6 +11,9 @@
  * device does not exist in this build or on this machine. */
 mc_backend *mc_train_backend(const char *device, const char *dtype, int gpu);
 
+/* The stream a device backend queues its work on (a cudaStream_t), NULL for the CPU. */
+void *mc_train_backend_stream(mc_backend *be);
+
 /* 1 when the backend's tensors are ordinary host memory (the CPU backend): code may then
  * read them directly, hand them to MPI or to the checkpoint library without staging. */
 int mc_backend_is_host(const mc_backend *be);

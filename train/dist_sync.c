@@ -97,6 +97,11 @@ static void free_buckets(bucket *bk, int n_bk) {
   for (int b = 0; b < n_bk; b++) free(bk[b].at), free(bk[b].counts);
 }
 
+/* Before a collective reads what the backend computed, and after it wrote what the backend
+ * reads next: a stream-ordered communicator (comm/comm.h) is ordered with the backend's work
+ * already, anything else needs the backend's queue finished. */
+static int settle(const mc_comm *group, mc_backend *be) { return mc_comm_ordered(group) ? 0 : be->sync(be); }
+
 /* Where a collective's packs live: carved from the caller's arena and given back by rewinding
  * it (ZeRO 3's layer sets: zero3.buffers is sized for them, so the layer loop allocates
  * nothing; a cudaMalloc/cudaFree pair per collective cost more than the collective), or
@@ -160,7 +165,7 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage,
     int64_t pos = 0;
     for (int k = 0; pack && k < n; k++)
       if (par->dist[idx[k]].tp_sum) be->copy(be, pack + pos, g[k], params[idx[k]].numel), pos += params[idx[k]].numel;
-    rc = !pack || be->sync(be) || mc_allreduce_sum(par->comm->tp, pack, tp_total, MC_DT_F32);
+    rc = !pack || settle(par->comm->tp, be) || mc_allreduce_sum(par->comm->tp, pack, tp_total, MC_DT_F32);
     pos = 0;
     for (int k = 0; !rc && k < n; k++)
       if (par->dist[idx[k]].tp_sum) be->copy(be, g[k], pack + pos, params[idx[k]].numel), pos += params[idx[k]].numel;
@@ -185,7 +190,7 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage,
     recv = whole ? NULL : stage_take(&st, mine);
     if (!pack || (!whole && !recv)) rc = -1;
     if (!rc) pack_rows(par, be, params, idx, B, g, pack, whole, 1);
-    if (!rc) rc = be->sync(be);
+    if (!rc) rc = settle(B->group, be);
     if (!rc) rc = whole ? mc_allreduce_sum(B->group, pack, B->total, MC_DT_F32)
                         : mc_reduce_scatter_sum(B->group, pack, recv, B->counts, MC_DT_F32);
     if (!rc && whole) {
@@ -205,7 +210,7 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage,
   }
   free_buckets(bk, n_bk);
   free(bk);
-  return rc ? -1 : be->sync(be);
+  return rc ? -1 : settle(par->comm ? par->comm->world : NULL, be);
 }
 
 int mc_dist_gather(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params, const int *idx,
@@ -233,14 +238,14 @@ int mc_dist_gather(const mc_net_par *par, mc_backend *be, mc_arena *stage, const
       if (p->z_numel) be->copy(be, send + pos, shard[B->at[k]], p->z_numel);
       pos += p->z_numel;
     }
-    if (!rc) rc = be->sync(be) || mc_allgather(B->group, send, pack, B->counts, MC_DT_F32);
+    if (!rc) rc = settle(B->group, be) || mc_allgather(B->group, send, pack, B->counts, MC_DT_F32);
     if (!rc) pack_rows(par, be, params, idx, B, full, pack, 0, 0);
     stage_end(&st, send, pack);
     if (rc) rc = mc_error_context("all-gathering parameters over the %s group (%d members)", B->group->label, B->group->size);
   }
   free_buckets(bk, n_bk);
   free(bk);
-  return rc ? -1 : be->sync(be);
+  return rc ? -1 : settle(par->comm ? par->comm->world : NULL, be);
 }
 
 /* Empties the zero3.buffers arena for the next set (its tensors are no longer used). */

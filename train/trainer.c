@@ -389,6 +389,12 @@ static int setup(run *r) {
   if (recompute < 0) return mc_error("train.recompute: unknown policy '%s' (none, selective, full)", t->recompute);
   mc_backend *be = mc_train_backend(t->device, t->dtype, r->opts->gpu);
   if (!be) return -1;
+  /* NCCL queues its collectives on the compute stream (comm/comm.h): no host wait around the
+   * device-buffer ones. MC_NCCL_BLOCKING=1 keeps every call blocking (docs/parallel.md). */
+  const char *blocking = getenv("MC_NCCL_BLOCKING");
+  if (r->comm && !strcmp(world->ops->name, "nccl") && !(blocking && !strcmp(blocking, "1")) &&
+      mc_comm_nccl_order_with(mc_train_backend_stream(be)) != 0)
+    return -1;
   if (t->steps < 1) return mc_error("train.steps=%d must be at least 1", t->steps);
   if (mc_data_open(&r->data, cfg->data.path, cfg->model.seq_len, cfg->data.val_fraction) != 0) return -1;
   if (mc_data_check_vocab(&r->data, cfg->model.vocab_size) != 0) return -1;

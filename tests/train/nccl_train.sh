@@ -17,6 +17,9 @@
 #           within BAND of the uninterrupted run.
 # kill:     SIGKILL to one worker of mctrain --nproc-per-node 2 after a checkpoint: the job ends
 #           within 30 s, non-zero, rank 0 names the killed rank; the checkpoint verifies.
+# stall:    SIGSTOP to one worker of a dp2 zero 3 run (stream-ordered NCCL: the collectives only
+#           queue, so the watchdog thread holds the timeout) with MC_COMM_TIMEOUT_S=5: the job ends
+#           within 60 s, non-zero, and the waiting rank names the operation and the timeout.
 # nodes:    (4 GPUs) two "nodes" of 2 GPUs (CUDA_VISIBLE_DEVICES 0,1 and 2,3), each started by
 #           mctrain --nproc-per-node 2 --nnodes 2 --node-rank K, train tp2 x dp2 as one job: losses
 #           within BAND of the one-GPU run.
@@ -178,6 +181,28 @@ kill)
   [ $rc != 0 ] || die "the job with a killed worker exited 0"
   grep -q "rank 1 of 2 ended before the job finished" k.log || { tail -20 k.log; die "rank 0 did not name the killed rank 1"; }
   "$B/mcaudit" k --verify --no-progress > audit.log 2>&1 || { cat audit.log; die "the last checkpoint does not verify"; }
+  ;;
+stall)
+  MC_COMM_TIMEOUT_S=5 "$B/mctrain" --nproc-per-node 2 "${COMMON[@]}" --set checkpoint.dir=st --set parallel.dp=2 \
+    --set parallel.zero=3 --set train.steps=100000 > st.log 2>&1 &
+  lp=$!
+  for i in $(seq 1 600); do
+    [ "$(grep -c '"step"' st/metrics.jsonl 2>/dev/null)" -ge 3 ] 2>/dev/null && break
+    sleep 0.1
+  done
+  workers=$(pgrep -P $lp)
+  [ "$(echo $workers | wc -w)" = 2 ] || die "expected 2 workers under the launcher, found: $workers"
+  stopped=$(echo $workers | awk '{ print $NF }')
+  t0=$(date +%s.%N)
+  kill -STOP "$stopped"
+  for i in $(seq 1 600); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
+  if kill -0 $lp 2>/dev/null; then kill -KILL $lp $workers 2>/dev/null; die "the job still ran 60 s after a worker was stopped"; fi
+  wait $lp; rc=$?
+  kill -KILL "$stopped" 2>/dev/null
+  echo "one of 2 GPU workers stopped: the job ended in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }') s with status $rc"
+  [ $rc != 0 ] || die "the job with a stopped worker exited 0"
+  grep -q "not complete after 5 s (MC_COMM_TIMEOUT_S)" st.log || { tail -20 st.log; die "no rank reported the timeout"; }
+  grep -m1 "MC_COMM_TIMEOUT_S" st.log
   ;;
 nodes)
   if [ "$NGPU" -lt 4 ]; then echo "SKIP: nodes needs 4 GPUs ($NGPU)"; exit 0; fi
