@@ -152,8 +152,7 @@ static void watch_fail(const watch_slot *w, const char *why, const char *detail)
   fprintf(stderr, "rank %d: error: NCCL %s on the %s group (rank %d of %d): %s%s%s; ending this process\n",
           c->world_rank, w->op, c->label, c->rank, c->size, why, detail ? ": " : "", detail ? detail : "");
   fflush(stderr);
-  if (handle(c)) ncclCommAbort(handle(c));
-  _Exit(1);
+  _Exit(1); /* not ncclCommAbort first: it can wait on the stalled operation itself */
 }
 
 /* The watchdog: retires completed operations in order; fails the process on an

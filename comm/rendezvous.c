@@ -198,6 +198,17 @@ static int serve(mc_rdv *r, const char *addr, int port, double timeout_s, const 
   return rc;
 }
 
+/* A connect to a local port nobody listens on yet can connect the socket to itself (TCP
+ * simultaneous open, when the kernel picks that very port as the source port); it would then
+ * hold rank 0's port, whose listen fails. Such a socket is dropped and the connect retried. */
+static int self_connected(int fd) {
+  struct sockaddr_storage a, b;
+  socklen_t la = sizeof a, lb = sizeof b;
+  memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
+  if (getsockname(fd, (struct sockaddr *)&a, &la) != 0 || getpeername(fd, (struct sockaddr *)&b, &lb) != 0) return 0;
+  return la == lb && memcmp(&a, &b, la) == 0;
+}
+
 static int join(mc_rdv *r, const char *addr, int port, double timeout_s, void *blob, size_t len) {
   const double deadline = now_s() + timeout_s;
   int fd = -1;
@@ -205,7 +216,7 @@ static int join(mc_rdv *r, const char *addr, int port, double timeout_s, void *b
     struct addrinfo *ai = resolve(addr, port, 0);
     if (!ai) return -1;
     fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
-    if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) close(fd), fd = -1;
+    if (fd >= 0 && (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 || self_connected(fd))) close(fd), fd = -1;
     freeaddrinfo(ai);
     if (fd >= 0) break;
     if (now_s() > deadline)
