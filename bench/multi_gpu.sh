@@ -5,7 +5,8 @@
 # peak measured in the same invocation (bench/torch_peak.py) times N, scaling efficiency
 # (tokens/s over N x the one-GPU tokens/s; data-parallel runs scale the global batch with dp,
 # so every replica runs the one-GPU step), and rank 0's communication time per step (the
-# trainer's comm_s: calls block, so all of it is exposed; on pipeline stages it includes the
+# trainer's comm_s: with MC_NCCL_BLOCKING=1 calls block, so all of it is exposed; by default
+# device-buffer calls only queue on the compute stream and comm_s is their queuing; on pipeline stages it includes the
 # bubble). Then periodic async saves from every rank of the largest DP run: the training
 # pause each save reports and the step times around it.
 # LAYOUTS=medium instead runs configs/nam-medium.json's own layout (dp2 x ep2, ZeRO 1, bf16,
