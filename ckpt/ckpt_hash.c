@@ -1,5 +1,5 @@
-/* SHA-256 through OpenSSL EVP, and the small thread pool that hashes different shards on
- * different threads so hashing overlaps the writes and reads. */
+/* SHA-256 through OpenSSL EVP, and the small thread pool that hashes (and, in a save, writes)
+ * different shards on different threads. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <fcntl.h>
