@@ -72,7 +72,7 @@ typedef int (*mc_ckpt_barrier_fn)(void *user, int ok);
 
 typedef struct {
   int keep;              /* keep the last K committed checkpoints (0 = all) */
-  int io_threads;        /* hashing threads (>= 1) */
+  int io_threads;        /* threads writing and hashing the data (>= 1) */
   int deflate;           /* 0: contiguous datasets; 1-9: chunked, shuffle + deflate at this level */
   int root;              /* this process writes the manifest and commits (rank 0's process) */
   mc_ckpt_barrier_fn barrier; /* NULL: this process is the only one writing */

@@ -244,10 +244,10 @@ int mc_h5_write_shard_attrs(int64_t dset, const mc_shard_attrs *a) {
   return rc ? -1 : 0;
 }
 
-/* Writes a contiguous dataset in slabs of whole rows of at most MC_H5_SLAB_BYTES (one row
- * at least). The HDF5 library is one lock: a training loop reading its token batches
- * (train/data.c) waits for whatever H5Dwrite holds it, so an asynchronous save must not hold
- * it for a whole 500 MB tensor at a time. Returns what H5Dwrite returns (< 0: failed). */
+/* Writes a chunked dataset in slabs of whole chunk rows of at most MC_H5_SLAB_BYTES (one
+ * chunk row at least). The HDF5 library is one lock: a training loop reading its token
+ * batches (train/data.c) waits for whatever H5Dwrite holds it, so an asynchronous save must
+ * not hold it for a whole 500 MB tensor at a time. Returns what H5Dwrite returns (< 0: failed). */
 #define MC_H5_SLAB_BYTES ((hsize_t)8 << 20)
 /* Largest chunk of a compressed shard, written and accepted (4 MiB). */
 #define MC_H5_CHUNK_BYTES ((hsize_t)4 << 20)
@@ -269,7 +269,7 @@ static void chunk_dims(int ndim, const hsize_t *dims, hsize_t *chunk) {
   }
 }
 
-/* crow: rows of dim 0 per chunk (0 when contiguous); slabs then hold whole chunks, so no
+/* crow: rows of dim 0 per chunk; slabs hold whole chunks, so no
  * chunk is written twice (HDF5 would read a partly written compressed chunk back). */
 static herr_t write_in_slabs(hid_t d, hid_t file_space, int ndim, const hsize_t *dims, const float *data,
                              hsize_t crow) {
@@ -296,16 +296,67 @@ static herr_t write_in_slabs(hid_t d, hid_t file_space, int ndim, const hsize_t 
   return rc;
 }
 
-int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_attrs *attrs,
-                          const float *const *data, int n, mc_pool *hashes, int hash_base, int deflate) {
-  h5_quiet();
-  h5_err_text et;
+/* File access of a rank file, at creation and when it is reopened for the attributes: large
+ * datasets start on 4 KiB boundaries so their pwrite/pread are page aligned; metadata is
+ * gathered in 64 KiB blocks so it does not interleave with the data. */
+static hid_t rank_file_access(void) {
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
   H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
-  /* Large datasets start on 4 KiB boundaries so their pwrite/pread are page aligned;
-   * metadata is gathered in 64 KiB blocks so it does not interleave with the data. */
   H5Pset_alignment(fapl, 64 * 1024, 4096);
   H5Pset_meta_block_size(fapl, 64 * 1024);
+  return fapl;
+}
+
+/* Creates dataset i of a rank file: contiguous with its space allocated now (offsets[i] gets
+ * where its data goes), or chunked through shuffle + deflate (offsets[i] = -1; the data is
+ * written by mc_h5_finish_rank_file). */
+static int create_dataset(hid_t fid, hid_t gcpl, const char *path, const mc_ckpt_shard *s, int deflate, int64_t *offset) {
+  h5_err_text et;
+  char gname[MC_FAMILY_NAME_MAX + 2];
+  snprintf(gname, sizeof gname, "/%s", s->family);
+  hid_t g = H5Lexists(fid, gname, H5P_DEFAULT) > 0 ? H5Gopen2(fid, gname, H5P_DEFAULT)
+                                                  : H5Gcreate2(fid, gname, H5P_DEFAULT, gcpl, H5P_DEFAULT);
+  if (g < 0) return mc_error("%s: cannot create group %s: %s", path, gname, h5_reason(&et));
+  hsize_t dims[MC_CKPT_MAX_DIM], chunk[MC_CKPT_MAX_DIM];
+  for (int k = 0; k < s->ndim; k++) dims[k] = (hsize_t)s->count[k];
+  hid_t sp = H5Screate_simple(s->ndim, dims, NULL);
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  const int chunked = deflate > 0 && (hsize_t)s->numel * sizeof(float) >= MC_H5_DEFLATE_MIN_BYTES;
+  if (chunked) {
+    /* Chunked in whole rows, shuffle (bytes of equal significance together) then deflate:
+     * the one pipeline readers accept besides contiguous data (check_storage). */
+    chunk_dims(s->ndim, dims, chunk);
+    H5Pset_chunk(dcpl, s->ndim, chunk);
+    H5Pset_shuffle(dcpl);
+    H5Pset_deflate(dcpl, (unsigned)deflate);
+    H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_INCR);
+  } else {
+    /* Contiguous, allocated now: its offset is fixed before any data is written, so the
+     * data goes out with pwrite outside the HDF5 library (ckpt_pwrite.c). */
+    H5Pset_layout(dcpl, H5D_CONTIGUOUS);
+    H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
+  }
+  /* Never fill: every byte of the data is written once, by us. */
+  H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
+  H5Pset_obj_track_times(dcpl, 0);
+  hid_t d = H5Dcreate2(g, mc_state_name(s->state), H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  H5Pclose(dcpl);
+  H5Sclose(sp);
+  H5Gclose(g);
+  if (d < 0) return mc_error("%s: cannot create dataset %s: %s", path, s->dataset, h5_reason(&et));
+  const haddr_t at = chunked ? HADDR_UNDEF : H5Dget_offset(d);
+  *offset = at == HADDR_UNDEF ? -1 : (int64_t)at;
+  int rc = 0;
+  if (!chunked && s->numel > 0 && *offset < 0) rc = mc_error("%s: dataset %s has no data offset", path, s->dataset);
+  if (H5Dclose(d) < 0 && rc == 0) rc = mc_error("%s: cannot close dataset %s: %s", path, s->dataset, h5_reason(&et));
+  return rc;
+}
+
+int mc_h5_create_rank_file(const char *path, int64_t step, int rank, const mc_shard_attrs *attrs, int n, int deflate,
+                           int64_t *offsets) {
+  h5_quiet();
+  h5_err_text et;
+  hid_t fapl = rank_file_access();
   /* No object timestamps: the same state always gives byte-identical files. */
   hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
   H5Pset_obj_track_times(fcpl, 0);
@@ -322,60 +373,53 @@ int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_att
   int rc = 0;
   if (mc_h5_write_file_attrs((int64_t)fid, step, rank))
     rc = mc_error("%s: cannot write file attributes: %s", path, h5_reason(&et));
-  for (int i = 0; i < n && rc == 0; i++) {
-    mc_ckpt_shard *s = &attrs[i].s;
-    hid_t g = -1;
-    char gname[MC_FAMILY_NAME_MAX + 2];
-    snprintf(gname, sizeof gname, "/%s", s->family);
-    htri_t ex = H5Lexists(fid, gname, H5P_DEFAULT);
-    g = ex > 0 ? H5Gopen2(fid, gname, H5P_DEFAULT) : H5Gcreate2(fid, gname, H5P_DEFAULT, gcpl, H5P_DEFAULT);
-    if (g < 0) {
-      rc = mc_error("%s: cannot create group %s: %s", path, gname, h5_reason(&et));
-      break;
-    }
-    hsize_t dims[MC_CKPT_MAX_DIM];
-    for (int k = 0; k < s->ndim; k++) dims[k] = (hsize_t)s->count[k];
-    hid_t sp = H5Screate_simple(s->ndim, dims, NULL);
-    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    hsize_t chunk[MC_CKPT_MAX_DIM], crow = 0;
-    if (deflate > 0 && (hsize_t)s->numel * sizeof(float) >= MC_H5_DEFLATE_MIN_BYTES) {
-      /* Chunked in whole rows, shuffle (bytes of equal significance together) then deflate:
-       * the one pipeline readers accept besides contiguous data (check_storage). */
-      chunk_dims(s->ndim, dims, chunk);
-      crow = chunk[0];
-      H5Pset_chunk(dcpl, s->ndim, chunk);
-      H5Pset_shuffle(dcpl);
-      H5Pset_deflate(dcpl, (unsigned)deflate);
-      H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_INCR);
-    } else {
-      /* Contiguous: every byte is written once, by our H5Dwrite. */
-      H5Pset_layout(dcpl, H5D_CONTIGUOUS);
-      H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_LATE);
-    }
-    H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
-    H5Pset_obj_track_times(dcpl, 0);
-    hid_t d = H5Dcreate2(g, mc_state_name(s->state), H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    H5Pclose(dcpl);
-    if (d < 0) {
-      rc = mc_error("%s: cannot create dataset %s: %s", path, s->dataset, h5_reason(&et));
-    } else if (write_in_slabs(d, sp, s->ndim, dims, data[i], crow) < 0) {
-      rc = mc_error("%s: writing dataset %s failed: %s", path, s->dataset, h5_reason(&et));
-    } else if (i == 0 && mc_ckpt_fault("write_data")) {
-      rc = mc_error_context("%s: writing dataset %s", path, s->dataset);
-    } else if (mc_pool_wait_job(hashes, hash_base + i) != 0) {
-      rc = mc_error_context("%s: hashing dataset %s", path, s->dataset);
-    } else if (mc_h5_write_shard_attrs((int64_t)d, &attrs[i]) != 0) {
-      rc = mc_error("%s: cannot write attributes of %s: %s", path, s->dataset, h5_reason(&et));
-    }
-    if (d >= 0) H5Dclose(d);
-    H5Sclose(sp);
-    H5Gclose(g);
-  }
+  for (int i = 0; i < n && rc == 0; i++) rc = create_dataset(fid, gcpl, path, &attrs[i].s, deflate, &offsets[i]);
   H5Pclose(gcpl);
+  /* Closing flushes metadata and sets the file's size to cover every dataset: a full disk
+   * shows up here too. */
+  if (H5Fclose(fid) < 0 && rc == 0) rc = mc_error("%s: closing failed: %s", path, h5_reason(&et));
+  return rc;
+}
+
+/* Writes the data of chunked dataset d (through the filters) and checks the layout. */
+static int write_chunked(hid_t d, const char *path, const mc_ckpt_shard *s, const float *data) {
+  h5_err_text et;
+  hid_t dcpl = H5Dget_create_plist(d), sp = H5Dget_space(d);
+  hsize_t dims[MC_CKPT_MAX_DIM], chunk[MC_CKPT_MAX_DIM];
+  int ok = dcpl >= 0 && sp >= 0 && H5Sget_simple_extent_dims(sp, dims, NULL) == s->ndim &&
+           H5Pget_chunk(dcpl, s->ndim, chunk) == s->ndim;
+  int rc = 0;
+  if (!ok) rc = mc_error("%s: dataset %s: cannot read its chunk extent: %s", path, s->dataset, h5_reason(&et));
+  else if (write_in_slabs(d, sp, s->ndim, dims, data, chunk[0]) < 0)
+    rc = mc_error("%s: writing dataset %s failed: %s", path, s->dataset, h5_reason(&et));
+  if (sp >= 0) H5Sclose(sp);
+  if (dcpl >= 0) H5Pclose(dcpl);
+  return rc;
+}
+
+int mc_h5_finish_rank_file(const char *path, const mc_shard_attrs *attrs, const float *const *data, int n) {
+  h5_quiet();
+  h5_err_text et;
+  hid_t fapl = rank_file_access();
+  hid_t fid = H5Fopen(path, H5F_ACC_RDWR, fapl);
+  H5Pclose(fapl);
+  if (fid < 0) return mc_error("%s: cannot reopen to write the shard attributes: %s", path, h5_reason(&et));
+  int rc = 0;
+  for (int i = 0; i < n && rc == 0; i++) {
+    const mc_ckpt_shard *s = &attrs[i].s;
+    hid_t d = H5Dopen2(fid, s->dataset, H5P_DEFAULT);
+    hid_t dcpl = d >= 0 ? H5Dget_create_plist(d) : -1;
+    if (d < 0 || dcpl < 0) rc = mc_error("%s: cannot reopen dataset %s: %s", path, s->dataset, h5_reason(&et));
+    else if (H5Pget_layout(dcpl) == H5D_CHUNKED) rc = write_chunked(d, path, s, data[i]);
+    if (rc == 0 && mc_h5_write_shard_attrs((int64_t)d, &attrs[i]) != 0)
+      rc = mc_error("%s: cannot write attributes of %s: %s", path, s->dataset, h5_reason(&et));
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (d >= 0) H5Dclose(d);
+  }
   /* Closing flushes metadata: a full disk shows up here too. */
   if (H5Fclose(fid) < 0 && rc == 0) rc = mc_error("%s: closing failed: %s", path, h5_reason(&et));
   /* Writeback starts now; the caller fsyncs once every file is written, so the disk
-   * flushes this file while the next one is being written. */
+   * flushes this file while the next one is being finished. */
   if (rc == 0) mc_start_writeback(path);
   return rc;
 }

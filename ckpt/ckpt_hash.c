@@ -1,5 +1,5 @@
-/* SHA-256 through OpenSSL EVP, and the small thread pool that hashes different shards on
- * different threads so hashing overlaps the writes and reads. */
+/* SHA-256 through OpenSSL EVP, and the small thread pool that hashes (and, in a save, writes)
+ * different shards on different threads. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <fcntl.h>
@@ -13,6 +13,15 @@
 
 #include "ckpt/ckpt_internal.h"
 #include "util/error.h"
+
+static void hex_of(const unsigned char md[32], char hex[65]) {
+  static const char digits[] = "0123456789abcdef";
+  for (int i = 0; i < 32; i++) {
+    hex[2 * i] = digits[md[i] >> 4];
+    hex[2 * i + 1] = digits[md[i] & 15];
+  }
+  hex[64] = 0;
+}
 
 void mc_sha256_hex(const void *data, size_t len, char hex[65]) {
   unsigned char md[32];
@@ -29,21 +38,32 @@ void mc_sha256_hex(const void *data, size_t len, char hex[65]) {
   }
   EVP_DigestFinal_ex(c, md, &mdlen);
   EVP_MD_CTX_free(c);
-  static const char digits[] = "0123456789abcdef";
-  for (int i = 0; i < 32; i++) {
-    hex[2 * i] = digits[md[i] >> 4];
-    hex[2 * i + 1] = digits[md[i] & 15];
-  }
-  hex[64] = 0;
+  hex_of(md, hex);
 }
 
-static void hex_of(const unsigned char md[32], char hex[65]) {
-  static const char digits[] = "0123456789abcdef";
-  for (int i = 0; i < 32; i++) {
-    hex[2 * i] = digits[md[i] >> 4];
-    hex[2 * i + 1] = digits[md[i] & 15];
+struct mc_sha256 {
+  EVP_MD_CTX *c;
+};
+
+mc_sha256 *mc_sha256_begin(void) {
+  mc_sha256 *h = malloc(sizeof *h);
+  if (h && !(h->c = EVP_MD_CTX_new())) {
+    free(h);
+    return NULL;
   }
-  hex[64] = 0;
+  if (h) EVP_DigestInit_ex(h->c, EVP_sha256(), NULL);
+  return h;
+}
+
+void mc_sha256_update(mc_sha256 *h, const void *data, size_t len) { EVP_DigestUpdate(h->c, data, len); }
+
+void mc_sha256_end(mc_sha256 *h, char hex[65]) {
+  unsigned char md[32];
+  unsigned int mdlen = 0;
+  EVP_DigestFinal_ex(h->c, md, &mdlen);
+  EVP_MD_CTX_free(h->c);
+  free(h);
+  hex_of(md, hex);
 }
 
 int mc_sha256_file(const char *path, int64_t *bytes, char hex[65]) {

@@ -26,6 +26,13 @@ int mc_pool_finish(mc_pool *p);
 /* Runs all jobs and returns like mc_pool_finish. */
 int mc_parallel(int n_jobs, int threads, mc_job_fn fn, void *ctx);
 
+/* SHA-256 fed piece by piece (a shard hashed as it is written); begin returns NULL when out
+ * of memory; end frees the state. */
+typedef struct mc_sha256 mc_sha256;
+mc_sha256 *mc_sha256_begin(void);
+void mc_sha256_update(mc_sha256 *h, const void *data, size_t len);
+void mc_sha256_end(mc_sha256 *h, char hex[65]);
+
 /* Streams a regular file through SHA-256 (refusing anything else, opened O_NONBLOCK):
  * *bytes gets its size. Errors name the path. */
 int mc_sha256_file(const char *path, int64_t *bytes, char hex[65]);
@@ -60,14 +67,20 @@ int mc_ckpt_fault(const char *point);
  * (mc_h5_open_read, mc_h5_close, mc_h5_check_attrs, mc_h5_raw_offset, mc_read_raw,
  * mc_h5_read_box): ckpt/format.h. */
 
-/* Writes rank file `path`: every shard dataset with its attributes. data[i] holds shard i;
- * its hash is ready once mc_pool_wait_job(hashes, hash_base + i) returns, and is then in
- * attrs[i].s.sha256. deflate 0: contiguous datasets; 1-9: datasets of 16 KiB or more chunked
- * in whole rows (at most 4 MiB a chunk) through shuffle + deflate at that level, smaller ones
- * contiguous. The file is closed and its writeback started, not waited for: the
- * caller fsyncs it. */
-int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_attrs *attrs,
-                          const float *const *data, int n, mc_pool *hashes, int hash_base, int deflate);
+/* A rank file is written in three steps, so that its data does not go through the HDF5
+ * library (one global lock) and several threads write at once (mc_write_rank_files):
+ * 1. mc_h5_create_rank_file creates `path` with its file attributes and every shard's dataset,
+ *    closed again. deflate 0: contiguous datasets with their space allocated, offsets[i] = the
+ *    file offset of shard i's data (-1 when it has no elements); 1-9: datasets of 16 KiB or
+ *    more chunked in whole rows (at most 4 MiB a chunk) through shuffle + deflate at that
+ *    level (offsets[i] = -1), smaller ones contiguous.
+ * 2. the caller writes each contiguous shard's bytes at its offset (pwrite) and hashes it.
+ * 3. mc_h5_finish_rank_file reopens the file, writes the chunked datasets' data through HDF5
+ *    and every dataset's attributes (attrs[i].s.sha256 must be final), closes it and starts its
+ *    writeback without waiting: the caller fsyncs it. */
+int mc_h5_create_rank_file(const char *path, int64_t step, int rank, const mc_shard_attrs *attrs, int n, int deflate,
+                           int64_t *offsets);
+int mc_h5_finish_rank_file(const char *path, const mc_shard_attrs *attrs, const float *const *data, int n);
 /* Reads back the attributes of every shard dataset in a rank file (in name order).
  * *out is malloc'd; free with mc_shard_attrs_free. */
 int mc_h5_scan_rank_file(const char *path, const char *file_name, mc_shard_attrs **out, int *n);
@@ -75,6 +88,16 @@ void mc_shard_attrs_free(mc_shard_attrs *a, int n);
 
 /* 1 if the HDF5 library may be called from several threads (a thread-safe build). */
 int mc_h5_threadsafe(void);
+
+/* ---------------------------------------------------------------- writing the data (ckpt_pwrite.c) */
+
+/* Writes the rank files of attrs[0..n) (grouped by rank: consecutive shards of one rank make
+ * one file, attrs[i].s.file, in dir), data[i] holding shard i's fp32 elements. Contiguous data
+ * goes out with pwrite at the offsets HDF5 allocated, on `threads` threads, each shard hashed
+ * by the thread that writes it; attrs[i].s.sha256 gets every shard's hash. Files are closed
+ * and their writeback started, not fsynced. Errors name the file and dataset. */
+int mc_write_rank_files(const char *dir, int64_t step, mc_shard_attrs *attrs, const float *const *data, int n,
+                        int threads, int deflate);
 
 /* ---------------------------------------------------------------- manifest (ckpt_manifest.c) */
 

@@ -139,29 +139,11 @@ static int build_write_set(const mc_geometry *g, const mc_ckpt_item *items, int 
   return rc;
 }
 
-static int hash_job(void *ctx, int j) {
-  write_set *w = ctx;
-  mc_sha256_hex(w->data[j], (size_t)w->attrs[j].s.numel * sizeof(float), w->attrs[j].s.sha256);
-  return 0;
-}
-
-/* Writes one rank file per rank of the write set into tmp; hashing runs ahead on the pool. */
+/* Writes one rank file per rank of the write set into tmp (ckpt_pwrite.c), then makes each
+ * durable. */
 static int write_rank_files(const char *tmp, int64_t step, write_set *w, int threads, int deflate) {
   if (deflate < 0 || deflate > 9) return mc_error("checkpoint deflate level %d: expected 0 (none) to 9", deflate);
-  mc_pool *pool = mc_pool_start(w->n, threads, hash_job, w);
-  if (!pool) return mc_error("out of memory starting hashing threads");
-  int rc = 0;
-  for (int b = 0; b < w->n && rc == 0;) {
-    int e = b;
-    while (e < w->n && w->attrs[e].s.rank == w->attrs[b].s.rank) e++;
-    char path[MC_PATH_MAX];
-    rc = mc_path_join(path, tmp, w->attrs[b].s.file);
-    if (rc == 0) rc = mc_h5_write_rank_file(path, step, w->attrs[b].s.rank, w->attrs + b, w->data + b, e - b, pool, b, deflate);
-    b = e;
-  }
-  if (rc) mc_pool_cancel(pool);
-  int prc = mc_pool_finish(pool);
-  if (rc || prc) return rc ? rc : prc;
+  if (mc_write_rank_files(tmp, step, w->attrs, w->data, w->n, threads, deflate) != 0) return -1;
   /* Every file is written; now wait until each is durable. */
   for (int b = 0; b < w->n;) {
     int e = b;

@@ -35,9 +35,19 @@ if(TARGET test_ckpt_mpi)
   endif()
 endif()
 
+# The save's pwrite failing (tests/reliability/enospc_shim.c, LD_PRELOAD; the shim's target is
+# defined by tests/reliability/reliability.cmake): a budget of 6 MB for step_2.tmp's files.
+if(TARGET test_ckpt_pwrite)
+  add_test(NAME ckpt.test_ckpt_pwrite_enospc COMMAND test_ckpt_pwrite --enospc WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+  # ASan (an MC_SANITIZE build) wants to come first; the shim must precede libc's pwrite.
+  set_tests_properties(ckpt.test_ckpt_pwrite_enospc PROPERTIES ENVIRONMENT
+    "MC_SOURCE_DIR=${MC_SOURCE_DIR};MC_BINARY_DIR=${CMAKE_BINARY_DIR};LD_PRELOAD=$<TARGET_FILE:mc_enospc_shim>;MC_ENOSPC_MATCH=step_2.tmp;MC_ENOSPC_AFTER=6000000"
+    ENVIRONMENT_MODIFICATION "ASAN_OPTIONS=string_append::verify_asan_link_order=0")
+endif()
 # A deadlock (e.g. in the barrier protocol) must fail the test, not hang the run.
 foreach(t test_ckpt_roundtrip test_ckpt_corrupt test_ckpt_fault test_ckpt_fault_crash test_ckpt_async test_ckpt_h5py
-          test_ckpt_schema test_ckpt_mpi test_ckpt_mpi_np4 test_ckpt_optim test_ckpt_v2)
+          test_ckpt_schema test_ckpt_mpi test_ckpt_mpi_np4 test_ckpt_optim test_ckpt_v2 test_ckpt_pwrite
+          test_ckpt_pwrite_enospc)
   if(TEST ckpt.${t})
     set_tests_properties(ckpt.${t} PROPERTIES TIMEOUT 120)
   endif()
