@@ -67,7 +67,7 @@ int mc_ckpt_fault(const char *point);
  * contiguous. The file is closed and its writeback started, not waited for: the
  * caller fsyncs it. */
 int mc_h5_write_rank_file(const char *path, int64_t step, int rank, mc_shard_attrs *attrs,
-                          const float *const *data, int n, mc_pool *hashes, int hash_base, int deflate);
+                          const void *const *data, int n, mc_pool *hashes, int hash_base, int deflate);
 /* Reads back the attributes of every shard dataset in a rank file (in name order).
  * *out is malloc'd; free with mc_shard_attrs_free. */
 int mc_h5_scan_rank_file(const char *path, const char *file_name, mc_shard_attrs **out, int *n);

@@ -294,6 +294,8 @@ def refusals(tmp, adamw_dir, X):
         (["--state-dtype", "exp_avg=bf16"], 2, "'bf16' is not an element dtype"),
         (["--state-dtype", "exp_avg=bfloat16", "--state-dtype", "exp_avg=float16"], 2, "state exp_avg is given twice"),
         (["--state-dtype", "exp_avg"], 2, "is not STATE=DTYPE"),
+        (["--state-dtype", "exp_avg=int64"], 2, "int64 is no conversion target"),
+        (["--state-dtype", "step=float32"], 2, "state step is an int64 counter and stays int64"),
         (["--state-dtype", "momentum=bfloat16"], 1, "no family of %s has a momentum state" % adamw_dir),
     ]
     for args, want_rc, msg in cases:
