@@ -273,7 +273,7 @@ int mc_shard_of(const mc_geometry *g, int fam, mc_state state, int rank, mc_shar
   mc_layout_coords(l, rank, &c);
   memset(out, 0, sizeof *out);
   out->stage = mc_family_stage(g, fam);
-  out->ndim = f->ndim;
+  out->ndim = mc_state_is_scalar(state) ? 1 : f->ndim; /* a scalar kind: shape [1] */
   out->primary_rank = -1;
   out->zero_group = 1;
   out->in_stage = c.pp_rank == out->stage;

@@ -108,6 +108,12 @@ static int64_t load_as(const char *path, const mc_geometry *g) {
         mc_shard sh;
         if (!mc_family_has_state(&g->fams.f[f], (mc_state)s)) continue; /* a kind its optimizer does not keep */
         if (mc_shard_of(g, f, (mc_state)s, r, &sh) != 0 || !sh.held) continue;
+        if (mc_state_is_scalar((mc_state)s)) { /* AdamW's step, read by every holder */
+          int64_t v = 0;
+          if (mc_ckpt_read_i64(ck, g->fams.f[f].name, (mc_state)s, &v) != 0) bad = -1;
+          else bad += v != rs_i64_value(f);
+          continue;
+        }
         mc_box sl = {sh.ndim, {0}, {0}};
         for (int d = 0; d < sh.ndim; d++) sl.start[d] = sh.start[d], sl.count[d] = sh.count[d];
         float *got = malloc((size_t)sh.numel * 4), *want = malloc((size_t)sh.numel * 4);

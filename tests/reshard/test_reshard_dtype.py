@@ -109,7 +109,7 @@ def widen(stored, dtype):
 # ---------------------------------------------------------------- reading with h5py
 
 INT_OF = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16,
-          "float8_e4m3": np.uint8, "float8_e5m2": np.uint8}
+          "float8_e4m3": np.uint8, "float8_e5m2": np.uint8, "int64": np.uint64}
 
 
 def stored_bits(d):
