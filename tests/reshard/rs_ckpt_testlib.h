@@ -111,7 +111,8 @@ static inline int64_t rs_check_content(const char *path) {
     float *got = malloc((size_t)fam->numel * 4 + 4), *want = malloc((size_t)fam->numel * 4 + 4);
     if (gf < 0) bad = -1;
     for (int s = 0; s < MC_N_STATES && bad >= 0; s++) {
-      if (!mc_family_has_state(&g.fams.f[gf], (mc_state)s)) continue;
+      /* (a checkpoint of format < 4 stores no step) */
+      if (!mc_family_has_state(&g.fams.f[gf], (mc_state)s) || !mc_ckpt_family_has_state(ck, f, (mc_state)s)) continue;
       n_kinds++;
       if (mc_state_is_scalar((mc_state)s)) { /* AdamW's step: its int64, exactly */
         int64_t v = 0;
