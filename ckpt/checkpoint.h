@@ -18,14 +18,17 @@
 #include "core/optim_groups.h"
 #include "core/ownership.h"
 
-/* Version 3 records the optimizer groups (manifest optimizer_groups, each family's optimizer,
+/* Version 4 adds AdamW's per-family step counter (state kind step: int64, shape [1], replicated
+ * over the family's holders, core/optim_groups.h); a version 3 AdamW group declares no step,
+ * and a run resuming from it takes every family's step from training_state.adam_step.
+ * Version 3 records the optimizer groups (manifest optimizer_groups, each family's optimizer,
  * each dataset's `optimizer` attribute): a family stores param plus the state kinds its
  * optimizer declares (core/optim_groups.h). Versions 1 and 2 predate them: every family is
  * AdamW's and they are read as before. Version 2 records the ownership rule (manifest
  * layout.ownership_rule: "balanced-v2" for what this version writes, "balanced" for earlier
  * version 2 checkpoints); version 1 checkpoints were written under MC_OWN_CHUNKED
  * (core/ownership.h) and are read as such. A reader refuses a newer version, naming both. */
-#define MC_CKPT_FORMAT_VERSION 3
+#define MC_CKPT_FORMAT_VERSION 4
 #define MC_CKPT_MAX_DIM 3
 #define MC_CKPT_RULE_MAX 64
 
@@ -52,7 +55,9 @@ typedef struct {
 /* ---------------------------------------------------------------- save */
 
 /* One shard to save: the hyperslab `rank` holds of (family, state), exactly
- * mc_shard_of(g, family, state, rank).numel fp32 values, row-major over its count.
+ * mc_shard_of(g, family, state, rank).numel elements, row-major over its count, of the dtype
+ * the family's optimizer keeps the kind in (mc_opt_state_dtype: fp32 values, or one int64 for
+ * AdamW's step), stored as such.
  * Items whose rank is not the primary of that hyperslab (or holds nothing) are skipped. An
  * item of a state kind the family's optimizer does not keep (mc_family_has_state: momentum
  * of an AdamW family, exp_avg of a Muon one) is refused, naming family, state and optimizer. */
@@ -60,7 +65,7 @@ typedef struct {
   int family;        /* index into g->fams */
   mc_state state;
   int rank;
-  const float *data; /* host memory */
+  const void *data; /* host memory */
 } mc_ckpt_item;
 
 /* Collective AND over every process taking part in the save: each passes ok (1 = this
@@ -304,6 +309,11 @@ int mc_ckpt_check_request(const mc_ckpt *ck, const mc_ckpt_request *r);
 int mc_ckpt_read(mc_ckpt *ck, const char *family, mc_state state, const int64_t *start,
                  const int64_t *count, float *out);
 int mc_ckpt_read_many(mc_ckpt *ck, const mc_ckpt_request *reqs, int n);
+/* The float reads above refuse an int64 state (a counter has no fp32 value in general). This
+ * reads one: the whole of state kind `state` of `family`, which must be int64 of one element
+ * (a scalar kind, AdamW's step: one shard, written once), into *out, hash-verified unless
+ * verification is off. Errors name the family and state: not stored, not int64. */
+int mc_ckpt_read_i64(mc_ckpt *ck, const char *family, mc_state state, int64_t *out);
 /* Reads and hash-verifies every shard (in parallel); the error names the first bad one. */
 int mc_ckpt_verify_all(mc_ckpt *ck);
 

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "ckpt/ckpt_internal.h"
+#include "core/dtype.h"
 #include "util/error.h"
 
 struct mc_ckpt_saver {
@@ -25,8 +26,8 @@ struct mc_ckpt_saver {
   int n_items, cap_items;
   int (*ready)(void *); /* staged saves: waits until the caller's buffers are filled */
   void *ready_user;
-  float *buf;          /* one host buffer holding every copied shard; kept between saves */
-  size_t buf_cap;      /* in floats */
+  unsigned char *buf;  /* one host buffer holding every copied shard; kept between saves */
+  size_t buf_cap;      /* in bytes */
   /* the background thread */
   pthread_t thread;
   int running;         /* a thread was started and not yet joined */
@@ -148,12 +149,12 @@ int mc_ckpt_saver_wait(mc_ckpt_saver *s) {
 typedef struct {
   const mc_ckpt_item *src;
   mc_ckpt_item *dst;
-  const int64_t *numel;
+  const int64_t *numel; /* bytes of each */
 } copy_ctx;
 
 static int copy_job(void *ctx, int j) {
   copy_ctx *c = ctx;
-  memcpy((float *)c->dst[j].data, c->src[j].data, (size_t)c->numel[j] * sizeof(float));
+  memcpy((void *)c->dst[j].data, c->src[j].data, (size_t)c->numel[j]);
   return 0;
 }
 
@@ -186,8 +187,9 @@ static int stage_copy(mc_ckpt_saver *s, const mc_geometry *g, const mc_ckpt_item
       return mc_error("checkpoint item %s/%s of rank %d has no data", g->fams.f[items[i].family].name,
                       mc_state_name(items[i].state), items[i].rank);
     }
-    numel[keep] = sh.numel;
-    total += (size_t)sh.numel;
+    /* bytes, at the dtype the family keeps the kind in (fp32, int64 counters) */
+    numel[keep] = sh.numel * (int64_t)mc_elem_dtype_size(mc_opt_state_dtype(g->fams.f[items[i].family].opt, items[i].state));
+    total += (size_t)(numel[keep] + 7) / 8 * 8; /* each copy 8-byte aligned */
     keep++;
   }
   if (keep > s->cap_items) {
@@ -201,11 +203,11 @@ static int stage_copy(mc_ckpt_saver *s, const mc_geometry *g, const mc_ckpt_item
   }
   if (total > s->buf_cap) {
     free(s->buf);
-    s->buf = malloc(total * sizeof(float));
+    s->buf = malloc(total);
     s->buf_cap = s->buf ? total : 0;
     if (!s->buf) {
       free(numel);
-      return mc_error("out of memory: async checkpoint needs %zu bytes of host buffer", total * sizeof(float));
+      return mc_error("out of memory: async checkpoint needs %zu bytes of host buffer", total);
     }
   }
   mc_ckpt_item *src = malloc((size_t)(keep > 0 ? keep : 1) * sizeof *src);
@@ -222,7 +224,7 @@ static int stage_copy(mc_ckpt_saver *s, const mc_geometry *g, const mc_ckpt_item
     src[k] = items[i];
     s->items[k] = items[i];
     s->items[k].data = s->buf + off;
-    off += (size_t)sh.numel;
+    off += (size_t)(numel[k] + 7) / 8 * 8;
     k++;
   }
   copy_ctx cc = {src, s->items, numel};

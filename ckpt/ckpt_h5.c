@@ -177,6 +177,7 @@ static hid_t stored_type(int dt) {
     case MC_ELEM_F16: return float16_type(5, 10);
     case MC_ELEM_F8_E4M3:
     case MC_ELEM_F8_E5M2: return H5Tcopy(H5T_STD_U8LE);
+    case MC_ELEM_I64: return H5Tcopy(H5T_STD_I64LE);
     default: return -1;
   }
 }
@@ -271,13 +272,14 @@ static void chunk_dims(int ndim, const hsize_t *dims, hsize_t *chunk) {
 
 /* crow: rows of dim 0 per chunk; slabs hold whole chunks, so no
  * chunk is written twice (HDF5 would read a partly written compressed chunk back). */
-static herr_t write_in_slabs(hid_t d, hid_t file_space, int ndim, const hsize_t *dims, const float *data,
+static herr_t write_in_slabs(hid_t d, hid_t file_space, int ndim, const hsize_t *dims, const void *data, hid_t mtype,
                              hsize_t crow) {
-  hsize_t row = sizeof(float); /* bytes of one index of dim 0 */
+  const hsize_t esize = H5Tget_size(mtype);
+  hsize_t row = esize; /* bytes of one index of dim 0 */
   for (int k = 1; k < ndim; k++) row *= dims[k];
   const hsize_t total = ndim > 0 ? dims[0] : 1;
   if (ndim == 0 || total * row <= MC_H5_SLAB_BYTES)
-    return H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+    return H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
   hsize_t per = row >= MC_H5_SLAB_BYTES ? 1 : MC_H5_SLAB_BYTES / row;
   if (crow > 0) per = per < crow ? crow : per / crow * crow;
   hsize_t start[MC_CKPT_MAX_DIM] = {0}, count[MC_CKPT_MAX_DIM];
@@ -286,10 +288,10 @@ static herr_t write_in_slabs(hid_t d, hid_t file_space, int ndim, const hsize_t 
   for (hsize_t r = 0; r < total && rc >= 0; r += per) {
     start[0] = r;
     count[0] = total - r < per ? total - r : per;
-    hsize_t n = count[0] * (row / sizeof(float));
+    hsize_t n = count[0] * (row / esize);
     hid_t mem = H5Screate_simple(1, &n, NULL);
     rc = mem < 0 ? -1 : H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, NULL, count, NULL);
-    if (rc >= 0) rc = H5Dwrite(d, H5T_NATIVE_FLOAT, mem, file_space, H5P_DEFAULT, data + r * (row / sizeof(float)));
+    if (rc >= 0) rc = H5Dwrite(d, mtype, mem, file_space, H5P_DEFAULT, (const char *)data + r * row);
     if (mem >= 0) H5Sclose(mem);
   }
   H5Sselect_all(file_space);
@@ -321,7 +323,7 @@ static int create_dataset(hid_t fid, hid_t gcpl, const char *path, const mc_ckpt
   for (int k = 0; k < s->ndim; k++) dims[k] = (hsize_t)s->count[k];
   hid_t sp = H5Screate_simple(s->ndim, dims, NULL);
   hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-  const int chunked = deflate > 0 && (hsize_t)s->numel * sizeof(float) >= MC_H5_DEFLATE_MIN_BYTES;
+  const int chunked = deflate > 0 && (hsize_t)s->numel * mc_elem_dtype_size(s->dtype) >= MC_H5_DEFLATE_MIN_BYTES;
   if (chunked) {
     /* Chunked in whole rows, shuffle (bytes of equal significance together) then deflate:
      * the one pipeline readers accept besides contiguous data (check_storage). */
@@ -339,7 +341,9 @@ static int create_dataset(hid_t fid, hid_t gcpl, const char *path, const mc_ckpt
   /* Never fill: every byte of the data is written once, by us. */
   H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
   H5Pset_obj_track_times(dcpl, 0);
-  hid_t d = H5Dcreate2(g, mc_state_name(s->state), H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  /* a save writes fp32 states and int64 counters (s->dtype) */
+  hid_t d = H5Dcreate2(g, mc_state_name(s->state), s->dtype == MC_ELEM_I64 ? H5T_STD_I64LE : H5T_IEEE_F32LE, sp,
+                       H5P_DEFAULT, dcpl, H5P_DEFAULT);
   H5Pclose(dcpl);
   H5Sclose(sp);
   H5Gclose(g);
@@ -382,7 +386,7 @@ int mc_h5_create_rank_file(const char *path, int64_t step, int rank, const mc_sh
 }
 
 /* Writes the data of chunked dataset d (through the filters) and checks the layout. */
-static int write_chunked(hid_t d, const char *path, const mc_ckpt_shard *s, const float *data) {
+static int write_chunked(hid_t d, const char *path, const mc_ckpt_shard *s, const void *data) {
   h5_err_text et;
   hid_t dcpl = H5Dget_create_plist(d), sp = H5Dget_space(d);
   hsize_t dims[MC_CKPT_MAX_DIM], chunk[MC_CKPT_MAX_DIM];
@@ -390,14 +394,15 @@ static int write_chunked(hid_t d, const char *path, const mc_ckpt_shard *s, cons
            H5Pget_chunk(dcpl, s->ndim, chunk) == s->ndim;
   int rc = 0;
   if (!ok) rc = mc_error("%s: dataset %s: cannot read its chunk extent: %s", path, s->dataset, h5_reason(&et));
-  else if (write_in_slabs(d, sp, s->ndim, dims, data, chunk[0]) < 0)
+  else if (write_in_slabs(d, sp, s->ndim, dims, data, s->dtype == MC_ELEM_I64 ? H5T_NATIVE_INT64 : H5T_NATIVE_FLOAT,
+                          chunk[0]) < 0)
     rc = mc_error("%s: writing dataset %s failed: %s", path, s->dataset, h5_reason(&et));
   if (sp >= 0) H5Sclose(sp);
   if (dcpl >= 0) H5Pclose(dcpl);
   return rc;
 }
 
-int mc_h5_finish_rank_file(const char *path, const mc_shard_attrs *attrs, const float *const *data, int n) {
+int mc_h5_finish_rank_file(const char *path, const mc_shard_attrs *attrs, const void *const *data, int n) {
   h5_quiet();
   h5_err_text et;
   hid_t fapl = rank_file_access();

@@ -80,7 +80,7 @@ int mc_ckpt_fault(const char *point);
  *    writeback without waiting: the caller fsyncs it. */
 int mc_h5_create_rank_file(const char *path, int64_t step, int rank, const mc_shard_attrs *attrs, int n, int deflate,
                            int64_t *offsets);
-int mc_h5_finish_rank_file(const char *path, const mc_shard_attrs *attrs, const float *const *data, int n);
+int mc_h5_finish_rank_file(const char *path, const mc_shard_attrs *attrs, const void *const *data, int n);
 /* Reads back the attributes of every shard dataset in a rank file (in name order).
  * *out is malloc'd; free with mc_shard_attrs_free. */
 int mc_h5_scan_rank_file(const char *path, const char *file_name, mc_shard_attrs **out, int *n);
@@ -96,7 +96,7 @@ int mc_h5_threadsafe(void);
  * goes out with pwrite at the offsets HDF5 allocated, on `threads` threads, each shard hashed
  * by the thread that writes it; attrs[i].s.sha256 gets every shard's hash. Files are closed
  * and their writeback started, not fsynced. Errors name the file and dataset. */
-int mc_write_rank_files(const char *dir, int64_t step, mc_shard_attrs *attrs, const float *const *data, int n,
+int mc_write_rank_files(const char *dir, int64_t step, mc_shard_attrs *attrs, const void *const *data, int n,
                         int threads, int deflate);
 
 /* ---------------------------------------------------------------- manifest (ckpt_manifest.c) */

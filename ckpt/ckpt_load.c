@@ -445,7 +445,8 @@ static int read_whole_hashed(mc_ckpt *ck, int si, int64_t fid, const char *where
     if (rc == 0) {
       count_io(ck, bytes, 0);
       mc_sha256_hex(raw, (size_t)bytes, hex);
-      mc_elem_widen(s->dtype, raw, buf, s->numel);
+      /* an int64 state is only verified here (mc_ckpt_check_request refuses float reads of it) */
+      if (mc_elem_is_float(s->dtype)) mc_elem_widen(s->dtype, raw, buf, s->numel);
     }
     free(raw);
     if (rc != 0) return -1;
@@ -541,7 +542,9 @@ static int read_task(void *arg, int t) {
   char where[MC_PATH_MAX]; /* the file as messages name it */
   if (mc_path_join(where, ck->step_dir, s->file) != 0) return -1;
   if (!ck->checked[si]) {
-    if (mc_h5_check_attrs(fid, where, s, f->shape) != 0) return -1;
+    int64_t shape[MC_CKPT_MAX_DIM];
+    mc_state_shape(f->ndim, f->shape, s->state, shape);
+    if (mc_h5_check_attrs(fid, where, s, shape) != 0) return -1;
     ck->checked[si] = 1;
   }
   if ((ck->opts.verify || c->force_verify) && !ck->verified[si]) {
@@ -611,6 +614,9 @@ int mc_ckpt_check_request(const mc_ckpt *ck, const mc_ckpt_request *r) {
     return mc_error("%s: the checkpoint has no '%s' state for %s (trained by %s)", ck->step_dir,
                     (int)r->state >= 0 && r->state < MC_N_STATES ? mc_state_name(r->state) : "?", f->name,
                     mc_opt_name(f->opt));
+  if (!mc_elem_is_float(mc_ckpt_state_dtype(ck, fi, r->state)))
+    return mc_error("%s/%s is stored as %s, not a float format: read it with mc_ckpt_read_i64", f->name,
+                    mc_state_name(r->state), mc_elem_dtype_name(mc_ckpt_state_dtype(ck, fi, r->state)));
   int64_t want = 1;
   for (int k = 0; k < f->ndim; k++) {
     if (r->start[k] < 0 || r->count[k] < 1 || r->start[k] + r->count[k] > f->shape[k])
@@ -715,3 +721,33 @@ int mc_ckpt_read(mc_ckpt *ck, const char *family, mc_state state, const int64_t 
 }
 
 int mc_ckpt_verify_all(mc_ckpt *ck) { return run_reads(ck, NULL, 0, 1); }
+
+int mc_ckpt_read_i64(mc_ckpt *ck, const char *family, mc_state state, int64_t *out) {
+  int fi = mc_ckpt_find_family(ck, family);
+  if (fi < 0) return mc_error("%s: no family '%s' in the checkpoint", ck->step_dir, family);
+  const char *sn = (int)state >= 0 && state < MC_N_STATES ? mc_state_name(state) : "?";
+  if (!mc_ckpt_family_has_state(ck, fi, state)) return mc_error("%s: the checkpoint has no '%s' state for %s", ck->step_dir, sn, family);
+  int si = -1;
+  for (int i = 0; i < ck->m.n_shards && si < 0; i++)
+    if (ck->m.shards[i].family_index == fi && ck->m.shards[i].state == state) si = i;
+  const mc_ckpt_shard *s = si >= 0 ? &ck->m.shards[si] : NULL;
+  if (!s || s->dtype != MC_ELEM_I64 || s->numel != 1)
+    return mc_error("%s: %s/%s is not one int64 element (%s)", ck->step_dir, family, sn,
+                    s ? mc_elem_dtype_name(s->dtype) : "no shard");
+  int64_t fid = -1;
+  char where[MC_PATH_MAX];
+  if (get_fid(ck, s, &fid, ck->opts.verify) != 0 || mc_path_join(where, ck->step_dir, s->file) != 0) return -1;
+  int64_t shape[MC_CKPT_MAX_DIM];
+  mc_state_shape(ck->m.fams[fi].ndim, ck->m.fams[fi].shape, state, shape);
+  if (mc_h5_check_attrs(fid, where, s, shape) != 0 || mc_h5_read_stored(fid, where, s, out) != 0) return -1;
+  count_io(ck, 8, 0);
+  if (ck->opts.verify) {
+    char hex[65];
+    mc_sha256_hex(out, 8, hex); /* the stored little-endian bytes (an x86/ARM host's own) */
+    count_io(ck, 0, 8);
+    if (strcmp(hex, s->sha256) != 0)
+      return mc_error("%s: hash mismatch in dataset %s: data hashes to %s, the manifest records %s", where, s->dataset, hex,
+                      s->sha256);
+  }
+  return 0;
+}

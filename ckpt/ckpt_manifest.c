@@ -21,7 +21,8 @@
 
 
 /* The element dtypes, as errors list them. */
-#define DTYPE_LIST "float32, bfloat16, float16, float8_e4m3, float8_e5m2"
+#define DTYPE_LIST "float32, bfloat16, float16, float8_e4m3, float8_e5m2, int64"
+#define FLOAT_DTYPE_LIST "float32, bfloat16, float16, float8_e4m3, float8_e5m2"
 /* ---------------------------------------------------------------- building */
 
 static cJSON *int_array(const int64_t *v, int n) {
@@ -162,9 +163,11 @@ static int check_shards(const mc_geometry *g, mc_shard_attrs *sh, int n, int *st
       rc = mc_error("%s: dataset %s: primary_rank %d is not a rank of the layout (world %d)", s->file, s->dataset, s->rank, W);
       break;
     }
-    int same = want.primary && want.ndim == s->ndim && fam->ndim == s->ndim && want.stage == s->stage;
+    int64_t shape[MC_CKPT_MAX_DIM];
+    int same = want.primary && want.ndim == s->ndim && mc_state_shape(fam->ndim, fam->shape, s->state, shape) == s->ndim &&
+               want.stage == s->stage;
     for (int k = 0; same && k < s->ndim; k++)
-      same = want.start[k] == s->start[k] && want.count[k] == s->count[k] && sh[i].global_shape[k] == fam->shape[k];
+      same = want.start[k] == s->start[k] && want.count[k] == s->count[k] && sh[i].global_shape[k] == shape[k];
     if (!same) {
       rc = mc_error("%s: dataset %s is not the hyperslab that rank %d is primary for under the layout (mc_shard_of)",
                     s->file, s->dataset, s->rank);
@@ -181,8 +184,8 @@ static int check_shards(const mc_geometry *g, mc_shard_attrs *sh, int n, int *st
              other.held && other.primary_rank == s->rank;
       for (int d = 0; same && d < s->ndim; d++) same = other.start[d] == s->start[d] && other.count[d] == s->count[d];
     }
-    char rule[MC_CKPT_RULE_MAX];
-    mc_placement_rule(g, f, rule, sizeof rule);
+    char rule[MC_CKPT_RULE_MAX] = "replicated"; /* a scalar kind's */
+    if (!mc_state_is_scalar(s->state)) mc_placement_rule(g, f, rule, sizeof rule);
     if (!same || strcmp(rule, sh[i].placement_rule) != 0) {
       rc = mc_error("%s: dataset %s: replica group or placement rule differs from the layout's", s->file, s->dataset);
       break;
@@ -225,8 +228,8 @@ static int collect_dtypes(const mc_geometry *g, const mc_shard_attrs *sh, int n,
   const char *decl_by[MC_N_OPTS][MC_N_STATES] = {{0}};
   if (!fam_by) return mc_error("out of memory building the manifest");
   for (int f = 0; f < g->fams.n; f++) fam_dt[f] = MC_ELEM_F32;
-  for (int k = 0; k < MC_N_OPTS; k++)
-    for (int st = 0; st < MC_N_STATES; st++) decl_dt[k][st] = MC_ELEM_F32;
+  for (int k = 0; k < MC_N_OPTS; k++) /* what the optimizer keeps (int64 counters), else float32 */
+    for (int st = 0; st < MC_N_STATES; st++) decl_dt[k][st] = mc_opt_state_dtype(k, (mc_state)st) >= 0 ? mc_opt_state_dtype(k, (mc_state)st) : MC_ELEM_F32;
   int rc = 0;
   for (int i = 0; i < n && rc == 0; i++) {
     const mc_ckpt_shard *s = &sh[i].s;
@@ -570,9 +573,9 @@ static void parse_families(const cJSON *fa, mc_manifest *m, mc_errlist *errs) {
     /* the element dtype its param is stored in (docs/checkpoint.md, "Element dtypes") */
     const char *dt = get_str(o, "dtype", &c);
     f->dtype = dt ? mc_elem_dtype_parse(dt) : MC_ELEM_F32;
-    if (f->dtype < 0)
-      mc_errlist_add(errs, "%s.dtype '%s' is not an element dtype this MegaC implements (%s)", where, dt, DTYPE_LIST);
-    if (f->dtype < 0) f->dtype = MC_ELEM_F32;
+    if (f->dtype < 0 || !mc_elem_is_float(f->dtype))
+      mc_errlist_add(errs, "%s.dtype '%s' is not a float element dtype this MegaC implements (%s)", where, dt, FLOAT_DTYPE_LIST);
+    if (f->dtype < 0 || !mc_elem_is_float(f->dtype)) f->dtype = MC_ELEM_F32;
     const char *rule = get_str(o, "placement_rule", &c);
     if (rule) snprintf(f->placement_rule, sizeof f->placement_rule, "%s", rule);
     get_int32(o, "stage", 0, &f->stage, &c);
@@ -697,12 +700,14 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
           s->numel = 0;
           break;
         }
-      if (f->ndim != nd1) mc_errlist_add(errs, "%s: %d dimensions, family %s has %d", where, nd1, f->name, f->ndim);
+      int64_t shape[MC_CKPT_MAX_DIM]; /* the state's: the family's, or [1] for a scalar kind */
+      const int snd = mc_state_shape(f->ndim, f->shape, s->state, shape);
+      if (snd != nd1) mc_errlist_add(errs, "%s: %d dimensions, %s/%s has %d", where, nd1, f->name, mc_state_name(s->state), snd);
       else
         for (int k = 0; k < nd1; k++)
-          if (s->start[k] + s->count[k] > f->shape[k])
-            mc_errlist_add(errs, "%s: dimension %d [%" PRId64 ", %" PRId64 ") exceeds %s's extent %" PRId64, where, k,
-                           s->start[k], s->start[k] + s->count[k], f->name, f->shape[k]);
+          if (s->start[k] + s->count[k] > shape[k])
+            mc_errlist_add(errs, "%s: dimension %d [%" PRId64 ", %" PRId64 ") exceeds %s/%s's extent %" PRId64, where, k,
+                           s->start[k], s->start[k] + s->count[k], f->name, mc_state_name(s->state), shape[k]);
     }
     if (fam && state && ds) {
       char expect[sizeof s->dataset + 8];
@@ -737,7 +742,8 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
   free(by_rank);
 }
 
-/* Per (family, state the family has): stored elements must add up to the family's size.
+/* Per (family, state the family has): stored elements must add up to the state's size (the
+ * family's, 1 for a scalar kind).
  * Together with the read-time coverage check this catches missing shards. */
 static void check_coverage(mc_manifest *m, mc_errlist *errs) {
   int64_t *sum = calloc((size_t)(m->n_fams > 0 ? m->n_fams : 1) * MC_N_STATES, sizeof(int64_t));
@@ -746,9 +752,11 @@ static void check_coverage(mc_manifest *m, mc_errlist *errs) {
     if (m->shards[i].family_index >= 0) sum[m->shards[i].family_index * MC_N_STATES + m->shards[i].state] += m->shards[i].numel;
   for (int f = 0; f < m->n_fams; f++)
     for (int s = 0; s < MC_N_STATES; s++)
-      if (m->has_state[s] && mc_opt_has_state(m->fams[f].opt, (mc_state)s) && sum[f * MC_N_STATES + s] != m->fams[f].numel)
+      if (m->has_state[s] && mc_opt_has_state(m->fams[f].opt, (mc_state)s) &&
+          sum[f * MC_N_STATES + s] != (mc_state_is_scalar((mc_state)s) ? 1 : m->fams[f].numel))
         mc_errlist_add(errs, "family %s state %s: shards hold %" PRId64 " of %" PRId64 " elements", m->fams[f].name,
-                       mc_state_name((mc_state)s), sum[f * MC_N_STATES + s], m->fams[f].numel);
+                       mc_state_name((mc_state)s), sum[f * MC_N_STATES + s],
+                       mc_state_is_scalar((mc_state)s) ? (int64_t)1 : m->fams[f].numel);
   free(sum);
 }
 
@@ -782,12 +790,17 @@ static int parse_decl(const cJSON *e, const char *gwhere, const char *gname, int
     mc_errlist_add(errs, "%s (%s): state %s: dtype '%s' is not an element dtype this MegaC implements (%s)", gwhere,
                    gname, name ? name : "?", dt, DTYPE_LIST);
   if (*dtype < 0) *dtype = MC_ELEM_F32;
+  /* the kind fixes its rules and whether it is a counter (int64) or a float state */
+  const int scalar = st > 0 && mc_state_is_scalar((mc_state)st);
+  if (st > 0 && scalar != (*dtype == MC_ELEM_I64))
+    mc_errlist_add(errs, "%s (%s): state %s: dtype '%s' is not %s", gwhere, gname, name, dt ? dt : "float32",
+                   scalar ? "int64 (a counter is stored as int64)" : "a float format (" FLOAT_DTYPE_LIST ")");
   static const char *const fields[2] = {"shape", "placement"};
-  static const char *const implemented[2] = {"param", "param"};
+  const char *const implemented[2] = {scalar ? "scalar" : "param", scalar ? "replicated" : "param"};
   for (int k = 0; k < 2; k++) {
     const char *v = get_str(e, fields[k], &c);
-    if (v && strcmp(v, implemented[k]) != 0)
-      mc_errlist_add(errs, "%s (%s): state %s: %s '%s' is not implemented (only %s)", gwhere, gname, name ? name : "?",
+    if (v && st > 0 && strcmp(v, implemented[k]) != 0)
+      mc_errlist_add(errs, "%s (%s): state %s: %s '%s' is not that kind's rule (%s)", gwhere, gname, name ? name : "?",
                      fields[k], v, implemented[k]);
   }
   return st > 0 ? st : -1;
@@ -822,10 +835,12 @@ static void parse_groups(const cJSON *ga, int *listed, mc_manifest *m, mc_errlis
       if (st > 0 && (mask >> st & 1u)) mc_errlist_add(errs, "%s (%s): state %s declared twice", where, name, mc_state_name((mc_state)st));
       if (st > 0) mask |= 1u << st;
     }
-    if (k >= 0 && mask != mc_opt_state_mask(k)) {
+    /* format 3 predates AdamW's step (format 4) */
+    const unsigned keeps = k < 0 ? 0 : mc_opt_state_mask(k) & (m->format_version < 4 ? ~(1u << MC_STATE_STEP) : ~0u);
+    if (k >= 0 && mask != keeps) {
       char got[96], want[96];
       kind_list(mask, got, sizeof got);
-      kind_list(mc_opt_state_mask(k), want, sizeof want);
+      kind_list(keeps, want, sizeof want);
       mc_errlist_add(errs, "%s (%s) declares the states [%s] but %s keeps [%s]", where, name, got, name, want);
     }
   }

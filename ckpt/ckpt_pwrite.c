@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt_internal.h"
+#include "core/dtype.h"
 #include "util/error.h"
 
 /* Bytes written then hashed at a time: few system calls, and the hash reads what was just
@@ -20,7 +21,7 @@
 
 typedef struct {
   mc_shard_attrs *attrs;
-  const float *const *data;
+  const void *const *data;
   const int64_t *offsets; /* per shard: where its data goes, -1: not written here */
   const int *file_of;     /* per shard: its file */
   const int *first;       /* per file: its first shard; first[n_files] = n */
@@ -46,7 +47,7 @@ static int shard_job(void *vctx, int j) {
   mc_ckpt_shard *s = &c->attrs[i].s;
   const char *path = c->paths[f];
   const char *p = (const char *)c->data[i];
-  const int64_t bytes = s->numel * (int64_t)sizeof(float), at = c->offsets[i];
+  const int64_t bytes = s->numel * (int64_t)mc_elem_dtype_size(s->dtype), at = c->offsets[i];
   mc_sha256 *h = mc_sha256_begin();
   if (!h) return mc_error("%s: out of memory hashing dataset %s", path, s->dataset);
   int rc = 0;
@@ -80,7 +81,7 @@ static int job_order(const void *a, const void *b) {
   return x->shard - y->shard;
 }
 
-int mc_write_rank_files(const char *dir, int64_t step, mc_shard_attrs *attrs, const float *const *data, int n,
+int mc_write_rank_files(const char *dir, int64_t step, mc_shard_attrs *attrs, const void *const *data, int n,
                         int threads, int deflate) {
   int n_files = 0;
   for (int i = 0; i < n; i++)
@@ -101,7 +102,7 @@ int mc_write_rank_files(const char *dir, int64_t step, mc_shard_attrs *attrs, co
   /* 1. every file and dataset, under HDF5, one thread; then a descriptor for the data */
   for (int k = 0; k < n_files && rc == 0; k++) {
     const int b = first[k], e = first[k + 1];
-    for (int i = b; i < e; i++) file_of[i] = k, keys[i] = (job_key){k, attrs[i].s.numel * (int64_t)sizeof(float), i};
+    for (int i = b; i < e; i++) file_of[i] = k, keys[i] = (job_key){k, attrs[i].s.numel * (int64_t)mc_elem_dtype_size(attrs[i].s.dtype), i};
     rc = mc_path_join(paths[k], dir, attrs[b].s.file);
     if (rc == 0) rc = mc_h5_create_rank_file(paths[k], step, attrs[b].s.rank, attrs + b, e - b, deflate, offsets + b);
     if (rc == 0 && (fd[k] = open(paths[k], O_WRONLY | O_CLOEXEC)) < 0)

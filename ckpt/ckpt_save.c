@@ -30,7 +30,7 @@ static int solo_barrier(void *user, int ok) {
 typedef struct {
   int n;
   mc_shard_attrs *attrs;
-  const float **data;
+  const void **data;
 } write_set;
 
 typedef struct {
@@ -61,19 +61,21 @@ static void fill_attrs(const mc_geometry *g, int family, mc_state state, int ran
   snprintf(s->dataset, sizeof s->dataset, "/%s/%s", fam->name, mc_state_name(state));
   snprintf(s->family, sizeof s->family, "%s", fam->name);
   s->family_index = family;
-  s->dtype = MC_ELEM_F32; /* a save writes the trainer's states as it holds them: fp32 */
+  /* a save writes the trainer's states as it holds them: fp32, int64 counters */
+  s->dtype = mc_opt_state_dtype(fam->opt, state);
   s->state = state;
   s->ndim = sh->ndim;
+  mc_state_shape(fam->ndim, fam->shape, state, a->global_shape);
   for (int d = 0; d < sh->ndim; d++) {
     s->start[d] = sh->start[d];
     s->count[d] = sh->count[d];
-    a->global_shape[d] = fam->shape[d];
   }
   s->numel = sh->numel;
   s->rank = rank;
   s->stage = sh->stage;
   s->opt = fam->opt;
-  mc_placement_rule(g, family, a->placement_rule, sizeof a->placement_rule);
+  if (mc_state_is_scalar(state)) snprintf(a->placement_rule, sizeof a->placement_rule, "replicated");
+  else mc_placement_rule(g, family, a->placement_rule, sizeof a->placement_rule);
 }
 
 /* Keeps the items this process is primary for, ordered by rank, family, state, and fills
@@ -481,7 +483,7 @@ static int add_primaries(const mc_geometry *g, int f, mc_state st, readback *rb,
     for (int k = 0; k < per; k++)
       if (sh[k].held && sh[k].primary_rank == base + i) a->replica_buf[a->s.n_replicas++] = base + k;
     a->s.replicas = a->replica_buf;
-    bytes[base + i] += sh[i].numel * (int64_t)sizeof(float);
+    bytes[base + i] += sh[i].numel * (int64_t)mc_elem_dtype_size(a->s.dtype);
   }
   return 0;
 }

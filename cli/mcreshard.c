@@ -146,10 +146,15 @@ static int parse_state_dtypes(const char *arg, int *dt) {
     if (!eq) return mc_error("--state-dtype %s: '%s' is not STATE=DTYPE", arg, item);
     *eq = 0;
     int s = mc_state_parse(item), d = mc_elem_dtype_parse(eq + 1);
-    if (s < 0) return mc_error("--state-dtype %s: '%s' is not a state kind (param, exp_avg, exp_avg_sq, momentum)", arg, item);
+    if (s < 0) return mc_error("--state-dtype %s: '%s' is not a state kind (param, exp_avg, exp_avg_sq, momentum, step)", arg, item);
     if (d < 0)
       return mc_error("--state-dtype %s: '%s' is not an element dtype (float32, bfloat16, float16, float8_e4m3, "
-                      "float8_e5m2)", arg, eq + 1);
+                      "float8_e5m2, int64)", arg, eq + 1);
+    /* int64 holds counters, whose values no float format keeps exactly: never converted */
+    if (d == MC_ELEM_I64)
+      return mc_error("--state-dtype %s: int64 is no conversion target (only int64 counters are int64, and they stay so)", arg);
+    if (s == MC_STATE_STEP)
+      return mc_error("--state-dtype %s: state step is an int64 counter and stays int64 (no conversion)", arg);
     if (dt[s] >= 0) return mc_error("--state-dtype %s: state %s is given twice", arg, item);
     dt[s] = d;
   }

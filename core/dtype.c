@@ -5,8 +5,8 @@
 #include <math.h>
 #include <string.h>
 
-static const char *const names[MC_N_ELEM_DTYPES] = {"float32", "bfloat16", "float16", "float8_e4m3", "float8_e5m2"};
-static const size_t sizes[MC_N_ELEM_DTYPES] = {4, 2, 2, 1, 1};
+static const char *const names[MC_N_ELEM_DTYPES] = {"float32", "bfloat16", "float16", "float8_e4m3", "float8_e5m2", "int64"};
+static const size_t sizes[MC_N_ELEM_DTYPES] = {4, 2, 2, 1, 1, 8};
 
 const char *mc_elem_dtype_name(int dt) { return dt >= 0 && dt < MC_N_ELEM_DTYPES ? names[dt] : "?"; }
 
@@ -17,6 +17,8 @@ int mc_elem_dtype_parse(const char *name) {
 }
 
 size_t mc_elem_dtype_size(int dt) { return dt >= 0 && dt < MC_N_ELEM_DTYPES ? sizes[dt] : 0; }
+
+int mc_elem_is_float(int dt) { return dt >= 0 && dt < MC_N_ELEM_DTYPES && dt != MC_ELEM_I64; }
 
 /* A binary floating-point format narrower than fp32: `ebits` exponent bits, `mbits` mantissa
  * bits, bias 2^(ebits-1)-1. ieee: the all-ones exponent is infinity (mantissa 0) or NaN;

@@ -13,6 +13,10 @@
  *                it, and an infinity, saturates to +-448
  *   float8_e5m2  1 byte, OCP FP8 E5M2 (5 exponent bits, 2 mantissa bits, bias 15): IEEE-like,
  *                overflow rounds to infinity as round-to-nearest-even says (from 61440 up)
+ *   int64        8 bytes, a little-endian two's complement integer (steps, counters): not a
+ *                float format. It has no fp32 conversion (most of its values have no exact fp32
+ *                value), so mc_elem_narrow and mc_elem_widen do not take it; an int64 state is
+ *                int64 from the optimizer to the file and back (mc_elem_is_float says which).
  * A NaN stays a NaN of the same sign, keeping the top bits of its payload that fit (a payload
  * that would become zero becomes the quiet bit), so every bit pattern of every format
  * survives widening and narrowing back unchanged (E4M3 has one NaN per sign).
@@ -31,15 +35,18 @@ typedef enum {
   MC_ELEM_F16 = 2,
   MC_ELEM_F8_E4M3 = 3,
   MC_ELEM_F8_E5M2 = 4,
-  MC_N_ELEM_DTYPES = 5
+  MC_ELEM_I64 = 5,
+  MC_N_ELEM_DTYPES = 6
 } mc_elem_dtype;
 
-/* "float32", "bfloat16", "float16", "float8_e4m3", "float8_e5m2" ("?" if out of range). */
+/* "float32", "bfloat16", "float16", "float8_e4m3", "float8_e5m2", "int64" ("?" if out of range). */
 const char *mc_elem_dtype_name(int dt);
 /* The dtype of that name, or -1 if the name is none of them. */
 int mc_elem_dtype_parse(const char *name);
-/* Bytes per element: 4, 2, 2, 1, 1 (0 if out of range). */
+/* Bytes per element: 4, 2, 2, 1, 1, 8 (0 if out of range). */
 size_t mc_elem_dtype_size(int dt);
+/* 1 for the floating-point dtypes (every one but int64), which convert to and from fp32. */
+int mc_elem_is_float(int dt);
 
 /* One element (bit patterns as integers). */
 uint16_t mc_bf16_of_f32(float f);
@@ -51,10 +58,10 @@ float mc_f32_of_e4m3(uint8_t b);
 uint8_t mc_e5m2_of_f32(float f);
 float mc_f32_of_e5m2(uint8_t b);
 
-/* n fp32 values -> n elements of dtype dt at dst, little-endian (n * mc_elem_dtype_size(dt)
+/* n fp32 values -> n elements of floating-point dtype dt at dst, little-endian (n * mc_elem_dtype_size(dt)
  * bytes): the stored bytes of a shard. float32 is a byte copy. */
 void mc_elem_narrow(int dt, const float *src, void *dst, int64_t n);
-/* n little-endian elements of dtype dt at src -> n fp32 values, exactly. float32 is a byte
+/* n little-endian elements of floating-point dtype dt at src -> n fp32 values, exactly. float32 is a byte
  * copy. src and dst must not overlap. */
 void mc_elem_widen(int dt, const void *src, float *dst, int64_t n);
 

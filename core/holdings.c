@@ -2,6 +2,7 @@
  * the block-kind table; every tensor is counted at its footprint in its category. */
 #include "core/holdings.h"
 
+#include "core/dtype.h"
 #include "core/optim_groups.h"
 
 #include <math.h>
@@ -68,10 +69,16 @@ int mc_param_hold_of(const mc_geometry *g, int fam, int rank, const mc_hold_opts
   for (int st = 0; st < MC_N_STATES; st++) {
     mc_shard ss;
     if (mc_shard_of(g, fam, (mc_state)st, rank, &ss)) return -1;
-    /* every declared state is fp32 and shaped and placed like the parameter (optim_groups.h) */
-    out->state_bytes[st] = mc_family_has_state(f, (mc_state)st) ? ss.numel * 4 : 0;
+    const mc_state_decl *d = mc_opt_state_decl(f->opt, (mc_state)st);
+    const int64_t esize = (int64_t)mc_elem_dtype_size(mc_opt_state_dtype(f->opt, (mc_state)st)); /* 0 if not kept */
+    out->state_bytes[st] = ss.numel * esize;
     out->state_primary[st] = ss.primary;
     out->state_cat[st] = st == MC_STATE_PARAM ? out->param_cat : out->moments_cat;
+    if (d && mc_state_is_scalar((mc_state)st)) {
+      out->n_moments--; /* declared, but not shaped like the parameter */
+      out->n_scalars += ss.held;
+      out->scalar_bytes = esize;
+    }
   }
   return 0;
 }

@@ -56,13 +56,19 @@ typedef struct {
                               weights only (fp32 working weights are their own master) */
   int64_t master_bytes;    /* its bytes (0 with an empty hyperslab: still a tensor) */
   mc_mem_cat moments_cat;  /* optimizer.moments.{decay,no_decay} */
-  int n_moments;           /* optimizer state tensors besides the master: the states the family's
-                              optimizer declares (core/optim_groups.h: AdamW 2, Muon 1) */
+  int n_moments;           /* optimizer state tensors shaped like the parameter besides the master:
+                              the ones the family's optimizer declares (core/optim_groups.h:
+                              AdamW 2, Muon 1) */
   int64_t moment_bytes;    /* each of them (all fp32, shaped like the state hyperslab) */
-  /* The checkpoint's view (fp32 states): for each state kind, the bytes of the hyperslab the
-   * rank holds (mc_shard_of; 0 for a kind the family's optimizer does not keep), the category
-   * it counts under (param: by placement; optimizer states: by decay group) and whether the
-   * rank is its primary, the one that writes it. */
+  int n_scalars;           /* scalar states the rank holds (AdamW's step; none where it holds
+                              nothing of the parameter): host memory of the optimizer, which
+                              computes the bias correction from it, so in no device category */
+  int64_t scalar_bytes;    /* each of them: one element of its declared dtype (int64: 8) */
+  /* The checkpoint's view: for each state kind, the bytes of the hyperslab the rank holds
+   * (mc_shard_of, at the kind's declared dtype: fp32, int64 for step; 0 for a kind the
+   * family's optimizer does not keep), the category it counts under (param: by placement;
+   * optimizer states: by decay group) and whether the rank is its primary, the one that
+   * writes it. */
   int64_t state_bytes[MC_N_STATES];
   mc_mem_cat state_cat[MC_N_STATES];
   int state_primary[MC_N_STATES];

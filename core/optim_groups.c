@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
 #include "util/error.h"
 
 static const char *const OPT_NAMES[MC_N_OPTS] = {"adamw", "muon"};
@@ -13,6 +14,7 @@ static const char *const OPT_NAMES[MC_N_OPTS] = {"adamw", "muon"};
 static const mc_state_decl ADAMW_STATES[] = {
     {MC_STATE_EXP_AVG, "float32", "param", "param"},
     {MC_STATE_EXP_AVG_SQ, "float32", "param", "param"},
+    {MC_STATE_STEP, "int64", "scalar", "replicated"},
 };
 static const mc_state_decl MUON_STATES[] = {
     {MC_STATE_MOMENTUM, "float32", "param", "param"},
@@ -38,6 +40,20 @@ const mc_state_decl *mc_opt_states(int kind, int *n) {
       *n = 0;
       return NULL;
   }
+}
+
+const mc_state_decl *mc_opt_state_decl(int kind, mc_state s) {
+  int n;
+  const mc_state_decl *d = mc_opt_states(kind, &n);
+  for (int i = 0; i < n; i++)
+    if (d[i].state == s) return &d[i];
+  return NULL;
+}
+
+int mc_opt_state_dtype(int kind, mc_state s) {
+  if (s == MC_STATE_PARAM) return MC_ELEM_F32;
+  const mc_state_decl *d = mc_opt_state_decl(kind, s);
+  return d ? mc_elem_dtype_parse(d->dtype) : -1;
 }
 
 unsigned mc_opt_state_mask(int kind) {

@@ -3,10 +3,13 @@
  *
  * Each optimizer declares its state kinds, besides the fp32 master weight every family has
  * (MC_STATE_PARAM): a name (mc_state_name), an element dtype, a shape rule relative to the
- * parameter and a placement rule. Both optimizers MegaC has keep fp32 states shaped and placed
- * like the parameter, so every state kind reshards with its parameter (mc_shard_of).
- *   adamw: exp_avg, exp_avg_sq
- *   muon:  momentum
+ * parameter and a placement rule (the kind fixes both: core/ownership.h, mc_state_is_scalar).
+ * A state shaped and placed like the parameter reshards with it; a scalar one is replicated
+ * over the ranks holding the parameter (mc_shard_of).
+ *   adamw: exp_avg, exp_avg_sq (float32, "param", "param"); step (int64, "scalar",
+ *          "replicated": the optimizer steps the family has taken, its bias-correction count t,
+ *          as PyTorch's AdamW keeps state["step"])
+ *   muon:  momentum (float32, "param", "param")
  *
  * The configuration key optim.groups assigns families to optimizers: a comma-separated list of
  * OPTIMIZER:SELECTOR rules, first match wins, and every family must match one. Selectors:
@@ -34,13 +37,21 @@ int mc_opt_parse(const char *name); /* -1 if unknown */
 typedef struct {
   mc_state state;
   const char *dtype;     /* element dtype the optimizer keeps it in: "float32" (a checkpoint may
-                          * store it narrower: docs/checkpoint.md, "Element dtypes") */
-  const char *shape;     /* "param": the parameter's shape (the only rule so far) */
-  const char *placement; /* "param": the parameter's hyperslab on every rank (mc_shard_of) */
+                          * store it narrower: docs/checkpoint.md, "Element dtypes") or "int64"
+                          * (stored as int64, never converted) */
+  const char *shape;     /* "param": the parameter's shape; "scalar": one element, shape [1] */
+  const char *placement; /* "param": the parameter's hyperslab on every rank; "replicated": whole
+                          * on every rank holding part of the parameter (mc_shard_of) */
 } mc_state_decl;
 
 /* The state kinds optimizer `kind` declares (not counting param); *n receives how many. */
 const mc_state_decl *mc_opt_states(int kind, int *n);
+/* Optimizer `kind`'s declaration of state kind s, NULL if it does not declare it (param
+ * included: no optimizer declares it). */
+const mc_state_decl *mc_opt_state_decl(int kind, mc_state s);
+/* The element dtype (mc_elem_dtype, core/dtype.h) optimizer `kind` keeps state kind s in: float32
+ * for param, the declared dtype otherwise; -1 for a kind it does not keep. */
+int mc_opt_state_dtype(int kind, mc_state s);
 /* Bit s set for every state kind a family trained by `kind` has: param and the declared ones. */
 unsigned mc_opt_state_mask(int kind);
 /* 1 if optimizer `kind` keeps state kind s (param included: every optimizer has it). */

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const STATE_NAMES[MC_N_STATES] = {"param", "exp_avg", "exp_avg_sq", "momentum"};
+static const char *const STATE_NAMES[MC_N_STATES] = {"param", "exp_avg", "exp_avg_sq", "momentum", "step"};
 
 const char *mc_state_name(mc_state s) { return s >= 0 && s < MC_N_STATES ? STATE_NAMES[s] : "?"; }
 
@@ -14,6 +14,17 @@ int mc_state_parse(const char *name) {
   for (int s = 0; s < MC_N_STATES; s++)
     if (!strcmp(name, STATE_NAMES[s])) return s;
   return -1;
+}
+
+int mc_state_is_scalar(mc_state s) { return s == MC_STATE_STEP; }
+
+int mc_state_shape(int ndim, const int64_t *fam_shape, mc_state s, int64_t shape[3]) {
+  if (mc_state_is_scalar(s)) {
+    shape[0] = 1;
+    return 1;
+  }
+  for (int d = 0; d < ndim; d++) shape[d] = fam_shape[d];
+  return ndim;
 }
 
 static const char *const RULE_NAMES[MC_OWN_N_RULES] = {"balanced-v2", "balanced", "chunked"};
@@ -205,6 +216,53 @@ static void zero_group(const mc_geometry *g, const mc_family *f, const mc_coords
   }
 }
 
+/* The members of a ZeRO group of `gs` whose part of a local slice D (mc_zero_part) is not
+ * empty: *count of them, the lowest *lowest. Only dim-0 splits leave members empty: chunked
+ * gives rows to the first ceil(rows / chunk), balanced with fewer rows than members to
+ * members rot, ..., rot+rows-1 (mod gs). (tests/core/test_ownership.c checks this
+ * against mc_zero_part.) */
+static void zero_nonempty(int rule, int ndim, const int64_t *D, int gs, int rot, int *count, int *lowest) {
+  const int64_t rows = D[0];
+  *count = gs, *lowest = 0;
+  if (rule == MC_OWN_CHUNKED) { /* chunk = ceil(rows / gs): ceil(rows / chunk) members */
+    const int64_t chunk = (rows + gs - 1) / gs;
+    *count = (int)(rows > 0 ? (rows + chunk - 1) / chunk : 0);
+    return;
+  }
+  if (mc_zero_split_dim(rule, ndim, D, gs) > 0 || rows >= gs) return;
+  *count = (int)rows;
+  *lowest = rot + rows > gs ? 0 : rot;
+}
+
+/* Step 2 of mc_shard_of for a scalar kind: out holds the rank's param hyperslab; the scalar
+ * is held where that is not empty, by every such rank of the stage. */
+static int scalar_shard(const mc_geometry *g, const mc_family *f, int fam, int rank, const mc_coords *c, mc_shard *out) {
+  const mc_layout *l = &g->layout;
+  out->ndim = 1;
+  memset(out->local_start, 0, sizeof out->local_start), memset(out->start, 0, sizeof out->start);
+  memset(out->local_count, 0, sizeof out->local_count), memset(out->count, 0, sizeof out->count);
+  out->local_count[0] = 1;
+  out->zero_group = 1, out->zero_index = 0, out->zero_dim = 0;
+  if (!out->held) {
+    out->numel = 0;
+    return 0;
+  }
+  out->count[0] = 1, out->numel = 1;
+  /* holders: every rank of the stage whose ZeRO member index is a nonempty member; the
+   * members are dp_rank (dense, tp ranks each) or li / ep (experts, ep ranks each) */
+  const int per = f->place == MC_PLACE_EP ? l->ep : l->tp, gs = zero_size(l, f);
+  int members = gs, lowest = 0;
+  if (l->zero > 0) {
+    int64_t D[3] = {1, 1, 1}; /* ndim <= 3; set for the compiler too */
+    local_dims(l, f, D);
+    zero_nonempty(l->own_rule, f->ndim, D, gs, mc_zero_rotation(g, fam), &members, &lowest);
+  }
+  out->n_replicas = members * per;
+  out->primary_rank = l->tp * l->dp * c->pp_rank + per * lowest;
+  out->primary = out->primary_rank == rank;
+  return 0;
+}
+
 int mc_shard_of(const mc_geometry *g, int fam, mc_state state, int rank, mc_shard *out) {
   const mc_layout *l = &g->layout;
   if (fam < 0 || fam >= g->fams.n) return mc_error("family index %d out of range [0, %d)", fam, g->fams.n);
@@ -215,7 +273,7 @@ int mc_shard_of(const mc_geometry *g, int fam, mc_state state, int rank, mc_shar
   mc_layout_coords(l, rank, &c);
   memset(out, 0, sizeof *out);
   out->stage = mc_family_stage(g, fam);
-  out->ndim = f->ndim;
+  out->ndim = mc_state_is_scalar(state) ? 1 : f->ndim; /* a scalar kind: shape [1] */
   out->primary_rank = -1;
   out->zero_group = 1;
   out->in_stage = c.pp_rank == out->stage;
@@ -251,6 +309,7 @@ int mc_shard_of(const mc_geometry *g, int fam, mc_state state, int rank, mc_shar
   out->numel = 1;
   for (int i = 0; i < f->ndim; i++) out->numel *= out->count[i];
   out->held = out->numel > 0;
+  if (mc_state_is_scalar(state)) return scalar_shard(g, f, fam, rank, &c, out);
   if (!out->held) return 0;
 
   /* 3. Replicas: ranks of the stage whose hyperslab is the same. Which coordinates the

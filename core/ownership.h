@@ -14,17 +14,30 @@
 
 /* The state kinds a checkpoint can hold of a family: its fp32 master weight (param, every
  * family) and the states its optimizer group declares (core/optim_groups.h: AdamW's two
- * moments, Muon's momentum). The number of a kind is part of the format: it picks the
- * primary replica (step 3 of mc_shard_of), so kinds are only ever appended. */
+ * moments and step counter, Muon's momentum). The number of a kind is part of the format: it
+ * picks the primary replica (step 3 of mc_shard_of), so kinds are only ever appended. */
 typedef enum {
   MC_STATE_PARAM = 0,
   MC_STATE_EXP_AVG = 1,
   MC_STATE_EXP_AVG_SQ = 2,
   MC_STATE_MOMENTUM = 3,
-  MC_N_STATES = 4
+  MC_STATE_STEP = 4,
+  MC_N_STATES = 5
 } mc_state;
 const char *mc_state_name(mc_state s);
 int mc_state_parse(const char *name); /* -1 if unknown */
+
+/* A kind's shape and placement rules are fixed by the kind (core/optim_groups.h declares them
+ * with it), so ownership needs no optimizer to answer them. Two pairs exist:
+ *   shape "param", placement "param": the parameter's shape, the parameter's hyperslab on
+ *     every rank (param and every moment);
+ *   shape "scalar", placement "replicated" (step): one element, stored as shape [1]; held
+ *     whole by every rank that holds a nonempty hyperslab of the family's param (so of every
+ *     state shaped like it), the lowest of those ranks its primary (mc_shard_of). */
+int mc_state_is_scalar(mc_state s);
+/* The global shape of state kind s of a family of `ndim` extents fam_shape: the family's shape,
+ * or [1] for a scalar kind. Returns the number of dimensions. */
+int mc_state_shape(int ndim, const int64_t *fam_shape, mc_state s, int64_t shape[3]);
 /* The stride of the primary-replica formula (3*family + state): fixed at the number of kinds
  * format version 2 knew, so that adding kinds moves no existing checkpoint's primaries. */
 #define MC_PRIMARY_FAMILY_STRIDE 3
@@ -98,7 +111,9 @@ typedef struct {
   int zero_dim;     /* the dimension the group splits (mc_zero_split_dim; 0 if not sharded) */
 } mc_shard;
 
-/* THE ownership function. */
+/* THE ownership function. For a scalar kind (mc_state_is_scalar) the shard is [0, 1) of its
+ * [1] shape: ndim 1, local_* and start/count 0 and 1, held by the family's param holders,
+ * zero_group 1; n_replicas counts every holder and the primary is the lowest. */
 int mc_shard_of(const mc_geometry *g, int fam, mc_state state, int rank, mc_shard *out);
 
 /* The rotation of the balanced rules for family `fam`: which member of the ZeRO group gets

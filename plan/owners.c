@@ -64,7 +64,8 @@ int mc_own_table_build(const mc_geometry *g, int fam, mc_own_table *t) {
     }
     if (!s.in_stage) continue;
     for (int st = MC_STATE_EXP_AVG; st < MC_N_STATES; st++) {
-      if (!mc_family_has_state(&g->fams.f[fam], (mc_state)st)) continue;
+      /* the kinds shaped like the parameter; a scalar (step) is held wherever param is not empty */
+      if (!mc_family_has_state(&g->fams.f[fam], (mc_state)st) || mc_state_is_scalar((mc_state)st)) continue;
       if (mc_shard_of(g, fam, (mc_state)st, rank, &m) != 0) {
         free(e), mc_own_table_free(t);
         return -1;

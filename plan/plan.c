@@ -136,11 +136,14 @@ static int plan_rank(const mc_geometry *g, mc_plan *p, int rank, const mc_stage_
     const mc_family *f = &g->fams.f[fi];
     for (int s = 0; s < MC_N_STATES; s++) {
       if (!mc_family_has_state(f, (mc_state)s)) continue; /* a kind its optimizer does not keep */
-      const int64_t elems = h.state_bytes[s] / 4;       /* every state is fp32 (core/optim_groups.h) */
+      mc_shard sh; /* elements from ownership: the kinds differ in element size */
+      if (mc_shard_of(g, fi, (mc_state)s, rank, &sh)) return mc_error_context("planning rank %d", rank);
+      const int64_t elems = sh.numel;
       r->state_elems[s] += elems;
       if (h.state_primary[s]) r->primary_elems[s] += elems;
       /* each optimizer state is one tensor at its footprint, as holdings counts the moments */
-      if (s != MC_STATE_PARAM) r->opt_group_bytes[f->opt] += mc_mem_footprint(h.state_bytes[s]);
+      if (s != MC_STATE_PARAM && !mc_state_is_scalar((mc_state)s)) /* scalars live on the host (core/holdings.h) */
+        r->opt_group_bytes[f->opt] += mc_mem_footprint(h.state_bytes[s]);
     }
   }
   r->act = *sa;

@@ -144,7 +144,9 @@ static void check_manifest(mc_rs_source *src, mc_audit *a) {
       }
       char what[MC_FAMILY_NAME_MAX + 16];
       snprintf(what, sizeof what, "%s/%s", g->fams.f[f].name, mc_state_name((mc_state)st));
-      mc_audit_tiling(what, g->fams.f[f].ndim, g->fams.f[f].shape, slabs, ranks, n, &a->problems);
+      int64_t shape[MC_CKPT_MAX_DIM]; /* the state's: a scalar kind's is [1] */
+      const int nd = mc_state_shape(g->fams.f[f].ndim, g->fams.f[f].shape, (mc_state)st, shape);
+      mc_audit_tiling(what, nd, shape, slabs, ranks, n, &a->problems);
     }
   free(idx);
   /* Each stored shard is what mc_shard_of says its rank is primary for, and its HDF5
@@ -188,10 +190,12 @@ static void check_manifest(mc_rs_source *src, mc_audit *a) {
         mc_errlist_add(&a->problems, "%s", mc_errmsg());
       }
     }
-    if (fid >= 0 && mc_h5_check_attrs(fid, s->file, s, g->fams.f[f].shape) != 0)
+    int64_t shape[MC_CKPT_MAX_DIM];
+    mc_state_shape(g->fams.f[f].ndim, g->fams.f[f].shape, s->state, shape);
+    if (fid >= 0 && mc_h5_check_attrs(fid, s->file, s, shape) != 0)
       mc_errlist_add(&a->problems, "%s", mc_errmsg());
     a->stored[s->rank] += s->numel * (int64_t)mc_elem_dtype_size(s->dtype);
-    a->stored_fp32[s->rank] += s->numel * 4;
+    a->stored_fp32[s->rank] += s->numel * (int64_t)mc_elem_dtype_size(mc_opt_state_dtype(g->fams.f[f].opt, s->state));
   }
   if (fid >= 0) mc_h5_close(fid);
 out:
@@ -224,7 +228,7 @@ static void totals(const mc_geometry *g, mc_audit *a) {
       }
     }
     if (a->stored_fp32[r] != primary)
-      mc_errlist_add(&a->problems, "rank %d wrote %lld bytes of shards (at fp32); under the layout it is primary for %lld (core/holdings.h)",
+      mc_errlist_add(&a->problems, "rank %d wrote %lld bytes of shards (at the trainer's dtypes); under the layout it is primary for %lld (core/holdings.h)",
                      r, (long long)a->stored_fp32[r], (long long)primary);
     for (int st = 0; st < MC_N_STATES; st++) a->optimizer[r] += a->held[r * MC_N_STATES + st];
   }

@@ -39,8 +39,8 @@ typedef struct {
   char (*digest)[MC_N_STATES][65]; /* per family; "" where not computed or not a kind the family has */
   int64_t *held;                   /* [world][MC_N_STATES]: bytes each rank holds (replicas too) */
   int64_t *stored;                 /* [world]: bytes of the primaries each rank wrote, as stored */
-  int64_t *stored_fp32;            /* [world]: the same at 4 bytes an element, which the holdings
-                                    * (fp32 in memory) must equal */
+  int64_t *stored_fp32;            /* [world]: the same at the dtype the trainer keeps each state in
+                                    * (fp32, int64 for step), which the holdings must equal */
   int64_t *cat;                    /* [world][MC_MEM_COUNT]: held bytes by category (holdings) */
   int64_t *optimizer;              /* [world]: optimizer-state bytes held (the audited states summed) */
   double optimizer_balance;        /* largest / mean of optimizer[] (1 when nothing is held) */

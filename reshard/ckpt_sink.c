@@ -53,11 +53,10 @@ static int shard_attrs(hid_t d, const mc_geometry *g, int fam, mc_state st, int 
   snprintf(a.s.family, sizeof a.s.family, "%s", f->name);
   a.s.state = st;
   a.s.dtype = dtype;
-  a.s.ndim = f->ndim;
-  for (int i = 0; i < f->ndim; i++) {
+  a.s.ndim = mc_state_shape(f->ndim, f->shape, st, a.global_shape);
+  for (int i = 0; i < a.s.ndim; i++) {
     a.s.start[i] = sh->slab.start[i];
     a.s.count[i] = sh->slab.count[i];
-    a.global_shape[i] = f->shape[i];
   }
   a.s.stage = mc_family_stage(g, fam);
   a.s.n_replicas = mc_shard_replicas(g, fam, st, sh->rank, reps);
@@ -65,7 +64,8 @@ static int shard_attrs(hid_t d, const mc_geometry *g, int fam, mc_state st, int 
   a.s.rank = sh->rank;
   a.s.opt = f->opt; /* the target geometry's optimizer: the source's groups, kept */
   snprintf(a.s.sha256, sizeof a.s.sha256, "%s", hex);
-  mc_placement_rule(g, fam, a.placement_rule, sizeof a.placement_rule);
+  if (mc_state_is_scalar(st)) snprintf(a.placement_rule, sizeof a.placement_rule, "replicated");
+  else mc_placement_rule(g, fam, a.placement_rule, sizeof a.placement_rule);
   int rc = mc_h5_write_shard_attrs((int64_t)d, &a);
   free(reps);
   return rc;
@@ -127,9 +127,9 @@ static int create_file(mc_rs_sink *s, const mc_rs_plan *p, const char *step_dir,
       rc = mc_error("%s: cannot create group %s", f->path, gname);
       break;
     }
-    hsize_t dims[3];
-    for (int d = 0; d < fam->ndim; d++) dims[d] = (hsize_t)tg->shard.slab.count[d];
-    hid_t sp = H5Screate_simple(fam->ndim, dims, NULL);
+    hsize_t dims[3]; /* the shard's box: the state's dimensions (a scalar kind's one) */
+    for (int d = 0; d < tg->shard.slab.ndim; d++) dims[d] = (hsize_t)tg->shard.slab.count[d];
+    hid_t sp = H5Screate_simple(tg->shard.slab.ndim, dims, NULL);
     hid_t type = (hid_t)mc_h5_stored_type((int64_t)fid, tn->dtype); /* the element dtype as stored */
     hid_t d = type < 0 ? -1 : H5Dcreate2(gr, mc_state_name(tn->state), type, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     if (type >= 0) H5Tclose(type);

@@ -24,7 +24,7 @@ typedef struct {
   int file;                 /* index into files */
   int64_t raw_offset;       /* byte offset of the data in the file, -1: read through HDF5 */
   int64_t row;              /* elements per row of the shard */
-  const int64_t *shape;     /* the family's global shape */
+  int64_t shape[MC_CKPT_MAX_DIM]; /* the state's global shape (mc_state_shape) */
 } src_shard;
 
 struct mc_rs_source {
@@ -184,7 +184,7 @@ int mc_rs_source_bind(mc_rs_source *s, const mc_rs_plan *p) {
       src_shard *sh = &s->shards[i];
       sh->rec = rec;
       sh->file = fi;
-      sh->shape = f->shape;
+      mc_state_shape(f->ndim, f->shape, tn->state, sh->shape);
       sh->row = 1;
       for (int d = 1; d < rec->ndim; d++) sh->row *= rec->count[d];
     }
@@ -226,6 +226,7 @@ int mc_rs_source_read(void *ctx, const mc_rs_plan *p, int i, int64_t off, int64_
   (void)p;
   const src_shard *sh = &s->shards[i];
   const src_file *f = &s->files[sh->file];
+  if (sh->rec->dtype == MC_ELEM_I64) return mc_h5_read_stored(f->fid, sh->rec->file, sh->rec, buf); /* whole, as stored */
   if (sh->raw_offset >= 0) /* contiguous fp32 little-endian data: plain preads, outside the HDF5 lock */
     return mc_read_raw(f->fd, sh->raw_offset + off * 4, buf, n * 4, sh->rec->file, sh->rec->dataset);
   int64_t o[MC_CKPT_MAX_DIM] = {0}, c[MC_CKPT_MAX_DIM], z[MC_CKPT_MAX_DIM] = {0};

@@ -66,14 +66,28 @@ static int64_t tensor_bytes(const mc_rs_plan *p, int t) {
   return b;
 }
 
-static int full_width(const mc_box *s, const mc_family *f) {
+/* The global shape of a tensor: its state's (mc_state_shape: the family's, [1] for a scalar
+ * kind), with its element count. */
+typedef struct {
+  int ndim;
+  int64_t shape[3], numel;
+} tshape;
+
+static tshape tensor_shape(const mc_family *f, mc_state st) {
+  tshape t = {0, {1, 1, 1}, 1};
+  t.ndim = mc_state_shape(f->ndim, f->shape, st, t.shape);
+  for (int d = 0; d < t.ndim; d++) t.numel *= t.shape[d];
+  return t;
+}
+
+static int full_width(const mc_box *s, const tshape *f) {
   for (int d = 1; d < f->ndim; d++)
     if (s->start[d] != 0 || s->count[d] != f->shape[d]) return 0;
   return 1;
 }
 
 /* The view box of global box s (see stream_shard). */
-static mc_box to_view(const mc_box *s, const mc_family *f, int flat) {
+static mc_box to_view(const mc_box *s, const tshape *f, int flat) {
   mc_box v = {3, {0, 0, 0}, {1, 1, 1}};
   if (flat) {
     int64_t rowel = 1;
@@ -115,11 +129,47 @@ static const void *as_stored(int dt, const float *buf, unsigned char *raw, int64
   return raw;
 }
 
+/* An int64 tensor (a counter: AdamW's step) has no fp32 values and is never converted: its one
+ * element travels as its stored bytes, read from its one source shard (io->read gives an
+ * int64 source's stored bytes) and written unchanged to every target, each the same box (a
+ * scalar kind's [0, 1)). */
+static int run_int64(exec_shared *x, int ti, EVP_MD_CTX **ctx) {
+  const mc_rs_plan *p = x->p;
+  const mc_rs_tensor *tn = &p->tensors[ti];
+  const char *name = x->g->fams.f[tn->fam].name, *st = mc_state_name(tn->state);
+  if (tn->src_dtype != tn->dtype)
+    return mc_error("%s/%s: int64 is never converted (%s to %s)", name, st, mc_elem_dtype_name(tn->src_dtype),
+                    mc_elem_dtype_name(tn->dtype));
+  const mc_box *sb = &p->src[tn->first_src].slab;
+  if (tn->n_src != 1 || mc_box_numel(sb) != 1) return mc_error("%s/%s: an int64 state moves as one element of one shard", name, st);
+  for (int i = 0; i < tn->n_tgt; i++)
+    if (!mc_box_equal(&p->targets[tn->first_tgt + i].shard.slab, sb))
+      return mc_error("%s/%s: an int64 target shard is not the source's box", name, st);
+  union {
+    int64_t i;
+    float f[2];
+  } v;
+  unsigned char sha[32];
+  if (x->io->read(x->io->ctx, p, tn->first_src, 0, 1, v.f) != 0) return -1;
+  atomic_fetch_add(&x->bytes_read, 8);
+  if (EVP_DigestInit_ex(ctx[0], EVP_sha256(), NULL) != 1 || EVP_DigestUpdate(ctx[0], &v.i, 8) != 1)
+    return mc_error("SHA-256 failed");
+  if (sha_finish(ctx[0], sha) != 0) return -1;
+  if (x->io->src_done && x->io->src_done(x->io->ctx, p, tn->first_src, sha) != 0) return -1;
+  for (int i = 0; i < tn->n_tgt; i++) {
+    if (x->io->write(x->io->ctx, p, tn->first_tgt + i, 0, 1, &v.i) != 0) return -1;
+    atomic_fetch_add(&x->bytes_written, 8);
+    if (x->io->tgt_done && x->io->tgt_done(x->io->ctx, p, tn->first_tgt + i, sha) != 0) return -1;
+  }
+  return 0;
+}
+
 static int run_tensor(exec_shared *x, int ti, float *band, float *tmp, unsigned char *raw, EVP_MD_CTX **ctx,
                       stream_shard *boxes) {
   const mc_rs_plan *p = x->p;
   const mc_rs_tensor *tn = &p->tensors[ti];
-  const mc_family *f = &x->g->fams.f[tn->fam];
+  if (tn->src_dtype == MC_ELEM_I64 || tn->dtype == MC_ELEM_I64) return run_int64(x, ti, ctx);
+  const tshape ts = tensor_shape(&x->g->fams.f[tn->fam], tn->state), *f = &ts;
   int ns = tn->n_src, nt = tn->n_tgt, flat = 1;
   for (int i = 0; i < ns; i++) flat &= full_width(&p->src[tn->first_src + i].slab, f);
   for (int i = 0; i < nt; i++) flat &= full_width(&p->targets[tn->first_tgt + i].shard.slab, f);

@@ -8,7 +8,8 @@
  * second pass. Tensors run in parallel on `threads` workers (I/O and hashing overlap across
  * workers); peak memory is about threads * 2 * chunk_bytes, whatever the checkpoint's size.
  *
- * Values travel as fp32 (core/dtype.h): the reader widens a source of a narrower dtype
+ * Values travel as fp32 (core/dtype.h), int64 counters as their bytes (never converted): the
+ * reader widens a source of a narrower dtype
  * exactly, and a target whose dtype is not fp32 is narrowed (round to nearest even) before it
  * is hashed and written. Narrowing a widened value gives back its bytes, so a tensor kept in
  * its dtype is copied byte for byte.
@@ -26,7 +27,9 @@ typedef struct {
   void *ctx;
   /* Reads elements [off, off+n) of source shard s (index into plan->src), counted in the
    * shard's own row-major order. Called with increasing `off` for each shard; off and n are
-   * always whole rows of the shard (multiples of the product of its count[1:]). */
+   * always whole rows of the shard (multiples of the product of its count[1:]). A tensor
+   * whose src_dtype is int64 (a counter) is read whole, as its stored bytes (n * 8 bytes at
+   * buf), not as fp32. */
   int (*read)(void *ctx, const mc_rs_plan *p, int s, int64_t off, int64_t n, float *buf);
   /* Writes elements [off, off+n) of target shard t (index into plan->targets); whole rows,
    * increasing `off`, as for read. `data` is them as stored: n little-endian elements of the

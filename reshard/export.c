@@ -562,6 +562,7 @@ static int input_find(const hf_input *in, const char *name, int *file, int *idx)
 
 typedef struct {
   int file, idx;   /* -1: zeros (a moment, the dropped router) */
+  int i64;         /* an int64 state (AdamW's step): 0, as 8 zero bytes */
   int64_t keep;    /* elements read from the file, the rest zero (padded vocabulary rows) */
   EVP_MD_CTX *sha; /* over the file's bytes */
   char want[65];   /* the file's sha256.<tensor>, "" if none */
@@ -576,6 +577,10 @@ static int hf_read(void *ctx, const mc_rs_plan *p, int s, int64_t off, int64_t n
   hf_source *src = ((mc_rs_io_ctx *)ctx)->src;
   in_map *im = &src->m[s];
   (void)p;
+  if (im->i64) { /* an int64 source gives its stored bytes (reshard/execute.h) */
+    memset(buf, 0, (size_t)n * 8);
+    return 0;
+  }
   int64_t k = im->file < 0 || off >= im->keep ? 0 : (off + n > im->keep ? im->keep - off : n);
   if (k < n) memset(buf + k, 0, (size_t)(n - k) * 4);
   if (k == 0) return 0;
@@ -657,6 +662,9 @@ int mc_rs_import(const char *path, const mc_layout *target, const char *dst, con
     const mc_family *f = &cg.fams.f[tn->fam];
     in_map *im = &src.m[tn->first_src]; /* world 1: one source shard per tensor, the whole family */
     im->file = -1;
+    /* each state in the dtype its optimizer keeps it in: AdamW's step starts at 0, as int64 */
+    plan.tensors[i].src_dtype = plan.tensors[i].dtype = mc_opt_state_dtype(f->opt, tn->state);
+    im->i64 = plan.tensors[i].dtype == MC_ELEM_I64;
     if (tn->state != MC_STATE_PARAM) continue;
     mc_hf_map h;
     if (llama) mc_hf_llama_map(&cfg.model, f, &h);

@@ -104,14 +104,15 @@ void mc_rs_plan_print(FILE *f, const mc_rs_plan *p, const mc_geometry *src, cons
 
 /* The element dtype of each state kind the plan moves, on each side: src[s], dst[s] (-1: the
  * plan moves no tensor of kind s; a kind whose tensors disagree reports the first's). Returns 1
- * if any is not float32. */
+ * if any is not what the trainer keeps it in: float32, or int64 (only ever AdamW's step, which
+ * is never converted). */
 static int state_dtypes(const mc_rs_plan *p, int *src, int *dst) {
   int narrow = 0;
   for (int s = 0; s < MC_N_STATES; s++) src[s] = dst[s] = -1;
   for (int t = 0; t < p->n_tensors; t++) {
     const mc_rs_tensor *tn = &p->tensors[t];
     if (src[tn->state] < 0) src[tn->state] = tn->src_dtype, dst[tn->state] = tn->dtype;
-    narrow |= tn->src_dtype != MC_ELEM_F32 || tn->dtype != MC_ELEM_F32;
+    narrow |= (tn->src_dtype != MC_ELEM_F32 && tn->src_dtype != MC_ELEM_I64) || (tn->dtype != MC_ELEM_F32 && tn->dtype != MC_ELEM_I64);
   }
   return narrow;
 }

@@ -230,13 +230,15 @@ int mc_dist_stage_alloc(mc_dist_opt *d) {
   for (int s = 0; s < d->opt.n; s++)
     for (int k = 0; k < MC_N_STATES; k++)
       if (mc_optim_state(&d->opt.slots[s], (mc_state)k)) total += (size_t)d->opt.slots[s].numel;
+  total += (size_t)d->opt.n * 2 + 1; /* each slot's step as of the save (two floats' room, 8-byte aligned) */
   float **st = calloc((size_t)(MC_N_STATES * d->opt.n + 1), sizeof *st);
   float *mem = st ? be->host_alloc(be, (total > 0 ? total : 1) * sizeof(float)) : NULL;
   if (!mem) {
     free(st);
     return mc_error_context("checkpoint staging: a host copy of the optimizer state (%zu bytes)", total * sizeof(float));
   }
-  size_t off = 0;
+  size_t off = (uintptr_t)mem % 8 ? 1 : 0; /* the steps first, aligned */
+  for (int s = 0; s < d->opt.n; s++, off += 2) st[MC_N_STATES * s + MC_STATE_STEP] = mem + off;
   for (int i = 0; i < MC_N_STATES * d->opt.n; i++) {
     if (!mc_optim_state(&d->opt.slots[i / MC_N_STATES], (mc_state)(i % MC_N_STATES))) continue;
     st[i] = mem + off;
@@ -255,12 +257,15 @@ int mc_dist_ckpt_items(mc_dist_opt *d, mc_ckpt_item *items) {
   for (int s = 0; s < d->opt.n; s++) {
     mc_optim_slot *sl = &d->opt.slots[s];
     for (int k = 0; k < MC_N_STATES; k++) {
-      const float *src = mc_optim_state(sl, (mc_state)k);
+      const void *src = k == MC_STATE_STEP && sl->opt == MC_OPT_ADAMW ? (const void *)&sl->step : mc_optim_state(sl, (mc_state)k);
       if (!src) continue; /* a state the family's optimizer does not keep */
       mc_shard sh;
       if (mc_shard_of(d->geo, sl->fam, (mc_state)k, d->rank, &sh) != 0) return -1;
       if (!sh.held || !sh.primary) continue; /* a replica: its primary writes it */
-      if (d->stage) {
+      if (d->stage && k == MC_STATE_STEP) { /* host memory the next step changes: copied */
+        memcpy(d->stage[MC_N_STATES * s + k], &sl->step, sizeof sl->step);
+        src = d->stage[MC_N_STATES * s + k];
+      } else if (d->stage) {
         be->snap_to_host(be, d->stage[MC_N_STATES * s + k], src, (size_t)sl->numel * sizeof(float));
         src = d->stage[MC_N_STATES * s + k];
       }
@@ -303,6 +308,21 @@ int mc_dist_load(mc_dist_opt *d, mc_ckpt *ck, const mc_load_opts *opts, mc_load_
   int rc = mc_load_shared(ck, d->comm ? d->comm->world : NULL, reqs, n, opts, stats);
   free(reqs);
   if (rc != 0) return mc_error_context("loading %s", mc_ckpt_step_dir(ck));
+  /* AdamW's step: every holder reads its family's one stored value; a checkpoint of format < 4
+   * stores none, and every family then continues from the manifest's adam_step */
+  mc_train_state ts;
+  if (mc_ckpt_train_state(ck, &ts) != 0) return mc_error_context("loading %s", mc_ckpt_step_dir(ck));
+  for (int s = 0; s < d->opt.n; s++) {
+    mc_optim_slot *sl = &d->opt.slots[s];
+    if (sl->opt != MC_OPT_ADAMW) continue;
+    const char *name = d->geo->fams.f[sl->fam].name;
+    mc_shard sh;
+    if (mc_shard_of(d->geo, sl->fam, MC_STATE_STEP, d->rank, &sh) != 0) return -1;
+    sl->step = ts.adam_step;
+    if (sh.held && mc_ckpt_family_has_state(ck, mc_ckpt_find_family(ck, name), MC_STATE_STEP) &&
+        mc_ckpt_read_i64(ck, name, MC_STATE_STEP, &sl->step) != 0)
+      return mc_error_context("loading %s", mc_ckpt_step_dir(ck));
+  }
   for (int s = 0; d->stage && s < d->opt.n; s++) {
     mc_optim_slot *sl = &d->opt.slots[s];
     for (int k = 0; k < MC_N_STATES && sl->numel > 0; k++) {

@@ -82,9 +82,10 @@ int mc_optim_init_with(mc_optim *o, const mc_geometry *geo, int rank, mc_backend
     const mc_param_hold *h = &holds[i];
     if (h->has_master) rc = !(s->master = mc_arena_take(&ar[h->master_cat], h->master_bytes, h->master_cat));
     int nd;
-    const mc_state_decl *decl = mc_opt_states(s->opt, &nd); /* the optimizer's states, n_moments of them */
-    for (int k = 0; k < nd && !rc; k++)
-      rc = !(*state_field(s, decl[k].state) = mc_arena_take(&ar[h->moments_cat], h->moment_bytes, h->moments_cat));
+    const mc_state_decl *decl = mc_opt_states(s->opt, &nd); /* the optimizer's states: n_moments shaped like it */
+    for (int k = 0; k < nd && !rc; k++) /* a scalar kind (step) is the slot's own host field */
+      if (!mc_state_is_scalar(decl[k].state))
+        rc = !(*state_field(s, decl[k].state) = mc_arena_take(&ar[h->moments_cat], h->moment_bytes, h->moments_cat));
     if (rc) mc_error_context("optimizer, family %s", geo->fams.f[s->fam].name);
   }
   if (!rc && ms.full_floats) {
@@ -187,20 +188,24 @@ int mc_optim_step(mc_optim *o, const mc_train_cfg *t, double lr, double grad_sca
   o->step++;
   /* a checkpoint's snapshot copy of the state may still be reading it (kernels/ops.h) */
   o->be->snap_fence(o->be);
-  mc_adamw_args a = {(float)lr, (float)t->beta1, (float)t->beta2, (float)t->adam_eps, 0.0f, o->step, (float)grad_scale};
+  mc_adamw_args a = {(float)lr, (float)t->beta1, (float)t->beta2, (float)t->adam_eps, 0.0f, 0, (float)grad_scale};
   /* Tensors update independently, so batching the list changes no result; the CUDA backend
-   * launches once per 128 tensors anyway. */
+   * launches once per 128 tensors anyway. One call shares one t: a batch ends where the next
+   * family's step differs (never, unless a resume gave families different steps). */
   enum { BATCH = 128 };
   mc_adamw_tensor upd[BATCH];
   int k = 0;
   for (int i = 0; i <= o->n; i++) {
-    if (k == BATCH || (i == o->n && k > 0)) {
+    mc_optim_slot *s = i < o->n ? &o->slots[i] : NULL;
+    if (s && s->opt == MC_OPT_ADAMW) s->step++; /* every AdamW family takes this step */
+    const int take = s && s->numel > 0 && s->opt == MC_OPT_ADAMW;
+    if (k > 0 && (k == BATCH || !s || (take && s->step != a.step))) {
       o->be->adamw_multi(o->be, upd, k, &a);
       k = 0;
     }
-    if (i == o->n) break;
-    mc_optim_slot *s = &o->slots[i];
-    if (s->numel == 0 || s->opt != MC_OPT_ADAMW) continue;
+    if (!s) break;
+    if (!take) continue;
+    a.step = s->step;
     upd[k++] = (mc_adamw_tensor){.w = s->master,
                                  .g = grads[i] + s->offset,
                                  .m = s->exp_avg,

@@ -5,7 +5,9 @@
  * the norm its sumsq_multi op (one result, one device sync).
  *
  * Per family, the fp32 master weight and the two moments held here are the hyperslab
- * mc_shard_of(geo, fam, state, rank) gives (the whole tensor for world size 1). The shard is
+ * mc_shard_of(geo, fam, state, rank) gives (the whole tensor for world size 1); an AdamW
+ * family's step counter t (state kind step, replicated over its holders) is host memory of
+ * the slot, advanced by every optimizer step and used for that family's bias correction. The shard is
  * rows of the rank's TP/EP-local slice (ZeRO splits dim 0), so it is one contiguous run of the
  * working tensor. Update (PyTorch AdamW, decoupled decay, step t counted from 1):
  *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
@@ -38,6 +40,7 @@ typedef struct {
   float *master;                /* backend memory */
   float *exp_avg, *exp_avg_sq;  /* AdamW (NULL under Muon) */
   float *momentum;              /* Muon (NULL under AdamW) */
+  int64_t step;                 /* AdamW: the steps the family has taken, its t (host memory) */
   /* Optional destination of the updated master weights rounded to bf16 (kernels/bf16.h),
    * written by mc_optim_step in the same pass as the update (backend memory, numel elements,
    * NULL = none, the default): the caller points it at bf16 working weights. */
@@ -64,7 +67,7 @@ typedef struct {
 } mc_optim;
 
 /* Slot s's buffer of state kind st (the master for MC_STATE_PARAM), NULL for a kind its
- * optimizer does not keep. */
+ * optimizer does not keep and for step (an int64 in the slot, not a float buffer). */
 float *mc_optim_state(const mc_optim_slot *s, mc_state st);
 
 /* Slots for every family the rank's stage owns, in backend memory; moments and master zero.

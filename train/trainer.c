@@ -153,13 +153,15 @@ typedef struct {
 } run;
 
 /* The checkpoint can continue this run: same model, the states of every family's optimizer
- * present, same seed and batch. */
+ * present (but AdamW's step, which a checkpoint of format < 4 lacks: training_state.adam_step
+ * stands in, train/dist_opt.c), same seed and batch. */
 static int resumable(const mc_config *cfg, const mc_geometry *geo, mc_ckpt *ck, mc_train_state *st) {
   if (mc_ckpt_check_model(ck, &cfg->model) != 0)
     return mc_error_context("checkpoint %s is from a different model", mc_ckpt_step_dir(ck));
   for (int f = 0; f < geo->fams.n; f++)
     for (int k = 0; k < MC_N_STATES; k++)
-      if (mc_family_has_state(&geo->fams.f[f], (mc_state)k) && !mc_ckpt_has_state(ck, (mc_state)k))
+      if (mc_family_has_state(&geo->fams.f[f], (mc_state)k) && !mc_ckpt_has_state(ck, (mc_state)k) &&
+          !(k == MC_STATE_STEP && mc_ckpt_format_version(ck) < 4))
         return mc_error("checkpoint %s holds no %s state, which the %s optimizer of %s keeps; it cannot be resumed",
                         mc_ckpt_step_dir(ck), mc_state_name((mc_state)k), mc_opt_name(geo->fams.f[f].opt),
                         geo->fams.f[f].name);

@@ -50,3 +50,38 @@ def rehash_files(run_dir):
             with open(p, "rb") as f:
                 rec["sha256"] = hashlib.sha256(f.read()).hexdigest()
     rewrite_manifest(run_dir, edit)
+
+
+def drop_steps(run_dir, version):
+    """Rewrites a checkpoint as format `version` < 4 wrote it as far as AdamW's step goes: no
+    step datasets, no step in states, shards or the AdamW group, rank files and manifest of
+    that format_version (other version differences are the caller's). Rehashes the files."""
+    import h5py
+    sd = step_dir(run_dir)
+    for name in sorted(os.listdir(sd)):
+        if not name.endswith(".h5"):
+            continue
+        with h5py.File(os.path.join(sd, name), "r+") as h:
+            h.attrs["format_version"] = version
+            steps = []
+            h.visititems(lambda path, obj: steps.append(path) if isinstance(obj, h5py.Dataset) and path.endswith("/step") else None)
+            for p in steps:
+                del h[p]
+
+    def edit(m, _):
+        m["format_version"] = version
+        m["states"] = [s for s in m["states"] if s != "step"]
+        m["shards"] = [s for s in m["shards"] if s["state"] != "step"]
+        for g in m.get("optimizer_groups", []):
+            g["states"] = [s for s in g["states"] if s["name"] != "step"]
+    rewrite_manifest(run_dir, edit)
+    rehash_files(run_dir)
+
+
+if __name__ == "__main__":
+    # ckpt_edit.py --to-v3 RUN_DIR: the latest checkpoint as format version 3 (before the step)
+    import sys
+    if len(sys.argv) == 3 and sys.argv[1] == "--to-v3":
+        drop_steps(sys.argv[2], 3)
+    else:
+        sys.exit("usage: ckpt_edit.py --to-v3 RUN_DIR")

@@ -45,7 +45,7 @@ static void test_async_equals_sync(const char *root) {
   for (int i = 0; i < set.n; i++) {
     mc_shard sh;
     mc_shard_of(&g, set.items[i].family, set.items[i].state, set.items[i].rank, &sh);
-    for (int64_t k = 0; k < sh.numel; k++) set.bufs[i][k] = -1.0f;
+    for (int64_t k = 0; k < sh.numel; k++) ((float *)set.bufs[i])[k] = -1.0f;
   }
   CHECK_OK(mc_ckpt_saver_wait(sv));
   CHECK(stall > 0 && stall < 5, "stall %g s", stall);
@@ -172,7 +172,7 @@ static void test_staged(const char *root) {
   for (int i = 0; i < set.n; i++) {
     mc_shard sh;
     mc_shard_of(&g, set.items[i].family, set.items[i].state, set.items[i].rank, &sh);
-    for (int64_t k = 0; k < sh.numel; k++) set.bufs[i][k] = NAN; /* not yet arrived */
+    for (int64_t k = 0; k < sh.numel; k++) ((float *)set.bufs[i])[k] = NAN; /* not yet arrived */
   }
   mc_ckpt_saver *sv = NULL;
   CHECK_OK(mc_ckpt_saver_create(b, NULL, &sv));

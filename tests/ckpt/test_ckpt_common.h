@@ -16,6 +16,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "core/config.h"
+#include "core/dtype.h"
 #include "core/optim_groups.h"
 #include "core/ownership.h"
 #include "util/error.h"
@@ -34,6 +35,14 @@ static inline float ref_value(uint64_t seed, int fam, int state, int64_t idx) {
   uint32_t w[4];
   mc_philox(seed, 1000 + (uint64_t)fam * 4 + (uint64_t)state, (uint64_t)idx, w);
   return (float)((double)w[0] / 4294967296.0 - 0.5);
+}
+
+/* The reference value of an int64 state (AdamW's step) of family `fam`: all 64 bits random,
+ * so values beyond 2^53 (no exact double) and negative ones occur. */
+static inline int64_t ref_i64(uint64_t seed, int fam, int state) {
+  uint32_t w[4];
+  mc_philox(seed, 1000 + (uint64_t)fam * 4 + (uint64_t)state, 0, w);
+  return (int64_t)(((uint64_t)w[1] << 32) | w[0]);
 }
 
 /* Fills `out` with the box (start, count) of the reference tensor of shape `shape`. */
@@ -90,7 +99,7 @@ static inline int tiny_geometry(int tp, int pp, int dp, int ep, int sp, int zero
 typedef struct {
   int n;
   mc_ckpt_item *items;
-  float **bufs;
+  void **bufs;
 } item_set;
 
 static inline int make_items(const mc_geometry *g, uint64_t seed, int state_mask, int r0, int r1, item_set *set) {
@@ -106,9 +115,15 @@ static inline int make_items(const mc_geometry *g, uint64_t seed, int state_mask
         mc_shard sh;
         if (mc_shard_of(g, f, (mc_state)s, r, &sh) != 0) return -1;
         if (!sh.held) continue;
-        float *b = malloc((size_t)sh.numel * sizeof(float));
-        if (!b) return -1;
-        ref_box(seed, f, s, sh.ndim, g->fams.f[f].shape, sh.start, sh.count, b);
+        void *b;
+        if (mc_opt_state_dtype(g->fams.f[f].opt, (mc_state)s) == MC_ELEM_I64) { /* a counter: one int64 */
+          int64_t v = ref_i64(seed, f, s);
+          if (!(b = malloc(sizeof v))) return -1;
+          memcpy(b, &v, sizeof v);
+        } else {
+          if (!(b = malloc((size_t)sh.numel * sizeof(float)))) return -1;
+          ref_box(seed, f, s, sh.ndim, g->fams.f[f].shape, sh.start, sh.count, b);
+        }
         set->bufs[set->n] = b;
         set->items[set->n] = (mc_ckpt_item){f, (mc_state)s, r, b};
         set->n++;
@@ -187,6 +202,12 @@ static inline int64_t check_against_layout(mc_ckpt *ck, const mc_geometry *g, ui
         mc_shard sh;
         if (mc_shard_of(g, f, (mc_state)s, r, &sh) != 0) return -1;
         if (!sh.held) continue;
+        if (mc_ckpt_state_dtype(ck, mc_ckpt_find_family(ck, g->fams.f[f].name), (mc_state)s) == MC_ELEM_I64) {
+          int64_t v;
+          if (mc_ckpt_read_i64(ck, g->fams.f[f].name, (mc_state)s, &v) != 0) return -1;
+          bad += v != ref_i64(seed, f, s);
+          continue;
+        }
         float *got = malloc((size_t)sh.numel * sizeof(float)), *want = malloc((size_t)sh.numel * sizeof(float));
         if (mc_ckpt_read(ck, g->fams.f[f].name, (mc_state)s, sh.start, sh.count, got) != 0) {
           free(got);

@@ -242,8 +242,8 @@ static void case_bad_latest(void) {
 static void case_version_too_new(void) {
   char dir[4096];
   fresh(dir, sizeof dir);
-  rewrite_manifest(dir, "\"format_version\":\t3", "\"format_version\":\t4");
-  expect_load_error(dir, "format version too new", "format version 4 is newer", "supports (3)");
+  rewrite_manifest(dir, "\"format_version\":\t4", "\"format_version\":\t5");
+  expect_load_error(dir, "format version too new", "format version 5 is newer", "supports (4)");
   /* version 2 records the ownership rule: without it, or with an unknown one, it is invalid */
   fresh(dir, sizeof dir);
   rewrite_manifest(dir, "\"ownership_rule\":", "\"ownership_rulez\":");

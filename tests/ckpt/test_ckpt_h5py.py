@@ -43,6 +43,8 @@ def main():
     files = {f["name"]: f for f in manifest["files"]}
 
     cover = {}  # (family, state) -> int array counting how often each element is stored
+    steps = {}  # family -> (its step as h5py reads it, the ranks holding it)
+    holders = {}  # family -> the ranks holding a nonempty part of its param
     opened = {}
     for s in manifest["shards"]:
         path = os.path.join(step_dir, s["file"])
@@ -60,26 +62,34 @@ def main():
         where = f"{s['file']}:{s['dataset']}"
         check(a["family"] == s["family"], f"{where}: family")
         check(a["state"] == s["state"], f"{where}: state")
-        check(a["dtype"] == "float32", f"{where}: dtype")
-        check(list(a["global_shape"]) == fam["shape"], f"{where}: global_shape")
+        # AdamW's step (format 4): one int64, shape [1], replicated over the family's holders
+        step = s["state"] == "step"
+        check(a["dtype"] == ("int64" if step else "float32"), f"{where}: dtype")
+        check(list(a["global_shape"]) == ([1] if step else fam["shape"]), f"{where}: global_shape")
         check(list(a["start"]) == s["start"], f"{where}: start")
         check(list(a["count"]) == s["count"], f"{where}: count")
-        check(a["placement_rule"] == fam["placement_rule"], f"{where}: placement_rule")
+        check(a["placement_rule"] == ("replicated" if step else fam["placement_rule"]), f"{where}: placement_rule")
         check(int(a["stage"]) == s["stage"] == fam["stage"], f"{where}: stage")
         check(list(a["replica_group"]) == s["replica_group"], f"{where}: replica_group")
         # format 1 (chunked rule): the lowest replica; format 2: one of the replicas
         lowest = manifest["format_version"] < 2 or manifest["layout"].get("ownership_rule") == "chunked"
         check(int(a["primary_rank"]) == s["rank"] and
-              (s["rank"] == min(s["replica_group"]) if lowest else s["rank"] in s["replica_group"]), f"{where}: primary_rank")
+              (s["rank"] == min(s["replica_group"]) if lowest or step else s["rank"] in s["replica_group"]),
+              f"{where}: primary_rank")
         check(a["sha256"] == s["sha256"], f"{where}: sha256 attribute")
         if manifest["format_version"] >= 3:
             check(a["optimizer"] == fam["optimizer"], f"{where}: optimizer")
-        check(ds.dtype == np.dtype("<f4") and list(ds.shape) == s["count"], f"{where}: dtype/shape")
+        et = np.dtype("<i8" if step else "<f4")
+        check(ds.dtype == et and list(ds.shape) == s["count"], f"{where}: dtype/shape")
         data = ds[()]
-        check(hashlib.sha256(data.astype("<f4").tobytes()).hexdigest() == a["sha256"], f"{where}: data hash")
+        check(hashlib.sha256(data.astype(et).tobytes()).hexdigest() == a["sha256"], f"{where}: data hash")
+        if step:
+            steps[s["family"]] = (int(data[0]), set(s["replica_group"]))
+        if s["state"] == "param":
+            holders.setdefault(s["family"], set()).update(s["replica_group"])
         key = (s["family"], s["state"])
         if key not in cover:
-            cover[key] = np.zeros(fam["shape"], dtype=np.int32)
+            cover[key] = np.zeros([1] if step else fam["shape"], dtype=np.int32)
         box = tuple(slice(st, st + c) for st, c in zip(s["start"], s["count"]))
         cover[key][box] += 1
     for h in opened.values():
@@ -93,7 +103,14 @@ def main():
                 check(c is None, f"{name}/{state}: stored, but {fam['optimizer']} keeps no {state}")
                 continue
             check(c is not None and c.min() == 1 and c.max() == 1, f"{name}/{state}: shards tile the tensor once")
-    check(set(manifest["states"]) == {"param", "exp_avg", "exp_avg_sq", "momentum"}, f"states {manifest['states']}")
+    check(set(manifest["states"]) == {"param", "exp_avg", "exp_avg_sq", "momentum", "step"}, f"states {manifest['states']}")
+    # every AdamW family's step: held by exactly the holders of its param; the writer stores
+    # random 64-bit values, so some lie beyond 2^53 and h5py must give them exactly
+    adamw = [n for n, f in fams.items() if f["optimizer"] == "adamw"]
+    check(adamw and set(steps) == set(adamw), f"step datasets of {sorted(steps)} vs AdamW families {sorted(adamw)}")
+    for name, (v, reps) in steps.items():
+        check(reps == holders.get(name), f"{name}/step: held by {sorted(reps)}, param by {sorted(holders.get(name, []))}")
+    check(any(abs(v) > 2**53 for v, _ in steps.values()), "no step value beyond 2^53 (exactness not exercised)")
 
     # h5dump (HDF5's own tool) reads the attributes too.
     if shutil.which("h5dump"):

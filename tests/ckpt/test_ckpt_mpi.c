@@ -29,7 +29,7 @@ static int layout_for(int world, mc_config *cfg, mc_geometry *g) {
 static int save(const char *dir, const mc_geometry *g, const mc_config *cfg, int rank, int64_t step, int async,
                 int sabotage, MPI_Comm *comm) {
   item_set set;
-  make_items(g, 77, 7, rank, rank + 1, &set);
+  make_items(g, 77, ALL_STATES, rank, rank + 1, &set);
   if (sabotage)
     for (int i = 0; i < set.n; i++) {
       mc_shard sh;
@@ -106,6 +106,7 @@ int main(int argc, char **argv) {
           mc_shard sh;
           mc_shard_of(&g, f, (mc_state)s, rank, &sh);
           if (!sh.held || !mc_family_has_state(&g.fams.f[f], (mc_state)s)) continue;
+          if (mc_state_is_scalar((mc_state)s)) continue; /* int64: checked by check_against_layout */
           float *got = malloc((size_t)sh.numel * sizeof(float)), *want = malloc((size_t)sh.numel * sizeof(float));
           CHECK_OK(mc_ckpt_read(ck, g.fams.f[f].name, (mc_state)s, sh.start, sh.count, got));
           ref_box(77, f, s, sh.ndim, g.fams.f[f].shape, sh.start, sh.count, want);

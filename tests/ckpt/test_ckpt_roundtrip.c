@@ -78,6 +78,7 @@ static void check_read_many(const char *dir, const mc_geometry *g, uint64_t seed
         mc_shard sh;
         mc_shard_of(g, f, (mc_state)s, r, &sh);
         if (!sh.held || !mc_family_has_state(&g->fams.f[f], (mc_state)s)) continue;
+        if (mc_state_is_scalar((mc_state)s)) continue; /* int64 (step): mc_ckpt_read_i64, in check_against_layout */
         reqs[n].family = g->fams.f[f].name;
         reqs[n].state = (mc_state)s;
         memcpy(reqs[n].start, sh.start, sizeof sh.start);
@@ -130,14 +131,14 @@ static void test_single_writer(const char *root) {
     CHECK_OK(mc_ckpt_open(dir, NULL, &ck));
     if (!ck) continue;
     CHECK(mc_ckpt_step(ck) == 10 + li, "step %" PRId64, mc_ckpt_step(ck));
-    /* every family is AdamW's: param and both moments stored, no momentum */
+    /* every family is AdamW's: param, both moments and the step stored, no momentum */
     for (int s = 0; s < MC_N_STATES; s++)
       CHECK(mc_ckpt_has_state(ck, (mc_state)s) == (s != MC_STATE_MOMENTUM), "state %s stored: %d", mc_state_name((mc_state)s),
             mc_ckpt_has_state(ck, (mc_state)s));
     /* shards are exactly the primaries, one file per writing rank */
     int64_t stored = 0, total = 0;
     for (int i = 0; i < mc_ckpt_n_shards(ck); i++) stored += mc_ckpt_shard_at(ck, i)->numel;
-    for (int f = 0; f < ga.fams.n; f++) total += 3 * ga.fams.f[f].numel;
+    for (int f = 0; f < ga.fams.n; f++) total += 3 * ga.fams.f[f].numel + 1; /* + the one step */
     CHECK(stored == total, "layout %d: shards hold %" PRId64 " of %" PRId64, li, stored, total);
     CHECK(check_against_layout(ck, &ga, seed) == 0, "layout %d read as itself", li);
     CHECK(check_against_layout(ck, &gb, seed) == 0, "layout %d (tp%d pp%d dp%d ep%d zero%d) read as tp%d pp%d dp%d ep%d zero%d", li,
@@ -407,8 +408,9 @@ static int write_sample(const char *dir) {
   return 0;
 }
 
-/* Saved shards are contiguous fp32 little-endian datasets, so loads read them with plain
- * preads outside the HDF5 lock: the raw bytes at the dataset's offset are the hashed bytes. */
+/* Saved fp32 shards are contiguous little-endian datasets, so loads read them with plain
+ * preads outside the HDF5 lock: the raw bytes at the dataset's offset are the hashed bytes.
+ * (An int64 step, one element, is read through HDF5: mc_ckpt_read_i64.) */
 static void test_raw_reads(const char *root) {
   char dir[2048];
   pathf(dir, sizeof dir, "%s/raw", root);
@@ -419,6 +421,7 @@ static void test_raw_reads(const char *root) {
   int checked = 0;
   for (int i = 0; i < mc_ckpt_n_shards(ck); i += 7, checked++) {
     const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
+    if (s->dtype != MC_ELEM_F32) continue;
     char path[4096];
     pathf(path, sizeof path, "%s/%s", mc_ckpt_step_dir(ck), s->file);
     int64_t fid = -1;

@@ -40,13 +40,21 @@ def main():
             failures.append(f"schema accepts a manifest with {name}")
 
     broken("no shards", lambda m: m.pop("shards"))
-    broken("a newer format version", lambda m: m.update(format_version=4))
+    broken("a newer format version", lambda m: m.update(format_version=5))
     broken("version 3 without optimizer groups", lambda m: m.pop("optimizer_groups"))
     broken("a family without its optimizer", lambda m: m["families"][0].pop("optimizer"))
     broken("an unknown optimizer", lambda m: m["families"][0].update(optimizer="sgd"))
     broken("a float64 state", lambda m: m["optimizer_groups"][0]["states"][0].update(dtype="float64"))
     broken("a float64 param", lambda m: m["families"][0].update(dtype="float64"))
     broken("a state shaped otherwise", lambda m: m["optimizer_groups"][0]["states"][0].update(shape="rows"))
+    # int64 is for the step counter only, and the step is an int64 scalar, replicated
+    adamw = lambda m: next(g for g in m["optimizer_groups"] if g["name"] == "adamw")["states"]
+    step_decl = lambda m: next(s for s in adamw(m) if s["name"] == "step")
+    broken("an int64 moment", lambda m: adamw(m)[0].update(dtype="int64"))
+    broken("a float32 step", lambda m: step_decl(m).update(dtype="float32"))
+    broken("a step shaped like the parameter", lambda m: step_decl(m).update(shape="param"))
+    broken("a step placed like the parameter", lambda m: step_decl(m).update(placement="param"))
+    broken("an int64 param", lambda m: m["families"][0].update(dtype="int64"))
     broken("version 2 with optimizer groups", lambda m: m.update(format_version=2))
     broken("version 2 without its ownership rule", lambda m: m["layout"].pop("ownership_rule"))
     broken("an unknown ownership rule", lambda m: m["layout"].update(ownership_rule="lumpy"))
@@ -66,6 +74,14 @@ def main():
         f.pop("optimizer")
     if not validator.is_valid(v2):
         failures.append("schema refuses a version 2 manifest")
+    # version 3: optimizer groups, AdamW without its step
+    v3 = copy.deepcopy(manifest)
+    v3.update(format_version=3, states=[s for s in manifest["states"] if s != "step"])
+    for g in v3["optimizer_groups"]:
+        g["states"] = [s for s in g["states"] if s["name"] != "step"]
+    v3["shards"] = [s for s in v3["shards"] if s["state"] != "step"]
+    if not validator.is_valid(v3):
+        failures.append("schema refuses a version 3 manifest")
 
     for f in failures:
         print("FAIL:", f, file=sys.stderr)

@@ -1,7 +1,7 @@
 """Format version 2 (before optimizer groups) still loads: an AdamW checkpoint written by
 test_ckpt_optim --write-adamw is rewritten as version 2 wrote it (no optimizer_groups, no
 families[].optimizer, no config.optim, no `optimizer` attribute on the datasets, rank files'
-format_version 2) and loads as AdamW throughout, every shard equal (test_ckpt_optim
+format_version 2, no step datasets) and loads as AdamW throughout, every shard equal (test_ckpt_optim
 --check-v2). A version 2 manifest whose config assigns Muon is refused, and so is a version 3
 rank file whose `optimizer` attribute disagrees with the manifest."""
 import os
@@ -13,7 +13,7 @@ import tempfile
 import h5py
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckpt_edit import rehash_files, rewrite_manifest, step_dir  # noqa: E402
+from ckpt_edit import drop_steps, rehash_files, rewrite_manifest, step_dir  # noqa: E402
 
 failures = []
 
@@ -34,15 +34,13 @@ def to_v2(d):
         if not name.endswith(".h5"):
             continue
         with h5py.File(os.path.join(sd, name), "r+") as h:
-            h.attrs["format_version"] = 2
-
             def drop(_, obj):
                 if isinstance(obj, h5py.Dataset):
                     del obj.attrs["optimizer"]
             h.visititems(drop)
+    drop_steps(d, 2)  # AdamW's step came with format 4
 
     def edit(m, _):
-        m["format_version"] = 2
         m.pop("optimizer_groups")
         for f in m["families"]:
             f.pop("optimizer")

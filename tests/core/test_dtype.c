@@ -161,6 +161,10 @@ int main(void) {
   CHECK(mc_elem_dtype_size(MC_ELEM_F32) == 4 && mc_elem_dtype_size(MC_ELEM_BF16) == 2 && mc_elem_dtype_size(MC_ELEM_F16) == 2 &&
             mc_elem_dtype_size(MC_ELEM_F8_E4M3) == 1 && mc_elem_dtype_size(MC_ELEM_F8_E5M2) == 1 && mc_elem_dtype_size(7) == 0,
         "sizes");
+  CHECK(mc_elem_dtype_size(MC_ELEM_I64) == 8 && !strcmp(mc_elem_dtype_name(MC_ELEM_I64), "int64") && !mc_elem_is_float(MC_ELEM_I64),
+        "int64: 8 bytes, not a float format");
+  for (int dt = 0; dt < MC_ELEM_I64; dt++) CHECK(mc_elem_is_float(dt), "%s is a float format", mc_elem_dtype_name(dt));
+  CHECK(!mc_elem_is_float(-1) && !mc_elem_is_float(MC_N_ELEM_DTYPES), "out of range is no float format");
 
   /* saturation and overflow, by value */
   CHECK(mc_e4m3_of_f32(448.0f) == 0x7e && mc_e4m3_of_f32(449.0f) == 0x7e && mc_e4m3_of_f32(1e30f) == 0x7e &&

@@ -96,6 +96,50 @@ static int same(const mc_shard *a, const mc_shard *b) {
   return a->held && b->held;
 }
 
+/* A scalar kind (step) against brute force over every rank: it is held, as [0, 1) of shape
+ * [1], by exactly the ranks holding a nonempty param hyperslab of the family; every holder
+ * names the same primary, the lowest holder, the only rank whose primary flag is set; the
+ * replica count is the number of holders and mc_shard_replicas lists them all. */
+static long scalar_cases = 0, scalar_partial = 0; /* families whose scalar some stage rank lacks */
+static void check_scalar(const mc_geometry *g, int fi, mc_state st, const mc_shard *sh) {
+  const mc_family *f = &g->fams.f[fi];
+  int holders = 0, lowest = -1, primaries = 0, in_stage = 0;
+  for (int r = 0; r < g->world; r++) {
+    mc_shard p;
+    CHECK_OK(mc_shard_of(g, fi, MC_STATE_PARAM, r, &p));
+    const mc_shard *s = &sh[r];
+    in_stage += p.in_stage;
+    CHECK(s->held == p.held, "%s/%s rank %d: held %d, param held %d", f->name, mc_state_name(st), r, s->held, p.held);
+    if (!s->held) {
+      CHECK(s->primary_rank == -1 && !s->primary && s->numel == 0, "%s/%s rank %d holds nothing but names a primary", f->name,
+            mc_state_name(st), r);
+      continue;
+    }
+    CHECK(s->ndim == 1 && s->start[0] == 0 && s->count[0] == 1 && s->numel == 1 && s->local_count[0] == 1,
+          "%s/%s rank %d: not [0, 1) of [1]", f->name, mc_state_name(st), r);
+    if (lowest < 0) lowest = r;
+    holders++;
+    primaries += s->primary;
+  }
+  scalar_cases++;
+  scalar_partial += holders > 0 && holders < in_stage;
+  CHECK(holders > 0, "%s/%s: no rank holds it", f->name, mc_state_name(st));
+  CHECK(primaries == 1, "%s/%s: %d primaries (tp%d dp%d pp%d ep%d zero%d rule %s)", f->name, mc_state_name(st), primaries,
+        g->layout.tp, g->layout.dp, g->layout.pp, g->layout.ep, g->layout.zero, mc_own_rule_name(g->layout.own_rule));
+  int *reps = malloc(sizeof(int) * (size_t)g->world);
+  for (int r = 0; r < g->world; r++) {
+    if (!sh[r].held) continue;
+    CHECK(sh[r].primary_rank == lowest && sh[r].primary == (r == lowest), "%s/%s rank %d: primary %d, lowest holder %d", f->name,
+          mc_state_name(st), r, sh[r].primary_rank, lowest);
+    CHECK(sh[r].n_replicas == holders, "%s/%s rank %d: %d replicas, %d holders (tp%d dp%d ep%d zero%d rule %s)", f->name,
+          mc_state_name(st), r, sh[r].n_replicas, holders, g->layout.tp, g->layout.dp, g->layout.ep, g->layout.zero,
+          mc_own_rule_name(g->layout.own_rule));
+  }
+  CHECK(mc_shard_replicas(g, fi, st, lowest, reps) == holders && reps[0] == lowest, "%s/%s: replica list", f->name,
+        mc_state_name(st));
+  free(reps);
+}
+
 static void check_geometry(const mc_geometry *g) {
   int world = g->world;
   mc_shard *sh = malloc(sizeof *sh * (size_t)world);
@@ -106,6 +150,10 @@ static void check_geometry(const mc_geometry *g) {
     for (int st = 0; st < MC_N_STATES; st++) {
       memset(cover, 0, sizeof(int) * (size_t)f->numel);
       for (int r = 0; r < world; r++) CHECK_OK(mc_shard_of(g, fi, (mc_state)st, r, &sh[r]));
+      if (mc_state_is_scalar((mc_state)st)) {
+        check_scalar(g, fi, (mc_state)st, sh);
+        continue;
+      }
       for (int r = 0; r < world; r++) {
         mc_shard *s = &sh[r];
         if (!s->in_stage) CHECK(!s->held, "%s rank %d outside stage %d holds data", f->name, r, s->stage);
@@ -171,6 +219,7 @@ static void check_geometry(const mc_geometry *g) {
     }
     /* mc_shard_replicas agrees with the analytic answer (sampled on one rank per family) */
     int r = (int)(ctr++ % (uint64_t)world);
+    CHECK_OK(mc_shard_of(g, fi, MC_STATE_PARAM, r, &sh[r])); /* sh holds the last kind's */
     int nr = mc_shard_replicas(g, fi, MC_STATE_PARAM, r, reps);
     CHECK(nr == sh[r].n_replicas || !sh[r].held, "%s replicas list %d vs %d", f->name, nr, sh[r].n_replicas);
     int listed = 0;
@@ -198,7 +247,10 @@ static void check_groups(const mc_geometry *g) {
       if (!h.in_stage) continue;
       int n_decl;
       mc_opt_states(f->opt, &n_decl);
-      CHECK(h.n_moments == n_decl, "%s: %d optimizer tensors, %s declares %d", f->name, h.n_moments, mc_opt_name(f->opt), n_decl);
+      CHECK(h.n_moments + (f->opt == MC_OPT_ADAMW) == n_decl, "%s: %d optimizer tensors shaped like it, %s declares %d", f->name,
+            h.n_moments, mc_opt_name(f->opt), n_decl);
+      CHECK(h.n_scalars == (f->opt == MC_OPT_ADAMW && h.shard.held) && (!h.n_scalars || h.scalar_bytes == 8),
+            "%s rank %d: %d scalar states of %lld bytes", f->name, r, h.n_scalars, (long long)h.scalar_bytes);
       for (int st = 0; st < MC_N_STATES; st++) {
         if (h.state_bytes[st] > 0) held |= 1u << st;
         if (h.state_primary[st]) primary[st] += h.state_bytes[st];
@@ -207,7 +259,8 @@ static void check_groups(const mc_geometry *g) {
     CHECK(held == mc_opt_state_mask(f->opt), "%s (%s): kinds held 0x%x, declared 0x%x", f->name, mc_opt_name(f->opt), held,
           mc_opt_state_mask(f->opt));
     for (int st = 0; st < MC_N_STATES; st++) {
-      const int64_t want = mc_family_has_state(f, (mc_state)st) ? f->numel * 4 : 0;
+      /* scalar kinds: one int64 element, written once */
+      const int64_t want = !mc_family_has_state(f, (mc_state)st) ? 0 : mc_state_is_scalar((mc_state)st) ? 8 : f->numel * 4;
       CHECK(primary[st] == want, "%s (%s) %s: primaries hold %lld bytes, want %lld", f->name, mc_opt_name(f->opt),
             mc_state_name((mc_state)st), (long long)primary[st], (long long)want);
     }
@@ -272,10 +325,12 @@ static void test_random_layouts(void) {
   CHECK(split_seen[0] && split_seen[1] && split_seen[2], "split modes covered");
   CHECK(ep_multi > 20, "ep > 1 covered (%d)", ep_multi);
   CHECK(split_beyond0 > 1000, "balanced-v2 splits after dim 0 covered (%ld parts)", split_beyond0);
+  CHECK(scalar_partial > 100, "scalar kinds of families some ranks of their stage hold nothing of covered (%ld of %ld)",
+        scalar_partial, scalar_cases);
   CHECK(with_muon > 100 && with_muon < valid - 100, "mixed optimizer groups covered (%d of %d with Muon)", with_muon, valid);
   printf("ownership property: %d valid layouts (%d tries), %d with ep>1, %d with Muon groups, each under the three rules; "
-         "%ld parts split after dim 0\n",
-         valid, tries, ep_multi, with_muon, split_beyond0);
+         "%ld parts split after dim 0; %ld scalar-kind cases, %ld with ranks of the stage that do not hold it\n",
+         valid, tries, ep_multi, with_muon, split_beyond0, scalar_cases, scalar_partial);
 }
 
 /* mc_zero_rows against its definition, for every group size, rotation and row count up to a

@@ -346,7 +346,7 @@ static int save_ckpt(const setup *S, trainee *e, const mc_comm_groups *grp, cons
   st.beta1 = S->t.beta1, st.beta2 = S->t.beta2, st.adam_eps = S->t.adam_eps;
   st.weight_decay = S->t.weight_decay, st.grad_clip = S->t.grad_clip;
   st.seed = S->t.seed, st.data_position = step * S->t.global_batch;
-  mc_ckpt_item *items = malloc(sizeof *items * (size_t)(3 * e->d.opt.n + 1));
+  mc_ckpt_item *items = malloc(sizeof *items * (size_t)(MC_N_STATES * e->d.opt.n + 1));
   int n = mc_dist_ckpt_items(&e->d, items);
   mc_ckpt_save_opts so;
   mc_ckpt_save_opts_default(&so);

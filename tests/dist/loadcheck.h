@@ -22,7 +22,7 @@ static inline int64_t lc_needed_bytes(mc_ckpt *ck, const mc_geometry *g) {
     const int cf = mc_ckpt_find_family(ck, g->fams.f[f].name);
     if (cf < 0) bytes = -1;
     for (int k = 0; k < MC_N_STATES && cf >= 0; k++)
-      for (int r = 0; r < g->world; r++) {
+      for (int r = 0; r < g->world && !mc_state_is_scalar((mc_state)k); r++) { /* step: read apart, 8 bytes */
         mc_shard sh;
         if (mc_shard_of(g, f, (mc_state)k, r, &sh) != 0 || !sh.held) continue;
         const mc_box want = mc_box_make(sh.ndim, sh.start, sh.count);
@@ -50,6 +50,7 @@ static inline int lc_state_diff(mc_dist_opt *a, mc_dist_opt *b) {
       const float *u = mc_optim_state(x, (mc_state)k), *v = mc_optim_state(y, (mc_state)k);
       diff += bytes && (!u != !v || (u && memcmp(u, v, bytes) != 0));
     }
+    diff += x->opt == MC_OPT_ADAMW && x->numel && x->step != y->step; /* AdamW's per-family step */
   }
   for (int i = 0; i < mc_net_n_params(a->net); i++) {
     const mc_net_param *p = mc_net_param_at(a->net, i), *q = mc_net_param_at(b->net, i);

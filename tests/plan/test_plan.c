@@ -100,7 +100,9 @@ static void test_totals_grid(void) {
               for (int fi = 0; fi < g.fams.n; fi++) {
                 n_muon += g.fams.f[fi].opt == MC_OPT_MUON;
                 for (int s = 0; s < MC_N_STATES; s++)
-                  want_prim += mc_family_has_state(&g.fams.f[fi], (mc_state)s) ? g.fams.f[fi].numel : 0;
+                  want_prim += !mc_family_has_state(&g.fams.f[fi], (mc_state)s) ? 0
+                               : mc_state_is_scalar((mc_state)s)                 ? 1 /* AdamW's step */
+                                                                                : g.fams.f[fi].numel;
               }
               muon_cases += n_muon > 0;
               CHECK((bf >> 1) == (n_muon > 0), "groups %s: %d Muon families", t.optim.groups, n_muon);
@@ -137,8 +139,10 @@ static void test_totals_grid(void) {
                   /* the same from the holdings the planner reads */
                   mc_param_hold h;
                   CHECK_OK(mc_param_hold_of(&g, fi, r, &p.hold, &h));
-                  for (int q = 1; q < MC_N_STATES; q++)
-                    if (mc_family_has_state(fa, (mc_state)q)) held[fa->opt] += mc_mem_footprint(h.state_bytes[q]);
+                  for (int q = 1; q < MC_N_STATES; q++) /* AdamW's step is host memory: in no category */
+                    if (mc_family_has_state(fa, (mc_state)q) && mc_state_is_scalar((mc_state)q))
+                      CHECK(h.state_bytes[q] == 8 * h.shard.held, "%s step: %lld bytes", fa->name, (long long)h.state_bytes[q]);
+                    else if (mc_family_has_state(fa, (mc_state)q)) held[fa->opt] += mc_mem_footprint(h.state_bytes[q]);
                     else CHECK(h.state_bytes[q] == 0, "%s holds %s bytes under %s", fa->name, mc_state_name((mc_state)q),
                                mc_opt_name(fa->opt));
                 }
@@ -217,11 +221,15 @@ static void test_zero_shards_optimizer(void) {
     }
   for (int st = 0; st < MC_N_STATES; st++) {
     int64_t sum = 0;
-    /* AdamW only: every family has param and the two moments, none a momentum */
-    const int64_t want = st == MC_STATE_MOMENTUM ? 0 : p0.model_elems;
-    for (int r = 0; r < dp; r++) sum += p1.ranks[r].state_elems[st];
-    CHECK(sum == p0.ranks[0].state_elems[st] && sum == want, "%s: zero=1 shards hold %lld elements, zero=0 %lld",
-          mc_state_name((mc_state)st), (long long)sum, (long long)p0.ranks[0].state_elems[st]);
+    /* AdamW only: every family has param and the two moments, none a momentum; its step (one
+     * element) is held whole by every rank holding part of the family, so the sharded ranks'
+     * sum exceeds the replicated copy there, while the primaries give one per family */
+    const int64_t want = st == MC_STATE_MOMENTUM ? 0 : st == MC_STATE_STEP ? g0.fams.n : p0.model_elems;
+    int64_t primaries = 0;
+    for (int r = 0; r < dp; r++) sum += p1.ranks[r].state_elems[st], primaries += p1.ranks[r].primary_elems[st];
+    CHECK(primaries == want && p0.ranks[0].state_elems[st] == want && (sum == want || (st == MC_STATE_STEP && sum > want)),
+          "%s: zero=1 shards hold %lld elements (%lld primary), zero=0 %lld", mc_state_name((mc_state)st), (long long)sum,
+          (long long)primaries, (long long)p0.ranks[0].state_elems[st]);
   }
   /* The dp members of zero=1 hold a quarter each here (every row count divides by 4). */
   CHECK(4 * p1.ranks[1].state_elems[MC_STATE_EXP_AVG] == p0.ranks[1].state_elems[MC_STATE_EXP_AVG], "moments / dp");

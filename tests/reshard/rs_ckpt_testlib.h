@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
+#include "core/dtype.h"
 #include "core/optim_groups.h"
 #include "rs_testlib.h"
 
@@ -58,8 +59,13 @@ static inline int rs_save_values(const char *dir, const mc_geometry *g, const ch
         if (mc_shard_of(g, f, (mc_state)s, r, &sh) != 0 || !sh.primary) continue;
         mc_box sl = {sh.ndim, {0}, {0}};
         for (int d = 0; d < sh.ndim; d++) sl.start[d] = sh.start[d], sl.count[d] = sh.count[d];
-        bufs[n] = malloc((size_t)sh.numel * 4);
-        rs_pack_values(value, f, s, g->fams.f[f].shape, g->fams.f[f].ndim, &sl, bufs[n]);
+        bufs[n] = malloc((size_t)sh.numel * 4 + 4);
+        if (mc_opt_state_dtype(g->fams.f[f].opt, (mc_state)s) == MC_ELEM_I64) { /* AdamW's step */
+          const int64_t v = rs_i64_value(f);
+          memcpy(bufs[n], &v, sizeof v);
+        } else {
+          rs_pack_values(value, f, s, g->fams.f[f].shape, g->fams.f[f].ndim, &sl, bufs[n]);
+        }
         items[n] = (mc_ckpt_item){f, (mc_state)s, r, bufs[n]};
         n++;
       }
@@ -105,8 +111,15 @@ static inline int64_t rs_check_content(const char *path) {
     float *got = malloc((size_t)fam->numel * 4 + 4), *want = malloc((size_t)fam->numel * 4 + 4);
     if (gf < 0) bad = -1;
     for (int s = 0; s < MC_N_STATES && bad >= 0; s++) {
-      if (!mc_family_has_state(&g.fams.f[gf], (mc_state)s)) continue;
+      /* (a checkpoint of format < 4 stores no step) */
+      if (!mc_family_has_state(&g.fams.f[gf], (mc_state)s) || !mc_ckpt_family_has_state(ck, f, (mc_state)s)) continue;
       n_kinds++;
+      if (mc_state_is_scalar((mc_state)s)) { /* AdamW's step: its int64, exactly */
+        int64_t v = 0;
+        if (mc_ckpt_read_i64(ck, fam->name, (mc_state)s, &v) != 0) bad = -1;
+        else bad += v != rs_i64_value(f);
+        continue;
+      }
       if (mc_ckpt_read(ck, fam->name, (mc_state)s, start, fam->shape, got) != 0) {
         bad = -1;
         break;

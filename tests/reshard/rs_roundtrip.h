@@ -74,6 +74,11 @@ static inline void rs_check_same_shards(const char *a_path, const char *b_path) 
       differ++;
       continue;
     }
+    if (x->dtype == MC_ELEM_I64) { /* AdamW's step */
+      int64_t va = 0, vb = 1;
+      differ += mc_ckpt_read_i64(a, x->family, x->state, &va) || mc_ckpt_read_i64(b, y->family, y->state, &vb) || va != vb;
+      continue;
+    }
     float *da = malloc((size_t)x->numel * 4), *db = malloc((size_t)y->numel * 4);
     if (mc_ckpt_read(a, x->family, x->state, x->start, x->count, da) || mc_ckpt_read(b, y->family, y->state, y->start, y->count, db) ||
         memcmp(da, db, (size_t)x->numel * 4))

@@ -95,6 +95,10 @@ static inline float rs_value(int fam, int state, int64_t idx) {
   return (float)(fam * 1000003 + state * 7919) + (float)idx * 0.5f;
 }
 
+/* The content of an int64 state (AdamW's step) of family fam: distinct per family, beyond 2^53
+ * (no double holds it exactly) so that any trip through a float shows. */
+static inline int64_t rs_i64_value(int fam) { return ((int64_t)1 << 60) + 1 + 2 * (int64_t)fam; }
+
 /* The content of element idx of (family, state) under some rule (rs_value is the usual one). */
 typedef float (*rs_value_fn)(int fam, int state, int64_t idx);
 
@@ -102,6 +106,7 @@ typedef float (*rs_value_fn)(int fam, int state, int64_t idx);
 static inline void rs_pack_values(rs_value_fn value, int fam, int state, const int64_t *shape, int ndim, const mc_box *s,
                                   float *out) {
   int64_t n = 0;
+  if (s->ndim < ndim) ndim = s->ndim; /* a scalar kind's box, [0, 1) of shape [1] */
   int64_t c1 = ndim > 1 ? s->count[1] : 1, c2 = ndim > 2 ? s->count[2] : 1;
   int64_t S1 = ndim > 1 ? shape[1] : 1, S2 = ndim > 2 ? shape[2] : 1;
   int64_t o1 = ndim > 1 ? s->start[1] : 0, o2 = ndim > 2 ? s->start[2] : 0;

@@ -51,10 +51,22 @@ static void make_format_v2(const char *dir, int64_t step) {
     cJSON_ArrayForEach(sh, shards) {
       if (strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(sh, "file")), cJSON_GetStringValue(cJSON_GetObjectItem(it, "name"))))
         continue;
-      ok &= fid >= 0 && H5Adelete_by_name(fid, cJSON_GetStringValue(cJSON_GetObjectItem(sh, "dataset")), "optimizer", H5P_DEFAULT) >= 0;
+      const char *ds = cJSON_GetStringValue(cJSON_GetObjectItem(sh, "dataset"));
+      ok &= fid >= 0 && H5Adelete_by_name(fid, ds, "optimizer", H5P_DEFAULT) >= 0;
+      /* AdamW's step came with format 4 */
+      if (!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(sh, "state")), "step")) ok &= fid >= 0 && H5Ldelete(fid, ds, H5P_DEFAULT) >= 0;
     }
     if (fid >= 0) H5Fclose(fid);
+    struct stat st;
+    ok &= stat(rp, &st) == 0;
+    cJSON_ReplaceItemInObjectCaseSensitive(it, "bytes", cJSON_CreateNumber((double)st.st_size));
   }
+  for (int i = cJSON_GetArraySize(shards) - 1; i >= 0; i--)
+    if (!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(shards, i), "state")), "step"))
+      cJSON_DeleteItemFromArray(shards, i);
+  cJSON *states = cJSON_GetObjectItemCaseSensitive(m, "states");
+  for (int i = cJSON_GetArraySize(states) - 1; i >= 0; i--)
+    if (!strcmp(cJSON_GetStringValue(cJSON_GetArrayItem(states, i)), "step")) cJSON_DeleteItemFromArray(states, i);
   cJSON_DeleteItemFromObjectCaseSensitive(m, "optimizer_groups");
   cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "config"), "optim");
   cJSON_ReplaceItemInObjectCaseSensitive(m, "format_version", cJSON_CreateNumber(2));
@@ -107,7 +119,14 @@ static int64_t load_as(const char *path, const mc_geometry *g) {
       for (int s = 0; s < MC_N_STATES; s++) {
         mc_shard sh;
         if (!mc_family_has_state(&g->fams.f[f], (mc_state)s)) continue; /* a kind its optimizer does not keep */
+        if (!mc_ckpt_family_has_state(ck, mc_ckpt_find_family(ck, g->fams.f[f].name), (mc_state)s)) continue; /* format < 4: no step */
         if (mc_shard_of(g, f, (mc_state)s, r, &sh) != 0 || !sh.held) continue;
+        if (mc_state_is_scalar((mc_state)s)) { /* AdamW's step, read by every holder */
+          int64_t v = 0;
+          if (mc_ckpt_read_i64(ck, g->fams.f[f].name, (mc_state)s, &v) != 0) bad = -1;
+          else bad += v != rs_i64_value(f);
+          continue;
+        }
         mc_box sl = {sh.ndim, {0}, {0}};
         for (int d = 0; d < sh.ndim; d++) sl.start[d] = sh.start[d], sl.count[d] = sh.count[d];
         float *got = malloc((size_t)sh.numel * 4), *want = malloc((size_t)sh.numel * 4);

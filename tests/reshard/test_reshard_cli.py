@@ -41,11 +41,12 @@ def assemble(run_dir):
                     d = f[fam][state]
                     a = d.attrs
                     data = d[()]
-                    check(hashlib.sha256(data.astype("<f4").tobytes()).hexdigest() == a["sha256"],
+                    et = "<i8" if a["dtype"] == "int64" else "<f4"  # AdamW's step: int64
+                    check(hashlib.sha256(data.astype(et).tobytes()).hexdigest() == a["sha256"],
                           "sha256 attribute of %s %s/%s" % (path, fam, state))
                     key = (fam, state)
-                    if key not in out:
-                        out[key] = np.full(tuple(a["global_shape"]), np.nan, dtype=np.float32)
+                    if key not in out:  # float64 holds every float32 and the steps of these runs exactly
+                        out[key] = np.full(tuple(a["global_shape"]), np.nan, dtype=np.float64)
                     sl = tuple(slice(s, s + c) for s, c in zip(a["start"], a["count"]))
                     check(np.isnan(out[key][sl]).all(), "overlapping shards of %s/%s" % key)
                     out[key][sl] = data
@@ -53,6 +54,11 @@ def assemble(run_dir):
     for key, arr in out.items():
         check(not np.isnan(arr).any(), "gap in %s/%s" % key)
     return out, shards
+
+
+def stored(state, arr):
+    """A global tensor's bytes as stored: float32, AdamW's step as int64."""
+    return arr.astype("<i8" if state == "step" else "<f4").tobytes()
 
 
 def same_content(x, y, what):
@@ -161,10 +167,10 @@ def body(tmp):
     check(rc == 0 and rb.get("ok"), "audit B: " + err)
     check(digests(ra) == digests(rb) and digests(ra), "digests equal across layouts")
     d = digests(ra)
-    check(all(d[fam][state] == hashlib.sha256(arr.astype("<f4").tobytes()).hexdigest() for (fam, state), arr in A.items()),
+    check(all(d[fam][state] == hashlib.sha256(stored(state, arr)).hexdigest() for (fam, state), arr in A.items()),
           "digest is sha256 of the row-major global tensor")
     ET.parse(j("B.svg"))
-    check(len(rb["ranks"]) == 8 and sum(r["stored_bytes"] for r in rb["ranks"]) == 4 * sum(a.size for a in B.values()),
+    check(len(rb["ranks"]) == 8 and sum(r["stored_bytes"] for r in rb["ranks"]) == sum(len(stored(k[1], a)) for k, a in B.items()),
           "stored bytes per rank add up")
     check(all(sum(r["categories"].values()) == sum(r["held_bytes"].values()) for r in rb["ranks"]),
           "per-rank categories (core/holdings.h) partition the held bytes")
@@ -350,7 +356,7 @@ def groups(tmp):
     check(rc == 0 and rb.get("ok"), "audit of the Muon checkpoint B: " + err)
     check(digests(ra) == digests(rb) and digests(ra), "digests equal across layouts (Muon groups)")
     opt = {f["name"]: f.get("optimizer") for f in rb.get("families", [])}
-    kinds = {"adamw": {"param", "exp_avg", "exp_avg_sq"}, "muon": {"param", "momentum"}}
+    kinds = {"adamw": {"param", "exp_avg", "exp_avg_sq", "step"}, "muon": {"param", "momentum"}}
     B, _ = assemble(j("B"))
     held = {}
     for fam, state in B:
@@ -359,7 +365,7 @@ def groups(tmp):
           and opt.get("layers.00.norm.weight") == "adamw", "each family stores its optimizer's kinds: %s" % held)
     d = digests(rb)
     check(all(set(d[f]) == kinds[o] for f, o in opt.items()), "a digest for each kind a family has")
-    check(all(d[fam][state] == hashlib.sha256(arr.astype("<f4").tobytes()).hexdigest() for (fam, state), arr in B.items())
+    check(all(d[fam][state] == hashlib.sha256(stored(state, arr)).hexdigest() for (fam, state), arr in B.items())
           and any(state == "momentum" for _, state in B), "momentum digests are sha256 of the global tensors")
     check(all(r["held_bytes"].get("momentum", 0) > 0 for r in rb["ranks"]), "every rank holds momentum bytes")
     rc, out, _ = run(MCAUDIT, j("B"))

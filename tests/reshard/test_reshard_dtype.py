@@ -109,7 +109,7 @@ def widen(stored, dtype):
 # ---------------------------------------------------------------- reading with h5py
 
 INT_OF = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16,
-          "float8_e4m3": np.uint8, "float8_e5m2": np.uint8}
+          "float8_e4m3": np.uint8, "float8_e5m2": np.uint8, "int64": np.uint64}
 
 
 def stored_bits(d):
@@ -206,13 +206,13 @@ def property_round(tmp, name, ref_dir, rng, kinds):
     check(dx.keys() == gx.keys() and all(dx[k] == gx[k][0] for k in gx), "%s: manifest declares what is stored" % what)
     n_conv = wrong = 0
     for (fam, state), (dt, bits) in gx.items():
-        want_dt = conv.get(state, "float32")
+        want_dt = "int64" if state == "step" else conv.get(state, "float32")  # step: never converted
         if dt != want_dt:
             wrong += 1
             continue
         ref_bits = ref[(fam, state)][1]
-        want = narrow(ref_bits.view(np.float32), dt) if dt != "float32" else ref_bits
-        n_conv += dt != "float32"
+        want = narrow(ref_bits.view(np.float32), dt) if dt not in ("float32", "int64") else ref_bits
+        n_conv += dt not in ("float32", "int64")
         wrong += not np.array_equal(want, bits)
         # the other layout holds the same stored bits
         wrong += gy[(fam, state)][0] != dt or not np.array_equal(gy[(fam, state)][1], bits)
@@ -231,8 +231,9 @@ def property_round(tmp, name, ref_dir, rng, kinds):
     W = j(name + "_W")
     reshard(X, W, ly, "--state-dtype", ",".join("%s=float32" % k for k in kinds))
     gw, _ = assemble(W)
-    check(all(gw[k][0] == "float32" and np.array_equal(gw[k][1].view(np.float32).view(np.uint32),
-                                                      widen(gx[k][1], gx[k][0]).view(np.uint32)) for k in gx),
+    check(all((gw[k][0] == "int64" and np.array_equal(gw[k][1], gx[k][1])) if k[1] == "step" else
+              (gw[k][0] == "float32" and np.array_equal(gw[k][1].view(np.float32).view(np.uint32),
+                                                        widen(gx[k][1], gx[k][0]).view(np.uint32))) for k in gx),
           "%s: widening to float32 is exact" % what)
     return X
 
@@ -250,6 +251,11 @@ def h5py_types(X):
                     d = f[fam][state]
                     dt = d.attrs["dtype"]
                     bits = stored_bits(d)
+                    if dt == "int64":  # AdamW's step: h5py gives the int64 as stored
+                        v = d[()]
+                        check(v.dtype == np.int64 and np.array_equal(v.view(np.uint64), bits), "%s %s: d[()] of int64" % (path, d.name))
+                        seen.add(dt)
+                        continue
                     exact = widen(bits, dt)
                     if dt == "bfloat16":
                         has_bf16 = True
@@ -294,6 +300,8 @@ def refusals(tmp, adamw_dir, X):
         (["--state-dtype", "exp_avg=bf16"], 2, "'bf16' is not an element dtype"),
         (["--state-dtype", "exp_avg=bfloat16", "--state-dtype", "exp_avg=float16"], 2, "state exp_avg is given twice"),
         (["--state-dtype", "exp_avg"], 2, "is not STATE=DTYPE"),
+        (["--state-dtype", "exp_avg=int64"], 2, "int64 is no conversion target"),
+        (["--state-dtype", "step=float32"], 2, "state step is an int64 counter and stays int64"),
         (["--state-dtype", "momentum=bfloat16"], 1, "no family of %s has a momentum state" % adamw_dir),
     ]
     for args, want_rc, msg in cases:
@@ -359,14 +367,15 @@ def resume(tmp):
         check(rc == 0, "mctrain %s: %s" % (name, (out + err)[-2000:]))
         reshard(run_dir, conv_dir, [], "--state-dtype", conv)
         d = declared(manifest(conv_dir))
-        check(all(d[k] == dict(c.split("=") for c in conv.split(",")).get(k[1], "float32") for k in d),
+        check(all(d[k] == ("int64" if k[1] == "step" else dict(c.split("=") for c in conv.split(",")).get(k[1], "float32"))
+                  for k in d),
               "%s: declared dtypes after conversion" % name)
         rc, out, err = run(MCTRAIN, "--resume", conv_dir, "--set", "checkpoint.dir=" + conv_dir)
         check(rc == 0 and "finished at step 4" in out + err, "mctrain --resume from the converted %s checkpoint: %s"
               % (name, (out + err)[-2000:]))
         # the trainer saves float32 again
         d = declared(manifest(conv_dir))
-        check(set(d.values()) == {"float32"}, "%s: the resumed run saves float32" % name)
+        check(set(d.values()) == {"float32", "int64"}, "%s: the resumed run saves float32 (and the int64 step)" % name)
 
 
 def export_widened(tmp, X):
@@ -414,7 +423,7 @@ def main():
         for X in xs + [j("all_a_fixed"), j("all_m_fixed")]:
             if os.path.isdir(X):
                 seen |= h5py_types(X)
-        check(seen == set(DTYPES), "every dtype was stored and read with h5py: %s" % sorted(seen))
+        check(seen == set(DTYPES) | {"int64"}, "every dtype was stored and read with h5py: %s" % sorted(seen))
         refusals(tmp, j("S"), j("all_a_fixed"))
         export_widened(tmp, j("all_a_fixed"))
         dry_run(tmp, j("all_a_fixed"))

@@ -54,6 +54,12 @@ static int64_t check_reads(const char *path, int verify, const int *dt, uint64_t
     for (int s = 0; s < MC_N_STATES && bad >= 0 && got && want; s++) {
       if (!mc_ckpt_family_has_state(ck, f, (mc_state)s)) continue;
       bad += mc_ckpt_state_dtype(ck, f, (mc_state)s) != dt[s];
+      if (mc_state_is_scalar((mc_state)s)) { /* AdamW's step: int64, never converted */
+        int64_t v = 0;
+        if (mc_ckpt_read_i64(ck, fam->name, (mc_state)s, &v) != 0) bad = -1;
+        else bad += v != rs_i64_value(f);
+        continue;
+      }
       for (int k = 0; k < 3 && bad >= 0; k++) {
         /* k = 0: the whole family; then random boxes */
         mc_box b = {fam->ndim, {0, 0, 0}, {0, 0, 0}};
@@ -92,8 +98,9 @@ static void one_case(uint64_t seed, const mc_model *m, const char *groups, int k
   snprintf(C, sizeof C, "%s/C%d", root, k);
   CHECK_OK(rs_save_values(A, &ga, groups, 4, varied));
   int dt[MC_N_STATES];
-  for (int s = 0; s < MC_N_STATES; s++) dt[s] = (int)((seed + (uint64_t)s * 3) % MC_N_ELEM_DTYPES);
-  dt[k % MC_N_STATES] = MC_ELEM_BF16; /* some bfloat16 in every case, a committed HDF5 type */
+  /* the float formats only: int64 (step) is never converted (core/dtype.h) */
+  for (int s = 0; s < MC_N_STATES; s++) dt[s] = mc_state_is_scalar((mc_state)s) ? MC_ELEM_I64 : (int)((seed + (uint64_t)s * 3) % MC_ELEM_I64);
+  dt[k % MC_STATE_STEP] = MC_ELEM_BF16; /* some bfloat16 in every case, a committed HDF5 type (a float kind) */
   mc_rs_opts o = {.chunk_bytes = 4096, .threads = 2};
   mc_rs_summary sum;
   mc_rs_source *src = NULL;
@@ -120,7 +127,8 @@ static void one_case(uint64_t seed, const mc_model *m, const char *groups, int k
   src = NULL;
   CHECK_OK(mc_rs_source_open(B, &src));
   if (src && mc_rs_prepare(src, &ga.layout, &dg, &plan) == 0) {
-    for (int t = 0; t < plan.n_tensors; t++) plan.tensors[t].dtype = MC_ELEM_F32;
+    for (int t = 0; t < plan.n_tensors; t++) /* AdamW's step stays int64 */
+      if (!mc_state_is_scalar(plan.tensors[t].state)) plan.tensors[t].dtype = MC_ELEM_F32;
     CHECK_OK(mc_rs_write(src, &dg, &plan, C, &o, &sum));
     mc_rs_plan_free(&plan);
     mc_geometry_free(&dg);
@@ -138,6 +146,12 @@ static void one_case(uint64_t seed, const mc_model *m, const char *groups, int k
       int64_t z[3] = {0, 0, 0};
       for (int s = 0; s < MC_N_STATES && x && y; s++) {
         if (!mc_ckpt_family_has_state(cb, f, (mc_state)s)) continue;
+        if (mc_state_is_scalar((mc_state)s)) { /* AdamW's step: int64 in both, the same value */
+          int64_t vb = 0, vc = 1;
+          diff += mc_ckpt_state_dtype(cc, f, (mc_state)s) != MC_ELEM_I64 || mc_ckpt_read_i64(cb, fam->name, (mc_state)s, &vb) ||
+                  mc_ckpt_read_i64(cc, fam->name, (mc_state)s, &vc) || vb != vc;
+          continue;
+        }
         diff += mc_ckpt_state_dtype(cc, f, (mc_state)s) != MC_ELEM_F32;
         if (mc_ckpt_read(cb, fam->name, (mc_state)s, z, fam->shape, x) != 0 ||
             mc_ckpt_read(cc, fam->name, (mc_state)s, z, fam->shape, y) != 0) {

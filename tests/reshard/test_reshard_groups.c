@@ -25,8 +25,16 @@ static const char *const GROUPS = "muon:matrices,adamw:all";
 static char root[2048];
 
 /* SHA-256 hex of a family's state as a row-major fp32 tensor: of the reference content
- * (rs_value), or of zeros. */
+ * (rs_value), or of zeros; AdamW's step as its 8 int64 bytes (rs_i64_value, or 0). */
 static void reference_digest(const mc_family *f, int fam, int state, int zeros, char hex[65]) {
+  if (mc_state_is_scalar((mc_state)state)) {
+    const int64_t v = zeros ? 0 : rs_i64_value(fam);
+    unsigned char h[32];
+    unsigned int hl;
+    EVP_Digest(&v, sizeof v, h, &hl, EVP_sha256(), NULL);
+    mc_rs_hex(h, hex);
+    return;
+  }
   mc_box all = {f->ndim, {0, 0, 0}, {0, 0, 0}};
   for (int d = 0; d < f->ndim; d++) all.count[d] = f->shape[d];
   float *v = calloc((size_t)f->numel + 1, sizeof *v);

@@ -77,6 +77,18 @@ resume)
   # Resuming again from step 6 into a fresh directory, via the step directory itself.
   "$B/mctrain" "${common[@]}" --set checkpoint.dir=c --resume b/step_6 --until 8 > c.log 2>&1 || { cat c.log; die "resume from DIR failed"; }
   [ "$(field c/metrics.jsonl loss 8)" = "$(field a/metrics.jsonl loss 8)" ] || die "resume from b/step_6 differs at step 8"
+  # Format version 3 (before AdamW's per-family step): c's step 8 rewritten without the step
+  # datasets resumes from training_state.adam_step, the same run digit for digit.
+  /usr/bin/python3 -c "import h5py, json, sys; sys.path.insert(0, '$S/tests/ckpt'); from ckpt_edit import step_dir; \
+m = json.load(open(step_dir('c') + '/manifest.json')); s = [x for x in m['shards'] if x['state'] == 'step']; \
+assert m['format_version'] == 4 and s; h = h5py.File(step_dir('c') + '/' + s[0]['file']); \
+assert h[s[0]['dataset']].dtype == 'int64' and int(h[s[0]['dataset']][0]) == 8, 'step of a family at step 8'" \
+    || die "c/step_8 lacks an int64 step of 8"
+  cp -r c v3 && /usr/bin/python3 "$S/tests/ckpt/ckpt_edit.py" --to-v3 v3 || die "rewriting c/step_8 as format 3 failed"
+  "$B/mctrain" "${common[@]}" --set checkpoint.dir=v3 --resume latest --until 10 > v3.log 2>&1 || { cat v3.log; die "resume from format 3 failed"; }
+  for s in 9 10; do
+    [ "$(field v3/metrics.jsonl loss $s)" = "$(field a/metrics.jsonl loss $s)" ] || die "resume from format 3 differs at step $s"
+  done
   # A resume keeps the run's configuration: given only the directory (no schedule on the
   # command line, so the defaults would say another lr and 600 steps) it continues the same
   # schedule into the run directory that holds the checkpoint; a schedule change is refused

@@ -231,8 +231,10 @@ static void test_optimizer(int tp, int dp, int ep, int zero, const char *groups)
       if (!sh[0].in_stage) continue;
       int dec = g.fams.f[f].decay;
       want[dec ? MC_MEM_MASTER_DECAY : MC_MEM_MASTER_NO_DECAY] += sh[MC_STATE_PARAM].numel * 4;
-      for (int k = 1; k < MC_N_STATES; k++) /* the optimizer's states: AdamW's moments or Muon's momentum */
-        if (mc_family_has_state(&g.fams.f[f], (mc_state)k)) {
+      /* the optimizer's states: AdamW's moments or Muon's momentum (AdamW's step is host memory
+       * of the slot, in no arena) */
+      for (int k = 1; k < MC_N_STATES; k++)
+        if (mc_family_has_state(&g.fams.f[f], (mc_state)k) && !mc_state_is_scalar((mc_state)k)) {
           want[dec ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY] += sh[k].numel * 4;
           fp[dec ? MC_MEM_MOMENTS_DECAY : MC_MEM_MOMENTS_NO_DECAY] += mc_mem_footprint(sh[k].numel * 4);
         }

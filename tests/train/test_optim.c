@@ -1,8 +1,10 @@
 /* AdamW, clipping and the schedule against hand-computed values; optimizer shards against
  * the ownership function under several layouts. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/optim_groups.h"
 #include "tests/check.h"
 #include "train/optim.h"
 #include "util/error.h"
@@ -92,6 +94,44 @@ static void test_adamw(int decay, double grad_scale) {
   CHECK(mc_optim_grad_sq(&o, grads) == 0.0, "non-primary shard counted");
 }
 
+/* Each AdamW family's bias correction uses its own step (the state kind step): three slots
+ * with the same weights and gradient, the middle one resumed at step 9 (its t is 10), the
+ * others at 0 (t = 1). One optimizer step advances each by one; the outer two move by the
+ * t = 1 update, the middle one by the t = 10 update (mhat = m / (1 - b1^10), vhat = v / (1 -
+ * b2^10)), computed here in double. A shared step would give all three the same update. */
+static void test_family_steps(void) {
+  mc_optim o;
+  memset(&o, 0, sizeof o);
+  mc_optim_slot s[3];
+  memset(s, 0, sizeof s);
+  float master[3][2], m[3][2] = {{0}}, v[3][2] = {{0}}, g[2] = {0.1f, -0.2f};
+  float *grads[3] = {g, g, g};
+  for (int i = 0; i < 3; i++) {
+    master[i][0] = 1, master[i][1] = 2;
+    s[i].numel = 2, s[i].opt = MC_OPT_ADAMW, s[i].shard.primary = 1;
+    s[i].master = master[i], s[i].exp_avg = m[i], s[i].exp_avg_sq = v[i];
+  }
+  s[1].step = 9;
+  o.be = mc_backend_cpu();
+  o.n = 3;
+  o.slots = s;
+  mc_train_cfg t = hyper();
+  t.beta2 = 0.999;
+  mc_optim_step(&o, &t, 0.01, 1.0, grads);
+  CHECK(s[0].step == 1 && s[1].step == 10 && s[2].step == 1, "steps %lld %lld %lld", (long long)s[0].step,
+        (long long)s[1].step, (long long)s[2].step);
+  const double b1 = (float)t.beta1, b2 = (float)t.beta2; /* as the op receives them */
+  for (int i = 0; i < 3; i++)
+    for (int k = 0; k < 2; k++) {
+      const int64_t tt = s[i].step;
+      const double mh = (1 - b1) * g[k] / (1 - pow(b1, (double)tt)), vh = (1 - b2) * g[k] * g[k] / (1 - pow(b2, (double)tt));
+      const double want = (k ? 2.0 : 1.0) - 0.01 * mh / (sqrt(vh) + 1e-8);
+      CHECK(fabs(master[i][k] - want) < 1e-6, "slot %d (t=%lld) element %d: %.9g, want %.9g", i, (long long)tt, k,
+            master[i][k], want);
+    }
+  CHECK(fabs(master[1][0] - master[0][0]) > 1e-3, "t = 10 and t = 1 gave the same update");
+}
+
 static mc_model tiny(void) {
   mc_model m;
   memset(&m, 0, sizeof m);
@@ -157,6 +197,7 @@ int main(void) {
   test_adamw(1, 1.0);
   test_adamw(0, 1.0);
   test_adamw(1, 0.25); /* clipping scales the gradient before the moments */
+  test_family_steps();
   test_sharded_norm(1, 1, 1, 1, 0);
   test_sharded_norm(2, 1, 1, 1, 0);
   test_sharded_norm(1, 2, 1, 1, 0);
