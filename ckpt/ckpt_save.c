@@ -225,8 +225,22 @@ static void readback_free(readback *r) {
   memset(r, 0, sizeof *r);
 }
 
-/* Collects the attributes of every rank file in tmp (written by any process). */
-static int read_back(const char *tmp, readback *r) {
+typedef struct {
+  const char *tmp;
+  mc_file_rec *files;
+} file_hash_ctx;
+
+static int file_hash_job(void *vctx, int i) {
+  const file_hash_ctx *c = vctx;
+  char path[MC_PATH_MAX];
+  if (mc_path_join(path, c->tmp, c->files[i].name) != 0) return -1;
+  return mc_sha256_file(path, &c->files[i].bytes, c->files[i].sha256);
+}
+
+/* Collects the attributes of every rank file in tmp (written by any process). The files'
+ * whole-file SHA-256 are computed on `threads` threads, one file each: the root reads back
+ * every rank's file, and one thread hashing them in turn took world x one file's time. */
+static int read_back(const char *tmp, int threads, readback *r) {
   memset(r, 0, sizeof *r);
   if (mc_ckpt_fault("read_back")) return mc_error_context("%s: reading rank files back", tmp);
   DIR *d = opendir(tmp);
@@ -246,12 +260,19 @@ static int read_back(const char *tmp, readback *r) {
       r->files = nf;
     }
     mc_file_rec *f = &r->files[r->n_files++];
+    memset(f, 0, sizeof *f);
     snprintf(f->name, sizeof f->name, "%s", e->d_name);
     f->rank = rank;
+  }
+  closedir(d);
+  file_hash_ctx hc = {tmp, r->files};
+  if (rc == 0 && r->n_files > 0) rc = mc_parallel(r->n_files, threads, file_hash_job, &hc);
+  for (int fi = 0; fi < r->n_files && rc == 0; fi++) {
+    const mc_file_rec *f = &r->files[fi];
     char path[MC_PATH_MAX];
     mc_shard_attrs *sa = NULL;
     int ns = 0;
-    if (mc_path_join(path, tmp, e->d_name) != 0 || mc_sha256_file(path, &f->bytes, f->sha256) != 0 || mc_h5_scan_rank_file(path, f->name, &sa, &ns) != 0) {
+    if (mc_path_join(path, tmp, f->name) != 0 || mc_h5_scan_rank_file(path, f->name, &sa, &ns) != 0) {
       rc = -1;
       break;
     }
@@ -266,11 +287,10 @@ static int read_back(const char *tmp, readback *r) {
     r->n_shards += ns;
     free(sa); /* the replica buffers moved into r->shards */
     for (int i = r->n_shards - ns; i < r->n_shards; i++)
-      if (r->shards[i].s.rank != rank)
+      if (r->shards[i].s.rank != f->rank)
         rc = mc_error("%s: dataset %s has primary_rank %d but lies in the file of rank %d", path, r->shards[i].s.dataset,
-                      r->shards[i].s.rank, rank);
+                      r->shards[i].s.rank, f->rank);
   }
-  closedir(d);
   if (rc) readback_free(r);
   return rc;
 }
@@ -313,9 +333,9 @@ static int publish(const char *dir, const char *tmp, const char *final, const mc
 }
 
 static int commit(const char *dir, const char *tmp, const char *final, const mc_geometry *g, const mc_config *cfg,
-                  const mc_train_state *st) {
+                  const mc_train_state *st, int threads) {
   readback rb;
-  if (read_back(tmp, &rb) != 0) return -1;
+  if (read_back(tmp, threads, &rb) != 0) return -1;
   int rc = publish(dir, tmp, final, g, cfg, st, &rb);
   readback_free(&rb);
   return rc;
@@ -430,7 +450,7 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
 
   /* 3. the root builds the manifest from what is on disk and commits */
   ok = 1;
-  if (root && commit(dir, tmp, final, g, cfg, state) != 0) {
+  if (root && commit(dir, tmp, final, g, cfg, state, opts.io_threads > 0 ? opts.io_threads : 1) != 0) {
     ok = 0;
     discard(dir, tmp, final, mc_path_exists(final));
     snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed (previous checkpoint kept): %s", state->step,
