@@ -455,6 +455,14 @@ static int read_whole_hashed(mc_ckpt *ck, int si, int64_t fid, const char *where
   return 0;
 }
 
+/* 0 if hex (the hash of shard s's stored bytes) is the one the manifest records, else -1
+ * naming the file (where) and dataset. */
+static int check_shard_hash(const char *where, const mc_ckpt_shard *s, const char hex[65]) {
+  if (strcmp(hex, s->sha256) == 0) return 0;
+  return mc_error("%s: hash mismatch in dataset %s: data hashes to %s, the manifest records %s", where, s->dataset, hex,
+                  s->sha256);
+}
+
 /* The boxes of a request and of a shard (a request has its family's ndim: the shard's). */
 static mc_box request_box(const mc_ckpt_request *r, const mc_ckpt_shard *s) {
   return mc_box_make(s->ndim, r->start, r->count);
@@ -563,10 +571,9 @@ static int read_task(void *arg, int t) {
       if (!only) free(buf);
       return -1;
     }
-    if (strcmp(hex, s->sha256) != 0) {
+    if (check_shard_hash(where, s, hex) != 0) {
       if (!only) free(buf);
-      return mc_error("%s: hash mismatch in dataset %s: data hashes to %s, the manifest records %s", where, s->dataset,
-                      hex, s->sha256);
+      return -1;
     }
     ck->verified[si] = 1;
     if (only) return 0;
@@ -745,9 +752,7 @@ int mc_ckpt_read_i64(mc_ckpt *ck, const char *family, mc_state state, int64_t *o
     char hex[65];
     mc_sha256_hex(out, 8, hex); /* the stored little-endian bytes (an x86/ARM host's own) */
     count_io(ck, 0, 8);
-    if (strcmp(hex, s->sha256) != 0)
-      return mc_error("%s: hash mismatch in dataset %s: data hashes to %s, the manifest records %s", where, s->dataset, hex,
-                      s->sha256);
+    if (check_shard_hash(where, s, hex) != 0) return -1;
   }
   return 0;
 }

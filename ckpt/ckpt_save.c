@@ -438,7 +438,8 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
   }
 
   /* 2. every process writes and fsyncs its rank files */
-  ok = write_rank_files(tmp, state->step, &w, opts.io_threads > 0 ? opts.io_threads : 1, opts.deflate) == 0;
+  const int threads = opts.io_threads > 0 ? opts.io_threads : 1; /* writing, hashing, the commit's read-back */
+  ok = write_rank_files(tmp, state->step, &w, threads, opts.deflate) == 0;
   if (ok && opts.write_files) ok = opts.write_files(opts.write_files_user, tmp) == 0;
   if (!ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed (previous checkpoint kept): %s", state->step, mc_errmsg());
   write_set_free(&w);
@@ -450,7 +451,7 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
 
   /* 3. the root builds the manifest from what is on disk and commits */
   ok = 1;
-  if (root && commit(dir, tmp, final, g, cfg, state, opts.io_threads > 0 ? opts.io_threads : 1) != 0) {
+  if (root && commit(dir, tmp, final, g, cfg, state, threads) != 0) {
     ok = 0;
     discard(dir, tmp, final, mc_path_exists(final));
     snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed (previous checkpoint kept): %s", state->step,
