@@ -72,6 +72,13 @@ struct mc_backend {
   /* 1 when the model keeps its matrix weights in bf16 on this backend (train.dtype=bf16: the
    * products read them through gemm_ex / gemm_grouped_ex); 0: fp32 weights. */
   int bf16_weights;
+  /* The model part whose ops are being queued ("A fwd", "optimizer", ...; a static string),
+   * set by the network and trainer for profilers (MC_CUDA_PROFILE's table by part); NULL when
+   * unset. No op reads it. */
+  const char *scope;
+  /* The optimizer step (1-based) the queued ops belong to, set by the trainer for profilers
+   * (MC_CUDA_PROFILE_STEPS); 0 outside the training loop. No op reads it. */
+  int64_t step;
 
   /* ---- memory */
   /* Zero-filled allocation in backend memory; NULL with mc_error set on failure. */

@@ -586,6 +586,14 @@ static int with_whole_input(mc_net *net, mc_layer *l, int n_seq, block_rows how,
   return rc;
 }
 
+/* The profiler's label (mc_backend.scope) of a block kind's forward or backward. */
+static const char *kind_scope(char kind, int backward) {
+  static const char *const fwd[] = {"A fwd", "M fwd", "E fwd", "R fwd"}, *const bwd[] = {"A bwd", "M bwd", "E bwd", "R bwd"};
+  const char *at = strchr("AMER", kind);
+  if (!kind || !at) return backward ? "block bwd" : "block fwd";
+  return (backward ? bwd : fwd)[at - "AMER"];
+}
+
 /* x += f(u) for one block, with the collectives around it. */
 static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
   mc_backend *be = net->be;
@@ -703,6 +711,7 @@ int mc_net_stage_forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_s
 
   int rc = 0, idx[MC_ROLE_COUNT];
   int fin[2] = {net->fam_final_norm, net->fam_head};
+  be->scope = "embed fwd";
   if (net->first) {
     rc = acquire(net, &net->fam_embed, 1, 0);
     if (!rc) rc = embed_forward(net, in, n_seq);
@@ -711,10 +720,12 @@ int mc_net_stage_forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_s
   for (int L = net->L0; L < net->L1 && !rc; L++) {
     mc_layer *l = &net->layers[L];
     int np = layer_params(l, idx);
+    be->scope = kind_scope(l->kind, 0);
     be->copy(be, l->x_in, net->x, (int64_t)nl * d);
     if (acquire(net, idx, np, 0) || block_forward(net, l, n_seq) || release(net, idx, np, 0))
       rc = mc_error_context("layer %d (%c)", L, l->kind);
   }
+  be->scope = "head fwd";
   if (!rc && net->last) rc = acquire(net, fin, 2, 0);
   if (!rc && net->last) {
     /* under mc_act16 hf feeds only the head's products: kept in bf16 */
@@ -733,7 +744,9 @@ int mc_net_stage_forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_s
   }
   if (!rc && net->last) rc = release(net, fin, 2, 0);
   free(in);
-  if (rc || be->sync(be)) return -1;
+  rc = rc || be->sync(be);
+  be->scope = NULL;
+  if (rc) return -1;
 
   memset(stats, 0, sizeof *stats);
   for (int r = 0; net->last && r < n; r++) stats->ce_sum += net->loss_host[r];
@@ -841,14 +854,17 @@ int mc_net_stage_backward(mc_net *net, const int32_t *tokens, int n_seq, double 
   const int n = n_seq * T;
   mc_backend *be = net->be;
   int idx[MC_ROLE_COUNT];
+  be->scope = "head bwd";
   if (net->last && head_backward(net, n_seq, ce_weight)) return -1;
   for (int L = net->L1 - 1; L >= net->L0; L--) {
     mc_layer *l = &net->layers[L];
     int np = layer_params(l, idx);
+    be->scope = kind_scope(l->kind, 1);
     if (acquire(net, idx, np, 1) || layer_recompute(net, l, n_seq) || block_backward(net, l, n_seq, seq_weight) ||
         release(net, idx, np, 1))
       return mc_error_context("layer %d (%c) backward", L, l->kind);
   }
+  be->scope = "embed bwd";
   if (!net->first) return be->sync(be);
   if (acquire(net, &net->fam_embed, 1, 1)) return -1;
   if (net->geo.layout.pp > 1 && tokens && restage_tokens(net, tokens, n_seq)) return -1;

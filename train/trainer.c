@@ -490,6 +490,9 @@ static int train_step(run *r, int64_t s, mc_metrics_rec *rec) {
   const mc_train_cfg *t = &cfg->train;
   int G = t->global_batch, mb = t->micro_batch, T = cfg->model.seq_len;
   int dp = cfg->parallel.dp;
+  mc_backend *be = mc_net_backend(r->net);
+  be->step = s + 1;
+  be->scope = "zero grads";
   mc_net_zero_grad(r->net);
   mc_net_stats tot;
   memset(&tot, 0, sizeof tot);
@@ -513,6 +516,7 @@ static int train_step(run *r, int64_t s, mc_metrics_rec *rec) {
     tot.n_tokens += st.n_tokens, tot.n_seqs += st.n_seqs;
   }
   /* the global batch's loss; gradients summed over TP/DP; the norm over every element once */
+  be->scope = "optimizer";
   double norm = 0;
   if (mc_dist_stats_sum(r->comm, &tot) != 0 || mc_dist_sync_grads(&r->opt) != 0 || mc_dist_grad_norm(&r->opt, &norm) != 0)
     return mc_error_context("step %lld", (long long)s + 1);
@@ -528,6 +532,7 @@ static int train_step(run *r, int64_t s, mc_metrics_rec *rec) {
                     "for this step", (long long)s + 1, rec->loss, norm);
   if (mc_dist_update(&r->opt, t, lr, mc_clip_scale(norm, t->grad_clip)) != 0)
     return mc_error_context("step %lld", (long long)s + 1);
+  be->scope = NULL, be->step = 0;
   return 0;
 }
 

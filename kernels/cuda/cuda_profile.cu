@@ -6,10 +6,17 @@
  * are written: milliseconds, calls, share of the profiled time, and the span from the first
  * to the last event, whose excess over the sum is time the GPU waited for the host.
  * A wrapper is made per table member from the member's own type (a template), so adding an
- * op to kernels/ops.h needs one line in wrap_all(). */
+ * op to kernels/ops.h needs one line in wrap_all(). Each op's time is also booked to the
+ * model part the network was in when it was queued (mc_backend.scope: "A fwd", "optimizer",
+ * ...), written as a second table: GPU time per part with its largest ops. The host time of
+ * each op's call (queueing its launches, cuBLAS's heuristics) is measured too: an op whose
+ * host time reaches its GPU time keeps the GPU waiting. MC_CUDA_PROFILE_STEPS=A:B counts only
+ * the ops of training steps A to B (mc_backend.step, set by the trainer), e.g. the steady
+ * steps after the first. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <type_traits>
 
@@ -17,16 +24,22 @@
 
 #define PROF_MAX_OPS 64
 #define PROF_POOL 4096 /* event pairs in flight between two read-backs */
+#define PROF_MAX_SCOPES 32
 
 struct prof_state {
   mc_backend orig;  /* the table before wrapping */
   const char *names[PROF_MAX_OPS];
   int n_names;
   cudaEvent_t start[PROF_POOL], end[PROF_POOL];
-  int op_of[PROF_POOL];
+  int op_of[PROF_POOL], scope_of[PROF_POOL];
   int pending;
-  double ms[PROF_MAX_OPS];
+  double ms[PROF_MAX_OPS], host_ms[PROF_MAX_OPS];
   int64_t calls[PROF_MAX_OPS];
+  int64_t step_from, step_to; /* MC_CUDA_PROFILE_STEPS (0, 0: every op) */
+  const char *scopes[PROF_MAX_SCOPES]; /* scope 0: none set */
+  int n_scopes;
+  double scope_ms[PROF_MAX_SCOPES][PROF_MAX_OPS];
+  int64_t scope_calls[PROF_MAX_SCOPES];
   cudaEvent_t first, last; /* span of the whole profile */
   int have_first;
   FILE *out;
@@ -41,17 +54,36 @@ static void flush(prof_state *p) {
   cudaEventSynchronize(p->end[p->pending - 1]);
   for (int i = 0; i < p->pending; i++) {
     float ms = 0.0f;
-    if (cudaEventElapsedTime(&ms, p->start[i], p->end[i]) == cudaSuccess) p->ms[p->op_of[i]] += ms;
+    if (cudaEventElapsedTime(&ms, p->start[i], p->end[i]) == cudaSuccess) {
+      p->ms[p->op_of[i]] += ms;
+      p->scope_ms[p->scope_of[i]][p->op_of[i]] += ms;
+    }
     p->calls[p->op_of[i]]++;
+    p->scope_calls[p->scope_of[i]]++;
   }
   cudaGetLastError();
   p->pending = 0;
+}
+
+/* The row of the scope now set on the backend (labels are static strings: compared by
+ * content, since the same label may live at several addresses); the last row collects
+ * labels beyond the table's size. */
+static int scope_row(mc_backend *be, prof_state *p) {
+  if (!p->n_scopes) p->scopes[0] = "(none)", p->n_scopes = 1;
+  if (!be->scope) return 0;
+  for (int i = 1; i < p->n_scopes; i++)
+    if (p->scopes[i] == be->scope || !strcmp(p->scopes[i], be->scope)) return i;
+  if (p->n_scopes == PROF_MAX_SCOPES) return PROF_MAX_SCOPES - 1;
+  if (p->n_scopes == PROF_MAX_SCOPES - 1) p->scopes[p->n_scopes] = "(other)";
+  else p->scopes[p->n_scopes] = be->scope;
+  return p->n_scopes++;
 }
 
 static int begin(mc_backend *be, prof_state *p, int op) {
   if (p->pending == PROF_POOL) flush(p);
   int k = p->pending++;
   p->op_of[k] = op;
+  p->scope_of[k] = scope_row(be, p);
   cudaEventRecord(p->start[k], mc_cu_stream(be));
   if (!p->have_first) cudaEventRecord(p->first, mc_cu_stream(be)), p->have_first = 1;
   return k;
@@ -62,17 +94,32 @@ static void end(mc_backend *be, prof_state *p, int k) {
   cudaEventRecord(p->last, mc_cu_stream(be));
 }
 
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return 1e3 * (double)t.tv_sec + 1e-6 * (double)t.tv_nsec;
+}
+
+/* 1 when the op now queued is inside the profiled steps. */
+static int counted(mc_backend *be, const prof_state *p) {
+  return !p->step_to || (be->step >= p->step_from && be->step <= p->step_to);
+}
+
 template <typename T, T mc_backend::*M, int OP> struct wrap;
 template <typename R, typename... A, R (*mc_backend::*M)(mc_backend *, A...), int OP>
 struct wrap<R (*)(mc_backend *, A...), M, OP> {
   static R call(mc_backend *be, A... a) {
     prof_state *p = prof_of(be);
+    if (!counted(be, p)) return (p->orig.*M)(be, a...);
     const int k = begin(be, p, OP);
+    const double t0 = now_ms();
     if constexpr (std::is_void_v<R>) {
       (p->orig.*M)(be, a...);
+      p->host_ms[OP] += now_ms() - t0;
       end(be, p, k);
     } else {
       R r = (p->orig.*M)(be, a...);
+      p->host_ms[OP] += now_ms() - t0;
       end(be, p, k);
       return r;
     }
@@ -103,7 +150,10 @@ static void report(void) {
             p->bf16 ? "bf16" : "fp32");
     fprintf(f, "# profiled op time %.3f ms; span first-to-last op %.3f ms (the rest of the span: GPU idle)\n", total,
             span);
-    fprintf(f, "%12s %7s %10s %9s  %s\n", "ms", "%", "calls", "us/call", "op");
+    if (p->step_to)
+      fprintf(f, "# ops of training steps %lld to %lld only (MC_CUDA_PROFILE_STEPS)\n", (long long)p->step_from,
+              (long long)p->step_to);
+    fprintf(f, "%12s %7s %10s %9s %9s  %s\n", "ms", "%", "calls", "us/call", "host us", "op");
     int order[PROF_MAX_OPS];
     for (int i = 0; i < p->n_names; i++) order[i] = i;
     for (int i = 1; i < p->n_names; i++) /* by time, descending */
@@ -114,8 +164,30 @@ static void report(void) {
     for (int i = 0; i < p->n_names; i++) {
       int o = order[i];
       if (!p->calls[o]) continue;
-      fprintf(f, "%12.3f %6.1f%% %10lld %9.1f  %s\n", p->ms[o], total > 0 ? 100.0 * p->ms[o] / total : 0.0,
-              (long long)p->calls[o], 1e3 * p->ms[o] / (double)p->calls[o], p->names[o]);
+      fprintf(f, "%12.3f %6.1f%% %10lld %9.1f %9.1f  %s\n", p->ms[o], total > 0 ? 100.0 * p->ms[o] / total : 0.0,
+              (long long)p->calls[o], 1e3 * p->ms[o] / (double)p->calls[o], 1e3 * p->host_ms[o] / (double)p->calls[o],
+              p->names[o]);
+    }
+    /* by model part: "scope" lines (ms, share, op calls, label) and the part's three largest ops */
+    fprintf(f, "# GPU time by model part (mc_backend.scope), with each part's largest ops\n");
+    for (int sc = 0; sc < p->n_scopes; sc++) {
+      double st = 0.0;
+      for (int i = 0; i < p->n_names; i++) st += p->scope_ms[sc][i];
+      if (!p->scope_calls[sc]) continue;
+      fprintf(f, "scope %12.3f %6.1f%% %10lld  %s  |", st, total > 0 ? 100.0 * st / total : 0.0,
+              (long long)p->scope_calls[sc], p->scopes[sc]);
+      int used[3] = {-1, -1, -1};
+      for (int r = 0; r < 3; r++) {
+        int best = -1;
+        for (int i = 0; i < p->n_names; i++)
+          if (i != used[0] && i != used[1] && p->scope_ms[sc][i] > 0 &&
+              (best < 0 || p->scope_ms[sc][i] > p->scope_ms[sc][best]))
+            best = i;
+        if (best < 0) break;
+        used[r] = best;
+        fprintf(f, " %s %.3f", p->names[best], p->scope_ms[sc][best]);
+      }
+      fprintf(f, "\n");
     }
     fflush(f);
     if (f != stderr) fclose(f);
@@ -198,6 +270,15 @@ void mc_cuda_install_profile(mc_backend *be) {
       free(p);
       return;
     }
+  const char *steps = getenv("MC_CUDA_PROFILE_STEPS");
+  long long a = 0, b = 0;
+  char tail = 0;
+  if (steps && *steps) {
+    if (sscanf(steps, "%lld:%lld%c", &a, &b, &tail) != 2 || a < 1 || b < a)
+      fprintf(stderr, "MC_CUDA_PROFILE_STEPS=%s: expected A:B with 1 <= A <= B; profiling every op\n", steps);
+    else
+      p->step_from = a, p->step_to = b;
+  }
   cudaEventCreate(&p->first);
   cudaEventCreate(&p->last);
   p->orig = *be;
