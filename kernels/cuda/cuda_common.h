@@ -26,6 +26,7 @@ typedef struct {
   double *red;        /* sumsq partial sums (MC_CUDA_RED_BLOCKS + 1 doubles) */
   int bf16_gemm;      /* matrix products on bf16 tensor cores (mc_backend_cuda_bf16) */
   void *prof;         /* op profile state (cuda_profile.cu) when MC_CUDA_PROFILE is set */
+  struct mc_cuda_lt *lt; /* cuBLASLt handle and algorithm cache (cuda_gemm_lt.cu), made at first use */
   float2 *rope_tab;   /* RoPE (cos, sin) per (position, pair) for rope_T, rope_hd, rope_theta */
   int rope_T, rope_hd;
   double rope_theta;

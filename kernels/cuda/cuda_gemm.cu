@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/cuda_gemm_lt.h"
 
 /* C = beta * C on an M x N block (K == 0: the product is empty). */
 __global__ void k_scale_block(float *C, int M, int N, int ldc, float beta) {
@@ -390,9 +391,11 @@ static void cu_gemm_ex(mc_backend *be, int ta, int tb, int M, int N, int K, floa
 }
 
 /* bf16, large groups: both operands rounded once over their whole span (a bf16 B is used as
- * stored), then one cublasGemmEx per group straight into C with alpha and beta: no padding,
- * no pointer arrays, no fold-back pass. At expert sizes the launches cost little next to the
- * products, which run at the plain product's speed. */
+ * stored), then one product per group straight into C with alpha and beta: no padding, no
+ * pointer arrays, no fold-back pass. Each product goes through cuBLASLt with its algorithm
+ * cached per shape class (cuda_gemm_lt.cu: the row counts change every micro-batch, and
+ * cublasGemmEx would choose afresh on the host for each), or cublasGemmEx where that path
+ * is off or refuses. */
 static void grouped_bf16_each(mc_backend *be, const chunk *ch, int ta, int tb, const int *M, const int *N,
                               const int *K, float alpha, mc_operand A, const int64_t *a_off, int lda, mc_operand B,
                               const int64_t *b_off, int ldb, float beta, mc_dst C, const int64_t *c_off, int ldc) {
@@ -408,8 +411,12 @@ static void grouped_bf16_each(mc_backend *be, const chunk *ch, int ta, int tb, c
   const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   for (int i = 0; i < ch->n; i++) {
     const int g = ch->g[i];
+    void *Cg = dst_ptr(dst_at(C, c_off[g]));
+    if (!mc_cuda_lt_gemm_bf16(be, opb, opa, N[g], M[g], K[g], alpha, Bh + b_off[g], ldb, Ah + a_off[g], lda, beta, Cg,
+                              dst_type(C), ldc))
+      continue;
     cublasStatus_t st = cublasGemmEx(mc_cu(be)->blas, opb, opa, N[g], M[g], K[g], &alpha, Bh + b_off[g], CUDA_R_16BF,
-                                     ldb, Ah + a_off[g], CUDA_R_16BF, lda, &beta, dst_ptr(dst_at(C, c_off[g])), dst_type(C), ldc,
+                                     ldb, Ah + a_off[g], CUDA_R_16BF, lda, &beta, Cg, dst_type(C), ldc,
                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) {
       mc_cuda_fail(be, "gemm_grouped (bf16) group %d: M=%d N=%d K=%d: cuBLAS %s", g, M[g], N[g], K[g],

@@ -1,0 +1,160 @@
+/* bf16 products through cuBLASLt with the algorithm chosen once per shape class.
+ *
+ * Why: the expert products of an MoE layer have a row count per expert that changes every
+ * micro-batch (the routing decides it). cublasGemmEx caches its algorithm choice per exact
+ * problem, so nearly every expert product is a cache miss and pays cuBLAS's heuristic query
+ * on the host, which at these sizes can take longer than the product runs on the GPU. Here
+ * the choice is cached per class: the transposes, the leading dimensions, the output type,
+ * the operands' address alignment and each of M, N, K rounded up to a power of two. A cached
+ * algorithm that cuBLASLt refuses for the exact problem is replaced by a fresh query for it.
+ * The product is the same cuBLAS computation (bf16 operands, fp32 accumulation, fp32 or bf16
+ * output, alpha and beta); only which kernel runs it may differ from cublasGemmEx's choice.
+ * MC_CUDA_LT=0 turns the path off (every call then returns -1: the caller's cublasGemmEx). */
+#include <cublasLt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/cuda_gemm_lt.h"
+
+#define LT_SLOTS 512              /* shape classes remembered (then the oldest is replaced) */
+#define LT_WORKSPACE (32u << 20)  /* bytes of workspace for split-K algorithms */
+#define LT_KEY 12
+
+typedef struct {
+  int key[LT_KEY];
+  cublasLtMatmulAlgo_t algo;
+} lt_slot;
+
+struct mc_cuda_lt {
+  cublasLtHandle_t handle;
+  void *workspace;
+  lt_slot slot[LT_SLOTS];
+  int n, next; /* slots in use; the one replaced next when full */
+};
+
+static int lt_enabled(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("MC_CUDA_LT");
+    on = !(e && !strcmp(e, "0"));
+  }
+  return on;
+}
+
+/* The smallest power of two >= v (v >= 1). */
+static int pow2_at_least(int v) {
+  int p = 1;
+  while (p < v && p < (1 << 30)) p <<= 1;
+  return p;
+}
+
+/* Largest power of two (<= 256) dividing the address: what the algorithm may assume. */
+static int alignment(const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  int al = 256;
+  while (al > 1 && (a & (uintptr_t)(al - 1))) al >>= 1;
+  return al;
+}
+
+static mc_cuda_lt *lt_state(mc_backend *be) {
+  mc_cuda_ctx *c = mc_cu(be);
+  if (c->lt) return c->lt;
+  mc_cuda_lt *s = (mc_cuda_lt *)calloc(1, sizeof *s);
+  if (!s) return NULL;
+  if (cublasLtCreate(&s->handle) != CUBLAS_STATUS_SUCCESS) {
+    free(s);
+    return NULL;
+  }
+  if (cudaMalloc(&s->workspace, LT_WORKSPACE) != cudaSuccess) {
+    cudaGetLastError();
+    cublasLtDestroy(s->handle);
+    free(s);
+    return NULL;
+  }
+  c->lt = s;
+  return s;
+}
+
+/* The descriptors of one problem (column-major, cuBLAS's convention). */
+typedef struct {
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t a, b, c;
+} lt_problem;
+
+static void problem_free(lt_problem *p) {
+  if (p->op) cublasLtMatmulDescDestroy(p->op);
+  if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+  if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+  if (p->c) cublasLtMatrixLayoutDestroy(p->c);
+}
+
+static int problem_make(lt_problem *p, cublasOperation_t opa, cublasOperation_t opb, int m, int n, int k, int lda,
+                        int ldb, cudaDataType_t ctype, int ldc) {
+  memset(p, 0, sizeof *p);
+  const int ok =
+      cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, opa == CUBLAS_OP_N ? m : k, opa == CUBLAS_OP_N ? k : m, lda) ==
+          CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, opb == CUBLAS_OP_N ? k : n, opb == CUBLAS_OP_N ? n : k, ldb) ==
+          CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatrixLayoutCreate(&p->c, ctype, m, n, ldc) == CUBLAS_STATUS_SUCCESS;
+  if (!ok) problem_free(p);
+  return ok ? 0 : -1;
+}
+
+/* cuBLASLt's first choice for the problem at these alignments. 0, or -1 when it has none. */
+static int query(mc_cuda_lt *s, const lt_problem *p, const int al[3], cublasLtMatmulAlgo_t *algo) {
+  cublasLtMatmulPreference_t pref;
+  if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return -1;
+  size_t ws = LT_WORKSPACE;
+  uint32_t a = (uint32_t)al[0], b = (uint32_t)al[1], c = (uint32_t)al[2];
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a, sizeof a);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b, sizeof b);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c, sizeof c);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c, sizeof c);
+  cublasLtMatmulHeuristicResult_t res;
+  int found = 0;
+  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(s->handle, p->op, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found < 1) return -1;
+  *algo = res.algo;
+  return 0;
+}
+
+int mc_cuda_lt_gemm_bf16(mc_backend *be, cublasOperation_t opa, cublasOperation_t opb, int m, int n, int k,
+                         float alpha, const void *A, int lda, const void *B, int ldb, float beta, void *C,
+                         cudaDataType_t ctype, int ldc) {
+  if (!lt_enabled()) return -1;
+  mc_cuda_lt *s = lt_state(be);
+  if (!s) return -1;
+  const int al[3] = {alignment(A), alignment(B), alignment(C)};
+  const int key[LT_KEY] = {(int)opa, (int)opb, pow2_at_least(m), pow2_at_least(n), pow2_at_least(k), lda, ldb, ldc,
+                           (int)ctype, al[0], al[1], al[2]};
+  lt_problem p;
+  if (problem_make(&p, opa, opb, m, n, k, lda, ldb, ctype, ldc)) return -1;
+  lt_slot *hit = NULL;
+  for (int i = 0; i < s->n && !hit; i++)
+    if (!memcmp(s->slot[i].key, key, sizeof key)) hit = &s->slot[i];
+  int rc = -1;
+  for (int attempt = 0; attempt < 2 && rc; attempt++) {
+    if (!hit || attempt == 1) { /* a new class, or the cached choice refused this problem */
+      cublasLtMatmulAlgo_t algo;
+      if (query(s, &p, al, &algo)) break;
+      if (!hit) {
+        hit = &s->slot[s->n < LT_SLOTS ? s->n++ : s->next];
+        if (s->n == LT_SLOTS) s->next = (s->next + 1) % LT_SLOTS;
+        memcpy(hit->key, key, sizeof key);
+      }
+      hit->algo = algo;
+    }
+    cublasStatus_t st = cublasLtMatmul(s->handle, p.op, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &hit->algo,
+                                       s->workspace, LT_WORKSPACE, mc_cu_stream(be));
+    rc = st == CUBLAS_STATUS_SUCCESS ? 0 : -1;
+  }
+  problem_free(&p);
+  return rc;
+}
