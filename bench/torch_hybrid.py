@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch peer of MegaC's hybrid model, for the speed comparison of issue 7.
+"""PyTorch peer of MegaC's hybrid model, for the speed comparisons of issues 7 and 16.
 
 The model is the math of docs/design.md section 2 as docs/model.md spells it out (pre-norm blocks
 A, M, E, R, final norm, untied head, cross-entropy over the V real vocabulary columns), with
@@ -14,9 +14,18 @@ the way a PyTorch user would write it, not tuned against MegaC:
 - R: the RG-LRU recurrence h_t = a_t h_{t-1} + b_t is a log-depth (Hillis-Steele) scan in
   fp32: log2(T) elementwise passes, no exponent can overflow.
 - E: router logits and softmax in fp32, top-k, gates renormalised, dropless dispatch sorted by
-  expert with one SwiGLU per expert (a Python loop over experts: the token counts are data, so
-  this part runs eager even under torch.compile); with E == 1 every token goes to expert 0 and
-  the dispatch is skipped (same math). Aux loss per sequence, averaged, times aux_loss_coef.
+  expert. In bf16 (default --experts grouped) the experts are torch._grouped_mm products with
+  the per-expert row ends as device offsets (no host synchronisation, traced by
+  torch.compile), w1 and w3 as one product, outputs put back by a permutation and combined
+  with their gates; in fp32 (or --experts loop) one SwiGLU per expert in a Python loop (its
+  token counts go to the host; that part runs eager). With E == 1 every token goes to
+  expert 0 and the dispatch is skipped (same math). Aux loss per sequence, averaged, times
+  aux_loss_coef.
+- Attention's GQA by SDPA's enable_gqa (--gqa native, default) or K/V repeated (--gqa repeat);
+  the R scan by the log-depth form (--rec-scan hillis, default) or torch's associative_scan
+  (--rec-scan assoc). --block-times adds one step with CUDA-event marks between the parts
+  (embedding, each block kind, head and loss, optimizer): GPU time per part, forward and
+  backward, for the per-block table of bench/block_table.py.
 
 A training step is global_batch sequences as micro_batch-sized forward/backward passes with
 gradient accumulation, global-norm clipping and fused AdamW (decay on 2-D/3-D weights only);
@@ -53,6 +62,9 @@ except ImportError:  # --count-params works without torch
     Module = object
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# implementation choices of the peer (command-line flags; the defaults are the fastest measured)
+OPTS = {"experts": "grouped", "gqa": "native", "rec_scan": "hillis"}
 
 
 # ---------------------------------------------------------------- configuration and families
@@ -216,6 +228,21 @@ def linear_scan(a, bt):
     return bt
 
 
+def _combine_linear(left, right):
+    """(a1, b1) then (a2, b2): h -> a2 (a1 h + b1) + b2, the recurrence's associative step."""
+    a1, b1 = left
+    a2, b2 = right
+    return a2 * a1, a2 * b1 + b2
+
+
+def assoc_scan(a, bt):
+    """h_t = a_t h_{t-1} + b_t along dim 1 by torch's associative_scan (one Triton scan kernel
+    per pass under torch.compile); same math as linear_scan."""
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    return associative_scan(_combine_linear, (a, bt), dim=1, combine_mode="pointwise")[1]
+
+
 def swiglu(x, w1, w3, w2):
     return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
 
@@ -239,6 +266,26 @@ if torch is not None and hasattr(torch, "compiler"):
     experts_dropless = torch.compiler.disable(_experts_dropless)
 else:
     experts_dropless = _experts_dropless
+
+
+def experts_grouped(u, topi, gates, w1, w3, w2):
+    """The same dropless dispatch as _experts_dropless in bf16 with no host synchronisation:
+    assignments sorted by expert, the per-expert row ends (cumulative counts) stay on the
+    device as torch._grouped_mm's offsets, w1 and w3 run as one grouped product, the outputs
+    go back to assignment order by a permutation (no atomics) and are combined per token with
+    their gates. Traceable by torch.compile (no data-dependent shapes)."""
+    n, k = topi.shape
+    E, f, _ = w1.shape
+    flat = topi.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    offs = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
+    xs = u.to(torch.bfloat16)[order // k]
+    w13 = torch.cat([w1, w3], dim=1).to(torch.bfloat16)  # [E, 2f, d]
+    h = torch._grouped_mm(xs, w13.transpose(-2, -1), offs=offs)  # [n k, 2f]
+    a = F.silu(h[:, :f].float()) * h[:, f:].float()
+    ys = torch._grouped_mm(a.to(torch.bfloat16), w2.to(torch.bfloat16).transpose(-2, -1), offs=offs)  # [n k, d]
+    back = torch.empty_like(ys).index_copy_(0, order, ys)  # assignment order: row i k + j
+    return (back.view(n, k, -1).float() * gates.unsqueeze(-1)).sum(1)
 
 
 # ---------------------------------------------------------------- blocks
@@ -278,10 +325,13 @@ class Block(Module):
         v = F.linear(u, self.w("attn.wv")).view(b, T, KV, hd).transpose(1, 2)
         cos, sin = rope_cs
         q, k = rope(q, cos, sin), rope(k, cos, sin)
-        if KV != H:
-            k = k.repeat_interleave(H // KV, dim=1)
-            v = v.repeat_interleave(H // KV, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(hd))
+        if KV != H and OPTS["gqa"] == "native":  # SDPA reads kv head h // (H/KV) itself
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(hd), enable_gqa=True)
+        else:
+            if KV != H:
+                k = k.repeat_interleave(H // KV, dim=1)
+                v = v.repeat_interleave(H // KV, dim=1)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(hd))
         return F.linear(o.transpose(1, 2).reshape(b, T, H * hd), self.w("attn.wo"))
 
     def mamba(self, u):
@@ -321,6 +371,8 @@ class Block(Module):
         uf = u.reshape(b * T, d)
         if E == 1:  # every token to expert 0 with gate 1: no dispatch needed
             out = swiglu(uf, w1[0], w3[0], w2[0]) * gates.reshape(b * T, 1)
+        elif OPTS["experts"] == "grouped" and torch.is_autocast_enabled():
+            out = experts_grouped(uf, topi.reshape(b * T, k), gates.reshape(b * T, k), w1, w3, w2)
         else:
             out = experts_dropless(uf, topi.reshape(b * T, k), gates.reshape(b * T, k), w1, w3, w2)
         return out.view(b, T, d), aux
@@ -333,8 +385,47 @@ class Block(Module):
         log_a = -8.0 * F.softplus(self.w("rec.lambda")) * r
         a = torch.exp(log_a)
         bt = torch.sqrt(-torch.expm1(2.0 * log_a)) * (i * up(xb))
-        h = linear_scan(a, bt)
+        h = assoc_scan(a, bt) if OPTS["rec_scan"] == "assoc" else linear_scan(a, bt)
         return F.linear(h * F.gelu(up(gate)), self.w("rec.w_out"))
+
+
+class SegmentTimer:
+    """GPU time by model part, in stream order: mark(label) records a CUDA event that ends the
+    running segment and starts `label`'s (None: no segment). Everything runs on one stream,
+    so a segment's time is the span of the kernels queued between its mark and the next one
+    (host gaps included)."""
+
+    def __init__(self):
+        self.events = []
+
+    def mark(self, label):
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        self.events.append((label, e))
+
+    def totals(self):
+        torch.cuda.synchronize()
+        out = {}
+        for (label, e0), (_, e1) in zip(self.events, self.events[1:]):
+            if label is not None:
+                out[label] = out.get(label, 0.0) + e0.elapsed_time(e1)
+        return out
+
+
+class _Mark(torch.autograd.Function if torch is not None else object):
+    """Identity on the residual stream that marks a segment start in the forward and another
+    in the backward (the backward reaches it when the part after it is done)."""
+
+    @staticmethod
+    def forward(ctx, x, timer, fwd_label, bwd_label):
+        timer.mark(fwd_label)
+        ctx.timer, ctx.bwd_label = timer, bwd_label
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.timer.mark(ctx.bwd_label)
+        return g, None, None, None
 
 
 class Head(Module):
@@ -372,13 +463,21 @@ class HybridLM(Module):
         ang = torch.arange(T, dtype=torch.float64, device=device)[:, None] * inv[None, :]
         self.rope_cs = (torch.cos(ang).float(), torch.sin(ang).float())
 
-    def forward(self, tokens, targets):
+    def forward(self, tokens, targets, timer=None):
+        if timer:
+            timer.mark("embed fwd")
         x = F.embedding(tokens, self.embed)
         aux_total = torch.zeros((), device=tokens.device)
+        prev = "embed"
         for blk in self.blocks:
+            if timer:
+                x = _Mark.apply(x, timer, blk.letter + " fwd", prev + " bwd")
+            prev = blk.letter
             x, aux = blk(x, self.rope_cs)
             if aux is not None:
                 aux_total = aux_total + aux
+        if timer:
+            x = _Mark.apply(x, timer, "head fwd", prev + " bwd")
         return self.head(x, targets), aux_total
 
 
@@ -455,18 +554,24 @@ def bench(args):
     data = torch.randint(0, m["vocab_size"], (accum, mb, T + 1), generator=g, device=dev)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=(args.dtype == "bf16"))
 
-    def step():
+    def step(timer=None):
         loss_sum = 0.0
         for i in range(accum):
             tok, tgt = data[i, :, :-1], data[i, :, 1:]
             with autocast:
-                ce, aux = model(tok, tgt)
+                ce, aux = model(tok, tgt, timer)
                 obj = (ce + aux) / accum
+            if timer:
+                timer.mark("head bwd")
             obj.backward()
             loss_sum = loss_sum + ce.detach() / accum
+        if timer:
+            timer.mark("optimizer")
         torch.nn.utils.clip_grad_norm_(params, tr["grad_clip"], foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if timer:
+            timer.mark(None)
         return loss_sum
 
     times, losses = [], []
@@ -486,7 +591,7 @@ def bench(args):
     tokens = gb * T
     res = {
         "config": os.path.basename(args.config).removesuffix(".json"),
-        "mode": args.mode, "dtype": args.dtype, "params": n_params,
+        "mode": args.mode, "dtype": args.dtype, "params": n_params, "impl": dict(OPTS),
         "micro_batch": mb, "global_batch": gb, "seq_len": T, "tokens_per_step": tokens,
         "first_step_s": times[0], "step_s_median": med, "step_s_min": min(timed), "step_s_max": max(timed),
         "timed_steps": len(timed), "tokens_per_s": tokens / med,
@@ -498,11 +603,31 @@ def bench(args):
     if not all(math.isfinite(x) for x in losses):
         raise SystemExit(f"non-finite loss: {losses}")
     print(result_line(res), flush=True)
+    if args.block_times:
+        res["blocks"] = block_times(step, m["pattern"].replace("|", ""), accum, med)
     if args.profile:
         profile_step(step, args.profile)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(res, f, indent=1)
+
+
+def block_times(step, pattern, accum, step_s):
+    """One more step with segment marks (SegmentTimer): GPU time per part of the model in that
+    step (labels "A fwd", "E bwd", "head fwd", "optimizer", ...), the rows of
+    bench/block_table.py's table beside MegaC's MC_CUDA_PROFILE parts."""
+    torch.cuda.synchronize()
+    timer = SegmentTimer()
+    t0 = time.perf_counter()
+    step(timer)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    tot = timer.totals()
+    print(f"BLOCKS marked step: wall {wall * 1e3:.1f} ms (timed steps' median {step_s * 1e3:.1f} ms), "
+          f"{accum} micro-batches, marked GPU time {sum(tot.values()):.1f} ms")
+    for label, ms in sorted(tot.items(), key=lambda kv: -kv[1]):
+        print(f"BLOCKS {label:12s} {ms:9.2f} ms per step")
+    return {"per_step_ms": tot, "micro_batches": accum, "marked_step_s": wall}
 
 
 def profile_step(step, rows):
@@ -568,6 +693,12 @@ def selfcheck():
         h = a[:, t] * h + bt[:, t]
         hs.append(h)
     report("linear_scan T=77", linear_scan(a, bt), torch.stack(hs, 1))
+    if dev.type == "cuda":
+        try:
+            report("assoc_scan T=77", assoc_scan(a, bt), torch.stack(hs, 1))
+        except Exception as e:  # noqa: BLE001 - reported, --rec-scan assoc then unusable
+            fails += 1
+            print(f"  FAIL assoc_scan: {type(e).__name__}: {str(e)[:200]}")
     # causal depthwise conv
     v, w, cb = rnd(2, 11, 5), rnd(5, 4), rnd(5)
     ref = torch.stack([cb + sum(w[:, j] * (v[:, t - 3 + j] if t - 3 + j >= 0 else 0) for j in range(4))
@@ -601,7 +732,12 @@ def selfcheck():
         s = torch.einsum("btd,bsd->bts", q[:, :, hh], k[:, :, hh // 2]) / math.sqrt(8)
         s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool, device=dev), 1), -math.inf)
         o[:, :, hh] = torch.softmax(s, -1) @ vv[:, :, hh // 2]
-    report("attention GQA+RoPE", got, o.reshape(2, T, 32) @ blk_p["attn.wo"].T)
+    report(f"attention GQA+RoPE ({OPTS['gqa']})", got, o.reshape(2, T, 32) @ blk_p["attn.wo"].T)
+    other = "repeat" if OPTS["gqa"] == "native" else "native"
+    OPTS["gqa"], keep = other, OPTS["gqa"]
+    report(f"attention GQA+RoPE ({other})", blk.attn(u, (torch.cos(ang), torch.sin(ang))),
+           o.reshape(2, T, 32) @ blk_p["attn.wo"].T)
+    OPTS["gqa"] = keep
     # dropless dispatch against a per-token sum
     n, d, E, k, f = 13, 6, 4, 2, 5
     uu, w1, w3, w2 = rnd(n, d), rnd(E, f, d), rnd(E, f, d), rnd(E, d, f)
@@ -611,6 +747,23 @@ def selfcheck():
     ref = torch.stack([sum(gates[r, j] * swiglu(uu[r], w1[topi[r, j]], w3[topi[r, j]], w2[topi[r, j]])
                            for j in range(k)) for r in range(n)])
     report("MoE dropless dispatch", _experts_dropless(uu, topi, gates, w1, w3, w2), ref)
+    if dev.type == "cuda":
+        # the grouped form against the loop in bf16 at a realistic size: operands rounded to
+        # bf16 first, so both sides multiply the same values; they differ by the bf16 rounding
+        # of h1, h3 and the SwiGLU output (the grouped form keeps bf16 products)
+        n, d, E, k, f = 1000, 256, 8, 2, 512
+        r16 = lambda *sh: torch.randn(*sh, generator=g, device=dev, dtype=dd).to(torch.bfloat16).double()  # noqa: E731
+        uu, w1, w3, w2 = r16(n, d), r16(E, f, d) * 0.05, r16(E, f, d) * 0.05, r16(E, d, f) * 0.05
+        logits = torch.randn(n, E, generator=g, device=dev, dtype=dd)
+        topv, topi = torch.topk(torch.softmax(logits, -1), k, -1)
+        gates = topv / topv.sum(-1, keepdim=True)
+        ref = _experts_dropless(uu, topi, gates, w1, w3, w2)
+        try:
+            got = experts_grouped(uu.float(), topi, gates.float(), w1.float(), w3.float(), w2.float()).double()
+            report("MoE grouped_mm (bf16) vs loop (float64)", got, ref, tol=2e-2)
+        except Exception as e:  # noqa: BLE001
+            fails += 1
+            print(f"  FAIL MoE grouped_mm: {type(e).__name__}: {str(e)[:200]}")
     # family table against mcplan's parameter counts (results/bench/torch_mcplan.txt)
     plan = os.path.join(REPO, "results", "bench", "torch_mcplan.txt")
     if os.path.exists(plan):
@@ -774,6 +927,14 @@ def main():
     ap.add_argument("--json-out")
     ap.add_argument("--profile", type=int, default=0, metavar="ROWS",
                     help="after timing, profile one more step and print the ROWS costliest kernels")
+    ap.add_argument("--block-times", action="store_true",
+                    help="after timing, one more step with CUDA-event marks: GPU time per block kind")
+    ap.add_argument("--experts", choices=("grouped", "loop"), default=OPTS["experts"],
+                    help="bf16 experts by torch._grouped_mm (device offsets) or a loop over experts")
+    ap.add_argument("--gqa", choices=("native", "repeat"), default=OPTS["gqa"],
+                    help="SDPA's enable_gqa, or K/V heads repeated first")
+    ap.add_argument("--rec-scan", choices=("hillis", "assoc"), default=OPTS["rec_scan"],
+                    help="R recurrence: log-depth elementwise scan, or torch's associative_scan")
     ap.add_argument("--selfcheck", action="store_true")
     ap.add_argument("--count-params", action="store_true")
     ap.add_argument("--summarize", metavar="DIR", help="print the table of the run JSONs in DIR")
@@ -781,6 +942,7 @@ def main():
                     help="MegaC checkpoint + token windows + mceval loss -> .npz (h5py, numpy; no torch)")
     ap.add_argument("--crosscheck", metavar="NPZ", help="this model's loss on an --export-megac file vs MegaC's")
     args = ap.parse_args()
+    OPTS.update(experts=args.experts, gqa=args.gqa, rec_scan=args.rec_scan)
     if args.summarize:
         return summarize(args.summarize, args.json_out)
     if args.export_megac:
