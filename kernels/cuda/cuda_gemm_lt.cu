@@ -21,9 +21,18 @@
 #define LT_WORKSPACE (32u << 20)  /* bytes of workspace for split-K algorithms */
 #define LT_KEY 12
 
+/* The descriptors of one problem (column-major, cuBLAS's convention). */
+typedef struct {
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t a, b, c;
+} lt_problem;
+
+/* One shape class: its algorithm and its descriptors, whose rows and columns are set to each
+ * problem's before it runs (creating descriptors per call cost host time too). */
 typedef struct {
   int key[LT_KEY];
   cublasLtMatmulAlgo_t algo;
+  lt_problem p;
 } lt_slot;
 
 struct mc_cuda_lt {
@@ -76,12 +85,6 @@ static mc_cuda_lt *lt_state(mc_backend *be) {
   return s;
 }
 
-/* The descriptors of one problem (column-major, cuBLAS's convention). */
-typedef struct {
-  cublasLtMatmulDesc_t op;
-  cublasLtMatrixLayout_t a, b, c;
-} lt_problem;
-
 static void problem_free(lt_problem *p) {
   if (p->op) cublasLtMatmulDescDestroy(p->op);
   if (p->a) cublasLtMatrixLayoutDestroy(p->a);
@@ -103,6 +106,24 @@ static int problem_make(lt_problem *p, cublasOperation_t opa, cublasOperation_t 
       cublasLtMatrixLayoutCreate(&p->c, ctype, m, n, ldc) == CUBLAS_STATUS_SUCCESS;
   if (!ok) problem_free(p);
   return ok ? 0 : -1;
+}
+
+/* Sets the layouts of a class's descriptors to the problem's rows and columns. 0 or -1. */
+static int problem_resize(lt_problem *p, cublasOperation_t opa, cublasOperation_t opb, int m, int n, int k) {
+  const uint64_t ar = (uint64_t)(opa == CUBLAS_OP_N ? m : k), ac = (uint64_t)(opa == CUBLAS_OP_N ? k : m);
+  const uint64_t br = (uint64_t)(opb == CUBLAS_OP_N ? k : n), bc = (uint64_t)(opb == CUBLAS_OP_N ? n : k);
+  const uint64_t cr = (uint64_t)m, cc = (uint64_t)n;
+  const struct {
+    cublasLtMatrixLayout_t l;
+    uint64_t rows, cols;
+  } set[3] = {{p->a, ar, ac}, {p->b, br, bc}, {p->c, cr, cc}};
+  for (int i = 0; i < 3; i++)
+    if (cublasLtMatrixLayoutSetAttribute(set[i].l, CUBLASLT_MATRIX_LAYOUT_ROWS, &set[i].rows, sizeof set[i].rows) !=
+            CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutSetAttribute(set[i].l, CUBLASLT_MATRIX_LAYOUT_COLS, &set[i].cols, sizeof set[i].cols) !=
+            CUBLAS_STATUS_SUCCESS)
+      return -1;
+  return 0;
 }
 
 /* cuBLASLt's first choice for the problem at these alignments. 0, or -1 when it has none. */
@@ -134,27 +155,33 @@ int mc_cuda_lt_gemm_bf16(mc_backend *be, cublasOperation_t opa, cublasOperation_
   const int al[3] = {alignment(A), alignment(B), alignment(C)};
   const int key[LT_KEY] = {(int)opa, (int)opb, pow2_at_least(m), pow2_at_least(n), pow2_at_least(k), lda, ldb, ldc,
                            (int)ctype, al[0], al[1], al[2]};
-  lt_problem p;
-  if (problem_make(&p, opa, opb, m, n, k, lda, ldb, ctype, ldc)) return -1;
   lt_slot *hit = NULL;
   for (int i = 0; i < s->n && !hit; i++)
     if (!memcmp(s->slot[i].key, key, sizeof key)) hit = &s->slot[i];
-  int rc = -1;
-  for (int attempt = 0; attempt < 2 && rc; attempt++) {
-    if (!hit || attempt == 1) { /* a new class, or the cached choice refused this problem */
-      cublasLtMatmulAlgo_t algo;
-      if (query(s, &p, al, &algo)) break;
-      if (!hit) {
-        hit = &s->slot[s->n < LT_SLOTS ? s->n++ : s->next];
-        if (s->n == LT_SLOTS) s->next = (s->next + 1) % LT_SLOTS;
-        memcpy(hit->key, key, sizeof key);
-      }
-      hit->algo = algo;
+  if (hit) {
+    if (problem_resize(&hit->p, opa, opb, m, n, k)) return -1;
+  } else { /* a new class: its descriptors and cuBLASLt's choice for this problem */
+    lt_problem p;
+    cublasLtMatmulAlgo_t algo;
+    if (problem_make(&p, opa, opb, m, n, k, lda, ldb, ctype, ldc)) return -1;
+    if (query(s, &p, al, &algo)) {
+      problem_free(&p);
+      return -1;
     }
-    cublasStatus_t st = cublasLtMatmul(s->handle, p.op, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &hit->algo,
-                                       s->workspace, LT_WORKSPACE, mc_cu_stream(be));
-    rc = st == CUBLAS_STATUS_SUCCESS ? 0 : -1;
+    const int full = s->n == LT_SLOTS;
+    hit = &s->slot[full ? s->next : s->n++];
+    if (full) { /* the oldest class goes */
+      problem_free(&hit->p);
+      s->next = (s->next + 1) % LT_SLOTS;
+    }
+    memcpy(hit->key, key, sizeof key);
+    hit->algo = algo, hit->p = p;
   }
-  problem_free(&p);
-  return rc;
+  for (int attempt = 0; attempt < 2; attempt++) {
+    if (attempt == 1 && query(s, &hit->p, al, &hit->algo)) return -1; /* the cached choice refused this problem */
+    if (cublasLtMatmul(s->handle, hit->p.op, &alpha, A, hit->p.a, B, hit->p.b, &beta, C, hit->p.c, C, hit->p.c,
+                       &hit->algo, s->workspace, LT_WORKSPACE, mc_cu_stream(be)) == CUBLAS_STATUS_SUCCESS)
+      return 0;
+  }
+  return -1;
 }
