@@ -126,17 +126,23 @@ static int wait_done(mc_comm *c, const char *op) {
   }
 }
 
+/* Returns holding P.lock once the watch ring holds fewer than n operations (the watchdog
+ * retires them in order as they complete, or ends the process on a stalled one). */
+static void lock_when_ring_below(int n) {
+  for (;;) {
+    pthread_mutex_lock(&P.lock);
+    if (P.count < n) return;
+    pthread_mutex_unlock(&P.lock);
+    struct timespec nap = {0, 100 * 1000};
+    nanosleep(&nap, NULL);
+  }
+}
+
 /* The end of an operation just queued: in stream-ordered mode, with every buffer on the
  * device, hand it to the watchdog and return; otherwise wait for it. */
 static int finish(mc_comm *c, const char *op, int device_only) {
   if (!P.ordered || !device_only) return wait_done(c, op);
-  for (;;) {
-    pthread_mutex_lock(&P.lock);
-    if (P.count < WATCH_SLOTS) break;
-    pthread_mutex_unlock(&P.lock);
-    struct timespec nap = {0, 100 * 1000}; /* the ring is full: the watchdog frees the oldest */
-    nanosleep(&nap, NULL);
-  }
+  lock_when_ring_below(WATCH_SLOTS); /* a full ring: the watchdog frees the oldest */
   watch_slot *w = &P.ring[(P.head + P.count) % WATCH_SLOTS];
   cudaError_t e = cudaEventRecord(w->done, P.stream);
   if (e == cudaSuccess) {
@@ -398,14 +404,8 @@ static mc_comm *nc_split(mc_comm *c, int color, int key, const char *label) {
 
 static void nc_destroy(mc_comm *c) {
   if (!c) return;
-  for (;;) { /* the watchdog may still follow an operation of c (it ends a stalled one) */
-    pthread_mutex_lock(&P.lock);
-    const int left = P.count;
-    pthread_mutex_unlock(&P.lock);
-    if (!left) break;
-    struct timespec nap = {0, 100 * 1000};
-    nanosleep(&nap, NULL);
-  }
+  lock_when_ring_below(1); /* the watchdog may still follow an operation of c (it ends a stalled one) */
+  pthread_mutex_unlock(&P.lock);
   nccl_impl *im = c->impl;
   if (im && im->comm) ncclCommDestroy(im->comm);
   if (im && im->is_world) { /* the job is over for this process: tell the watch */
