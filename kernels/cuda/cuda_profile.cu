@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <type_traits>
 
@@ -153,6 +154,8 @@ static void report(void) {
     if (p->step_to)
       fprintf(f, "# ops of training steps %lld to %lld only (MC_CUDA_PROFILE_STEPS)\n", (long long)p->step_from,
               (long long)p->step_to);
+    const char *rank = getenv("RANK") ? getenv("RANK") : getenv("OMPI_COMM_WORLD_RANK");
+    if (rank) fprintf(f, "# process %ld, rank %s (the launcher's RANK or OMPI_COMM_WORLD_RANK)\n", (long)getpid(), rank);
     fprintf(f, "%12s %7s %10s %9s %9s  %s\n", "ms", "%", "calls", "us/call", "host us", "op");
     int order[PROF_MAX_OPS];
     for (int i = 0; i < p->n_names; i++) order[i] = i;
@@ -257,7 +260,14 @@ void mc_cuda_install_profile(mc_backend *be) {
   if (!path || !*path || n_profiles == (int)(sizeof profiles / sizeof profiles[0])) return;
   prof_state *p = (prof_state *)calloc(1, sizeof *p);
   if (!p) return;
-  p->out = strcmp(path, "-") ? fopen(path, "w") : stderr;
+  /* "%p" in the path becomes the process id: one file per worker of a multi-GPU job */
+  char name[4096];
+  const char *pp = strstr(path, "%p");
+  if (pp && strlen(path) < sizeof name - 24)
+    snprintf(name, sizeof name, "%.*s%ld%s", (int)(pp - path), path, (long)getpid(), pp + 2);
+  else
+    snprintf(name, sizeof name, "%s", path);
+  p->out = strcmp(path, "-") ? fopen(name, "w") : stderr;
   if (!p->out) {
     fprintf(stderr, "MC_CUDA_PROFILE=%s: cannot open the file; profiling off\n", path);
     free(p);
