@@ -283,6 +283,22 @@ int mc_ckpt_find_family(const mc_ckpt *ck, const char *name); /* index or -1 */
 int mc_ckpt_n_shards(const mc_ckpt *ck);
 const mc_ckpt_shard *mc_ckpt_shard_at(const mc_ckpt *ck, int i);
 
+/* One rank file the manifest lists, with its digests (docs/checkpoint.md, "File digests"):
+ * format 5 piece_bytes, n_pieces and digest = files[].pieces_sha256; format <= 4 piece_bytes
+ * 0, n_pieces 0 and digest = files[].sha256; "" where the entry has none. The strings live
+ * as long as the handle. */
+typedef struct {
+  const char *name;
+  int rank;
+  int64_t bytes;
+  int64_t piece_bytes;
+  int64_t n_pieces;
+  const char *digest;
+} mc_ckpt_file_info;
+int mc_ckpt_n_files(const mc_ckpt *ck);
+/* Fills *out for file i (0 <= i < mc_ckpt_n_files); -1 without a message when i is out of range. */
+int mc_ckpt_file_at(const mc_ckpt *ck, int i, mc_ckpt_file_info *out);
+
 /* Compares the checkpoint's model with a run's: every model key except the training-only
  * ones (init_std, capacity_factor, aux_loss_coef, seq_len) must match; the error names the
  * first differing key with both values. */

@@ -237,6 +237,14 @@ int mc_ckpt_n_shards(const mc_ckpt *ck) { return ck->m.n_shards; }
 const mc_ckpt_shard *mc_ckpt_shard_at(const mc_ckpt *ck, int i) {
   return i >= 0 && i < ck->m.n_shards ? &ck->m.shards[i] : NULL;
 }
+int mc_ckpt_n_files(const mc_ckpt *ck) { return ck->m.n_files; }
+int mc_ckpt_file_at(const mc_ckpt *ck, int i, mc_ckpt_file_info *out) {
+  if (i < 0 || i >= ck->m.n_files) return -1;
+  const mc_file_rec *f = &ck->m.files[i];
+  *out = (mc_ckpt_file_info){f->name, f->rank, f->bytes, f->piece_bytes, f->n_pieces,
+                             f->pieces ? f->pieces_sha256 : f->sha256};
+  return 0;
+}
 int mc_ckpt_has_state(const mc_ckpt *ck, mc_state s) {
   return (int)s >= 0 && s < MC_N_STATES && ck->m.has_state[s];
 }
