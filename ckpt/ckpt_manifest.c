@@ -948,20 +948,18 @@ static void parse_file_digests(const cJSON *o, int version, const char *where, m
                    n, f->bytes, f->piece_bytes, want);
     return;
   }
+  const cJSON *e = pl->child;
+  for (int k = 0; k < n; k++, e = e->next) /* every digest first: memory only for a list of them */
+    if (!cJSON_IsString(e) || !is_hex64(e->valuestring)) {
+      mc_errlist_add(errs, "%s.pieces[%d] is not 64 lowercase hex digits", where, k);
+      return;
+    }
   if (!(f->pieces = malloc((size_t)(n > 0 ? n : 1) * 65))) {
     mc_errlist_add(errs, "%s.pieces: out of memory", where);
     return;
   }
-  const cJSON *e = pl->child;
-  for (int k = 0; k < n; k++, e = e->next) {
-    if (!cJSON_IsString(e) || !is_hex64(e->valuestring)) {
-      mc_errlist_add(errs, "%s.pieces[%d] is not 64 lowercase hex digits", where, k);
-      free(f->pieces);
-      f->pieces = NULL;
-      return;
-    }
-    memcpy(f->pieces[k], e->valuestring, 65);
-  }
+  e = pl->child;
+  for (int k = 0; k < n; k++, e = e->next) memcpy(f->pieces[k], e->valuestring, 65);
   f->n_pieces = n;
   char hex[65];
   mc_pieces_root((const char(*)[65])f->pieces, f->n_pieces, hex);
