@@ -34,6 +34,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/format.h"
+#include "core/dtype.h"
 #include "core/families.h"
 #include "core/optim_groups.h"
 #include "util/error.h"
@@ -226,10 +227,12 @@ static int load_all(const char *dir, int threads, int verify, const mc_geometry 
   mc_ckpt *ck = NULL;
   if (mc_ckpt_open(dir, &oo, &ck) != 0) return -1;
   *t_open = now_s() - t0;
-  int ns = mc_ckpt_n_shards(ck);
+  int ns = mc_ckpt_n_shards(ck), nr = 0;
   mc_ckpt_request *reqs = calloc((size_t)ns, sizeof *reqs);
-  for (int i = 0; i < ns; i++) {
-    const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
+  for (int k = 0; k < ns; k++) {
+    const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, k);
+    if (!mc_elem_is_float(s->dtype)) continue; /* AdamW's int64 step: read below with mc_ckpt_read_i64 */
+    const int i = nr++;
     reqs[i].family = s->family;
     reqs[i].state = s->state;
     memcpy(reqs[i].start, s->start, sizeof s->start);
@@ -239,16 +242,25 @@ static int load_all(const char *dir, int threads, int verify, const mc_geometry 
     if (reqs[i].out) memset(reqs[i].out, 0x7f, (size_t)s->numel * 4);
   }
   t0 = now_s();
-  int rc = mc_ckpt_read_many(ck, reqs, ns);
+  int rc = mc_ckpt_read_many(ck, reqs, nr);
+  /* the step counters: one int64 per AdamW family (a few hundred bytes in all) */
+  int64_t *steps = calloc((size_t)ns + 1, sizeof *steps);
+  for (int k = 0; k < ns && rc == 0; k++) {
+    const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, k);
+    if (!mc_elem_is_float(s->dtype)) rc = mc_ckpt_read_i64(ck, s->family, s->state, &steps[k]);
+  }
   *t_read = now_s() - t0;
   *bad = 0;
-  for (int i = 0; i < ns; i++) {
-    const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
+  for (int k = 0, i = 0; k < ns; k++) {
+    const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, k);
+    const int is_float = mc_elem_is_float(s->dtype);
+    const void *got = is_float ? (const void *)reqs[i].out : (const void *)&steps[k];
     for (int j = 0; j < n && rc == 0; j++)
       if (items[j].rank == s->rank && items[j].state == s->state && !strcmp(g->fams.f[items[j].family].name, s->family))
-        *bad += memcmp(items[j].data, reqs[i].out, (size_t)s->numel * 4) != 0;
-    free(reqs[i].out);
+        *bad += memcmp(items[j].data, got, (size_t)s->numel * (is_float ? 4 : 8)) != 0;
+    if (is_float) free(reqs[i++].out);
   }
+  free(steps);
   free(reqs);
   mc_ckpt_close(ck);
   return rc;
@@ -583,14 +595,16 @@ int main(int argc, char **argv) {
         if (!mc_family_has_state(&g.fams.f[f], (mc_state)s)) continue; /* only the optimizer's kinds */
         mc_shard_of(&g, f, (mc_state)s, r, &sh);
         if (!sh.primary) continue;
-        float *b = malloc((size_t)sh.numel * sizeof(float));
+        /* fp32 states; AdamW's step an int64 (8 bytes: its random bits are as good a count) */
+        const int64_t esz = mc_elem_dtype_size(mc_opt_state_dtype(g.fams.f[f].opt, (mc_state)s));
+        float *b = malloc((size_t)(sh.numel * esz));
         if (!b) {
           fprintf(stderr, "bench_ckpt: out of memory\n");
           return 1;
         }
-        fill_random(b, sh.numel, (uint64_t)(n + 1));
+        fill_random(b, sh.numel * esz / 4, (uint64_t)(n + 1));
         items[n++] = (mc_ckpt_item){f, (mc_state)s, r, b};
-        stored += sh.numel * 4;
+        stored += sh.numel * esz;
       }
   printf("bench_ckpt: model %s (nam-small widths), layout tp=%d dp=%d zero=%d (world %d, one process writes all "
          "ranks), %d shards, %.3f GB = %.3f GiB of fp32 state (param, exp_avg, exp_avg_sq), %d I/O threads, %d rounds\n",

@@ -18,7 +18,9 @@
 #include "core/optim_groups.h"
 #include "core/ownership.h"
 
-/* Version 4 adds AdamW's per-family step counter (state kind step: int64, shape [1], replicated
+/* Version 5 replaces each rank file's whole-file SHA-256 (files[].sha256) with the SHA-256 of
+ * its consecutive pieces (files[].piece_bytes, pieces, pieces_sha256), so that a file is
+ * hashed and verified on several threads; nothing else changes. Version 4 adds AdamW's per-family step counter (state kind step: int64, shape [1], replicated
  * over the family's holders, core/optim_groups.h); a version 3 AdamW group declares no step,
  * and a run resuming from it takes every family's step from training_state.adam_step.
  * Version 3 records the optimizer groups (manifest optimizer_groups, each family's optimizer,
@@ -28,7 +30,7 @@
  * layout.ownership_rule: "balanced-v2" for what this version writes, "balanced" for earlier
  * version 2 checkpoints); version 1 checkpoints were written under MC_OWN_CHUNKED
  * (core/ownership.h) and are read as such. A reader refuses a newer version, naming both. */
-#define MC_CKPT_FORMAT_VERSION 4
+#define MC_CKPT_FORMAT_VERSION 5
 #define MC_CKPT_MAX_DIM 3
 #define MC_CKPT_RULE_MAX 64
 
@@ -79,6 +81,8 @@ typedef struct {
   int keep;              /* keep the last K committed checkpoints (0 = all) */
   int io_threads;        /* threads writing and hashing the data (>= 1) */
   int deflate;           /* 0: contiguous datasets; 1-9: chunked, shuffle + deflate at this level */
+  int64_t piece_bytes;   /* bytes per piece of the rank files' piece digests (0: MC_CKPT_PIECE_BYTES);
+                          * a multiple of 4 KiB from 4 KiB to 1 GiB */
   int root;              /* this process writes the manifest and commits (rank 0's process) */
   mc_ckpt_barrier_fn barrier; /* NULL: this process is the only one writing */
   void *barrier_user;
@@ -89,6 +93,9 @@ typedef struct {
   int (*write_files)(void *user, const char *tmp_step_dir);
   void *write_files_user;
 } mc_ckpt_save_opts;
+
+/* The piece size a save records by default (docs/checkpoint.md, "manifest.json"). */
+#define MC_CKPT_PIECE_BYTES ((int64_t)64 << 20)
 
 /* The zlib level of checkpoint.compress = deflate. */
 #define MC_CKPT_DEFLATE_LEVEL 1
@@ -276,6 +283,22 @@ int mc_ckpt_find_family(const mc_ckpt *ck, const char *name); /* index or -1 */
 int mc_ckpt_n_shards(const mc_ckpt *ck);
 const mc_ckpt_shard *mc_ckpt_shard_at(const mc_ckpt *ck, int i);
 
+/* One rank file the manifest lists, with its digests (docs/checkpoint.md, "File digests"):
+ * format 5 piece_bytes, n_pieces and digest = files[].pieces_sha256; format <= 4 piece_bytes
+ * 0, n_pieces 0 and digest = files[].sha256; "" where the entry has none. The strings live
+ * as long as the handle. */
+typedef struct {
+  const char *name;
+  int rank;
+  int64_t bytes;
+  int64_t piece_bytes;
+  int64_t n_pieces;
+  const char *digest;
+} mc_ckpt_file_info;
+int mc_ckpt_n_files(const mc_ckpt *ck);
+/* Fills *out for file i (0 <= i < mc_ckpt_n_files); -1 without a message when i is out of range. */
+int mc_ckpt_file_at(const mc_ckpt *ck, int i, mc_ckpt_file_info *out);
+
 /* Compares the checkpoint's model with a run's: every model key except the training-only
  * ones (init_std, capacity_factor, aux_loss_coef, seq_len) must match; the error names the
  * first differing key with both values. */
@@ -325,16 +348,20 @@ void mc_ckpt_io_bytes(mc_ckpt *ck, int64_t *read, int64_t *hashed);
 /* 1 if this handle hash-verifies what it reads (mc_ckpt_open_opts.verify). */
 int mc_ckpt_verifies(const mc_ckpt *ck);
 /* Verify before parsing (docs/reliability.md): checks rank file `file` (a name the manifest
- * lists) against the size and whole-file SHA-256 the manifest records, hashing it once per
- * open (later calls return the first result at once). Reads of this handle call it before
- * the file reaches the HDF5 library unless verification is off; a program that opens a
- * rank file of the checkpoint itself (mcaudit, mcreshard) must call it first. A manifest
- * written before whole-file hashes (no files[].sha256) passes: its files are checked by
- * size at open only. Error: "<path>: whole-file hash mismatch ..." or the size mismatch. */
+ * lists) against the size and the digests the manifest records: format 5, the SHA-256 of
+ * each piece (files[].pieces), the pieces hashed on io_threads threads (at least 2); format
+ * <= 4, the whole-file SHA-256 (files[].sha256). Once per open (later calls return the first
+ * result at once). Reads of this handle call it before the file reaches the HDF5 library
+ * unless verification is off; a program that opens a rank file of the checkpoint itself
+ * (mcaudit, mcreshard) must call it first. A file entry with no digest (a manifest written
+ * before whole-file hashes) passes: its file is checked by size at open only. Errors:
+ * "<path>: hash mismatch in piece k of n (bytes a to b): it hashes to X, the manifest records Y ...",
+ * "<path>: whole-file hash mismatch ..." or the size mismatch. */
 int mc_ckpt_check_file(mc_ckpt *ck, const char *file);
-/* mc_ckpt_check_file for every rank file, files hashed in parallel (io_threads, at least 2:
- * no HDF5 call is made, so a library that is not thread-safe does not limit it). For readers
- * that will read every file (mcaudit, mcreshard). */
+/* mc_ckpt_check_file for every rank file, the pieces of all files (whole files before
+ * format 5) spread over io_threads threads (at least 2: no HDF5 call is made, so a library
+ * that is not thread-safe does not limit it). For readers that will read every file (mcaudit,
+ * mcreshard); the reads of mc_ckpt_read_many check the files they touch the same way. */
 int mc_ckpt_check_files(mc_ckpt *ck);
 
 #endif

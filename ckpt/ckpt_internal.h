@@ -33,9 +33,40 @@ mc_sha256 *mc_sha256_begin(void);
 void mc_sha256_update(mc_sha256 *h, const void *data, size_t len);
 void mc_sha256_end(mc_sha256 *h, char hex[65]);
 
-/* Streams a regular file through SHA-256 (refusing anything else, opened O_NONBLOCK):
- * *bytes gets its size. Errors name the path. */
-int mc_sha256_file(const char *path, int64_t *bytes, char hex[65]);
+/* Piece digests of files (format version 5, docs/checkpoint.md "manifest.json"): a file of
+ * `bytes` bytes is cut into consecutive pieces of piece_bytes bytes (the last one shorter),
+ * each hashed with SHA-256 on its own, so the pieces of one file are hashed on several
+ * threads. */
+#define MC_PIECE_BYTES_MIN ((int64_t)4096)
+#define MC_PIECE_BYTES_MAX ((int64_t)1 << 30)
+/* ceil(bytes / piece_bytes); 0 for an empty file. */
+int64_t mc_piece_count(int64_t bytes, int64_t piece_bytes);
+/* 1 if piece_bytes is a piece size a manifest may record: a multiple of MC_PIECE_BYTES_MIN
+ * from MC_PIECE_BYTES_MIN to MC_PIECE_BYTES_MAX. */
+int mc_piece_bytes_check(int64_t piece_bytes);
+/* files[].pieces_sha256: the SHA-256 of the n digests' 32-byte values, concatenated in order. */
+void mc_pieces_root(const char (*pieces)[65], int64_t n, char hex[65]);
+
+/* One file to hash or verify piece by piece. Every file is opened O_NONBLOCK and must be a
+ * regular file of `bytes` bytes whenever a piece of it is read. */
+typedef struct {
+  const char *path;
+  int64_t bytes;        /* hash: set to the file's size; verify: the recorded size */
+  int64_t piece_bytes;
+  int64_t n_pieces;     /* mc_piece_count(bytes, piece_bytes) */
+  char (*pieces)[65];   /* hash: malloc'd and filled (the caller frees); verify: the recorded digests */
+  int whole;            /* verify: one piece that is the whole file (format <= 4's files[].sha256) */
+  char *err;            /* verify: the message of the file's first failing piece (malloc'd), or NULL */
+  int64_t err_piece;
+} mc_piece_file;
+/* Hashes every piece of files[0..n) on `threads` threads, pieces of one file on several at
+ * once: sets bytes, n_pieces and pieces. Errors name the file. */
+int mc_pieces_hash(mc_piece_file *files, int n, int threads);
+/* Hashes every piece of files[0..n) on `threads` threads and compares it with the recorded
+ * digest. Each failing file gets `err`: "<path>: hash mismatch in piece k of n (bytes a to b): it hashes to X,
+ * the manifest records Y ..." (whole: "<path>: whole-file hash mismatch ..."), or the size
+ * mismatch. Returns 0 if every piece matches, else -1 with a failing file's message. */
+int mc_pieces_verify(mc_piece_file *files, int n, int threads);
 
 /* ---------------------------------------------------------------- files (ckpt_fs.c) */
 /* mc_path_exists, mc_fsync_path, mc_rmtree: ckpt/format.h. */
@@ -113,7 +144,13 @@ typedef struct {
   char name[32];
   int64_t bytes;
   int rank;
-  char sha256[65]; /* whole-file SHA-256 (hex); empty when the manifest predates it */
+  char sha256[65]; /* format <= 4: whole-file SHA-256 (hex); empty when the manifest predates it */
+  /* format 5: the piece digests; piece_bytes 0 when the entry has none (a metadata-only
+   * checkpoint) */
+  int64_t piece_bytes;
+  int64_t n_pieces;
+  char (*pieces)[65];     /* malloc'd, n_pieces digests */
+  char pieces_sha256[65]; /* mc_pieces_root of pieces */
 } mc_file_rec;
 
 /* Everything the manifest holds, parsed. */

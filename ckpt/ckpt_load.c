@@ -237,6 +237,14 @@ int mc_ckpt_n_shards(const mc_ckpt *ck) { return ck->m.n_shards; }
 const mc_ckpt_shard *mc_ckpt_shard_at(const mc_ckpt *ck, int i) {
   return i >= 0 && i < ck->m.n_shards ? &ck->m.shards[i] : NULL;
 }
+int mc_ckpt_n_files(const mc_ckpt *ck) { return ck->m.n_files; }
+int mc_ckpt_file_at(const mc_ckpt *ck, int i, mc_ckpt_file_info *out) {
+  if (i < 0 || i >= ck->m.n_files) return -1;
+  const mc_file_rec *f = &ck->m.files[i];
+  *out = (mc_ckpt_file_info){f->name, f->rank, f->bytes, f->piece_bytes, f->n_pieces,
+                             f->pieces ? f->pieces_sha256 : f->sha256};
+  return 0;
+}
 int mc_ckpt_has_state(const mc_ckpt *ck, mc_state s) {
   return (int)s >= 0 && s < MC_N_STATES && ck->m.has_state[s];
 }
@@ -336,35 +344,76 @@ static int file_index(const mc_ckpt *ck, const char *name) {
   return -1;
 }
 
-/* Hashes rank file fi whole (once per open; other threads asking meanwhile wait for the
- * result) and compares size and SHA-256 with the manifest's record. */
-static int check_file(mc_ckpt *ck, int fi) {
-  const mc_file_rec *f = &ck->m.files[fi];
-  char p[MC_PATH_MAX];
-  if (mc_path_join(p, ck->step_dir, f->name) != 0) return -1;
-  if (!f->sha256[0]) return 0; /* a manifest older than whole-file hashes: size checked at open */
+/* Verify before parsing: checks rank files fis[0..n) against the manifest's records (size and
+ * piece digests, format 5; size and whole-file SHA-256, format <= 4), once per open. The
+ * files no other thread is checking are claimed and hashed here, the pieces of all of them
+ * spread over hash_threads threads; files another thread claimed are waited for (a thread
+ * hashes all it claimed before it waits, so two callers never wait on each other). Returns
+ * the message of the first failing file in fis order. */
+static int check_files(mc_ckpt *ck, const int *fis, int n) {
+  mc_piece_file *pf = calloc((size_t)(n > 0 ? n : 1), sizeof *pf);
+  int *claimed = malloc((size_t)(n > 0 ? n : 1) * sizeof *claimed);
+  char(*paths)[MC_PATH_MAX] = malloc((size_t)(n > 0 ? n : 1) * MC_PATH_MAX);
+  if (!pf || !claimed || !paths) {
+    free(pf);
+    free(claimed);
+    free(paths);
+    return mc_error("%s: out of memory checking %d rank files", ck->step_dir, n);
+  }
+  int np = 0, rc = 0;
+  for (int k = 0; k < n && rc == 0; k++) rc = mc_path_join(paths[k], ck->step_dir, ck->m.files[fis[k]].name);
+  if (rc != 0) {
+    free(pf);
+    free(claimed);
+    free(paths);
+    return -1;
+  }
   pthread_mutex_lock(&ck->mu);
-  while (ck->file_state[fi] == 1) pthread_cond_wait(&ck->cv, &ck->mu);
-  int st = ck->file_state[fi];
-  if (st == 0) ck->file_state[fi] = 1;
+  for (int k = 0; k < n; k++) {
+    const mc_file_rec *f = &ck->m.files[fis[k]];
+    /* a file entry without digests (a manifest older than whole-file hashes): size checked at open */
+    if (ck->file_state[fis[k]] != 0 || (!f->sha256[0] && !f->pieces)) continue;
+    ck->file_state[fis[k]] = 1;
+    claimed[np] = fis[k];
+    mc_piece_file *p = &pf[np++];
+    p->path = paths[k];
+    p->bytes = f->bytes;
+    if (f->pieces) {
+      p->piece_bytes = f->piece_bytes;
+      p->n_pieces = f->n_pieces;
+      p->pieces = f->pieces;
+    } else { /* format <= 4: the whole file is the one piece */
+      p->piece_bytes = f->bytes > 0 ? f->bytes : 1;
+      p->n_pieces = 1;
+      p->pieces = (char(*)[65])f->sha256;
+      p->whole = 1;
+    }
+  }
   pthread_mutex_unlock(&ck->mu);
-  if (st == 2) return 0;
-  if (st == -1) return mc_error("%s", ck->file_err[fi] ? ck->file_err[fi] : "rank file failed its whole-file check");
-  char hex[65];
-  int64_t bytes = 0;
-  int rc = mc_sha256_file(p, &bytes, hex);
-  if (rc == 0 && bytes != f->bytes)
-    rc = mc_error("%s: %" PRId64 " bytes but the manifest records %" PRId64 " (truncated or replaced)", p, bytes, f->bytes);
-  else if (rc == 0 && strcmp(hex, f->sha256) != 0)
-    rc = mc_error("%s: whole-file hash mismatch: the file hashes to %s, the manifest records %s (corrupt or "
-                  "replaced; it is not parsed)", p, hex, f->sha256);
+  /* each failing file's message in pf[i].err; a failure of none (no thread could start)
+   * fails them all */
+  int vrc = np > 0 ? mc_pieces_verify(pf, np, ck->hash_threads) : 0, named = 0;
+  for (int i = 0; i < np; i++) named |= pf[i].err != NULL;
+  for (int i = 0; i < np && vrc != 0 && !named; i++) pf[i].err = strdup(mc_errmsg());
   pthread_mutex_lock(&ck->mu);
-  if (rc != 0) ck->file_err[fi] = strdup(mc_errmsg());
-  ck->file_state[fi] = rc == 0 ? 2 : -1;
+  for (int i = 0; i < np; i++) {
+    ck->file_err[claimed[i]] = pf[i].err;
+    ck->file_state[claimed[i]] = pf[i].err || (vrc != 0 && !named) ? -1 : 2;
+  }
   pthread_cond_broadcast(&ck->cv);
+  for (int k = 0; k < n; k++) {
+    while (ck->file_state[fis[k]] == 1) pthread_cond_wait(&ck->cv, &ck->mu);
+    if (ck->file_state[fis[k]] == -1 && rc == 0)
+      rc = mc_error("%s", ck->file_err[fis[k]] ? ck->file_err[fis[k]] : "rank file failed its check before parsing");
+  }
   pthread_mutex_unlock(&ck->mu);
+  free(pf);
+  free(claimed);
+  free(paths);
   return rc;
 }
+
+static int check_file(mc_ckpt *ck, int fi) { return check_files(ck, &fi, 1); }
 
 int mc_ckpt_check_file(mc_ckpt *ck, const char *file) {
   int fi = file_index(ck, file);
@@ -372,9 +421,14 @@ int mc_ckpt_check_file(mc_ckpt *ck, const char *file) {
   return check_file(ck, fi);
 }
 
-static int check_job(void *arg, int fi) { return check_file(arg, fi); }
-
-int mc_ckpt_check_files(mc_ckpt *ck) { return mc_parallel(ck->m.n_files, ck->hash_threads, check_job, ck); }
+int mc_ckpt_check_files(mc_ckpt *ck) {
+  int *all = malloc((size_t)(ck->m.n_files > 0 ? ck->m.n_files : 1) * sizeof *all);
+  if (!all) return mc_error("out of memory");
+  for (int i = 0; i < ck->m.n_files; i++) all[i] = i;
+  int rc = check_files(ck, all, ck->m.n_files);
+  free(all);
+  return rc;
+}
 
 static int get_fid(mc_ckpt *ck, const mc_ckpt_shard *s, int64_t *fid, int verify) {
   int fi = file_index(ck, s->file);
@@ -697,7 +751,10 @@ static int run_reads(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, int all_sh
     }
     c.req_start[t] = q;
     plan_read_ahead(ck, &c, n_tasks);
-    rc = mc_parallel(n_tasks, ck->opts.io_threads, read_task, &c);
+    /* Verify before parsing, every file the reads touch at once: their pieces spread over
+     * the hashing threads rather than one file per reading thread. */
+    if ((ck->opts.verify || all_shards) && c.n_forder > 0) rc = check_files(ck, c.forder, c.n_forder);
+    if (rc == 0) rc = mc_parallel(n_tasks, ck->opts.io_threads, read_task, &c);
   }
   free(c.forder);
   free(c.prefetch);

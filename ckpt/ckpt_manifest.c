@@ -356,7 +356,12 @@ int mc_manifest_build(const mc_geometry *g, const mc_config *cfg_in, const mc_tr
     cJSON_AddStringToObject(o, "name", files[i].name);
     cJSON_AddNumberToObject(o, "rank", files[i].rank);
     cJSON_AddNumberToObject(o, "bytes", (double)files[i].bytes);
-    if (files[i].sha256[0]) cJSON_AddStringToObject(o, "sha256", files[i].sha256);
+    if (files[i].piece_bytes > 0) { /* format 5: the piece digests (none in a metadata-only checkpoint) */
+      cJSON_AddNumberToObject(o, "piece_bytes", (double)files[i].piece_bytes);
+      cJSON_AddStringToObject(o, "pieces_sha256", files[i].pieces_sha256);
+      cJSON *pa = cJSON_AddArrayToObject(o, "pieces");
+      for (int64_t k = 0; pa && k < files[i].n_pieces; k++) cJSON_AddItemToArray(pa, cJSON_CreateString(files[i].pieces[k]));
+    }
     cJSON_AddItemToArray(fl, o);
   }
   cJSON *sj = cJSON_AddArrayToObject(root, "shards");
@@ -894,6 +899,75 @@ static void check_config_optimizers(const mc_manifest *m, const cJSON *config, m
   mc_geometry_free(&g);
 }
 
+/* A file entry's digests, checked before the file is parsed (docs/reliability.md). Format
+ * <= 4: the optional whole-file `sha256` (manifests written before it have none and are read
+ * with the size check only). Format 5: `piece_bytes`, `pieces` and `pieces_sha256`, all or
+ * none (a metadata-only checkpoint has none): a piece size a save may record, exactly
+ * ceil(bytes / piece_bytes) digests of 64 lowercase hex digits, and their root. Each
+ * problem is named by the entry (`where`) and field. */
+static void parse_file_digests(const cJSON *o, int version, const char *where, mc_file_rec *f, mc_errlist *errs) {
+  const cJSON *fsha = cJSON_GetObjectItemCaseSensitive(o, "sha256");
+  const cJSON *pb = cJSON_GetObjectItemCaseSensitive(o, "piece_bytes");
+  const cJSON *pl = cJSON_GetObjectItemCaseSensitive(o, "pieces");
+  const cJSON *root = cJSON_GetObjectItemCaseSensitive(o, "pieces_sha256");
+  if (version <= 4) {
+    if (pb || pl || root)
+      mc_errlist_add(errs, "%s.%s is a key of format version 5, not of version %d", where,
+                     pb ? "piece_bytes" : pl ? "pieces" : "pieces_sha256", version);
+    if (fsha && !(cJSON_IsString(fsha) && is_hex64(fsha->valuestring)))
+      mc_errlist_add(errs, "%s.sha256 is not 64 lowercase hex digits", where);
+    else if (fsha) snprintf(f->sha256, sizeof f->sha256, "%s", fsha->valuestring);
+    return;
+  }
+  if (fsha) mc_errlist_add(errs, "%s.sha256 is a key of format version 4 and older (version 5 records pieces)", where);
+  if (!pb && !pl && !root) return;
+  if (!pb || !pl || !root) {
+    mc_errlist_add(errs, "%s: piece_bytes, pieces and pieces_sha256 go together, but %s is missing", where,
+                   !pb ? "piece_bytes" : !pl ? "pieces" : "pieces_sha256");
+    return;
+  }
+  double v = cJSON_IsNumber(pb) ? pb->valuedouble : -1;
+  if (!cJSON_IsNumber(pb) || v != floor(v) || !mc_piece_bytes_check(v >= 0 && v <= (double)MC_PIECE_BYTES_MAX ? (int64_t)v : 0)) {
+    mc_errlist_add(errs, "%s.piece_bytes is not a multiple of %" PRId64 " from %" PRId64 " to %" PRId64, where,
+                   (int64_t)MC_PIECE_BYTES_MIN, (int64_t)MC_PIECE_BYTES_MIN, (int64_t)MC_PIECE_BYTES_MAX);
+    return;
+  }
+  f->piece_bytes = (int64_t)v;
+  if (!cJSON_IsString(root) || !is_hex64(root->valuestring)) {
+    mc_errlist_add(errs, "%s.pieces_sha256 is not 64 lowercase hex digits", where);
+    return;
+  }
+  if (!cJSON_IsArray(pl)) {
+    mc_errlist_add(errs, "%s.pieces must be an array", where);
+    return;
+  }
+  const int64_t want = mc_piece_count(f->bytes, f->piece_bytes);
+  const int n = cJSON_GetArraySize(pl);
+  if (n != want) {
+    mc_errlist_add(errs, "%s.pieces has %d digests but %" PRId64 " bytes in pieces of %" PRId64 " make %" PRId64, where,
+                   n, f->bytes, f->piece_bytes, want);
+    return;
+  }
+  const cJSON *e = pl->child;
+  for (int k = 0; k < n; k++, e = e->next) /* every digest first: memory only for a list of them */
+    if (!cJSON_IsString(e) || !is_hex64(e->valuestring)) {
+      mc_errlist_add(errs, "%s.pieces[%d] is not 64 lowercase hex digits", where, k);
+      return;
+    }
+  if (!(f->pieces = malloc((size_t)(n > 0 ? n : 1) * 65))) {
+    mc_errlist_add(errs, "%s.pieces: out of memory", where);
+    return;
+  }
+  e = pl->child;
+  for (int k = 0; k < n; k++, e = e->next) memcpy(f->pieces[k], e->valuestring, 65);
+  f->n_pieces = n;
+  char hex[65];
+  mc_pieces_root((const char(*)[65])f->pieces, f->n_pieces, hex);
+  if (strcmp(hex, root->valuestring) != 0)
+    mc_errlist_add(errs, "%s.pieces_sha256 %s is not the SHA-256 of its pieces (%s)", where, root->valuestring, hex);
+  snprintf(f->pieces_sha256, sizeof f->pieces_sha256, "%s", root->valuestring);
+}
+
 int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
   memset(m, 0, sizeof *m);
   cJSON *root = cJSON_Parse(json);
@@ -963,7 +1037,7 @@ int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
     m->n_files = m->files ? n : 0;
     const cJSON *o = files->child;
     for (int i = 0; i < m->n_files; i++, o = o->next) {
-      char where[32];
+      char where[80];
       snprintf(where, sizeof where, "files[%d]", i);
       jctx cf = {&errs, where};
       const char *name = cJSON_IsObject(o) ? get_str(o, "name", &cf) : NULL;
@@ -978,15 +1052,11 @@ int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
                    !strcmp(name, "..")))
         mc_errlist_add(&errs, "%s.name '%s' is not a plain file name", where, name);
       else if (name) snprintf(m->files[i].name, sizeof m->files[i].name, "%s", name);
-      /* Additive: the whole-file SHA-256, checked before the file is parsed. Manifests
-       * written before it have none and are read with the size check only. */
-      cJSON *fsha = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "sha256") : NULL;
-      if (fsha && !(cJSON_IsString(fsha) && is_hex64(fsha->valuestring)))
-        mc_errlist_add(&errs, "%s.sha256 is not 64 lowercase hex digits", where);
-      else if (fsha) snprintf(m->files[i].sha256, sizeof m->files[i].sha256, "%s", fsha->valuestring);
+      if (name) snprintf(where, sizeof where, "files[%d] (%.40s)", i, name);
       if (bytes < 0) mc_errlist_add(&errs, "%s.bytes is negative", where);
       m->files[i].bytes = bytes;
       m->files[i].rank = rank;
+      if (cJSON_IsObject(o)) parse_file_digests(o, m->format_version, where, &m->files[i], &errs);
     }
     check_unique_files(m, &errs);
   }
@@ -1012,6 +1082,7 @@ int mc_manifest_parse(const char *json, const char *origin, mc_manifest *m) {
 }
 
 void mc_manifest_free(mc_manifest *m) {
+  for (int i = 0; m->files && i < m->n_files; i++) free(m->files[i].pieces);
   free(m->config_json);
   free(m->model_json);
   free(m->fams);

@@ -221,26 +221,39 @@ typedef struct {
 
 static void readback_free(readback *r) {
   mc_shard_attrs_free(r->shards, r->n_shards);
+  for (int i = 0; i < r->n_files; i++) free(r->files[i].pieces);
   free(r->files);
   memset(r, 0, sizeof *r);
 }
 
-typedef struct {
-  const char *tmp;
-  mc_file_rec *files;
-} file_hash_ctx;
-
-static int file_hash_job(void *vctx, int i) {
-  const file_hash_ctx *c = vctx;
-  char path[MC_PATH_MAX];
-  if (mc_path_join(path, c->tmp, c->files[i].name) != 0) return -1;
-  return mc_sha256_file(path, &c->files[i].bytes, c->files[i].sha256);
+/* The piece digests of every rank file in tmp (format 5), the pieces of all files spread over
+ * `threads` threads: the root reads back every rank's file, and a file hashed whole on one
+ * thread cost its size at one core's SHA-256 speed. */
+static int hash_files(const char *tmp, int threads, int64_t piece_bytes, readback *r) {
+  mc_piece_file *pf = calloc((size_t)r->n_files, sizeof *pf);
+  char(*paths)[MC_PATH_MAX] = malloc((size_t)r->n_files * MC_PATH_MAX);
+  int rc = pf && paths ? 0 : mc_error("out of memory");
+  for (int i = 0; i < r->n_files && rc == 0; i++) {
+    rc = mc_path_join(paths[i], tmp, r->files[i].name);
+    pf[i].path = paths[i];
+    pf[i].piece_bytes = piece_bytes;
+  }
+  if (rc == 0) rc = mc_pieces_hash(pf, r->n_files, threads);
+  for (int i = 0; i < r->n_files && rc == 0; i++) {
+    mc_file_rec *f = &r->files[i];
+    f->bytes = pf[i].bytes;
+    f->piece_bytes = piece_bytes;
+    f->n_pieces = pf[i].n_pieces;
+    f->pieces = pf[i].pieces;
+    mc_pieces_root((const char(*)[65])f->pieces, f->n_pieces, f->pieces_sha256);
+  }
+  free(pf);
+  free(paths);
+  return rc;
 }
 
-/* Collects the attributes of every rank file in tmp (written by any process). The files'
- * whole-file SHA-256 are computed on `threads` threads, one file each: the root reads back
- * every rank's file, and one thread hashing them in turn took world x one file's time. */
-static int read_back(const char *tmp, int threads, readback *r) {
+/* Collects the attributes and piece digests of every rank file in tmp (written by any process). */
+static int read_back(const char *tmp, int threads, int64_t piece_bytes, readback *r) {
   memset(r, 0, sizeof *r);
   if (mc_ckpt_fault("read_back")) return mc_error_context("%s: reading rank files back", tmp);
   DIR *d = opendir(tmp);
@@ -265,8 +278,7 @@ static int read_back(const char *tmp, int threads, readback *r) {
     f->rank = rank;
   }
   closedir(d);
-  file_hash_ctx hc = {tmp, r->files};
-  if (rc == 0 && r->n_files > 0) rc = mc_parallel(r->n_files, threads, file_hash_job, &hc);
+  if (rc == 0 && r->n_files > 0) rc = hash_files(tmp, threads, piece_bytes, r);
   for (int fi = 0; fi < r->n_files && rc == 0; fi++) {
     const mc_file_rec *f = &r->files[fi];
     char path[MC_PATH_MAX];
@@ -333,9 +345,9 @@ static int publish(const char *dir, const char *tmp, const char *final, const mc
 }
 
 static int commit(const char *dir, const char *tmp, const char *final, const mc_geometry *g, const mc_config *cfg,
-                  const mc_train_state *st, int threads) {
+                  const mc_train_state *st, int threads, int64_t piece_bytes) {
   readback rb;
-  if (read_back(tmp, threads, &rb) != 0) return -1;
+  if (read_back(tmp, threads, piece_bytes, &rb) != 0) return -1;
   int rc = publish(dir, tmp, final, g, cfg, st, &rb);
   readback_free(&rb);
   return rc;
@@ -412,6 +424,9 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
   else if (snprintf(tmp, sizeof tmp, "%s/step_%" PRId64 ".tmp", dir, state->step) >= (int)sizeof tmp ||
            snprintf(final, sizeof final, "%s/step_%" PRId64, dir, state->step) >= (int)sizeof final)
     bad = mc_error("checkpoint directory path too long: %s", dir);
+  else if (opts.piece_bytes != 0 && !mc_piece_bytes_check(opts.piece_bytes))
+    bad = mc_error("mc_ckpt_save: piece_bytes %" PRId64 " is not a multiple of 4096 from 4096 to %" PRId64,
+                   opts.piece_bytes, (int64_t)MC_PIECE_BYTES_MAX);
   if (bad) {
     /* The other processes wait in the first barrier: fail it for everyone. */
     char keep[MC_ERRMSG_MAX];
@@ -439,6 +454,7 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
 
   /* 2. every process writes and fsyncs its rank files */
   const int threads = opts.io_threads > 0 ? opts.io_threads : 1; /* writing, hashing, the commit's read-back */
+  const int64_t piece_bytes = opts.piece_bytes ? opts.piece_bytes : MC_CKPT_PIECE_BYTES;
   ok = write_rank_files(tmp, state->step, &w, threads, opts.deflate) == 0;
   if (ok && opts.write_files) ok = opts.write_files(opts.write_files_user, tmp) == 0;
   if (!ok) snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed (previous checkpoint kept): %s", state->step, mc_errmsg());
@@ -451,7 +467,7 @@ int mc_ckpt_save(const char *dir, const mc_geometry *g, const mc_config *cfg, co
 
   /* 3. the root builds the manifest from what is on disk and commits */
   ok = 1;
-  if (root && commit(dir, tmp, final, g, cfg, state, threads) != 0) {
+  if (root && commit(dir, tmp, final, g, cfg, state, threads, piece_bytes) != 0) {
     ok = 0;
     discard(dir, tmp, final, mc_path_exists(final));
     snprintf(err, sizeof err, "checkpoint step %" PRId64 " not committed (previous checkpoint kept): %s", state->step,
@@ -524,7 +540,7 @@ int mc_ckpt_write_metadata_only(const char *dir, const mc_geometry *g, const mc_
   for (int f = 0; f < g->fams.n && rc == 0; f++)
     for (int s = 0; s < MC_N_STATES && rc == 0; s++)
       if (mc_family_has_state(&g->fams.f[f], (mc_state)s)) rc = add_primaries(g, f, (mc_state)s, &rb, &cap, bytes, sh, nrep);
-  /* zeroed: no data, so no whole-file hash (files[].sha256 is left out of the manifest) */
+  /* zeroed: no data, so no piece digests (piece_bytes 0: left out of the manifest) */
   if (rc == 0 && !(rb.files = calloc((size_t)g->world, sizeof *rb.files))) rc = mc_error("out of memory");
   for (int r = 0; r < g->world && rc == 0; r++) {
     if (!bytes[r]) continue;

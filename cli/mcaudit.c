@@ -164,6 +164,15 @@ static void print_text(mc_rs_source *src, const mc_audit *a, const int *idx) {
       printf("\n");
     }
   }
+  mc_ckpt_file_info fi;
+  printf("files (format %d):\n", mc_ckpt_format_version(ck));
+  for (int i = 0; mc_ckpt_file_at(ck, i, &fi) == 0; i++) {
+    printf("  %-12s rank %-5d %14lld bytes", fi.name, fi.rank, (long long)fi.bytes);
+    if (fi.piece_bytes > 0)
+      printf("  %lld pieces of %lld  pieces_sha256 %s\n", (long long)fi.n_pieces, (long long)fi.piece_bytes, fi.digest);
+    else
+      printf("  sha256 %s\n", fi.digest[0] ? fi.digest : "(none: size checked only)");
+  }
   printf("totals per rank (bytes held, replicas included; stored = written by this rank):\n  %-5s", "rank");
   for (int st = 0; st < MC_N_STATES; st++)
     if (a->states & (1u << st)) printf(" %12s", mc_state_name((mc_state)st));
@@ -180,7 +189,7 @@ static void print_text(mc_rs_source *src, const mc_audit *a, const int *idx) {
   }
   printf("balance (%s ownership rule): optimizer state largest/mean %.4f (rank %d), stored largest/mean %.4f\n",
          mc_own_rule_name(g->layout.own_rule), a->optimizer_balance, a->optimizer_largest_rank, a->stored_balance);
-  printf("checks: tiling, ownership (mc_shard_of), HDF5 attributes vs manifest%s%s\n",
+  printf("checks: each file's digests before it is parsed, tiling, ownership (mc_shard_of), HDF5 attributes vs manifest%s%s\n",
          a->verified ? ", SHA-256 of every shard" : " (hashes not verified: pass --verify)",
          a->digests ? ", content digests" : "");
 }
@@ -192,6 +201,23 @@ static char *json_report(mc_rs_source *src, const mc_audit *a, const int *idx) {
   cJSON_AddStringToObject(root, "checkpoint", mc_ckpt_step_dir(ck));
   cJSON_AddNumberToObject(root, "step", (double)mc_ckpt_step(ck));
   cJSON_AddStringToObject(root, "manifest_sha256", mc_ckpt_root_hash(ck));
+  cJSON_AddNumberToObject(root, "format_version", mc_ckpt_format_version(ck));
+  cJSON *files = cJSON_AddArrayToObject(root, "files");
+  mc_ckpt_file_info fi;
+  for (int i = 0; mc_ckpt_file_at(ck, i, &fi) == 0; i++) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", fi.name);
+    cJSON_AddNumberToObject(o, "rank", fi.rank);
+    cJSON_AddNumberToObject(o, "bytes", (double)fi.bytes);
+    if (fi.piece_bytes > 0) {
+      cJSON_AddNumberToObject(o, "piece_bytes", (double)fi.piece_bytes);
+      cJSON_AddNumberToObject(o, "n_pieces", (double)fi.n_pieces);
+      cJSON_AddStringToObject(o, "pieces_sha256", fi.digest);
+    } else if (fi.digest[0]) {
+      cJSON_AddStringToObject(o, "sha256", fi.digest);
+    }
+    cJSON_AddItemToArray(files, o);
+  }
   cJSON_AddItemToObject(root, "layout", mc_rs_layout_json(g));
   cJSON *stages = cJSON_AddArrayToObject(root, "stages");
   for (int s = 0; s < g->stages.pp; s++) {

@@ -153,7 +153,8 @@ static void check_manifest(mc_rs_source *src, mc_audit *a) {
    * attributes say the same as the manifest. */
   int64_t fid = -1;
   char open_file[64] = "";
-  /* Whole-file hashes first, in parallel; a failing file is reported below, once. */
+  /* The files' digests first (pieces, or whole files before format 5), in parallel; a failing
+   * file is reported below, once. */
   mc_ckpt_check_files(ck);
   mc_error_clear();
   for (int i = 0; i < ns; i++) {
@@ -183,7 +184,7 @@ static void check_manifest(mc_rs_source *src, mc_audit *a) {
       char path[MC_PATH_MAX + 40];
       snprintf(path, sizeof path, "%s/%s", mc_ckpt_step_dir(ck), s->file);
       snprintf(open_file, sizeof open_file, "%s", s->file);
-      /* Verify before parsing: a file failing its whole-file check is never opened. */
+      /* Verify before parsing: a file failing its digest check is never opened. */
       if (mc_ckpt_check_file(ck, s->file) != 0) {
         if (!mc_errlist_has(&a->problems, path)) mc_errlist_add(&a->problems, "%s", mc_errmsg()); /* once a file */
       } else if (mc_h5_open_read(path, &fid) != 0) {

@@ -31,31 +31,67 @@ def rewrite_manifest(run_dir, edit):
         json.dump(latest, f)
 
 
+DIGEST_KEYS = ("sha256", "piece_bytes", "pieces", "pieces_sha256")
+
+
 def strip_file_hashes(run_dir):
-    """Makes the checkpoint look written before whole-file hashes (no files[].sha256): its
-    rank files are then parsed after a size check only."""
+    """Makes the checkpoint look written before whole-file hashes (no files[].sha256, nor the
+    piece digests of format 5): its rank files are then parsed after a size check only."""
     def edit(m, _):
         for rec in m["files"]:
-            rec.pop("sha256", None)
+            for k in DIGEST_KEYS:
+                rec.pop(k, None)
     rewrite_manifest(run_dir, edit)
+
+
+def file_digests(data, version, piece_bytes=64 << 20):
+    """The digest keys of a files[] entry for a file holding `data`, as format `version`
+    records them: version 5 its pieces (docs/checkpoint.md), earlier ones the whole file's
+    SHA-256."""
+    if version <= 4:
+        return {"sha256": hashlib.sha256(data).hexdigest()}
+    pieces = [hashlib.sha256(data[i:i + piece_bytes]).hexdigest() for i in range(0, len(data), piece_bytes)]
+    root = hashlib.sha256(b"".join(bytes.fromhex(p) for p in pieces)).hexdigest()
+    return {"piece_bytes": piece_bytes, "pieces_sha256": root, "pieces": pieces}
 
 
 def rehash_files(run_dir):
-    """Records every rank file's current size and SHA-256: a forged checkpoint consistent in
-    every hash."""
+    """Records every rank file's current size and digests (those of the manifest's format
+    version, with the piece size it records): a forged checkpoint consistent in every hash."""
     def edit(m, sd):
         for rec in m["files"]:
             p = os.path.join(sd, rec["name"])
-            rec["bytes"] = os.path.getsize(p)
+            pb = rec.get("piece_bytes", 64 << 20)
+            for k in DIGEST_KEYS:
+                rec.pop(k, None)
             with open(p, "rb") as f:
-                rec["sha256"] = hashlib.sha256(f.read()).hexdigest()
+                data = f.read()
+            rec["bytes"] = len(data)
+            rec.update(file_digests(data, m["format_version"], pb))
     rewrite_manifest(run_dir, edit)
+
+
+def set_version(run_dir, version):
+    """Rewrites a checkpoint as format `version` records it: the manifest's and the rank files'
+    format_version, and the files' digests (rehashed)."""
+    import h5py
+    sd = step_dir(run_dir)
+    for name in sorted(os.listdir(sd)):
+        if name.endswith(".h5"):
+            with h5py.File(os.path.join(sd, name), "r+") as h:
+                h.attrs["format_version"] = version
+
+    def edit(m, _):
+        m["format_version"] = version
+    rewrite_manifest(run_dir, edit)
+    rehash_files(run_dir)
 
 
 def drop_steps(run_dir, version):
     """Rewrites a checkpoint as format `version` < 4 wrote it as far as AdamW's step goes: no
     step datasets, no step in states, shards or the AdamW group, rank files and manifest of
-    that format_version (other version differences are the caller's). Rehashes the files."""
+    that format_version, whole-file hashes (other version differences are the caller's).
+    Rehashes the files."""
     import h5py
     sd = step_dir(run_dir)
     for name in sorted(os.listdir(sd)):
@@ -80,8 +116,11 @@ def drop_steps(run_dir, version):
 
 if __name__ == "__main__":
     # ckpt_edit.py --to-v3 RUN_DIR: the latest checkpoint as format version 3 (before the step)
+    # ckpt_edit.py --to-v4 RUN_DIR: the latest checkpoint as format version 4 (whole-file hashes)
     import sys
     if len(sys.argv) == 3 and sys.argv[1] == "--to-v3":
         drop_steps(sys.argv[2], 3)
+    elif len(sys.argv) == 3 and sys.argv[1] == "--to-v4":
+        set_version(sys.argv[2], 4)
     else:
-        sys.exit("usage: ckpt_edit.py --to-v3 RUN_DIR")
+        sys.exit("usage: ckpt_edit.py --to-v3|--to-v4 RUN_DIR")

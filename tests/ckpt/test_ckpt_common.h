@@ -159,9 +159,13 @@ static inline void make_state(int64_t step, mc_train_state *st) {
   st->data_position = step * 16;
 }
 
+/* The piece size of the rank files' digests that save_reference* records (0: the library's
+ * default, MC_CKPT_PIECE_BYTES). */
+static int64_t g_ref_piece_bytes;
+
 /* Saves step `step` of the reference state (the states in state_mask that each family has)
  * under layout (tp,pp,dp,ep,sp,zero) with the optimizers of optim.groups `groups` (NULL: the
- * default). */
+ * default), pieces of g_ref_piece_bytes. */
 static inline int save_reference_groups(const char *dir, int tp, int pp, int dp, int ep, int sp, int zero, int64_t step,
                                         uint64_t seed, int keep, int state_mask, const char *groups) {
   mc_config cfg;
@@ -174,6 +178,7 @@ static inline int save_reference_groups(const char *dir, int tp, int pp, int dp,
   mc_ckpt_save_opts o;
   mc_ckpt_save_opts_default(&o);
   o.keep = keep;
+  o.piece_bytes = g_ref_piece_bytes;
   if (rc == 0) rc = mc_ckpt_save(dir, &g, &cfg, &st, set.items, set.n, &o);
   free_items(&set);
   mc_geometry_free(&g);
@@ -316,8 +321,10 @@ static inline int rehash_manifest(const char *dir, int64_t step) {
 }
 
 /* Makes <dir>/step_<step> look like a checkpoint written before whole-file hashes: drops
- * files[].sha256 from the manifest (rehashed), so the rank files are parsed with their size
- * checked only and the attribute and storage checks behind it can be reached. */
+ * each files[] entry's digests (sha256 of format <= 4; piece_bytes, pieces_sha256 and pieces
+ * of format 5: the last keys of the entry) from the manifest (rehashed), so the rank files
+ * are parsed with their size checked only and the attribute and storage checks behind it can
+ * be reached. */
 static inline int strip_file_hashes(const char *dir, int64_t step) {
   char mp[4200];
   size_t n = 0;
@@ -334,13 +341,11 @@ static inline int strip_file_hashes(const char *dir, int64_t step) {
     if (*q == ',') {
       q++;
       while (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r') q++;
-      if (strncmp(q, "\"sha256\":", 9) == 0) {
-        q += 9;
-        while (*q == ' ' || *q == '\t') q++;
-        if (*q == '"' && strspn(q + 1, "0123456789abcdef") == 64 && q[65] == '"') {
-          memmove(cut, q + 66, strlen(q + 66) + 1);
-          removed++;
-        }
+      char *end = strchr(q, '}'); /* the entry's end: no digest holds a brace */
+      if (end && (strncmp(q, "\"sha256\":", 9) == 0 || strncmp(q, "\"piece_bytes\":", 14) == 0)) {
+        while (end > q && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r')) end--;
+        memmove(cut, end, strlen(end) + 1);
+        removed++;
       }
     }
     p = cut;

@@ -3,6 +3,7 @@
 #include "tests/ckpt/test_ckpt_common.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <hdf5.h>
 
 #include "tests/check.h"
@@ -97,8 +98,8 @@ static void case_data_flip(void) {
   H5Fclose(f);
   CHECK(off != HADDR_UNDEF, "dataset offset");
   flip_byte_at(file, (long)off + 17);
-  /* the whole-file hash catches it before the file is parsed */
-  expect_load_error(dir, "flipped data byte", "whole-file hash mismatch", "rank_1.h5");
+  /* the file's piece digests catch it before the file is parsed */
+  expect_load_error(dir, "flipped data byte", "hash mismatch in piece", "rank_1.h5");
   /* a manifest without whole-file hashes (older MegaC): the shard hash names the dataset */
   CHECK(strip_file_hashes(dir, 5) == 0, "strip the file hashes of %s", dir);
   expect_load_error(dir, "flipped data byte (no file hash)", "hash mismatch", "rank_1.h5");
@@ -120,6 +121,59 @@ static void case_data_flip(void) {
   }
 }
 
+/* Format 5: the piece digests pin a damaged byte down to its piece. Saved with 4 KiB pieces
+ * (a rank file of some 200): a byte flipped at the first byte, the end of piece 0, the start
+ * of piece 1, a middle piece, the last byte of the last full piece and the last byte of the
+ * file (its last piece is shorter) is reported as that piece, with its byte range, by a load
+ * and by mc_ckpt_check_file; two flipped pieces report the first. */
+static void case_piece_flip(void) {
+  char dir[4096], file[4200];
+  g_ref_piece_bytes = 4096;
+  fresh(dir, sizeof dir);
+  g_ref_piece_bytes = 0;
+  pathf(file, sizeof file, "%s/step_5/rank_1.h5", dir);
+  struct stat st;
+  CHECK(stat(file, &st) == 0, "stat %s", file);
+  const long size = (long)st.st_size, pb = 4096, n = (size + pb - 1) / pb;
+  CHECK(n > 8 && size % pb != 0, "%s: %ld bytes: want several pieces and a short last one", file, size);
+  const long at[] = {0, pb - 1, pb, (n / 2) * pb + 17, (n - 1) * pb - 1, size - 1};
+  for (int i = 0; i < (int)(sizeof at / sizeof at[0]); i++) {
+    const long k = at[i] / pb, a = k * pb, b = a + pb < size ? a + pb : size;
+    char want[160], what[64];
+    snprintf(want, sizeof want, "hash mismatch in piece %ld of %ld (bytes %ld to %ld)", k, n, a, b);
+    snprintf(what, sizeof what, "flipped byte %ld (piece %ld)", at[i], k);
+    flip_byte_at(file, at[i]);
+    expect_load_error(dir, what, want, "rank_1.h5");
+    mc_ckpt *ck = NULL;
+    CHECK_OK(mc_ckpt_open(dir, NULL, &ck));
+    if (ck) {
+      CHECK(mc_ckpt_check_file(ck, "rank_1.h5") != 0 && strstr(mc_errmsg(), want), "%s: check_file: %s", what, mc_errmsg());
+      CHECK(mc_ckpt_check_files(ck) != 0 && strstr(mc_errmsg(), want), "%s: check_files: %s", what, mc_errmsg());
+      CHECK_OK(mc_ckpt_check_file(ck, "rank_0.h5"));
+      mc_ckpt_close(ck);
+    }
+    flip_byte_at(file, at[i]); /* back */
+  }
+  flip_byte_at(file, 7 * pb + 5);
+  flip_byte_at(file, 3 * pb + 9);
+  char want[160];
+  snprintf(want, sizeof want, "hash mismatch in piece 3 of %ld (bytes %ld to %ld)", n, 3 * pb, 4 * pb);
+  expect_load_error(dir, "two flipped pieces", want, "rank_1.h5");
+  flip_byte_at(file, 7 * pb + 5);
+  flip_byte_at(file, 3 * pb + 9);
+  /* restored: it loads again, every hyperslab equal */
+  mc_ckpt *ck = NULL;
+  CHECK_OK(mc_ckpt_open(dir, NULL, &ck));
+  if (ck) {
+    mc_config cfg;
+    mc_geometry g;
+    tiny_geometry(2, 1, 2, 1, 0, 1, &cfg, &g);
+    CHECK(check_against_layout(ck, &g, 9) == 0, "restored checkpoint: %s", mc_errmsg());
+    mc_geometry_free(&g);
+    mc_ckpt_close(ck);
+  }
+}
+
 static void case_attr_flip(void) {
   char dir[4096], file[4200];
   fresh(dir, sizeof dir);
@@ -136,7 +190,7 @@ static void case_attr_flip(void) {
   long at = find_bytes(file, sha);
   CHECK(sha[0] && at >= 0, "sha256 attribute bytes found in the file");
   if (at >= 0) flip_byte_at(file, at + 10);
-  expect_load_error(dir, "flipped attribute byte", "whole-file hash mismatch", "rank_2.h5");
+  expect_load_error(dir, "flipped attribute byte", "hash mismatch in piece", "rank_2.h5");
   CHECK(strip_file_hashes(dir, 5) == 0, "strip the file hashes of %s", dir);
   expect_load_error(dir, "flipped attribute byte (no file hash)", "attribute 'sha256'", "/layers.02.ssm.w_x/param");
   CHECK(strstr(mc_errmsg(), "rank_2.h5") != NULL, "names the file: %s", mc_errmsg());
@@ -173,7 +227,7 @@ static void case_unreadable(void) {
   FILE *f = fopen(file, "r+b");
   fwrite("garbage!", 1, 8, f); /* the HDF5 signature; size unchanged */
   fclose(f);
-  expect_load_error(dir, "overwritten file header", "whole-file hash mismatch", "rank_0.h5");
+  expect_load_error(dir, "overwritten file header", "hash mismatch in piece", "rank_0.h5");
   CHECK(strip_file_hashes(dir, 5) == 0, "strip the file hashes of %s", dir);
   expect_load_error(dir, "overwritten file header (no file hash)", "unreadable shard file", "rank_0.h5");
 }
@@ -242,8 +296,8 @@ static void case_bad_latest(void) {
 static void case_version_too_new(void) {
   char dir[4096];
   fresh(dir, sizeof dir);
-  rewrite_manifest(dir, "\"format_version\":\t4", "\"format_version\":\t5");
-  expect_load_error(dir, "format version too new", "format version 5 is newer", "supports (4)");
+  rewrite_manifest(dir, "\"format_version\":\t5", "\"format_version\":\t6");
+  expect_load_error(dir, "format version too new", "format version 6 is newer", "supports (5)");
   /* version 2 records the ownership rule: without it, or with an unknown one, it is invalid */
   fresh(dir, sizeof dir);
   rewrite_manifest(dir, "\"ownership_rule\":", "\"ownership_rulez\":");
@@ -251,6 +305,47 @@ static void case_version_too_new(void) {
   fresh(dir, sizeof dir);
   rewrite_manifest(dir, "\"ownership_rule\":\t\"balanced-v2\"", "\"ownership_rule\":\t\"lumpy\"");
   expect_load_error(dir, "unknown ownership rule", "manifest invalid", "ownership_rule 'lumpy' unknown");
+}
+
+/* A malformed piece list (format 5) is refused naming the file entry and the field. */
+static void case_pieces_invalid(void) {
+  static const char zeros[] = "0000000000000000000000000000000000000000000000000000000000000000";
+  char dir[4096], to[256];
+  struct {
+    const char *what, *from, *to, *needle;
+  } c[] = {
+      {"piece_bytes 0", "\"piece_bytes\":\t67108864", "\"piece_bytes\":\t0", "piece_bytes is not a multiple of 4096"},
+      {"piece_bytes 2^40", "\"piece_bytes\":\t67108864", "\"piece_bytes\":\t1099511627776", "piece_bytes is not a multiple"},
+      {"piece_bytes 5000", "\"piece_bytes\":\t67108864", "\"piece_bytes\":\t5000", "piece_bytes is not a multiple"},
+      {"piece_bytes -4096", "\"piece_bytes\":\t67108864", "\"piece_bytes\":\t-4096", "piece_bytes is not a multiple"},
+      {"piece_bytes a string", "\"piece_bytes\":\t67108864", "\"piece_bytes\":\t\"64M\"", "piece_bytes is not a multiple"},
+      {"piece_bytes not matching the count", "\"piece_bytes\":\t67108864", "\"piece_bytes\":\t4096",
+       "pieces has 1 digests but"},
+      {"a piece not hex", "\"pieces\":\t[\"", "\"pieces\":\t[\"g", "pieces[0] is not 64 lowercase hex digits"},
+      {"a piece too many", "\"pieces\":\t[", NULL, "pieces has 2 digests but"},
+      {"no pieces", "\"pieces\":\t[", "\"pieces\":\t[], \"x\":\t[", "pieces has 0 digests"},
+      {"pieces not an array", "\"pieces\":\t[", "\"pieces\":\t{\"a\": 1}, \"x\":\t[", "pieces must be an array"},
+      {"pieces missing", "\"pieces\":", "\"piecez\":", "but pieces is missing"},
+      {"pieces_sha256 missing", "\"pieces_sha256\":", "\"pieces_sha257\":", "but pieces_sha256 is missing"},
+      {"pieces_sha256 wrong", "\"pieces_sha256\":\t\"", NULL, "is not the SHA-256 of its pieces"},
+      {"whole-file sha256 in version 5", "\"piece_bytes\":", "\"sha256\":\t\"00\", \"piece_bytes\":",
+       "sha256 is a key of format version 4 and older"},
+      {"pieces in version 4", "\"format_version\":\t5", "\"format_version\":\t4", "piece_bytes is a key of format version 5"},
+  };
+  for (int i = 0; i < (int)(sizeof c / sizeof c[0]); i++) {
+    fresh(dir, sizeof dir);
+    const char *t = c[i].to;
+    if (!t && strstr(c[i].what, "too many")) {
+      snprintf(to, sizeof to, "\"pieces\":\t[\"%s\", ", zeros);
+      t = to;
+    } else if (!t) { /* another root; the recorded one moves to a key of no meaning */
+      snprintf(to, sizeof to, "\"pieces_sha256\":\t\"%s\", \"old\":\t\"", zeros);
+      t = to;
+    }
+    rewrite_manifest(dir, c[i].from, t);
+    expect_load_error(dir, c[i].what, "manifest invalid", c[i].needle);
+    CHECK(strstr(mc_errmsg(), "files[0] (rank_"), "%s: the file entry is not named: %s", c[i].what, mc_errmsg());
+  }
 }
 
 static void case_manifest_invalid(void) {
@@ -325,6 +420,8 @@ int main(void) {
   scratch_dir("corrupt", root, sizeof root);
   g_root = root;
   case_data_flip();
+  case_piece_flip();
+  case_pieces_invalid();
   case_attr_flip();
   case_manifest_flip();
   case_truncated();

@@ -56,6 +56,16 @@ def main():
             check(int(h.attrs["rank"]) == files[s["file"]]["rank"], f"{s['file']}: rank attribute")
             check(int(h.attrs["step"]) == manifest["step"], f"{s['file']}: step attribute")
             check(os.path.getsize(path) == files[s["file"]]["bytes"], f"{s['file']}: size")
+            # format 5: the SHA-256 of each piece of the file, and of the pieces' digests
+            rec = files[s["file"]]
+            with open(path, "rb") as fb:
+                data = fb.read()
+            pb = rec["piece_bytes"]
+            want = [hashlib.sha256(data[i:i + pb]).hexdigest() for i in range(0, len(data), pb)]
+            check(rec["pieces"] == want, f"{s['file']}: piece digests")
+            check(rec["pieces_sha256"] == hashlib.sha256(b"".join(bytes.fromhex(p) for p in want)).hexdigest(),
+                  f"{s['file']}: pieces_sha256")
+            check("sha256" not in rec, f"{s['file']}: no whole-file sha256 in format 5")
         ds = opened[s["file"]][s["dataset"]]
         a = ds.attrs
         fam = fams[s["family"]]

@@ -1,6 +1,7 @@
 /* The save's data path (ckpt/ckpt_pwrite.c): contiguous shards written with pwrite by several
  * threads give the same bytes whatever the number of threads (the format promises
- * byte-identical files for the same state), uncompressed and under deflate, and the result
+ * byte-identical files for the same state), uncompressed and under deflate, and so does the
+ * manifest, whose piece digests (64 KiB pieces here) the commit hashed on those threads; the result
  * reads back verified as the state saved; with --enospc (under the ENOSPC shim) a pwrite of
  * the data that fails fails the save naming the file and dataset, leaving the previous
  * checkpoint as `latest` and nothing of the failed step. A 65536-word vocabulary makes the embedding's shards 8 MiB, so a
@@ -36,6 +37,7 @@ static int save_with(const char *dir, const mc_geometry *g, const mc_config *cfg
   mc_ckpt_save_opts_default(&o);
   o.io_threads = threads;
   o.deflate = deflate;
+  o.piece_bytes = 65536; /* files of some hundred pieces: the read-back hashes them on `threads` threads */
   return mc_ckpt_save(dir, g, cfg, &st, set->items, set->n, &o);
 }
 
@@ -55,6 +57,13 @@ static void same_bytes(const char *root, const mc_geometry *g, const mc_config *
       pathf(fb, sizeof fb, "%s/step_1/rank_%d.h5", dir, r);
       CHECK(files_equal(fa, fb), "deflate %d: rank_%d.h5 written by %d threads differs from %d threads'", deflate, r,
             threads[t], threads[0]);
+    }
+    if (t > 0) { /* and the manifest: the same piece digests, whatever the threads that hashed them */
+      char ma[4200], mb[4200];
+      pathf(ma, sizeof ma, "%s/step_1/manifest.json", first);
+      pathf(mb, sizeof mb, "%s/step_1/manifest.json", dir);
+      CHECK(files_equal(ma, mb), "deflate %d: the manifest of %d threads differs from %d threads'", deflate, threads[t],
+            threads[0]);
     }
     if (t < n_threads - 1) continue;
     mc_ckpt *ck = NULL;

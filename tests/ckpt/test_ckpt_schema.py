@@ -40,7 +40,15 @@ def main():
             failures.append(f"schema accepts a manifest with {name}")
 
     broken("no shards", lambda m: m.pop("shards"))
-    broken("a newer format version", lambda m: m.update(format_version=5))
+    broken("a newer format version", lambda m: m.update(format_version=6))
+    # version 5: piece digests, together, no whole-file sha256
+    broken("a whole-file sha256 in version 5", lambda m: m["files"][0].update(sha256="0" * 64))
+    broken("pieces without piece_bytes", lambda m: m["files"][0].pop("piece_bytes"))
+    broken("pieces without their root", lambda m: m["files"][0].pop("pieces_sha256"))
+    broken("piece_bytes 0", lambda m: m["files"][0].update(piece_bytes=0))
+    broken("piece_bytes 2^31", lambda m: m["files"][0].update(piece_bytes=2 ** 31))
+    broken("piece_bytes not a multiple of 4096", lambda m: m["files"][0].update(piece_bytes=5000))
+    broken("a piece digest not hex", lambda m: m["files"][0]["pieces"].__setitem__(0, "g" * 64))
     broken("version 3 without optimizer groups", lambda m: m.pop("optimizer_groups"))
     broken("a family without its optimizer", lambda m: m["families"][0].pop("optimizer"))
     broken("an unknown optimizer", lambda m: m["families"][0].update(optimizer="sgd"))
@@ -67,7 +75,22 @@ def main():
     broken("an unknown top-level key", lambda m: m.update(extra=1))
     broken("a file outside the step directory", lambda m: m["files"][0].update(name="../rank_0.h5"))
 
+    # versions up to 4 record the whole file's sha256 and no pieces
+    def whole_file(m):
+        for f in m["files"]:
+            for k in ("piece_bytes", "pieces", "pieces_sha256"):
+                f.pop(k)
+            f["sha256"] = "0" * 64
+    if not manifest["files"][0].get("pieces"):
+        failures.append("written manifest has no piece digests")
+    broken("version 4 with pieces", lambda m: m.update(format_version=4))
+    v4 = copy.deepcopy(manifest)
+    v4.update(format_version=4)
+    whole_file(v4)
+    if not validator.is_valid(v4):
+        failures.append("schema refuses a version 4 manifest")
     v2 = copy.deepcopy(manifest)
+    whole_file(v2)
     v2.update(format_version=2, states=["param", "exp_avg", "exp_avg_sq"])
     v2.pop("optimizer_groups")
     for f in v2["families"]:
@@ -76,6 +99,7 @@ def main():
         failures.append("schema refuses a version 2 manifest")
     # version 3: optimizer groups, AdamW without its step
     v3 = copy.deepcopy(manifest)
+    whole_file(v3)
     v3.update(format_version=3, states=[s for s in manifest["states"] if s != "step"])
     for g in v3["optimizer_groups"]:
         g["states"] = [s for s in g["states"] if s["name"] != "step"]

@@ -4,6 +4,7 @@ families[].optimizer, no config.optim, no `optimizer` attribute on the datasets,
 format_version 2, no step datasets) and loads as AdamW throughout, every shard equal (test_ckpt_optim
 --check-v2). A version 2 manifest whose config assigns Muon is refused, and so is a version 3
 rank file whose `optimizer` attribute disagrees with the manifest."""
+import json
 import os
 import shutil
 import subprocess
@@ -13,7 +14,7 @@ import tempfile
 import h5py
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckpt_edit import drop_steps, rehash_files, rewrite_manifest, step_dir  # noqa: E402
+from ckpt_edit import drop_steps, rehash_files, rewrite_manifest, set_version, step_dir  # noqa: E402
 
 failures = []
 
@@ -82,6 +83,27 @@ def main():
     r = run(tool, "--read", d3)
     check(r.returncode != 0 and f"attribute 'optimizer' of dataset /{names[0]}" in r.stderr,
           f"optimizer attribute edited: {r.returncode} {r.stderr}")
+
+    # version 4 (whole-file hashes, before piece digests) still loads, its files checked whole:
+    # a flipped byte is refused as a whole-file hash mismatch before the file is parsed
+    d4 = os.path.join(root, "v4")
+    subprocess.run([tool, "--write-adamw", d4], check=True)
+    set_version(d4, 4)
+    with open(os.path.join(step_dir(d4), "manifest.json")) as f:
+        m4 = json.load(f)
+    check(m4["format_version"] == 4 and all("sha256" in rec and "pieces" not in rec for rec in m4["files"]),
+          "the version 4 rewrite records whole-file hashes")
+    r = run(tool, "--read", d4)
+    check(r.returncode == 0, f"version 4 sample does not read: {r.stderr}")
+    p4 = os.path.join(step_dir(d4), "rank_0.h5")
+    with open(p4, "r+b") as f:
+        f.seek(os.path.getsize(p4) // 2)
+        b = f.read(1)
+        f.seek(os.path.getsize(p4) // 2)
+        f.write(bytes([b[0] ^ 1]))
+    r = run(tool, "--read", d4)
+    check(r.returncode != 0 and "rank_0.h5: whole-file hash mismatch" in r.stderr,
+          f"version 4 with a flipped byte: {r.returncode} {r.stderr}")
 
     print(f"test_ckpt_v2: {len(failures)} failures")
     if not failures:

@@ -424,10 +424,10 @@ static void load_corrupt(trainee *e, const char *dir, int rank) {
   char msg[MC_ERRMSG_MAX], first[MC_ERRMSG_MAX];
   snprintf(msg, sizeof msg, "%s", mc_errmsg());
   CHECK(rc != 0, "rank %d: the load of a corrupt checkpoint succeeded", rank);
-  /* the whole-file hash (verify before parsing) catches the flip before the shard's own hash;
+  /* the file's piece digests (verify before parsing) catch the flip before the shard's own hash;
    * a manifest without file hashes reaches the shard's, which names the dataset */
   CHECK(strstr(msg, "rank ") && strstr(msg, "failed") && strstr(msg, "hash mismatch") && strstr(msg, s->file) &&
-            (strstr(msg, s->dataset) || strstr(msg, "whole-file hash mismatch")),
+            (strstr(msg, s->dataset) || strstr(msg, "hash mismatch in piece")),
         "rank %d: the message names not the rank, file %s and the dataset %s or the whole file: %s", rank, s->file,
         s->dataset, msg);
   memcpy(first, msg, sizeof msg);

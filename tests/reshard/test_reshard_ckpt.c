@@ -320,10 +320,10 @@ static void failure_cases(const mc_model *m) {
   snprintf(step_dir, sizeof step_dir, "%s/step_7", A);
   snprintf(E, sizeof E, "%s/F-from-corrupt", root);
   CHECK_OK(corrupt(step_dir, "rank_1.h5", "/layers.00.attn.wq/exp_avg"));
-  /* The whole-file hash refuses the file before HDF5 parses it, in the reshard and the audit
+  /* The piece digests refuse the file before HDF5 parses it, in the reshard and the audit
    * with or without --verify (2 problems: the file, and digests not computed). */
   CHECK(rs_reshard(A, E, &lb, 0, 1 << 20) != 0 && strstr(mc_errmsg(), "rank_1.h5") &&
-            strstr(mc_errmsg(), "whole-file hash mismatch"),
+            strstr(mc_errmsg(), "hash mismatch in piece"),
         "corruption message: %s", mc_errmsg());
   CHECK(!rs_exists(E), "reshard of a corrupted source left %s", E);
   for (int v = 0; v < 2; v++) {
@@ -331,7 +331,7 @@ static void failure_cases(const mc_model *m) {
     free(rs_audit_digests(A, v, &pr, &nf));
     CHECK(pr == 2, "audit (verify %d) of the corrupted file: %d problems", v, pr);
   }
-  /* Without whole-file hashes (an older manifest) the shard hash names the dataset. */
+  /* Without file digests (an older manifest) the shard hash names the dataset. */
   CHECK(strip_file_hashes(A, 7) == 0, "strip the file hashes of %s", A);
   CHECK(rs_reshard(A, E, &lb, 0, 1 << 20) != 0 && strstr(mc_errmsg(), "rank_1.h5") &&
             strstr(mc_errmsg(), "/layers.00.attn.wq/exp_avg") && strstr(mc_errmsg(), "SHA-256"),

@@ -202,13 +202,13 @@ def body(tmp):
         b = f.read(1)
         f.seek(off)
         f.write(bytes([b[0] ^ 0x40]))
-    # The whole-file hash stops every reader before the file is parsed (verify before parsing).
+    # The piece digests stop every reader before the file is parsed (verify before parsing).
     for args in ((MCAUDIT, j("B"), "--verify", "--no-progress"), (MCAUDIT, j("B")),
                  (MCRESHARD, j("B"), j("E"), "--consolidate", "--no-progress")):
         rc, _, err = run(*args)
-        check(rc == 1 and "rank_3.h5" in err and "whole-file hash mismatch" in err and not os.path.exists(j("E")),
+        check(rc == 1 and "rank_3.h5" in err and "hash mismatch in piece" in err and not os.path.exists(j("E")),
               os.path.basename(args[0]) + " refuses the corrupted file before parsing it: " + err)
-    # Without whole-file hashes (an older manifest), the shard hashes catch it and name the dataset.
+    # Without file digests (an older manifest), the shard hashes catch it and name the dataset.
     strip_file_hashes(j("B"))
     rc, _, err = run(MCAUDIT, j("B"), "--verify", "--no-progress")
     check(rc == 1 and name in err and "rank_3.h5" in err, "audit lists the corrupted shard: " + err)

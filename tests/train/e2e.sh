@@ -81,13 +81,20 @@ resume)
   # datasets resumes from training_state.adam_step, the same run digit for digit.
   /usr/bin/python3 -c "import h5py, json, sys; sys.path.insert(0, '$S/tests/ckpt'); from ckpt_edit import step_dir; \
 m = json.load(open(step_dir('c') + '/manifest.json')); s = [x for x in m['shards'] if x['state'] == 'step']; \
-assert m['format_version'] == 4 and s; h = h5py.File(step_dir('c') + '/' + s[0]['file']); \
+assert m['format_version'] == 5 and s; h = h5py.File(step_dir('c') + '/' + s[0]['file']); \
 assert h[s[0]['dataset']].dtype == 'int64' and int(h[s[0]['dataset']][0]) == 8, 'step of a family at step 8'" \
     || die "c/step_8 lacks an int64 step of 8"
   cp -r c v3 && /usr/bin/python3 "$S/tests/ckpt/ckpt_edit.py" --to-v3 v3 || die "rewriting c/step_8 as format 3 failed"
   "$B/mctrain" "${common[@]}" --set checkpoint.dir=v3 --resume latest --until 10 > v3.log 2>&1 || { cat v3.log; die "resume from format 3 failed"; }
   for s in 9 10; do
     [ "$(field v3/metrics.jsonl loss $s)" = "$(field a/metrics.jsonl loss $s)" ] || die "resume from format 3 differs at step $s"
+  done
+  # Format version 4 (whole-file hashes, before piece digests): c's step 8 rewritten with
+  # files[].sha256 resumes the same run.
+  cp -r c v4 && /usr/bin/python3 "$S/tests/ckpt/ckpt_edit.py" --to-v4 v4 || die "rewriting c/step_8 as format 4 failed"
+  "$B/mctrain" "${common[@]}" --set checkpoint.dir=v4 --resume latest --until 10 > v4.log 2>&1 || { cat v4.log; die "resume from format 4 failed"; }
+  for s in 9 10; do
+    [ "$(field v4/metrics.jsonl loss $s)" = "$(field a/metrics.jsonl loss $s)" ] || die "resume from format 4 differs at step $s"
   done
   # A resume keeps the run's configuration: given only the directory (no schedule on the
   # command line, so the defaults would say another lr and 600 steps) it continues the same
