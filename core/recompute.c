@@ -29,8 +29,10 @@ int mc_recompute_reruns(char block, mc_fwd_part p, int routed, mc_recompute r) {
       for (int i = MC_L_U16; i <= MC_L_RSTD; i++)
         if (mc_act_buf_exists(&mc_layer_bufs[i], &s, k) && !mc_act_buf_kept(&mc_layer_bufs[i], r)) return 1;
       return 0;
-    case MC_PART_PROJ:
     case MC_PART_INNER:
+      if (k->routes && routed == MC_ROUTED_EXCHANGED && r != MC_RECOMPUTE_FULL) return 0; /* kept in moe.scratch */
+      return drops_from(k->saved, k->n_saved, k, &s, p, r) || drops_from(k->saved_i32, k->n_saved_i32, k, &s, p, r);
+    case MC_PART_PROJ:
       return drops_from(k->saved, k->n_saved, k, &s, p, r) || drops_from(k->saved_i32, k->n_saved_i32, k, &s, p, r);
     default: return 0; /* the output part makes no buffer */
   }
@@ -40,7 +42,7 @@ double mc_block_recompute_flops(const mc_model *m, char block, int routed, mc_re
   const mc_block_kind *k = mc_block_kind_of(block);
   double f = 0.0;
   for (int p = 0; k && p < MC_N_PARTS; p++)
-    if (mc_recompute_reruns(block, (mc_fwd_part)p, routed, r)) f += k->part_flops(m, (mc_fwd_part)p, k->routes && routed);
+    if (mc_recompute_reruns(block, (mc_fwd_part)p, routed, r)) f += k->part_flops(m, (mc_fwd_part)p, k->routes && routed != 0);
   return f;
 }
 

@@ -12,8 +12,14 @@
 #include "core/blocks.h"
 #include "core/config.h"
 
-/* Whether policy r reruns part p of a layer of `block` (1) or not (0). routed: the stage's E
- * blocks route tokens (mc_act_shape.routed), which decides which buffers exist. */
+/* The `routed` argument below: 0, the stage's E blocks run the plain SwiGLU; 1, they route
+ * tokens (mc_act_shape.routed), which decides which buffers exist; MC_ROUTED_EXCHANGED, they
+ * route and exchange their rows over the EP group (ep > 1): the experts' received rows, h1,
+ * h3 and SwiGLU output then live in moe.scratch, which every policy but full keeps, so
+ * selective does not rebuild the SwiGLU (train/block_moe.c moe_rebuild). */
+#define MC_ROUTED_EXCHANGED 2
+
+/* Whether policy r reruns part p of a layer of `block` (1) or not (0). */
 int mc_recompute_reruns(char block, mc_fwd_part p, int routed, mc_recompute r);
 
 /* Forward FLOPs per token that one layer of `block` runs again under policy r: the sum of the

@@ -63,7 +63,8 @@ double mc_plan_stage_step_flops(const mc_geometry *g, const mc_plan *p, int stag
 static double stage_recompute_per_token(const mc_geometry *g, const mc_plan *p, int stage) {
   mc_act_shape shape;
   mc_act_shape_of(g, stage, &p->hold, p->micro_batch, &shape);
-  return mc_recompute_flops(&g->model, g->model.pattern + g->stages.first[stage], g->stages.count[stage], shape.routed,
+  const int routed = !shape.routed ? 0 : g->layout.ep > 1 ? MC_ROUTED_EXCHANGED : 1;
+  return mc_recompute_flops(&g->model, g->model.pattern + g->stages.first[stage], g->stages.count[stage], routed,
                             p->recompute);
 }
 

@@ -341,11 +341,15 @@ static void test_recompute_order(void) {
 }
 
 /* Builds the plan of m (one rank, or pp stages) under a recompute policy. */
-static int plan_policy(const mc_model *m, int pp, const char *policy, mc_geometry *g, mc_plan *p) {
+static int plan_policy_ep(const mc_model *m, int pp, int ep, const char *policy, mc_geometry *g, mc_plan *p) {
   mc_train_cfg t;
   base_train(&t);
   strcpy(t.recompute, policy);
-  return make_plan(m, layout(1, 1, pp, 1, 0, 0), &t, g, p);
+  return make_plan(m, layout(1, ep, pp, ep, 0, 0), &t, g, p);
+}
+
+static int plan_policy(const mc_model *m, int pp, const char *policy, mc_geometry *g, mc_plan *p) {
+  return plan_policy_ep(m, pp, 1, policy, g, p);
 }
 
 /* Recomputation's FLOPs (core/recompute.h) as the plan reports them. A model of one block kind
@@ -365,6 +369,8 @@ static int plan_policy(const mc_model *m, int pp, const char *policy, mc_geometr
  *     2 x (32768 + 16384) = 98304 (w2 writes the kept expert output, so full reruns it, and
  *     only the combine makes the output); SwiGLU 2 x 512 = 1024.
  *     selective = 256 + 1024 = 1280, full = 256 + 512 + 98304 + 1024 = 100096.
+ *   E routed with its rows exchanged over EP (ep 2, dp 2): the SwiGLU output lives in
+ *     moe.scratch, kept, so selective = 256; full as routed, 100096.
  * Also: none is 0; 0 < selective < full <= forward for every kind of the tiny model (equal for a
  * routed E block: its output part, the combine, is not counted), and the model FLOPs
  * do not move; hardware = forward + backward + recompute, per token, step and stage; the 1F1B
@@ -374,9 +380,11 @@ static void test_recompute_flops(void) {
   static const struct {
     const char *pattern;
     int n_experts, top_k, routed; /* routed: the E blocks route (-1: no E block) */
+    int ep;
     double selective, full;
   } one_kind[] = {
-      {"AAAA", 4, 2, -1, 8576, 24960}, {"RR", 4, 2, -1, 1024, 33792}, {"EE", 1, 1, 0, 768, 33536}, {"EE", 4, 2, 1, 1280, 100096},
+      {"AAAA", 4, 2, -1, 1, 8576, 24960}, {"RR", 4, 2, -1, 1, 1024, 33792},   {"EE", 1, 1, 0, 1, 768, 33536},
+      {"EE", 4, 2, 1, 1, 1280, 100096},   {"EE", 4, 2, 1, 2, 256, 100096},
   };
   for (size_t c = 0; c < sizeof one_kind / sizeof one_kind[0]; c++) {
     mc_model m;
@@ -388,7 +396,7 @@ static void test_recompute_flops(void) {
     for (int k = 0; k < 3; k++) {
       mc_geometry g;
       mc_plan p;
-      CHECK_OK(plan_policy(&m, 1, pol[k], &g, &p));
+      CHECK_OK(plan_policy_ep(&m, 1, one_kind[c].ep, pol[k], &g, &p));
       if (!p.ranks) continue;
       mc_act_shape sh;
       mc_act_shape_of(&g, 0, &p.hold, p.micro_batch, &sh);
@@ -411,6 +419,23 @@ static void test_recompute_flops(void) {
       CHECK(sel > 0 && full > sel && full <= mc_block_fwd_flops(&m, *b), "%c (routed %d): selective %g, full %g, forward %g",
             *b, routed, sel, full, mc_block_fwd_flops(&m, *b));
     }
+  /* rows exchanged over EP: an E layer's selective rebuild is the norm alone (its SwiGLU rows
+   * live in moe.scratch, kept); full is unchanged; other kinds do not route */
+  {
+    const mc_block_kind *ek = mc_block_kind_of('E');
+    const double sel1 = mc_block_recompute_flops(&m, 'E', 1, MC_RECOMPUTE_SELECTIVE),
+                 sel2 = mc_block_recompute_flops(&m, 'E', MC_ROUTED_EXCHANGED, MC_RECOMPUTE_SELECTIVE);
+    CHECK(sel2 == ek->part_flops(&m, MC_PART_NORM, 1), "E exchanged, selective: %g, the norm alone %g", sel2,
+          ek->part_flops(&m, MC_PART_NORM, 1));
+    CHECK(sel1 - sel2 == ek->part_flops(&m, MC_PART_INNER, 1), "E exchanged, selective: %g less than routed %g", sel2, sel1);
+    CHECK(mc_block_recompute_flops(&m, 'E', MC_ROUTED_EXCHANGED, MC_RECOMPUTE_FULL) ==
+              mc_block_recompute_flops(&m, 'E', 1, MC_RECOMPUTE_FULL),
+          "E exchanged, full");
+    for (const char *b = "AMR"; *b; b++)
+      CHECK(mc_block_recompute_flops(&m, *b, MC_ROUTED_EXCHANGED, MC_RECOMPUTE_SELECTIVE) ==
+                mc_block_recompute_flops(&m, *b, 1, MC_RECOMPUTE_SELECTIVE),
+            "%c exchanged", *b);
+  }
   double rf[3] = {0}, model[3] = {0};
   for (int k = 0; k < 3; k++) {
     mc_geometry g;
