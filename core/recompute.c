@@ -19,6 +19,8 @@ static int drops_from(const mc_act_buf *b, int n, const mc_block_kind *k, const 
 int mc_recompute_reruns(char block, mc_fwd_part p, int routed, mc_recompute r) {
   const mc_block_kind *k = mc_block_kind_of(block);
   if (!k) return 0;
+  /* rows exchanged over EP: the experts' buffers live in moe.scratch, kept by every policy but full */
+  if (p == MC_PART_INNER && k->routes && routed == MC_ROUTED_EXCHANGED && r != MC_RECOMPUTE_FULL) return 0;
   /* existence of the layer's buffers depends only on routing (no act16, TP, SP or stage
    * conditions among them) */
   mc_act_shape s;
@@ -29,10 +31,8 @@ int mc_recompute_reruns(char block, mc_fwd_part p, int routed, mc_recompute r) {
       for (int i = MC_L_U16; i <= MC_L_RSTD; i++)
         if (mc_act_buf_exists(&mc_layer_bufs[i], &s, k) && !mc_act_buf_kept(&mc_layer_bufs[i], r)) return 1;
       return 0;
-    case MC_PART_INNER:
-      if (k->routes && routed == MC_ROUTED_EXCHANGED && r != MC_RECOMPUTE_FULL) return 0; /* kept in moe.scratch */
-      return drops_from(k->saved, k->n_saved, k, &s, p, r) || drops_from(k->saved_i32, k->n_saved_i32, k, &s, p, r);
     case MC_PART_PROJ:
+    case MC_PART_INNER:
       return drops_from(k->saved, k->n_saved, k, &s, p, r) || drops_from(k->saved_i32, k->n_saved_i32, k, &s, p, r);
     default: return 0; /* the output part makes no buffer */
   }
