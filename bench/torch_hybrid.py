@@ -63,7 +63,9 @@ except ImportError:  # --count-params works without torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# implementation choices of the peer (command-line flags; the defaults are the fastest measured)
+# implementation choices of the peer (command-line flags): grouped experts and SDPA's own GQA
+# as issue 16 describes the peer; the log-depth scan, faster than associative_scan here
+# (docs/bench-torch.md)
 OPTS = {"experts": "grouped", "gqa": "native", "rec_scan": "hillis"}
 
 
@@ -325,13 +327,11 @@ class Block(Module):
         v = F.linear(u, self.w("attn.wv")).view(b, T, KV, hd).transpose(1, 2)
         cos, sin = rope_cs
         q, k = rope(q, cos, sin), rope(k, cos, sin)
-        if KV != H and OPTS["gqa"] == "native":  # SDPA reads kv head h // (H/KV) itself
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(hd), enable_gqa=True)
-        else:
-            if KV != H:
-                k = k.repeat_interleave(H // KV, dim=1)
-                v = v.repeat_interleave(H // KV, dim=1)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(hd))
+        gqa = KV != H and OPTS["gqa"] == "native"  # SDPA reads kv head h // (H/KV) itself
+        if KV != H and not gqa:
+            k = k.repeat_interleave(H // KV, dim=1)
+            v = v.repeat_interleave(H // KV, dim=1)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(hd), enable_gqa=gqa)
         return F.linear(o.transpose(1, 2).reshape(b, T, H * hd), self.w("attn.wo"))
 
     def mamba(self, u):
