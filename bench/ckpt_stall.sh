@@ -8,11 +8,13 @@
 # + the excess of those steps). Step times come from metrics.jsonl's wall-clock `time` of
 # consecutive steps, the pause taken out of the step it fell in.
 # Binaries: NEW_BIN (and BASE_BIN, when given, run the same way first: before/after in one
-# invocation). In the same call: the disk's raw write speed (dd, 64 MiB blocks, fsync) on the
-# checkpoint directory's file system, and the PyTorch peer (bench/dcp_peer.py, DCP async_save
-# plain and pinned, or PEER_MODES) when PEER=1.
+# invocation). In the same call: the disk's raw write and read speed (dd, 64 MiB blocks, fsync;
+# the read after the file's pages were dropped) on the checkpoint directory's file system; with
+# RESUME=1 a cold-cache resume from each run's last checkpoint (mctrain's load time); and the PyTorch peer (bench/dcp_peer.py, DCP async_save
+# plain and pinned, or PEER_MODES; each followed by a cold dcp.load of its last checkpoint)
+# when PEER=1.
 # Usage (repository root, GPU machine): OUT=DIR NEW_BIN=DIR [BASE_BIN=DIR] [CONFIGS="dense-a nam-small"]
-#   [UNTIL=100] [EVERY=40] [PEER=1] [VARIANTS=...] [CKPT_ROOT=DIR] [MC_COMMIT=SHA] bash bench/ckpt_stall.sh
+#   [UNTIL=100] [EVERY=40] [PEER=1] [RESUME=1] [VARIANTS=...] [CKPT_ROOT=DIR] [MC_COMMIT=SHA] bash bench/ckpt_stall.sh
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:?}
@@ -42,6 +44,22 @@ t1=$(date +%s.%N)
 dd if="$W/raw.in" of="$W/raw.out" bs=64M oflag=direct conv=fsync status=none
 t2=$(date +%s.%N)
 python3 -c "print('# raw write: 4.29 GB in %.2f s = %.2f GB/s (dd oflag=direct conv=fsync)' % ($t2-$t1, 4.294967296/($t2-$t1)))" | tee -a "$R"
+# raw read of the same file after its pages were dropped (64 MiB blocks, through the page cache)
+drop_cache() { python3 - "$@" <<'PY'
+import os, sys
+for top in sys.argv[1:]:
+    for r, _, fs in (os.walk(top) if os.path.isdir(top) else [("", None, [top])]):
+        for f in fs:
+            fd = os.open(os.path.join(r, f), os.O_RDONLY)
+            os.fdatasync(fd); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)
+PY
+}
+drop_cache "$W/raw.out"
+t1=$(date +%s.%N)
+dd if="$W/raw.out" of=/dev/null bs=64M status=none
+t2=$(date +%s.%N)
+RAW_READ=$(python3 -c "print('%.2f' % (4.294967296/($t2-$t1)))")
+echo "# raw read: 4.29 GB in $(python3 -c "print('%.2f' % ($t2-$t1))") s = $RAW_READ GB/s (dd bs=64M, pages dropped first)" | tee -a "$R"
 rm -f "$W/raw.in" "$W/raw.out"
 
 printf '%-10s %-5s %10s %9s %22s %22s %16s\n' config bin state_GB steady_s "pauses_s" "worst/median excess" lost_s/save | tee -a "$R"
@@ -73,7 +91,22 @@ size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(os.path.j
 ps = ", ".join("%.3f" % pause[s] for s in sorted(pause))
 print("%-10s %-5s %10.2f %9.4f %22s %10.1f%% / %8.1f%% %16s" % (cfg, tag, size / 1e9, steady, ps,
       100 * max(excess), 100 * statistics.median(excess), ", ".join("%.2f" % x for x in lost)))
+for s in sorted(pause):  # where the excess sits: the first steps after each save, in ms
+    print("#   after the save at step %d: steps %s ms (steady %.1f)" % (s, " ".join(
+        "%d:%.1f" % (k, 1e3 * dt[k]) for k in range(s + 1, s + 6) if k in dt), 1e3 * steady))
 PY
+  # RESUME=1: the run's last checkpoint loaded by a new mctrain with its pages dropped first
+  # (verified, as the trainer's default), its load time as mctrain reports it
+  if [ "${RESUME:-0}" = 1 ]; then
+    drop_cache "$dir"
+    timeout 300 "$bin/mctrain" --config "configs/$cfg.json" --set data.path="$W/corpus.h5" --set checkpoint.dir="$dir" \
+      --set checkpoint.every=0 --set train.log_every=1 --set train.eval_every=0 --resume latest --until $((UNTIL + 1)) "$@" \
+      > "$OUT/resume_$cfg-$tag.log" 2>&1 || echo "$cfg $tag resume: FAILED ($(tail -1 "$OUT/resume_$cfg-$tag.log"))" | tee -a "$R"
+    sed -n 's/.*mctrain: loaded \([0-9]*\) bytes.*; \([0-9.]*\) s from open to device memory (\([0-9.]*\) GB\/s).*/\1 \2 \3/p' \
+      "$OUT/resume_$cfg-$tag.log" | while read -r b t g; do
+      echo "#   resume (cold, verified): $b bytes in $t s = $g GB/s, $(python3 -c "print('%.0f%%' % (100 * $g / $RAW_READ))") of raw read" | tee -a "$R"
+    done
+  fi
 }
 for cfg in $CONFIGS; do
   [ -n "$BASE" ] && run "$cfg" base "$BASE"
@@ -87,7 +120,7 @@ done
 if [ "${PEER:-0}" = 1 ]; then
   for mode in ${PEER_MODES:-plain pinned}; do
     rm -rf "$W/dcp-$mode"
-    timeout 400 python3 bench/dcp_peer.py --dir "$W/dcp-$mode" --mode "$mode" --steps "$UNTIL" --every "$EVERY" \
+    timeout 400 python3 bench/dcp_peer.py --dir "$W/dcp-$mode" --mode "$mode" --steps "$UNTIL" --every "$EVERY" --load \
       > "$OUT/dcp_$mode.json" 2> "$OUT/dcp_$mode.log" || echo "dcp $mode: FAILED ($(tail -2 "$OUT/dcp_$mode.log" | tr '\n' ' '))" | tee -a "$R"
     [ -s "$OUT/dcp_$mode.json" ] && python3 - "$OUT/dcp_$mode.json" <<'PY' | tee -a "$R"
 import json, sys
@@ -96,6 +129,9 @@ print("%-10s %-5s %10.2f %9.4f %22s %10s / %9s" % ("dense-a", "dcp-" + r["peer"]
       ", ".join("%.3f" % p for p in r["pauses_s"]),
       "-" if r["drain_worst_slowdown"] is None else "%.1f%%" % (100 * r["drain_worst_slowdown"]),
       "-" if r["drain_median_slowdown"] is None else "%.1f%%" % (100 * r["drain_median_slowdown"])))
+if "load_s" in r:
+    print("#   dcp.load (cold, into the GPU tensors, no hashes): %d bytes in %.3f s = %.2f GB/s" % (
+          r["load_file_bytes"], r["load_s"], r["load_GBps"]))
 PY
   done
 fi

@@ -191,12 +191,17 @@ static int resume_from(run *r, const char *path) {
   oo.io_threads = cfg->checkpoint.io_threads > 0 ? cfg->checkpoint.io_threads : 1;
   mc_ckpt *ck = NULL;
   mc_train_state st;
+  const double t0 = now_s();
   int rc = mc_ckpt_open(path, &oo, &ck) != 0 ? mc_error_context("cannot resume from %s", path) : resumable(cfg, &r->geo, ck, &st);
   /* The ranks load together (train/load_shared.h): all go on, or all stop with one reason. */
   if (r->comm && mc_load_agree(r->comm->world, rc == 0) != 0) rc = -1;
   /* This rank's hyperslabs of its optimizer states, whatever layout wrote them. */
   mc_load_stats ls;
   if (rc == 0 && mc_dist_load(&r->opt, ck, NULL, &ls) != 0) rc = -1;
+  /* the load ends when the states are in device memory */
+  mc_backend *be = mc_net_backend(r->net);
+  if (rc == 0 && be->sync(be) != 0) rc = mc_error_context("uploading the loaded state of %s", path);
+  const double secs = now_s() - t0;
   if (rc == 0) {
     r->start_step = st.step;
     r->opt.opt.step = st.adam_step;
@@ -204,10 +209,11 @@ static int resume_from(run *r, const char *path) {
       fprintf(r->opts->progress, "mctrain: resumed from %s at step %lld\n", mc_ckpt_step_dir(ck), (long long)st.step);
       fprintf(r->opts->progress,
               "mctrain: loaded %lld bytes from disk once (%d rank%s reading %s own boxes would have read %lld); "
-              "%lld bytes hashed, %d exchange round%s\n",
+              "%lld bytes hashed, %d exchange round%s; %.3f s from open to device memory (%.2f GB/s)\n",
               (long long)ls.total_read, ls.world, ls.world == 1 ? "" : "s each", ls.world == 1 ? "its" : "their",
               (long long)ls.per_rank_read,
-              (long long)ls.total_hashed, ls.rounds, ls.rounds == 1 ? "" : "s");
+              (long long)ls.total_hashed, ls.rounds, ls.rounds == 1 ? "" : "s", secs,
+              secs > 0 ? 1e-9 * (double)ls.total_read / secs : 0.0);
     }
   }
   mc_ckpt_close(ck);
