@@ -106,6 +106,7 @@ PY
       "$OUT/resume_$cfg-$tag.log" | while read -r b t g; do
       echo "#   resume (cold, verified): $b bytes in $t s = $g GB/s, $(python3 -c "print('%.0f%%' % (100 * $g / $RAW_READ))") of raw read" | tee -a "$R"
     done
+    grep "mctrain: loaded" "$OUT/resume_$cfg-$tag.log" | sed 's/^/#     /' | tee -a "$R"
   fi
 }
 for cfg in $CONFIGS; do

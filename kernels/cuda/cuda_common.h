@@ -30,12 +30,9 @@ typedef struct {
   float2 *rope_tab;   /* RoPE (cos, sin) per (position, pair) for rope_T, rope_hd, rope_theta */
   int rope_T, rope_hd;
   double rope_theta;
-  /* snapshot copies (cuda_backend.cu): their own stream, made at the first snap_begin */
-  cudaStream_t snap_stream;
-  cudaEvent_t snap_start, snap_done;
-  int snap_ready;     /* stream and events exist */
-  int snap_pending;   /* a batch was ended: snap_done is recorded */
+  struct mc_cuda_snap *snap; /* snapshot copies (cuda_snap.cu): pump thread and stream, made at the first snap_begin */
 } mc_cuda_ctx;
+typedef struct mc_cuda_snap mc_cuda_snap;
 
 #define MC_CUDA_THREADS 256
 #define MC_CUDA_RED_BLOCKS 1024
@@ -65,6 +62,7 @@ static inline unsigned mc_cu_grid(int64_t n) {
 
 /* The table installers, one per op family's source file, cuda_<family>.cu (docs/kernels.md
  * maps every op to its file). */
+void mc_cuda_install_snap(mc_backend *be);
 void mc_cuda_install_elem(mc_backend *be);
 void mc_cuda_install_gemm(mc_backend *be);
 void mc_cuda_install_act(mc_backend *be);
