@@ -1,7 +1,9 @@
-#define _POSIX_C_SOURCE 200809L /* access() */
+#define _POSIX_C_SOURCE 200809L /* access(), pread() */
 
 #include "train/data.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <hdf5.h>
 #include <math.h>
 #include <stdio.h>
@@ -45,6 +47,40 @@ static int read_string_attr(hid_t obj, const char *name, char *buf, size_t cap) 
   return rc;
 }
 
+/* Whether "/tokens" can be read with pread: contiguous, no filters, little-endian uint16 or
+ * uint32 data stored in full at a known offset (the checks before this one ensured the extent
+ * and the stored size agree). Then d->fd and d->raw_offset are set; -1 only when the file
+ * cannot be opened. */
+static int open_raw(mc_data *d) {
+  hid_t dcpl = H5Dget_create_plist(d->id), t = H5Dget_type(d->id);
+  const int plain = dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl) == 0 && t >= 0 &&
+                    (H5Tequal(t, H5T_STD_U16LE) > 0 || H5Tequal(t, H5T_STD_U32LE) > 0);
+  if (dcpl >= 0) H5Pclose(dcpl);
+  if (t >= 0) H5Tclose(t);
+  const uint16_t probe = 1;
+  const int little = *(const unsigned char *)&probe == 1;
+  const haddr_t off = plain && little ? H5Dget_offset(d->id) : HADDR_UNDEF;
+  if (off == HADDR_UNDEF || off > (haddr_t)INT64_MAX) return 0; /* read through HDF5 */
+  if ((d->fd = open(d->path, O_RDONLY | O_CLOEXEC)) < 0) return -1;
+  d->raw_offset = (int64_t)off;
+  return 0;
+}
+
+/* Reads bytes [off, off + n) of the token file into buf; 0, or -1 with errno set (EIO at an
+ * unexpected end of file). */
+static int pread_full(int fd, void *buf, size_t n, int64_t off) {
+  for (size_t got = 0; got < n;) {
+    ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + (int64_t)got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      if (r == 0) errno = EIO;
+      return -1;
+    }
+    got += (size_t)r;
+  }
+  return 0;
+}
+
 static int fail_open(mc_data *d, const char *fmt, const char *detail) {
   char msg[512];
   snprintf(msg, sizeof msg, fmt, detail);
@@ -55,6 +91,7 @@ static int fail_open(mc_data *d, const char *fmt, const char *detail) {
 int mc_data_open(mc_data *d, const char *path, int seq_len, double val_fraction) {
   memset(d, 0, sizeof *d);
   d->id = d->file = -1;
+  d->fd = -1;
   snprintf(d->path, sizeof d->path, "%s", path);
   if (seq_len < 1 || seq_len == INT32_MAX) return mc_error("dataset %s: seq_len=%d must be in [1, 2^31-2]", path, seq_len);
   if (!(val_fraction >= 0 && val_fraction < 1))
@@ -145,6 +182,7 @@ int mc_data_open(mc_data *d, const char *path, int seq_len, double val_fraction)
   if (read_string_attr(d->id, "tokenizer", d->tokenizer, sizeof d->tokenizer) < 0)
     return fail_open(d, "%s", "attribute tokenizer is not a string");
 
+  if (open_raw(d) != 0) return fail_open(d, "%s", "cannot open the file for reading");
   d->seq_len = seq_len;
   d->n_windows = d->n_tokens >= (int64_t)seq_len + 1 ? (d->n_tokens - 1) / seq_len : 0;
   if (d->n_windows < 1) {
@@ -169,6 +207,8 @@ int mc_data_open(mc_data *d, const char *path, int seq_len, double val_fraction)
 }
 
 void mc_data_close(mc_data *d) {
+  if (d->fd >= 0) close(d->fd);
+  d->fd = -1;
   if (d->id >= 0) H5Dclose(d->id);
   if (d->file >= 0) H5Fclose(d->file);
   d->id = d->file = -1;
@@ -246,17 +286,30 @@ int mc_data_read_window(const mc_data *d, int64_t w, int32_t *out) {
     return mc_error("dataset %s: window %lld out of range [0, %lld)", d->path, (long long)w,
                     (long long)d->n_windows);
   hsize_t start = (hsize_t)w * (hsize_t)d->seq_len, count = (hsize_t)d->seq_len + 1;
-  hid_t fs = H5Dget_space(d->id);
-  hid_t ms = H5Screate_simple(1, &count, NULL);
-  H5Sselect_hyperslab(fs, H5S_SELECT_SET, &start, NULL, &count, NULL);
   uint32_t *buf = (uint32_t *)out; /* same size as int32_t; converted in place below */
-  herr_t e;
-  H5E_BEGIN_TRY { e = H5Dread(d->id, H5T_NATIVE_UINT32, ms, fs, H5P_DEFAULT, buf); } H5E_END_TRY;
-  H5Sclose(ms);
-  H5Sclose(fs);
-  if (e < 0)
-    return mc_error("dataset %s: reading tokens [%llu, %llu) failed", d->path,
-                    (unsigned long long)start, (unsigned long long)(start + count));
+  if (d->fd >= 0) {
+    /* little-endian on a little-endian host: uint16 tokens widen in place, last first */
+    const size_t eb = (size_t)d->elem_bytes;
+    if (pread_full(d->fd, buf, (size_t)count * eb, d->raw_offset + (int64_t)(start * eb)) != 0)
+      return mc_error("dataset %s: reading tokens [%llu, %llu) failed: %s", d->path, (unsigned long long)start,
+                      (unsigned long long)(start + count), strerror(errno));
+    for (hsize_t i = count; eb == 2 && i-- > 0;) { /* memcpy: the two views of buf alias */
+      uint16_t v;
+      memcpy(&v, (const char *)buf + 2 * i, 2);
+      buf[i] = v;
+    }
+  } else {
+    hid_t fs = H5Dget_space(d->id);
+    hid_t ms = H5Screate_simple(1, &count, NULL);
+    H5Sselect_hyperslab(fs, H5S_SELECT_SET, &start, NULL, &count, NULL);
+    herr_t e;
+    H5E_BEGIN_TRY { e = H5Dread(d->id, H5T_NATIVE_UINT32, ms, fs, H5P_DEFAULT, buf); } H5E_END_TRY;
+    H5Sclose(ms);
+    H5Sclose(fs);
+    if (e < 0)
+      return mc_error("dataset %s: reading tokens [%llu, %llu) failed", d->path, (unsigned long long)start,
+                      (unsigned long long)(start + count));
+  }
   for (hsize_t i = 0; i < count; i++) {
     if ((int64_t)buf[i] >= d->vocab_size)
       return mc_error("dataset %s: token %u at position %llu is not below vocab_size=%lld", d->path,

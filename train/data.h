@@ -25,6 +25,11 @@ typedef struct {
   int64_t n_tokens;
   int64_t vocab_size;  /* attribute vocab_size */
   int elem_bytes;      /* 2 (uint16) or 4 (uint32) */
+  /* A contiguous, unfiltered little-endian "/tokens" is read with pread at raw_offset, outside
+   * the HDF5 library (whose one lock an asynchronous checkpoint writer may be holding); fd -1:
+   * read through HDF5 (chunked or compressed datasets). */
+  int fd;
+  int64_t raw_offset;
   char tokenizer[MC_DATA_TOKENIZER_MAX];
   /* Windowing and split for the sequence length given to mc_data_open. */
   int seq_len;

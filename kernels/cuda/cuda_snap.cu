@@ -6,9 +6,10 @@
  * (an expert layer's counts, the loss) until the whole snapshot is through, and the step
  * stalls that long (dense-a on an H100: a 6.44 GB snapshot took a step from 218 to 323 ms).
  * So snap_to_host only records the copy; a thread issues the batch in chunks of
- * MC_SNAP_CHUNK_MB MiB (default 8), at most MC_SNAP_IN_FLIGHT (2) queued at a time, and a
- * small copy of the training loop waits behind two chunks at most. MC_SNAP_CHUNK_MB=0 queues
- * each tensor whole, all at once, as before (for comparisons).
+ * MC_SNAP_CHUNK_KB KiB (default 2048), at most MC_SNAP_IN_FLIGHT (default 4, at most 16)
+ * queued at a time, and a small copy of the training loop waits behind that many chunks at
+ * most. MC_SNAP_CHUNK_KB=0 queues each tensor whole, all at once, as before (for
+ * comparisons).
  *
  * Order: snap_begin records an event on the compute stream that the snapshot stream waits
  * for, so the copies see exactly the work queued before it. snap_fence waits (host side)
@@ -21,7 +22,7 @@
 
 #include "kernels/cuda/cuda_common.h"
 
-#define MC_SNAP_IN_FLIGHT 2
+#define MC_SNAP_MAX_IN_FLIGHT 16
 
 typedef struct {
   void *dst;
@@ -31,9 +32,10 @@ typedef struct {
 
 struct mc_cuda_snap {
   int device;
-  size_t chunk; /* bytes per queued copy; 0: each tensor whole */
+  size_t chunk;  /* bytes per queued copy; 0: each tensor whole */
+  int in_flight; /* chunks queued at most at a time */
   cudaStream_t stream;
-  cudaEvent_t start, done, ring[MC_SNAP_IN_FLIGHT];
+  cudaEvent_t start, done, ring[MC_SNAP_MAX_IN_FLIGHT];
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -53,15 +55,15 @@ static void pump_fail(mc_cuda_snap *s, const char *what, cudaError_t e) {
   pthread_mutex_unlock(&s->mu);
 }
 
-/* Queues one batch in chunks, keeping at most MC_SNAP_IN_FLIGHT of them queued. */
+/* Queues one batch in chunks, keeping at most s->in_flight of them queued. */
 static void pump_batch(mc_cuda_snap *s, const snap_copy *list, int n) {
   cudaError_t e = cudaSuccess;
   int64_t k = 0; /* chunks queued so far */
   for (int i = 0; i < n && e == cudaSuccess; i++) {
     size_t step = s->chunk ? s->chunk : list[i].bytes;
     for (size_t off = 0; off < list[i].bytes && e == cudaSuccess; off += step, k++) {
-      cudaEvent_t slot = s->ring[k % MC_SNAP_IN_FLIGHT];
-      if (s->chunk && k >= MC_SNAP_IN_FLIGHT && (e = cudaEventSynchronize(slot)) != cudaSuccess) break;
+      cudaEvent_t slot = s->ring[k % s->in_flight];
+      if (s->chunk && k >= s->in_flight && (e = cudaEventSynchronize(slot)) != cudaSuccess) break;
       size_t len = list[i].bytes - off < step ? list[i].bytes - off : step;
       e = cudaMemcpyAsync((char *)list[i].dst + off, (const char *)list[i].src + off, len, cudaMemcpyDeviceToHost,
                           s->stream);
@@ -91,12 +93,12 @@ static void *pump_main(void *arg) {
   return NULL;
 }
 
-static size_t chunk_bytes(void) {
-  const char *v = getenv("MC_SNAP_CHUNK_MB");
+/* A non-negative integer environment setting up to max; fallback when unset or not one. */
+static long env_setting(const char *name, long fallback, long max) {
+  const char *v = getenv(name);
   char *end = NULL;
-  long mb = v && *v ? strtol(v, &end, 10) : 8;
-  if (v && *v && (*end || mb < 0 || mb > 1 << 20)) mb = 8; /* not a size: the default */
-  return (size_t)mb << 20;
+  long x = v && *v ? strtol(v, &end, 10) : fallback;
+  return v && *v && (*end || x < 0 || x > max) ? fallback : x;
 }
 
 /* The pump, its stream and events, made at the first snap_begin; NULL with the failure
@@ -110,11 +112,13 @@ static mc_cuda_snap *snap_state(mc_backend *be) {
     return NULL;
   }
   s->device = c->device;
-  s->chunk = chunk_bytes();
+  s->chunk = (size_t)env_setting("MC_SNAP_CHUNK_KB", 2048, 1L << 30) << 10;
+  s->in_flight = (int)env_setting("MC_SNAP_IN_FLIGHT", 4, MC_SNAP_MAX_IN_FLIGHT);
+  if (s->in_flight < 1) s->in_flight = 1;
   cudaError_t e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->start, cudaEventDisableTiming);
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming | cudaEventBlockingSync);
-  for (int k = 0; k < MC_SNAP_IN_FLIGHT && e == cudaSuccess; k++)
+  for (int k = 0; k < s->in_flight && e == cudaSuccess; k++)
     e = cudaEventCreateWithFlags(&s->ring[k], cudaEventDisableTiming | cudaEventBlockingSync);
   if (e != cudaSuccess) {
     mc_cuda_fail(be, "snap_begin: cannot create the snapshot stream: %s", cudaGetErrorString(e));

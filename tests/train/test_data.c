@@ -10,11 +10,15 @@
 #include "train/data.h"
 #include "util/error.h"
 
-/* Writes /tokens = values (as type `t`) with attribute vocab_size (if vocab > 0). */
-static void write_tokens(const char *path, const uint32_t *values, hsize_t n, hid_t t, int64_t vocab) {
+/* Writes /tokens = values (as type `t`, in chunks of `chunk` tokens through deflate when
+ * chunk > 0) with attribute vocab_size (if vocab > 0). */
+static void write_tokens_as(const char *path, const uint32_t *values, hsize_t n, hid_t t, int64_t vocab, hsize_t chunk) {
   hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   hid_t sp = H5Screate_simple(1, &n, NULL);
-  hid_t d = H5Dcreate2(f, "/tokens", t, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  if (chunk > 0) H5Pset_chunk(dcpl, 1, &chunk), H5Pset_deflate(dcpl, 1);
+  hid_t d = H5Dcreate2(f, "/tokens", t, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  H5Pclose(dcpl);
   H5Dwrite(d, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, values);
   if (vocab > 0) {
     hid_t as = H5Screate(H5S_SCALAR);
@@ -31,6 +35,43 @@ static void write_tokens(const char *path, const uint32_t *values, hsize_t n, hi
     H5Aclose(a), H5Tclose(st), H5Sclose(as);
   }
   H5Dclose(d), H5Sclose(sp), H5Fclose(f);
+}
+
+static void write_tokens(const char *path, const uint32_t *values, hsize_t n, hid_t t, int64_t vocab) {
+  write_tokens_as(path, values, n, t, vocab, 0);
+}
+
+/* The same tokens stored five ways read back the same windows: contiguous little-endian uint16
+ * and uint32 (read with pread outside HDF5), big-endian uint16, and chunked + deflate uint16
+ * and uint32 (read through HDF5). */
+static void test_storage_forms(const char *dir) {
+  enum { N = 4099, T = 64 };
+  uint32_t *v = malloc(sizeof *v * N);
+  for (int i = 0; i < N; i++) v[i] = (uint32_t)((i * 2654435761u) % 65521u);
+  const struct {
+    hid_t t;
+    hsize_t chunk;
+    int raw;
+  } forms[] = {{H5T_STD_U16LE, 0, 1}, {H5T_STD_U32LE, 0, 1}, {H5T_STD_U16BE, 0, 0}, {H5T_STD_U16LE, 1000, 0},
+               {H5T_STD_U32LE, 333, 0}};
+  int32_t win[T + 1];
+  for (size_t k = 0; k < sizeof forms / sizeof forms[0]; k++) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/form%zu.h5", dir, k);
+    write_tokens_as(p, v, N, forms[k].t, 65536, forms[k].chunk);
+    mc_data d;
+    CHECK_OK(mc_data_open(&d, p, T, 0));
+    CHECK((d.fd >= 0) == forms[k].raw, "form %zu: read %s, expected %s", k, d.fd >= 0 ? "with pread" : "through HDF5",
+          forms[k].raw ? "with pread" : "through HDF5");
+    int bad = 0;
+    for (int64_t w = 0; w < d.n_windows; w++) {
+      CHECK_OK(mc_data_read_window(&d, w, win));
+      for (int i = 0; i <= T; i++) bad += win[i] != (int32_t)v[w * T + i];
+    }
+    CHECK(bad == 0, "form %zu: %d tokens differ from the written ones", k, bad);
+    mc_data_close(&d);
+  }
+  free(v);
 }
 
 static void test_windows_and_split(const char *path) {
@@ -207,6 +248,7 @@ int main(void) {
   test_permutation();
   test_step_partition();
   test_errors(dir);
+  test_storage_forms(dir);
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
