@@ -2,10 +2,14 @@
  * the op table (each op family's source file, cuda_<family>.cu, installs its ops; the map is
  * docs/kernels.md). Everything is queued on one stream; to_host and from_host return only when
  * the copy is complete, like the CPU backend. */
+#include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kernels/backend_cuda.h"
 #include "kernels/cuda/cuda_common.h"
@@ -82,8 +86,35 @@ static void cu_copy_sync(mc_backend *be, void *dst, const void *src, size_t byte
   if (e != cudaSuccess) mc_cuda_fail(be, "%s of %zu bytes: %s", op, bytes, cudaGetErrorString(e));
 }
 
+__global__ void k_copy_bytes(unsigned char *dst, const unsigned char *src, size_t n) {
+  MC_CU_FOR(i, (int64_t)n) dst[i] = src[i];
+}
+
+void *mc_cuda_small_to_host(mc_backend *be, const void *src, size_t bytes, const char *op) {
+  mc_cuda_ctx *c = mc_cu(be);
+  const unsigned blocks = (unsigned)((bytes + MC_CUDA_THREADS - 1) / MC_CUDA_THREADS);
+  k_copy_bytes<<<blocks < 64 ? blocks : 64, MC_CUDA_THREADS, 0, c->stream>>>((unsigned char *)c->bounce_dev,
+                                                                              (const unsigned char *)src, bytes);
+  mc_cuda_check(be, op);
+  cudaError_t e = cudaStreamSynchronize(c->stream);
+  if (e != cudaSuccess) {
+    mc_cuda_fail(be, "%s of %zu bytes: %s", op, bytes, cudaGetErrorString(e));
+    return NULL;
+  }
+  return c->bounce;
+}
+
+/* Small results (an expert layer's counts, a loss) come back through the bounce buffer, not a
+ * copy engine: an engine serves its queue in order, and a checkpoint's snapshot copy queued
+ * on it (cuda_snap.cu) would hold every such read of the training loop behind gigabytes. */
 static void cu_to_host(mc_backend *be, void *host_dst, const void *src, size_t bytes) {
-  cu_copy_sync(be, host_dst, src, bytes, cudaMemcpyDeviceToHost, "to_host");
+  if (!bytes) return;
+  if (bytes > MC_CUDA_BOUNCE_BYTES) {
+    cu_copy_sync(be, host_dst, src, bytes, cudaMemcpyDeviceToHost, "to_host");
+    return;
+  }
+  const void *b = mc_cuda_small_to_host(be, src, bytes, "to_host");
+  if (b) memcpy(host_dst, b, bytes);
 }
 
 static void cu_from_host(mc_backend *be, void *dst, const void *host_src, size_t bytes) {
@@ -99,7 +130,75 @@ static int cu_sync(mc_backend *be) {
   return mc_error("cuda backend (device %d): %s", c->device, c->failure);
 }
 
+/* Pinned host memory. cudaHostAlloc faults in and zeroes every page on one thread: 3.4 s for
+ * dense-a's 6.44 GB checkpoint staging on the device host. A large block is instead mapped,
+ * first touched (zeroed) by several threads at once, then registered with CUDA; a table keeps
+ * its size for host_free. */
+#define MC_PINNED_PARALLEL_BYTES ((size_t)64 << 20)
+#define MC_PINNED_MAX 64
+static struct {
+  void *p;
+  size_t n;
+} pinned[MC_PINNED_MAX];
+static pthread_mutex_t pinned_mu = PTHREAD_MUTEX_INITIALIZER;
+
+typedef struct {
+  char *p;
+  size_t n;
+} zero_part;
+
+static void *zero_run(void *arg) {
+  zero_part *z = (zero_part *)arg;
+  memset(z->p, 0, z->n);
+  return NULL;
+}
+
+/* Zeroes [p, p + n) on up to 8 threads (the rest inline when a thread cannot start). */
+static void zero_parallel(char *p, size_t n) {
+  enum { MAXT = 8 };
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int t = cores > MAXT ? MAXT : cores < 1 ? 1 : (int)cores;
+  size_t part = (n / (size_t)t + 4095) & ~(size_t)4095;
+  pthread_t th[MAXT];
+  zero_part z[MAXT];
+  int started[MAXT] = {0};
+  for (int k = 0; k < t; k++) {
+    size_t a = (size_t)k * part < n ? (size_t)k * part : n, b = a + part < n ? a + part : n;
+    z[k] = (zero_part){p + a, b - a};
+    started[k] = k > 0 && pthread_create(&th[k], NULL, zero_run, &z[k]) == 0;
+  }
+  for (int k = 0; k < t; k++)
+    if (!started[k]) zero_run(&z[k]);
+  for (int k = 1; k < t; k++)
+    if (started[k]) pthread_join(th[k], NULL);
+}
+
+static void *pinned_large(mc_backend *be, size_t n) {
+  void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    mc_error("cuda backend (device %d): cannot map %zu bytes of host memory: %s", mc_cu(be)->device, n, strerror(errno));
+    return NULL;
+  }
+  zero_parallel((char *)p, n);
+  cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterDefault);
+  int slot = -1;
+  pthread_mutex_lock(&pinned_mu);
+  for (int k = 0; e == cudaSuccess && slot < 0 && k < MC_PINNED_MAX; k++)
+    if (!pinned[k].p) slot = k, pinned[k].p = p, pinned[k].n = n;
+  pthread_mutex_unlock(&pinned_mu);
+  if (e != cudaSuccess || slot < 0) {
+    if (e == cudaSuccess) cudaHostUnregister(p);
+    cudaGetLastError();
+    munmap(p, n);
+    mc_error("cuda backend (device %d): cannot pin %zu bytes of host memory: %s", mc_cu(be)->device, n,
+             e != cudaSuccess ? cudaGetErrorString(e) : "more than 64 large pinned blocks");
+    return NULL;
+  }
+  return p;
+}
+
 static void *cu_host_alloc(mc_backend *be, size_t bytes) {
+  if (bytes >= MC_PINNED_PARALLEL_BYTES) return pinned_large(be, bytes);
   void *p = NULL;
   cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault);
   if (e != cudaSuccess) {
@@ -114,7 +213,13 @@ static void *cu_host_alloc(mc_backend *be, size_t bytes) {
 
 static void cu_host_free(mc_backend *be, void *p) {
   if (!p) return;
-  cudaError_t e = cudaFreeHost(p);
+  size_t n = 0;
+  pthread_mutex_lock(&pinned_mu);
+  for (int k = 0; k < MC_PINNED_MAX && !n; k++)
+    if (pinned[k].p == p) n = pinned[k].n, pinned[k].p = NULL;
+  pthread_mutex_unlock(&pinned_mu);
+  cudaError_t e = n ? cudaHostUnregister(p) : cudaFreeHost(p);
+  if (n) munmap(p, n);
   if (e != cudaSuccess) mc_cuda_fail(be, "host_free: %s", cudaGetErrorString(e));
 }
 
@@ -157,6 +262,8 @@ static mc_backend *create(int device, int bf16_gemm) {
   if (e == cudaSuccess) step = "cudaStreamCreate", e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
   if (e == cudaSuccess)
     step = "cudaMalloc", e = cudaMalloc((void **)&c->red, (MC_CUDA_RED_BLOCKS + 1) * sizeof(double));
+  if (e == cudaSuccess) step = "cudaHostAlloc", e = cudaHostAlloc(&c->bounce, MC_CUDA_BOUNCE_BYTES, cudaHostAllocMapped);
+  if (e == cudaSuccess) step = "cudaHostGetDevicePointer", e = cudaHostGetDevicePointer(&c->bounce_dev, c->bounce, 0);
   if (e != cudaSuccess) {
     mc_error("cuda backend: device %d: %s failed: %s", device, step, cudaGetErrorString(e));
     cudaGetLastError();

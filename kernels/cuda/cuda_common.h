@@ -24,6 +24,7 @@ typedef struct {
   void *scratch;      /* op-private temporary memory, grown on demand, stream ordered */
   size_t scratch_bytes;
   double *red;        /* sumsq partial sums (MC_CUDA_RED_BLOCKS + 1 doubles) */
+  void *bounce, *bounce_dev; /* MC_CUDA_BOUNCE_BYTES of mapped pinned memory (host, device view): small reads */
   int bf16_gemm;      /* matrix products on bf16 tensor cores (mc_backend_cuda_bf16) */
   void *prof;         /* op profile state (cuda_profile.cu) when MC_CUDA_PROFILE is set */
   struct mc_cuda_lt *lt; /* cuBLASLt handle and algorithm cache (cuda_gemm_lt.cu), made at first use */
@@ -35,6 +36,7 @@ typedef struct {
 typedef struct mc_cuda_snap mc_cuda_snap;
 
 #define MC_CUDA_THREADS 256
+#define MC_CUDA_BOUNCE_BYTES ((size_t)64 << 10)
 #define MC_CUDA_RED_BLOCKS 1024
 
 static inline mc_cuda_ctx *mc_cu(mc_backend *be) { return (mc_cuda_ctx *)be->ctx; }
@@ -74,6 +76,10 @@ void mc_cuda_install_conv(mc_backend *be);
 void mc_cuda_install_ssm(mc_backend *be);
 void mc_cuda_install_rglru(mc_backend *be);
 void mc_cuda_install_xent(mc_backend *be);
+/* Copies bytes <= MC_CUDA_BOUNCE_BYTES of device memory to the host by a kernel writing the
+ * bounce buffer (no copy engine: cuda_backend.cu says why), waits for the stream, and returns
+ * the bounce buffer (valid until the next call), or NULL with the failure recorded. */
+void *mc_cuda_small_to_host(mc_backend *be, const void *src, size_t bytes, const char *op);
 /* bf16 <-> fp32 copies on the backend's stream (cuda_gemm.cu): y = x widened exactly, or x
  * rounded to nearest even. */
 void mc_cuda_widen(mc_backend *be, const mc_bf16 *x, float *y, int64_t n);

@@ -112,7 +112,7 @@ static mc_cuda_snap *snap_state(mc_backend *be) {
     return NULL;
   }
   s->device = c->device;
-  s->chunk = (size_t)env_setting("MC_SNAP_CHUNK_KB", 2048, 1L << 30) << 10;
+  s->chunk = (size_t)env_setting("MC_SNAP_CHUNK_KB", 0, 1L << 30) << 10;
   s->in_flight = (int)env_setting("MC_SNAP_IN_FLIGHT", 4, MC_SNAP_MAX_IN_FLIGHT);
   if (s->in_flight < 1) s->in_flight = 1;
   cudaError_t e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
