@@ -88,8 +88,11 @@ struct mc_backend {
   void (*from_host)(mc_backend *be, void *dst, const void *host_src, size_t bytes);
   /* Waits for queued work; returns 0, or -1 with the first recorded failure in mc_error. */
   int (*sync)(mc_backend *be);
-  /* Host memory the backend copies to and from at full speed (page-locked for CUDA, so a
-   * snapshot copy into it runs asynchronously; calloc on the CPU). NULL with mc_error set. */
+  /* Zero-filled host memory the backend copies to and from at full speed (page-locked for
+   * CUDA, so a snapshot copy into it runs asynchronously; calloc on the CPU). NULL with
+   * mc_error set. CUDA page-locks a block of 64 MiB or more on a thread of its own after the
+   * call returns (seconds for gigabytes): the memory is usable at once, snap_begin and
+   * host_free wait for the lock. */
   void *(*host_alloc)(mc_backend *be, size_t bytes);
   void (*host_free)(mc_backend *be, void *p);
   /* Snapshot copies (checkpoints taken while training goes on). snap_begin marks the point

@@ -130,47 +130,57 @@ static int cu_sync(mc_backend *be) {
   return mc_error("cuda backend (device %d): %s", c->device, c->failure);
 }
 
-/* Pinned host memory. cudaHostAlloc faults in and zeroes every page on one thread: 3.4 s for
- * dense-a's 6.44 GB checkpoint staging on the device host. A large block is instead mapped,
- * first touched (zeroed) by several threads at once, then registered with CUDA; a table keeps
- * its size for host_free. */
-#define MC_PINNED_PARALLEL_BYTES ((size_t)64 << 20)
+/* Pinned host memory. Page-locking is slow: cudaHostAlloc took 3.4 s and cudaHostRegister
+ * 3.9 s for dense-a's 6.44 GB checkpoint staging on the device host (zeroing the pages on
+ * eight threads first did not help). So a large block is mapped (the kernel hands out zeroed
+ * pages) and returned at once, and a thread of the backend page-locks it while the caller
+ * goes on: a resume reads the checkpoint into it meanwhile, a new run trains. Copies to and
+ * from it are correct before the lock completes (as from any host memory); snapshot copies,
+ * which must be asynchronous, wait for it (mc_cuda_pinned_wait, at snap_begin), and so does
+ * host_free. A table keeps each block's size and thread. */
+#define MC_PINNED_ASYNC_BYTES ((size_t)64 << 20)
 #define MC_PINNED_MAX 64
-static struct {
+typedef struct {
   void *p;
   size_t n;
-} pinned[MC_PINNED_MAX];
+  int device;
+  pthread_t thread;
+  int locking;       /* the thread may still be running: join it */
+  cudaError_t error; /* the thread's result */
+} pinned_block;
+static pinned_block pinned[MC_PINNED_MAX];
 static pthread_mutex_t pinned_mu = PTHREAD_MUTEX_INITIALIZER;
 
-typedef struct {
-  char *p;
-  size_t n;
-} zero_part;
-
-static void *zero_run(void *arg) {
-  zero_part *z = (zero_part *)arg;
-  memset(z->p, 0, z->n);
+static void *pin_run(void *arg) {
+  pinned_block *b = (pinned_block *)arg;
+  cudaError_t e = cudaSetDevice(b->device); /* a new thread starts on device 0 */
+  if (e == cudaSuccess) e = cudaHostRegister(b->p, b->n, cudaHostRegisterDefault);
+  b->error = e;
   return NULL;
 }
 
-/* Zeroes [p, p + n) on up to 8 threads (the rest inline when a thread cannot start). */
-static void zero_parallel(char *p, size_t n) {
-  enum { MAXT = 8 };
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int t = cores > MAXT ? MAXT : cores < 1 ? 1 : (int)cores;
-  size_t part = (n / (size_t)t + 4095) & ~(size_t)4095;
-  pthread_t th[MAXT];
-  zero_part z[MAXT];
-  int started[MAXT] = {0};
-  for (int k = 0; k < t; k++) {
-    size_t a = (size_t)k * part < n ? (size_t)k * part : n, b = a + part < n ? a + part : n;
-    z[k] = (zero_part){p + a, b - a};
-    started[k] = k > 0 && pthread_create(&th[k], NULL, zero_run, &z[k]) == 0;
+/* Joins slot k's thread if it runs (pinned_mu not held: joining takes seconds). */
+static cudaError_t pinned_join(int k) {
+  pthread_mutex_lock(&pinned_mu);
+  const int locking = pinned[k].locking;
+  pinned[k].locking = 0;
+  pthread_mutex_unlock(&pinned_mu);
+  if (locking) pthread_join(pinned[k].thread, NULL);
+  return pinned[k].error;
+}
+
+int mc_cuda_pinned_wait(mc_backend *be) {
+  for (int k = 0; k < MC_PINNED_MAX; k++) {
+    pthread_mutex_lock(&pinned_mu);
+    const int mine = pinned[k].p && pinned[k].device == mc_cu(be)->device;
+    pthread_mutex_unlock(&pinned_mu);
+    cudaError_t e = mine ? pinned_join(k) : cudaSuccess;
+    if (e != cudaSuccess) {
+      mc_cuda_fail(be, "cannot page-lock %zu bytes of host memory: %s", pinned[k].n, cudaGetErrorString(e));
+      return -1;
+    }
   }
-  for (int k = 0; k < t; k++)
-    if (!started[k]) zero_run(&z[k]);
-  for (int k = 1; k < t; k++)
-    if (started[k]) pthread_join(th[k], NULL);
+  return 0;
 }
 
 static void *pinned_large(mc_backend *be, size_t n) {
@@ -179,26 +189,27 @@ static void *pinned_large(mc_backend *be, size_t n) {
     mc_error("cuda backend (device %d): cannot map %zu bytes of host memory: %s", mc_cu(be)->device, n, strerror(errno));
     return NULL;
   }
-  zero_parallel((char *)p, n);
-  cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterDefault);
   int slot = -1;
   pthread_mutex_lock(&pinned_mu);
-  for (int k = 0; e == cudaSuccess && slot < 0 && k < MC_PINNED_MAX; k++)
-    if (!pinned[k].p) slot = k, pinned[k].p = p, pinned[k].n = n;
+  for (int k = 0; slot < 0 && k < MC_PINNED_MAX; k++)
+    if (!pinned[k].p) slot = k;
+  if (slot >= 0) {
+    pinned[slot] = (pinned_block){p, n, mc_cu(be)->device, pthread_t(), 0, cudaSuccess};
+    pinned[slot].locking = pthread_create(&pinned[slot].thread, NULL, pin_run, &pinned[slot]) == 0;
+    if (!pinned[slot].locking) pinned[slot].p = NULL;
+  }
   pthread_mutex_unlock(&pinned_mu);
-  if (e != cudaSuccess || slot < 0) {
-    if (e == cudaSuccess) cudaHostUnregister(p);
-    cudaGetLastError();
+  if (slot < 0 || !pinned[slot].p) {
     munmap(p, n);
-    mc_error("cuda backend (device %d): cannot pin %zu bytes of host memory: %s", mc_cu(be)->device, n,
-             e != cudaSuccess ? cudaGetErrorString(e) : "more than 64 large pinned blocks");
+    mc_error("cuda backend (device %d): cannot page-lock %zu bytes of host memory: %s", mc_cu(be)->device, n,
+             slot < 0 ? "more than 64 large blocks" : "no thread to do it");
     return NULL;
   }
   return p;
 }
 
 static void *cu_host_alloc(mc_backend *be, size_t bytes) {
-  if (bytes >= MC_PINNED_PARALLEL_BYTES) return pinned_large(be, bytes);
+  if (bytes >= MC_PINNED_ASYNC_BYTES) return pinned_large(be, bytes);
   void *p = NULL;
   cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault);
   if (e != cudaSuccess) {
@@ -213,13 +224,22 @@ static void *cu_host_alloc(mc_backend *be, size_t bytes) {
 
 static void cu_host_free(mc_backend *be, void *p) {
   if (!p) return;
-  size_t n = 0;
+  int slot = -1;
   pthread_mutex_lock(&pinned_mu);
-  for (int k = 0; k < MC_PINNED_MAX && !n; k++)
-    if (pinned[k].p == p) n = pinned[k].n, pinned[k].p = NULL;
+  for (int k = 0; k < MC_PINNED_MAX && slot < 0; k++)
+    if (pinned[k].p == p) slot = k;
   pthread_mutex_unlock(&pinned_mu);
-  cudaError_t e = n ? cudaHostUnregister(p) : cudaFreeHost(p);
-  if (n) munmap(p, n);
+  cudaError_t e = cudaSuccess;
+  if (slot < 0) {
+    e = cudaFreeHost(p);
+  } else {
+    const size_t n = pinned[slot].n;
+    if (pinned_join(slot) == cudaSuccess) e = cudaHostUnregister(p);
+    munmap(p, n);
+    pthread_mutex_lock(&pinned_mu);
+    pinned[slot].p = NULL;
+    pthread_mutex_unlock(&pinned_mu);
+  }
   if (e != cudaSuccess) mc_cuda_fail(be, "host_free: %s", cudaGetErrorString(e));
 }
 

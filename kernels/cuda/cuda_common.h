@@ -31,9 +31,12 @@ typedef struct {
   float2 *rope_tab;   /* RoPE (cos, sin) per (position, pair) for rope_T, rope_hd, rope_theta */
   int rope_T, rope_hd;
   double rope_theta;
-  struct mc_cuda_snap *snap; /* snapshot copies (cuda_snap.cu): pump thread and stream, made at the first snap_begin */
+  /* snapshot copies (cuda_snap.cu): their own stream, made at the first snap_begin */
+  cudaStream_t snap_stream;
+  cudaEvent_t snap_start, snap_done;
+  int snap_ready;     /* stream and events exist */
+  int snap_pending;   /* a batch was ended: snap_done is recorded */
 } mc_cuda_ctx;
-typedef struct mc_cuda_snap mc_cuda_snap;
 
 #define MC_CUDA_THREADS 256
 #define MC_CUDA_BOUNCE_BYTES ((size_t)64 << 10)
@@ -76,6 +79,9 @@ void mc_cuda_install_conv(mc_backend *be);
 void mc_cuda_install_ssm(mc_backend *be);
 void mc_cuda_install_rglru(mc_backend *be);
 void mc_cuda_install_xent(mc_backend *be);
+/* Waits until every large host_alloc block is page-locked (cuda_backend.cu): 0, or -1 with
+ * the failure recorded. */
+int mc_cuda_pinned_wait(mc_backend *be);
 /* Copies bytes <= MC_CUDA_BOUNCE_BYTES of device memory to the host by a kernel writing the
  * bounce buffer (no copy engine: cuda_backend.cu says why), waits for the stream, and returns
  * the bounce buffer (valid until the next call), or NULL with the failure recorded. */
