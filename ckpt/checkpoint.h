@@ -18,7 +18,10 @@
 #include "core/optim_groups.h"
 #include "core/ownership.h"
 
-/* Version 5 replaces each rank file's whole-file SHA-256 (files[].sha256) with the SHA-256 of
+/* Version 6 records, for each shard stored contiguous and uncompressed, the byte offset of its
+ * data in its rank file (shards[].offset), so that a verified load streams each file once:
+ * every piece is hashed and its shards' bytes are copied out in the same pass, and HDF5's
+ * offsets are compared with the recorded ones once the file is verified. Version 5 replaces each rank file's whole-file SHA-256 (files[].sha256) with the SHA-256 of
  * its consecutive pieces (files[].piece_bytes, pieces, pieces_sha256), so that a file is
  * hashed and verified on several threads; nothing else changes. Version 4 adds AdamW's per-family step counter (state kind step: int64, shape [1], replicated
  * over the family's holders, core/optim_groups.h); a version 3 AdamW group declares no step,
@@ -30,7 +33,7 @@
  * layout.ownership_rule: "balanced-v2" for what this version writes, "balanced" for earlier
  * version 2 checkpoints); version 1 checkpoints were written under MC_OWN_CHUNKED
  * (core/ownership.h) and are read as such. A reader refuses a newer version, naming both. */
-#define MC_CKPT_FORMAT_VERSION 5
+#define MC_CKPT_FORMAT_VERSION 6
 #define MC_CKPT_MAX_DIM 3
 #define MC_CKPT_RULE_MAX 64
 
@@ -232,6 +235,10 @@ typedef struct {
   int opt;  /* the dataset's `optimizer` attribute: its family's optimizer (mc_opt_kind);
              * -1 in a checkpoint of format < 3, whose datasets have no such attribute.
              * Writers set the family's optimizer (0, MC_OPT_ADAMW, when zero-filled). */
+  int64_t offset; /* byte offset of its data in `file` (manifest shards[].offset, format 6) when
+                   * stored contiguous and unfiltered; 0 when none is recorded (chunked or
+                   * compressed data, format < 6): no data starts at byte 0 of an HDF5 file,
+                   * its superblock does */
 } mc_ckpt_shard;
 
 typedef struct {
