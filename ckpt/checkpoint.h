@@ -339,6 +339,19 @@ int mc_ckpt_check_request(const mc_ckpt *ck, const mc_ckpt_request *r);
 int mc_ckpt_read(mc_ckpt *ck, const char *family, mc_state state, const int64_t *start,
                  const int64_t *count, float *out);
 int mc_ckpt_read_many(mc_ckpt *ck, const mc_ckpt_request *reqs, int n);
+/* mc_ckpt_read_many that reports each request as soon as it is complete, so that a caller can
+ * use (upload) reqs[i].out while other requests are still being read: done(user, i) is called
+ * exactly once for each request i, as soon as reqs[i].out holds its final values (hash-
+ * verified, when the handle verifies), from whichever reading thread completed it (never the
+ * caller's), possibly at the same time as other done calls: done must be thread-safe and
+ * should return quickly. All done calls have returned when this function returns. On failure
+ * it returns -1 with the message set and some done calls may not have happened; one that
+ * happened still means that request's bytes were complete and matched their shard digests,
+ * but the caller must treat the whole read as failed (a check made after the data, such as
+ * HDF5's data offsets against the manifest's in a one-pass load, may be what failed).
+ * done = NULL is mc_ckpt_read_many. */
+int mc_ckpt_read_many_notify(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, void (*done)(void *user, int i),
+                             void *user);
 /* The float reads above refuse an int64 state (a counter has no fp32 value in general). This
  * reads one: the whole of state kind `state` of `family`, which must be int64 of one element
  * (a scalar kind, AdamW's step: one shard, written once), into *out, hash-verified unless
