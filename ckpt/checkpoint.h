@@ -18,7 +18,10 @@
 #include "core/optim_groups.h"
 #include "core/ownership.h"
 
-/* Version 5 replaces each rank file's whole-file SHA-256 (files[].sha256) with the SHA-256 of
+/* Version 6 records, for each shard stored contiguous and uncompressed, the byte offset of its
+ * data in its rank file (shards[].offset), so that a verified load streams each file once:
+ * every piece is hashed and its shards' bytes are copied out in the same pass, and HDF5's
+ * offsets are compared with the recorded ones once the file is verified. Version 5 replaces each rank file's whole-file SHA-256 (files[].sha256) with the SHA-256 of
  * its consecutive pieces (files[].piece_bytes, pieces, pieces_sha256), so that a file is
  * hashed and verified on several threads; nothing else changes. Version 4 adds AdamW's per-family step counter (state kind step: int64, shape [1], replicated
  * over the family's holders, core/optim_groups.h); a version 3 AdamW group declares no step,
@@ -30,7 +33,7 @@
  * layout.ownership_rule: "balanced-v2" for what this version writes, "balanced" for earlier
  * version 2 checkpoints); version 1 checkpoints were written under MC_OWN_CHUNKED
  * (core/ownership.h) and are read as such. A reader refuses a newer version, naming both. */
-#define MC_CKPT_FORMAT_VERSION 5
+#define MC_CKPT_FORMAT_VERSION 6
 #define MC_CKPT_MAX_DIM 3
 #define MC_CKPT_RULE_MAX 64
 
@@ -232,6 +235,10 @@ typedef struct {
   int opt;  /* the dataset's `optimizer` attribute: its family's optimizer (mc_opt_kind);
              * -1 in a checkpoint of format < 3, whose datasets have no such attribute.
              * Writers set the family's optimizer (0, MC_OPT_ADAMW, when zero-filled). */
+  int64_t offset; /* byte offset of its data in `file` (manifest shards[].offset, format 6) when
+                   * stored contiguous and unfiltered; 0 when none is recorded (chunked or
+                   * compressed data, format < 6): no data starts at byte 0 of an HDF5 file,
+                   * its superblock does */
 } mc_ckpt_shard;
 
 typedef struct {
@@ -332,6 +339,19 @@ int mc_ckpt_check_request(const mc_ckpt *ck, const mc_ckpt_request *r);
 int mc_ckpt_read(mc_ckpt *ck, const char *family, mc_state state, const int64_t *start,
                  const int64_t *count, float *out);
 int mc_ckpt_read_many(mc_ckpt *ck, const mc_ckpt_request *reqs, int n);
+/* mc_ckpt_read_many that reports each request as soon as it is complete, so that a caller can
+ * use (upload) reqs[i].out while other requests are still being read: done(user, i) is called
+ * exactly once for each request i, as soon as reqs[i].out holds its final values (hash-
+ * verified, when the handle verifies), from whichever reading thread completed it (never the
+ * caller's), possibly at the same time as other done calls: done must be thread-safe and
+ * should return quickly. All done calls have returned when this function returns. On failure
+ * it returns -1 with the message set and some done calls may not have happened; one that
+ * happened still means that request's bytes were complete and matched their shard digests,
+ * but the caller must treat the whole read as failed (a check made after the data, such as
+ * HDF5's data offsets against the manifest's in a one-pass load, may be what failed).
+ * done = NULL is mc_ckpt_read_many. */
+int mc_ckpt_read_many_notify(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, void (*done)(void *user, int i),
+                             void *user);
 /* The float reads above refuse an int64 state (a counter has no fp32 value in general). This
  * reads one: the whole of state kind `state` of `family`, which must be int64 of one element
  * (a scalar kind, AdamW's step: one shard, written once), into *out, hash-verified unless

@@ -457,6 +457,8 @@ static herr_t collect_state(hid_t g, const char *name, const H5L_info_t *info, v
   return 0;
 }
 
+static int64_t contiguous_offset(hid_t fid, hid_t d, int f32_only);
+
 int mc_h5_scan_rank_file(const char *path, const char *file_name, mc_shard_attrs **out, int *n_out) {
   h5_quiet();
   h5_err_text et;
@@ -537,6 +539,8 @@ int mc_h5_scan_rank_file(const char *path, const char *file_name, mc_shard_attrs
         s->numel = 1;
         for (int j = 0; j < na; j++) s->numel *= s->count[j];
         s->n_replicas = ns;
+        const int64_t at = contiguous_offset(fid, d, 0); /* the manifest's shards[].offset */
+        s->offset = at > 0 ? at : 0;
         r->replica_buf = replicas;
         replicas = NULL;
         s->replicas = r->replica_buf;
@@ -787,26 +791,37 @@ int mc_h5_check_attrs(int64_t fid, const char *file_name, const mc_ckpt_shard *s
   return rc;
 }
 
-int64_t mc_h5_raw_offset(int64_t fid, const char *dataset) {
-  h5_quiet();
-  hid_t d = H5Dopen2((hid_t)fid, dataset, H5P_DEFAULT);
-  if (d < 0) return -1;
+/* The offset of an open dataset's data when it is contiguous, unfiltered, not external and
+ * lies inside the file; -1 otherwise. f32_only: also -1 unless it is fp32 little-endian. */
+static int64_t contiguous_offset(hid_t fid, hid_t d, int f32_only) {
   int64_t off = -1;
   hid_t dcpl = H5Dget_create_plist(d);
   hid_t t = H5Dget_type(d);
-  /* Only fp32 little-endian, contiguous and unfiltered data is the raw bytes we hash. */
   if (dcpl >= 0 && t >= 0 && H5Pget_layout(dcpl) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl) == 0 &&
-      H5Pget_external_count(dcpl) == 0 && H5Tequal(t, H5T_IEEE_F32LE) > 0) {
+      H5Pget_external_count(dcpl) == 0 && (!f32_only || H5Tequal(t, H5T_IEEE_F32LE) > 0)) {
     haddr_t a = H5Dget_offset(d);
     hsize_t size = H5Dget_storage_size(d);
-    int64_t real = real_file_size((hid_t)fid);
+    int64_t real = real_file_size(fid);
     if (a != HADDR_UNDEF && real >= 0 && a <= (hsize_t)real && (hsize_t)real - a >= size) off = (int64_t)a;
   }
   if (t >= 0) H5Tclose(t);
   if (dcpl >= 0) H5Pclose(dcpl);
+  return off;
+}
+
+static int64_t dataset_offset(int64_t fid, const char *dataset, int f32_only) {
+  h5_quiet();
+  hid_t d = H5Dopen2((hid_t)fid, dataset, H5P_DEFAULT);
+  if (d < 0) return -1;
+  int64_t off = contiguous_offset((hid_t)fid, d, f32_only);
   H5Dclose(d);
   return off;
 }
+
+/* Only fp32 little-endian, contiguous and unfiltered data is the raw bytes we read as floats. */
+int64_t mc_h5_raw_offset(int64_t fid, const char *dataset) { return dataset_offset(fid, dataset, 1); }
+
+int64_t mc_h5_data_offset(int64_t fid, const char *dataset) { return dataset_offset(fid, dataset, 0); }
 
 int mc_read_raw(int fd, int64_t at, void *dst, int64_t bytes, const char *file, const char *dataset) {
   char *p = dst;

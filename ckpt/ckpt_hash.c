@@ -107,9 +107,7 @@ typedef struct {
   pthread_mutex_t mu; /* guards f[].err and f[].err_piece */
 } piece_ctx;
 
-/* The SHA-256 of bytes [off, off + len) of the regular file `path`, which must be `size`
- * bytes long (read with pread, so several threads hash pieces of one file at once). */
-static int hash_range(const char *path, int64_t size, int64_t off, int64_t len, int verify, char hex[65]) {
+int mc_piece_open(const char *path, int64_t size, int verify, int *fd_out) {
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return mc_error("%s: cannot open: %s", path, strerror(errno));
   struct stat st;
@@ -124,6 +122,38 @@ static int hash_range(const char *path, int64_t size, int64_t off, int64_t len, 
                   : mc_error("%s: changed size while being hashed (%" PRId64 " bytes, then %" PRId64 ")", path, size,
                              (int64_t)st.st_size);
   }
+  *fd_out = fd;
+  return 0;
+}
+
+int mc_piece_mismatch(const mc_piece_file *f, int64_t k, const char *hex) {
+  const int64_t off = k * f->piece_bytes, len = f->bytes - off < f->piece_bytes ? f->bytes - off : f->piece_bytes;
+  if (f->whole)
+    return mc_error("%s: whole-file hash mismatch: the file hashes to %s, the manifest records %s (corrupt or replaced; "
+                    "it is not parsed)", f->path, hex, f->pieces[k]);
+  return mc_error("%s: hash mismatch in piece %" PRId64 " of %" PRId64 " (bytes %" PRId64 " to %" PRId64 "): it hashes "
+                  "to %s, the manifest records %s (corrupt or replaced; the file is not parsed)", f->path, k, f->n_pieces,
+                  off, off + len, hex, f->pieces[k]);
+}
+
+void mc_piece_note_error(pthread_mutex_t *mu, mc_piece_file *f, int64_t k) {
+  pthread_mutex_lock(mu);
+  if (!f->err || k < f->err_piece) {
+    char *m = strdup(mc_errmsg());
+    if (m) {
+      free(f->err);
+      f->err = m;
+      f->err_piece = k;
+    }
+  }
+  pthread_mutex_unlock(mu);
+}
+
+/* The SHA-256 of bytes [off, off + len) of the regular file `path`, which must be `size`
+ * bytes long (read with pread, so several threads hash pieces of one file at once). */
+static int hash_range(const char *path, int64_t size, int64_t off, int64_t len, int verify, char hex[65]) {
+  int fd = -1;
+  if (mc_piece_open(path, size, verify, &fd) != 0) return -1;
   posix_fadvise(fd, off, len, POSIX_FADV_SEQUENTIAL);
   const size_t cap = (size_t)1 << 20;
   unsigned char *buf = malloc(cap);
@@ -179,27 +209,8 @@ static int piece_job(void *vctx, int j) {
   char hex[65];
   int rc = hash_range(f->path, f->bytes, off, len, c->verify, hex);
   if (rc == 0 && !c->verify) memcpy(f->pieces[k], hex, 65);
-  if (rc == 0 && c->verify && strcmp(hex, f->pieces[k]) != 0) {
-    if (f->whole)
-      rc = mc_error("%s: whole-file hash mismatch: the file hashes to %s, the manifest records %s (corrupt or replaced; "
-                    "it is not parsed)", f->path, hex, f->pieces[k]);
-    else
-      rc = mc_error("%s: hash mismatch in piece %" PRId64 " of %" PRId64 " (bytes %" PRId64 " to %" PRId64 "): it hashes "
-                    "to %s, the manifest records %s (corrupt or replaced; the file is not parsed)", f->path, k,
-                    f->n_pieces, off, off + len, hex, f->pieces[k]);
-  }
-  if (rc != 0 && c->verify) {
-    pthread_mutex_lock(&c->mu);
-    if (!f->err || k < f->err_piece) {
-      char *m = strdup(mc_errmsg());
-      if (m) {
-        free(f->err);
-        f->err = m;
-        f->err_piece = k;
-      }
-    }
-    pthread_mutex_unlock(&c->mu);
-  }
+  if (rc == 0 && c->verify && strcmp(hex, f->pieces[k]) != 0) rc = mc_piece_mismatch(f, k, hex);
+  if (rc != 0 && c->verify) mc_piece_note_error(&c->mu, f, k);
   return rc;
 }
 

@@ -3,6 +3,7 @@
 #ifndef MC_CKPT_CKPT_INTERNAL_H
 #define MC_CKPT_CKPT_INTERNAL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,6 +60,15 @@ typedef struct {
   char *err;            /* verify: the message of the file's first failing piece (malloc'd), or NULL */
   int64_t err_piece;
 } mc_piece_file;
+/* Opens `path` for reading a piece (O_NONBLOCK): it must be a regular file of `size` bytes,
+ * else -1 naming it (verify: "... bytes but the manifest records ..."; else "changed size"). */
+int mc_piece_open(const char *path, int64_t size, int verify, int *fd);
+/* Sets the error of piece k of f hashing to hex instead of f->pieces[k]: "<path>: hash mismatch
+ * in piece k of n (bytes a to b): it hashes to X, the manifest records Y ..." (whole: "<path>:
+ * whole-file hash mismatch ..."). Returns -1. */
+int mc_piece_mismatch(const mc_piece_file *f, int64_t k, const char *hex);
+/* Records the current message as f's error if piece k is its first failing one (under mu). */
+void mc_piece_note_error(pthread_mutex_t *mu, mc_piece_file *f, int64_t k);
 /* Hashes every piece of files[0..n) on `threads` threads, pieces of one file on several at
  * once: sets bytes, n_pieces and pieces. Errors name the file. */
 int mc_pieces_hash(mc_piece_file *files, int n, int threads);
@@ -67,6 +77,32 @@ int mc_pieces_hash(mc_piece_file *files, int n, int threads);
  * the manifest records Y ..." (whole: "<path>: whole-file hash mismatch ..."), or the size
  * mismatch. Returns 0 if every piece matches, else -1 with a failing file's message. */
 int mc_pieces_verify(mc_piece_file *files, int n, int threads);
+
+/* ---------------------------------------------------------------- one-pass reading (ckpt_stream.c) */
+
+/* A shard whose data a stream lands: `bytes` stored bytes at `offset` of file `file` (an index
+ * into the stream's files), copied to dst, or, when dst is NULL, to a temporary buffer
+ * allocated when its first byte lands and freed once complete() has returned. */
+typedef struct {
+  int file;
+  int64_t offset, bytes;
+  const char *name; /* names it in messages: its dataset */
+  void *dst;
+  char *err; /* out: complete()'s message if it failed (malloc'd; the caller frees) */
+} mc_stream_shard;
+/* Called once per shard, by the thread that landed its last byte, with its bytes (dst or the
+ * temporary buffer): 0, or -1 with mc_error set, which is kept in shards[k].err and does not
+ * stop the stream (the caller decides which error of a file to report first). */
+typedef int (*mc_stream_complete_fn)(void *user, int k, const void *data);
+/* Verify-and-read in one pass: every piece of files[0..n_files) (format 5 piece digests) is
+ * read whole into a per-thread buffer (at most `threads` buffers of the largest piece), hashed
+ * and compared with its recorded digest, and then the bytes of every shard overlapping it are
+ * copied out; a shard complete calls complete(). The first failing piece of a file is in its
+ * `err` (mc_pieces_verify's message), and reading stops at the first failure. Shards of one
+ * file must not overlap (refused naming both). Returns 0 if every piece matched, else -1 with
+ * the message of a failing piece. */
+int mc_stream_files(mc_piece_file *files, int n_files, mc_stream_shard *shards, int n_shards, int threads,
+                    mc_stream_complete_fn complete, void *user);
 
 /* ---------------------------------------------------------------- files (ckpt_fs.c) */
 /* mc_path_exists, mc_fsync_path, mc_rmtree: ckpt/format.h. */

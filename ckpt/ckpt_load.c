@@ -560,6 +560,12 @@ typedef struct {
   int *shard_of_task;
   int *req_start, *req_list; /* requests of task t: req_list[req_start[t] .. req_start[t+1]) */
   int force_verify;
+  /* Completion: done(user, i) once request i's last shard is in; remaining[i] counts the shards
+   * still to come (guarded by mu, as the read-ahead state). */
+  void (*done)(void *user, int i);
+  void *user;
+  int *remaining;
+  unsigned char *streamed; /* per task: its shard was read by the one-pass stream */
   /* Read-ahead: files in the order tasks first touch them; a file most of whose bytes are
    * needed is handed to the kernel's read-ahead (WILLNEED) when the reader reaches the file
    * before it, so the disk works while the threads hash. */
@@ -592,8 +598,26 @@ static void read_ahead(read_ctx *c, int fi) {
   }
 }
 
-static int read_task(void *arg, int t) {
-  read_ctx *c = arg;
+/* Task t's shard is in every request it serves: counts it, and reports the requests it completed. */
+static void notify_requests(read_ctx *c, int t) {
+  for (int q = c->req_start[t]; q < c->req_start[t + 1]; q++) {
+    const int i = c->req_list[q];
+    pthread_mutex_lock(&c->mu);
+    const int last = --c->remaining[i] == 0;
+    pthread_mutex_unlock(&c->mu);
+    if (last && c->done) c->done(c->user, i);
+  }
+}
+
+/* The one request that is exactly task t's whole shard, or NULL: then the shard is read
+ * straight into its buffer (a load under the saving layout). */
+static const mc_ckpt_request *only_whole(const read_ctx *c, int t) {
+  if (c->req_start[t + 1] - c->req_start[t] != 1) return NULL;
+  const mc_ckpt_request *r = &c->reqs[c->req_list[c->req_start[t]]];
+  return is_whole(r, &c->ck->m.shards[c->shard_of_task[t]]) ? r : NULL;
+}
+
+static int read_shard(read_ctx *c, int t) {
   mc_ckpt *ck = c->ck;
   int si = c->shard_of_task[t];
   const mc_ckpt_shard *s = &ck->m.shards[si];
@@ -613,11 +637,7 @@ static int read_task(void *arg, int t) {
     /* The whole shard must be hashed. When one request is exactly this shard (a load under
      * the saving layout), it is read straight into the caller's buffer; otherwise into a
      * temporary one, then scattered. */
-    const mc_ckpt_request *only = NULL;
-    if (c->req_start[t + 1] - c->req_start[t] == 1) {
-      only = &c->reqs[c->req_list[c->req_start[t]]];
-      if (!is_whole(only, s)) only = NULL;
-    }
+    const mc_ckpt_request *only = only_whole(c, t);
     float *buf = only ? only->out : malloc((size_t)s->numel * sizeof(float));
     if (!buf) return mc_error("out of memory reading %s:%s", s->file, s->dataset);
     char hex[65];
@@ -646,6 +666,14 @@ static int read_task(void *arg, int t) {
   return 0;
 }
 
+static int read_task(void *arg, int t) {
+  read_ctx *c = arg;
+  if (c->streamed[t]) return 0;
+  if (read_shard(c, t) != 0) return -1;
+  notify_requests(c, t);
+  return 0;
+}
+
 /* Files in first-touch order, and which of them the tasks need at least half of. */
 static void plan_read_ahead(const mc_ckpt *ck, read_ctx *c, int n_tasks) {
   int nf = ck->m.n_files;
@@ -665,6 +693,132 @@ static void plan_read_ahead(const mc_ckpt *ck, read_ctx *c, int n_tasks) {
   }
   for (int k = 0; k < c->n_forder; k++) c->prefetch[k] = 2 * need[c->forder[k]] >= ck->m.files[c->forder[k]].bytes;
   free(need);
+}
+
+/* ---------------------------------------------------------------- one-pass verified reads */
+
+/* Format 6 and verification: a file most of whose bytes the reads need is streamed once
+ * (ckpt_stream.c), each piece verified against its digest and the float32 shards it holds
+ * copied out at their recorded offsets; HDF5 then opens the verified file and must agree with
+ * every offset used. Other files, and every other shard, take the path of read_shard. */
+typedef struct {
+  read_ctx *c;
+  int *task_of;         /* per stream shard: its task */
+  unsigned char *direct; /* per stream shard: landed in its one request's buffer (no scatter) */
+} stream_glue;
+
+/* A stream shard complete: its hash checked, its requests filled and reported. */
+static int stream_complete(void *user, int k, const void *data) {
+  stream_glue *g = user;
+  read_ctx *c = g->c;
+  mc_ckpt *ck = c->ck;
+  const int t = g->task_of[k], si = c->shard_of_task[t];
+  const mc_ckpt_shard *s = &ck->m.shards[si];
+  const int64_t bytes = s->numel * (int64_t)sizeof(float);
+  char where[MC_PATH_MAX], hex[65];
+  if (mc_path_join(where, ck->step_dir, s->file) != 0) return -1;
+  mc_sha256_hex(data, (size_t)bytes, hex);
+  count_io(ck, bytes, bytes);
+  if (check_shard_hash(where, s, hex) != 0) return -1;
+  ck->verified[si] = 1;
+  for (int q = c->req_start[t]; q < c->req_start[t + 1] && !g->direct[k]; q++) scatter(&c->reqs[c->req_list[q]], s, data);
+  notify_requests(c, t);
+  return 0;
+}
+
+/* Once the stream has verified every piece of its files: HDF5 opens them, and every shard
+ * streamed (ss[0..n)) must pass the attribute checks and lie where the manifest said (a lying
+ * offset is named as such, before the hash failure it also causes); then the shards' own hash
+ * failures, if any. */
+static int check_streamed(read_ctx *c, const mc_stream_shard *ss, const int *task_of, int n) {
+  mc_ckpt *ck = c->ck;
+  for (int k = 0; k < n; k++) {
+    const int si = c->shard_of_task[task_of[k]];
+    const mc_ckpt_shard *s = &ck->m.shards[si];
+    const mc_ckpt_family *f = &ck->m.fams[s->family_index];
+    char where[MC_PATH_MAX];
+    int64_t fid = -1, shape[MC_CKPT_MAX_DIM];
+    if (mc_path_join(where, ck->step_dir, s->file) != 0 || get_fid(ck, s, &fid, 1) != 0) return -1;
+    mc_state_shape(f->ndim, f->shape, s->state, shape);
+    if (!ck->checked[si] && mc_h5_check_attrs(fid, where, s, shape) != 0) return -1;
+    ck->checked[si] = 1;
+    const int64_t at = mc_h5_data_offset(fid, s->dataset);
+    if (at != s->offset)
+      return mc_error("%s: dataset %s: HDF5 places its data at byte %" PRId64 " but the manifest records offset %" PRId64
+                      " (the manifest does not describe this file: refused)", where, s->dataset, at, s->offset);
+  }
+  for (int k = 0; k < n; k++)
+    if (ss[k].err) return mc_error("%s", ss[k].err);
+  return 0;
+}
+
+/* Claims the files to stream: format 6, verified reads, piece digests, not yet checked by this
+ * handle, and at least half of their bytes needed (plan_read_ahead). sf gets their indices. */
+static int claim_stream_files(read_ctx *c, int *sf) {
+  mc_ckpt *ck = c->ck;
+  int n = 0;
+  if (ck->m.format_version < 6) return 0;
+  pthread_mutex_lock(&ck->mu);
+  for (int k = 0; k < c->n_forder; k++) {
+    const int fi = c->forder[k];
+    if (c->prefetch[k] != 1 || !ck->m.files[fi].pieces || ck->file_state[fi] != 0) continue;
+    ck->file_state[fi] = 1;
+    c->prefetch[k] = 2; /* read by the stream: no read-ahead left to do */
+    sf[n++] = fi;
+  }
+  pthread_mutex_unlock(&ck->mu);
+  return n;
+}
+
+/* Streams the claimed files sf[0..n): fills c->streamed for the tasks it served. */
+static int stream_files(read_ctx *c, int n_tasks, const int *sf, int n) {
+  mc_ckpt *ck = c->ck;
+  const size_t nt = (size_t)(n_tasks > 0 ? n_tasks : 1), nn = (size_t)(n > 0 ? n : 1);
+  int *pos_of = malloc((size_t)(ck->m.n_files > 0 ? ck->m.n_files : 1) * sizeof *pos_of);
+  mc_piece_file *pf = calloc(nn, sizeof *pf);
+  char(*paths)[MC_PATH_MAX] = malloc(nn * MC_PATH_MAX);
+  mc_stream_shard *ss = calloc(nt, sizeof *ss);
+  stream_glue g = {c, malloc(nt * sizeof(int)), calloc(nt, 1)};
+  int rc = 0, ns = 0;
+  if (!pos_of || !pf || !paths || !ss || !g.task_of || !g.direct) rc = mc_error("%s: out of memory planning the read", ck->step_dir);
+  for (int i = 0; rc == 0 && i < ck->m.n_files; i++) pos_of[i] = -1;
+  for (int k = 0; rc == 0 && k < n; k++) {
+    const mc_file_rec *f = &ck->m.files[sf[k]];
+    pos_of[sf[k]] = k;
+    rc = mc_path_join(paths[k], ck->step_dir, f->name);
+    pf[k] = (mc_piece_file){.path = paths[k], .bytes = f->bytes, .piece_bytes = f->piece_bytes, .n_pieces = f->n_pieces,
+                            .pieces = f->pieces, .err_piece = -1};
+  }
+  for (int t = 0; rc == 0 && t < n_tasks; t++) {
+    const int si = c->shard_of_task[t];
+    const mc_ckpt_shard *s = &ck->m.shards[si];
+    const int pos = pos_of[file_index(ck, s->file)];
+    if (pos < 0 || s->dtype != MC_ELEM_F32 || s->offset <= 0 || ck->verified[si]) continue;
+    const mc_ckpt_request *only = only_whole(c, t);
+    g.task_of[ns] = t;
+    g.direct[ns] = only != NULL;
+    ss[ns++] = (mc_stream_shard){pos, s->offset, s->numel * (int64_t)sizeof(float), s->dataset, only ? only->out : NULL, NULL};
+    c->streamed[t] = 1;
+  }
+  const int src = rc == 0 ? mc_stream_files(pf, n, ss, ns, ck->hash_threads, stream_complete, &g) : -1;
+  /* a file is verified when the stream got through all of it; one it did not finish is checked again if asked */
+  pthread_mutex_lock(&ck->mu);
+  for (int k = 0; k < n; k++) {
+    ck->file_err[sf[k]] = pf[k].err;
+    ck->file_state[sf[k]] = src == 0 ? 2 : pf[k].err ? -1 : 0;
+  }
+  pthread_cond_broadcast(&ck->cv);
+  pthread_mutex_unlock(&ck->mu);
+  if (rc == 0) rc = src;
+  if (rc == 0) rc = check_streamed(c, ss, g.task_of, ns);
+  for (int k = 0; k < ns; k++) free(ss[k].err);
+  free(pos_of);
+  free(pf);
+  free(paths);
+  free(ss);
+  free(g.task_of);
+  free(g.direct);
+  return rc;
 }
 
 int mc_ckpt_check_request(const mc_ckpt *ck, const mc_ckpt_request *r) {
@@ -699,7 +853,8 @@ int mc_ckpt_check_request(const mc_ckpt *ck, const mc_ckpt_request *r) {
 }
 
 /* Plans which shards serve which requests, then reads each shard once on the pool. */
-static int run_reads(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, int all_shards) {
+static int run_reads(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, int all_shards, void (*done)(void *, int),
+                     void *user) {
   int ns = ck->m.n_shards;
   int *touch = calloc((size_t)(ns > 0 ? ns : 1), sizeof(int)); /* requests per shard */
   int *rfam = malloc((size_t)(n > 0 ? n : 1) * sizeof(int));     /* family of each request */
@@ -728,12 +883,16 @@ static int run_reads(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, int all_sh
       n_tasks++;
       n_links += touch[s];
     }
-  read_ctx c = {ck, reqs, n, NULL, NULL, NULL, all_shards, PTHREAD_MUTEX_INITIALIZER, 0, NULL, NULL};
+  read_ctx c = {.ck = ck, .reqs = reqs, .n_reqs = n, .force_verify = all_shards, .done = done, .user = user,
+                .mu = PTHREAD_MUTEX_INITIALIZER};
   c.shard_of_task = malloc((size_t)(n_tasks + 1) * sizeof(int));
   c.req_start = malloc((size_t)(n_tasks + 2) * sizeof(int));
   c.req_list = malloc((size_t)(n_links + 1) * sizeof(int));
+  c.remaining = calloc((size_t)(n > 0 ? n : 1), sizeof(int));
+  c.streamed = calloc((size_t)(n_tasks + 1), 1);
+  int *sf = malloc((size_t)(ck->m.n_files > 0 ? ck->m.n_files : 1) * sizeof *sf);
   int rc = 0;
-  if (!c.shard_of_task || !c.req_start || !c.req_list) rc = mc_error("out of memory");
+  if (!c.shard_of_task || !c.req_start || !c.req_list || !c.remaining || !c.streamed || !sf) rc = mc_error("out of memory");
   if (rc == 0) {
     int t = 0, q = 0;
     for (int o = 0; o < ns; o++) {
@@ -744,16 +903,21 @@ static int run_reads(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, int all_sh
       for (int i = 0; i < n && touch[s]; i++) {
         const mc_ckpt_shard *sh = &ck->m.shards[s];
         if (sh->family_index == rfam[i] && sh->state == reqs[i].state &&
-            intersect(&reqs[i], sh, &part))
+            intersect(&reqs[i], sh, &part)) {
           c.req_list[q++] = i;
+          c.remaining[i]++;
+        }
       }
       t++;
     }
     c.req_start[t] = q;
     plan_read_ahead(ck, &c, n_tasks);
-    /* Verify before parsing, every file the reads touch at once: their pieces spread over
-     * the hashing threads rather than one file per reading thread. */
-    if ((ck->opts.verify || all_shards) && c.n_forder > 0) rc = check_files(ck, c.forder, c.n_forder);
+    const int verify = ck->opts.verify || all_shards;
+    const int n_sf = verify ? claim_stream_files(&c, sf) : 0;
+    if (n_sf > 0) rc = stream_files(&c, n_tasks, sf, n_sf);
+    /* Verify before parsing, every other file the reads touch at once: their pieces spread
+     * over the hashing threads rather than one file per reading thread. */
+    if (rc == 0 && verify && c.n_forder > 0) rc = check_files(ck, c.forder, c.n_forder);
     if (rc == 0) rc = mc_parallel(n_tasks, ck->opts.io_threads, read_task, &c);
   }
   free(c.forder);
@@ -761,12 +925,20 @@ static int run_reads(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, int all_sh
   free(c.shard_of_task);
   free(c.req_start);
   free(c.req_list);
+  free(c.remaining);
+  free(c.streamed);
+  free(sf);
   free(touch);
   free(rfam);
   return rc;
 }
 
-int mc_ckpt_read_many(mc_ckpt *ck, const mc_ckpt_request *reqs, int n) { return run_reads(ck, reqs, n, 0); }
+int mc_ckpt_read_many_notify(mc_ckpt *ck, const mc_ckpt_request *reqs, int n, void (*done)(void *user, int i),
+                             void *user) {
+  return run_reads(ck, reqs, n, 0, done, user);
+}
+
+int mc_ckpt_read_many(mc_ckpt *ck, const mc_ckpt_request *reqs, int n) { return run_reads(ck, reqs, n, 0, NULL, NULL); }
 
 int mc_ckpt_read(mc_ckpt *ck, const char *family, mc_state state, const int64_t *start, const int64_t *count,
                  float *out) {
@@ -781,10 +953,10 @@ int mc_ckpt_read(mc_ckpt *ck, const char *family, mc_state state, const int64_t 
     r.count[k] = count[k];
   }
   r.out = out;
-  return run_reads(ck, &r, 1, 0);
+  return run_reads(ck, &r, 1, 0, NULL, NULL);
 }
 
-int mc_ckpt_verify_all(mc_ckpt *ck) { return run_reads(ck, NULL, 0, 1); }
+int mc_ckpt_verify_all(mc_ckpt *ck) { return run_reads(ck, NULL, 0, 1, NULL, NULL); }
 
 int mc_ckpt_read_i64(mc_ckpt *ck, const char *family, mc_state state, int64_t *out) {
   int fi = mc_ckpt_find_family(ck, family);

@@ -378,6 +378,7 @@ int mc_manifest_build(const mc_geometry *g, const mc_config *cfg_in, const mc_tr
     cJSON_AddItemToObject(o, "count", int_array(s->count, s->ndim));
     cJSON_AddItemToObject(o, "replica_group", int32_array(s->replicas, s->n_replicas));
     cJSON_AddStringToObject(o, "sha256", s->sha256);
+    if (s->offset > 0) cJSON_AddNumberToObject(o, "offset", (double)s->offset);
     cJSON_AddItemToArray(sj, o);
   }
   free(fam_dt);
@@ -611,15 +612,35 @@ static int find_fam(const mc_manifest *m, const char *name, int *hint) {
   return -1;
 }
 
-/* Whether `name` is listed in m->files. by_rank[r] (n_rank entries, may be NULL): the index
+/* The index of `name` in m->files, or -1. by_rank[r] (n_rank entries, may be NULL): the index
  * of the file named rank_<r>.h5, or -1, so that the usual names are found in O(1). */
-static int known_file(const mc_manifest *m, const char *name, const int *by_rank, int n_rank) {
+static int listed_file(const mc_manifest *m, const char *name, const int *by_rank, int n_rank) {
   int r = -1, used = 0;
   if (by_rank && sscanf(name, "rank_%d.h5%n", &r, &used) == 1 && used == (int)strlen(name) && r >= 0 && r < n_rank)
-    return by_rank[r] >= 0;
+    return by_rank[r];
   for (int k = 0; k < m->n_files; k++)
-    if (strcmp(m->files[k].name, name) == 0) return 1;
-  return 0;
+    if (strcmp(m->files[k].name, name) == 0) return k;
+  return -1;
+}
+
+/* Format 6: the optional offset of a shard's data (absent for chunked or compressed data), an
+ * integer >= 1 whose data range [offset, offset + stored bytes) lies inside its file (fi). */
+static void parse_offset(const cJSON *o, const mc_manifest *m, int fi, mc_ckpt_shard *s, const char *where,
+                         mc_errlist *errs) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "offset");
+  if (!v) return;
+  if (m->format_version < 6) {
+    mc_errlist_add(errs, "%s.offset is a key of format version 6, not of version %d", where, m->format_version);
+    return;
+  }
+  jctx c = {errs, where};
+  int64_t off = 0;
+  if (get_int(o, "offset", 1, &off, &c) != 0) return;
+  const int64_t bytes = s->numel * (int64_t)mc_elem_dtype_size(s->dtype);
+  if (fi >= 0 && (off > m->files[fi].bytes || m->files[fi].bytes - off < bytes))
+    mc_errlist_add(errs, "%s.offset %" PRId64 ": its %" PRId64 " bytes of data end past the end of %s (%" PRId64 " bytes)",
+                   where, off, bytes, m->files[fi].name, m->files[fi].bytes);
+  else s->offset = off;
 }
 
 static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
@@ -719,7 +740,9 @@ static void parse_shards(const cJSON *sa, mc_manifest *m, mc_errlist *errs) {
       snprintf(expect, sizeof expect, "/%s/%s", fam, state);
       if (strcmp(expect, ds) != 0) mc_errlist_add(errs, "%s.dataset '%s' should be '%s'", where, ds, expect);
     }
-    if (file && !known_file(m, file, by_rank, n_rank)) mc_errlist_add(errs, "%s.file '%s' is not listed in 'files'", where, file);
+    const int fi = file ? listed_file(m, file, by_rank, n_rank) : -1;
+    if (file && fi < 0) mc_errlist_add(errs, "%s.file '%s' is not listed in 'files'", where, file);
+    parse_offset(o, m, fi, s, where, errs);
     cJSON *rg = req(o, "replica_group", &c);
     int nr = cJSON_IsArray(rg) ? cJSON_GetArraySize(rg) : -1;
     if (nr < 1) {

@@ -93,6 +93,11 @@ int mc_h5_check_attrs(int64_t fid, const char *file_name, const mc_ckpt_shard *s
  * preads, which do not take the HDF5 library's global lock and so run in parallel. */
 int64_t mc_h5_raw_offset(int64_t fid, const char *dataset);
 
+/* The byte offset of a dataset's data in its file when it is contiguous and unfiltered, of any
+ * dtype (what a format 6 manifest records as the shard's `offset`), else -1, also when the
+ * dataset cannot be opened (no message is set). */
+int64_t mc_h5_data_offset(int64_t fid, const char *dataset);
+
 /* pread of `bytes` bytes at offset `at` of fd into dst, retried until complete (EINTR and
  * short reads). file and dataset only name the data in messages. Error: "<file>: reading
  * dataset <d> failed: <strerror, or 'unexpected end of file'>"; dst is then partly written. */

@@ -47,7 +47,7 @@ endif()
 # A deadlock (e.g. in the barrier protocol) must fail the test, not hang the run.
 foreach(t test_ckpt_roundtrip test_ckpt_corrupt test_ckpt_fault test_ckpt_fault_crash test_ckpt_async test_ckpt_h5py
           test_ckpt_schema test_ckpt_mpi test_ckpt_mpi_np4 test_ckpt_optim test_ckpt_v2 test_ckpt_pwrite
-          test_ckpt_pwrite_enospc)
+          test_ckpt_pwrite_enospc test_ckpt_stream)
   if(TEST ckpt.${t})
     set_tests_properties(ckpt.${t} PROPERTIES TIMEOUT 120)
   endif()

@@ -71,9 +71,15 @@ def rehash_files(run_dir):
     rewrite_manifest(run_dir, edit)
 
 
+def drop_offsets(m):
+    """Format 6 records shards[].offset; earlier versions have no such key."""
+    for s in m["shards"]:
+        s.pop("offset", None)
+
+
 def set_version(run_dir, version):
     """Rewrites a checkpoint as format `version` records it: the manifest's and the rank files'
-    format_version, and the files' digests (rehashed)."""
+    format_version, no shard offsets before version 6, and the files' digests (rehashed)."""
     import h5py
     sd = step_dir(run_dir)
     for name in sorted(os.listdir(sd)):
@@ -83,6 +89,8 @@ def set_version(run_dir, version):
 
     def edit(m, _):
         m["format_version"] = version
+        if version < 6:
+            drop_offsets(m)
     rewrite_manifest(run_dir, edit)
     rehash_files(run_dir)
 
@@ -106,6 +114,7 @@ def drop_steps(run_dir, version):
 
     def edit(m, _):
         m["format_version"] = version
+        drop_offsets(m)
         m["states"] = [s for s in m["states"] if s != "step"]
         m["shards"] = [s for s in m["shards"] if s["state"] != "step"]
         for g in m.get("optimizer_groups", []):
@@ -117,10 +126,11 @@ def drop_steps(run_dir, version):
 if __name__ == "__main__":
     # ckpt_edit.py --to-v3 RUN_DIR: the latest checkpoint as format version 3 (before the step)
     # ckpt_edit.py --to-v4 RUN_DIR: the latest checkpoint as format version 4 (whole-file hashes)
+    # ckpt_edit.py --to-v5 RUN_DIR: the latest checkpoint as format version 5 (no shard offsets)
     import sys
     if len(sys.argv) == 3 and sys.argv[1] == "--to-v3":
         drop_steps(sys.argv[2], 3)
-    elif len(sys.argv) == 3 and sys.argv[1] == "--to-v4":
-        set_version(sys.argv[2], 4)
+    elif len(sys.argv) == 3 and sys.argv[1] in ("--to-v4", "--to-v5"):
+        set_version(sys.argv[2], int(sys.argv[1][-1]))
     else:
-        sys.exit("usage: ckpt_edit.py --to-v3|--to-v4 RUN_DIR")
+        sys.exit("usage: ckpt_edit.py --to-v3|--to-v4|--to-v5 RUN_DIR")

@@ -90,6 +90,32 @@ static inline int tiny_geometry(int tp, int pp, int dp, int ep, int sp, int zero
   return tiny_geometry_groups(tp, pp, dp, ep, sp, zero, NULL, cfg, g);
 }
 
+/* A layout of the tiny model: tensor, pipeline, data, expert parallel degrees, sequence
+ * parallel, ZeRO stage. */
+typedef struct {
+  int tp, pp, dp, ep, sp, zero;
+} lay;
+
+static inline int geom(const lay *l, mc_config *cfg, mc_geometry *g) {
+  return tiny_geometry(l->tp, l->pp, l->dp, l->ep, l->sp, l->zero, cfg, g);
+}
+
+/* A random valid layout of at most 8 ranks, drawn from random stream `key` at *ctr onwards. */
+static inline lay random_layout_of(uint64_t key, uint64_t *ctr) {
+  for (;;) {
+    static const int tps[] = {1, 2}, pps[] = {1, 2, 4}, dps[] = {1, 2, 3, 4}, eps[] = {1, 2, 4}, zs[] = {0, 1, 3};
+    lay l = {tps[mc_rng_below(key, 9, (*ctr)++, 2)], pps[mc_rng_below(key, 9, (*ctr)++, 3)],
+             dps[mc_rng_below(key, 9, (*ctr)++, 4)], eps[mc_rng_below(key, 9, (*ctr)++, 3)],
+             (int)mc_rng_below(key, 9, (*ctr)++, 2), zs[mc_rng_below(key, 9, (*ctr)++, 3)]};
+    if (l.tp * l.pp * l.dp > 8) continue;
+    mc_config cfg;
+    mc_geometry g;
+    if (geom(&l, &cfg, &g) != 0) continue;
+    mc_geometry_free(&g);
+    return l;
+  }
+}
+
 /* Every state kind: with make_items, each family's own (param and its optimizer's). */
 #define ALL_STATES ((1 << MC_N_STATES) - 1)
 

@@ -296,8 +296,8 @@ static void case_bad_latest(void) {
 static void case_version_too_new(void) {
   char dir[4096];
   fresh(dir, sizeof dir);
-  rewrite_manifest(dir, "\"format_version\":\t5", "\"format_version\":\t6");
-  expect_load_error(dir, "format version too new", "format version 6 is newer", "supports (5)");
+  rewrite_manifest(dir, "\"format_version\":\t6", "\"format_version\":\t7");
+  expect_load_error(dir, "format version too new", "format version 7 is newer", "supports (6)");
   /* version 2 records the ownership rule: without it, or with an unknown one, it is invalid */
   fresh(dir, sizeof dir);
   rewrite_manifest(dir, "\"ownership_rule\":", "\"ownership_rulez\":");
@@ -330,7 +330,7 @@ static void case_pieces_invalid(void) {
       {"pieces_sha256 wrong", "\"pieces_sha256\":\t\"", NULL, "is not the SHA-256 of its pieces"},
       {"whole-file sha256 in version 5", "\"piece_bytes\":", "\"sha256\":\t\"00\", \"piece_bytes\":",
        "sha256 is a key of format version 4 and older"},
-      {"pieces in version 4", "\"format_version\":\t5", "\"format_version\":\t4", "piece_bytes is a key of format version 5"},
+      {"pieces in version 4", "\"format_version\":\t6", "\"format_version\":\t4", "piece_bytes is a key of format version 5"},
   };
   for (int i = 0; i < (int)(sizeof c / sizeof c[0]); i++) {
     fresh(dir, sizeof dir);

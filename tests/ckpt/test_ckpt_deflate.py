@@ -93,6 +93,10 @@ def body(w):
             check(gb[k][:4] == want, "%s: compress=deflate wrote %s" % (k, gb[k]))
             check(ga[k][4] == gb[k][4], "%s: sha256 attribute differs" % k)
         check(big >= 3, "step %d: only %d datasets of 16 KiB or more" % (step, big))
+        # format 6: a chunked (compressed) shard records no offset, a contiguous one does
+        mb = {s["file"] + ":" + s["dataset"]: s for s in json.load(open(os.path.join(sb, "manifest.json")))["shards"]}
+        for k in gb:
+            check(("offset" in mb[k]) == (not gb[k][0]), "%s: offset recorded %s, chunked %s" % (k, "offset" in mb[k], gb[k][0]))
         za = sum(os.path.getsize(p) for p in glob.glob(os.path.join(sa, "rank_*.h5")))
         zb = sum(os.path.getsize(p) for p in glob.glob(os.path.join(sb, "rank_*.h5")))
         print("step %d: rank files %d bytes (none), %d bytes (deflate)" % (step, za, zb))

@@ -89,6 +89,11 @@ def main():
         check(a["sha256"] == s["sha256"], f"{where}: sha256 attribute")
         if manifest["format_version"] >= 3:
             check(a["optimizer"] == fam["optimizer"], f"{where}: optimizer")
+        # format 6: a contiguous, unfiltered dataset records where its data lies; HDF5 agrees
+        contiguous = ds.chunks is None and ds.compression is None
+        check(("offset" in s) == contiguous, f"{where}: offset recorded iff contiguous")
+        if "offset" in s:
+            check(s["offset"] == ds.id.get_offset(), f"{where}: offset {s['offset']} vs h5py's {ds.id.get_offset()}")
         et = np.dtype("<i8" if step else "<f4")
         check(ds.dtype == et and list(ds.shape) == s["count"], f"{where}: dtype/shape")
         data = ds[()]
@@ -113,6 +118,7 @@ def main():
                 check(c is None, f"{name}/{state}: stored, but {fam['optimizer']} keeps no {state}")
                 continue
             check(c is not None and c.min() == 1 and c.max() == 1, f"{name}/{state}: shards tile the tensor once")
+    check(any("offset" in s for s in manifest["shards"]), "no shard records an offset (format 6)")
     check(set(manifest["states"]) == {"param", "exp_avg", "exp_avg_sq", "momentum", "step"}, f"states {manifest['states']}")
     # every AdamW family's step: held by exactly the holders of its param; the writer stores
     # random 64-bit values, so some lie beyond 2^53 and h5py must give them exactly

@@ -55,7 +55,7 @@ static void test_muon_roundtrip(const char *root) {
       mc_geometry_free(&g);
       continue;
     }
-    CHECK(mc_ckpt_format_version(ck) == MC_CKPT_FORMAT_VERSION && MC_CKPT_FORMAT_VERSION == 5, "format version %d",
+    CHECK(mc_ckpt_format_version(ck) == MC_CKPT_FORMAT_VERSION && MC_CKPT_FORMAT_VERSION == 6, "format version %d",
           mc_ckpt_format_version(ck));
     for (int s = 0; s < MC_N_STATES; s++) CHECK(mc_ckpt_has_state(ck, (mc_state)s), "state %s not stored", mc_state_name((mc_state)s));
     int n_opt[MC_N_OPTS] = {0};

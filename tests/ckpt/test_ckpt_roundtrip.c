@@ -13,35 +13,13 @@
 
 #include "tests/check.h"
 
-typedef struct {
-  int tp, pp, dp, ep, sp, zero;
-} lay;
-
 static const lay fixed[] = {
     {1, 1, 1, 1, 0, 0}, {2, 1, 2, 1, 0, 1}, {1, 2, 2, 2, 0, 1}, {2, 2, 1, 1, 0, 0},
     {2, 1, 2, 2, 1, 3}, {1, 4, 3, 1, 0, 1}, {1, 1, 4, 4, 0, 1}, {2, 2, 2, 2, 1, 1},
 };
 #define N_FIXED (int)(sizeof fixed / sizeof fixed[0])
 
-static int geom(const lay *l, mc_config *cfg, mc_geometry *g) {
-  return tiny_geometry(l->tp, l->pp, l->dp, l->ep, l->sp, l->zero, cfg, g);
-}
-
-/* A random valid layout of at most 8 ranks. */
-static lay random_layout(uint64_t *ctr) {
-  for (;;) {
-    static const int tps[] = {1, 2}, pps[] = {1, 2, 4}, dps[] = {1, 2, 3, 4}, eps[] = {1, 2, 4}, zs[] = {0, 1, 3};
-    lay l = {tps[mc_rng_below(7, 9, (*ctr)++, 2)], pps[mc_rng_below(7, 9, (*ctr)++, 3)],
-             dps[mc_rng_below(7, 9, (*ctr)++, 4)], eps[mc_rng_below(7, 9, (*ctr)++, 3)],
-             (int)mc_rng_below(7, 9, (*ctr)++, 2), zs[mc_rng_below(7, 9, (*ctr)++, 3)]};
-    if (l.tp * l.pp * l.dp > 8) continue;
-    mc_config cfg;
-    mc_geometry g;
-    if (geom(&l, &cfg, &g) != 0) continue;
-    mc_geometry_free(&g);
-    return l;
-  }
-}
+static lay random_layout(uint64_t *ctr) { return random_layout_of(7, ctr); }
 
 static void check_boxes(mc_ckpt *ck, const mc_geometry *g, uint64_t seed, uint64_t *ctr) {
   for (int t = 0; t < 40; t++) {

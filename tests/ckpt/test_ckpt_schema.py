@@ -40,7 +40,13 @@ def main():
             failures.append(f"schema accepts a manifest with {name}")
 
     broken("no shards", lambda m: m.pop("shards"))
-    broken("a newer format version", lambda m: m.update(format_version=6))
+    broken("a newer format version", lambda m: m.update(format_version=7))
+    # version 6: contiguous shards record where their data lies
+    if not any("offset" in s for s in manifest["shards"]):
+        failures.append("written manifest records no shard offset (format 6)")
+    broken("an offset of 0", lambda m: next(s for s in m["shards"] if "offset" in s).update(offset=0))
+    broken("an offset that is not an integer", lambda m: next(s for s in m["shards"] if "offset" in s).update(offset="64"))
+    broken("an offset in version 5", lambda m: m.update(format_version=5))
     # version 5: piece digests, together, no whole-file sha256
     broken("a whole-file sha256 in version 5", lambda m: m["files"][0].update(sha256="0" * 64))
     broken("pieces without piece_bytes", lambda m: m["files"][0].pop("piece_bytes"))
@@ -75,8 +81,19 @@ def main():
     broken("an unknown top-level key", lambda m: m.update(extra=1))
     broken("a file outside the step directory", lambda m: m["files"][0].update(name="../rank_0.h5"))
 
+    # version 5: no shard offsets
+    def no_offsets(m):
+        for s in m["shards"]:
+            s.pop("offset", None)
+    v5 = copy.deepcopy(manifest)
+    v5.update(format_version=5)
+    no_offsets(v5)
+    if not validator.is_valid(v5):
+        failures.append("schema refuses a version 5 manifest")
+
     # versions up to 4 record the whole file's sha256 and no pieces
     def whole_file(m):
+        no_offsets(m)
         for f in m["files"]:
             for k in ("piece_bytes", "pieces", "pieces_sha256"):
                 f.pop(k)

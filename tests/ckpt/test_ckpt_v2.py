@@ -25,6 +25,31 @@ def check(cond, msg):
         print("FAIL:", msg, file=sys.stderr)
 
 
+def flip_middle_byte(path):
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        b = f.read(1)
+        f.seek(os.path.getsize(path) // 2)
+        f.write(bytes([b[0] ^ 1]))
+
+
+def check_rewritten(tool, root, version, rewrite, records, what, refusal):
+    """A sample rewritten as format `version` by rewrite(run_dir) records `what` (records(manifest)
+    holds) and reads; with a byte flipped in the middle of its rank_0.h5 it is refused with
+    `refusal` in the message."""
+    d = os.path.join(root, "v%d" % version)
+    subprocess.run([tool, "--write-adamw", d], check=True)
+    rewrite(d)
+    with open(os.path.join(step_dir(d), "manifest.json")) as f:
+        m = json.load(f)
+    check(m["format_version"] == version and records(m), f"the version {version} rewrite records {what}")
+    r = run(tool, "--read", d)
+    check(r.returncode == 0, f"version {version} sample does not read: {r.stderr}")
+    flip_middle_byte(os.path.join(step_dir(d), "rank_0.h5"))
+    r = run(tool, "--read", d)
+    check(r.returncode != 0 and refusal in r.stderr, f"version {version} with a flipped byte: {r.returncode} {r.stderr}")
+
+
 def run(tool, mode, d):
     return subprocess.run([tool, mode, d], capture_output=True, text=True)
 
@@ -86,24 +111,15 @@ def main():
 
     # version 4 (whole-file hashes, before piece digests) still loads, its files checked whole:
     # a flipped byte is refused as a whole-file hash mismatch before the file is parsed
-    d4 = os.path.join(root, "v4")
-    subprocess.run([tool, "--write-adamw", d4], check=True)
-    set_version(d4, 4)
-    with open(os.path.join(step_dir(d4), "manifest.json")) as f:
-        m4 = json.load(f)
-    check(m4["format_version"] == 4 and all("sha256" in rec and "pieces" not in rec for rec in m4["files"]),
-          "the version 4 rewrite records whole-file hashes")
-    r = run(tool, "--read", d4)
-    check(r.returncode == 0, f"version 4 sample does not read: {r.stderr}")
-    p4 = os.path.join(step_dir(d4), "rank_0.h5")
-    with open(p4, "r+b") as f:
-        f.seek(os.path.getsize(p4) // 2)
-        b = f.read(1)
-        f.seek(os.path.getsize(p4) // 2)
-        f.write(bytes([b[0] ^ 1]))
-    r = run(tool, "--read", d4)
-    check(r.returncode != 0 and "rank_0.h5: whole-file hash mismatch" in r.stderr,
-          f"version 4 with a flipped byte: {r.returncode} {r.stderr}")
+    check_rewritten(tool, root, 4, lambda d: set_version(d, 4),
+                    lambda m: all("sha256" in rec and "pieces" not in rec for rec in m["files"]), "whole-file hashes",
+                    "rank_0.h5: whole-file hash mismatch")
+    # version 5 (piece digests, no shard offsets: the two-pass load) still loads, rewritten by
+    # ckpt_edit.py --to-v5; a flipped byte is refused naming its piece
+    edit = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ckpt_edit.py")
+    check_rewritten(tool, root, 5, lambda d: subprocess.run(["/usr/bin/python3", edit, "--to-v5", d], check=True),
+                    lambda m: all("pieces" in rec for rec in m["files"]) and not any("offset" in s for s in m["shards"]),
+                    "pieces and no shard offsets", "rank_0.h5: hash mismatch in piece")
 
     print(f"test_ckpt_v2: {len(failures)} failures")
     if not failures:

@@ -64,6 +64,7 @@ static void make_format_v2(const char *dir, int64_t step) {
   for (int i = cJSON_GetArraySize(shards) - 1; i >= 0; i--)
     if (!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(shards, i), "state")), "step"))
       cJSON_DeleteItemFromArray(shards, i);
+  cJSON_ArrayForEach(it, shards) cJSON_DeleteItemFromObjectCaseSensitive(it, "offset"); /* a key of format 6 */
   cJSON *states = cJSON_GetObjectItemCaseSensitive(m, "states");
   for (int i = cJSON_GetArraySize(states) - 1; i >= 0; i--)
     if (!strcmp(cJSON_GetStringValue(cJSON_GetArrayItem(states, i)), "step")) cJSON_DeleteItemFromArray(states, i);

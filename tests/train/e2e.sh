@@ -81,7 +81,7 @@ resume)
   # datasets resumes from training_state.adam_step, the same run digit for digit.
   /usr/bin/python3 -c "import h5py, json, sys; sys.path.insert(0, '$S/tests/ckpt'); from ckpt_edit import step_dir; \
 m = json.load(open(step_dir('c') + '/manifest.json')); s = [x for x in m['shards'] if x['state'] == 'step']; \
-assert m['format_version'] == 5 and s; h = h5py.File(step_dir('c') + '/' + s[0]['file']); \
+assert m['format_version'] == 6 and s; h = h5py.File(step_dir('c') + '/' + s[0]['file']); \
 assert h[s[0]['dataset']].dtype == 'int64' and int(h[s[0]['dataset']][0]) == 8, 'step of a family at step 8'" \
     || die "c/step_8 lacks an int64 step of 8"
   cp -r c v3 && /usr/bin/python3 "$S/tests/ckpt/ckpt_edit.py" --to-v3 v3 || die "rewriting c/step_8 as format 3 failed"
