@@ -1,8 +1,8 @@
 /* One-pass verified reading of rank files (format 6): each piece of a file is read once, from
  * the disk, into a per-thread buffer, hashed against its piece digest, and the bytes of the
- * shards it overlaps (at the offsets the manifest records) are copied out while the piece is
- * still in the CPU cache; the thread that lands a shard's last byte hands it to complete()
- * (which hashes it), so shard hashing overlaps the disk reads of later pieces. */
+ * shards it overlaps (at the offsets the manifest records) are copied out of that buffer; the
+ * thread that lands a shard's last byte hands it to complete() (which hashes it), so shard
+ * hashing overlaps the disk reads of later pieces. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <fcntl.h>
