@@ -74,12 +74,12 @@ def record_offsets(m, sd):
         h.close()
 
 
-def rehash_files(run_dir):
+def rehash_files(run_dir, offsets=True):
     """Records every rank file's current size and digests (those of the manifest's format
-    version, with the piece size it records) and, in format 6, its shards' offsets: a forged
-    checkpoint consistent in every hash and offset."""
+    version, with the piece size it records) and, in format 6, its shards' offsets (unless
+    offsets=False): a forged checkpoint consistent in every hash and offset."""
     def edit(m, sd):
-        if m["format_version"] >= 6:
+        if m["format_version"] >= 6 and offsets:
             record_offsets(m, sd)
         for rec in m["files"]:
             p = os.path.join(sd, rec["name"])
