@@ -743,6 +743,10 @@ static int check_streamed(read_ctx *c, const mc_stream_shard *ss, const int *tas
     if (!ck->checked[si] && mc_h5_check_attrs(fid, where, s, shape) != 0) return -1;
     ck->checked[si] = 1;
     const int64_t at = mc_h5_data_offset(fid, s->dataset);
+    if (at < 0)
+      return mc_error("%s: dataset %s: HDF5 stores it without one data range (chunked or compressed) but the manifest "
+                      "records offset %" PRId64 " (the manifest does not describe this file: refused)", where, s->dataset,
+                      s->offset);
     if (at != s->offset)
       return mc_error("%s: dataset %s: HDF5 places its data at byte %" PRId64 " but the manifest records offset %" PRId64
                       " (the manifest does not describe this file: refused)", where, s->dataset, at, s->offset);

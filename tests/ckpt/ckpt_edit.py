@@ -55,10 +55,32 @@ def file_digests(data, version, piece_bytes=64 << 20):
     return {"piece_bytes": piece_bytes, "pieces_sha256": root, "pieces": pieces}
 
 
-def rehash_files(run_dir):
+def record_offsets(m, sd):
+    """Format 6: each shard's offset as its rank file now stores it (h5py's get_offset() of a
+    contiguous, unfiltered dataset; none for chunked, external or virtual storage), as a writer
+    of that file would record it."""
+    import h5py
+    opened = {}
+    for s in m["shards"]:
+        s.pop("offset", None)
+        if s["file"] not in opened:
+            opened[s["file"]] = h5py.File(os.path.join(sd, s["file"]), "r")
+        ds = opened[s["file"]].get(s["dataset"])
+        if isinstance(ds, h5py.Dataset) and ds.chunks is None and ds.external is None and not ds.is_virtual:
+            at = ds.id.get_offset()
+            if at:
+                s["offset"] = at
+    for h in opened.values():
+        h.close()
+
+
+def rehash_files(run_dir, offsets=True):
     """Records every rank file's current size and digests (those of the manifest's format
-    version, with the piece size it records): a forged checkpoint consistent in every hash."""
+    version, with the piece size it records) and, in format 6, its shards' offsets (unless
+    offsets=False): a forged checkpoint consistent in every hash and offset."""
     def edit(m, sd):
+        if m["format_version"] >= 6 and offsets:
+            record_offsets(m, sd)
         for rec in m["files"]:
             p = os.path.join(sd, rec["name"])
             pb = rec.get("piece_bytes", 64 << 20)

@@ -8,7 +8,10 @@ mcaudit --verify, mctrain --resume, mceval, mcreshard and mcreshard --export.
            whole file, manifest, latest) recomputed so that only the storage rule can catch
            it: every reader exits 1 naming the file and dataset and never copies the outside
            bytes anywhere. The one accepted pipeline, shuffle + gzip in chunks (what
-           checkpoint.compress=deflate writes), written by h5py: every reader exits 0.
+           checkpoint.compress=deflate writes), written by h5py: every reader exits 0; the
+           same with the manifest still recording the old contiguous data offset (format 6):
+           mctrain --resume, whose verified load uses the offsets, refuses it naming the
+           file and dataset.
   flips:   N seeded random bit flips in the metadata of a rank file (bytes outside every
            dataset's data): every reader exits 1 or 2 with a message, none dies of a signal.
 
@@ -189,6 +192,21 @@ def storage_cases(w):
     shutil.rmtree(rd)
     shutil.rmtree(out_dir, ignore_errors=True)
     print("storage: shuffle + gzip accepted by 5 readers")
+
+    # the same with the manifest still recording the contiguous dataset's offset (format 6):
+    # a verified load that uses the offsets refuses the manifest, naming file and dataset
+    rd = os.path.join(w, "run_stale_offset")
+    shutil.copytree(os.path.join(w, "run"), rd)
+    rank = os.path.join(step_dir(rd), "rank_0.h5")
+    name, data, attrs = pick_dataset(rank)
+    replace_dataset(rank, name, data, attrs, shuffle_gzip)
+    rehash_files(rd, offsets=False)
+    tool, argv, cwd = readers(w, rd, out_dir)[1]
+    rc, out, err = run(*argv, cwd=cwd)
+    check(rc != 0 and "rank_0.h5" in err and name in err and "without one data range" in err,
+          "stale offset: %s must refuse %s (rc %d): %s" % (tool, name, rc, err.strip()[-400:]))
+    shutil.rmtree(rd)
+    print("storage: a stale offset refused by %s" % tool)
 
 
 def metadata_ranges(path):
