@@ -99,12 +99,10 @@ struct mc_backend {
    * in the queued work whose results the following snap_to_host copies see; the copies run
    * beside later work (CUDA: on a second stream, into host_alloc memory); snap_end closes
    * the batch. snap_fence makes work queued after it wait until the batch has been read
-   * (the wait is queued: the host does not wait for the copies, though CUDA's fence may wait
-   * until they are all queued, which a thread of its own does in chunks: cuda_snap.cu says
-   * why), so whatever overwrites the copied tensors is queued after a fence.
-   * snap_wait blocks the calling host thread, which may be any thread, until the batch is in
-   * host memory: 0, or -1 with mc_error. On the CPU the copies are done at once and fence and
-   * wait have nothing to do. One batch at a time: begin waits for none. */
+   * (queued: the host does not block), so whatever overwrites the copied tensors is queued
+   * after a fence. snap_wait blocks the calling host thread, which may be any thread, until
+   * the batch is in host memory: 0, or -1 with mc_error. On the CPU the copies are done at
+   * once and fence and wait have nothing to do. One batch at a time: begin waits for none. */
   void (*snap_begin)(mc_backend *be);
   void (*snap_to_host)(mc_backend *be, void *host_dst, const void *src, size_t bytes);
   void (*snap_end)(mc_backend *be);

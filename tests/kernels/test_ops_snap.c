@@ -7,8 +7,9 @@
  *   from a second thread the host copies hold the first value, bitwise, and the tensors the
  *   second.
  * - Repeated batches into the same host_alloc buffers (the staging is reused every save).
- * - snap_wait with no batch returns 0; host_alloc memory is zeroed (a block over 64 MiB: CUDA
- *   zeroes it on several threads before pinning it); a small to_host after a batch. */
+ * - snap_wait with no batch returns 0; host_alloc memory is zeroed (a block over 64 MiB, which
+ *   CUDA page-locks on a thread of its own while the test goes on); a small to_host after a
+ *   batch. */
 #include <pthread.h>
 #include <string.h>
 
@@ -42,8 +43,8 @@ static void run(mc_backend *be) {
   float *dev[NT], *host[NT];
   size_t total = 0;
   for (int i = 0; i < NT; i++) total += (size_t)size_of(i);
-  /* 64 MiB more than the tensors need: CUDA maps a block this large and zeroes it on several
-   * threads before pinning it, a different path from small blocks */
+  /* 64 MiB more than the tensors need: CUDA maps a block this large and page-locks it on a
+   * thread of its own (snap_begin waits for it), a different path from small blocks */
   const size_t block_n = total + ((size_t)16 << 20);
   float *block = be->host_alloc(be, block_n * sizeof(float));
   CHECK(block != NULL, "%s: host_alloc of %zu bytes: %s", be->name, block_n * sizeof(float), mc_errmsg());
