@@ -13,6 +13,7 @@
 #include "ckpt/ckpt_internal.h"
 #include "core/box.h"
 #include "core/dtype.h"
+#include "util/fileio.h"
 #include "util/error.h"
 
 /* ---------------------------------------------------------------- HDF5 errors */
@@ -824,14 +825,9 @@ int64_t mc_h5_raw_offset(int64_t fid, const char *dataset) { return dataset_offs
 int64_t mc_h5_data_offset(int64_t fid, const char *dataset) { return dataset_offset(fid, dataset, 0); }
 
 int mc_read_raw(int fd, int64_t at, void *dst, int64_t bytes, const char *file, const char *dataset) {
-  char *p = dst;
-  while (bytes > 0) {
-    ssize_t r = pread(fd, p, (size_t)bytes, (off_t)at);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0)
-      return mc_error("%s: reading dataset %s failed: %s", file, dataset, r < 0 ? strerror(errno) : "unexpected end of file");
-    p += r, bytes -= r, at += r;
-  }
+  const int64_t r = mc_pread_full(fd, dst, bytes, at);
+  if (r != bytes)
+    return mc_error("%s: reading dataset %s failed: %s", file, dataset, r < 0 ? strerror(errno) : "unexpected end of file");
   return 0;
 }
 

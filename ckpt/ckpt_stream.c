@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt_internal.h"
+#include "util/fileio.h"
 #include "util/error.h"
 
 #define BUF_ALIGN 4096
@@ -68,13 +69,8 @@ static void give_buf(stream_ctx *c, void *b) {
 }
 
 static int read_piece(int fd, unsigned char *buf, int64_t off, int64_t len, const char *path) {
-  int64_t done = 0;
-  while (done < len) {
-    ssize_t r = pread(fd, buf + done, (size_t)(len - done), (off_t)(off + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return mc_error("%s: read error while hashing: %s", path, r < 0 ? strerror(errno) : "unexpected end of file");
-    done += r;
-  }
+  const int64_t r = mc_pread_full(fd, buf, len, off);
+  if (r != len) return mc_error("%s: read error while hashing: %s", path, r < 0 ? strerror(errno) : "unexpected end of file");
   return 0;
 }
 

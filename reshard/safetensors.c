@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "util/fileio.h"
 #include "util/error.h"
 #include "util/paths.h"
 
@@ -55,14 +56,9 @@ static int write_all(int fd, const void *buf, int64_t n, int64_t off, const char
 }
 
 static int read_all(int fd, void *buf, int64_t n, int64_t off, const char *path) {
-  char *p = buf;
-  while (n > 0) {
-    ssize_t r = pread(fd, p, (size_t)n, (off_t)off);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return mc_error("%s: read failed: %s", path, strerror(errno));
-    if (r == 0) return mc_error("%s: unexpected end of file at byte %lld", path, (long long)off);
-    p += r, n -= r, off += r;
-  }
+  const int64_t r = mc_pread_full(fd, buf, n, off);
+  if (r < 0) return mc_error("%s: read failed: %s", path, strerror(errno));
+  if (r < n) return mc_error("%s: unexpected end of file at byte %lld", path, (long long)(off + r));
   return 0;
 }
 

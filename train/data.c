@@ -1,4 +1,4 @@
-#define _POSIX_C_SOURCE 200809L /* access(), pread() */
+#define _POSIX_C_SOURCE 200809L /* access() */
 
 #include "train/data.h"
 
@@ -13,6 +13,7 @@
 
 #include "util/checked.h"
 #include "util/error.h"
+#include "util/fileio.h"
 #include "util/rng.h"
 
 /* Reads a string attribute (fixed-length or variable-length) into buf; 0 if absent. */
@@ -63,21 +64,6 @@ static int open_raw(mc_data *d) {
   if (off == HADDR_UNDEF || off > (haddr_t)INT64_MAX) return 0; /* read through HDF5 */
   if ((d->fd = open(d->path, O_RDONLY | O_CLOEXEC)) < 0) return -1;
   d->raw_offset = (int64_t)off;
-  return 0;
-}
-
-/* Reads bytes [off, off + n) of the token file into buf; 0, or -1 with errno set (EIO at an
- * unexpected end of file). */
-static int pread_full(int fd, void *buf, size_t n, int64_t off) {
-  for (size_t got = 0; got < n;) {
-    ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + (int64_t)got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      if (r == 0) errno = EIO;
-      return -1;
-    }
-    got += (size_t)r;
-  }
   return 0;
 }
 
@@ -290,9 +276,10 @@ int mc_data_read_window(const mc_data *d, int64_t w, int32_t *out) {
   if (d->fd >= 0) {
     /* little-endian on a little-endian host: uint16 tokens widen in place, last first */
     const size_t eb = (size_t)d->elem_bytes;
-    if (pread_full(d->fd, buf, (size_t)count * eb, d->raw_offset + (int64_t)(start * eb)) != 0)
+    const int64_t want = (int64_t)(count * eb), got = mc_pread_full(d->fd, buf, want, d->raw_offset + (int64_t)(start * eb));
+    if (got != want)
       return mc_error("dataset %s: reading tokens [%llu, %llu) failed: %s", d->path, (unsigned long long)start,
-                      (unsigned long long)(start + count), strerror(errno));
+                      (unsigned long long)(start + count), got < 0 ? strerror(errno) : "unexpected end of file");
     for (hsize_t i = count; eb == 2 && i-- > 0;) { /* memcpy: the two views of buf alias */
       uint16_t v;
       memcpy(&v, (const char *)buf + 2 * i, 2);
