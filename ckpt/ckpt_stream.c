@@ -2,7 +2,9 @@
  * the disk, into a per-thread buffer, hashed against its piece digest, and the bytes of the
  * shards it overlaps (at the offsets the manifest records) are copied out of that buffer; the
  * thread that lands a shard's last byte hands it to complete() (which hashes it), so shard
- * hashing overlaps the disk reads of later pieces. */
+ * hashing overlaps the disk reads of later pieces. The reads themselves take turns, piece
+ * after piece in file order on one descriptor per file: the disk sees one sequential stream,
+ * as a plain read() of the files, while the other threads hash and copy. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <fcntl.h>
@@ -35,7 +37,10 @@ typedef struct {
   mc_stream_complete_fn complete;
   void *user;
   atomic_int failed;  /* a piece failed: later pieces are not read */
-  pthread_mutex_t mu; /* guards the buffer list, the temporary shard buffers and files[].err */
+  pthread_mutex_t mu; /* guards the buffer list, the temporary shard buffers, files[].err and turn */
+  pthread_cond_t turn_cv;
+  int64_t turn; /* the next piece (job) to read */
+  int *fds;     /* per file: open from its first piece's read to its last one's (only the reader in turn uses it) */
   void **free_bufs;
   int n_free;
   int64_t buf_bytes;
@@ -117,31 +122,50 @@ static int land_shards(stream_ctx *c, int f, const unsigned char *buf, int64_t o
   return 0;
 }
 
+/* Piece k of file f into a buffer, by the thread whose turn it is: the file's descriptor is
+ * opened at its first piece and closed after its last, and the next piece is handed to the
+ * kernel's read-ahead first, so the disk never waits for the next reader to wake. */
+static int read_in_turn(stream_ctx *c, int f, int64_t k, unsigned char **buf) {
+  mc_piece_file *pf = &c->files[f];
+  const int64_t off = k * pf->piece_bytes;
+  const int64_t len = pf->bytes - off < pf->piece_bytes ? pf->bytes - off : pf->piece_bytes;
+  int rc = c->fds[f] >= 0 ? 0 : mc_piece_open(pf->path, pf->bytes, 1, &c->fds[f]);
+  if (rc == 0 && off + len < pf->bytes) posix_fadvise(c->fds[f], off + len, pf->piece_bytes, POSIX_FADV_WILLNEED);
+  if (rc == 0 && !(*buf = take_buf(c))) rc = mc_error("%s: out of memory reading piece %" PRId64, pf->path, k);
+  if (rc == 0) rc = read_piece(c->fds[f], *buf, off, len, pf->path);
+  if ((rc != 0 || k == pf->n_pieces - 1) && c->fds[f] >= 0) {
+    close(c->fds[f]);
+    c->fds[f] = -1;
+  }
+  return rc;
+}
+
 static int piece_job(void *vctx, int j) {
   stream_ctx *c = vctx;
-  if (atomic_load(&c->failed)) return 0; /* the failing piece reports */
   int f = 0;
   while (c->job_first[f + 1] <= j) f++;
   mc_piece_file *pf = &c->files[f];
   const int64_t k = j - c->job_first[f], off = k * pf->piece_bytes;
   const int64_t len = pf->bytes - off < pf->piece_bytes ? pf->bytes - off : pf->piece_bytes;
-  int fd = -1;
   unsigned char *buf = NULL;
-  int rc = mc_piece_open(pf->path, pf->bytes, 1, &fd);
-  if (rc == 0) {
-    /* the disk reads the next round of pieces while this thread hashes and copies */
-    const int64_t ahead = off + (int64_t)c->threads * pf->piece_bytes;
-    if (ahead < pf->bytes) posix_fadvise(fd, ahead, pf->piece_bytes, POSIX_FADV_WILLNEED);
-    if (!(buf = take_buf(c))) rc = mc_error("%s: out of memory reading piece %" PRId64, pf->path, k);
-  }
-  if (rc == 0) rc = read_piece(fd, buf, off, len, pf->path);
-  if (fd >= 0) close(fd);
+  /* 1. Read in turn (jobs are handed out in order, so the turn's holder is running). */
+  pthread_mutex_lock(&c->mu);
+  while (c->turn != j) pthread_cond_wait(&c->turn_cv, &c->mu);
+  pthread_mutex_unlock(&c->mu);
+  const int skip = atomic_load(&c->failed); /* the failing piece reports */
+  int rc = skip ? 0 : read_in_turn(c, f, k, &buf);
+  if (rc != 0) atomic_store(&c->failed, 1);
+  pthread_mutex_lock(&c->mu);
+  c->turn = j + 1;
+  pthread_cond_broadcast(&c->turn_cv);
+  pthread_mutex_unlock(&c->mu);
+  /* 2. Check the piece, 3. copy out the shard bytes it holds. */
   char hex[65];
-  if (rc == 0) {
+  if (rc == 0 && !skip) {
     mc_sha256_hex(buf, (size_t)len, hex);
     if (strcmp(hex, pf->pieces[k]) != 0) rc = mc_piece_mismatch(pf, k, hex);
   }
-  if (rc == 0) rc = land_shards(c, f, buf, off, len, pf->path);
+  if (rc == 0 && !skip) rc = land_shards(c, f, buf, off, len, pf->path);
   if (buf) give_buf(c, buf);
   if (rc != 0) {
     mc_piece_note_error(&c->mu, pf, k);
@@ -175,7 +199,7 @@ int mc_stream_files(mc_piece_file *files, int n_files, mc_stream_shard *shards, 
                     mc_stream_complete_fn complete, void *user) {
   if (threads < 1) threads = 1;
   stream_ctx c = {.files = files, .n_files = n_files, .shards = shards, .threads = threads, .complete = complete,
-                  .user = user, .mu = PTHREAD_MUTEX_INITIALIZER};
+                  .user = user, .mu = PTHREAD_MUTEX_INITIALIZER, .turn_cv = PTHREAD_COND_INITIALIZER};
   atomic_init(&c.failed, 0);
   const size_t ns = (size_t)(n_shards > 0 ? n_shards : 1), nf = (size_t)n_files + 1;
   c.order = malloc(ns * sizeof *c.order);
@@ -184,8 +208,10 @@ int mc_stream_files(mc_piece_file *files, int n_files, mc_stream_shard *shards, 
   c.landed = malloc(ns * sizeof *c.landed);
   c.temp = malloc(ns);
   c.free_bufs = malloc((size_t)threads * sizeof *c.free_bufs);
+  c.fds = malloc(nf * sizeof *c.fds);
   int rc = 0;
-  if (!c.order || !c.file_first || !c.job_first || !c.landed || !c.temp || !c.free_bufs)
+  for (size_t f = 0; c.fds && f < nf; f++) c.fds[f] = -1;
+  if (!c.order || !c.file_first || !c.job_first || !c.landed || !c.temp || !c.free_bufs || !c.fds)
     rc = mc_error("out of memory planning the read of %d rank files", n_files);
   if (rc == 0) c.job_first[0] = 0;
   for (int f = 0; rc == 0 && f < n_files; f++) {
@@ -205,6 +231,8 @@ int mc_stream_files(mc_piece_file *files, int n_files, mc_stream_shard *shards, 
     rc = mc_error("%s and others: %" PRId64 " pieces to read, more than this MegaC can", files[0].path, c.job_first[n_files]);
   if (rc == 0) rc = mc_parallel((int)c.job_first[n_files], threads, piece_job, &c);
   for (int i = 0; i < c.n_free; i++) free(c.free_bufs[i]);
+  for (int f = 0; c.fds && f < n_files; f++) /* a file whose last piece a failure skipped */
+    if (c.fds[f] >= 0) close(c.fds[f]);
   for (int k = 0; k < n_shards && c.temp; k++) /* temporaries of shards a failure left incomplete */
     if (c.temp[k]) {
       free(shards[k].dst);
@@ -216,6 +244,8 @@ int mc_stream_files(mc_piece_file *files, int n_files, mc_stream_shard *shards, 
   free(c.landed);
   free(c.temp);
   free(c.free_bufs);
+  free(c.fds);
   pthread_mutex_destroy(&c.mu);
+  pthread_cond_destroy(&c.turn_cv);
   return rc;
 }
