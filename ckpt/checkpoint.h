@@ -365,6 +365,9 @@ int mc_ckpt_verify_all(mc_ckpt *ck);
  * shard a read touches is read whole and hashed once per open; without it a request that is
  * not a whole shard reads only its intersection. Either pointer may be NULL. */
 void mc_ckpt_io_bytes(mc_ckpt *ck, int64_t *read, int64_t *hashed);
+/* Bytes of rank files this handle hashed against their piece (or whole-file) digests since it
+ * was opened: the checks before parsing, their parts, and the pieces of one-pass reads. */
+int64_t mc_ckpt_checked_bytes(mc_ckpt *ck);
 /* 1 if this handle hash-verifies what it reads (mc_ckpt_open_opts.verify). */
 int mc_ckpt_verifies(const mc_ckpt *ck);
 /* Verify before parsing (docs/reliability.md): checks rank file `file` (a name the manifest
@@ -383,5 +386,16 @@ int mc_ckpt_check_file(mc_ckpt *ck, const char *file);
  * that is not thread-safe does not limit it). For readers that will read every file (mcaudit,
  * mcreshard); the reads of mc_ckpt_read_many check the files they touch the same way. */
 int mc_ckpt_check_files(mc_ckpt *ck);
+/* A job's ranks sharing the check before parsing of the rank files they will read, so that
+ * each piece is hashed once in the job rather than once per rank: number the pieces of
+ * files[0..n) (names the manifest lists, the same list in the same order on every rank; a
+ * format <= 4 file is one piece) 0..total; part `part` of `parts` checks the run [total *
+ * part / parts, total * (part + 1) / parts) (pieces of files this handle checked already are
+ * skipped). Errors as mc_ckpt_check_file's; a failing file stays failed on this handle. */
+int mc_ckpt_check_files_part(mc_ckpt *ck, const char *const *files, int n, int part, int parts);
+/* Records files[0..n) as checked on this handle, once every part of them passed
+ * mc_ckpt_check_files_part somewhere in the job (the caller agrees on that: a collective):
+ * reads then parse them without hashing them again. -1 naming a file this handle saw fail. */
+int mc_ckpt_files_checked(mc_ckpt *ck, const char *const *files, int n);
 
 #endif

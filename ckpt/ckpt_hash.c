@@ -198,7 +198,7 @@ static int piece_job(void *vctx, int j) {
     else hi = mid - 1;
   }
   mc_piece_file *f = &c->f[lo];
-  const int64_t k = j - c->first[lo];
+  const int64_t k = j - c->first[lo] + (f->hi > 0 ? f->lo : 0);
   if (c->verify) { /* a file that already failed at an earlier piece is not hashed further */
     pthread_mutex_lock(&c->mu);
     int skip = f->err && f->err_piece < k;
@@ -220,7 +220,7 @@ static int run_pieces(mc_piece_file *f, int n, int threads, int verify) {
   piece_ctx c = {f, n, malloc((size_t)(n + 1) * sizeof(int64_t)), verify, PTHREAD_MUTEX_INITIALIZER};
   if (!c.first) return mc_error("out of memory");
   c.first[0] = 0;
-  for (int i = 0; i < n; i++) c.first[i + 1] = c.first[i] + f[i].n_pieces;
+  for (int i = 0; i < n; i++) c.first[i + 1] = c.first[i] + (f[i].hi > 0 ? f[i].hi - f[i].lo : f[i].n_pieces);
   int rc = c.first[n] > INT_MAX ? mc_error("%s and others: %" PRId64 " pieces to hash, more than this MegaC can",
                                            f[0].path, c.first[n])
                                 : mc_parallel((int)c.first[n], threads, piece_job, &c);

@@ -59,6 +59,7 @@ typedef struct {
   int whole;            /* verify: one piece that is the whole file (format <= 4's files[].sha256) */
   char *err;            /* verify: the message of the file's first failing piece (malloc'd), or NULL */
   int64_t err_piece;
+  int64_t lo, hi;       /* verify: only pieces [lo, hi) when hi > 0 (a part of the file's check) */
 } mc_piece_file;
 /* Opens `path` for reading a piece (O_NONBLOCK): it must be a regular file of `size` bytes,
  * else -1 naming it (verify: "... bytes but the manifest records ..."; else "changed size"). */

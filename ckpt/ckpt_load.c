@@ -34,6 +34,7 @@ struct mc_ckpt {
   unsigned char *verified; /* per shard: hash verified */
   int *disk_order;         /* shard indices by (rank file, family, state): the order written */
   int64_t bytes_read, bytes_hashed; /* shard data since open (mc_ckpt_io_bytes) */
+  int64_t bytes_checked;            /* rank-file bytes hashed against piece digests (mc_ckpt_checked_bytes) */
   int hash_threads;        /* threads for whole-file hashes (no HDF5 call: not clamped to 1) */
 };
 
@@ -344,6 +345,36 @@ static int file_index(const mc_ckpt *ck, const char *name) {
   return -1;
 }
 
+/* Rank file f, found at path, as mc_pieces_verify checks it: its pieces (format 5 and later),
+ * or its whole-file hash as the one piece (format <= 4). */
+static void piece_file_of(const mc_file_rec *f, const char *path, mc_piece_file *p) {
+  p->path = path;
+  p->bytes = f->bytes;
+  if (f->pieces) {
+    p->piece_bytes = f->piece_bytes;
+    p->n_pieces = f->n_pieces;
+    p->pieces = f->pieces;
+  } else {
+    p->piece_bytes = f->bytes > 0 ? f->bytes : 1;
+    p->n_pieces = 1;
+    p->pieces = (char(*)[65])f->sha256;
+    p->whole = 1;
+  }
+}
+
+/* Counts the bytes of p that a verify pass covered (all of them, or pieces [lo, hi)). A pass
+ * stopped by a failure counts as if whole: the figure is for loads that succeed. */
+static void count_checked(mc_ckpt *ck, const mc_piece_file *p) {
+  int64_t b = p->bytes;
+  if (p->hi > 0) {
+    const int64_t end = p->hi * p->piece_bytes < p->bytes ? p->hi * p->piece_bytes : p->bytes;
+    b = end - p->lo * p->piece_bytes;
+  }
+  pthread_mutex_lock(&ck->mu);
+  ck->bytes_checked += b;
+  pthread_mutex_unlock(&ck->mu);
+}
+
 /* Verify before parsing: checks rank files fis[0..n) against the manifest's records (size and
  * piece digests, format 5; size and whole-file SHA-256, format <= 4), once per open. The
  * files no other thread is checking are claimed and hashed here, the pieces of all of them
@@ -375,24 +406,13 @@ static int check_files(mc_ckpt *ck, const int *fis, int n) {
     if (ck->file_state[fis[k]] != 0 || (!f->sha256[0] && !f->pieces)) continue;
     ck->file_state[fis[k]] = 1;
     claimed[np] = fis[k];
-    mc_piece_file *p = &pf[np++];
-    p->path = paths[k];
-    p->bytes = f->bytes;
-    if (f->pieces) {
-      p->piece_bytes = f->piece_bytes;
-      p->n_pieces = f->n_pieces;
-      p->pieces = f->pieces;
-    } else { /* format <= 4: the whole file is the one piece */
-      p->piece_bytes = f->bytes > 0 ? f->bytes : 1;
-      p->n_pieces = 1;
-      p->pieces = (char(*)[65])f->sha256;
-      p->whole = 1;
-    }
+    piece_file_of(f, paths[k], &pf[np++]);
   }
   pthread_mutex_unlock(&ck->mu);
   /* each failing file's message in pf[i].err; a failure of none (no thread could start)
    * fails them all */
   int vrc = np > 0 ? mc_pieces_verify(pf, np, ck->hash_threads) : 0, named = 0;
+  for (int i = 0; i < np; i++) count_checked(ck, &pf[i]);
   for (int i = 0; i < np; i++) named |= pf[i].err != NULL;
   for (int i = 0; i < np && vrc != 0 && !named; i++) pf[i].err = strdup(mc_errmsg());
   pthread_mutex_lock(&ck->mu);
@@ -419,6 +439,74 @@ int mc_ckpt_check_file(mc_ckpt *ck, const char *file) {
   int fi = file_index(ck, file);
   if (fi < 0) return mc_error("%s/%s: not listed in the manifest", ck->step_dir, file);
   return check_file(ck, fi);
+}
+
+/* The pieces of the named files, in the order given, numbered 0..total (a file without any
+ * digest has none); part `part` of `parts` is the run [total * part / parts, total * (part
+ * + 1) / parts). Each file's share of it is verified here; a failing file is recorded as
+ * failed on this handle, as check_files does. */
+int mc_ckpt_check_files_part(mc_ckpt *ck, const char *const *files, int n, int part, int parts) {
+  if (parts < 1 || part < 0 || part >= parts) return mc_error("%s: no part %d of %d to check", ck->step_dir, part, parts);
+  const size_t nn = (size_t)(n > 0 ? n : 1);
+  int *fis = malloc(nn * sizeof *fis);
+  mc_piece_file *pf = calloc(nn, sizeof *pf);
+  char(*paths)[MC_PATH_MAX] = malloc(nn * MC_PATH_MAX);
+  int rc = fis && pf && paths ? 0 : mc_error("%s: out of memory checking %d rank files", ck->step_dir, n);
+  int64_t total = 0;
+  for (int k = 0; rc == 0 && k < n; k++) {
+    if ((fis[k] = file_index(ck, files[k])) < 0) rc = mc_error("%s/%s: not listed in the manifest", ck->step_dir, files[k]);
+    else rc = mc_path_join(paths[k], ck->step_dir, files[k]);
+    const mc_file_rec *f = rc == 0 ? &ck->m.files[fis[k]] : NULL;
+    if (f) total += f->pieces ? f->n_pieces : f->sha256[0] ? 1 : 0;
+  }
+  const int64_t a = total * part / parts, b = total * (part + 1) / parts;
+  int np = 0;
+  int64_t g = 0; /* the number of file k's piece 0 */
+  pthread_mutex_lock(&ck->mu);
+  for (int k = 0; rc == 0 && k < n; k++) {
+    const mc_file_rec *f = &ck->m.files[fis[k]];
+    const int64_t count = f->pieces ? f->n_pieces : f->sha256[0] ? 1 : 0;
+    const int64_t lo = (a > g ? a : g) - g, hi = (b < g + count ? b : g + count) - g;
+    g += count;
+    if (hi <= lo || ck->file_state[fis[k]] == 2) continue; /* none of this part, or all checked already */
+    if (ck->file_state[fis[k]] == -1) {
+      rc = mc_error("%s", ck->file_err[fis[k]] ? ck->file_err[fis[k]] : "rank file failed its check before parsing");
+      break;
+    }
+    piece_file_of(f, paths[k], &pf[np]);
+    pf[np].lo = lo, pf[np].hi = hi;
+    fis[np++] = fis[k]; /* np <= k: the entries still to come are not overwritten */
+  }
+  pthread_mutex_unlock(&ck->mu);
+  const int vrc = rc == 0 && np > 0 ? mc_pieces_verify(pf, np, ck->hash_threads) : 0;
+  for (int i = 0; i < np; i++) count_checked(ck, &pf[i]);
+  pthread_mutex_lock(&ck->mu);
+  for (int i = 0; i < np; i++)
+    if (pf[i].err) {
+      free(ck->file_err[fis[i]]);
+      ck->file_err[fis[i]] = pf[i].err;
+      ck->file_state[fis[i]] = -1;
+    }
+  pthread_mutex_unlock(&ck->mu);
+  if (rc == 0 && vrc != 0) rc = -1;
+  free(fis);
+  free(pf);
+  free(paths);
+  return rc;
+}
+
+int mc_ckpt_files_checked(mc_ckpt *ck, const char *const *files, int n) {
+  int rc = 0;
+  pthread_mutex_lock(&ck->mu);
+  for (int k = 0; k < n; k++) {
+    const int fi = file_index(ck, files[k]);
+    if (fi < 0) rc = mc_error("%s/%s: not listed in the manifest", ck->step_dir, files[k]);
+    else if (ck->file_state[fi] == -1 && rc == 0)
+      rc = mc_error("%s", ck->file_err[fi] ? ck->file_err[fi] : "rank file failed its check before parsing");
+    else if (ck->file_state[fi] == 0) ck->file_state[fi] = 2;
+  }
+  pthread_mutex_unlock(&ck->mu);
+  return rc;
 }
 
 int mc_ckpt_check_files(mc_ckpt *ck) {
@@ -459,6 +547,13 @@ void mc_ckpt_io_bytes(mc_ckpt *ck, int64_t *read, int64_t *hashed) {
   if (read) *read = ck->bytes_read;
   if (hashed) *hashed = ck->bytes_hashed;
   pthread_mutex_unlock(&ck->mu);
+}
+
+int64_t mc_ckpt_checked_bytes(mc_ckpt *ck) {
+  pthread_mutex_lock(&ck->mu);
+  const int64_t b = ck->bytes_checked;
+  pthread_mutex_unlock(&ck->mu);
+  return b;
 }
 
 int mc_ckpt_verifies(const mc_ckpt *ck) { return ck->opts.verify != 0; }
@@ -805,6 +900,7 @@ static int stream_files(read_ctx *c, int n_tasks, const int *sf, int n) {
     c->streamed[t] = 1;
   }
   const int src = rc == 0 ? mc_stream_files(pf, n, ss, ns, ck->hash_threads, stream_complete, &g) : -1;
+  for (int k = 0; rc == 0 && k < n; k++) count_checked(ck, &pf[k]);
   /* a file is verified when the stream got through all of it; one it did not finish is checked again if asked */
   pthread_mutex_lock(&ck->mu);
   for (int k = 0; k < n; k++) {

@@ -421,6 +421,26 @@ static int execute(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_req
   return rc;
 }
 
+/* Verify before parsing, shared by the job: the pieces of the rank files the plan reads are
+ * split into one run per rank, each hashed once in the job; once every run passed, every
+ * rank takes those files as checked (its reads then hash only the shards). Alone, each rank
+ * would hash every file it reads a part of in full: W times the checkpoint for W ranks. Like
+ * the plan itself, this takes the checkpoint directory to be the same files on every rank. */
+static int check_shared(mc_ckpt *ck, mc_comm *world, const plan *p) {
+  const char **files = malloc(sizeof *files * (size_t)(p->n_needs + 1));
+  int n = 0;
+  for (int u = 0; files && u < p->n_needs; u++) {
+    const char *f = mc_ckpt_shard_at(ck, p->needs[u].shard)->file;
+    int seen = n > 0 && strcmp(files[n - 1], f) == 0; /* needs are in disk order: mostly one file after another */
+    for (int i = 0; i < n && !seen; i++) seen = strcmp(files[i], f) == 0;
+    if (!seen) files[n++] = f;
+  }
+  int rc = mc_load_agree(world, files && mc_ckpt_check_files_part(ck, files, n, p->me, p->W) == 0);
+  if (rc == 0) rc = mc_load_agree(world, mc_ckpt_files_checked(ck, files, n) == 0);
+  free(files);
+  return rc;
+}
+
 /* ---------------------------------------------------------------- the load */
 
 int mc_load_shared(mc_ckpt *ck, mc_comm *world, const mc_ckpt_request *reqs, int n, const mc_load_opts *opts,
@@ -434,8 +454,9 @@ int mc_load_shared(mc_ckpt *ck, mc_comm *world, const mc_ckpt_request *reqs, int
   p.W = world ? world->size : 1;
   p.me = world ? world->rank : 0;
   const int shared = p.W > 1 && !o.per_rank;
-  int64_t read0 = 0, hashed0 = 0, io[2] = {0, 0}, peak[2] = {0, 0};
+  int64_t read0 = 0, hashed0 = 0, io[3] = {0, 0, 0}, peak[2] = {0, 0};
   mc_ckpt_io_bytes(ck, &read0, &hashed0);
+  const int64_t checked0 = mc_ckpt_checked_bytes(ck);
   int ok = 1;
   for (int i = 0; ok && i < n; i++) ok = mc_ckpt_check_request(ck, &reqs[i]) == 0;
   int rc = mc_load_agree(world, ok);
@@ -445,22 +466,23 @@ int mc_load_shared(mc_ckpt *ck, mc_comm *world, const mc_ckpt_request *reqs, int
     ok = cut_pieces(ck, &p) == 0 && (!shared || (assign_readers(&p) == 0 && schedule(&p, o.round_bytes) == 0));
     rc = mc_load_agree(world, ok);
   }
+  if (rc == 0 && shared && mc_ckpt_verifies(ck)) rc = check_shared(ck, world, &p);
   if (rc == 0 && shared) rc = execute(ck, world, &p, reqs, peak);
   else if (rc == 0) rc = mc_load_agree(world, mc_ckpt_read_many(ck, reqs, n) == 0);
   mc_ckpt_io_bytes(ck, &io[0], &io[1]);
-  io[0] -= read0, io[1] -= hashed0;
+  io[0] -= read0, io[1] -= hashed0, io[2] = mc_ckpt_checked_bytes(ck) - checked0;
   if (stats) {
     memset(stats, 0, sizeof *stats);
     stats->world = p.W;
-    stats->read = io[0], stats->hashed = io[1];
+    stats->read = io[0], stats->hashed = io[1], stats->checked = io[2];
     stats->needed = p.needed, stats->per_rank_read = p.per_rank_read;
     stats->rounds = shared ? p.n_rounds : 0;
     stats->peak_exchange = peak[0], stats->peak_held = peak[1];
     for (int u = 0; u < p.n_needs; u++)
       stats->largest_shard = p.needs[u].bytes > stats->largest_shard ? p.needs[u].bytes : stats->largest_shard;
   }
-  if (rc == 0 && p.W > 1 && mc_allreduce_sum(world, io, 2, MC_DT_I64) != 0) rc = mc_error_context("summing the bytes the load read");
-  if (stats) stats->total_read = io[0], stats->total_hashed = io[1];
+  if (rc == 0 && p.W > 1 && mc_allreduce_sum(world, io, 3, MC_DT_I64) != 0) rc = mc_error_context("summing the bytes the load read");
+  if (stats) stats->total_read = io[0], stats->total_hashed = io[1], stats->total_checked = io[2];
   plan_free(&p);
   return rc;
 }

@@ -43,6 +43,7 @@ typedef struct {
   int world;                        /* ranks that took part */
   int64_t read, hashed;             /* shard bytes this rank read from disk and hashed */
   int64_t total_read, total_hashed; /* the same summed over the ranks */
+  int64_t checked, total_checked;   /* rank-file bytes this rank, and all, hashed against piece digests */
   int64_t needed;                   /* stored bytes of the shards some rank's boxes touch, each once */
   int64_t per_rank_read;            /* bytes the ranks would read in all, each reading its own
                                      * boxes (mc_ckpt_io_bytes's rule, per rank) */

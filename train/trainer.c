@@ -214,10 +214,11 @@ static int resume_from(run *r, const char *path) {
       fprintf(r->opts->progress, "mctrain: resumed from %s at step %lld\n", mc_ckpt_step_dir(ck), (long long)st.step);
       fprintf(r->opts->progress,
               "mctrain: loaded %lld bytes from disk once (%d rank%s reading %s own boxes would have read %lld); "
-              "%lld bytes hashed, %d exchange round%s; %.3f s from open to device memory (%.2f GB/s)",
+              "%lld bytes hashed, %lld bytes of rank files checked against their piece digests, %d exchange round%s; "
+              "%.3f s from open to device memory (%.2f GB/s)",
               (long long)ls.total_read, ls.world, ls.world == 1 ? "" : "s each", ls.world == 1 ? "its" : "their",
-              (long long)ls.per_rank_read,
-              (long long)ls.total_hashed, ls.rounds, ls.rounds == 1 ? "" : "s", secs,
+              (long long)ls.per_rank_read, (long long)ls.total_hashed, (long long)ls.total_checked, ls.rounds,
+              ls.rounds == 1 ? "" : "s", secs,
               secs > 0 ? 1e-9 * (double)ls.total_read / secs : 0.0);
       if (r->opt.stage) fprintf(r->opts->progress, ", %.3f s of it allocating the pinned staging", stage_s);
       fputc('\n', r->opts->progress);

@@ -121,6 +121,38 @@ static void case_data_flip(void) {
   }
 }
 
+/* A job's shared check (mc_ckpt_check_files_part), each part on its own handle: with piece
+ * bad (numbered over rank_0.h5 then rank_1.h5; -1: none) flipped, exactly the part holding it
+ * fails, with want in its message; the parts' checked bytes add up to both files once; with
+ * none flipped, every handle records the files as checked (as a job does once all parts
+ * passed) and then parses them without hashing them again. */
+static void check_parts(const char *dir, long bad, long total, long bytes, const char *want) {
+  const char *files[] = {"rank_0.h5", "rank_1.h5"};
+  for (int parts = 1; parts <= 5; parts += 2) {
+    int64_t checked = 0;
+    for (int r = 0; r < parts; r++) {
+      mc_ckpt *ck = NULL;
+      CHECK_OK(mc_ckpt_open(dir, NULL, &ck));
+      if (!ck) continue;
+      const int rc = mc_ckpt_check_files_part(ck, files, 2, r, parts);
+      const int holds = bad >= 0 && total * r / parts <= bad && bad < total * (r + 1) / parts;
+      CHECK(holds ? rc != 0 && strstr(mc_errmsg(), want) : rc == 0, "piece %ld, part %d of %d: %s", bad, r, parts,
+            rc ? mc_errmsg() : "passed");
+      checked += mc_ckpt_checked_bytes(ck);
+      CHECK(bad >= 0 || mc_ckpt_files_checked(ck, files, 2) == 0, "part %d of %d: files_checked: %s", r, parts, mc_errmsg());
+      CHECK(!holds || mc_ckpt_files_checked(ck, files, 2) != 0, "part %d of %d: files_checked passed a failed file", r, parts);
+      if (bad < 0) { /* clean: the files are not hashed again before parsing */
+        const int64_t before = mc_ckpt_checked_bytes(ck);
+        CHECK_OK(mc_ckpt_check_file(ck, files[0]));
+        CHECK_OK(mc_ckpt_check_file(ck, files[1]));
+        CHECK(mc_ckpt_checked_bytes(ck) == before, "part %d of %d: the files were checked again", r, parts);
+      }
+      mc_ckpt_close(ck);
+    }
+    CHECK(checked == bytes, "%d parts checked %lld bytes of the %ld of both files", parts, (long long)checked, bytes);
+  }
+}
+
 /* Format 5: the piece digests pin a damaged byte down to its piece. Saved with 4 KiB pieces
  * (a rank file of some 200): a byte flipped at the first byte, the end of piece 0, the start
  * of piece 1, a middle piece, the last byte of the last full piece and the last byte of the
@@ -136,6 +168,11 @@ static void case_piece_flip(void) {
   CHECK(stat(file, &st) == 0, "stat %s", file);
   const long size = (long)st.st_size, pb = 4096, n = (size + pb - 1) / pb;
   CHECK(n > 8 && size % pb != 0, "%s: %ld bytes: want several pieces and a short last one", file, size);
+  char file0[4200];
+  pathf(file0, sizeof file0, "%s/step_5/rank_0.h5", dir);
+  CHECK(stat(file0, &st) == 0, "stat %s", file0);
+  const long size0 = (long)st.st_size, n0 = (size0 + pb - 1) / pb;
+  check_parts(dir, -1, n0 + n, size0 + size, "");
   const long at[] = {0, pb - 1, pb, (n / 2) * pb + 17, (n - 1) * pb - 1, size - 1};
   for (int i = 0; i < (int)(sizeof at / sizeof at[0]); i++) {
     const long k = at[i] / pb, a = k * pb, b = a + pb < size ? a + pb : size;
@@ -144,6 +181,7 @@ static void case_piece_flip(void) {
     snprintf(what, sizeof what, "flipped byte %ld (piece %ld)", at[i], k);
     flip_byte_at(file, at[i]);
     expect_load_error(dir, what, want, "rank_1.h5");
+    check_parts(dir, n0 + k, n0 + n, size0 + size, want);
     mc_ckpt *ck = NULL;
     CHECK_OK(mc_ckpt_open(dir, NULL, &ck));
     if (ck) {

@@ -385,6 +385,11 @@ static int load_both(const setup *S, trainee *a, trainee *b, const char *dir, in
     CHECK(sb.total_read == need && sb.total_hashed == need && sb.needed == need,
           "shared load: read %lld and hashed %lld bytes in all (plan: %lld); the needed shards hold %lld", (long long)sb.total_read,
           (long long)sb.total_hashed, (long long)sb.needed, (long long)need);
+    /* verify before parsing, shared: every piece of the files read hashed once in the job */
+    const int64_t files = lc_needed_bytes_of(kb, &b->geo, 1);
+    CHECK(sb.total_checked == files && sa.total_checked >= files,
+          "shared load: hashed %lld bytes of rank files against their pieces in all (each rank reading its own: %lld); "
+          "the files it reads hold %lld", (long long)sb.total_checked, (long long)sa.total_checked, (long long)files);
     CHECK(sa.total_read == sa.per_rank_read && sb.per_rank_read == sa.total_read,
           "per-rank load: read %lld bytes in all, predicted %lld (shared load's figure %lld)", (long long)sa.total_read,
           (long long)sa.per_rank_read, (long long)sb.per_rank_read);
@@ -398,10 +403,12 @@ static int load_both(const setup *S, trainee *a, trainee *b, const char *dir, in
     if (rank == 0)
       printf("  load: each rank reading its own boxes read %lld bytes in all (%.2f x the %lld needed); the shared load "
              "read %lld and hashed %lld (%d rounds of at most %lld bytes; rank 0's largest: %lld exchanged, %lld of "
-             "shards held); states bitwise equal\n",
+             "shards held); rank files checked against their pieces: %lld bytes in all by the shared load, %lld by the "
+             "per-rank one (the files: %lld); states bitwise equal\n",
              (long long)sa.total_read, need ? (double)sa.total_read / (double)need : 0.0, (long long)need,
              (long long)sb.total_read, (long long)sb.total_hashed, sb.rounds, (long long)round_bytes,
-             (long long)sb.peak_exchange, (long long)sb.peak_held);
+             (long long)sb.peak_exchange, (long long)sb.peak_held, (long long)sb.total_checked, (long long)sa.total_checked,
+             (long long)files);
   }
   mc_ckpt_close(ka);
   mc_ckpt_close(kb);

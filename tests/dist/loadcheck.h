@@ -12,16 +12,14 @@
 #include "core/box.h"
 #include "tests/dist/distcheck.h"
 
-/* Stored bytes of the shards that some rank of g needs (its hyperslab of some state
- * intersects them), each shard counted once. -1 if the checkpoint lacks a family. */
-static inline int64_t lc_needed_bytes(mc_ckpt *ck, const mc_geometry *g) {
+/* need[i] = 1 for each shard i that some rank of g needs (its hyperslab of some state
+ * intersects it). -1 if the checkpoint lacks a family. */
+static inline int lc_mark_needed(mc_ckpt *ck, const mc_geometry *g, unsigned char *need) {
   const int ns = mc_ckpt_n_shards(ck);
-  unsigned char *need = calloc((size_t)ns + 1, 1);
-  int64_t bytes = 0;
-  for (int f = 0; f < g->fams.n && bytes >= 0; f++) {
+  for (int f = 0; f < g->fams.n; f++) {
     const int cf = mc_ckpt_find_family(ck, g->fams.f[f].name);
-    if (cf < 0) bytes = -1;
-    for (int k = 0; k < MC_N_STATES && cf >= 0; k++)
+    if (cf < 0) return -1;
+    for (int k = 0; k < MC_N_STATES; k++)
       for (int r = 0; r < g->world && !mc_state_is_scalar((mc_state)k); r++) { /* step: read apart, 8 bytes */
         mc_shard sh;
         if (mc_shard_of(g, f, (mc_state)k, r, &sh) != 0 || !sh.held) continue;
@@ -34,10 +32,30 @@ static inline int64_t lc_needed_bytes(mc_ckpt *ck, const mc_geometry *g) {
         }
       }
   }
-  for (int i = 0; i < ns && bytes >= 0; i++) bytes += need[i] ? mc_ckpt_shard_at(ck, i)->numel * 4 : 0;
+  return 0;
+}
+
+/* Stored bytes of the shards that some rank of g needs, each shard counted once (files = 0),
+ * or the bytes of the rank files holding them, each file once (files = 1). -1 if the
+ * checkpoint lacks a family. */
+static inline int64_t lc_needed_bytes_of(mc_ckpt *ck, const mc_geometry *g, int files) {
+  const int ns = mc_ckpt_n_shards(ck), nf = mc_ckpt_n_files(ck);
+  unsigned char *need = calloc((size_t)ns + 1, 1), *fneed = calloc((size_t)nf + 1, 1);
+  int64_t bytes = need && fneed && lc_mark_needed(ck, g, need) == 0 ? 0 : -1;
+  for (int i = 0; i < ns && bytes >= 0; i++) {
+    if (!need[i]) continue;
+    const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, i);
+    if (!files) bytes += s->numel * 4;
+    for (int f = 0; files && f < nf; f++) {
+      mc_ckpt_file_info fi;
+      if (mc_ckpt_file_at(ck, f, &fi) == 0 && strcmp(fi.name, s->file) == 0 && !fneed[f]) fneed[f] = 1, bytes += fi.bytes;
+    }
+  }
   free(need);
+  free(fneed);
   return bytes;
 }
+static inline int64_t lc_needed_bytes(mc_ckpt *ck, const mc_geometry *g) { return lc_needed_bytes_of(ck, g, 0); }
 
 /* Tensors (a slot's state or a parameter's working weights) of two optimizers over the same
  * layout and rank that differ in any bit. */

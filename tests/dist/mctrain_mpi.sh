@@ -142,6 +142,12 @@ resume)
   [ -n "$n3" ] && [ "$n3" = "$n1" ] && [ "$m3" -gt "$n3" ] || { grep loaded d.log; die "dp4 zero 3 should read the $n1 bytes once, fewer than rank by rank"; }
   [ -n "$n0" ] && [ "$n0" = "$n1" ] && [ "$m0" = $((4 * n1)) ] || { grep loaded z.log; die "dp4 zero 0 should read $n1 bytes once where 4 ranks would read $((4 * n1))"; }
   echo "bytes read at load: one process $n1; dp4 zero 3 $n3 (rank by rank $m3); dp4 zero 0 $n0 (rank by rank $m0)"
+  # verify before parsing: the four ranks check the rank files' pieces once between them, as one process does
+  checked() { sed -n "s/.* \([0-9]*\) bytes of rank files checked against their piece digests.*/\1/p" "$1"; }
+  k1=$(checked c.log); k3=$(checked d.log); k0=$(checked z.log)
+  [ -n "$k1" ] && [ "$k3" = "$k1" ] && [ "$k0" = "$k1" ] || { grep -h loaded c.log d.log z.log; die "the rank files' pieces should be checked once in the job ($k1 bytes): dp4 zero 3 checked $k3, dp4 zero 0 $k0"; }
+  echo "rank-file bytes checked against their pieces: one process $k1, dp4 zero 3 $k3, dp4 zero 0 $k0"
+  grep -h "mctrain: loaded" z.log
   echo "loss at step 10: uninterrupted $(field a/metrics.jsonl loss 10), one process $(field c/metrics.jsonl loss 10), dp4 zero 3 $(field d/metrics.jsonl loss 10), dp4 zero 0 $(field z/metrics.jsonl loss 10)"
   ;;
 stop)
