@@ -13,6 +13,7 @@
 
 #include "ckpt/ckpt_internal.h"
 #include "core/dtype.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 struct mc_ckpt_saver {
@@ -44,12 +45,6 @@ struct mc_ckpt_saver {
   int64_t done_step[4];
   double done_s[4];
 };
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 int mc_ckpt_saver_create(const char *dir, const mc_ckpt_save_opts *opts, mc_ckpt_saver **out) {
   *out = NULL;
@@ -97,7 +92,7 @@ static void *save_thread(void *arg) {
     mark_finished(s);
     return NULL;
   }
-  const double t0 = now_s();
+  const double t0 = mc_now_s();
   s->rc = mc_ckpt_save(s->dir, s->g, &s->cfg, &s->state, s->items, s->n_items, &s->opts);
   if (s->rc == 0) {
     pthread_mutex_lock(&s->mu);
@@ -106,7 +101,7 @@ static void *save_thread(void *arg) {
       memmove(s->done_s, s->done_s + 1, 3 * sizeof s->done_s[0]);
       s->n_done = 3;
     }
-    s->done_step[s->n_done] = s->state.step, s->done_s[s->n_done] = now_s() - t0;
+    s->done_step[s->n_done] = s->state.step, s->done_s[s->n_done] = mc_now_s() - t0;
     s->n_done++;
     pthread_mutex_unlock(&s->mu);
   }
@@ -244,7 +239,7 @@ static int fail_start(mc_ckpt_saver *s, int64_t step, double t0) {
     snprintf(s->fail_err, sizeof s->fail_err, "checkpoint step %lld: %s", (long long)step, mc_errmsg());
     if (pthread_create(&s->thread, NULL, save_thread, s) == 0) s->running = 1;
   }
-  s->stall = now_s() - t0;
+  s->stall = mc_now_s() - t0;
   return -1;
 }
 
@@ -259,7 +254,7 @@ static int start(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *cfg, c
   s->state = *state;
   if (pthread_create(&s->thread, NULL, save_thread, s) != 0) return mc_error("cannot start the checkpoint thread");
   s->running = 1;
-  s->stall = now_s() - t0;
+  s->stall = mc_now_s() - t0;
   return 0;
 }
 
@@ -267,7 +262,7 @@ static int start(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *cfg, c
  * barriers saw to that) and clears the result. */
 static int begin(mc_ckpt_saver *s, double t0) {
   if (mc_ckpt_saver_wait(s) != 0) {
-    s->stall = now_s() - t0;
+    s->stall = mc_now_s() - t0;
     return -1;
   }
   s->rc = 0;
@@ -278,7 +273,7 @@ static int begin(mc_ckpt_saver *s, double t0) {
 
 int mc_ckpt_saver_save(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *cfg, const mc_train_state *state,
                        const mc_ckpt_item *items, int n_items) {
-  double t0 = now_s();
+  double t0 = mc_now_s();
   if (begin(s, t0) != 0) return -1;
   if (stage_copy(s, g, items, n_items) != 0) return fail_start(s, state->step, t0);
   return start(s, g, cfg, state, NULL, NULL, t0);
@@ -287,7 +282,7 @@ int mc_ckpt_saver_save(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *
 int mc_ckpt_saver_save_staged(mc_ckpt_saver *s, const mc_geometry *g, const mc_config *cfg,
                               const mc_train_state *state, const mc_ckpt_item *items, int n_items,
                               int (*ready)(void *), void *ready_user) {
-  double t0 = now_s();
+  double t0 = mc_now_s();
   if (begin(s, t0) != 0) return -1;
   if (n_items > s->cap_items) {
     mc_ckpt_item *ni = realloc(s->items, (size_t)n_items * sizeof *ni);
@@ -446,13 +441,13 @@ int mc_ckpt_fs_barrier_fn(void *user, int ok) {
   free(text);
   if (!ok) record_failure(b, b->rank, msg);
   int all = ok;
-  double t0 = now_s();
+  double t0 = mc_now_s();
   struct timespec nap = {0, 1000000}; /* 1 ms, growing to 20 ms */
   for (int r = 0; r < b->world; r++) {
     snprintf(path, sizeof path, "%s/b%lld.r%d", b->dir, (long long)k, r);
     while (!mc_path_exists(path)) {
       if (abort_seen(b)) return 0;
-      if (now_s() - t0 > b->timeout_s) {
+      if (mc_now_s() - t0 > b->timeout_s) {
         char ab[MC_PATH_MAX + 16], line[512];
         snprintf(ab, sizeof ab, "%s/abort", b->dir);
         snprintf(line, sizeof line, "%d rank %d saw no checkpoint barrier marker from rank %d within %.0f s\n", b->rank,

@@ -4,11 +4,12 @@
  * so its H5Dwrite let one thread write at a time; pwrite lets every I/O thread write at once.
  * Chunked (compressed) shards are hashed here and written through HDF5 when the file is
  * finished (mc_h5_finish_rank_file). */
-#define _GNU_SOURCE /* sync_file_range */
+#define _GNU_SOURCE /* sync_file_range, fallocate */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ckpt/ckpt_internal.h"
@@ -66,6 +67,18 @@ static int shard_job(void *vctx, int j) {
   return rc;
 }
 
+/* HDF5 leaves the allocated data of a new file as a hole. Threads writing shards at once into
+ * a hole get its blocks in the order their writes reach the disk: the file ends up in 8 MiB
+ * extents scattered over its region, and a later sequential read of it jumps back and forth
+ * (about 20% slower than a file written in order, on the device machine's virtio disk). The
+ * blocks are reserved here, in file order, before any data is written. Best effort: a file
+ * system without fallocate (EOPNOTSUPP) is written as before; glibc's posix_fallocate is not
+ * used, since it would emulate that by writing every block twice. */
+static void reserve_blocks(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) == 0 && st.st_size > 0) (void)fallocate(fd, 0, 0, st.st_size);
+}
+
 typedef struct {
   int file;
   int64_t bytes;
@@ -107,6 +120,7 @@ int mc_write_rank_files(const char *dir, int64_t step, mc_shard_attrs *attrs, co
     if (rc == 0) rc = mc_h5_create_rank_file(paths[k], step, attrs[b].s.rank, attrs + b, e - b, deflate, offsets + b);
     if (rc == 0 && (fd[k] = open(paths[k], O_WRONLY | O_CLOEXEC)) < 0)
       rc = mc_error("%s: cannot open for writing: %s", paths[k], strerror(errno));
+    if (rc == 0) reserve_blocks(fd[k]);
   }
   /* 2. the data, on the pool; 3. each file finished once all of its shards are written */
   mc_pool *pool = NULL;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/box.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/order.h"
 
@@ -361,11 +362,13 @@ static int64_t offsets(const plan *p, int k, int send, int64_t *count, int64_t *
 /* Round k: read, copy own parts, pack, agree, exchange, unpack, free the shards served. Both
  * sides walk the round's items in the same order, so a peer's items line up. */
 static int run_round(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_request *reqs, int k, float **buf,
-                     unsigned char *owned, int64_t peak[2]) {
+                     unsigned char *owned, int64_t peak[2], double secs[2]) {
   const int W = p->W;
+  const double t0 = mc_now_s();
   int64_t *v = malloc(sizeof(int64_t) * 5 * (size_t)W);
   float *send = NULL, *recv = NULL;
   int rc = v ? read_round(ck, p, reqs, k, buf, owned) : mc_error("out of memory in the load's exchange");
+  const double t1 = mc_now_s();
   int64_t *sc = v, *sd = v + W, *rcn = v + 2 * W, *rd = v + 3 * W, *cur = v + 4 * W;
   if (rc == 0) {
     const int64_t ns = offsets(p, k, 1, sc, sd), nr = offsets(p, k, 0, rcn, rd);
@@ -404,17 +407,20 @@ static int run_round(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_r
   for (int u = 0; u < p->n_needs; u++)
     if (p->needs[u].reader == p->me && p->needs[u].last_round == k && owned[u]) free(buf[u]), buf[u] = NULL, owned[u] = 0;
   free(send), free(recv), free(v);
+  secs[0] += t1 - t0, secs[1] += mc_now_s() - t1;
   return rc;
 }
 
-/* peak: the largest exchange buffers (send + receive) and shards held of a round, in bytes. */
-static int execute(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_request *reqs, int64_t peak[2]) {
+/* peak: the largest exchange buffers (send + receive) and shards held of a round, in bytes;
+ * secs: seconds reading and exchanging, added to. */
+static int execute(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_request *reqs, int64_t peak[2],
+                   double secs[2]) {
   float **buf = calloc((size_t)p->n_needs + 1, sizeof *buf);
   unsigned char *owned = calloc((size_t)p->n_needs + 1, 1);
   if (!buf || !owned) mc_error("out of memory in the load's exchange");
   /* every rank goes through every round's agreement, so a failure anywhere ends all alike */
   int rc = mc_load_agree(world, buf && owned);
-  for (int k = 0; rc == 0 && k < p->n_rounds; k++) rc = run_round(ck, world, p, reqs, k, buf, owned, peak);
+  for (int k = 0; rc == 0 && k < p->n_rounds; k++) rc = run_round(ck, world, p, reqs, k, buf, owned, peak, secs);
   for (int u = 0; buf && owned && u < p->n_needs; u++)
     if (owned[u]) free(buf[u]);
   free(buf), free(owned);
@@ -466,9 +472,16 @@ int mc_load_shared(mc_ckpt *ck, mc_comm *world, const mc_ckpt_request *reqs, int
     ok = cut_pieces(ck, &p) == 0 && (!shared || (assign_readers(&p) == 0 && schedule(&p, o.round_bytes) == 0));
     rc = mc_load_agree(world, ok);
   }
+  double secs[3] = {0, 0, 0}, t0 = mc_now_s(); /* check, reads, exchange */
   if (rc == 0 && shared && mc_ckpt_verifies(ck)) rc = check_shared(ck, world, &p);
-  if (rc == 0 && shared) rc = execute(ck, world, &p, reqs, peak);
-  else if (rc == 0) rc = mc_load_agree(world, mc_ckpt_read_many(ck, reqs, n) == 0);
+  secs[0] = mc_now_s() - t0;
+  if (rc == 0 && shared) {
+    rc = execute(ck, world, &p, reqs, peak, secs + 1);
+  } else if (rc == 0) {
+    t0 = mc_now_s();
+    rc = mc_load_agree(world, mc_ckpt_read_many(ck, reqs, n) == 0);
+    secs[1] = mc_now_s() - t0;
+  }
   mc_ckpt_io_bytes(ck, &io[0], &io[1]);
   io[0] -= read0, io[1] -= hashed0, io[2] = mc_ckpt_checked_bytes(ck) - checked0;
   if (stats) {
@@ -478,6 +491,7 @@ int mc_load_shared(mc_ckpt *ck, mc_comm *world, const mc_ckpt_request *reqs, int
     stats->needed = p.needed, stats->per_rank_read = p.per_rank_read;
     stats->rounds = shared ? p.n_rounds : 0;
     stats->peak_exchange = peak[0], stats->peak_held = peak[1];
+    stats->check_s = secs[0], stats->read_s = secs[1], stats->exchange_s = secs[2];
     for (int u = 0; u < p.n_needs; u++)
       stats->largest_shard = p.needs[u].bytes > stats->largest_shard ? p.needs[u].bytes : stats->largest_shard;
   }

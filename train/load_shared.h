@@ -51,6 +51,10 @@ typedef struct {
   /* This rank's largest round: exchange buffers (send + receive) and shards it read and
    * still serves, in bytes (both 0 without exchange rounds); and the largest needed shard. */
   int64_t peak_exchange, peak_held, largest_shard;
+  /* This rank's seconds: the shared check before parsing, its reads (mc_ckpt_read_many, with
+   * their own checks where the check is not shared), and the rest of the exchange rounds
+   * (copies, agreement, all-to-all). */
+  double check_s, read_s, exchange_s;
 } mc_load_stats;
 
 /* Fills reqs[i].out on this rank, for i < n; every rank of `world` calls it (collective).

@@ -22,6 +22,7 @@
 #include "train/tfevents.h"
 #include "util/dirlock.h"
 #include "util/checked.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 /* v[0], v[1] := their largest values over the world's ranks (a stop signal number, 0 = none;
@@ -36,12 +37,6 @@ static int agree_max(mc_comm *world, int32_t v[2]) {
     for (int k = 0; k < 2; k++) v[k] = all[2 * i + k] > v[k] ? all[2 * i + k] : v[k];
   free(all), free(counts);
   return rc;
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static int mkdir_p(const char *dir) {
@@ -191,22 +186,22 @@ static int resume_from(run *r, const char *path) {
   oo.io_threads = cfg->checkpoint.io_threads > 0 ? cfg->checkpoint.io_threads : 1;
   mc_ckpt *ck = NULL;
   mc_train_state st;
-  const double t0 = now_s();
+  const double t0 = mc_now_s();
   int rc = mc_ckpt_open(path, &oo, &ck) != 0 ? mc_error_context("cannot resume from %s", path) : resumable(cfg, &r->geo, ck, &st);
   /* The ranks load together (train/load_shared.h): all go on, or all stop with one reason. */
   if (r->comm && mc_load_agree(r->comm->world, rc == 0) != 0) rc = -1;
   /* A device's states are read into the pinned staging (allocated here, timed apart: pinning
    * gigabytes takes a while), then uploaded. */
-  const double t_stage = now_s();
+  const double t_stage = mc_now_s();
   if (rc == 0 && mc_dist_stage_alloc(&r->opt) != 0) rc = -1;
-  const double stage_s = now_s() - t_stage;
+  const double stage_s = mc_now_s() - t_stage;
   /* This rank's hyperslabs of its optimizer states, whatever layout wrote them. */
   mc_load_stats ls;
   if (rc == 0 && mc_dist_load(&r->opt, ck, NULL, &ls) != 0) rc = -1;
   /* the load ends when the states are in device memory */
   mc_backend *be = mc_net_backend(r->net);
   if (rc == 0 && be->sync(be) != 0) rc = mc_error_context("uploading the loaded state of %s", path);
-  const double secs = now_s() - t0;
+  const double secs = mc_now_s() - t0;
   if (rc == 0) {
     r->start_step = st.step;
     r->opt.opt.step = st.adam_step;
@@ -221,6 +216,8 @@ static int resume_from(run *r, const char *path) {
               ls.rounds == 1 ? "" : "s", secs,
               secs > 0 ? 1e-9 * (double)ls.total_read / secs : 0.0);
       if (r->opt.stage) fprintf(r->opts->progress, ", %.3f s of it allocating the pinned staging", stage_s);
+      fprintf(r->opts->progress, "; rank 0: %.3f s reading", ls.read_s);
+      if (ls.rounds > 0) fprintf(r->opts->progress, ", %.3f s checking files, %.3f s exchanging", ls.check_s, ls.exchange_s);
       fputc('\n', r->opts->progress);
     }
   }
@@ -609,7 +606,7 @@ static int loop(run *r) {
             (long long)r->end_step, t->steps, cfg->checkpoint.dir, mc_net_backend(r->net)->name, t->dtype);
     fflush(out);
   }
-  double t0 = now_s(), t_log = t0, comm_log = r->comm ? mc_comm_groups_busy(r->comm) : 0.0;
+  double t0 = mc_now_s(), t_log = t0, comm_log = r->comm ? mc_comm_groups_busy(r->comm) : 0.0;
   int64_t steps_since_log = 0;
   double lr = mc_lr_at(t, r->start_step > 0 ? r->start_step - 1 : 0);
   for (int64_t s = r->start_step; s < r->end_step; s++) {
@@ -663,7 +660,7 @@ static int loop(run *r) {
     if (done == 1 && r->rank == 0 && r->opts->mem_predicted && memory_report(r) != 0) return -1;
     if (log_now || (out && tty)) {
       /* Rate over the steps since the last logged line; a terminal line is redrawn every step. */
-      double tn = now_s();
+      double tn = mc_now_s();
       rec.tokens_per_s = (double)(steps_since_log * tok_per_step) / (tn - t_log > 1e-9 ? tn - t_log : 1e-9);
       const double comm_now = r->comm ? mc_comm_groups_busy(r->comm) : 0.0;
       rec.has_comm = r->comm != NULL;
@@ -690,9 +687,9 @@ static int loop(run *r) {
       }
     }
     if (cfg->checkpoint.every > 0 && done % cfg->checkpoint.every == 0 && done != r->end_step) {
-      double ts = now_s();
+      double ts = mc_now_s();
       if (save(r, done, lr) != 0) return -1;
-      const double paused = now_s() - ts;
+      const double paused = mc_now_s() - ts;
       if (r->saver) queued(r, done, paused); /* logged once committed */
       else if (log_checkpoint(r, done, paused, paused) != 0) return -1;
       /* Async: the training loop waited only for any save still in flight, and on a host
@@ -706,9 +703,9 @@ static int loop(run *r) {
     }
   }
   if (r->end_step > r->last_saved) {
-    double ts = now_s();
+    double ts = mc_now_s();
     if (save(r, r->end_step, lr) != 0) return -1;
-    const double paused = now_s() - ts;
+    const double paused = mc_now_s() - ts;
     if (r->saver) queued(r, r->end_step, paused);
     else if (log_checkpoint(r, r->end_step, paused, paused) != 0) return -1;
   }
@@ -716,7 +713,7 @@ static int loop(run *r) {
   if (log_async_done(r) != 0) return -1;
   if (out) {
     char took[32];
-    fmt_duration(now_s() - t0, took, sizeof took);
+    fmt_duration(mc_now_s() - t0, took, sizeof took);
     fprintf(out, "mctrain: %s at step %lld in %s; checkpoint %s/step_%lld, metrics %s\n",
             r->opts->stopped ? "interrupted" : r->end_step == t->steps ? "finished" : "stopped", (long long)r->end_step, took, cfg->checkpoint.dir,
             (long long)r->end_step, r->metrics_path);
