@@ -96,7 +96,8 @@ typedef struct {
  * stop the stream (the caller decides which error of a file to report first). */
 typedef int (*mc_stream_complete_fn)(void *user, int k, const void *data);
 /* Verify-and-read in one pass: every piece of files[0..n_files) (format 5 piece digests) is
- * read whole into a per-thread buffer (at most `threads` buffers of the largest piece), hashed
+ * read whole into a per-thread buffer (on 2 x `threads` threads, since reads block: at most that
+ * many buffers of the largest piece), hashed
  * and compared with its recorded digest, and then the bytes of every shard overlapping it are
  * copied out; a shard complete calls complete(). The first failing piece of a file is in its
  * `err` (mc_pieces_verify's message), and reading stops at the first failure. Shards of one

@@ -2,9 +2,10 @@
  * the disk, into a per-thread buffer, hashed against its piece digest, and the bytes of the
  * shards it overlaps (at the offsets the manifest records) are copied out of that buffer; the
  * thread that lands a shard's last byte hands it to complete() (which hashes it), so shard
- * hashing overlaps the disk reads of later pieces. The reads themselves take turns, piece
- * after piece in file order on one descriptor per file: the disk sees one sequential stream,
- * as a plain read() of the files, while the other threads hash and copy. */
+ * hashing overlaps the disk reads of later pieces. Reads block, so the stream runs twice as
+ * many threads as it is given: while some wait on the disk, the others hash and copy. (Reads
+ * taking turns in file order, with the next piece handed to the kernel's read-ahead, were
+ * slower on the device machine's disk: results/bench/ckpt_read_patterns_2026-11-27.txt.) */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <fcntl.h>
@@ -37,10 +38,9 @@ typedef struct {
   mc_stream_complete_fn complete;
   void *user;
   atomic_int failed;  /* a piece failed: later pieces are not read */
-  pthread_mutex_t mu; /* guards the buffer list, the temporary shard buffers, files[].err and turn */
-  pthread_cond_t turn_cv;
-  int64_t turn; /* the next piece (job) to read */
-  int *fds;     /* per file: open from its first piece's read to its last one's (only the reader in turn uses it) */
+  pthread_mutex_t mu; /* guards the buffer list, the temporary shard buffers, files[].err, fds and reads_left */
+  int *fds;           /* per file: open from its first piece's read to its last one's */
+  int64_t *reads_left; /* per file: pieces not yet read (or skipped) */
   void **free_bufs;
   int n_free;
   int64_t buf_bytes;
@@ -122,22 +122,29 @@ static int land_shards(stream_ctx *c, int f, const unsigned char *buf, int64_t o
   return 0;
 }
 
-/* Piece k of file f into a buffer, by the thread whose turn it is: the file's descriptor is
- * opened at its first piece and closed after its last, and the next piece is handed to the
- * kernel's read-ahead first, so the disk never waits for the next reader to wake. */
-static int read_in_turn(stream_ctx *c, int f, int64_t k, unsigned char **buf) {
+/* Piece k of file f into a buffer. The file's descriptor is shared by its pieces' reads
+ * (preads at their offsets), opened by the first and closed after the last. */
+static int read_piece_of(stream_ctx *c, int f, int64_t k, unsigned char **buf) {
   mc_piece_file *pf = &c->files[f];
   const int64_t off = k * pf->piece_bytes;
   const int64_t len = pf->bytes - off < pf->piece_bytes ? pf->bytes - off : pf->piece_bytes;
+  pthread_mutex_lock(&c->mu);
   int rc = c->fds[f] >= 0 ? 0 : mc_piece_open(pf->path, pf->bytes, 1, &c->fds[f]);
-  if (rc == 0 && off + len < pf->bytes) posix_fadvise(c->fds[f], off + len, pf->piece_bytes, POSIX_FADV_WILLNEED);
+  const int fd = c->fds[f];
+  pthread_mutex_unlock(&c->mu);
   if (rc == 0 && !(*buf = take_buf(c))) rc = mc_error("%s: out of memory reading piece %" PRId64, pf->path, k);
-  if (rc == 0) rc = read_piece(c->fds[f], *buf, off, len, pf->path);
-  if ((rc != 0 || k == pf->n_pieces - 1) && c->fds[f] >= 0) {
+  if (rc == 0) rc = read_piece(fd, *buf, off, len, pf->path);
+  return rc;
+}
+
+/* Piece k of file f is read (or skipped): the last one closes the file's descriptor. */
+static void piece_read_done(stream_ctx *c, int f) {
+  pthread_mutex_lock(&c->mu);
+  if (--c->reads_left[f] == 0 && c->fds[f] >= 0) {
     close(c->fds[f]);
     c->fds[f] = -1;
   }
-  return rc;
+  pthread_mutex_unlock(&c->mu);
 }
 
 static int piece_job(void *vctx, int j) {
@@ -148,18 +155,10 @@ static int piece_job(void *vctx, int j) {
   const int64_t k = j - c->job_first[f], off = k * pf->piece_bytes;
   const int64_t len = pf->bytes - off < pf->piece_bytes ? pf->bytes - off : pf->piece_bytes;
   unsigned char *buf = NULL;
-  /* 1. Read in turn (jobs are handed out in order, so the turn's holder is running). */
-  pthread_mutex_lock(&c->mu);
-  while (c->turn != j) pthread_cond_wait(&c->turn_cv, &c->mu);
-  pthread_mutex_unlock(&c->mu);
+  /* 1. Read, 2. check the piece, 3. copy out the shard bytes it holds. */
   const int skip = atomic_load(&c->failed); /* the failing piece reports */
-  int rc = skip ? 0 : read_in_turn(c, f, k, &buf);
-  if (rc != 0) atomic_store(&c->failed, 1);
-  pthread_mutex_lock(&c->mu);
-  c->turn = j + 1;
-  pthread_cond_broadcast(&c->turn_cv);
-  pthread_mutex_unlock(&c->mu);
-  /* 2. Check the piece, 3. copy out the shard bytes it holds. */
+  int rc = skip ? 0 : read_piece_of(c, f, k, &buf);
+  piece_read_done(c, f);
   char hex[65];
   if (rc == 0 && !skip) {
     mc_sha256_hex(buf, (size_t)len, hex);
@@ -197,9 +196,9 @@ static int plan_shards(stream_ctx *c, int n_shards) {
 
 int mc_stream_files(mc_piece_file *files, int n_files, mc_stream_shard *shards, int n_shards, int threads,
                     mc_stream_complete_fn complete, void *user) {
-  if (threads < 1) threads = 1;
+  threads = 2 * (threads < 1 ? 1 : threads); /* reads block: see the top of the file */
   stream_ctx c = {.files = files, .n_files = n_files, .shards = shards, .threads = threads, .complete = complete,
-                  .user = user, .mu = PTHREAD_MUTEX_INITIALIZER, .turn_cv = PTHREAD_COND_INITIALIZER};
+                  .user = user, .mu = PTHREAD_MUTEX_INITIALIZER};
   atomic_init(&c.failed, 0);
   const size_t ns = (size_t)(n_shards > 0 ? n_shards : 1), nf = (size_t)n_files + 1;
   c.order = malloc(ns * sizeof *c.order);
@@ -209,9 +208,10 @@ int mc_stream_files(mc_piece_file *files, int n_files, mc_stream_shard *shards, 
   c.temp = malloc(ns);
   c.free_bufs = malloc((size_t)threads * sizeof *c.free_bufs);
   c.fds = malloc(nf * sizeof *c.fds);
+  c.reads_left = malloc(nf * sizeof *c.reads_left);
   int rc = 0;
-  for (size_t f = 0; c.fds && f < nf; f++) c.fds[f] = -1;
-  if (!c.order || !c.file_first || !c.job_first || !c.landed || !c.temp || !c.free_bufs || !c.fds)
+  for (int f = 0; c.fds && c.reads_left && f < n_files; f++) c.fds[f] = -1, c.reads_left[f] = files[f].n_pieces;
+  if (!c.order || !c.file_first || !c.job_first || !c.landed || !c.temp || !c.free_bufs || !c.fds || !c.reads_left)
     rc = mc_error("out of memory planning the read of %d rank files", n_files);
   if (rc == 0) c.job_first[0] = 0;
   for (int f = 0; rc == 0 && f < n_files; f++) {
@@ -231,7 +231,7 @@ int mc_stream_files(mc_piece_file *files, int n_files, mc_stream_shard *shards, 
     rc = mc_error("%s and others: %" PRId64 " pieces to read, more than this MegaC can", files[0].path, c.job_first[n_files]);
   if (rc == 0) rc = mc_parallel((int)c.job_first[n_files], threads, piece_job, &c);
   for (int i = 0; i < c.n_free; i++) free(c.free_bufs[i]);
-  for (int f = 0; c.fds && f < n_files; f++) /* a file whose last piece a failure skipped */
+  for (int f = 0; c.fds && f < n_files; f++) /* none should be left; a thread that never started */
     if (c.fds[f] >= 0) close(c.fds[f]);
   for (int k = 0; k < n_shards && c.temp; k++) /* temporaries of shards a failure left incomplete */
     if (c.temp[k]) {
@@ -245,7 +245,7 @@ int mc_stream_files(mc_piece_file *files, int n_files, mc_stream_shard *shards, 
   free(c.temp);
   free(c.free_bufs);
   free(c.fds);
+  free(c.reads_left);
   pthread_mutex_destroy(&c.mu);
-  pthread_cond_destroy(&c.turn_cv);
   return rc;
 }
