@@ -372,7 +372,7 @@ int64_t mc_ckpt_checked_bytes(mc_ckpt *ck);
 int mc_ckpt_verifies(const mc_ckpt *ck);
 /* Verify before parsing (docs/reliability.md): checks rank file `file` (a name the manifest
  * lists) against the size and the digests the manifest records: format 5, the SHA-256 of
- * each piece (files[].pieces), the pieces hashed on 3 x io_threads threads (at least 3 x 2; MC_READ_THREADS_PER_IO_THREAD); format
+ * each piece (files[].pieces), the pieces hashed on io_threads threads (at least 2); format
  * <= 4, the whole-file SHA-256 (files[].sha256). Once per open (later calls return the first
  * result at once). Reads of this handle call it before the file reaches the HDF5 library
  * unless verification is off; a program that opens a rank file of the checkpoint itself

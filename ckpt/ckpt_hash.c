@@ -258,7 +258,7 @@ int mc_pieces_verify(mc_piece_file *f, int n, int threads) {
     f[i].err = NULL;
     f[i].err_piece = -1;
   }
-  return run_pieces(f, n, MC_READ_THREADS_PER_IO_THREAD * (threads < 1 ? 1 : threads), 1);
+  return run_pieces(f, n, threads, 1);
 }
 
 struct mc_pool {

@@ -48,13 +48,6 @@ int mc_piece_bytes_check(int64_t piece_bytes);
 /* files[].pieces_sha256: the SHA-256 of the n digests' 32-byte values, concatenated in order. */
 void mc_pieces_root(const char (*pieces)[65], int64_t n, char hex[65]);
 
-/* Threads that read and hash from the disk (the checks before parsing, one-pass loads) per
- * I/O thread asked for: each blocks on its reads between hashes, so one per core leaves the
- * disk idle while they hash. On the device machine's disk (one cold 6 GiB file, 64 MiB
- * pieces, two SHA-256 passes and a copy per byte) 8, 16 and 24 threads read at 1.61, 1.71 and
- * 1.94 GB/s against 2.08-2.20 for read() (results/bench/ckpt_read_patterns_2026-11-27.txt). */
-#define MC_READ_THREADS_PER_IO_THREAD 3
-
 /* One file to hash or verify piece by piece. Every file is opened O_NONBLOCK and must be a
  * regular file of `bytes` bytes whenever a piece of it is read. */
 typedef struct {
@@ -80,7 +73,7 @@ void mc_piece_note_error(pthread_mutex_t *mu, mc_piece_file *f, int64_t k);
 /* Hashes every piece of files[0..n) on `threads` threads, pieces of one file on several at
  * once: sets bytes, n_pieces and pieces. Errors name the file. */
 int mc_pieces_hash(mc_piece_file *files, int n, int threads);
-/* Hashes every piece of files[0..n) on MC_READ_THREADS_PER_IO_THREAD x `threads` threads and compares it with the recorded
+/* Hashes every piece of files[0..n) on `threads` threads and compares it with the recorded
  * digest. Each failing file gets `err`: "<path>: hash mismatch in piece k of n (bytes a to b): it hashes to X,
  * the manifest records Y ..." (whole: "<path>: whole-file hash mismatch ..."), or the size
  * mismatch. Returns 0 if every piece matches, else -1 with a failing file's message. */
@@ -103,8 +96,8 @@ typedef struct {
  * stop the stream (the caller decides which error of a file to report first). */
 typedef int (*mc_stream_complete_fn)(void *user, int k, const void *data);
 /* Verify-and-read in one pass: every piece of files[0..n_files) (format 5 piece digests) is
- * read whole into a per-thread buffer (on MC_READ_THREADS_PER_IO_THREAD x `threads` threads: at
- * most that many buffers of the largest piece), hashed
+ * read whole into a per-thread buffer (on 2 x `threads` threads, since reads block: at most that
+ * many buffers of the largest piece), hashed
  * and compared with its recorded digest, and then the bytes of every shard overlapping it are
  * copied out; a shard complete calls complete(). The first failing piece of a file is in its
  * `err` (mc_pieces_verify's message), and reading stops at the first failure. Shards of one

@@ -2,11 +2,10 @@
  * the disk, into a per-thread buffer, hashed against its piece digest, and the bytes of the
  * shards it overlaps (at the offsets the manifest records) are copied out of that buffer; the
  * thread that lands a shard's last byte hands it to complete() (which hashes it), so shard
- * hashing overlaps the disk reads of later pieces. Reads block, so the stream runs
- * MC_READ_THREADS_PER_IO_THREAD times as many threads as it is given: while some wait on the
- * disk, the others hash and copy. (Reads taking turns in file order, with the next piece
- * handed to the kernel's read-ahead, were slower on the device machine's disk:
- * results/bench/ckpt_read_patterns_2026-11-27.txt.) */
+ * hashing overlaps the disk reads of later pieces. Reads block, so the stream runs twice as
+ * many threads as it is given: while some wait on the disk, the others hash and copy. (Reads
+ * taking turns in file order, with the next piece handed to the kernel's read-ahead, were
+ * slower on the device machine's disk: results/bench/ckpt_read_patterns_2026-11-27.txt.) */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <fcntl.h>
@@ -197,7 +196,7 @@ static int plan_shards(stream_ctx *c, int n_shards) {
 
 int mc_stream_files(mc_piece_file *files, int n_files, mc_stream_shard *shards, int n_shards, int threads,
                     mc_stream_complete_fn complete, void *user) {
-  threads = MC_READ_THREADS_PER_IO_THREAD * (threads < 1 ? 1 : threads); /* reads block */
+  threads = 2 * (threads < 1 ? 1 : threads); /* reads block: see the top of the file */
   stream_ctx c = {.files = files, .n_files = n_files, .shards = shards, .threads = threads, .complete = complete,
                   .user = user, .mu = PTHREAD_MUTEX_INITIALIZER};
   atomic_init(&c.failed, 0);
