@@ -34,12 +34,12 @@ typedef struct {
   int64_t *job_first; /* per file: its piece 0's job; job_first[n_files]: the number of jobs */
   _Atomic int64_t *landed; /* per shard: bytes copied so far */
   unsigned char *temp;      /* per shard: its bytes go to a temporary buffer */
-  int threads;
   mc_stream_complete_fn complete;
   void *user;
   atomic_int failed;  /* a piece failed: later pieces are not read */
   pthread_mutex_t mu; /* guards the buffer list, the temporary shard buffers, files[].err, fds and reads_left */
-  int *fds;           /* per file: open from its first piece's read to its last one's */
+  int *fds;           /* per file: open from its first piece's read to its last one's (every job runs and
+                       * counts itself in reads_left, so none is left open at the end) */
   int64_t *reads_left; /* per file: pieces not yet read (or skipped) */
   void **free_bufs;
   int n_free;
@@ -197,7 +197,7 @@ static int plan_shards(stream_ctx *c, int n_shards) {
 int mc_stream_files(mc_piece_file *files, int n_files, mc_stream_shard *shards, int n_shards, int threads,
                     mc_stream_complete_fn complete, void *user) {
   threads = 2 * (threads < 1 ? 1 : threads); /* reads block: see the top of the file */
-  stream_ctx c = {.files = files, .n_files = n_files, .shards = shards, .threads = threads, .complete = complete,
+  stream_ctx c = {.files = files, .n_files = n_files, .shards = shards, .complete = complete,
                   .user = user, .mu = PTHREAD_MUTEX_INITIALIZER};
   atomic_init(&c.failed, 0);
   const size_t ns = (size_t)(n_shards > 0 ? n_shards : 1), nf = (size_t)n_files + 1;
@@ -231,8 +231,6 @@ int mc_stream_files(mc_piece_file *files, int n_files, mc_stream_shard *shards, 
     rc = mc_error("%s and others: %" PRId64 " pieces to read, more than this MegaC can", files[0].path, c.job_first[n_files]);
   if (rc == 0) rc = mc_parallel((int)c.job_first[n_files], threads, piece_job, &c);
   for (int i = 0; i < c.n_free; i++) free(c.free_bufs[i]);
-  for (int f = 0; c.fds && f < n_files; f++) /* none should be left; a thread that never started */
-    if (c.fds[f] >= 0) close(c.fds[f]);
   for (int k = 0; k < n_shards && c.temp; k++) /* temporaries of shards a failure left incomplete */
     if (c.temp[k]) {
       free(shards[k].dst);
