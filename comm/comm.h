@@ -14,8 +14,11 @@
 
 #include "comm/launch.h"
 #include "core/layout.h"
+#include "util/error.h"
 
-typedef enum { MC_DT_F32 = 0, MC_DT_F64 = 1, MC_DT_I32 = 2, MC_DT_I64 = 3, MC_DT_U8 = 4 } mc_dtype;
+/* MC_DT_BF16 (bf16 bit patterns, kernels/ops.h mc_bf16) is moved (gathers, all-to-all, send,
+ * receive, broadcast), never summed: the sums refuse it on every backend. */
+typedef enum { MC_DT_F32 = 0, MC_DT_F64 = 1, MC_DT_I32 = 2, MC_DT_I64 = 3, MC_DT_U8 = 4, MC_DT_BF16 = 5 } mc_dtype;
 size_t mc_dtype_size(mc_dtype t);
 
 typedef struct mc_comm mc_comm;
@@ -100,8 +103,15 @@ double mc_comm_clock(void);
     (c)->busy_s += mc_comm_clock() - t0_;           \
     return rc_;                                     \
   } while (0)
-static inline int mc_allreduce_sum(mc_comm *c, void *buf, int64_t n, mc_dtype t) { MC_COMM_TIMED(c, c->ops->allreduce_sum(c, buf, n, t)); }
+static inline int mc_comm_no_bf16_sum(const mc_comm *c, const char *op) {
+  return mc_error("%s on the %s group: bf16 is moved, never summed (sums run in fp32)", op, c->label);
+}
+static inline int mc_allreduce_sum(mc_comm *c, void *buf, int64_t n, mc_dtype t) {
+  if (t == MC_DT_BF16) return mc_comm_no_bf16_sum(c, "allreduce");
+  MC_COMM_TIMED(c, c->ops->allreduce_sum(c, buf, n, t));
+}
 static inline int mc_reduce_scatter_sum(mc_comm *c, const void *s, void *r, const int64_t *counts, mc_dtype t) {
+  if (t == MC_DT_BF16) return mc_comm_no_bf16_sum(c, "reduce_scatter");
   MC_COMM_TIMED(c, c->ops->reduce_scatter_sum(c, s, r, counts, t));
 }
 static inline int mc_allgather(mc_comm *c, const void *s, void *r, const int64_t *counts, mc_dtype t) {

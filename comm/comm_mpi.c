@@ -16,6 +16,7 @@ size_t mc_dtype_size(mc_dtype t) {
     case MC_DT_F32: case MC_DT_I32: return 4;
     case MC_DT_F64: case MC_DT_I64: return 8;
     case MC_DT_U8: return 1;
+    case MC_DT_BF16: return 2;
   }
   return 0;
 }
@@ -27,6 +28,7 @@ static MPI_Datatype mpi_type(mc_dtype t) {
     case MC_DT_I32: return MPI_INT32_T;
     case MC_DT_I64: return MPI_INT64_T;
     case MC_DT_U8: return MPI_UINT8_T;
+    case MC_DT_BF16: return MPI_UINT16_T; /* moved as bit patterns, never summed */
   }
   return MPI_BYTE;
 }

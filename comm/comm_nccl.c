@@ -72,6 +72,7 @@ static ncclDataType_t nccl_type(mc_dtype t) {
     case MC_DT_I32: return ncclInt32;
     case MC_DT_I64: return ncclInt64;
     case MC_DT_U8: return ncclUint8;
+    case MC_DT_BF16: return ncclBfloat16;
   }
   return ncclUint8;
 }

@@ -310,16 +310,17 @@ int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts
       break;
     }
     if (!h.in_stage) continue;
-    /* the gathered working weights (fp32; bf16 weights are then rounded into a bf16 copy)
-     * and the whole-slice gradient, and the reduced shard a backward adds into the
+    /* the gathered working weights (fp32, or bf16 for bf16 weights: gathered in bf16) and
+     * the whole-slice gradient (fp32), and the reduced shard a backward adds into the
      * accumulator */
     const int s = gather_set(g, &g->fams.f[fi]);
-    set[s] += 2 * mc_mem_footprint(h.local_numel * 4) + mc_mem_footprint(h.z_numel * 4);
-    if (h.compute_bf16) set[s] += mc_mem_footprint(h.local_numel * 2);
+    set[s] += mc_mem_footprint(h.local_numel * (h.compute_bf16 ? 2 : 4)) + mc_mem_footprint(h.local_numel * 4) +
+              mc_mem_footprint(h.z_numel * 4);
     slices[s] += h.local_numel, shards[s] += h.z_numel;
   }
   /* and the collectives' packs (train/dist_sync.c): the set's slices member-major and this
-   * rank's rows of them, at most, in flight at once */
+   * rank's rows of them, at most, in flight at once (the gradients' fp32 reduce-scatter; the
+   * gathers' packs are no larger, bf16 ones half) */
   int64_t worst = 0;
   for (int s = 0; rc == 0 && s < g->model.n_layers + 2; s++) {
     if (set[s] > 0) set[s] += mc_mem_footprint(slices[s] * 4) + mc_mem_footprint(shards[s] * 4);

@@ -112,6 +112,7 @@ struct mc_backend {
   /* ---- elementwise and reductions */
   void (*fill)(mc_backend *be, float *x, int64_t n, float value);
   void (*copy)(mc_backend *be, float *dst, const float *src, int64_t n);
+  void (*copy_bf16)(mc_backend *be, mc_bf16 *dst, const mc_bf16 *src, int64_t n); /* bit patterns as they are */
   /* dst[r * dpitch + j] = src[r * spitch + j] for r < height, j < width (pitches in floats,
    * each >= width; the regions must not overlap): a matrix assembled from, or split into,
    * column blocks (Muon orthogonalizes a tensor-parallel weight as one matrix). */

@@ -162,25 +162,33 @@ int mc_dist_grad_norm(mc_dist_opt *d, double *norm) {
 
 /* After the working rows hold the master weights: ZeRO 1 all-gathers the rows of every
  * member, in member order, into each whole local slice; otherwise the rows are all there is.
- * bf16 working weights under ZeRO 1: the fp32 master rows go to their place in the gradient
- * buffer (free until the next step zeroes it), are all-gathered there in fp32 and the whole
- * slice is rounded to the bf16 working weights, as ZeRO 0 rounds its master. */
+ * bf16 working weights under ZeRO 1: each rank's fp32 master rows are rounded and gathered
+ * in bf16 straight into the working weights (mc_dist_gather_bf16: the values of the gathered
+ * fp32 slice rounded, as ZeRO 0 rounds its master). */
 static int gather_working(mc_dist_opt *d) {
   mc_net *net = d->net;
   mc_backend *be = net->be;
   if (net->par.zero != 1) return be->sync(be);
-  int *idx;
-  float **shard, **full;
-  if (all_params(net, &idx, &shard, &full)) return -1;
+  int *idx, *idx16 = malloc(sizeof(int) * (size_t)(net->n_params + 1)), n32 = 0, n16 = 0;
+  float **shard, **full, **shard16 = malloc(sizeof(float *) * (size_t)(net->n_params + 1));
+  mc_bf16 **full16 = malloc(sizeof(mc_bf16 *) * (size_t)(net->n_params + 1));
+  int rc = !idx16 || !shard16 || !full16 ? mc_error("optimizer: out of memory") : all_params(net, &idx, &shard, &full);
+  if (rc) {
+    free(idx16), free(shard16), free(full16);
+    return -1;
+  }
   for (int i = 0; i < net->n_params; i++) {
     mc_net_param *p = &net->params[i];
-    full[i] = p->w16 ? p->g : p->w, shard[i] = full[i] + p->z_off;
-    if (p->w16 && p->z_numel) be->copy(be, shard[i], d->opt.slots[mc_optim_slot_of(&d->opt, p->fam)].master, p->z_numel);
+    if (p->w16) {
+      idx16[n16] = i, full16[n16] = p->w16;
+      shard16[n16++] = d->opt.slots[mc_optim_slot_of(&d->opt, p->fam)].master;
+    } else {
+      idx[n32] = i, full[n32] = p->w, shard[n32++] = p->w + p->z_off;
+    }
   }
-  int rc = mc_dist_gather(&net->par, be, NULL, net->params, idx, net->n_params, shard, full);
-  for (int i = 0; !rc && i < net->n_params; i++)
-    if (net->params[i].w16) be->to_bf16(be, net->params[i].g, net->params[i].w16, net->params[i].numel);
-  free(idx), free(shard), free(full);
+  rc = mc_dist_gather(&net->par, be, NULL, net->params, idx, n32, shard, full) ||
+       mc_dist_gather_bf16(&net->par, be, NULL, net->params, idx16, n16, shard16, full16);
+  free(idx), free(shard), free(full), free(idx16), free(shard16), free(full16);
   if (!rc) rc = be->sync(be);
   return rc ? mc_error_context("all-gathering the updated weights") : 0;
 }

@@ -128,10 +128,17 @@ static void stage_end(staging *s, float *a, float *b) {
   else s->be->free(s->be, a), s->be->free(s->be, b);
 }
 
+/* n elements from src[s] to dst[d] (offsets in elements), fp32 or bf16 (bit patterns). */
+static void move(mc_backend *be, int bf16, void *dst, int64_t d, const void *src, int64_t s, int64_t n) {
+  if (bf16) be->copy_bf16(be, (mc_bf16 *)dst + d, (const mc_bf16 *)src + s, n);
+  else be->copy(be, (float *)dst + d, (const float *)src + s, n);
+}
+
 /* Copies between the params' rows and a member-major pack: for member j, for each param, its
- * rows of member j (all rows when whole = 1, i.e. concatenated slices). */
+ * rows of member j (all rows when whole = 1, i.e. concatenated slices). Elements are fp32, or
+ * bf16 with bf16 = 1 (bufs and pack alike). */
 static void pack_rows(const mc_net_par *par, mc_backend *be, const mc_net_param *params, const int *idx,
-                      const bucket *b, float *const *bufs, float *pack, int whole, int to_pack) {
+                      const bucket *b, void *const *bufs, void *pack, int bf16, int whole, int to_pack) {
   int64_t pos = 0;
   const int members = whole ? 1 : group_size(b->group);
   for (int j = 0; j < members; j++)
@@ -140,8 +147,8 @@ static void pack_rows(const mc_net_par *par, mc_backend *be, const mc_net_param 
       const mc_dist_param *dp = &par->dist[i];
       int64_t off = whole ? 0 : member_off(dp, j), cnt = whole ? params[i].numel : dp->counts[j];
       if (cnt == 0) continue;
-      if (to_pack) be->copy(be, pack + pos, bufs[b->at[k]] + off, cnt);
-      else be->copy(be, bufs[b->at[k]] + off, pack + pos, cnt);
+      if (to_pack) move(be, bf16, pack, pos, bufs[b->at[k]], off, cnt);
+      else move(be, bf16, bufs[b->at[k]], off, pack, pos, cnt);
       pos += cnt;
     }
 }
@@ -189,12 +196,12 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage,
     pack = stage_take(&st, B->total);
     recv = whole ? NULL : stage_take(&st, mine);
     if (!pack || (!whole && !recv)) rc = -1;
-    if (!rc) pack_rows(par, be, params, idx, B, g, pack, whole, 1);
+    if (!rc) pack_rows(par, be, params, idx, B, (void *const *)g, pack, 0, whole, 1);
     if (!rc) rc = settle(B->group, be);
     if (!rc) rc = whole ? mc_allreduce_sum(B->group, pack, B->total, MC_DT_F32)
                         : mc_reduce_scatter_sum(B->group, pack, recv, B->counts, MC_DT_F32);
     if (!rc && whole) {
-      pack_rows(par, be, params, idx, B, g, pack, 1, 0);
+      pack_rows(par, be, params, idx, B, (void *const *)g, pack, 0, 1, 0);
     } else if (!rc) {
       int64_t pos = 0;
       for (int k = 0; k < B->n; k++) {
@@ -213,8 +220,15 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage,
   return rc ? -1 : settle(par->comm ? par->comm->world : NULL, be);
 }
 
-int mc_dist_gather(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params, const int *idx,
-                   int n, float *const *shard, float *const *full) {
+/* This rank's rows shard (n fp32 values) as the gather sends them: copied, or rounded to bf16. */
+static void put_rows(mc_backend *be, int bf16, void *dst, int64_t d, const float *shard, int64_t n) {
+  if (bf16) be->to_bf16(be, shard, (mc_bf16 *)dst + d, n);
+  else be->copy(be, (float *)dst + d, shard, n);
+}
+
+/* mc_dist_gather and mc_dist_gather_bf16: full[k] holds fp32, or (bf16 = 1) bf16 elements. */
+static int gather(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params, const int *idx,
+                  int n, float *const *shard, void *const *full, int bf16) {
   if (n <= 0) return 0;
   bucket *bk = calloc((size_t)n, sizeof *bk);
   int n_bk = 0, rc = !bk ? mc_error("parameter gather: out of memory") : make_buckets(par, params, idx, n, bk, &n_bk);
@@ -223,29 +237,41 @@ int mc_dist_gather(const mc_net_par *par, mc_backend *be, mc_arena *stage, const
     if (group_size(B->group) <= 1) {
       for (int k = 0; k < B->n; k++) {
         const mc_net_param *p = &params[idx[B->at[k]]];
-        if (full[B->at[k]] + p->z_off != shard[B->at[k]]) be->copy(be, full[B->at[k]] + p->z_off, shard[B->at[k]], p->z_numel);
+        if (bf16 || (float *)full[B->at[k]] + p->z_off != shard[B->at[k]])
+          put_rows(be, bf16, full[B->at[k]], p->z_off, shard[B->at[k]], p->z_numel);
       }
       continue;
     }
+    /* bf16 packs take half the floats they would in fp32, rounded up */
     const int64_t mine = B->counts[B->group->rank];
     staging st = stage_begin(be, stage);
-    float *send = stage_take(&st, mine);
-    float *pack = stage_take(&st, B->total);
+    float *send = stage_take(&st, bf16 ? (mine + 1) / 2 : mine);
+    float *pack = stage_take(&st, bf16 ? (B->total + 1) / 2 : B->total);
     if (!send || !pack) rc = -1;
     int64_t pos = 0;
     for (int k = 0; !rc && k < B->n; k++) {
       const mc_net_param *p = &params[idx[B->at[k]]];
-      if (p->z_numel) be->copy(be, send + pos, shard[B->at[k]], p->z_numel);
+      if (p->z_numel) put_rows(be, bf16, send, pos, shard[B->at[k]], p->z_numel);
       pos += p->z_numel;
     }
-    if (!rc) rc = settle(B->group, be) || mc_allgather(B->group, send, pack, B->counts, MC_DT_F32);
-    if (!rc) pack_rows(par, be, params, idx, B, full, pack, 0, 0);
+    if (!rc) rc = settle(B->group, be) || mc_allgather(B->group, send, pack, B->counts, bf16 ? MC_DT_BF16 : MC_DT_F32);
+    if (!rc) pack_rows(par, be, params, idx, B, full, pack, bf16, 0, 0);
     stage_end(&st, send, pack);
     if (rc) rc = mc_error_context("all-gathering parameters over the %s group (%d members)", B->group->label, B->group->size);
   }
   free_buckets(bk, n_bk);
   free(bk);
   return rc ? -1 : settle(par->comm ? par->comm->world : NULL, be);
+}
+
+int mc_dist_gather(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params, const int *idx,
+                   int n, float *const *shard, float *const *full) {
+  return gather(par, be, stage, params, idx, n, shard, (void *const *)full, 0);
+}
+
+int mc_dist_gather_bf16(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
+                        const int *idx, int n, float *const *shard, mc_bf16 *const *full) {
+  return gather(par, be, stage, params, idx, n, shard, (void *const *)full, 1);
 }
 
 /* Empties the zero3.buffers arena for the next set (its tensors are no longer used). */
@@ -258,19 +284,26 @@ static void zero3_restart(mc_arena *a) { a->used = a->tensor_bytes = a->tensors 
 int mc_zero3_acquire(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_param *params, const int *idx, int n,
                      int for_backward) {
   if (par->zero != 3) return 0;
-  float *shard[MC_ROLE_COUNT] = {0}, *full[MC_ROLE_COUNT] = {0};
+  /* fp32 weights [0, n32) and bf16 weights [n16): two gathers, each over the params of one kind */
+  float *shard32[MC_ROLE_COUNT] = {0}, *full32[MC_ROLE_COUNT] = {0}, *shard16[MC_ROLE_COUNT] = {0};
+  mc_bf16 *full16[MC_ROLE_COUNT] = {0};
+  int idx32[MC_ROLE_COUNT], idx16[MC_ROLE_COUNT], n32 = 0, n16 = 0;
   if (n > MC_ROLE_COUNT) return mc_error("ZeRO 3: %d parameters in one gather", n);
   zero3_restart(bufs);
   for (int k = 0; k < n; k++) {
     mc_net_param *p = &params[idx[k]];
     const int64_t bytes = p->numel * (int64_t)sizeof(float);
-    if (!(full[k] = mc_arena_take(bufs, bytes, MC_MEM_ZERO3_BUFFERS))) return -1;
-    shard[k] = p->ws;
-    /* bf16 weights: the fp32 master shards are gathered and the slice rounded once, as ZeRO 0/1
-     * round their master; the layers see only w16 */
-    if (p->compute_bf16 && !(p->w16 = mc_arena_take(bufs, p->numel * (int64_t)sizeof(mc_bf16), MC_MEM_ZERO3_BUFFERS)))
-      return -1;
-    p->w = p->compute_bf16 ? NULL : full[k];
+    /* bf16 weights: each rank rounds its fp32 master shard and the bf16 rows are gathered
+     * (half the bytes; the same values as rounding the gathered fp32 slice, as ZeRO 0/1 round
+     * their master); the layers see only w16 */
+    if (p->compute_bf16) {
+      if (!(p->w16 = mc_arena_take(bufs, p->numel * (int64_t)sizeof(mc_bf16), MC_MEM_ZERO3_BUFFERS))) return -1;
+      p->w = NULL;
+      idx16[n16] = idx[k], shard16[n16] = p->ws, full16[n16++] = p->w16;
+    } else {
+      if (!(p->w = mc_arena_take(bufs, bytes, MC_MEM_ZERO3_BUFFERS))) return -1;
+      idx32[n32] = idx[k], shard32[n32] = p->ws, full32[n32++] = p->w;
+    }
     if (for_backward) {
       float *whole = mc_arena_take(bufs, bytes, MC_MEM_ZERO3_BUFFERS);
       if (!whole) return -1;
@@ -279,9 +312,9 @@ int mc_zero3_acquire(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_par
       p->g = whole;
     }
   }
-  if (mc_dist_gather(par, be, bufs, params, idx, n, shard, full)) return mc_error_context("ZeRO 3: gathering layer weights");
-  for (int k = 0; k < n; k++)
-    if (params[idx[k]].compute_bf16) be->to_bf16(be, full[k], params[idx[k]].w16, params[idx[k]].numel);
+  if (mc_dist_gather(par, be, bufs, params, idx32, n32, shard32, full32) ||
+      mc_dist_gather_bf16(par, be, bufs, params, idx16, n16, shard16, full16))
+    return mc_error_context("ZeRO 3: gathering layer weights");
   return 0;
 }
 

@@ -128,9 +128,14 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage,
  * the whole local slices full[k], over the params' groups (shard[k] may be full[k] + z_off). */
 int mc_dist_gather(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params, const int *idx,
                    int n, float *const *shard, float *const *full);
+/* The same into bf16 slices full[k]: each rank rounds its fp32 rows shard[k] to bf16 and the
+ * bf16 rows are gathered (half the bytes of an fp32 gather; the values equal the gathered fp32
+ * slice rounded). */
+int mc_dist_gather_bf16(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
+                        const int *idx, int n, float *const *shard, mc_bf16 *const *full);
 /* ZeRO 3: gathers the working weights of params idx[0..n) into the zero3.buffers arena
  * `bufs` / gives them up again (one set at a time); nothing for other ZeRO stages. A param
- * with compute_bf16 gets w16 (the gathered fp32 slice rounded) and no w. */
+ * with compute_bf16 gets w16 (gathered in bf16: mc_dist_gather_bf16) and no w. */
 int mc_zero3_acquire(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_param *params, const int *idx, int n,
                      int for_backward);
 int mc_zero3_release(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_param *params, const int *idx, int n,

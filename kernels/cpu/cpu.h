@@ -10,6 +10,7 @@
 
 void mc_cpu_fill(mc_backend *be, float *x, int64_t n, float value);
 void mc_cpu_copy(mc_backend *be, float *dst, const float *src, int64_t n);
+void mc_cpu_copy_bf16(mc_backend *be, mc_bf16 *dst, const mc_bf16 *src, int64_t n);
 void mc_cpu_copy_2d(mc_backend *be, float *dst, int64_t dpitch, const float *src, int64_t spitch, int64_t width,
                     int64_t height);
 void mc_cpu_scale(mc_backend *be, float *x, int64_t n, float alpha);

@@ -103,6 +103,7 @@ static mc_backend cpu_backend = {
     .snap_wait = cpu_snap_wait,
     .fill = mc_cpu_fill,
     .copy = mc_cpu_copy,
+    .copy_bf16 = mc_cpu_copy_bf16,
     .copy_2d = mc_cpu_copy_2d,
     .scale = mc_cpu_scale,
     .axpy = mc_cpu_axpy,

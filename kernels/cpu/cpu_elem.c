@@ -20,6 +20,12 @@ void mc_cpu_copy(mc_backend *be, float *dst, const float *src, int64_t n) {
   if (bytes) memcpy(dst, src, bytes);
 }
 
+void mc_cpu_copy_bf16(mc_backend *be, mc_bf16 *dst, const mc_bf16 *src, int64_t n) {
+  (void)be;
+  const size_t bytes = (size_t)n * sizeof(mc_bf16);
+  if (bytes) memcpy(dst, src, bytes);
+}
+
 void mc_cpu_copy_2d(mc_backend *be, float *dst, int64_t dpitch, const float *src, int64_t spitch, int64_t width,
                     int64_t height) {
   (void)be;

@@ -31,6 +31,12 @@ static void cu_copy(mc_backend *be, float *dst, const float *src, int64_t n) {
   if (e != cudaSuccess) mc_cuda_fail(be, "copy of %lld floats: %s", (long long)n, cudaGetErrorString(e));
 }
 
+static void cu_copy_bf16(mc_backend *be, mc_bf16 *dst, const mc_bf16 *src, int64_t n) {
+  if (n <= 0) return;
+  cudaError_t e = cudaMemcpyAsync(dst, src, (size_t)n * sizeof(mc_bf16), cudaMemcpyDeviceToDevice, mc_cu_stream(be));
+  if (e != cudaSuccess) mc_cuda_fail(be, "copy of %lld bf16 values: %s", (long long)n, cudaGetErrorString(e));
+}
+
 static void cu_copy_2d(mc_backend *be, float *dst, int64_t dpitch, const float *src, int64_t spitch, int64_t width,
                        int64_t height) {
   if (width <= 0 || height <= 0) return;
@@ -330,6 +336,7 @@ static double cu_sumsq_multi(mc_backend *be, const float *const *x, const int64_
 void mc_cuda_install_elem(mc_backend *be) {
   be->fill = cu_fill;
   be->copy = cu_copy;
+  be->copy_bf16 = cu_copy_bf16;
   be->copy_2d = cu_copy_2d;
   be->scale = cu_scale;
   be->axpy = cu_axpy;

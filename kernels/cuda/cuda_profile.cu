@@ -253,6 +253,7 @@ static void wrap_all(mc_backend *be, prof_state *p) {
   W(42, adamw_multi);
   W(43, sumsq_multi);
   W(44, copy_2d);
+  W(45, copy_bf16);
 }
 
 void mc_cuda_install_profile(mc_backend *be) {

@@ -843,8 +843,18 @@ static void test_to_bf16(mc_backend *be) {
   for (int64_t i = 0; i < n; i++) bad += y[i] != mc_bf16_from_float(x[i]);
   printf("  %-26s %9lld  mismatches %lld  %s\n", "to_bf16 (bits)", (long long)n, (long long)bad, bad ? "FAIL" : "ok");
   CHECK(bad == 0, "to_bf16: %lld of %lld bit patterns differ from kernels/bf16.h", (long long)bad, (long long)n);
-  be->free(be, dx), be->free(be, dy);
-  free(x), free(y);
+  /* copy_bf16: the patterns (NaNs, infinities, zeros, denormals among them) moved as they
+   * are, an odd count to an odd offset, the values around it untouched */
+  mc_bf16 *dz = be->alloc(be, (size_t)(n + 2) * 2), *z = malloc((size_t)(n + 2) * 2);
+  be->copy_bf16(be, dz + 1, dy, n - 1);
+  be->to_host(be, z, dz, (size_t)(n + 2) * 2);
+  CHECK(be->sync(be) == 0, "copy_bf16: %s", mc_errmsg());
+  int64_t moved = z[0] != 0 || z[n] != 0 || z[n + 1] != 0;
+  for (int64_t i = 0; i < n - 1; i++) moved += z[1 + i] != y[i];
+  printf("  %-26s %9lld  mismatches %lld  %s\n", "copy_bf16 (bits)", (long long)(n - 1), (long long)moved, moved ? "FAIL" : "ok");
+  CHECK(moved == 0, "copy_bf16: %lld of %lld bit patterns differ", (long long)moved, (long long)(n - 1));
+  be->free(be, dx), be->free(be, dy), be->free(be, dz);
+  free(x), free(y), free(z);
 }
 
 /* ------------------------------------------------------------------ bf16 outputs

@@ -1,5 +1,5 @@
 /* Dense ops of the CPU backend: gemm (plain, strided, grouped), bias, activations, gated
- * units, embedding, RMSNorm, RoPE, cross-entropy, sum of squares, AdamW, copy_2d. Each
+ * units, embedding, RMSNorm, RoPE, cross-entropy, sum of squares, AdamW, copy_2d, copy_bf16. Each
  * backward is checked against central differences (tolerance in kcheck.h); a few forward
  * values are computed by hand so a forward bug cannot hide behind a matching backward. */
 #include <string.h>
@@ -399,6 +399,22 @@ static void test_xent(void) {
   free(c.logits), free(c.loss), free(c.lse), free(c.tgt), free(d);
 }
 
+/* ------------------------------------------------------------------ copy_bf16 */
+/* Bit patterns copied as they are (a NaN's payload and -0 included), an odd count into an odd
+ * offset, nothing past it; a count of 0 writes nothing. */
+static void test_copy_bf16(void) {
+  enum { N = 7 };
+  const mc_bf16 src[N] = {0x3f80, 0x8000, 0x7fc1, 0xff81, 0x0001, 0xc2f7, 0x7f80};
+  mc_bf16 dst[N + 2];
+  for (int i = 0; i < N + 2; i++) dst[i] = 0x1234;
+  be->copy_bf16(be, dst + 1, src, N);
+  be->copy_bf16(be, dst, src, 0);
+  CHECK(be->sync(be) == 0, "sync: %s", mc_errmsg());
+  int bad = dst[0] != 0x1234 || dst[N + 1] != 0x1234;
+  for (int i = 0; i < N; i++) bad += dst[1 + i] != src[i];
+  CHECK(bad == 0, "copy_bf16: %d values differ", bad);
+}
+
 /* ------------------------------------------------------------------ copy_2d */
 /* A column block out of a wider matrix and back into another pitch, against the loop of the
  * definition; elements outside the rows' `width` floats keep their sentinel. */
@@ -461,5 +477,6 @@ int main(void) {
   test_xent();
   test_misc();
   test_copy_2d();
+  test_copy_bf16();
   return mc_check_exit("test_ops_dense");
 }
