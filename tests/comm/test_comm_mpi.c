@@ -1,5 +1,6 @@
 /* Collectives and layout groups of the MPI backend. Run as one rank (ctest) and as four
- * (mpirun, tests/comm/comm.cmake). Every rank checks exact integer-valued results. */
+ * (mpirun, tests/comm/comm.cmake). Every rank checks exact integer-valued results (bf16: bit
+ * patterns). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,6 +47,18 @@ static void check_collectives(mc_comm *c) {
   at = 0;
   for (int i = 0; i < n; i++)
     for (int64_t j = 0; j < counts[i]; j++, at++) CHECK(all[at] == (float)(100 * i + j), "%s allgather", c->label);
+  /* bf16 is moved bit for bit (a NaN payload included) and refused by the sums */
+  uint16_t m16[80], all16[400];
+  for (int64_t j = 0; j < counts[r]; j++) m16[j] = (uint16_t)(j % 3 == 2 ? 0x7fc1 + r : 0x3f80 + 16 * r + j);
+  CHECK_OK(mc_allgather(c, m16, all16, counts, MC_DT_BF16));
+  at = 0;
+  for (int i = 0; i < n; i++)
+    for (int64_t j = 0; j < counts[i]; j++, at++)
+      CHECK(all16[at] == (uint16_t)(j % 3 == 2 ? 0x7fc1 + i : 0x3f80 + 16 * i + j), "%s bf16 allgather", c->label);
+  CHECK(mc_allreduce_sum(c, m16, 1, MC_DT_BF16) != 0 && strstr(mc_errmsg(), "never summed"), "%s bf16 allreduce: %s",
+        c->label, mc_errmsg());
+  CHECK(mc_reduce_scatter_sum(c, all16, m16, counts, MC_DT_BF16) != 0 && strstr(mc_errmsg(), "never summed"),
+        "%s bf16 reduce_scatter: %s", c->label, mc_errmsg());
   /* alltoallv: member r sends r+1 copies of (10r + dest) to each dest */
   int64_t sc[64], sd[64], rc[64], rd[64];
   int32_t sbuf[512], rbuf[512];
