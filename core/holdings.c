@@ -311,11 +311,10 @@ int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts
     }
     if (!h.in_stage) continue;
     /* the gathered working weights (fp32, or bf16 for bf16 weights: gathered in bf16) and
-     * the whole-slice gradient (fp32), and the reduced shard a backward adds into the
-     * accumulator */
+     * the whole-slice gradient (fp32); the reduced rows go from the collective's pack into
+     * the accumulator */
     const int s = gather_set(g, &g->fams.f[fi]);
-    set[s] += mc_mem_footprint(h.local_numel * (h.compute_bf16 ? 2 : 4)) + mc_mem_footprint(h.local_numel * 4) +
-              mc_mem_footprint(h.z_numel * 4);
+    set[s] += mc_mem_footprint(h.local_numel * (h.compute_bf16 ? 2 : 4)) + mc_mem_footprint(h.local_numel * 4);
     slices[s] += h.local_numel, shards[s] += h.z_numel;
   }
   /* and the collectives' packs (train/dist_sync.c): the set's slices member-major and this

@@ -186,9 +186,9 @@ int64_t mc_muon_ns_work_floats(int64_t rows, int64_t cols);
 
 /* ZeRO 3: bytes of the zero3.buffers allocation: the largest gather set (the embedding, one
  * layer, or the final norm with the head) as whole local slices of working weights (bf16 for
- * bf16 weights, else fp32) plus, for
- * the backward, their whole-slice gradients and reduced shards, and the packs its collectives
- * move them through (the set's slices and this rank's shards of them). */
+ * bf16 weights, else fp32) plus, for the backward, their whole-slice gradients, and the packs
+ * its collectives move them through (the set's slices and this rank's shards of them; the
+ * reduced shards are added into the accumulators from there). */
 int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts *o);
 
 #endif

@@ -146,7 +146,7 @@ int mc_dist_sync_grads(mc_dist_opt *d) {
   float **g, **out;
   if (all_params(net, &idx, &g, &out)) return -1;
   for (int i = 0; i < net->n_params; i++) g[i] = net->params[i].g, out[i] = g[i] + net->params[i].z_off;
-  int rc = mc_dist_reduce_grads(&net->par, net->be, NULL, net->params, idx, net->n_params, g, out);
+  int rc = mc_dist_reduce_grads(&net->par, net->be, NULL, net->params, idx, net->n_params, g, out, 0);
   free(idx), free(g), free(out);
   return rc;
 }

@@ -153,8 +153,14 @@ static void pack_rows(const mc_net_par *par, mc_backend *be, const mc_net_param 
     }
 }
 
+/* This rank's part (n values at src) into dst: written, or added with add = 1. */
+static void put_part(mc_backend *be, int add, float *dst, const float *src, int64_t n) {
+  if (add) be->axpy(be, dst, src, n, 1.0f);
+  else if (dst != src) be->copy(be, dst, src, n);
+}
+
 int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
-                         const int *idx, int n, float *const *g, float *const *out) {
+                         const int *idx, int n, float *const *g, float *const *out, int add) {
   if (n <= 0) return 0;
   /* 1. experts' duplicate copies contribute nothing; partial sums over TP, in one pack */
   int64_t tp_total = 0;
@@ -186,7 +192,7 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage,
     if (group_size(B->group) <= 1) {
       for (int k = 0; par->zero > 0 && k < B->n; k++) {
         const mc_net_param *p = &params[idx[B->at[k]]];
-        if (out[B->at[k]] != g[B->at[k]] + p->z_off) be->copy(be, out[B->at[k]], g[B->at[k]] + p->z_off, p->z_numel);
+        put_part(be, add, out[B->at[k]], g[B->at[k]] + p->z_off, p->z_numel);
       }
       continue;
     }
@@ -206,7 +212,7 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage,
       int64_t pos = 0;
       for (int k = 0; k < B->n; k++) {
         const mc_net_param *p = &params[idx[B->at[k]]];
-        if (p->z_numel) be->copy(be, out[B->at[k]], recv + pos, p->z_numel);
+        if (p->z_numel) put_part(be, add, out[B->at[k]], recv + pos, p->z_numel);
         pos += p->z_numel;
       }
     }
@@ -279,8 +285,8 @@ static void zero3_restart(mc_arena *a) { a->used = a->tensor_bytes = a->tensors 
 
 /* ZeRO 3: the working weights exist only between acquire and release; during a backward
  * the gradient buffer is a whole local slice whose reduced shard is added to the rank's
- * accumulator (parked in mc_dist_param.g_acc meanwhile) on release. All of them are carved
- * from the zero3.buffers arena. */
+ * accumulator (parked in mc_dist_param.g_acc meanwhile) on release. The slices and the
+ * collectives' packs are carved from the zero3.buffers arena. */
 int mc_zero3_acquire(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_param *params, const int *idx, int n,
                      int for_backward) {
   if (par->zero != 3) return 0;
@@ -321,22 +327,17 @@ int mc_zero3_acquire(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_par
 int mc_zero3_release(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_param *params, const int *idx, int n,
                      int after_backward) {
   if (par->zero != 3) return 0;
-  float *g[MC_ROLE_COUNT] = {0}, *part[MC_ROLE_COUNT] = {0};
-  int rc = 0;
+  float *g[MC_ROLE_COUNT] = {0}, *acc[MC_ROLE_COUNT] = {0};
   for (int k = 0; k < n; k++) {
     mc_net_param *p = &params[idx[k]];
     p->w = NULL;
     if (p->compute_bf16) p->w16 = NULL;
     g[k] = p->g;
-    if (after_backward && !(part[k] = mc_arena_take(bufs, p->z_numel * (int64_t)sizeof(float), MC_MEM_ZERO3_BUFFERS)))
-      rc = -1;
+    acc[k] = par->dist[idx[k]].g_acc;
   }
   if (!after_backward) return 0;
-  if (!rc) rc = mc_dist_reduce_grads(par, be, bufs, params, idx, n, g, part);
-  for (int k = 0; k < n; k++) {
-    mc_net_param *p = &params[idx[k]];
-    if (!rc) be->axpy(be, par->dist[idx[k]].g_acc, part[k], p->z_numel, 1.0f);
-    p->g = par->dist[idx[k]].g_acc;
-  }
+  /* the reduced rows are added into the accumulators straight from the collective's pack */
+  const int rc = mc_dist_reduce_grads(par, be, bufs, params, idx, n, g, acc, 1);
+  for (int k = 0; k < n; k++) params[idx[k]].g = acc[k];
   return rc;
 }

@@ -166,8 +166,8 @@ static int layer_params(const mc_layer *l, int *idx) {
  * norm's with the head's; the zero3.buffers arena holds the largest set (nothing for other
  * ZeRO stages). */
 /* ZeRO 3: the zero3.buffers arena, sized by the holdings (core/holdings.h
- * mc_zero3_buffer_bytes: the largest gather set's working weights, whole-slice gradients and
- * reduced shards); each acquire starts it afresh. */
+ * mc_zero3_buffer_bytes: the largest gather set's working weights and whole-slice gradients,
+ * and its collectives' packs); each acquire starts it afresh. */
 static int open_zero3_buffers(mc_net *net) {
   if (net->par.zero != 3) return 0;
   const int64_t bytes = mc_zero3_buffer_bytes(&net->geo, net->rank, &net->hold);

@@ -121,9 +121,10 @@ int mc_dist_setup(mc_net_par *par, const mc_geometry *geo, int rank, const mc_ne
 void mc_dist_free(mc_net_par *par, int n_params);
 /* Combines the local-slice gradients g[k] of params idx[k] over the ranks holding pieces of
  * them: zero 0 leaves the sums in g[k]; otherwise this rank's ZeRO part of each sum goes to
- * out[k] (z_numel elements; g[k] is clobbered; out[k] may be g[k] + z_off). */
+ * out[k] (z_numel elements; g[k] is clobbered; out[k] may be g[k] + z_off), written, or
+ * added to what out[k] holds with add = 1 (ZeRO 3's accumulators). */
 int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
-                         const int *idx, int n, float *const *g, float *const *out);
+                         const int *idx, int n, float *const *g, float *const *out, int add);
 /* Puts each member's rows shard[k] (z_numel elements, this rank's) of params idx[k] into
  * the whole local slices full[k], over the params' groups (shard[k] may be full[k] + z_off). */
 int mc_dist_gather(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params, const int *idx,
