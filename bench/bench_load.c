@@ -1,14 +1,16 @@
 /* bench_load: a checkpoint loaded by the ranks of a layout, rank by rank against once across
  * the job (train/load_shared.h), under mpirun.
  *
- *   mpirun -np N bench_load CKPT [--tp T] [--dp D] [--pp P] [--zero Z] [--round-bytes B]
+ *   mpirun -np N bench_load CKPT [--tp T] [--dp D] [--pp P] [--zero Z] [--round-bytes B] [--serial 0|1]
  *
  * Every rank requests its hyperslab of every state of every family (mc_shard_of; the kinds the
  * family's optimizer keeps under the checkpoint's optim.groups) under the
  * layout (default: tp 1, dp N, pp 1, zero 0), as mc_dist_load does. Each mode opens its own
  * handle (so each reads and hashes for itself) and is timed from a barrier to the slowest
- * rank. Prints per mode: seconds, bytes read and hashed over all ranks, rounds; and whether
- * the two loads placed the same bytes. The files stay in the page cache between the modes
+ * rank. Prints per mode: seconds, bytes read and hashed over all ranks, rounds (and rank 0's
+ * seconds checking, reading where not hidden, and exchanging); and whether the two loads
+ * placed the same bytes. --serial 1: the shared load reads each round after the exchange of
+ * the one before, instead of during it (mc_load_opts.serial). The files stay in the page cache between the modes
  * (nothing here drops it): on a cold or remote file system reading once saves more. */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
@@ -16,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
 #include "core/optim_groups.h"
 #include "train/load_shared.h"
 #include "util/error.h"
@@ -34,6 +37,8 @@ static int make_requests(const mc_geometry *g, int rank, request_set *rs) {
     for (int k = 0; k < MC_N_STATES; k++) {
       mc_shard sh;
       if (!mc_family_has_state(&g->fams.f[f], (mc_state)k)) continue; /* not a kind its optimizer keeps */
+      /* AdamW's per-family step is one int64 (mc_ckpt_read_i64), not a hyperslab of floats */
+      if (!mc_elem_is_float(mc_opt_state_dtype(g->fams.f[f].opt, (mc_state)k))) continue;
       if (mc_shard_of(g, f, (mc_state)k, rank, &sh) != 0) return -1;
       if (!sh.held) continue;
       mc_ckpt_request *r = &rs->r[rs->n++];
@@ -77,6 +82,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[a], "--pp")) pp = atoi(argv[a + 1]);
     else if (!strcmp(argv[a], "--zero")) zero = atoi(argv[a + 1]);
     else if (!strcmp(argv[a], "--round-bytes")) shared.round_bytes = atoll(argv[a + 1]);
+    else if (!strcmp(argv[a], "--serial")) shared.serial = atoi(argv[a + 1]);
   }
   mc_ckpt *ck = NULL;
   mc_config cfg;
@@ -111,11 +117,13 @@ int main(int argc, char **argv) {
   else if (rank == 0)
     printf("layout tp=%d dp=%d pp=%d zero=%d on %d ranks, checkpoint %s (%lld stored bytes needed)\n"
            "rank by rank: %.3f s, read %lld bytes, hashed %lld\n"
-           "once:         %.3f s, read %lld bytes, hashed %lld, %d rounds of at most %lld bytes\n"
+           "once:         %.3f s, read %lld bytes, hashed %lld, %d rounds of at most %lld bytes (%s; rank 0: "
+           "%.3f s checking, %.3f s reading not hidden, %.3f s exchanging)\n"
            "placed bytes identical: %s\n",
            tp, dp, pp, zero, world->size, path, (long long)sb.needed, ta, (long long)sa.total_read,
            (long long)sa.total_hashed, tb, (long long)sb.total_read, (long long)sb.total_hashed, sb.rounds,
-           (long long)shared.round_bytes, same ? "yes" : "NO");
+           (long long)shared.round_bytes, shared.serial ? "serial rounds" : "next round read during each exchange",
+           sb.check_s, sb.read_s, sb.exchange_s, same ? "yes" : "NO");
   for (int i = 0; i < a.n; i++) free(a.r[i].out);
   for (int i = 0; i < b.n; i++) free(b.r[i].out);
   free(a.r), free(b.r);

@@ -2,6 +2,7 @@
  * to whom in which round) and its execution over mc_alltoallv (train/load_shared.h). */
 #include "train/load_shared.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 void mc_load_opts_default(mc_load_opts *o) {
   o->round_bytes = MC_LOAD_ROUND_BYTES;
   o->per_rank = 0;
+  o->serial = 0;
 }
 
 int mc_load_agree(mc_comm *world, int ok) {
@@ -359,23 +361,24 @@ static int64_t offsets(const plan *p, int k, int send, int64_t *count, int64_t *
   return total;
 }
 
-/* Round k: read, copy own parts, pack, agree, exchange, unpack, free the shards served. Both
- * sides walk the round's items in the same order, so a peer's items line up. */
-static int run_round(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_request *reqs, int k, float **buf,
-                     unsigned char *owned, int64_t peak[2], double secs[2]) {
+/* Round k after its reads (read_rc: their result): copy own parts, pack, agree, exchange,
+ * unpack, free the shards served. Both sides walk the round's items in the same order, so a
+ * peer's items line up. ahead: the next round's shards are being read meanwhile (they count
+ * as held). */
+static int exchange_round(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_request *reqs, int k, float **buf,
+                          unsigned char *owned, int read_rc, int ahead, int64_t peak[2]) {
   const int W = p->W;
-  const double t0 = mc_now_s();
   int64_t *v = malloc(sizeof(int64_t) * 5 * (size_t)W);
   float *send = NULL, *recv = NULL;
-  int rc = v ? read_round(ck, p, reqs, k, buf, owned) : mc_error("out of memory in the load's exchange");
-  const double t1 = mc_now_s();
+  int rc = read_rc != 0 ? -1 : v ? 0 : mc_error("out of memory in the load's exchange");
   int64_t *sc = v, *sd = v + W, *rcn = v + 2 * W, *rd = v + 3 * W, *cur = v + 4 * W;
   if (rc == 0) {
     const int64_t ns = offsets(p, k, 1, sc, sd), nr = offsets(p, k, 0, rcn, rd);
     send = malloc(sizeof(float) * (size_t)(ns + 1)), recv = malloc(sizeof(float) * (size_t)(nr + 1));
-    int64_t held = 0; /* the shards this rank serves in this round */
+    int64_t held = 0; /* the shards this rank serves in this round, and those of the next being read */
     for (int u = 0; u < p->n_needs; u++)
-      if (p->needs[u].reader == p->me && p->needs[u].first_round <= k && k <= p->needs[u].last_round) held += p->needs[u].bytes;
+      if (p->needs[u].reader == p->me && p->needs[u].first_round <= k + ahead && k <= p->needs[u].last_round)
+        held += p->needs[u].bytes;
     const int64_t xb = (ns + nr) * (int64_t)sizeof(float);
     peak[0] = xb > peak[0] ? xb : peak[0], peak[1] = held > peak[1] ? held : peak[1];
     if (!send || !recv)
@@ -407,20 +410,60 @@ static int run_round(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_r
   for (int u = 0; u < p->n_needs; u++)
     if (p->needs[u].reader == p->me && p->needs[u].last_round == k && owned[u]) free(buf[u]), buf[u] = NULL, owned[u] = 0;
   free(send), free(recv), free(v);
-  secs[0] += t1 - t0, secs[1] += mc_now_s() - t1;
   return rc;
 }
 
+/* A round's reads on a thread of their own, while the calling thread exchanges the round
+ * before. They touch only the buf and owned entries of the shards first read in that round,
+ * which the exchange neither reads nor frees; the checkpoint handle serialises its own state.
+ * The error message is thread-local: it is carried back as text. */
+typedef struct {
+  mc_ckpt *ck;
+  const plan *p;
+  const mc_ckpt_request *reqs;
+  int k;
+  float **buf;
+  unsigned char *owned;
+  int rc;
+  char err[MC_ERRMSG_MAX];
+} ahead_read;
+
+static void *ahead_main(void *arg) {
+  ahead_read *a = arg;
+  a->rc = read_round(a->ck, a->p, a->reqs, a->k, a->buf, a->owned);
+  if (a->rc != 0) snprintf(a->err, sizeof a->err, "%s", mc_errmsg());
+  return NULL;
+}
+
 /* peak: the largest exchange buffers (send + receive) and shards held of a round, in bytes;
- * secs: seconds reading and exchanging, added to. */
-static int execute(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_request *reqs, int64_t peak[2],
-                   double secs[2]) {
+ * secs: seconds reading (not hidden behind an exchange) and exchanging, added to. Round k + 1
+ * is read while round k exchanges unless serial is set (or no thread can be started). */
+static int execute(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_request *reqs, int serial,
+                   int64_t peak[2], double secs[2]) {
   float **buf = calloc((size_t)p->n_needs + 1, sizeof *buf);
   unsigned char *owned = calloc((size_t)p->n_needs + 1, 1);
   if (!buf || !owned) mc_error("out of memory in the load's exchange");
   /* every rank goes through every round's agreement, so a failure anywhere ends all alike */
   int rc = mc_load_agree(world, buf && owned);
-  for (int k = 0; rc == 0 && k < p->n_rounds; k++) rc = run_round(ck, world, p, reqs, k, buf, owned, peak, secs);
+  double t = mc_now_s();
+  int read_rc = rc == 0 && p->n_rounds > 0 ? read_round(ck, p, reqs, 0, buf, owned) : 0;
+  secs[0] += mc_now_s() - t;
+  for (int k = 0; rc == 0 && k < p->n_rounds; k++) {
+    ahead_read a = {ck, p, reqs, k + 1, buf, owned, 0, {0}};
+    pthread_t th;
+    const int ahead = !serial && read_rc == 0 && k + 1 < p->n_rounds && pthread_create(&th, NULL, ahead_main, &a) == 0;
+    t = mc_now_s();
+    rc = exchange_round(ck, world, p, reqs, k, buf, owned, read_rc, ahead, peak);
+    secs[1] += mc_now_s() - t;
+    t = mc_now_s();
+    if (ahead) {
+      pthread_join(th, NULL);
+      if ((read_rc = a.rc) != 0) mc_error("%s", a.err);
+    } else if (k + 1 < p->n_rounds && rc == 0) {
+      read_rc = read_round(ck, p, reqs, k + 1, buf, owned);
+    }
+    secs[0] += mc_now_s() - t;
+  }
   for (int u = 0; buf && owned && u < p->n_needs; u++)
     if (owned[u]) free(buf[u]);
   free(buf), free(owned);
@@ -476,7 +519,7 @@ int mc_load_shared(mc_ckpt *ck, mc_comm *world, const mc_ckpt_request *reqs, int
   if (rc == 0 && shared && mc_ckpt_verifies(ck)) rc = check_shared(ck, world, &p);
   secs[0] = mc_now_s() - t0;
   if (rc == 0 && shared) {
-    rc = execute(ck, world, &p, reqs, peak, secs + 1);
+    rc = execute(ck, world, &p, reqs, o.serial, peak, secs + 1);
   } else if (rc == 0) {
     t0 = mc_now_s();
     rc = mc_load_agree(world, mc_ckpt_read_many(ck, reqs, n) == 0);

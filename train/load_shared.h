@@ -6,15 +6,17 @@
  * (bytes balanced over the ranks, a rank that needs the shard itself preferred), and rounds
  * of exchange. In each round every reader reads its shards whole through the checkpoint
  * library (which hash-verifies each once), then one mc_alltoallv over the world hands every
- * rank the parts of them its boxes cover. So each needed stored byte is read and hashed once
+ * rank the parts of them its boxes cover; a round's reads run on a thread of their own while
+ * the round before is exchanged (unless opts.serial). So each needed stored byte is read and hashed once
  * in the whole job, where every rank reading its own boxes would read a shard once per rank
  * that needs it (ZeRO 0 replicas, load-time resharding).
  *
  * Memory: in one round a rank holds at most round_bytes of exchange buffers (what it sends
  * plus what it receives; one dim-0 row of a piece is never split, so a row larger than that
  * goes alone) and at most round_bytes of shards it has read and still serves, except that a
- * shard larger than that is held alone, whole (its SHA-256 covers it whole). The plan itself
- * is on every rank: about 200 bytes per (rank, request, intersecting shard) and per band.
+ * shard larger than that is held alone, whole (its SHA-256 covers it whole); with the next
+ * round read meanwhile, the shards of two rounds: at most twice that. The plan itself is on
+ * every rank: about 200 bytes per (rank, request, intersecting shard) and per band.
  *
  * Errors: every collective step is preceded by an agreement (mc_load_agree), so a failure on
  * any rank (a request the checkpoint cannot serve, a hash mismatch on a reader, no memory)
@@ -36,6 +38,7 @@
 typedef struct {
   int64_t round_bytes; /* the bound of a round; <= 0: MC_LOAD_ROUND_BYTES (tests pass small ones) */
   int per_rank;        /* 1: every rank reads its own requests (for comparisons and figures) */
+  int serial;          /* 1: each round's reads wait for the exchange before (for comparisons) */
 } mc_load_opts;
 void mc_load_opts_default(mc_load_opts *o);
 
@@ -49,11 +52,13 @@ typedef struct {
                                      * boxes (mc_ckpt_io_bytes's rule, per rank) */
   int rounds;                       /* exchange rounds (0 when each rank read its own) */
   /* This rank's largest round: exchange buffers (send + receive) and shards it read and
-   * still serves, in bytes (both 0 without exchange rounds); and the largest needed shard. */
+   * still serves or is reading for the next round, in bytes (both 0 without exchange
+   * rounds); and the largest needed shard. */
   int64_t peak_exchange, peak_held, largest_shard;
   /* This rank's seconds: the shared check before parsing, its reads (mc_ckpt_read_many, with
-   * their own checks where the check is not shared), and the rest of the exchange rounds
-   * (copies, agreement, all-to-all). */
+   * their own checks where the check is not shared) where the exchange did not hide them (the
+   * first round's, and the waits for a round read meanwhile), and the rest of the exchange
+   * rounds (copies, agreement, all-to-all). */
   double check_s, read_s, exchange_s;
 } mc_load_stats;
 

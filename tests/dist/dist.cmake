@@ -124,7 +124,8 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
   # where each rank reading its own boxes reads it once per rank (--replicas); a flipped bit
   # in a copy must fail the load on every rank alike.
   set(MC_DIST_CKPT_DP2 ${CMAKE_BINARY_DIR}/dist-ckpt-dp2)
-  add_test(NAME dist.load_once_clean COMMAND ${CMAKE_COMMAND} -E rm -rf ${MC_DIST_CKPT_DP2} ${MC_DIST_CKPT_DP2}-bad)
+  add_test(NAME dist.load_once_clean COMMAND ${CMAKE_COMMAND} -E rm -rf ${MC_DIST_CKPT_DP2} ${MC_DIST_CKPT_DP2}-bad
+                                           ${MC_DIST_CKPT_DP2}-bad2)
   set_tests_properties(dist.load_once_clean PROPERTIES FIXTURES_SETUP dist_load_once_clean)
   mc_dist_test(dist.load_once_save_dp2_zero0 2 $<TARGET_FILE:dist_train> 1 2 0 0 --save ${MC_DIST_CKPT_DP2})
   set_tests_properties(dist.load_once_save_dp2_zero0 PROPERTIES FIXTURES_REQUIRED dist_load_once_clean FIXTURES_SETUP dist_load_once)
@@ -135,8 +136,15 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
            COMMAND sh -c "rm -rf '${MC_DIST_CKPT_DP2}-bad' && cp -r '${MC_DIST_CKPT_DP2}' '${MC_DIST_CKPT_DP2}-bad' && '${MC_DIST_MPIRUN}' --oversubscribe -np 4 '$<TARGET_FILE:dist_train>' 1 4 0 1 --corrupt --resume '${MC_DIST_CKPT_DP2}-bad'"
            WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
   set_tests_properties(dist.load_once_corrupt PROPERTIES ENVIRONMENT "${MC_DIST_ENV}" TIMEOUT 120)
+  # The same with the files' digests stripped (tests/ckpt/ckpt_edit.py), so that no check
+  # before parsing catches the flip of the last shard: its own hash fails in the last of many
+  # rounds, on the thread that reads a round ahead of the exchange.
+  add_test(NAME dist.load_once_corrupt_ahead
+           COMMAND sh -c "rm -rf '${MC_DIST_CKPT_DP2}-bad2' && cp -r '${MC_DIST_CKPT_DP2}' '${MC_DIST_CKPT_DP2}-bad2' && /usr/bin/python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); from ckpt_edit import strip_file_hashes; strip_file_hashes(sys.argv[2])' '${MC_SOURCE_DIR}/tests/ckpt' '${MC_DIST_CKPT_DP2}-bad2' && '${MC_DIST_MPIRUN}' --oversubscribe -np 4 '$<TARGET_FILE:dist_train>' 1 4 0 1 --round-bytes 1000 --corrupt-last --resume '${MC_DIST_CKPT_DP2}-bad2'"
+           WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(dist.load_once_corrupt_ahead PROPERTIES ENVIRONMENT "${MC_DIST_ENV}" TIMEOUT 120)
   set_tests_properties(dist.load_once_dp2_zero0 dist.load_once_dp4_zero0 dist.load_once_dp4_zero1 dist.load_once_corrupt
-                       PROPERTIES FIXTURES_REQUIRED dist_load_once)
+                       dist.load_once_corrupt_ahead PROPERTIES FIXTURES_REQUIRED dist_load_once)
   mc_dist_test(dist.load_once_tp2dp2_to_dp4_zero0 4 $<TARGET_FILE:dist_train> 1 4 0 0 --replicas 4 --resume ${MC_DIST_CKPT})
   set_tests_properties(dist.load_once_tp2dp2_to_dp4_zero0 PROPERTIES FIXTURES_REQUIRED dist_ckpt)
 

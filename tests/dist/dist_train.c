@@ -27,9 +27,10 @@
  *                                            to mcplan's figures for P (activations below
  *                                            none's; under full and ep > 1, moe.scratch too).
  *   dist_train TP DP SP ZERO --corrupt --resume DIR   rank 0 first flips a bit of a shard of
- *                                            DIR (a copy); the shared load must fail on every
- *                                            rank with one message naming the rank, the file
- *                                            and the dataset.
+ *                                            DIR (a copy; the largest shard, or with
+ *                                            --corrupt-last the last float32 one listed);
+ *                                            the shared load must fail on every rank with one
+ *                                            message naming the rank, the file and the dataset.
  * Options (before --save/--resume): --ep N expert parallelism; --moe E K CF the E blocks'
  * experts, top-k and capacity factor (default 4 2 0); --mb N the micro-batch (default 2);
  * --empty: some EP rank's expert must receive no row in some micro-batch; with CF > 0 some
@@ -43,6 +44,7 @@
 #define _POSIX_C_SOURCE 200809L /* pread, pwrite (tests/dist/loadcheck.h) */
 #include <mpi.h>
 
+#include "core/dtype.h"
 #include "tests/dist/distcheck.h"
 #include "tests/dist/loadcheck.h"
 #include "train/data.h"
@@ -361,8 +363,9 @@ static int save_ckpt(const setup *S, trainee *e, const mc_comm_groups *grp, cons
 }
 
 /* Loads the checkpoint at `dir` into a (each rank reading its own boxes) and b (shared load,
- * rounds of round_bytes) through two handles, so each load reads and hashes for itself; checks
- * the states bitwise and the bytes read. */
+ * rounds of round_bytes, the next round read during each exchange) through two handles, so
+ * each load reads and hashes for itself; checks the states bitwise and the bytes read; then
+ * the shared load with serial rounds into a through a third handle, bitwise equal again. */
 static int load_both(const setup *S, trainee *a, trainee *b, const char *dir, int64_t round_bytes, int replicas, int rank) {
   mc_ckpt *ka = NULL, *kb = NULL;
   mc_train_state st;
@@ -393,11 +396,27 @@ static int load_both(const setup *S, trainee *a, trainee *b, const char *dir, in
     CHECK(sa.total_read == sa.per_rank_read && sb.per_rank_read == sa.total_read,
           "per-rank load: read %lld bytes in all, predicted %lld (shared load's figure %lld)", (long long)sa.total_read,
           (long long)sa.per_rank_read, (long long)sb.per_rank_read);
-    /* the round bound (train/load_shared.h); no row of the test model exceeds 1000 bytes */
+    /* the round bound (train/load_shared.h; two rounds of shards while the next is read
+     * meanwhile); no row of the test model exceeds 1000 bytes */
     const int64_t hold_cap = round_bytes > sb.largest_shard ? round_bytes : sb.largest_shard;
-    CHECK(sb.peak_exchange <= round_bytes && sb.peak_held <= hold_cap,
-          "rank %d: a round held %lld bytes of exchange buffers and %lld of shards (bounds %lld, %lld)", rank,
+    CHECK(sb.peak_exchange <= round_bytes && sb.peak_held <= 2 * hold_cap,
+          "rank %d: a round held %lld bytes of exchange buffers and %lld of shards (bounds %lld, 2 x %lld)", rank,
           (long long)sb.peak_exchange, (long long)sb.peak_held, (long long)round_bytes, (long long)hold_cap);
+    mc_ckpt *kc = NULL;
+    mc_load_opts oc = ob;
+    oc.serial = 1;
+    mc_load_stats sc;
+    lc_state_poison(&a->d);
+    const int rc_c = mc_ckpt_open(dir, NULL, &kc) || mc_dist_load(&a->d, kc, &oc, &sc);
+    CHECK(rc_c == 0, "rank %d: serial shared load of %s: %s", rank, dir, mc_errmsg());
+    const int diff_c = rc_c ? -1 : lc_state_diff(&a->d, &b->d);
+    CHECK(diff_c == 0, "rank %d: %d tensors differ between the serial and the overlapped shared load", rank, diff_c);
+    CHECK(rc_c || (sc.total_read == need && sc.rounds == sb.rounds && sc.peak_held <= hold_cap &&
+                   sc.peak_held <= sb.peak_held),
+          "rank %d: serial shared load: read %lld bytes (%lld needed) in %d rounds (overlapped: %d), held %lld bytes of "
+          "shards (bound %lld; overlapped %lld)", rank, (long long)sc.total_read, (long long)need, sc.rounds, sb.rounds,
+          (long long)sc.peak_held, (long long)hold_cap, (long long)sb.peak_held);
+    mc_ckpt_close(kc);
     CHECK(replicas <= 0 || sa.total_read == replicas * need, "per-rank load read %lld bytes, not %d x %lld",
           (long long)sa.total_read, replicas, (long long)need);
     if (rank == 0)
@@ -415,19 +434,27 @@ static int load_both(const setup *S, trainee *a, trainee *b, const char *dir, in
   return rc;
 }
 
-/* --corrupt: rank 0 flips a bit of the largest stored shard; the shared load must then fail
- * on every rank with the same message, naming the failing rank, the file and the dataset. */
-static void load_corrupt(trainee *e, const char *dir, int rank) {
+/* --corrupt: rank 0 flips a bit of the largest stored shard (last = 1: of the last float32 one
+ * the manifest lists, read in the last round of a many-round load, so on the thread that reads a
+ * round ahead when the files carry no piece digests to catch it first); the shared load, in
+ * rounds of round_bytes, must then fail on every rank with the same message, naming the
+ * failing rank, the file and the dataset. */
+static void load_corrupt(trainee *e, const char *dir, int rank, int64_t round_bytes, int last) {
   mc_ckpt *ck = NULL;
   CHECK_OK(mc_ckpt_open(dir, NULL, &ck));
   if (!ck) return;
   int big = 0;
-  for (int i = 1; i < mc_ckpt_n_shards(ck); i++)
-    if (mc_ckpt_shard_at(ck, i)->numel > mc_ckpt_shard_at(ck, big)->numel) big = i;
+  for (int i = 1; i < mc_ckpt_n_shards(ck); i++) {
+    const mc_ckpt_shard *c = mc_ckpt_shard_at(ck, i);
+    if (last ? c->dtype == MC_ELEM_F32 : c->numel > mc_ckpt_shard_at(ck, big)->numel) big = i;
+  }
   const mc_ckpt_shard *s = mc_ckpt_shard_at(ck, big);
   if (rank == 0) CHECK_OK(lc_corrupt_shard(ck, big));
   MPI_Barrier(MPI_COMM_WORLD);
-  const int rc = mc_dist_load(&e->d, ck, NULL, NULL);
+  mc_load_opts o;
+  mc_load_opts_default(&o);
+  o.round_bytes = round_bytes;
+  const int rc = mc_dist_load(&e->d, ck, &o, NULL);
   char msg[MC_ERRMSG_MAX], first[MC_ERRMSG_MAX];
   snprintf(msg, sizeof msg, "%s", mc_errmsg());
   CHECK(rc != 0, "rank %d: the load of a corrupt checkpoint succeeded", rank);
@@ -457,7 +484,7 @@ int main(int argc, char **argv) {
   if (mc_comm_mpi_init(&argc, &argv, &world)) return fprintf(stderr, "%s\n", mc_errmsg()), 1;
   if (argc < 5) {
     fprintf(stderr, "usage: dist_train TP DP SP ZERO [--ep N] [--moe E K CF] [--mb N] [--empty] [--pp N] [--split S] "
-                    "[--pattern P] [--groups OPTIM_GROUPS] [--bf16] [--recompute P | --save DIR | [--round-bytes N] [--replicas F] [--corrupt] --resume DIR]\n");
+                    "[--pattern P] [--groups OPTIM_GROUPS] [--bf16] [--recompute P | --save DIR | [--round-bytes N] [--replicas F] [--corrupt | --corrupt-last] --resume DIR]\n");
     mc_comm_mpi_finalize();
     world->ops->destroy(world);
     return 2;
@@ -477,6 +504,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[a], "--round-bytes") && a + 1 < argc) round_bytes = atoll(argv[++a]);
     else if (!strcmp(argv[a], "--replicas") && a + 1 < argc) replicas = atoi(argv[++a]);
     else if (!strcmp(argv[a], "--corrupt")) corrupt = 1;
+    else if (!strcmp(argv[a], "--corrupt-last")) corrupt = 2;
     else if (!strcmp(argv[a], "--recompute") && a + 1 < argc) recompute = argv[++a];
     else if (!strcmp(argv[a], "--groups") && a + 1 < argc) groups = argv[++a];
     else if (!strcmp(argv[a], "--bf16")) BE = mc_backend_cpu_bf16();
@@ -571,7 +599,7 @@ int main(int argc, char **argv) {
     if (fp) fclose(fp);
     CHECK(rank != 0 || fp, "cannot write %s", path);
   } else if (made && resume && corrupt) {
-    load_corrupt(&e, resume, rank);
+    load_corrupt(&e, resume, rank, round_bytes, corrupt == 2);
   } else if (made && resume) {
     trainee e2; /* the shared load's copy; e loads rank by rank */
     const int made2 = trainee_make(&e2, &S, &l, rank, &grp) == 0;

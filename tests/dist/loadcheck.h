@@ -79,6 +79,24 @@ static inline int lc_state_diff(mc_dist_opt *a, mc_dist_opt *b) {
   return diff;
 }
 
+/* Overwrites every optimizer state and working-weight shard of a with NaN bit patterns, so a
+ * load into it that leaves anything out fails lc_state_diff against a complete one. */
+static inline void lc_state_poison(mc_dist_opt *a) {
+  for (int s = 0; s < a->opt.n; s++) {
+    const mc_optim_slot *x = &a->opt.slots[s];
+    for (int k = 0; k < MC_N_STATES; k++) {
+      float *u = (float *)mc_optim_state(x, (mc_state)k);
+      if (u && x->numel) memset(u, 0xff, sizeof(float) * (size_t)x->numel);
+    }
+  }
+  for (int i = 0; i < mc_net_n_params(a->net); i++) {
+    const mc_net_param *p = mc_net_param_at(a->net, i);
+    float *x = p->ws ? p->ws : p->w;
+    const size_t n = (size_t)(p->ws ? p->z_numel : p->numel);
+    if (x && n) memset(x, 0xff, sizeof(float) * n);
+  }
+}
+
 /* Flips one bit of stored shard i's data (a contiguous dataset) in place; the file keeps its
  * size, so only the hash can tell. */
 static inline int lc_corrupt_shard(mc_ckpt *ck, int i) {
