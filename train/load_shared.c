@@ -315,10 +315,87 @@ static int schedule(plan *p, int64_t B) {
 
 /* ---------------------------------------------------------------- execution */
 
+/* The shards a reader holds: buf[u] per need, its request's destination or a buffer of its
+ * own of cap[u] bytes (0: not its own). Buffers of shards served are kept for reuse: a fresh
+ * block of this size is mapped anew and costs its page faults and zeroing again every round,
+ * a kept one does not. One is kept only while all of them, in use or kept, stay within
+ * `limit` (twice the round bound: train/load_shared.h), and reused only for a shard of at
+ * least three quarters its size. The reads (on the read-ahead thread) take buffers and the
+ * exchange gives them back: the pool is under mu; buf and cap entries are each one thread's. */
+typedef struct {
+  float **buf;
+  int64_t *cap;
+  pthread_mutex_t mu;
+  float **kept;
+  int64_t *kept_cap;
+  int n_kept;
+  int64_t in_use, kept_bytes, limit;
+} served;
+
+static int served_open(served *sv, const plan *p, int64_t round_bytes) {
+  memset(sv, 0, sizeof *sv);
+  const size_t n = (size_t)p->n_needs + 1;
+  sv->buf = calloc(n, sizeof *sv->buf), sv->cap = calloc(n, sizeof *sv->cap);
+  sv->kept = calloc(n, sizeof *sv->kept), sv->kept_cap = calloc(n, sizeof *sv->kept_cap);
+  int64_t bound = round_bytes;
+  for (int u = 0; u < p->n_needs; u++)
+    if (p->needs[u].reader == p->me && p->needs[u].bytes > bound) bound = p->needs[u].bytes;
+  sv->limit = 2 * bound;
+  pthread_mutex_init(&sv->mu, NULL);
+  return sv->buf && sv->cap && sv->kept && sv->kept_cap ? 0 : mc_error("out of memory in the load's exchange");
+}
+
+/* A buffer of its own for need u's shard of `bytes`: a kept one that fits, else a new one. */
+static float *served_take(served *sv, int u, int64_t bytes) {
+  pthread_mutex_lock(&sv->mu);
+  int best = -1;
+  for (int i = 0; i < sv->n_kept; i++)
+    if (sv->kept_cap[i] >= bytes && sv->kept_cap[i] - sv->kept_cap[i] / 4 <= bytes &&
+        (best < 0 || sv->kept_cap[i] < sv->kept_cap[best]))
+      best = i;
+  float *b = NULL;
+  int64_t cap = bytes;
+  if (best >= 0) {
+    b = sv->kept[best], cap = sv->kept_cap[best];
+    sv->kept_bytes -= cap, sv->n_kept--;
+    sv->kept[best] = sv->kept[sv->n_kept], sv->kept_cap[best] = sv->kept_cap[sv->n_kept];
+  }
+  pthread_mutex_unlock(&sv->mu);
+  if (!b && !(b = malloc((size_t)(bytes > 0 ? bytes : 1)))) return NULL;
+  pthread_mutex_lock(&sv->mu);
+  sv->in_use += cap;
+  pthread_mutex_unlock(&sv->mu);
+  sv->buf[u] = b, sv->cap[u] = cap;
+  return b;
+}
+
+/* Need u's shard is served: its own buffer is kept (within the limit) or freed. */
+static void served_give(served *sv, int u) {
+  if (sv->cap[u] > 0) {
+    pthread_mutex_lock(&sv->mu);
+    sv->in_use -= sv->cap[u];
+    const int keep = sv->in_use + sv->kept_bytes + sv->cap[u] <= sv->limit;
+    if (keep) sv->kept[sv->n_kept] = sv->buf[u], sv->kept_cap[sv->n_kept++] = sv->cap[u], sv->kept_bytes += sv->cap[u];
+    pthread_mutex_unlock(&sv->mu);
+    if (!keep) free(sv->buf[u]);
+  }
+  sv->buf[u] = NULL, sv->cap[u] = 0;
+}
+
+static void served_close(served *sv, const plan *p) {
+  for (int u = 0; sv->cap && u < p->n_needs; u++)
+    if (sv->cap[u] > 0) free(sv->buf[u]);
+  for (int i = 0; i < sv->n_kept; i++) free(sv->kept[i]);
+  pthread_mutex_destroy(&sv->mu);
+  free(sv->buf), free(sv->cap), free(sv->kept), free(sv->kept_cap);
+  memset(sv, 0, sizeof *sv);
+}
+
 /* This rank's reads of round k: the shards it serves whose first items are in round k, whole,
  * in one mc_ckpt_read_many (each hash-verified once, on the handle's I/O threads). A shard
  * that is exactly one of this rank's own requests is read straight into its destination. */
-static int read_round(mc_ckpt *ck, const plan *p, const mc_ckpt_request *reqs, int k, float **buf, unsigned char *owned) {
+static int read_round(mc_ckpt *ck, const plan *p, const mc_ckpt_request *reqs, int k, served *sv) {
+  float **buf = sv->buf;
   mc_ckpt_request *rq = malloc(sizeof *rq * (size_t)(p->n_needs + 1));
   if (!rq) return mc_error("out of memory reading for the load");
   int m = 0, rc = 0;
@@ -331,11 +408,8 @@ static int read_round(mc_ckpt *ck, const plan *p, const mc_ckpt_request *reqs, i
       const greq *g = &p->g[p->pieces[l].req];
       if (g->rank == p->me && mc_box_equal(&g->box, &sb)) buf[u] = reqs[g->local].out;
     }
-    if (!buf[u]) {
-      owned[u] = 1;
-      if (!(buf[u] = malloc(sizeof(float) * (size_t)s->numel)))
-        rc = mc_error("out of memory for %s of %s", s->dataset, s->file);
-    }
+    if (!buf[u] && !served_take(sv, u, (int64_t)sizeof(float) * s->numel))
+      rc = mc_error("out of memory for %s of %s", s->dataset, s->file);
     rq[m] = (mc_ckpt_request){s->family, s->state, {0, 0, 0}, {0, 0, 0}, buf[u]};
     memcpy(rq[m].start, s->start, sizeof s->start);
     memcpy(rq[m].count, s->count, sizeof s->count);
@@ -365,8 +439,9 @@ static int64_t offsets(const plan *p, int k, int send, int64_t *count, int64_t *
  * unpack, free the shards served. Both sides walk the round's items in the same order, so a
  * peer's items line up. ahead: the next round's shards are being read meanwhile (they count
  * as held). */
-static int exchange_round(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_request *reqs, int k, float **buf,
-                          unsigned char *owned, int read_rc, int ahead, int64_t peak[2]) {
+static int exchange_round(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_request *reqs, int k, served *sv,
+                          int read_rc, int ahead, int64_t peak[2]) {
+  float **buf = sv->buf;
   const int W = p->W;
   int64_t *v = malloc(sizeof(int64_t) * 5 * (size_t)W);
   float *send = NULL, *recv = NULL;
@@ -408,29 +483,29 @@ static int exchange_round(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_c
     cur[it->src] += mc_box_numel(&it->band);
   }
   for (int u = 0; u < p->n_needs; u++)
-    if (p->needs[u].reader == p->me && p->needs[u].last_round == k && owned[u]) free(buf[u]), buf[u] = NULL, owned[u] = 0;
+    if (p->needs[u].reader == p->me && p->needs[u].last_round == k && sv->cap[u] > 0) served_give(sv, u);
   free(send), free(recv), free(v);
   return rc;
 }
 
 /* A round's reads on a thread of their own, while the calling thread exchanges the round
- * before. They touch only the buf and owned entries of the shards first read in that round,
- * which the exchange neither reads nor frees; the checkpoint handle serialises its own state.
+ * before. They touch only the buf and cap entries of the shards first read in that round,
+ * which the exchange neither reads nor frees (and the pool, under its lock); the checkpoint
+ * handle serialises its own state.
  * The error message is thread-local: it is carried back as text. */
 typedef struct {
   mc_ckpt *ck;
   const plan *p;
   const mc_ckpt_request *reqs;
   int k;
-  float **buf;
-  unsigned char *owned;
+  served *sv;
   int rc;
   char err[MC_ERRMSG_MAX];
 } ahead_read;
 
 static void *ahead_main(void *arg) {
   ahead_read *a = arg;
-  a->rc = read_round(a->ck, a->p, a->reqs, a->k, a->buf, a->owned);
+  a->rc = read_round(a->ck, a->p, a->reqs, a->k, a->sv);
   if (a->rc != 0) snprintf(a->err, sizeof a->err, "%s", mc_errmsg());
   return NULL;
 }
@@ -438,35 +513,31 @@ static void *ahead_main(void *arg) {
 /* peak: the largest exchange buffers (send + receive) and shards held of a round, in bytes;
  * secs: seconds reading (not hidden behind an exchange) and exchanging, added to. Round k + 1
  * is read while round k exchanges unless serial is set (or no thread can be started). */
-static int execute(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_request *reqs, int serial,
+static int execute(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_request *reqs, const mc_load_opts *o,
                    int64_t peak[2], double secs[2]) {
-  float **buf = calloc((size_t)p->n_needs + 1, sizeof *buf);
-  unsigned char *owned = calloc((size_t)p->n_needs + 1, 1);
-  if (!buf || !owned) mc_error("out of memory in the load's exchange");
+  served sv;
   /* every rank goes through every round's agreement, so a failure anywhere ends all alike */
-  int rc = mc_load_agree(world, buf && owned);
+  int rc = mc_load_agree(world, served_open(&sv, p, o->round_bytes) == 0);
   double t = mc_now_s();
-  int read_rc = rc == 0 && p->n_rounds > 0 ? read_round(ck, p, reqs, 0, buf, owned) : 0;
+  int read_rc = rc == 0 && p->n_rounds > 0 ? read_round(ck, p, reqs, 0, &sv) : 0;
   secs[0] += mc_now_s() - t;
   for (int k = 0; rc == 0 && k < p->n_rounds; k++) {
-    ahead_read a = {ck, p, reqs, k + 1, buf, owned, 0, {0}};
+    ahead_read a = {ck, p, reqs, k + 1, &sv, 0, {0}};
     pthread_t th;
-    const int ahead = !serial && read_rc == 0 && k + 1 < p->n_rounds && pthread_create(&th, NULL, ahead_main, &a) == 0;
+    const int ahead = !o->serial && read_rc == 0 && k + 1 < p->n_rounds && pthread_create(&th, NULL, ahead_main, &a) == 0;
     t = mc_now_s();
-    rc = exchange_round(ck, world, p, reqs, k, buf, owned, read_rc, ahead, peak);
+    rc = exchange_round(ck, world, p, reqs, k, &sv, read_rc, ahead, peak);
     secs[1] += mc_now_s() - t;
     t = mc_now_s();
     if (ahead) {
       pthread_join(th, NULL);
       if ((read_rc = a.rc) != 0) mc_error("%s", a.err);
     } else if (k + 1 < p->n_rounds && rc == 0) {
-      read_rc = read_round(ck, p, reqs, k + 1, buf, owned);
+      read_rc = read_round(ck, p, reqs, k + 1, &sv);
     }
     secs[0] += mc_now_s() - t;
   }
-  for (int u = 0; buf && owned && u < p->n_needs; u++)
-    if (owned[u]) free(buf[u]);
-  free(buf), free(owned);
+  served_close(&sv, p);
   return rc;
 }
 
@@ -519,7 +590,7 @@ int mc_load_shared(mc_ckpt *ck, mc_comm *world, const mc_ckpt_request *reqs, int
   if (rc == 0 && shared && mc_ckpt_verifies(ck)) rc = check_shared(ck, world, &p);
   secs[0] = mc_now_s() - t0;
   if (rc == 0 && shared) {
-    rc = execute(ck, world, &p, reqs, o.serial, peak, secs + 1);
+    rc = execute(ck, world, &p, reqs, &o, peak, secs + 1);
   } else if (rc == 0) {
     t0 = mc_now_s();
     rc = mc_load_agree(world, mc_ckpt_read_many(ck, reqs, n) == 0);

@@ -15,8 +15,11 @@
  * plus what it receives; one dim-0 row of a piece is never split, so a row larger than that
  * goes alone) and at most round_bytes of shards it has read and still serves, except that a
  * shard larger than that is held alone, whole (its SHA-256 covers it whole); with the next
- * round read meanwhile, the shards of two rounds: at most twice that. The plan itself is on
- * every rank: about 200 bytes per (rank, request, intersecting shard) and per band.
+ * round read meanwhile, the shards of two rounds: at most twice that. Buffers of shards
+ * served are kept for later rounds' shards of about their size (a fresh large block costs its
+ * page faults again) as long as all of a reader's buffers, in use or kept, stay within that
+ * twice. The plan itself is on every rank: about 200 bytes per (rank, request, intersecting
+ * shard) and per band.
  *
  * Errors: every collective step is preceded by an agreement (mc_load_agree), so a failure on
  * any rank (a request the checkpoint cannot serve, a hash mismatch on a reader, no memory)
