@@ -25,6 +25,7 @@
 #include "comm/launch.h"
 #include "plan/plan.h"
 #include "train/trainer.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 static volatile sig_atomic_t stop_signal = 0;
@@ -91,11 +92,6 @@ static int error_mode = ERR_PRINTED;
 #define ERR_GATHER_S 2.0
 #define ERR_ACK_S 5.0
 
-static double mono_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static void nap(void) {
   struct timespec d = {0, 5 * 1000 * 1000};
@@ -133,7 +129,7 @@ static void report_error(mc_comm *mpi_world, const char *msg, int nl) {
     int acked = 0, mode = 0, done = 0;
     MPI_Isend(msg, (int)strlen(msg) + 1, MPI_CHAR, 0, ERR_TAG, MPI_COMM_WORLD, &send);
     MPI_Irecv(&mode, 1, MPI_INT, 0, ERR_ACK_TAG, MPI_COMM_WORLD, &ack);
-    for (const double t0 = mono_s(); !acked && mono_s() - t0 < ERR_ACK_S; nap()) MPI_Test(&ack, &acked, MPI_STATUS_IGNORE);
+    for (const double t0 = mc_now_s(); !acked && mc_now_s() - t0 < ERR_ACK_S; nap()) MPI_Test(&ack, &acked, MPI_STATUS_IGNORE);
     if (acked) {
       MPI_Wait(&send, MPI_STATUS_IGNORE); /* rank 0 has received it */
       error_mode = mode;
@@ -157,7 +153,7 @@ static void report_error(mc_comm *mpi_world, const char *msg, int nl) {
   in[0] = 1;
   int n_in = 1;
   for (int r = 1; r < size; r++) MPI_Irecv(got[r], MC_ERRMSG_MAX, MPI_CHAR, r, ERR_TAG, MPI_COMM_WORLD, &req[r]);
-  for (const double t0 = mono_s(); n_in < size && mono_s() - t0 < ERR_GATHER_S; nap())
+  for (const double t0 = mc_now_s(); n_in < size && mc_now_s() - t0 < ERR_GATHER_S; nap())
     for (int r = 1; r < size; r++)
       if (!in[r]) {
         MPI_Test(&req[r], &in[r], MPI_STATUS_IGNORE);
@@ -289,7 +285,7 @@ int main(int argc, char **argv) {
      * failing rank has printed its error (report_error) and ends them all. One whose error
      * rank 0 printed waits for rank 0 to end the job. */
     if (world->size > 1 && (rc == 1 || rc == 2) && error_mode == ERR_WAIT)
-      for (const double t0 = mono_s(); mono_s() - t0 < 30;) nap();
+      for (const double t0 = mc_now_s(); mc_now_s() - t0 < 30;) nap();
     if (world->size > 1 && (rc == 1 || rc == 2) && error_mode != ERR_ALL) MPI_Abort(MPI_COMM_WORLD, rc);
     mc_comm_mpi_finalize();
     world->ops->destroy(world); /* frees the wrapper only: MPI_COMM_WORLD is not freed */

@@ -14,6 +14,7 @@
 
 #include "comm/launch.h"
 #include "core/layout.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 /* MC_DT_BF16 (bf16 bit patterns, kernels/ops.h mc_bf16) is moved (gathers, all-to-all, send,
@@ -90,17 +91,15 @@ int mc_comm_nccl_order_with(void *cuda_stream);
 int mc_comm_make_groups(mc_comm *world, const mc_layout *l, mc_comm_groups *out);
 void mc_comm_free_groups(mc_comm_groups *g);
 
-/* Monotonic seconds (the clock the wrappers time calls with). */
-double mc_comm_clock(void);
 
 /* Convenience wrappers that dispatch through the vtable and add the call's time to busy_s:
  * with blocking calls that is the communication the step waits for (pipeline receives
  * include the time the other stage is still computing). */
 #define MC_COMM_TIMED(c, call)                      \
   do {                                              \
-    const double t0_ = mc_comm_clock();             \
+    const double t0_ = mc_now_s();                  \
     const int rc_ = (call);                         \
-    (c)->busy_s += mc_comm_clock() - t0_;           \
+    (c)->busy_s += mc_now_s() - t0_;                \
     return rc_;                                     \
   } while (0)
 static inline int mc_comm_no_bf16_sum(const mc_comm *c, const char *op) {

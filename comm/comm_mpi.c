@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "comm/comm.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 size_t mc_dtype_size(mc_dtype t) {
@@ -57,20 +57,15 @@ static double timeout_s(void) {
   return t;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int wait_req(int start_rc, MPI_Request *r, mc_comm *c, const char *op) {
   if (start_rc != MPI_SUCCESS) return start_rc;
-  double limit = timeout_s(), t0 = limit > 0 ? now_s() : 0;
+  double limit = timeout_s(), t0 = limit > 0 ? mc_now_s() : 0;
   for (unsigned long spin = 0;; spin++) {
     int done = 0, rc = MPI_Test(r, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS || done) return rc;
     if (spin % 64 == 63) sched_yield(); /* oversubscribed ranks share cores */
-    if (limit > 0 && spin % 1024 == 1023 && now_s() - t0 > limit) {
+    if (limit > 0 && spin % 1024 == 1023 && mc_now_s() - t0 > limit) {
       fprintf(stderr,
               "MPI %s on the %s group (rank %d of %d, world rank %d): no completion after %.0f s "
               "(MC_COMM_TIMEOUT_S): another rank is stalled or gone; aborting the job\n",

@@ -14,7 +14,7 @@
  * an event; a watchdog thread takes over the timeout and the asynchronous-error check for
  * them, and ends the process naming the operation when one fails or stalls (the calling
  * thread may by then be waiting in the backend's sync, where nothing else would notice). */
-#define _POSIX_C_SOURCE 200809L /* nanosleep, clock_gettime */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
 
 #include <pthread.h>
 #include <stdio.h>
@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "comm/comm.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 #ifdef MC_HAVE_NCCL
@@ -92,15 +93,10 @@ static int check_cuda(cudaError_t e, mc_comm *c, const char *op) {
   return e == cudaSuccess ? 0 : where(c, op, "CUDA error", cudaGetErrorString(e));
 }
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* Waits for everything queued on the stream (the operation and its staging copies). */
 static int wait_done(mc_comm *c, const char *op) {
-  const double t0 = now_s();
+  const double t0 = mc_now_s();
   for (long spin = 0;; spin++) {
     cudaError_t e = cudaStreamQuery(P.stream);
     if (e == cudaSuccess) return 0;
@@ -113,7 +109,7 @@ static int wait_done(mc_comm *c, const char *op) {
       ((nccl_impl *)c->impl)->comm = NULL;
       return rc;
     }
-    if (P.timeout_s > 0 && now_s() - t0 > P.timeout_s) {
+    if (P.timeout_s > 0 && mc_now_s() - t0 > P.timeout_s) {
       ncclCommAbort(handle(c));
       ((nccl_impl *)c->impl)->comm = NULL;
       char why[160];
@@ -147,7 +143,7 @@ static int finish(mc_comm *c, const char *op, int device_only) {
   watch_slot *w = &P.ring[(P.head + P.count) % WATCH_SLOTS];
   cudaError_t e = cudaEventRecord(w->done, P.stream);
   if (e == cudaSuccess) {
-    w->t0 = now_s(), w->c = c, w->op = op;
+    w->t0 = mc_now_s(), w->c = c, w->op = op;
     P.count++;
   }
   pthread_mutex_unlock(&P.lock);
@@ -184,7 +180,7 @@ static void *watchdog_main(void *arg) {
       ncclResult_t ar = ncclSuccess;
       if (handle(w.c)) ncclCommGetAsyncError(handle(w.c), &ar);
       if (ar != ncclSuccess && ar != ncclInProgress) watch_fail(&w, ncclGetErrorString(ar), ncclGetLastError(handle(w.c)));
-      if (P.timeout_s > 0 && now_s() - w.t0 > P.timeout_s) {
+      if (P.timeout_s > 0 && mc_now_s() - w.t0 > P.timeout_s) {
         char why[160];
         snprintf(why, sizeof why, "not complete after %.0f s (MC_COMM_TIMEOUT_S)", P.timeout_s);
         watch_fail(&w, why, "a peer rank is stalled or gone");

@@ -1,10 +1,8 @@
 /* The layout's process groups (comm/comm.h mc_comm_make_groups), built by the world's own
  * split, so the MPI and NCCL backends form the same groups from core/layout's rule. */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "comm/comm.h"
 #include "util/error.h"
@@ -50,11 +48,6 @@ void mc_comm_free_groups(mc_comm_groups *g) {
   g->tp = g->dp = g->pp = g->ep = g->edp = NULL;
 }
 
-double mc_comm_clock(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 double mc_comm_groups_busy(const mc_comm_groups *g) {
   const mc_comm *all[] = {g->world, g->tp, g->dp, g->pp, g->ep, g->edp};

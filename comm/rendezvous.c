@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/clock.h"
 #include "util/error.h"
 
 struct mc_rdv {
@@ -33,11 +34,6 @@ struct mc_rdv {
   pthread_mutex_t lock; /* serialises writes to the sockets between the watch and finish */
 };
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static void nap_ms(int ms) {
   struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -55,11 +51,11 @@ static int write_all(int fd, const void *p, size_t n) {
   return 0;
 }
 
-/* Reads n bytes, waiting at most until `deadline` (now_s() clock). */
+/* Reads n bytes, waiting at most until `deadline` (mc_now_s() clock). */
 static int read_all(int fd, void *p, size_t n, double deadline) {
   char *c = p;
   while (n > 0) {
-    int left = (int)((deadline - now_s()) * 1000.0);
+    int left = (int)((deadline - mc_now_s()) * 1000.0);
     if (left <= 0) return -1;
     struct pollfd q = {fd, POLLIN, 0};
     int pr = poll(&q, 1, left);
@@ -139,7 +135,7 @@ static void *watch_main(void *arg) {
         if (got == 1 && b == 'B') goto done; /* rank 0 finished: nothing left to watch */
         if (got == 1 && b == 'A') {
           int32_t f = -1;
-          (void)read_all(r->fd[0], &f, 4, now_s() + 1.0);
+          (void)read_all(r->fd[0], &f, 4, mc_now_s() + 1.0);
           _exit(1); /* rank 0 has named the failed rank */
         }
         end_job(r, 0);
@@ -172,9 +168,9 @@ static int serve(mc_rdv *r, const char *addr, int port, double timeout_s, const 
     rc = mc_error("rendezvous: rank 0 cannot listen on port %d (MASTER_PORT): %s", port, strerror(errno));
   freeaddrinfo(ai);
   if (ls < 0) return mc_error("rendezvous: socket: %s", strerror(errno));
-  const double deadline = now_s() + timeout_s;
+  const double deadline = mc_now_s() + timeout_s;
   for (int joined = 1; !rc && joined < r->size;) {
-    int left = (int)((deadline - now_s()) * 1000.0);
+    int left = (int)((deadline - mc_now_s()) * 1000.0);
     struct pollfd q = {ls, POLLIN, 0};
     if (left <= 0 || poll(&q, 1, left) <= 0) {
       rc = mc_error("rendezvous: rank 0 waited %.0f s on port %d and %d of the %d ranks joined", timeout_s, port,
@@ -210,7 +206,7 @@ static int self_connected(int fd) {
 }
 
 static int join(mc_rdv *r, const char *addr, int port, double timeout_s, void *blob, size_t len) {
-  const double deadline = now_s() + timeout_s;
+  const double deadline = mc_now_s() + timeout_s;
   int fd = -1;
   while (fd < 0) {
     struct addrinfo *ai = resolve(addr, port, 0);
@@ -219,7 +215,7 @@ static int join(mc_rdv *r, const char *addr, int port, double timeout_s, void *b
     if (fd >= 0 && (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 || self_connected(fd))) close(fd), fd = -1;
     freeaddrinfo(ai);
     if (fd >= 0) break;
-    if (now_s() > deadline)
+    if (mc_now_s() > deadline)
       return mc_error("rendezvous: rank %d found no rank 0 at %s:%d (MASTER_ADDR:MASTER_PORT) within %.0f s", r->rank,
                       addr, port, timeout_s);
     nap_ms(100);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/dtype.h"
+#include "util/clock.h"
 #include "util/order.h"
 
 /* A shard as the streaming executor sees it: its box in the tensor's "view", the tensor
@@ -43,11 +44,6 @@ int mc_rs_default_threads(void) {
   return n < 2 ? 2 : n > 8 ? 8 : (int)n;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void set_error(exec_shared *x) {
   pthread_mutex_lock(&x->err_lock);
@@ -287,7 +283,7 @@ static void progress_line(const char *label, int64_t done, int64_t total, double
   char bar[64];
   for (int i = 0; i < w; i++) bar[i] = i < fill ? '#' : '.';
   bar[w] = 0;
-  double dt = now_s() - t0;
+  double dt = mc_now_s() - t0;
   fprintf(stderr, "\r%s [%s] %5.1f%% %8.1f MiB %6.2f GB/s", label ? label : "reshard", bar, 100.0 * frac,
           (double)done / 1048576.0, dt > 0 ? (double)done / dt / 1e9 : 0.0);
   fflush(stderr);
@@ -321,7 +317,7 @@ int mc_rs_execute(const mc_rs_plan *p, const mc_geometry *g, const mc_rs_io *io,
   mc_sort_largest_first(sz, p->n_tensors);
   for (int i = 0; i < p->n_tensors; i++) x->order[i] = sz[i].idx;
   free(sz);
-  double t0 = now_s();
+  double t0 = mc_now_s();
   pthread_t *th = malloc((size_t)threads * sizeof *th);
   int started = 0;
   for (; th && started < threads; started++)
@@ -348,7 +344,7 @@ int mc_rs_execute(const mc_rs_plan *p, const mc_geometry *g, const mc_rs_io *io,
   if (st) {
     st->bytes_read = atomic_load(&x->bytes_read);
     st->bytes_written = atomic_load(&x->bytes_written);
-    st->seconds = now_s() - t0;
+    st->seconds = mc_now_s() - t0;
   }
   pthread_mutex_destroy(&x->err_lock);
   free(th);

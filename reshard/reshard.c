@@ -10,18 +10,13 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <time.h>
 
 #include "ckpt/format.h"
 #include "reshard/ckpt_sink.h"
 #include "reshard/execute.h"
+#include "util/clock.h"
 #include "util/dirlock.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 long mc_rs_peak_rss_kb(void) {
   struct rusage ru;
@@ -102,7 +97,7 @@ static int write_unlocked(int (*read)(void *, const mc_rs_plan *, int, int64_t, 
                           int (*src_done)(void *, const mc_rs_plan *, int, const unsigned char *), void *src_ctx,
                           const mc_config *cfg, const mc_train_state *st, const mc_geometry *g,
                           const mc_rs_plan *plan, const char *dst_in, const mc_rs_opts *o_in, mc_rs_summary *sum) {
-  double t0 = now_s();
+  double t0 = mc_now_s();
   /* "B/" must name B itself, or the temporary directory would land inside it. */
   char dst[MC_PATH_MAX];
   if (snprintf(dst, sizeof dst, "%s", dst_in) >= (int)sizeof dst) return mc_error("destination path too long: %s", dst_in);
@@ -152,7 +147,7 @@ static int write_unlocked(int (*read)(void *, const mc_rs_plan *, int, int64_t, 
     sum->bytes_read = h.st.bytes_read;
     sum->bytes_written = h.st.bytes_written;
     sum->copy_seconds = h.st.seconds;
-    sum->seconds = now_s() - t0;
+    sum->seconds = mc_now_s() - t0;
     sum->peak_rss_kb = mc_rs_peak_rss_kb();
     sum->n_src_shards = plan->n_src;
     sum->n_dst_shards = plan->n_targets;
