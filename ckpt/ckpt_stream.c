@@ -122,12 +122,10 @@ static int land_shards(stream_ctx *c, int f, const unsigned char *buf, int64_t o
   return 0;
 }
 
-/* Piece k of file f into a buffer. The file's descriptor is shared by its pieces' reads
- * (preads at their offsets), opened by the first and closed after the last. */
-static int read_piece_of(stream_ctx *c, int f, int64_t k, unsigned char **buf) {
+/* Piece k of file f, bytes [off, off + len), into a buffer. The file's descriptor is shared by
+ * its pieces' reads (preads at their offsets), opened by the first and closed after the last. */
+static int read_piece_of(stream_ctx *c, int f, int64_t k, int64_t off, int64_t len, unsigned char **buf) {
   mc_piece_file *pf = &c->files[f];
-  const int64_t off = k * pf->piece_bytes;
-  const int64_t len = pf->bytes - off < pf->piece_bytes ? pf->bytes - off : pf->piece_bytes;
   pthread_mutex_lock(&c->mu);
   int rc = c->fds[f] >= 0 ? 0 : mc_piece_open(pf->path, pf->bytes, 1, &c->fds[f]);
   const int fd = c->fds[f];
@@ -157,7 +155,7 @@ static int piece_job(void *vctx, int j) {
   unsigned char *buf = NULL;
   /* 1. Read, 2. check the piece, 3. copy out the shard bytes it holds. */
   const int skip = atomic_load(&c->failed); /* the failing piece reports */
-  int rc = skip ? 0 : read_piece_of(c, f, k, &buf);
+  int rc = skip ? 0 : read_piece_of(c, f, k, off, len, &buf);
   piece_read_done(c, f);
   char hex[65];
   if (rc == 0 && !skip) {

@@ -369,7 +369,7 @@ static float *served_take(served *sv, int u, int64_t bytes) {
   return b;
 }
 
-/* Need u's shard is served: its own buffer is kept (within the limit) or freed. */
+/* Need u's shard is served: its own buffer (if any) is kept (within the limit) or freed. */
 static void served_give(served *sv, int u) {
   if (sv->cap[u] > 0) {
     pthread_mutex_lock(&sv->mu);
@@ -483,7 +483,7 @@ static int exchange_round(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_c
     cur[it->src] += mc_box_numel(&it->band);
   }
   for (int u = 0; u < p->n_needs; u++)
-    if (p->needs[u].reader == p->me && p->needs[u].last_round == k && sv->cap[u] > 0) served_give(sv, u);
+    if (p->needs[u].reader == p->me && p->needs[u].last_round == k) served_give(sv, u);
   free(send), free(recv), free(v);
   return rc;
 }
