@@ -44,6 +44,10 @@ typedef struct {
   void (*destroy)(mc_comm *c);
   /* 1 when device-buffer calls only queue (see the top of this file); NULL: never */
   int (*ordered)(const mc_comm *c);
+  /* The side queue of a stream-ordered backend (NULL elsewhere; see mc_comm_side_begin). */
+  int (*side_begin)(mc_comm *c);
+  int (*side_end)(mc_comm *c, int *ticket);
+  int (*side_wait)(mc_comm *c, int ticket);
 } mc_comm_ops;
 
 struct mc_comm {
@@ -78,10 +82,13 @@ int mc_comm_nccl_init(const mc_launch *l, int device, mc_comm *mpi_world, double
 int mc_comm_have_nccl(void);
 /* Makes every NCCL communicator of this process stream-ordered on `cuda_stream` (a
  * cudaStream_t: the compute stream of the device backend): operations queue there instead of
- * on the module's own stream, and those on device buffers return without waiting. A watchdog
+ * on the module's own stream, and those on device buffers return without waiting; it also
+ * makes the side queue's stream (mc_comm_side_begin). A watchdog
  * thread then holds the timeout instead of the call: an operation not complete after
  * timeout_s (or failed asynchronously) ends the process with status 1 and a message naming
- * the rank, operation and group (the rendezvous watch ends the others). 0, or -1 with
+ * the rank, operation and group (the rendezvous watch ends the others); so does a call on host
+ * buffers, which still waits, when its wait times out or fails (aborting the communicator
+ * could wait forever on earlier operations stuck on the same peer). 0, or -1 with
  * mc_error (no NCCL world, or the watchdog could not start). */
 int mc_comm_nccl_order_with(void *cuda_stream);
 
@@ -126,6 +133,30 @@ static inline int mc_bcast(mc_comm *c, void *b, int64_t n, mc_dtype t, int root)
 static inline int mc_barrier(mc_comm *c) { MC_COMM_TIMED(c, c->ops->barrier(c)); }
 
 static inline int mc_comm_ordered(const mc_comm *c) { return c && c->ops->ordered && c->ops->ordered(c); }
+
+/* The side queue: communication that runs while the compute stream goes on (ZeRO 3 gathers
+ * the next layer's weights and reduce-scatters the last one's gradients during a layer).
+ * On a stream-ordered communicator, the device-buffer calls made between mc_comm_side_begin
+ * and mc_comm_side_end queue on a second stream of their own: after the compute-stream work
+ * queued before begin, and not before the compute-stream work queued after it;
+ * mc_comm_side_end hands out a ticket, and after mc_comm_side_wait(ticket) the compute stream's
+ * later work waits for those calls. Every ticket must be waited for before the backend's
+ * queue is synchronised (its sync covers only the compute stream); a ticket stays valid for
+ * the next MC_COMM_SIDE_TICKETS - 1 tickets. Calls on host buffers inside still complete on
+ * return. Elsewhere (MPI, blocking NCCL) every call completes on return and the three do
+ * nothing. Side calls may use other groups than the compute stream's calls at the same time;
+ * both ranks of a group must issue its calls in the same order, side or not. */
+#define MC_COMM_SIDE_TICKETS 64
+static inline int mc_comm_side_begin(mc_comm *c) {
+  return mc_comm_ordered(c) && c->ops->side_begin ? c->ops->side_begin(c) : 0;
+}
+static inline int mc_comm_side_end(mc_comm *c, int *ticket) {
+  *ticket = -1;
+  return mc_comm_ordered(c) && c->ops->side_end ? c->ops->side_end(c, ticket) : 0;
+}
+static inline int mc_comm_side_wait(mc_comm *c, int ticket) {
+  return ticket >= 0 && mc_comm_ordered(c) && c->ops->side_wait ? c->ops->side_wait(c, ticket) : 0;
+}
 
 /* The busy seconds of the layout's groups together (world, tp, dp, pp, ep, edp). On a
  * stream-ordered communicator a device-buffer call's seconds are its queuing only. */

@@ -195,7 +195,7 @@ static void mpi_destroy(mc_comm *c) {
 
 static const mc_comm_ops MPI_OPS = {
     "mpi", mpi_allreduce, mpi_reduce_scatter, mpi_allgather, mpi_alltoallv,
-    mpi_send, mpi_recv, mpi_bcast, mpi_barrier, mpi_split, mpi_destroy, NULL,
+    mpi_send, mpi_recv, mpi_bcast, mpi_barrier, mpi_split, mpi_destroy, NULL, NULL, NULL, NULL,
 };
 
 static mc_comm *wrap(MPI_Comm h, const char *label, int world_rank) {

@@ -13,7 +13,10 @@
  * the GPU around a collective (ZeRO 3 makes hundreds a step). Each queued operation records
  * an event; a watchdog thread takes over the timeout and the asynchronous-error check for
  * them, and ends the process naming the operation when one fails or stalls (the calling
- * thread may by then be waiting in the backend's sync, where nothing else would notice). */
+ * thread may by then be waiting in the backend's sync, where nothing else would notice).
+ * The side queue (comm/comm.h mc_comm_side_begin) is a second stream, of the highest
+ * priority, joined to the compute stream by events: a fork event on entry, a ticket event
+ * on exit that the compute stream waits for. Each stream has its own staging scratch. */
 #define _POSIX_C_SOURCE 200809L /* nanosleep */
 
 #include <pthread.h>
@@ -44,12 +47,17 @@ typedef struct {
   const char *op;
 } watch_slot;
 
-/* The process's one device, stream and staging scratch. */
+/* The process's one device, its streams and their staging scratch. */
 static struct {
   int device;
-  cudaStream_t stream;
-  char *scratch;
-  size_t scratch_cap;
+  cudaStream_t stream;  /* where operations queue now: compute, or side inside the side queue */
+  cudaStream_t compute; /* stream-ordered mode: the backend's compute stream */
+  cudaStream_t side;    /* stream-ordered mode: the side queue's stream */
+  int on_side;
+  cudaEvent_t fork, tickets[MC_COMM_SIDE_TICKETS];
+  int next_ticket;
+  char *scratch[2];     /* [on_side] */
+  size_t scratch_cap[2];
   double timeout_s;
   mc_rdv *rdv;
   int ordered; /* stream-ordered mode: stream is the compute stream */
@@ -94,7 +102,12 @@ static int check_cuda(cudaError_t e, mc_comm *c, const char *op) {
 }
 
 
-/* Waits for everything queued on the stream (the operation and its staging copies). */
+static void fail_and_exit(mc_comm *c, const char *op, const char *why, const char *detail);
+
+/* Waits for everything queued on the stream (the operation and its staging copies). On a
+ * failure or timeout in stream-ordered mode the process ends as the watchdog ends it
+ * (fail_and_exit): the stream may hold earlier operations stuck on the same peer, and
+ * ncclCommAbort would wait for them, so the error would never be printed. */
 static int wait_done(mc_comm *c, const char *op) {
   const double t0 = mc_now_s();
   for (long spin = 0;; spin++) {
@@ -104,16 +117,18 @@ static int wait_done(mc_comm *c, const char *op) {
     ncclResult_t ar = ncclSuccess;
     ncclCommGetAsyncError(handle(c), &ar);
     if (ar != ncclSuccess && ar != ncclInProgress) {
+      if (P.ordered) fail_and_exit(c, op, ncclGetErrorString(ar), ncclGetLastError(handle(c)));
       int rc = check_nccl(ar, c, op);
       ncclCommAbort(handle(c));
       ((nccl_impl *)c->impl)->comm = NULL;
       return rc;
     }
     if (P.timeout_s > 0 && mc_now_s() - t0 > P.timeout_s) {
-      ncclCommAbort(handle(c));
-      ((nccl_impl *)c->impl)->comm = NULL;
       char why[160];
       snprintf(why, sizeof why, "not complete after %.0f s (MC_COMM_TIMEOUT_S)", P.timeout_s);
+      if (P.ordered) fail_and_exit(c, op, why, "a peer rank is stalled or gone");
+      ncclCommAbort(handle(c));
+      ((nccl_impl *)c->impl)->comm = NULL;
       return where(c, op, why, "a peer rank is stalled or gone");
     }
     if (spin > 2000) { /* a short busy spin first: most operations finish in microseconds */
@@ -150,13 +165,14 @@ static int finish(mc_comm *c, const char *op, int device_only) {
   return check_cuda(e, c, op);
 }
 
-static void watch_fail(const watch_slot *w, const char *why, const char *detail) {
-  mc_comm *c = w->c;
+static void fail_and_exit(mc_comm *c, const char *op, const char *why, const char *detail) {
   fprintf(stderr, "rank %d: error: NCCL %s on the %s group (rank %d of %d): %s%s%s; ending this process\n",
-          c->world_rank, w->op, c->label, c->rank, c->size, why, detail ? ": " : "", detail ? detail : "");
+          c->world_rank, op, c->label, c->rank, c->size, why, detail ? ": " : "", detail ? detail : "");
   fflush(stderr);
   _Exit(1); /* not ncclCommAbort first: it can wait on the stalled operation itself */
 }
+
+static void watch_fail(const watch_slot *w, const char *why, const char *detail) { fail_and_exit(w->c, w->op, why, detail); }
 
 /* The watchdog: retires completed operations in order; fails the process on an
  * asynchronous NCCL error or an operation older than the timeout. */
@@ -198,8 +214,14 @@ int mc_comm_nccl_order_with(void *cuda_stream) {
   cudaError_t e = cudaStreamSynchronize(P.stream); /* nothing of the module's own stream is left behind */
   for (int i = 0; e == cudaSuccess && i < WATCH_SLOTS; i++)
     e = cudaEventCreateWithFlags(&P.ring[i].done, cudaEventDisableTiming);
+  int lo = 0, hi = 0;
+  if (e == cudaSuccess) e = cudaDeviceGetStreamPriorityRange(&lo, &hi);
+  if (e == cudaSuccess) e = cudaStreamCreateWithPriority(&P.side, cudaStreamNonBlocking, hi);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&P.fork, cudaEventDisableTiming);
+  for (int i = 0; e == cudaSuccess && i < MC_COMM_SIDE_TICKETS; i++)
+    e = cudaEventCreateWithFlags(&P.tickets[i], cudaEventDisableTiming);
   if (e != cudaSuccess) return mc_error("stream-ordered NCCL: %s", cudaGetErrorString(e));
-  P.stream = (cudaStream_t)cuda_stream;
+  P.stream = P.compute = (cudaStream_t)cuda_stream;
   P.ordered = 1;
   if (pthread_create(&P.watchdog, NULL, watchdog_main, NULL) != 0) {
     P.ordered = 0;
@@ -214,19 +236,46 @@ static int nc_ordered(const mc_comm *c) {
   return P.ordered;
 }
 
+static int nc_side_begin(mc_comm *c) {
+  const char *op = "side queue";
+  if (P.on_side) return where(c, op, "already inside the side queue", NULL);
+  if (check_cuda(cudaEventRecord(P.fork, P.compute), c, op) || check_cuda(cudaStreamWaitEvent(P.side, P.fork, 0), c, op))
+    return -1;
+  P.stream = P.side, P.on_side = 1;
+  return 0;
+}
+
+static int nc_side_end(mc_comm *c, int *ticket) {
+  const char *op = "side queue";
+  if (!P.on_side) return where(c, op, "not inside the side queue", NULL);
+  P.stream = P.compute, P.on_side = 0;
+  const int t = P.next_ticket;
+  if (check_cuda(cudaEventRecord(P.tickets[t], P.side), c, op)) return -1;
+  P.next_ticket = (t + 1) % MC_COMM_SIDE_TICKETS;
+  *ticket = t;
+  return 0;
+}
+
+static int nc_side_wait(mc_comm *c, int ticket) {
+  if (ticket < 0 || ticket >= MC_COMM_SIDE_TICKETS) return where(c, "side queue", "no such ticket", NULL);
+  return check_cuda(cudaStreamWaitEvent(P.compute, P.tickets[ticket], 0), c, "side queue");
+}
+
 static int alive(mc_comm *c, const char *op) {
   return handle(c) ? 0 : where(c, op, "the communicator was aborted by an earlier failure", NULL);
 }
 
-/* Device scratch of at least `bytes` (grown, never shrunk; every earlier use has completed). */
+/* Device scratch of the current stream of at least `bytes` (grown, never shrunk; the uses
+ * queued before on that stream come first, and cudaFree waits for the device). */
 static char *scratch(mc_comm *c, size_t bytes, const char *op) {
-  if (bytes <= P.scratch_cap) return P.scratch;
+  const int s = P.on_side;
+  if (bytes <= P.scratch_cap[s]) return P.scratch[s];
   size_t cap = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes + bytes / 4;
-  if (P.scratch) cudaFree(P.scratch);
-  P.scratch = NULL, P.scratch_cap = 0;
-  if (check_cuda(cudaMalloc((void **)&P.scratch, cap), c, op)) return NULL;
-  P.scratch_cap = cap;
-  return P.scratch;
+  if (P.scratch[s]) cudaFree(P.scratch[s]);
+  P.scratch[s] = NULL, P.scratch_cap[s] = 0;
+  if (check_cuda(cudaMalloc((void **)&P.scratch[s], cap), c, op)) return NULL;
+  P.scratch_cap[s] = cap;
+  return P.scratch[s];
 }
 
 static int on_device(const void *p) {
@@ -415,7 +464,7 @@ static void nc_destroy(mc_comm *c) {
 
 static const mc_comm_ops NCCL_OPS = {
     "nccl", nc_allreduce, nc_reduce_scatter, nc_allgather, nc_alltoallv, nc_send,
-    nc_recv, nc_bcast, nc_barrier, nc_split, nc_destroy, nc_ordered,
+    nc_recv, nc_bcast, nc_barrier, nc_split, nc_destroy, nc_ordered, nc_side_begin, nc_side_end, nc_side_wait,
 };
 
 static mc_comm *wrap(ncclComm_t h, const char *label, int world_rank, int is_world) {

@@ -296,37 +296,77 @@ static int gather_set(const mc_geometry *g, const mc_family *f) {
   return f->role == MC_ROLE_EMBED ? 0 : g->model.n_layers + 1;
 }
 
-int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts *o) {
+/* A pack of n floats as the collectives carve it (train/dist_sync.c stage_take: at least one). */
+static int64_t pack_bytes(int64_t floats) { return mc_mem_footprint((floats > 0 ? floats : 1) * 4); }
+
+int mc_zero3_slots_of(const mc_geometry *g, int rank, const mc_hold_opts *o, mc_zero3_slots *out) {
+  memset(out, 0, sizeof *out);
   if (g->layout.zero != 3) return 0;
-  int64_t *set = calloc((size_t)g->model.n_layers + 2, sizeof *set);
-  /* per set: its tensors, and the elements of its slices and of this rank's shards */
-  int64_t *slices = calloc((size_t)g->model.n_layers + 2, sizeof *slices);
-  int64_t *shards = calloc((size_t)g->model.n_layers + 2, sizeof *shards);
-  int rc = set && slices && shards ? 0 : mc_error("holdings: out of memory");
+  /* per set s, group kind gk (0: the dp group; 1: the expert-DP group) and weight kind wk (0:
+   * fp32, 1: bf16): params, elements of their local slices and of this rank's shards */
+  enum { GK = 2, WK = 2 };
+  const int n_sets = g->model.n_layers + 2;
+  typedef struct {
+    int64_t n[GK][WK], slices[GK][WK], shards[GK][WK], weights, grads, tp_sum;
+  } set_t;
+  set_t *set = calloc((size_t)n_sets, sizeof *set);
+  int *members = malloc(sizeof(int) * (size_t)g->world);
+  if (!set || !members) {
+    free(set), free(members);
+    return mc_error("holdings: out of memory");
+  }
+  /* a group of one member moves nothing: no packs (train/dist_sync.c) */
+  const int multi[GK] = {mc_group_dp(&g->layout, rank, members) > 1, mc_group_edp(&g->layout, rank, members) > 1};
+  free(members);
+  int rc = 0;
   for (int fi = 0; fi < g->fams.n && rc == 0; fi++) {
+    const mc_family *f = &g->fams.f[fi];
     mc_param_hold h;
     if (mc_param_hold_of(g, fi, rank, o, &h)) {
       rc = -1;
       break;
     }
     if (!h.in_stage) continue;
-    /* the gathered working weights (fp32, or bf16 for bf16 weights: gathered in bf16) and
-     * the whole-slice gradient (fp32); the reduced rows go from the collective's pack into
-     * the accumulator */
-    const int s = gather_set(g, &g->fams.f[fi]);
-    set[s] += mc_mem_footprint(h.local_numel * (h.compute_bf16 ? 2 : 4)) + mc_mem_footprint(h.local_numel * 4);
-    slices[s] += h.local_numel, shards[s] += h.z_numel;
+    set_t *t = &set[gather_set(g, f)];
+    const int gk = f->place == MC_PLACE_EP, wk = h.compute_bf16;
+    /* the gathered working weights (bf16 for bf16 weights: gathered in bf16) and the
+     * whole-slice gradient (fp32) */
+    t->weights += mc_mem_footprint(h.local_numel * (wk ? 2 : 4));
+    t->grads += mc_mem_footprint(h.local_numel * 4);
+    t->n[gk][wk]++, t->slices[gk][wk] += h.local_numel, t->shards[gk][wk] += h.z_numel;
+    if (!gk && f->tp_partial_grad && g->layout.tp > 1) t->tp_sum += h.local_numel;
   }
-  /* and the collectives' packs (train/dist_sync.c): the set's slices member-major and this
-   * rank's rows of them, at most, in flight at once (the gradients' fp32 reduce-scatter; the
-   * gathers' packs are no larger, bf16 ones half) */
-  int64_t worst = 0;
-  for (int s = 0; rc == 0 && s < g->model.n_layers + 2; s++) {
-    if (set[s] > 0) set[s] += mc_mem_footprint(slices[s] * 4) + mc_mem_footprint(shards[s] * 4);
-    worst = set[s] > worst ? set[s] : worst;
+  for (int s = 0; rc == 0 && s < n_sets; s++) {
+    set_t *t = &set[s];
+    /* the gathers' packs (one gather per weight kind, a bucket per group): this rank's rows as
+     * sent and the member-major slices, bf16 ones in half the floats, rounded up */
+    int64_t gathers = 0, reduce = 0;
+    for (int gk = 0; gk < GK; gk++) {
+      int64_t n = 0, slices = 0, shards = 0;
+      for (int wk = 0; wk < WK; wk++) {
+        n += t->n[gk][wk], slices += t->slices[gk][wk], shards += t->shards[gk][wk];
+        if (multi[gk] && t->n[gk][wk])
+          gathers += pack_bytes(wk ? (t->shards[gk][wk] + 1) / 2 : t->shards[gk][wk]) +
+                     pack_bytes(wk ? (t->slices[gk][wk] + 1) / 2 : t->slices[gk][wk]);
+      }
+      /* the gradients' fp32 reduce-scatter, one per group: the slices member-major and this
+       * rank's reduced rows */
+      if (multi[gk] && n) reduce += pack_bytes(slices) + pack_bytes(shards);
+    }
+    /* the partial sums over TP go first, through a pack given back before the buckets' */
+    if (t->tp_sum > 0 && pack_bytes(t->tp_sum) > reduce) reduce = pack_bytes(t->tp_sum);
+    if (t->weights + gathers > out->weights) out->weights = t->weights + gathers;
+    if (t->grads > out->grads) out->grads = t->grads;
+    if (reduce > out->reduce) out->reduce = reduce;
   }
-  free(set), free(slices), free(shards);
-  return rc ? -1 : worst;
+  free(set);
+  return rc;
+}
+
+int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts *o) {
+  mc_zero3_slots z;
+  if (mc_zero3_slots_of(g, rank, o, &z)) return -1;
+  return 2 * z.weights + z.grads + z.reduce;
 }
 
 int64_t mc_muon_ns_work_floats(int64_t rows, int64_t cols) {

@@ -184,11 +184,18 @@ void mc_muon_gathers(const mc_layout *l, const mc_family *f, int *over_dp, int *
  * B = b A + c A A (s x s each, s the smaller side) and the product B X (rows x cols). */
 int64_t mc_muon_ns_work_floats(int64_t rows, int64_t cols);
 
-/* ZeRO 3: bytes of the zero3.buffers allocation: the largest gather set (the embedding, one
- * layer, or the final norm with the head) as whole local slices of working weights (bf16 for
- * bf16 weights, else fp32) plus, for the backward, their whole-slice gradients, and the packs
- * its collectives move them through (the set's slices and this rank's shards of them; the
- * reduced shards are added into the accumulators from there). */
+/* ZeRO 3's zero3.buffers (train/zero3.c), in slots each sized for the largest gather set (the
+ * embedding, one layer, or the final norm with the head) of this rank: two weight slots (a
+ * set's whole local slices of working weights, bf16 for bf16 weights, else fp32, and its
+ * gathers' packs: the set in use, and the next one gathered meanwhile on the side queue), one
+ * gradient slot (the whole-slice fp32 gradients of the set in a backward) and one reduction
+ * slot (the packs of a set's gradient reduce-scatter, in flight while the next set computes;
+ * its reduced rows are added into the accumulators from there). Zero everywhere below ZeRO 3. */
+typedef struct {
+  int64_t weights, grads, reduce; /* bytes of one slot of each kind */
+} mc_zero3_slots;
+int mc_zero3_slots_of(const mc_geometry *g, int rank, const mc_hold_opts *o, mc_zero3_slots *out);
+/* Bytes of the zero3.buffers allocation: 2 weight slots, the gradient slot, the reduction slot. */
 int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts *o);
 
 #endif

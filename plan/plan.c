@@ -25,7 +25,7 @@ static const char *const cat_descs[MC_MEM_COUNT] = {
     "optimizer states, decay",
     "optimizer states, no-decay",
     "Muon matrix buffers + NS workspace",
-    "ZeRO-3 gathered layer + full grads",
+    "ZeRO-3 gathered layers (2) + full grads + packs",
     "activations kept for backward",
     "pipeline receive buffers",
     "MoE routing scratch",

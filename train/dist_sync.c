@@ -102,30 +102,14 @@ static void free_buckets(bucket *bk, int n_bk) {
  * already, anything else needs the backend's queue finished. */
 static int settle(const mc_comm *group, mc_backend *be) { return mc_comm_ordered(group) ? 0 : be->sync(be); }
 
-/* Where a collective's packs live: carved from the caller's arena and given back by rewinding
- * it (ZeRO 3's layer sets: zero3.buffers is sized for them, so the layer loop allocates
- * nothing; a cudaMalloc/cudaFree pair per collective cost more than the collective), or
- * allocated from the backend (the once-a-step collectives of ZeRO 0 and 1). */
-typedef struct {
-  mc_backend *be;
-  mc_arena *arena, mark;
-} staging;
-
-static staging stage_begin(mc_backend *be, mc_arena *arena) {
-  staging s = {be, arena, {0}};
-  if (arena) s.mark = *arena;
-  return s;
-}
-
-static float *stage_take(staging *s, int64_t n) {
+/* Where a collective's packs live: carved from the caller's arena (ZeRO 3's slots in
+ * zero3.buffers, sized for them, so the layer loop allocates nothing; a cudaMalloc/cudaFree
+ * pair per collective cost more than the collective; the caller empties the arena), or
+ * allocated from the backend and freed when the job finishes (the once-a-step collectives of
+ * ZeRO 0 and 1). */
+static float *stage_take(mc_backend *be, mc_arena *arena, int64_t n) {
   const int64_t bytes = (n > 0 ? n : 1) * (int64_t)sizeof(float);
-  return s->arena ? mc_arena_take(s->arena, bytes, MC_MEM_ZERO3_BUFFERS) : s->be->alloc(s->be, (size_t)bytes);
-}
-
-/* Gives back what stage_take handed out since stage_begin (a and b: its results, or NULL). */
-static void stage_end(staging *s, float *a, float *b) {
-  if (s->arena) *s->arena = s->mark;
-  else s->be->free(s->be, a), s->be->free(s->be, b);
+  return arena ? mc_arena_take(arena, bytes, MC_MEM_ZERO3_BUFFERS) : be->alloc(be, (size_t)bytes);
 }
 
 /* n elements from src[s] to dst[d] (offsets in elements), fp32 or bf16 (bit patterns). */
@@ -159,36 +143,113 @@ static void put_part(mc_backend *be, int add, float *dst, const float *src, int6
   else if (dst != src) be->copy(be, dst, src, n);
 }
 
-int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
-                         const int *idx, int n, float *const *g, float *const *out, int add) {
+/* This rank's rows shard (n fp32 values) as the gather sends them: copied, or rounded to bf16. */
+static void put_rows(mc_backend *be, int bf16, void *dst, int64_t d, const float *shard, int64_t n) {
+  if (bf16) be->to_bf16(be, shard, (mc_bf16 *)dst + d, n);
+  else be->copy(be, (float *)dst + d, shard, n);
+}
+
+/* A gather or gradient reduction between its start (packs written, collectives queued) and
+ * its finish (collectives waited for, results put in place). */
+struct mc_dist_job {
+  const mc_net_par *par;
+  mc_backend *be;
+  const mc_net_param *params;
+  mc_arena *arena;   /* where the packs were carved; NULL: backend allocations, freed by finish */
+  int reduce;        /* 1: gradient reduction, 0: gather */
+  int bf16;          /* gather: bf16 slices */
+  int whole;         /* reduction under ZeRO 0: all-reduced whole slices */
+  int add;           /* reduction: added into out */
+  int n, *idx;       /* the params */
+  void **dst;        /* gather: the slices full[k]; reduction: g[k] (whole) or out[k] */
+  int n_bk;
+  bucket *bk;
+  void **pack, **recv; /* per bucket (NULL where the group has one member) */
+  int *ticket;         /* per bucket: the side queue's (-1: none) */
+};
+
+static void job_free(mc_dist_job *j) {
+  if (!j) return;
+  for (int b = 0; !j->arena && j->pack && b < j->n_bk; b++) j->be->free(j->be, j->pack[b]), j->be->free(j->be, j->recv[b]);
+  free_buckets(j->bk, j->n_bk);
+  free(j->bk), free(j->pack), free(j->recv), free(j->ticket), free(j->idx), free(j->dst);
+  free(j);
+}
+
+static mc_dist_job *job_new(const mc_net_par *par, mc_backend *be, mc_arena *arena, const mc_net_param *params,
+                            const int *idx, int n, void *const *dst) {
+  mc_dist_job *j = calloc(1, sizeof *j);
+  if (!j) return NULL;
+  j->par = par, j->be = be, j->params = params, j->arena = arena, j->n = n;
+  j->idx = malloc(sizeof(int) * (size_t)n), j->dst = malloc(sizeof(void *) * (size_t)n);
+  j->bk = calloc((size_t)n, sizeof *j->bk);
+  j->pack = calloc((size_t)n, sizeof(void *)), j->recv = calloc((size_t)n, sizeof(void *));
+  j->ticket = malloc(sizeof(int) * (size_t)n);
+  if (!j->idx || !j->dst || !j->bk || !j->pack || !j->recv || !j->ticket || make_buckets(par, params, idx, n, j->bk, &j->n_bk)) {
+    job_free(j);
+    return NULL;
+  }
+  memcpy(j->idx, idx, sizeof(int) * (size_t)n);
+  memcpy(j->dst, dst, sizeof(void *) * (size_t)n);
+  for (int b = 0; b < n; b++) j->ticket[b] = -1;
+  return j;
+}
+
+/* Queues one bucket's collective, on the side queue with side = 1 (comm/comm.h). */
+static int queue(mc_dist_job *j, int b, int side, int (*call)(mc_dist_job *, int)) {
+  mc_comm *g = j->bk[b].group;
+  if (settle(g, j->be)) return -1;
+  if (!side) return call(j, b);
+  if (mc_comm_side_begin(g)) return -1;
+  const int rc = call(j, b);
+  return mc_comm_side_end(g, &j->ticket[b]) || rc ? -1 : 0;
+}
+
+static int call_reduce(mc_dist_job *j, int b) {
+  const bucket *B = &j->bk[b];
+  return j->whole ? mc_allreduce_sum(B->group, j->pack[b], B->total, MC_DT_F32)
+                  : mc_reduce_scatter_sum(B->group, j->pack[b], j->recv[b], B->counts, MC_DT_F32);
+}
+
+static int call_gather(mc_dist_job *j, int b) {
+  const bucket *B = &j->bk[b];
+  return mc_allgather(B->group, j->recv[b], j->pack[b], B->counts, j->bf16 ? MC_DT_BF16 : MC_DT_F32);
+}
+
+int mc_dist_reduce_start(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
+                         const int *idx, int n, float *const *g, float *const *out, int add, int side, mc_dist_job **job) {
+  *job = NULL;
   if (n <= 0) return 0;
-  /* 1. experts' duplicate copies contribute nothing; partial sums over TP, in one pack */
+  /* 1. experts' duplicate copies contribute nothing; partial sums over TP, in one pack (in
+   * order: the buckets pack what it leaves in g) */
   int64_t tp_total = 0;
   for (int k = 0; k < n; k++) {
     const mc_dist_param *dp = &par->dist[idx[k]];
     if (!dp->contribute) be->fill(be, g[k], params[idx[k]].numel, 0.0f);
     if (dp->tp_sum) tp_total += params[idx[k]].numel;
   }
-  bucket *bk = calloc((size_t)n, sizeof *bk);
-  float *pack = NULL, *recv = NULL;
-  int n_bk = 0, rc = !bk ? mc_error("gradient reduction: out of memory") : 0;
-  if (!rc && tp_total > 0) {
-    staging st = stage_begin(be, stage);
-    pack = stage_take(&st, tp_total);
+  if (tp_total > 0) {
+    const mc_arena mark = stage ? *stage : (mc_arena){0};
+    float *pack = stage_take(be, stage, tp_total);
     int64_t pos = 0;
     for (int k = 0; pack && k < n; k++)
       if (par->dist[idx[k]].tp_sum) be->copy(be, pack + pos, g[k], params[idx[k]].numel), pos += params[idx[k]].numel;
-    rc = !pack || settle(par->comm->tp, be) || mc_allreduce_sum(par->comm->tp, pack, tp_total, MC_DT_F32);
+    int rc = !pack || settle(par->comm->tp, be) || mc_allreduce_sum(par->comm->tp, pack, tp_total, MC_DT_F32);
     pos = 0;
     for (int k = 0; !rc && k < n; k++)
       if (par->dist[idx[k]].tp_sum) be->copy(be, g[k], pack + pos, params[idx[k]].numel), pos += params[idx[k]].numel;
-    stage_end(&st, pack, NULL), pack = NULL;
-    if (rc) rc = mc_error_context("summing partial gradients over TP");
+    if (stage) *stage = mark; /* the copies back are queued before anything carved later writes */
+    else be->free(be, pack);
+    if (rc) return mc_error_context("summing partial gradients over TP");
   }
-  /* 2. over each data-parallel group: all-reduce (ZeRO 0) or this rank's rows (ZeRO >= 1) */
-  if (!rc) rc = make_buckets(par, params, idx, n, bk, &n_bk);
-  for (int b = 0; !rc && b < n_bk; b++) {
-    bucket *B = &bk[b];
+  /* 2. over each data-parallel group: all-reduce (ZeRO 0) or this rank's rows (ZeRO >= 1),
+   * queued here; finish puts the results in place */
+  mc_dist_job *j = job_new(par, be, stage, params, idx, n, (void *const *)(par->zero == 0 ? g : out));
+  if (!j) return mc_error("gradient reduction: out of memory");
+  j->reduce = 1, j->whole = par->zero == 0, j->add = add;
+  int rc = 0;
+  for (int b = 0; !rc && b < j->n_bk; b++) {
+    bucket *B = &j->bk[b];
     if (group_size(B->group) <= 1) {
       for (int k = 0; par->zero > 0 && k < B->n; k++) {
         const mc_net_param *p = &params[idx[B->at[k]]];
@@ -196,50 +257,34 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage,
       }
       continue;
     }
-    const int whole = par->zero == 0;
-    const int64_t mine = whole ? B->total : B->counts[B->group->rank];
-    staging st = stage_begin(be, stage);
-    pack = stage_take(&st, B->total);
-    recv = whole ? NULL : stage_take(&st, mine);
-    if (!pack || (!whole && !recv)) rc = -1;
-    if (!rc) pack_rows(par, be, params, idx, B, (void *const *)g, pack, 0, whole, 1);
-    if (!rc) rc = settle(B->group, be);
-    if (!rc) rc = whole ? mc_allreduce_sum(B->group, pack, B->total, MC_DT_F32)
-                        : mc_reduce_scatter_sum(B->group, pack, recv, B->counts, MC_DT_F32);
-    if (!rc && whole) {
-      pack_rows(par, be, params, idx, B, (void *const *)g, pack, 0, 1, 0);
-    } else if (!rc) {
-      int64_t pos = 0;
-      for (int k = 0; k < B->n; k++) {
-        const mc_net_param *p = &params[idx[B->at[k]]];
-        if (p->z_numel) put_part(be, add, out[B->at[k]], recv + pos, p->z_numel);
-        pos += p->z_numel;
-      }
-    }
-    stage_end(&st, pack, recv);
-    pack = recv = NULL;
-    if (rc) rc = mc_error_context("%s gradients over the %s group (%d members)", whole ? "all-reducing" : "reduce-scattering",
+    const int64_t mine = j->whole ? B->total : B->counts[B->group->rank];
+    j->pack[b] = stage_take(be, stage, B->total);
+    j->recv[b] = j->whole ? NULL : stage_take(be, stage, mine);
+    if (!j->pack[b] || (!j->whole && !j->recv[b])) rc = -1;
+    if (!rc) pack_rows(par, be, params, idx, B, (void *const *)g, j->pack[b], 0, j->whole, 1);
+    if (!rc) rc = queue(j, b, side, call_reduce);
+    if (rc) rc = mc_error_context("%s gradients over the %s group (%d members)", j->whole ? "all-reducing" : "reduce-scattering",
                                   B->group->label, B->group->size);
   }
-  free_buckets(bk, n_bk);
-  free(bk);
-  return rc ? -1 : settle(par->comm ? par->comm->world : NULL, be);
+  if (rc) {
+    job_free(j);
+    return -1;
+  }
+  *job = j;
+  return 0;
 }
 
-/* This rank's rows shard (n fp32 values) as the gather sends them: copied, or rounded to bf16. */
-static void put_rows(mc_backend *be, int bf16, void *dst, int64_t d, const float *shard, int64_t n) {
-  if (bf16) be->to_bf16(be, shard, (mc_bf16 *)dst + d, n);
-  else be->copy(be, (float *)dst + d, shard, n);
-}
-
-/* mc_dist_gather and mc_dist_gather_bf16: full[k] holds fp32, or (bf16 = 1) bf16 elements. */
-static int gather(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params, const int *idx,
-                  int n, float *const *shard, void *const *full, int bf16) {
+int mc_dist_gather_start(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
+                         const int *idx, int n, float *const *shard, void *const *full, int bf16, int side,
+                         mc_dist_job **job) {
+  *job = NULL;
   if (n <= 0) return 0;
-  bucket *bk = calloc((size_t)n, sizeof *bk);
-  int n_bk = 0, rc = !bk ? mc_error("parameter gather: out of memory") : make_buckets(par, params, idx, n, bk, &n_bk);
-  for (int b = 0; !rc && b < n_bk; b++) {
-    bucket *B = &bk[b];
+  mc_dist_job *j = job_new(par, be, stage, params, idx, n, full);
+  if (!j) return mc_error("parameter gather: out of memory");
+  j->bf16 = bf16;
+  int rc = 0;
+  for (int b = 0; !rc && b < j->n_bk; b++) {
+    bucket *B = &j->bk[b];
     if (group_size(B->group) <= 1) {
       for (int k = 0; k < B->n; k++) {
         const mc_net_param *p = &params[idx[B->at[k]]];
@@ -248,96 +293,74 @@ static int gather(const mc_net_par *par, mc_backend *be, mc_arena *stage, const 
       }
       continue;
     }
-    /* bf16 packs take half the floats they would in fp32, rounded up */
+    /* recv holds this rank's rows as sent, pack the member-major gathered rows; bf16 packs
+     * take half the floats they would in fp32, rounded up */
     const int64_t mine = B->counts[B->group->rank];
-    staging st = stage_begin(be, stage);
-    float *send = stage_take(&st, bf16 ? (mine + 1) / 2 : mine);
-    float *pack = stage_take(&st, bf16 ? (B->total + 1) / 2 : B->total);
-    if (!send || !pack) rc = -1;
+    j->recv[b] = stage_take(be, stage, bf16 ? (mine + 1) / 2 : mine);
+    j->pack[b] = stage_take(be, stage, bf16 ? (B->total + 1) / 2 : B->total);
+    if (!j->recv[b] || !j->pack[b]) rc = -1;
     int64_t pos = 0;
     for (int k = 0; !rc && k < B->n; k++) {
       const mc_net_param *p = &params[idx[B->at[k]]];
-      if (p->z_numel) put_rows(be, bf16, send, pos, shard[B->at[k]], p->z_numel);
+      if (p->z_numel) put_rows(be, bf16, j->recv[b], pos, shard[B->at[k]], p->z_numel);
       pos += p->z_numel;
     }
-    if (!rc) rc = settle(B->group, be) || mc_allgather(B->group, send, pack, B->counts, bf16 ? MC_DT_BF16 : MC_DT_F32);
-    if (!rc) pack_rows(par, be, params, idx, B, full, pack, bf16, 0, 0);
-    stage_end(&st, send, pack);
+    if (!rc) rc = queue(j, b, side, call_gather);
     if (rc) rc = mc_error_context("all-gathering parameters over the %s group (%d members)", B->group->label, B->group->size);
   }
-  free_buckets(bk, n_bk);
-  free(bk);
+  if (rc) {
+    job_free(j);
+    return -1;
+  }
+  *job = j;
+  return 0;
+}
+
+int mc_dist_job_finish(mc_dist_job *j) {
+  if (!j) return 0;
+  int rc = 0;
+  for (int b = 0; !rc && b < j->n_bk; b++) {
+    const bucket *B = &j->bk[b];
+    if (!j->pack[b]) continue; /* a one-member group: done at the start */
+    if (mc_comm_side_wait(B->group, j->ticket[b])) {
+      rc = mc_error_context("waiting for the %s group's side queue", B->group->label);
+      break;
+    }
+    if (!j->reduce || j->whole) {
+      pack_rows(j->par, j->be, j->params, j->idx, B, j->dst, j->pack[b], j->bf16, j->whole, 0);
+      continue;
+    }
+    int64_t pos = 0;
+    for (int k = 0; k < B->n; k++) {
+      const mc_net_param *p = &j->params[j->idx[B->at[k]]];
+      if (p->z_numel) put_part(j->be, j->add, j->dst[B->at[k]], (const float *)j->recv[b] + pos, p->z_numel);
+      pos += p->z_numel;
+    }
+  }
+  const mc_net_par *par = j->par;
+  mc_backend *be = j->be;
+  job_free(j);
   return rc ? -1 : settle(par->comm ? par->comm->world : NULL, be);
+}
+
+void mc_dist_job_drop(mc_dist_job *j) { job_free(j); }
+
+int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
+                         const int *idx, int n, float *const *g, float *const *out, int add) {
+  mc_dist_job *j = NULL;
+  return mc_dist_reduce_start(par, be, stage, params, idx, n, g, out, add, 0, &j) || mc_dist_job_finish(j);
 }
 
 int mc_dist_gather(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params, const int *idx,
                    int n, float *const *shard, float *const *full) {
-  return gather(par, be, stage, params, idx, n, shard, (void *const *)full, 0);
+  mc_dist_job *j = NULL;
+  return mc_dist_gather_start(par, be, stage, params, idx, n, shard, (void *const *)full, 0, 0, &j) ||
+         mc_dist_job_finish(j);
 }
 
 int mc_dist_gather_bf16(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
                         const int *idx, int n, float *const *shard, mc_bf16 *const *full) {
-  return gather(par, be, stage, params, idx, n, shard, (void *const *)full, 1);
-}
-
-/* Empties the zero3.buffers arena for the next set (its tensors are no longer used). */
-static void zero3_restart(mc_arena *a) { a->used = a->tensor_bytes = a->tensors = 0; }
-
-/* ZeRO 3: the working weights exist only between acquire and release; during a backward
- * the gradient buffer is a whole local slice whose reduced shard is added to the rank's
- * accumulator (parked in mc_dist_param.g_acc meanwhile) on release. The slices and the
- * collectives' packs are carved from the zero3.buffers arena. */
-int mc_zero3_acquire(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_param *params, const int *idx, int n,
-                     int for_backward) {
-  if (par->zero != 3) return 0;
-  /* fp32 weights [0, n32) and bf16 weights [n16): two gathers, each over the params of one kind */
-  float *shard32[MC_ROLE_COUNT] = {0}, *full32[MC_ROLE_COUNT] = {0}, *shard16[MC_ROLE_COUNT] = {0};
-  mc_bf16 *full16[MC_ROLE_COUNT] = {0};
-  int idx32[MC_ROLE_COUNT], idx16[MC_ROLE_COUNT], n32 = 0, n16 = 0;
-  if (n > MC_ROLE_COUNT) return mc_error("ZeRO 3: %d parameters in one gather", n);
-  zero3_restart(bufs);
-  for (int k = 0; k < n; k++) {
-    mc_net_param *p = &params[idx[k]];
-    const int64_t bytes = p->numel * (int64_t)sizeof(float);
-    /* bf16 weights: each rank rounds its fp32 master shard and the bf16 rows are gathered
-     * (half the bytes; the same values as rounding the gathered fp32 slice, as ZeRO 0/1 round
-     * their master); the layers see only w16 */
-    if (p->compute_bf16) {
-      if (!(p->w16 = mc_arena_take(bufs, p->numel * (int64_t)sizeof(mc_bf16), MC_MEM_ZERO3_BUFFERS))) return -1;
-      p->w = NULL;
-      idx16[n16] = idx[k], shard16[n16] = p->ws, full16[n16++] = p->w16;
-    } else {
-      if (!(p->w = mc_arena_take(bufs, bytes, MC_MEM_ZERO3_BUFFERS))) return -1;
-      idx32[n32] = idx[k], shard32[n32] = p->ws, full32[n32++] = p->w;
-    }
-    if (for_backward) {
-      float *whole = mc_arena_take(bufs, bytes, MC_MEM_ZERO3_BUFFERS);
-      if (!whole) return -1;
-      be->fill(be, whole, p->numel, 0.0f); /* backward ops accumulate */
-      par->dist[idx[k]].g_acc = p->g;
-      p->g = whole;
-    }
-  }
-  if (mc_dist_gather(par, be, bufs, params, idx32, n32, shard32, full32) ||
-      mc_dist_gather_bf16(par, be, bufs, params, idx16, n16, shard16, full16))
-    return mc_error_context("ZeRO 3: gathering layer weights");
-  return 0;
-}
-
-int mc_zero3_release(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_param *params, const int *idx, int n,
-                     int after_backward) {
-  if (par->zero != 3) return 0;
-  float *g[MC_ROLE_COUNT] = {0}, *acc[MC_ROLE_COUNT] = {0};
-  for (int k = 0; k < n; k++) {
-    mc_net_param *p = &params[idx[k]];
-    p->w = NULL;
-    if (p->compute_bf16) p->w16 = NULL;
-    g[k] = p->g;
-    acc[k] = par->dist[idx[k]].g_acc;
-  }
-  if (!after_backward) return 0;
-  /* the reduced rows are added into the accumulators straight from the collective's pack */
-  const int rc = mc_dist_reduce_grads(par, be, bufs, params, idx, n, g, acc, 1);
-  for (int k = 0; k < n; k++) params[idx[k]].g = acc[k];
-  return rc;
+  mc_dist_job *j = NULL;
+  return mc_dist_gather_start(par, be, stage, params, idx, n, shard, (void *const *)full, 1, 0, &j) ||
+         mc_dist_job_finish(j);
 }

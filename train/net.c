@@ -162,29 +162,40 @@ static int layer_params(const mc_layer *l, int *idx) {
   return n;
 }
 
-/* ZeRO 3 gathers the params of one set at a time: the embedding's, a layer's, or the final
- * norm's with the head's; the zero3.buffers arena holds the largest set (nothing for other
- * ZeRO stages). */
-/* ZeRO 3: the zero3.buffers arena, sized by the holdings (core/holdings.h
- * mc_zero3_buffer_bytes: the largest gather set's working weights and whole-slice gradients,
- * and its collectives' packs); each acquire starts it afresh. */
+/* ZeRO 3: the zero3.buffers arena, sized by the holdings (core/holdings.h mc_zero3_slots_of)
+ * and cut into train/zero3.c's slots (nothing for other ZeRO stages). */
 static int open_zero3_buffers(mc_net *net) {
   if (net->par.zero != 3) return 0;
-  const int64_t bytes = mc_zero3_buffer_bytes(&net->geo, net->rank, &net->hold);
-  if (bytes < 0) return -1;
+  mc_zero3_slots slots;
+  if (mc_zero3_slots_of(&net->geo, net->rank, &net->hold, &slots)) return -1;
   mc_arena *a = &net->arenas.a[MC_MEM_ZERO3_BUFFERS];
-  a->cap = bytes;
-  return mc_arena_open(a, net->be, MC_MEM_ZERO3_BUFFERS);
+  a->cap = mc_zero3_buffer_bytes(&net->geo, net->rank, &net->hold);
+  return a->cap < 0 || mc_arena_open(a, net->be, MC_MEM_ZERO3_BUFFERS) || mc_zero3_open(&net->par, a, &slots) ? -1 : 0;
 }
 
-/* ZeRO 3's gather of a set's working weights before the pass uses them, and their release
- * (after a backward: the reduce-scatter of their gradients) right after. */
-static int acquire(mc_net *net, const int *idx, int n, int for_backward) {
-  return mc_zero3_acquire(&net->par, net->be, &net->arenas.a[MC_MEM_ZERO3_BUFFERS], net->params, idx, n, for_backward);
+/* ZeRO 3's gather sets of this stage, numbered in forward order: SET_EMBED the embedding
+ * (first stage), the layers by number, n_layers the final norm with the head (last stage).
+ * Their params into idx; 0 for a set this stage does not have. */
+enum { SET_EMBED = -1 };
+static int set_params(const mc_net *net, int set, int *idx) {
+  if (set == SET_EMBED) return net->first ? (idx[0] = net->fam_embed, 1) : 0;
+  if (set == net->m.n_layers) return net->last ? (idx[0] = net->fam_final_norm, idx[1] = net->fam_head, 2) : 0;
+  return set >= net->L0 && set < net->L1 ? layer_params(&net->layers[set], idx) : 0;
 }
 
-static int release(mc_net *net, const int *idx, int n, int after_backward) {
-  return mc_zero3_release(&net->par, net->be, &net->arenas.a[MC_MEM_ZERO3_BUFFERS], net->params, idx, n, after_backward);
+/* ZeRO 3's gather of a set's working weights before the pass uses them, with the gather of
+ * the set the pass takes next (the one after it in a forward, before it in a backward)
+ * started meanwhile, and their release (after a backward: the reduce-scatter of their
+ * gradients) right after. */
+static int acquire(mc_net *net, int set, int for_backward) {
+  int idx[MC_ROLE_COUNT], next[MC_ROLE_COUNT];
+  const int n = set_params(net, set, idx), n_next = set_params(net, for_backward ? set - 1 : set + 1, next);
+  return mc_zero3_acquire(&net->par, net->be, net->params, idx, n, for_backward, next, n_next);
+}
+
+static int release(mc_net *net, int set, int after_backward) {
+  int idx[MC_ROLE_COUNT];
+  return mc_zero3_release(&net->par, net->be, net->params, idx, set_params(net, set, idx), after_backward);
 }
 
 mc_net *mc_net_create(const mc_geometry *geo, int rank, uint64_t seed) {
@@ -360,6 +371,7 @@ static void free_activations(mc_net *net) {
 void mc_net_free(mc_net *net) {
   if (!net) return;
   free_activations(net);
+  mc_zero3_close(&net->par);
   mc_arenas_close(&net->arenas);
   mc_dist_free(&net->par, net->n_params);
   free(net->par.dist);
@@ -709,24 +721,23 @@ int mc_net_stage_forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_s
   be->from_host(be, net->tok_in, in, (size_t)n * sizeof(int32_t));
   be->from_host(be, net->tok_tgt, in + n, (size_t)n * sizeof(int32_t));
 
-  int rc = 0, idx[MC_ROLE_COUNT];
-  int fin[2] = {net->fam_final_norm, net->fam_head};
+  int rc = 0;
+  const int fin = m->n_layers;
   be->scope = "embed fwd";
   if (net->first) {
-    rc = acquire(net, &net->fam_embed, 1, 0);
+    rc = acquire(net, SET_EMBED, 0);
     if (!rc) rc = embed_forward(net, in, n_seq);
-    if (!rc) rc = release(net, &net->fam_embed, 1, 0);
+    if (!rc) rc = release(net, SET_EMBED, 0);
   }
   for (int L = net->L0; L < net->L1 && !rc; L++) {
     mc_layer *l = &net->layers[L];
-    int np = layer_params(l, idx);
     be->scope = kind_scope(l->kind, 0);
     be->copy(be, l->x_in, net->x, (int64_t)nl * d);
-    if (acquire(net, idx, np, 0) || block_forward(net, l, n_seq) || release(net, idx, np, 0))
+    if (acquire(net, L, 0) || block_forward(net, l, n_seq) || release(net, L, 0))
       rc = mc_error_context("layer %d (%c)", L, l->kind);
   }
   be->scope = "head fwd";
-  if (!rc && net->last) rc = acquire(net, fin, 2, 0);
+  if (!rc && net->last) rc = acquire(net, fin, 0);
   if (!rc && net->last) {
     /* under mc_act16 hf feeds only the head's products: kept in bf16 */
     const mc_dst hf = par->sp ? mc_o32(par->ush) : mc_netbuf_out(net, MC_NB_HF, net->hf);
@@ -742,7 +753,7 @@ int mc_net_stage_forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_s
       be->to_host(be, net->loss_host, net->loss, (size_t)n * sizeof(float));
     }
   }
-  if (!rc && net->last) rc = release(net, fin, 2, 0);
+  if (!rc && net->last) rc = release(net, fin, 0);
   free(in);
   rc = rc || be->sync(be);
   be->scope = NULL;
@@ -815,8 +826,7 @@ static int head_backward(mc_net *net, int n_seq, double ce_weight) {
   const int T = m->seq_len, d = m->d_model, V = m->vocab_size, Vp = par->Vpl;
   const int n = n_seq * T, nl = n_seq * par->T_res;
   mc_backend *be = net->be;
-  int fin[2] = {net->fam_final_norm, net->fam_head};
-  if (acquire(net, fin, 2, 1)) return -1;
+  if (acquire(net, m->n_layers, 1)) return -1;
   if (par->tp > 1) {
     if (mc_vp_xent_bwd(par, be, net->logits, n, (float)ce_weight, net->tok_tgt, net->lse, net->dlogits)) return -1;
   } else {
@@ -839,7 +849,7 @@ static int head_backward(mc_net *net, int n_seq, double ce_weight) {
   be->fill(be, net->dx, (int64_t)nl * d, 0.0f);
   be->rmsnorm_bwd(be, net->x, net->params[net->fam_final_norm].w, net->rstd_f, dh_res, nl, d, d, net->dx,
                   net->params[net->fam_final_norm].g);
-  return release(net, fin, 2, 1);
+  return release(net, m->n_layers, 1);
 }
 
 /* The stage's part of the backward of the micro-batch whose forward ran last on these layer
@@ -853,20 +863,19 @@ int mc_net_stage_backward(mc_net *net, const int32_t *tokens, int n_seq, double 
   const int T = m->seq_len, d = m->d_model;
   const int n = n_seq * T;
   mc_backend *be = net->be;
-  int idx[MC_ROLE_COUNT];
   be->scope = "head bwd";
   if (net->last && head_backward(net, n_seq, ce_weight)) return -1;
   for (int L = net->L1 - 1; L >= net->L0; L--) {
     mc_layer *l = &net->layers[L];
-    int np = layer_params(l, idx);
     be->scope = kind_scope(l->kind, 1);
-    if (acquire(net, idx, np, 1) || layer_recompute(net, l, n_seq) || block_backward(net, l, n_seq, seq_weight) ||
-        release(net, idx, np, 1))
+    if (acquire(net, L, 1) || layer_recompute(net, l, n_seq) || block_backward(net, l, n_seq, seq_weight) ||
+        release(net, L, 1))
       return mc_error_context("layer %d (%c) backward", L, l->kind);
   }
   be->scope = "embed bwd";
-  if (!net->first) return be->sync(be);
-  if (acquire(net, &net->fam_embed, 1, 1)) return -1;
+  /* the pass's last reduce-scatter into the accumulators (ZeRO 3) */
+  if (!net->first) return mc_zero3_flush(&net->par) || be->sync(be);
+  if (acquire(net, SET_EMBED, 1)) return -1;
   if (net->geo.layout.pp > 1 && tokens && restage_tokens(net, tokens, n_seq)) return -1;
   if (par->tp > 1) {
     const float *dfull = net->dx;
@@ -878,7 +887,7 @@ int mc_net_stage_backward(mc_net *net, const int32_t *tokens, int n_seq, double 
   } else {
     be->embed_bwd(be, net->tok_in, n, d, net->dx, net->params[net->fam_embed].g);
   }
-  if (release(net, &net->fam_embed, 1, 1)) return -1;
+  if (release(net, SET_EMBED, 1) || mc_zero3_flush(&net->par)) return -1;
   return be->sync(be);
 }
 

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
+#include "core/holdings.h"
 #include "kernels/ops.h"
 #include "train/arena.h"
 #include "train/net.h"
@@ -50,6 +51,7 @@ typedef struct {
                                    one set per pipeline micro-batch slot, in the moe.scratch
                                    arena (train/dist_ep.c, mc_ep_reserve) */
   int64_t ep_peak_rows; /* the most rows one exchange of this rank sent or received so far */
+  struct mc_zero3 *zero3; /* ZeRO 3's slots and jobs in flight (train/zero3.c); NULL below ZeRO 3 */
 } mc_net_par;
 
 /* ---- tensor / sequence parallel pieces (train/dist_tp.c); each returns 0 or -1. The
@@ -113,9 +115,9 @@ int mc_ep_combine(const mc_net_par *par, mc_backend *be, const struct mc_ep_rout
                   float *stage, const char *what);
 
 /* ---- gradient combination and ZeRO (train/dist_sync.c), over the network's params. The
- * collectives move rows through packs: carved from `stage` and given back to it (ZeRO 3's
- * zero3.buffers, sized for them by mc_zero3_buffer_bytes) or, with stage NULL, allocated from
- * the backend for the call. */
+ * collectives move rows through packs: carved from `stage` (ZeRO 3's slots of zero3.buffers,
+ * sized for them by core/holdings.h mc_zero3_slots_of; the caller empties the arena) or, with
+ * stage NULL, allocated from the backend for the call. */
 /* Fills par->dist[0..n_params) (par->dist allocated by the caller) from the layout. */
 int mc_dist_setup(mc_net_par *par, const mc_geometry *geo, int rank, const mc_net_param *params, int n_params);
 void mc_dist_free(mc_net_par *par, int n_params);
@@ -134,12 +136,39 @@ int mc_dist_gather(const mc_net_par *par, mc_backend *be, mc_arena *stage, const
  * slice rounded). */
 int mc_dist_gather_bf16(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
                         const int *idx, int n, float *const *shard, mc_bf16 *const *full);
-/* ZeRO 3: gathers the working weights of params idx[0..n) into the zero3.buffers arena
- * `bufs` / gives them up again (one set at a time); nothing for other ZeRO stages. A param
- * with compute_bf16 gets w16 (gathered in bf16: mc_dist_gather_bf16) and no w. */
-int mc_zero3_acquire(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_param *params, const int *idx, int n,
-                     int for_backward);
-int mc_zero3_release(mc_net_par *par, mc_backend *be, mc_arena *bufs, mc_net_param *params, const int *idx, int n,
-                     int after_backward);
+/* The three above in two halves: _start writes the packs on the backend and queues the
+ * collectives (on the side queue with side = 1, comm/comm.h, so they run while the backend
+ * computes what is queued next; their inputs must not change until then), and
+ * mc_dist_job_finish waits for them (on the compute stream) and puts the results in place
+ * (g or out; the slices full, bf16 ones with bf16 = 1), then frees the job (NULL: nothing).
+ * Until the finish the results' destinations must not be read, and the packs stay carved. */
+typedef struct mc_dist_job mc_dist_job;
+int mc_dist_reduce_start(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
+                         const int *idx, int n, float *const *g, float *const *out, int add, int side, mc_dist_job **job);
+int mc_dist_gather_start(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
+                         const int *idx, int n, float *const *shard, void *const *full, int bf16, int side,
+                         mc_dist_job **job);
+int mc_dist_job_finish(mc_dist_job *job);
+/* Frees a job without finishing it (after a failure: its results are not wanted). */
+void mc_dist_job_drop(mc_dist_job *job);
+
+/* ---- ZeRO 3's layer-by-layer working weights (train/zero3.c). A pass (a forward or a
+ * backward of one micro-batch on this stage) takes its gather sets in order: the embedding,
+ * each layer, the final norm with the head (reversed in a backward). mc_zero3_acquire makes
+ * the set's working weights (a param with compute_bf16 gets w16, gathered in bf16, and no w)
+ * and, in a backward, zeroed whole-slice gradients in place of the accumulators; it then
+ * starts gathering the next set `next` (n_next params; 0: none) on the side queue, so that
+ * gather runs during this set's compute. mc_zero3_release gives the set up; after a
+ * backward it starts the reduce-scatter of the set's gradients on the side queue, whose rows
+ * are added into the accumulators (mc_dist_param.g_acc, back in p->g on return) at the next
+ * release or at mc_zero3_flush, which ends every pass. The buffers live in slots of
+ * zero3.buffers (core/holdings.h mc_zero3_slots). Nothing below ZeRO 3. */
+struct mc_zero3;
+int mc_zero3_open(mc_net_par *par, mc_arena *bufs, const mc_zero3_slots *slots);
+void mc_zero3_close(mc_net_par *par);
+int mc_zero3_acquire(mc_net_par *par, mc_backend *be, mc_net_param *params, const int *idx, int n, int for_backward,
+                     const int *next, int n_next);
+int mc_zero3_release(mc_net_par *par, mc_backend *be, mc_net_param *params, const int *idx, int n, int after_backward);
+int mc_zero3_flush(mc_net_par *par);
 
 #endif
