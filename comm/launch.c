@@ -4,6 +4,7 @@
 #include "comm/launch.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -15,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/clock.h"
 #include "util/error.h"
 
 /* An integer environment variable in [lo, hi]: 1 and *v set; 0 when unset; -1 when malformed. */
@@ -101,6 +103,24 @@ int mc_launch_free_port(void) {
   return port;
 }
 
+/* A socket listening on a free loopback port (*port), closed on exec unless handed on. */
+static int listen_free_port(int *port) {
+  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return -1;
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof a;
+  if (bind(s, (struct sockaddr *)&a, sizeof a) != 0 || listen(s, SOMAXCONN) != 0 ||
+      getsockname(s, (struct sockaddr *)&a, &n) != 0) {
+    close(s);
+    return -1;
+  }
+  *port = ntohs(a.sin_port);
+  return s;
+}
+
 static int status_code(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 1; }
 
 int mc_launch_local(int nproc, int nnodes, int node_rank, char **argv) {
@@ -110,10 +130,11 @@ int mc_launch_local(int nproc, int nnodes, int node_rank, char **argv) {
     return 2;
   }
   char port[16], addr[256];
+  int listener = -1; /* one node: rank 0's rendezvous socket, listening already */
   if (nnodes == 1) {
-    int p = mc_launch_free_port();
-    if (p <= 0) {
-      mc_error("--nproc-per-node: no free local TCP port for the rendezvous");
+    int p = -1;
+    if ((listener = listen_free_port(&p)) < 0) {
+      mc_error("--nproc-per-node: no free local TCP port for the rendezvous: %s", strerror(errno));
       return 2;
     }
     snprintf(port, sizeof port, "%d", p);
@@ -130,6 +151,7 @@ int mc_launch_local(int nproc, int nnodes, int node_rank, char **argv) {
   const int world = nproc * nnodes;
   pid_t *pid = calloc((size_t)nproc, sizeof *pid);
   if (!pid) {
+    if (listener >= 0) close(listener);
     mc_error("--nproc-per-node: out of memory");
     return 2;
   }
@@ -150,6 +172,10 @@ int mc_launch_local(int nproc, int nnodes, int node_rank, char **argv) {
       snprintf(v, sizeof v, "%d", i), setenv("LOCAL_RANK", v, 1);
       snprintf(v, sizeof v, "%d", nproc), setenv("LOCAL_WORLD_SIZE", v, 1);
       setenv("MASTER_ADDR", addr, 1), setenv("MASTER_PORT", port, 1);
+      if (listener >= 0 && i == 0) { /* rank 0 keeps the listening socket across exec */
+        snprintf(v, sizeof v, "%d", listener), setenv(MC_LAUNCH_LISTEN_FD_ENV, v, 1);
+        fcntl(listener, F_SETFD, 0);
+      }
       sigaction(SIGINT, &old_int, NULL), sigaction(SIGTERM, &old_term, NULL);
       execv("/proc/self/exe", argv);
       fprintf(stderr, "--nproc-per-node: cannot start worker %d: %s\n", i, strerror(errno));
@@ -162,6 +188,7 @@ int mc_launch_local(int nproc, int nnodes, int node_rank, char **argv) {
     }
     pid[i] = p, started++;
   }
+  if (listener >= 0) close(listener); /* rank 0 has its copy */
   if (code) /* end what was started: it would wait for the missing ranks */
     for (int i = 0; i < started; i++) kill(pid[i], SIGKILL);
   int left = started, forwarded = 0;
@@ -182,17 +209,13 @@ int mc_launch_local(int nproc, int nnodes, int node_rank, char **argv) {
           int c = status_code(st);
           if (c != 0 && code == 0) {
             code = c;
-            struct timespec t;
-            clock_gettime(CLOCK_MONOTONIC, &t);
-            kill_at = (double)t.tv_sec + 30.0; /* the watch ends the others long before */
+            kill_at = mc_now_s() + 30.0; /* the watch ends the others long before */
           }
         }
       continue;
     }
     if (kill_at > 0) {
-      struct timespec t;
-      clock_gettime(CLOCK_MONOTONIC, &t);
-      if ((double)t.tv_sec > kill_at) {
+      if (mc_now_s() > kill_at) {
         for (int i = 0; i < nproc; i++)
           if (pid[i] > 0) kill(pid[i], SIGKILL);
         kill_at = -1.0;

@@ -23,7 +23,8 @@ int mc_launch_read(mc_launch *out);
 /* mctrain --nproc-per-node N [--nnodes M --node-rank K]: starts N copies of this program
  * (argv, with the launcher's own options already removed) as ranks K*N .. K*N+N-1 of N*M,
  * with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set (one node: 127.0.0.1
- * and a free port; several: MASTER_ADDR and MASTER_PORT must be set). SIGINT and SIGTERM
+ * and a free port, held listening for rank 0: MC_LAUNCH_LISTEN_FD_ENV; several: MASTER_ADDR
+ * and MASTER_PORT must be set). SIGINT and SIGTERM
  * are passed on to the workers. When a worker fails, the others are ended (they end
  * themselves through the rendezvous watch; any left after 30 s are killed). Returns the
  * exit status for the launcher: 0 when every worker exited 0, else the first failure's
@@ -32,5 +33,10 @@ int mc_launch_local(int nproc, int nnodes, int node_rank, char **argv);
 
 /* A loopback TCP port that was free a moment ago (the kernel's choice for port 0); -1 if none. */
 int mc_launch_free_port(void);
+
+/* One node: the launcher listens on the rendezvous port itself from choosing it until rank 0
+ * takes the socket over (inherited, its number in this variable; comm/rendezvous.c), so no
+ * other socket of the host can take the port in between. */
+#define MC_LAUNCH_LISTEN_FD_ENV "MC_RDV_LISTEN_FD"
 
 #endif

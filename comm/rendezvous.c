@@ -8,6 +8,7 @@
 #include "comm/rendezvous.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -21,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm/launch.h"
 #include "util/clock.h"
 #include "util/error.h"
 
@@ -158,16 +160,37 @@ static void rdv_free(mc_rdv *r) {
   free(r->fd), free(r->finished), free(r);
 }
 
+/* The socket mctrain --nproc-per-node listens on for rank 0 (comm/launch.h), when this
+ * process inherited one on `port`; else -1. */
+static int inherited_listener(int port) {
+  const char *v = getenv(MC_LAUNCH_LISTEN_FD_ENV);
+  if (!v) return -1;
+  char *end = NULL;
+  long fd = strtol(v, &end, 10);
+  unsetenv(MC_LAUNCH_LISTEN_FD_ENV);
+  int acc = 0;
+  socklen_t n = sizeof acc;
+  struct sockaddr_in a;
+  socklen_t la = sizeof a;
+  if (!end || *end || fd < 0 || fd > INT_MAX || getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &n) != 0 || !acc ||
+      getsockname((int)fd, (struct sockaddr *)&a, &la) != 0 || a.sin_family != AF_INET || ntohs(a.sin_port) != port)
+    return -1;
+  return (int)fd;
+}
+
 static int serve(mc_rdv *r, const char *addr, int port, double timeout_s, const void *blob, size_t len) {
-  struct addrinfo *ai = resolve(addr, port, 1);
-  if (!ai) return -1;
-  int ls = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol), one = 1;
-  int rc = ls < 0 ? -1 : 0;
-  if (!rc) setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (!rc && (bind(ls, ai->ai_addr, ai->ai_addrlen) != 0 || listen(ls, r->size) != 0))
-    rc = mc_error("rendezvous: rank 0 cannot listen on port %d (MASTER_PORT): %s", port, strerror(errno));
-  freeaddrinfo(ai);
-  if (ls < 0) return mc_error("rendezvous: socket: %s", strerror(errno));
+  int ls = inherited_listener(port), one = 1, rc = 0;
+  if (ls < 0) {
+    struct addrinfo *ai = resolve(addr, port, 1);
+    if (!ai) return -1;
+    ls = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    rc = ls < 0 ? -1 : 0;
+    if (!rc) setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (!rc && (bind(ls, ai->ai_addr, ai->ai_addrlen) != 0 || listen(ls, r->size) != 0))
+      rc = mc_error("rendezvous: rank 0 cannot listen on port %d (MASTER_PORT): %s", port, strerror(errno));
+    freeaddrinfo(ai);
+    if (ls < 0) return mc_error("rendezvous: socket: %s", strerror(errno));
+  }
   const double deadline = mc_now_s() + timeout_s;
   for (int joined = 1; !rc && joined < r->size;) {
     int left = (int)((deadline - mc_now_s()) * 1000.0);

@@ -4,12 +4,18 @@
  *   - rank 2 exits without finishing: the others (sleeping, as if in a collective) end with
  *     status 1 within seconds, and rank 0 names rank 2;
  *   - rank 0 is killed: the others end with status 1;
+ *   - rank 0 given a socket already listening on the port (MC_LAUNCH_LISTEN_FD_ENV, as
+ *     mctrain --nproc-per-node hands it on) serves on it: all finish, though the parent keeps
+ *     the port taken, so a listen of rank 0's own would fail;
  *   - nobody at MASTER_ADDR:MASTER_PORT: a joining rank fails with a message naming them. */
 #define _POSIX_C_SOURCE 200809L
 
+#include <netinet/in.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -53,14 +59,35 @@ static void child(int rank, int port, int scenario) {
   _exit(7);
 }
 
-static int run(int scenario, int status[N], double *secs) {
-  int port = mc_launch_free_port();
+/* A socket listening on a free loopback port (*port). */
+static int listening(int *port) {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof a;
+  if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) || listen(s, 16) || getsockname(s, (struct sockaddr *)&a, &n))
+    return -1;
+  *port = ntohs(a.sin_port);
+  return s;
+}
+
+/* listener >= 0: rank 0 inherits it (its port is `port`), the parent keeps its copy open. */
+static int run_on(int scenario, int status[N], double *secs, int port, int listener) {
   pid_t pid[N];
   fflush(NULL);
   const double t0 = now_s();
   for (int k = 0; k < N; k++) {
     pid[k] = fork();
-    if (pid[k] == 0) child(k, port, scenario);
+    if (pid[k] == 0) {
+      if (listener >= 0 && k == 0) {
+        char v[16];
+        snprintf(v, sizeof v, "%d", listener);
+        setenv(MC_LAUNCH_LISTEN_FD_ENV, v, 1);
+      }
+      child(k, port, scenario);
+    }
   }
   for (int k = 0; k < N; k++) {
     int st = 0;
@@ -70,6 +97,8 @@ static int run(int scenario, int status[N], double *secs) {
   *secs = now_s() - t0;
   return port;
 }
+
+static int run(int scenario, int status[N], double *secs) { return run_on(scenario, status, secs, mc_launch_free_port(), -1); }
 
 int main(void) {
   int st[N];
@@ -87,6 +116,12 @@ int main(void) {
   CHECK(st[0] == 128 + SIGKILL, "rank 0 killed: %d", st[0]);
   for (int k = 1; k < N; k++) CHECK(st[k] == 1, "rank 0 killed: rank %d should be ended with 1, got %d", k, st[k]);
   CHECK(secs < 10.0, "the job ended %.1f s after rank 0 was killed", secs);
+
+  int port = -1, ls = listening(&port);
+  CHECK(ls >= 0, "a listening loopback socket");
+  run_on(0, st, &secs, port, ls);
+  for (int k = 0; k < N; k++) CHECK(st[k] == 0, "rank 0 on an inherited listening socket: rank %d exit %d", k, st[k]);
+  close(ls);
 
   /* no rank 0: a joiner gives up after its timeout, naming the address */
   mc_rdv *r = NULL;
