@@ -88,21 +88,6 @@ int mc_launch_read(mc_launch *o) {
 static volatile sig_atomic_t g_signal = 0;
 static void on_signal(int sig) { g_signal = sig; }
 
-int mc_launch_free_port(void) {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  if (s < 0) return -1;
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof a);
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t n = sizeof a;
-  int port = -1;
-  if (bind(s, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(s, (struct sockaddr *)&a, &n) == 0)
-    port = ntohs(a.sin_port);
-  close(s);
-  return port;
-}
-
 /* A socket listening on a free loopback port (*port), closed on exec unless handed on. */
 static int listen_free_port(int *port) {
   int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -119,6 +104,13 @@ static int listen_free_port(int *port) {
   }
   *port = ntohs(a.sin_port);
   return s;
+}
+
+int mc_launch_free_port(void) {
+  int port = -1, s = listen_free_port(&port);
+  if (s < 0) return -1;
+  close(s);
+  return port;
 }
 
 static int status_code(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 1; }
