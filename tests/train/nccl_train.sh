@@ -1,10 +1,13 @@
 #!/bin/bash
 # mctrain on several GPUs (NCCL) against the one-GPU run (tests/train/train.cmake registers it):
-#   nccl_train.sh layouts|bf16|resume|kill|nodes|launchers
+#   nccl_train.sh layouts|zero3|muon|bf16|resume|kill|stall|nodes|launchers
 # layouts:  fp32, 10 steps of a small AEMR model on one GPU, then (2 GPUs) tp2, tp2+sp, dp2 zero
 #           0/1/3, pp2 with the explicit split AE|MR and the weighted split, dp2 x ep2; (4 GPUs)
 #           tp2 x pp2, dp4 x ep2 zero 1, tp2+sp x dp2 x ep2 zero 1, pp2 x dp2 x ep2: every step's
 #           loss and gradient norm within BAND (relative; default 1e-5) of the one-GPU run.
+# zero3:    fp32 ZeRO 3 (its gathers and reduce-scatters on the side queue, beside TP, expert and
+#           pipeline traffic on the compute stream): (2 GPUs) dp2 x ep2 and pp2 (AE|MR); (4 GPUs)
+#           tp2+sp x dp2, dp4 x ep2, pp2 x dp2 x ep2: losses and gradient norms within BAND of one GPU.
 # muon:     optim.groups=muon:matrices,adamw:all: tp2, tp2+sp, dp2 zero 1 and 3, pp2 against
 #           the one-GPU Muon run within MUON_BAND (1e-4, see below); a dp2 zero 1 step 5 resumed on one GPU (4 GPUs:
 #           tp2 x dp2 zero 1 too).
@@ -98,6 +101,21 @@ layouts)
     launch 4 tp2spep2 tp2spep2.log --set parallel.tp=2 --set parallel.sp=true --set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=1
     launch 4 pp2dp2ep2 pp2dp2ep2.log --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2
     for r in tp2pp2 dp4ep2 tp2spep2 pp2dp2ep2; do same "$r" one/metrics.jsonl $r/metrics.jsonl 1 10 "$BAND" loss grad_norm; done
+  else
+    echo "4-GPU layouts not run: $NGPU GPUs"
+  fi
+  ;;
+zero3)
+  "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=one > one.log 2>&1 || { cat one.log; die "one-GPU run failed"; }
+  Z=(--set parallel.zero=3)
+  launch 2 dp2ep2z3 dp2ep2z3.log "${Z[@]}" --set parallel.dp=2 --set parallel.ep=2
+  launch 2 pp2z3 pp2z3.log "${Z[@]}" --set parallel.pp=2 --set 'parallel.pp_split=AE|MR'
+  for r in dp2ep2z3 pp2z3; do same "$r" one/metrics.jsonl $r/metrics.jsonl 1 10 "$BAND" loss grad_norm; done
+  if [ "$NGPU" -ge 4 ]; then
+    launch 4 tp2spdp2z3 tp2spdp2z3.log "${Z[@]}" --set parallel.tp=2 --set parallel.sp=true --set parallel.dp=2
+    launch 4 dp4ep2z3 dp4ep2z3.log "${Z[@]}" --set parallel.dp=4 --set parallel.ep=2
+    launch 4 pp2dp2ep2z3 pp2dp2ep2z3.log "${Z[@]}" --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2
+    for r in tp2spdp2z3 dp4ep2z3 pp2dp2ep2z3; do same "$r" one/metrics.jsonl $r/metrics.jsonl 1 10 "$BAND" loss grad_norm; done
   else
     echo "4-GPU layouts not run: $NGPU GPUs"
   fi

@@ -7,13 +7,13 @@
 # while a GPU run trains on (losses and resume, a full disk), and train.cuda_recompute for
 # train.recompute=selective and full against none on the GPU, train.cuda_muon for Muon groups
 # (optim.groups) against the CPU. train.nccl_* (tests/train/nccl_train.sh):
-# several GPUs through NCCL against the one-GPU run (layouts, bf16, resume, kill, stall, nodes,
+# several GPUs through NCCL against the one-GPU run (layouts, zero3, muon, bf16, resume, kill, stall, nodes,
 # launchers); they print "SKIP: ..." and pass with fewer than 2 GPUs. train.tfevents_run
 # (tests/train/tfevents.sh): the TensorBoard event file of a run read back against metrics.jsonl.
 if(TARGET mctrain AND TARGET mceval AND TARGET mcdata AND TARGET mcreshard)
   find_program(MC_TRAIN_MPIRUN NAMES mpirun mpiexec)
   foreach(test e2e:learn e2e:resume e2e:muon e2e:eval e2e:errors tfevents:run cuda_train:match cuda_train:bf16 cuda_train:async cuda_train:muon
-               cuda_train:recompute nccl_train:layouts nccl_train:muon
+               cuda_train:recompute nccl_train:layouts nccl_train:zero3 nccl_train:muon
                nccl_train:bf16 nccl_train:resume nccl_train:kill nccl_train:stall nccl_train:nodes nccl_train:launchers)
     string(REPLACE ":" ";" parts ${test})
     list(GET parts 0 script)
