@@ -369,6 +369,39 @@ int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts
   return 2 * z.weights + z.grads + z.reduce;
 }
 
+int mc_dist_staging_chunk(const mc_geometry *g, int rank, const mc_hold_opts *o, int64_t *chunk) {
+  *chunk = 0;
+  if (g->layout.zero == 3) return 0; /* its collectives run through zero3.buffers */
+  int *members = malloc(sizeof(int) * (size_t)g->world);
+  if (!members) return mc_error("holdings: out of memory");
+  const int multi_dp = mc_group_dp(&g->layout, rank, members) > 1, multi_edp = mc_group_edp(&g->layout, rank, members) > 1;
+  free(members);
+  int64_t largest = 0;
+  int packs = 0;
+  for (int fi = 0; fi < g->fams.n; fi++) {
+    const mc_family *f = &g->fams.f[fi];
+    mc_param_hold h;
+    if (mc_param_hold_of(g, fi, rank, o, &h)) return -1;
+    if (!h.in_stage) continue;
+    /* packed (train/dist_sync.c): a family reduced or gathered over a group of several
+     * members, or summed over TP first */
+    const int expert = f->place == MC_PLACE_EP;
+    packs |= expert ? multi_edp : multi_dp || (f->tp_partial_grad && g->layout.tp > 1);
+    if (h.local_numel > largest) largest = h.local_numel;
+  }
+  if (packs) *chunk = largest > MC_DIST_STAGING_CHUNK ? largest : MC_DIST_STAGING_CHUNK;
+  return 0;
+}
+
+int64_t mc_dist_staging_bytes(const mc_geometry *g, int rank, const mc_hold_opts *o) {
+  int64_t chunk;
+  if (mc_dist_staging_chunk(g, rank, o, &chunk)) return -1;
+  /* a chunk's packs: per group (dp, expert-DP) the slices member-major and this rank's rows,
+   * at most 2 x chunk floats with 4 alignment paddings (the partial sums over TP go first,
+   * through one pack of at most chunk floats given back before them) */
+  return chunk ? 2 * chunk * 4 + 4 * MC_MEM_ALIGN : 0;
+}
+
 int64_t mc_muon_ns_work_floats(int64_t rows, int64_t cols) {
   const int64_t s = rows < cols ? rows : cols;
   return 2 * s * s + rows * cols;
@@ -420,6 +453,9 @@ int mc_holdings_of(const mc_geometry *g, int rank, const mc_hold_opts *o, int64_
   const int64_t z3 = mc_zero3_buffer_bytes(g, rank, o);
   if (z3 < 0) return -1;
   bytes[MC_MEM_ZERO3_BUFFERS] = z3;
+  const int64_t staging = mc_dist_staging_bytes(g, rank, o);
+  if (staging < 0) return -1;
+  bytes[MC_MEM_DIST_STAGING] = staging;
   mc_coords c;
   mc_layout_coords(&g->layout, rank, &c);
   mc_stage_hold sh;

@@ -19,6 +19,7 @@ typedef enum {
   MC_MEM_MOMENTS_NO_DECAY,      /*   ... no-decay group */
   MC_MEM_OPTIM_SCRATCH,         /* Muon: the whole matrix, its gather buffer, Newton-Schulz workspace */
   MC_MEM_ZERO3_BUFFERS,         /* zero=3: gathered params and full grads of one layer */
+  MC_MEM_DIST_STAGING,          /* zero=0/1: packs of the step's gradient reduction and weight gather, in chunks */
   MC_MEM_ACTIVATIONS,           /* kept for backward over the in-flight micro-batches */
   MC_MEM_PIPELINE_BUFFERS,      /* pp > 1: boundary activation / gradient receive buffers */
   MC_MEM_MOE_SCRATCH,           /* routing scratch of one E layer in flight */
@@ -31,7 +32,7 @@ static const char *const mc_mem_cat_names[MC_MEM_COUNT] = {
     "params.replicated",       "params.tp",           "params.ep",
     "grads",                   "optimizer.master.decay", "optimizer.master.no_decay",
     "optimizer.moments.decay", "optimizer.moments.no_decay", "optimizer.scratch",
-    "zero3.buffers",           "activations",         "pipeline.buffers",
+    "zero3.buffers",           "dist.staging",        "activations",         "pipeline.buffers",
     "moe.scratch",             "runtime.reserve",     "allocator.overhead",
 };
 

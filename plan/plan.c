@@ -26,6 +26,7 @@ static const char *const cat_descs[MC_MEM_COUNT] = {
     "optimizer states, no-decay",
     "Muon matrix buffers + NS workspace",
     "ZeRO-3 gathered layers (2) + full grads + packs",
+    "ZeRO 0/1 reduction and gather packs",
     "activations kept for backward",
     "pipeline receive buffers",
     "MoE routing scratch",

@@ -14,7 +14,7 @@ void mc_arena_count(mc_arena *a, int64_t bytes) {
 }
 
 int mc_arena_open(mc_arena *a, mc_backend *be, mc_mem_cat cat) {
-  a->be = be;
+  a->be = be, a->cat = cat;
   a->used = a->tensor_bytes = a->tensors = 0;
   if (a->cap == 0) return 0;
   a->base = be->alloc(be, (size_t)a->cap);
@@ -36,6 +36,8 @@ void *mc_arena_take(mc_arena *a, int64_t bytes, mc_mem_cat cat) {
   a->tensors++;
   return p;
 }
+
+void mc_arena_restart(mc_arena *a) { a->used = a->tensor_bytes = a->tensors = 0; }
 
 void mc_arena_close(mc_arena *a) {
   if (a->base) a->be->free(a->be, a->base);

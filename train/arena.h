@@ -21,6 +21,7 @@ typedef struct {
   int64_t used;         /* bytes handed out (a multiple of MC_MEM_ALIGN) */
   int64_t tensor_bytes; /* sum of the tensors' own sizes, without the alignment padding */
   int64_t tensors;      /* tensors handed out */
+  mc_mem_cat cat;       /* its category (set by mc_arena_open; for messages) */
 } mc_arena;
 
 /* The arenas of a rank, one per category (unused categories stay empty). */
@@ -36,6 +37,9 @@ int mc_arena_open(mc_arena *a, mc_backend *be, mc_mem_cat cat);
 /* The next tensor of `bytes`; NULL with mc_error when it does not fit what was counted (the
  * sizing pass and the carving pass disagree: a bug, reported instead of overrunning). */
 void *mc_arena_take(mc_arena *a, int64_t bytes, mc_mem_cat cat);
+/* Empties the arena for reuse: the next take starts at its beginning again (every tensor
+ * handed out before is given up). */
+void mc_arena_restart(mc_arena *a);
 /* Gives the allocation back and empties the arena. */
 void mc_arena_close(mc_arena *a);
 

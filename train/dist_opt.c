@@ -146,7 +146,8 @@ int mc_dist_sync_grads(mc_dist_opt *d) {
   float **g, **out;
   if (all_params(net, &idx, &g, &out)) return -1;
   for (int i = 0; i < net->n_params; i++) g[i] = net->params[i].g, out[i] = g[i] + net->params[i].z_off;
-  int rc = mc_dist_reduce_grads(&net->par, net->be, NULL, net->params, idx, net->n_params, g, out, 0);
+  int rc = mc_dist_reduce_chunked(&net->par, net->be, &net->arenas.a[MC_MEM_DIST_STAGING], net->dist_chunk,
+                                  net->params, idx, net->n_params, g, out);
   free(idx), free(g), free(out);
   return rc;
 }
@@ -186,8 +187,10 @@ static int gather_working(mc_dist_opt *d) {
       idx[n32] = i, full[n32] = p->w, shard[n32++] = p->w + p->z_off;
     }
   }
-  rc = mc_dist_gather(&net->par, be, NULL, net->params, idx, n32, shard, full) ||
-       mc_dist_gather_bf16(&net->par, be, NULL, net->params, idx16, n16, shard16, full16);
+  mc_arena *stage = &net->arenas.a[MC_MEM_DIST_STAGING];
+  rc = mc_dist_gather_chunked(&net->par, be, stage, net->dist_chunk, net->params, idx, n32, shard, (void *const *)full, 0) ||
+       mc_dist_gather_chunked(&net->par, be, stage, net->dist_chunk, net->params, idx16, n16, shard16,
+                              (void *const *)full16, 1);
   free(idx), free(shard), free(full), free(idx16), free(shard16), free(full16);
   if (!rc) rc = be->sync(be);
   return rc ? mc_error_context("all-gathering the updated weights") : 0;

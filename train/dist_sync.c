@@ -109,7 +109,7 @@ static int settle(const mc_comm *group, mc_backend *be) { return mc_comm_ordered
  * ZeRO 0 and 1). */
 static float *stage_take(mc_backend *be, mc_arena *arena, int64_t n) {
   const int64_t bytes = (n > 0 ? n : 1) * (int64_t)sizeof(float);
-  return arena ? mc_arena_take(arena, bytes, MC_MEM_ZERO3_BUFFERS) : be->alloc(be, (size_t)bytes);
+  return arena ? mc_arena_take(arena, bytes, arena->cat) : be->alloc(be, (size_t)bytes);
 }
 
 /* n elements from src[s] to dst[d] (offsets in elements), fp32 or bf16 (bit patterns). */
@@ -344,6 +344,39 @@ int mc_dist_job_finish(mc_dist_job *j) {
 }
 
 void mc_dist_job_drop(mc_dist_job *j) { job_free(j); }
+
+/* The params idx[i0..) of one chunk: whole params while their local slices sum to at most
+ * `chunk` elements (at least one param; core/holdings.h sizes the staging for the largest). */
+static int chunk_end(const mc_net_param *params, const int *idx, int n, int i0, int64_t chunk) {
+  int64_t sum = params[idx[i0]].numel;
+  int i = i0 + 1;
+  while (i < n && sum + params[idx[i]].numel <= chunk) sum += params[idx[i++]].numel;
+  return i;
+}
+
+int mc_dist_reduce_chunked(const mc_net_par *par, mc_backend *be, mc_arena *stage, int64_t chunk,
+                           const mc_net_param *params, const int *idx, int n, float *const *g, float *const *out) {
+  for (int i0 = 0, i1; i0 < n; i0 = i1) {
+    i1 = chunk_end(params, idx, n, i0, chunk);
+    mc_arena_restart(stage); /* the chunk before is finished: its packs were read out */
+    if (mc_dist_reduce_grads(par, be, stage, params, idx + i0, i1 - i0, g + i0, out + i0, 0)) return -1;
+  }
+  return 0;
+}
+
+int mc_dist_gather_chunked(const mc_net_par *par, mc_backend *be, mc_arena *stage, int64_t chunk,
+                           const mc_net_param *params, const int *idx, int n, float *const *shard, void *const *full,
+                           int bf16) {
+  for (int i0 = 0, i1; i0 < n; i0 = i1) {
+    i1 = chunk_end(params, idx, n, i0, chunk);
+    mc_arena_restart(stage);
+    mc_dist_job *j = NULL;
+    if (mc_dist_gather_start(par, be, stage, params, idx + i0, i1 - i0, shard + i0, full + i0, bf16, 0, &j) ||
+        mc_dist_job_finish(j))
+      return -1;
+  }
+  return 0;
+}
 
 int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
                          const int *idx, int n, float *const *g, float *const *out, int add) {

@@ -173,6 +173,16 @@ static int open_zero3_buffers(mc_net *net) {
   return a->cap < 0 || mc_arena_open(a, net->be, MC_MEM_ZERO3_BUFFERS) || mc_zero3_open(&net->par, a, &slots) ? -1 : 0;
 }
 
+/* ZeRO 0/1: the dist.staging arena the step's gradient reduction and weight gather are packed
+ * through, chunk by chunk (core/holdings.h mc_dist_staging_chunk; nothing where no
+ * collective packs). */
+static int open_dist_staging(mc_net *net) {
+  if (mc_dist_staging_chunk(&net->geo, net->rank, &net->hold, &net->dist_chunk)) return -1;
+  mc_arena *a = &net->arenas.a[MC_MEM_DIST_STAGING];
+  a->cap = mc_dist_staging_bytes(&net->geo, net->rank, &net->hold);
+  return a->cap < 0 || mc_arena_open(a, net->be, MC_MEM_DIST_STAGING) ? -1 : 0;
+}
+
 /* ZeRO 3's gather sets of this stage, numbered in forward order: SET_EMBED the embedding
  * (first stage), the layers by number, n_layers the final norm with the head (last stage).
  * Their params into idx; 0 for a set this stage does not have. */
@@ -321,7 +331,7 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
     mc_error("network: the family registry lacks embed.weight, final_norm.weight or head.weight");
     goto fail;
   }
-  if (mc_dist_setup(par, &net->geo, rank, net->params, net->n_params) || open_zero3_buffers(net)) goto fail;
+  if (mc_dist_setup(par, &net->geo, rank, net->params, net->n_params) || open_zero3_buffers(net) || open_dist_staging(net)) goto fail;
   if (net->be->sync(net->be)) goto fail;
   free(holds);
   return net;

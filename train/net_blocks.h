@@ -73,12 +73,15 @@ struct mc_net {
    * one rank without TP; moe_dense 1 (default): an E block of one expert and one choice that
    * cannot drop runs as the plain SwiGLU (train/block_moe.c), 0: always routed. */
   mc_hold_opts hold;
+  int64_t dist_chunk; /* ZeRO 0/1: elements per chunk of the step's reduction and gather, packed
+                         in the dist.staging arena (core/holdings.h mc_dist_staging_chunk; 0: none) */
   unsigned nb16;       /* bit MC_NB_x set: network buffer x is bf16, as placed under hold */
   uint64_t seed;       /* of the parameter initialisation (mc_net_param_initial redraws it) */
   /* One allocation per category: working params by placement class, gradients and (once
    * mc_net_reserve or the first pass sized them) activations; the tensors below and the
-   * staging rows of par point into them; ZeRO 3's gathered layer in zero3.buffers. The
-   * collectives' own staging buffers are not in them. */
+   * staging rows of par point into them; ZeRO 3's gathered layers in zero3.buffers, ZeRO
+   * 0/1's reduction and gather packs in dist.staging. The NCCL backend's own staging of host
+   * buffers and uneven counts is not in them. */
   mc_arenas arenas;
   mc_geometry geo;     /* private copy (families owned) */
   int rank;

@@ -151,6 +151,15 @@ int mc_dist_gather_start(const mc_net_par *par, mc_backend *be, mc_arena *stage,
 int mc_dist_job_finish(mc_dist_job *job);
 /* Frees a job without finishing it (after a failure: its results are not wanted). */
 void mc_dist_job_drop(mc_dist_job *job);
+/* ZeRO 0/1's once-a-step reduction (written, as mc_dist_reduce_grads with add = 0) and
+ * gather (fp32, or bf16 slices with bf16 = 1) of many params, one chunk of whole params of at
+ * most `chunk` local-slice elements after another, each packed through `stage` (emptied per
+ * chunk: the dist.staging arena, core/holdings.h mc_dist_staging_chunk). */
+int mc_dist_reduce_chunked(const mc_net_par *par, mc_backend *be, mc_arena *stage, int64_t chunk,
+                           const mc_net_param *params, const int *idx, int n, float *const *g, float *const *out);
+int mc_dist_gather_chunked(const mc_net_par *par, mc_backend *be, mc_arena *stage, int64_t chunk,
+                           const mc_net_param *params, const int *idx, int n, float *const *shard, void *const *full,
+                           int bf16);
 
 /* ---- ZeRO 3's layer-by-layer working weights (train/zero3.c). A pass (a forward or a
  * backward of one micro-batch on this stage) takes its gather sets in order: the embedding,

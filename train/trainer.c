@@ -556,6 +556,7 @@ static void measured_bytes(run *r, int64_t bytes[MC_MEM_COUNT]) {
   for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) bytes[none[i]] = -1;
   if (r->cfg->parallel.zero != 3) bytes[MC_MEM_ZERO3_BUFFERS] = -1; /* only ZeRO 3 gathers layers */
   if (r->cfg->parallel.ep <= 1) bytes[MC_MEM_MOE_SCRATCH] = -1;     /* only EP exchanges routed rows */
+  if (bytes[MC_MEM_DIST_STAGING] == 0) bytes[MC_MEM_DIST_STAGING] = -1; /* nothing packed: no allocation */
 }
 
 static int memory_report(run *r) {

@@ -31,7 +31,7 @@ struct mc_zero3 {
 };
 
 static mc_arena view(mc_arena *bufs, int64_t *at, int64_t bytes) {
-  mc_arena v = {bufs->be, bufs->base + *at, bytes, 0, 0, 0};
+  mc_arena v = {bufs->be, bufs->base + *at, bytes, 0, 0, 0, bufs->cat};
   *at += bytes;
   return v;
 }
@@ -74,8 +74,6 @@ void mc_zero3_close(mc_net_par *par) {
   par->zero3 = NULL;
 }
 
-static void restart(mc_arena *a) { a->used = a->tensor_bytes = a->tensors = 0; }
-
 /* Carves slot s's slices for params idx and starts their gathers (on the side queue with
  * side = 1): fp32 weights, and bf16 ones gathered in bf16 (each rank rounds its fp32 master
  * rows; the same values as rounding the gathered fp32 slice, as ZeRO 0/1 round their master). */
@@ -85,7 +83,7 @@ static int start_gathers(mc_net_par *par, mc_backend *be, mc_net_param *params, 
   void *full32[MC_ROLE_COUNT], *full16[MC_ROLE_COUNT];
   int idx32[MC_ROLE_COUNT], idx16[MC_ROLE_COUNT], n32 = 0, n16 = 0;
   if (n > MC_ROLE_COUNT) return mc_error("ZeRO 3: %d parameters in one gather", n);
-  restart(&s->a);
+  mc_arena_restart(&s->a);
   s->n = n;
   for (int k = 0; k < n; k++) {
     mc_net_param *p = &params[idx[k]];
@@ -128,7 +126,7 @@ int mc_zero3_acquire(mc_net_par *par, mc_backend *be, mc_net_param *params, cons
   }
   /* 2. in a backward, whole-slice gradients (the ops accumulate into them) */
   if (for_backward) {
-    restart(&z->grads);
+    mc_arena_restart(&z->grads);
     for (int k = 0; k < n; k++) {
       mc_net_param *p = &params[idx[k]];
       float *whole = mc_arena_take(&z->grads, p->numel * (int64_t)sizeof(float), MC_MEM_ZERO3_BUFFERS);
@@ -168,7 +166,7 @@ int mc_zero3_release(mc_net_par *par, mc_backend *be, mc_net_param *params, cons
   /* the set before's rows into its accumulators, then this set's reduce-scatter from the
    * reduction slot (its pack is written after the set before's rows were read out of it) */
   if (mc_zero3_flush(par)) return -1;
-  restart(&z->reduce);
+  mc_arena_restart(&z->reduce);
   if (mc_dist_reduce_start(par, be, &z->reduce, params, idx, n, g, acc, 1, 1, &z->pending))
     return mc_error_context("ZeRO 3: reduce-scattering layer gradients");
   return 0;

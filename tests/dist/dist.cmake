@@ -16,6 +16,10 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
   mc_dist_exe(dist_tp)
   mc_dist_test(dist.tp2_net 2 $<TARGET_FILE:dist_tp>)
 
+  # ZeRO 0/1's chunked step collectives against one job over every parameter, bit for bit
+  mc_dist_exe(dist_chunks)
+  mc_dist_test(dist.chunks 2 $<TARGET_FILE:dist_chunks>)
+
   # 10 steps against the single-rank run: losses to 1e-4 relative, final weights (TP SP ZERO args)
   mc_dist_exe(dist_train)
   mc_dist_test(dist.dp2_zero0 2 $<TARGET_FILE:dist_train> 1 2 0 0)

@@ -6,7 +6,7 @@
 #   what `mcplan --json` prints for the same config;
 # - a resumed run keeps the record (once) and does not add another;
 # - under mpirun (dp=2, ZeRO 1 and ZeRO 3) rank 0 alone reports, with the sharded optimizer
-#   arenas (and at ZeRO 3 the zero3.buffers arena);
+#   arenas (ZeRO 1 with its dist.staging arena of reduction packs, ZeRO 3 with zero3.buffers);
 # - under expert parallelism (dp2 x ep2, pp2 x dp2 x ep2) the moe.scratch arena is measured,
 #   equal to mcplan's figure, and the rows the exchanges used are at most those it reserves;
 # - train.recompute=selective and full: the same agreement with mcplan, smaller activations,
@@ -28,21 +28,21 @@ CFG=(--set model.d_model=32 --set model.n_heads=2 --set model.n_kv_heads=1 --set
 find "$S/docs" -maxdepth 1 -name '*.md' | sort > files.txt
 "$B/mcdata" -o corpus.h5 $(cat files.txt) > mcdata.log 2>&1 || { cat mcdata.log; echo "FAIL: mcdata"; exit 1; }
 CATS="params.replicated params.tp params.ep grads optimizer.master.decay optimizer.master.no_decay
-optimizer.moments.decay optimizer.moments.no_decay zero3.buffers activations pipeline.buffers moe.scratch
+optimizer.moments.decay optimizer.moments.no_decay zero3.buffers dist.staging activations pipeline.buffers moe.scratch
 runtime.reserve allocator.overhead"
 
 # check_run LOG METRICS [MCPLAN ARGS...]: the table and the record agree with each other and
 # with mcplan --json for rank 0.
 check_run() {
-  local log=$1 metrics=$2 Z3=- EP=-; shift 2
-  case " $* " in *parallel.zero=3*) Z3=zero3 ;; esac
+  local log=$1 metrics=$2 Z3=- EP=- DS=-; shift 2
+  case " $* " in *parallel.zero=3*) Z3=zero3 ;; *parallel.dp=2*) DS=staging ;; esac
   case " $* " in *parallel.ep=2*) EP=ep ;; esac
   [ "$(grep -c '^memory after step 1, rank 0' "$log")" = 1 ] || die "$log: expected one memory table"
   for c in $CATS; do
     [ "$(grep -cE "^  $c +" "$log")" = 1 ] || die "$log: category $c is not listed once"
   done
   "$B/mcplan" "$@" --json > plan.json 2> plan.err || { cat plan.err; die "mcplan failed"; return; }
-  "$PY" - "$log" "$metrics" plan.json "$Z3" "$EP" <<'PY' || die "$log: table, record and mcplan disagree"
+  "$PY" - "$log" "$metrics" plan.json "$Z3" "$EP" "$DS" <<'PY' || die "$log: table, record and mcplan disagree"
 import json, sys
 log, metrics, plan = sys.argv[1:4]
 recs = [json.loads(l) for l in open(metrics) if l.strip()]
@@ -61,10 +61,10 @@ for c, v in cats.items():
     if v["predicted"] != pb[c]: bad.append("%s predicted %s, mcplan %s" % (c, v["predicted"], pb[c]))
     m = "-" if v["measured"] is None else str(v["measured"])
     if rows[c][1] != m or rows[c][2] != str(v["predicted"]): bad.append("%s table %s vs record %s" % (c, rows[c], v))
-zero3, ep = sys.argv[4] == "zero3", sys.argv[5] == "ep"
+zero3, ep, staging = sys.argv[4] == "zero3", sys.argv[5] == "ep", sys.argv[6] == "staging"
 if ep and not (cats["moe.scratch"]["predicted"] > 0 and cats["moe.scratch"]["measured"] == cats["moe.scratch"]["predicted"]):
     bad.append("moe.scratch under ep: %s" % cats["moe.scratch"])
-arenas = (["zero3.buffers"] if zero3 else []) + (["moe.scratch"] if ep else []) + ["params.replicated", "params.tp", "params.ep", "grads", "optimizer.master.decay",
+arenas = (["zero3.buffers"] if zero3 else []) + (["dist.staging"] if staging else []) + (["moe.scratch"] if ep else []) + ["params.replicated", "params.tp", "params.ep", "grads", "optimizer.master.decay",
           "optimizer.master.no_decay", "optimizer.moments.decay", "optimizer.moments.no_decay", "optimizer.scratch", "activations"]
 for c in arenas:
     if cats[c]["measured"] is None or cats[c]["measured"] % 256: bad.append("%s: no arena or unaligned size" % c)
