@@ -36,7 +36,13 @@ static int muon_gather(void *user, int slot, float *x, float *g, float **full) {
   mc_muon_gathers(&d->geo->layout, f, &over_dp, &over_tp);
   if (over_dp) { /* ZeRO parts -> the local slice, in g */
     float *shard = x, *whole = g;
-    if (mc_dist_gather(&net->par, be, NULL, net->params, &p, 1, &shard, &whole) != 0) return -1;
+    /* ZeRO 1: packed through dist.staging (free during the optimizer step; a chunk holds any
+     * one slice); ZeRO 3 has no staging arena: packs from the backend */
+    mc_arena *stage = net->dist_chunk ? &net->arenas.a[MC_MEM_DIST_STAGING] : NULL;
+    if ((stage ? mc_dist_gather_chunked(&net->par, be, stage, net->dist_chunk, net->params, &p, 1, &shard,
+                                        (void *const *)&whole, 0)
+               : mc_dist_gather(&net->par, be, NULL, net->params, &p, 1, &shard, &whole)) != 0)
+      return -1;
     local = g, other = x;
   }
   if (!over_tp) {
