@@ -296,6 +296,17 @@ static int gather_set(const mc_geometry *g, const mc_family *f) {
   return f->role == MC_ROLE_EMBED ? 0 : g->model.n_layers + 1;
 }
 
+/* multi[0], multi[1]: whether this rank's dp and expert-DP groups have several members (a
+ * group of one member moves nothing, so packs nothing: train/dist_sync.c). */
+static int multi_member_groups(const mc_geometry *g, int rank, int multi[2]) {
+  int *members = malloc(sizeof(int) * (size_t)g->world);
+  if (!members) return mc_error("holdings: out of memory");
+  multi[0] = mc_group_dp(&g->layout, rank, members) > 1;
+  multi[1] = mc_group_edp(&g->layout, rank, members) > 1;
+  free(members);
+  return 0;
+}
+
 /* A pack of n floats as the collectives carve it (train/dist_sync.c stage_take: at least one). */
 static int64_t pack_bytes(int64_t floats) { return mc_mem_footprint((floats > 0 ? floats : 1) * 4); }
 
@@ -309,15 +320,10 @@ int mc_zero3_slots_of(const mc_geometry *g, int rank, const mc_hold_opts *o, mc_
   typedef struct {
     int64_t n[GK][WK], slices[GK][WK], shards[GK][WK], weights, grads, tp_sum;
   } set_t;
+  int multi[GK];
+  if (multi_member_groups(g, rank, multi)) return -1;
   set_t *set = calloc((size_t)n_sets, sizeof *set);
-  int *members = malloc(sizeof(int) * (size_t)g->world);
-  if (!set || !members) {
-    free(set), free(members);
-    return mc_error("holdings: out of memory");
-  }
-  /* a group of one member moves nothing: no packs (train/dist_sync.c) */
-  const int multi[GK] = {mc_group_dp(&g->layout, rank, members) > 1, mc_group_edp(&g->layout, rank, members) > 1};
-  free(members);
+  if (!set) return mc_error("holdings: out of memory");
   int rc = 0;
   for (int fi = 0; fi < g->fams.n && rc == 0; fi++) {
     const mc_family *f = &g->fams.f[fi];
@@ -366,16 +372,14 @@ int mc_zero3_slots_of(const mc_geometry *g, int rank, const mc_hold_opts *o, mc_
 int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts *o) {
   mc_zero3_slots z;
   if (mc_zero3_slots_of(g, rank, o, &z)) return -1;
-  return 2 * z.weights + z.grads + z.reduce;
+  return mc_zero3_slots_bytes(&z);
 }
 
 int mc_dist_staging_chunk(const mc_geometry *g, int rank, const mc_hold_opts *o, int64_t *chunk) {
   *chunk = 0;
   if (g->layout.zero == 3) return 0; /* its collectives run through zero3.buffers */
-  int *members = malloc(sizeof(int) * (size_t)g->world);
-  if (!members) return mc_error("holdings: out of memory");
-  const int multi_dp = mc_group_dp(&g->layout, rank, members) > 1, multi_edp = mc_group_edp(&g->layout, rank, members) > 1;
-  free(members);
+  int multi[2];
+  if (multi_member_groups(g, rank, multi)) return -1;
   int64_t largest = 0;
   int packs = 0;
   for (int fi = 0; fi < g->fams.n; fi++) {
@@ -386,7 +390,7 @@ int mc_dist_staging_chunk(const mc_geometry *g, int rank, const mc_hold_opts *o,
     /* packed (train/dist_sync.c): a family reduced or gathered over a group of several
      * members, or summed over TP first */
     const int expert = f->place == MC_PLACE_EP;
-    packs |= expert ? multi_edp : multi_dp || (f->tp_partial_grad && g->layout.tp > 1);
+    packs |= expert ? multi[1] : multi[0] || (f->tp_partial_grad && g->layout.tp > 1);
     if (h.local_numel > largest) largest = h.local_numel;
   }
   if (packs) *chunk = largest > MC_DIST_STAGING_CHUNK ? largest : MC_DIST_STAGING_CHUNK;
@@ -395,11 +399,7 @@ int mc_dist_staging_chunk(const mc_geometry *g, int rank, const mc_hold_opts *o,
 
 int64_t mc_dist_staging_bytes(const mc_geometry *g, int rank, const mc_hold_opts *o) {
   int64_t chunk;
-  if (mc_dist_staging_chunk(g, rank, o, &chunk)) return -1;
-  /* a chunk's packs: per group (dp, expert-DP) the slices member-major and this rank's rows,
-   * at most 2 x chunk floats with 4 alignment paddings (the partial sums over TP go first,
-   * through one pack of at most chunk floats given back before them) */
-  return chunk ? 2 * chunk * 4 + 4 * MC_MEM_ALIGN : 0;
+  return mc_dist_staging_chunk(g, rank, o, &chunk) ? -1 : mc_dist_staging_bytes_of(chunk);
 }
 
 int64_t mc_muon_ns_work_floats(int64_t rows, int64_t cols) {

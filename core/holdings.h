@@ -195,6 +195,8 @@ typedef struct {
   int64_t weights, grads, reduce; /* bytes of one slot of each kind */
 } mc_zero3_slots;
 int mc_zero3_slots_of(const mc_geometry *g, int rank, const mc_hold_opts *o, mc_zero3_slots *out);
+/* Bytes of the slots together: 2 weight slots, the gradient slot, the reduction slot. */
+static inline int64_t mc_zero3_slots_bytes(const mc_zero3_slots *z) { return 2 * z->weights + z->grads + z->reduce; }
 /* ZeRO 0 and 1: the once-a-step gradient reduction and (ZeRO 1) weight gather of every
  * parameter go in chunks of whole parameters of at most `chunk` local-slice elements,
  * packed through the dist.staging allocation (train/dist_sync.c): chunk = the larger of
@@ -203,6 +205,10 @@ int mc_zero3_slots_of(const mc_geometry *g, int rank, const mc_hold_opts *o, mc_
  * 2 x chunk x 4 plus 4 alignment units (0 with no chunk). */
 #define MC_DIST_STAGING_CHUNK ((int64_t)16 << 20) /* elements: 64 MiB of fp32 */
 int mc_dist_staging_chunk(const mc_geometry *g, int rank, const mc_hold_opts *o, int64_t *chunk);
+/* A chunk's packs: per group (dp, expert-DP) the slices member-major and this rank's rows, at
+ * most 2 x chunk floats with 4 alignment paddings (the partial sums over TP go first, through
+ * one pack of at most chunk floats given back before them). */
+static inline int64_t mc_dist_staging_bytes_of(int64_t chunk) { return chunk ? 2 * chunk * 4 + 4 * MC_MEM_ALIGN : 0; }
 int64_t mc_dist_staging_bytes(const mc_geometry *g, int rank, const mc_hold_opts *o);
 /* Bytes of the zero3.buffers allocation: 2 weight slots, the gradient slot, the reduction slot. */
 int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts *o);

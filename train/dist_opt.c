@@ -170,7 +170,7 @@ int mc_dist_grad_norm(mc_dist_opt *d, double *norm) {
 /* After the working rows hold the master weights: ZeRO 1 all-gathers the rows of every
  * member, in member order, into each whole local slice; otherwise the rows are all there is.
  * bf16 working weights under ZeRO 1: each rank's fp32 master rows are rounded and gathered
- * in bf16 straight into the working weights (mc_dist_gather_bf16: the values of the gathered
+ * in bf16 straight into the working weights (mc_dist_gather_chunked with bf16 = 1: the values of the gathered
  * fp32 slice rounded, as ZeRO 0 rounds its master). */
 static int gather_working(mc_dist_opt *d) {
   mc_net *net = d->net;

@@ -345,6 +345,13 @@ int mc_dist_job_finish(mc_dist_job *j) {
 
 void mc_dist_job_drop(mc_dist_job *j) { job_free(j); }
 
+/* A gather started and finished at once (no side queue): fp32 slices, or bf16 with bf16 = 1. */
+static int gather_now(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
+                      const int *idx, int n, float *const *shard, void *const *full, int bf16) {
+  mc_dist_job *j = NULL;
+  return mc_dist_gather_start(par, be, stage, params, idx, n, shard, full, bf16, 0, &j) || mc_dist_job_finish(j);
+}
+
 /* The params idx[i0..) of one chunk: whole params while their local slices sum to at most
  * `chunk` elements (at least one param; core/holdings.h sizes the staging for the largest). */
 static int chunk_end(const mc_net_param *params, const int *idx, int n, int i0, int64_t chunk) {
@@ -370,10 +377,7 @@ int mc_dist_gather_chunked(const mc_net_par *par, mc_backend *be, mc_arena *stag
   for (int i0 = 0, i1; i0 < n; i0 = i1) {
     i1 = chunk_end(params, idx, n, i0, chunk);
     mc_arena_restart(stage);
-    mc_dist_job *j = NULL;
-    if (mc_dist_gather_start(par, be, stage, params, idx + i0, i1 - i0, shard + i0, full + i0, bf16, 0, &j) ||
-        mc_dist_job_finish(j))
-      return -1;
+    if (gather_now(par, be, stage, params, idx + i0, i1 - i0, shard + i0, full + i0, bf16)) return -1;
   }
   return 0;
 }
@@ -386,14 +390,5 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage,
 
 int mc_dist_gather(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params, const int *idx,
                    int n, float *const *shard, float *const *full) {
-  mc_dist_job *j = NULL;
-  return mc_dist_gather_start(par, be, stage, params, idx, n, shard, (void *const *)full, 0, 0, &j) ||
-         mc_dist_job_finish(j);
-}
-
-int mc_dist_gather_bf16(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
-                        const int *idx, int n, float *const *shard, mc_bf16 *const *full) {
-  mc_dist_job *j = NULL;
-  return mc_dist_gather_start(par, be, stage, params, idx, n, shard, (void *const *)full, 1, 0, &j) ||
-         mc_dist_job_finish(j);
+  return gather_now(par, be, stage, params, idx, n, shard, (void *const *)full, 0);
 }

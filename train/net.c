@@ -169,8 +169,8 @@ static int open_zero3_buffers(mc_net *net) {
   mc_zero3_slots slots;
   if (mc_zero3_slots_of(&net->geo, net->rank, &net->hold, &slots)) return -1;
   mc_arena *a = &net->arenas.a[MC_MEM_ZERO3_BUFFERS];
-  a->cap = mc_zero3_buffer_bytes(&net->geo, net->rank, &net->hold);
-  return a->cap < 0 || mc_arena_open(a, net->be, MC_MEM_ZERO3_BUFFERS) || mc_zero3_open(&net->par, a, &slots) ? -1 : 0;
+  a->cap = mc_zero3_slots_bytes(&slots);
+  return mc_arena_open(a, net->be, MC_MEM_ZERO3_BUFFERS) || mc_zero3_open(&net->par, a, &slots) ? -1 : 0;
 }
 
 /* ZeRO 0/1: the dist.staging arena the step's gradient reduction and weight gather are packed
@@ -179,8 +179,8 @@ static int open_zero3_buffers(mc_net *net) {
 static int open_dist_staging(mc_net *net) {
   if (mc_dist_staging_chunk(&net->geo, net->rank, &net->hold, &net->dist_chunk)) return -1;
   mc_arena *a = &net->arenas.a[MC_MEM_DIST_STAGING];
-  a->cap = mc_dist_staging_bytes(&net->geo, net->rank, &net->hold);
-  return a->cap < 0 || mc_arena_open(a, net->be, MC_MEM_DIST_STAGING) ? -1 : 0;
+  a->cap = mc_dist_staging_bytes_of(net->dist_chunk);
+  return mc_arena_open(a, net->be, MC_MEM_DIST_STAGING);
 }
 
 /* ZeRO 3's gather sets of this stage, numbered in forward order: SET_EMBED the embedding

@@ -131,13 +131,11 @@ int mc_dist_reduce_grads(const mc_net_par *par, mc_backend *be, mc_arena *stage,
  * the whole local slices full[k], over the params' groups (shard[k] may be full[k] + z_off). */
 int mc_dist_gather(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params, const int *idx,
                    int n, float *const *shard, float *const *full);
-/* The same into bf16 slices full[k]: each rank rounds its fp32 rows shard[k] to bf16 and the
- * bf16 rows are gathered (half the bytes of an fp32 gather; the values equal the gathered fp32
- * slice rounded). */
-int mc_dist_gather_bf16(const mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params,
-                        const int *idx, int n, float *const *shard, mc_bf16 *const *full);
-/* The three above in two halves: _start writes the packs on the backend and queues the
- * collectives (on the side queue with side = 1, comm/comm.h, so they run while the backend
+/* The two above in two halves (and a gather into bf16 slices full[k] with bf16 = 1: each
+ * rank rounds its fp32 rows to bf16 and the bf16 rows are gathered, half the bytes of an
+ * fp32 gather, the values of the gathered fp32 slice rounded): _start writes the packs on
+ * the backend and queues the collectives (on the side queue with side = 1, comm/comm.h, so
+ * they run while the backend
  * computes what is queued next; their inputs must not change until then), and
  * mc_dist_job_finish waits for them (on the compute stream) and puts the results in place
  * (g or out; the slices full, bf16 ones with bf16 = 1), then frees the job (NULL: nothing).

@@ -40,10 +40,10 @@ int mc_zero3_open(mc_net_par *par, mc_arena *bufs, const mc_zero3_slots *slots) 
   if (par->zero != 3) return 0;
   struct mc_zero3 *z = calloc(1, sizeof *z);
   if (!z) return mc_error("ZeRO 3: out of memory");
-  if (2 * slots->weights + slots->grads + slots->reduce > bufs->cap) {
+  if (mc_zero3_slots_bytes(slots) > bufs->cap) {
     free(z);
     return mc_error("ZeRO 3: the zero3.buffers arena holds %lld bytes, its slots need %lld", (long long)bufs->cap,
-                    (long long)(2 * slots->weights + slots->grads + slots->reduce));
+                    (long long)mc_zero3_slots_bytes(slots));
   }
   int64_t at = 0;
   z->w[0].a = view(bufs, &at, slots->weights);

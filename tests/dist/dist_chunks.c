@@ -59,7 +59,7 @@ static int run_case(mc_comm_groups *grp, mc_layout l) {
     for (int i = 0; i < n; i++) largest = mc_net_param_at(net, i)->numel > largest ? mc_net_param_at(net, i)->numel : largest;
     const int64_t ch = chunks[c] > largest ? chunks[c] : largest;
     mc_arena a = {0};
-    a.cap = 2 * ch * 4 + 4 * MC_MEM_ALIGN;
+    a.cap = mc_dist_staging_bytes_of(ch);
     CHECK_OK(mc_arena_open(&a, net->be, MC_MEM_DIST_STAGING));
     fill(net, rank);
     CHECK_OK(mc_dist_reduce_chunked(&net->par, net->be, &a, chunks[c], net->params, idx, n, g_, out));
