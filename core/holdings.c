@@ -320,7 +320,7 @@ int mc_zero3_slots_of(const mc_geometry *g, int rank, const mc_hold_opts *o, mc_
   typedef struct {
     int64_t n[GK][WK], slices[GK][WK], shards[GK][WK], weights, grads, tp_sum;
   } set_t;
-  int multi[GK];
+  int multi[GK] = {0, 0};
   if (multi_member_groups(g, rank, multi)) return -1;
   set_t *set = calloc((size_t)n_sets, sizeof *set);
   if (!set) return mc_error("holdings: out of memory");
@@ -378,7 +378,7 @@ int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts
 int mc_dist_staging_chunk(const mc_geometry *g, int rank, const mc_hold_opts *o, int64_t *chunk) {
   *chunk = 0;
   if (g->layout.zero == 3) return 0; /* its collectives run through zero3.buffers */
-  int multi[2];
+  int multi[2] = {0, 0};
   if (multi_member_groups(g, rank, multi)) return -1;
   int64_t largest = 0;
   int packs = 0;
