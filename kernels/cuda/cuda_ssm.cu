@@ -1,5 +1,7 @@
 /* The Mamba-2 selective scan (kernels/ops.h ssm_fwd, ssm_bwd; formulas as in
- * kernels/cpu/cpu_ssm.c) in chunked, state-space-duality form, fp32 on CUDA cores.
+ * kernels/cpu/cpu_ssm.c) in chunked, state-space-duality form. fp32 data; the 64 x 64 tile
+ * products run on tensor cores in split TF32 (each operand as a TF32 value plus its TF32
+ * rest, three mma products per tile step: about fp32 accuracy, fp32 accumulation).
  *
  * Time is cut into chunks of SSD_L = 64 steps. Within a chunk, with a_t = dt_t A and
  * cum_i = a_0 + ... + a_i (summed in double, so that the differences cum_i - cum_j lose
@@ -30,85 +32,181 @@
 #include "kernels/cuda/cuda_common.h"
 
 #define SSD_L 64       /* chunk length, also the rows and columns of every tile */
-#define SSD_THREADS 256 /* 16 x 16 threads, 4 x 4 outputs each */
-#ifndef SSD_KT
-#define SSD_KT 32 /* contraction steps staged per round */
-#endif
-#define SSD_LD 68      /* staging row stride: rows stay 16-byte aligned */
-#define SSD_MS 65      /* stride of the L x L matrices: column walks avoid bank conflicts */
-/* Blocks per multiprocessor the register allocation must allow (ptxas: without a bound the
- * forward kernels take ~240 registers a thread, one block per multiprocessor) */
+#define SSD_THREADS 256 /* 8 warps; warp w owns rows 16 (w % 4) .. + 16, columns 32 (w / 4) .. + 32 */
+#define SSD_KT 32      /* contraction steps staged per round */
+#define SSD_MS 68      /* stride of the L x L matrices: row-wise fragment reads hit distinct banks */
+/* Blocks per multiprocessor the register allocation must allow */
 #ifndef SSD_MINB_FWD
 #define SSD_MINB_FWD 3
 #endif
 #ifndef SSD_MINB_STATES
-#define SSD_MINB_STATES 2
+#define SSD_MINB_STATES 3
 #endif
 #ifndef SSD_MINB_BWD
 #define SSD_MINB_BWD 2
 #endif
 
-/* An operand of a tile product: element (i, k) = p[i si + k sk] * sci[i] * sck[k] (scales
- * optional), zero outside ni x nk. One of si, sk is 1. */
+/* An operand of a tile product, element (i, k) for i < ni, k < nk (zero outside):
+ *   ssd_cols  p[i + k ld] sci[i] sck[k], global memory, i contiguous: staged k-major;
+ *   ssd_rows  p[i ld + k] sci[i] sck[k], global memory, k contiguous: staged i-major;
+ *   ssd_smat  p[i ld + k] (trans: p[i + k ld]), a matrix already in shared memory: its
+ *             fragments are read from it directly, not staged (scales pre-applied).
+ * The kind is fixed where the operand is named, so that after inlining each product's
+ * index arithmetic is resolved at compile time. Staged operands go through registers in
+ * quads of 4 elements along the contiguous index (one float4 load where the row start is
+ * 16-byte aligned, else 4 scalar loads). */
+enum { SSD_COLS, SSD_ROWS, SSD_SMAT };
 struct ssd_opd {
   const float *p;
-  int64_t si, sk;
+  int ld; /* 64 ld < 2^31 (ssd_args_ok), so offsets inside a chunk fit an int */
+  int kind;
+  bool trans, vec; /* vec: p and ld allow float4 loads */
   int ni, nk;
   const float *sci, *sck;
 };
 
-static __device__ __forceinline__ ssd_opd ssd_op(const float *p, int64_t si, int64_t sk, int ni, int nk,
-                                                 const float *sci = nullptr, const float *sck = nullptr) {
-  ssd_opd o = {p, si, sk, ni, nk, sci, sck};
+static __device__ __forceinline__ ssd_opd ssd_global(int kind, const float *p, int ld, int ni, int nk,
+                                                     const float *sci, const float *sck) {
+  ssd_opd o = {p, ld, kind, false, ld % 4 == 0 && ((uintptr_t)p & 15) == 0, ni, nk, sci, sck};
+  return o;
+}
+static __device__ __forceinline__ ssd_opd ssd_cols(const float *p, int ld, int ni, int nk,
+                                                   const float *sci = nullptr, const float *sck = nullptr) {
+  return ssd_global(SSD_COLS, p, ld, ni, nk, sci, sck);
+}
+static __device__ __forceinline__ ssd_opd ssd_rows(const float *p, int ld, int ni, int nk,
+                                                   const float *sci = nullptr, const float *sck = nullptr) {
+  return ssd_global(SSD_ROWS, p, ld, ni, nk, sci, sck);
+}
+static __device__ __forceinline__ ssd_opd ssd_smat(const float *p, int ld, bool trans, int ni, int nk) {
+  ssd_opd o = {p, ld, SSD_SMAT, trans, false, ni, nk, nullptr, nullptr};
   return o;
 }
 
-#define SSD_PER (SSD_L * SSD_KT / SSD_THREADS) /* staged elements per thread and operand */
+/* Staging buffers hold (hi, lo) pairs: k-major rows of SSD_LDK pairs (ssd_cols) or i-major
+ * rows of SSD_LDI pairs (ssd_rows). Both strides put a fragment read's 32 lanes (8 i x 4 k)
+ * and a quad store's lanes in distinct banks. */
+#define SSD_LDK 68
+#define SSD_LDI 36
+#define SSD_STAGE (SSD_L * SSD_LDI) /* pairs per staging buffer (>= SSD_KT * SSD_LDK) */
+#define SSD_QUADS (SSD_L * SSD_KT / 4 / SSD_THREADS) /* quads per thread and operand per round */
+static_assert(SSD_L == 64 && SSD_KT == 32 && SSD_THREADS == 256 && SSD_QUADS == 2,
+              "the quad and warp tilings assume these");
+static_assert(SSD_KT * SSD_LDK <= SSD_STAGE, "staging buffer too small");
 
-/* Element m of this thread's share of columns [k0, k0 + SSD_KT) of an operand: the threads
- * walk along whichever index is contiguous in memory. */
-static __device__ __forceinline__ void ssd_pos(const ssd_opd &o, int m, int &i, int &kk) {
-  const int e = threadIdx.x + m * SSD_THREADS;
-  i = o.si == 1 ? e % SSD_L : e / SSD_KT;
-  kk = o.si == 1 ? e / SSD_L : e % SSD_KT;
+/* Quad m of this thread in a round: its first element (i, kk) and, along the contiguous
+ * index, 4 elements. ssd_cols: 16 quads cover the 64 i of one kk; ssd_rows: 8 quads cover
+ * the 32 kk of one i. */
+static __device__ __forceinline__ void ssd_quad(const ssd_opd &o, int m, int &i, int &kk) {
+  const int q = threadIdx.x + m * SSD_THREADS;
+  if (o.kind == SSD_COLS)
+    i = (q % 16) * 4, kk = q / 16;
+  else
+    i = q / 8, kk = (q % 8) * 4;
 }
 
-/* Loads this thread's share of columns [k0, k0 + SSD_KT) into registers. All loads come
- * before any shared-memory store (ssd_put): an operand may itself live in shared memory, so
- * a store in between would keep the compiler from having the loads in flight together. */
-static __device__ __forceinline__ void ssd_fetch(const ssd_opd &o, int k0, float (&v)[SSD_PER]) {
+/* Loads this thread's quads of columns [k0, k0 + SSD_KT) into registers (none for ssd_smat).
+ * All loads come before any shared-memory store (ssd_put), so that they are in flight
+ * together. */
+static __device__ __forceinline__ void ssd_fetch(const ssd_opd &o, int k0, float (&v)[4 * SSD_QUADS]) {
+  if (o.kind == SSD_SMAT) return;
 #pragma unroll
-  for (int m = 0; m < SSD_PER; m++) {
+  for (int m = 0; m < SSD_QUADS; m++) {
     int i, kk;
-    ssd_pos(o, m, i, kk);
+    ssd_quad(o, m, i, kk);
     const int k = k0 + kk;
-    float t = 0.0f;
-    if (i < o.ni && k < o.nk) {
-      t = o.p[(int64_t)i * o.si + (int64_t)k * o.sk];
-      if (o.sci) t *= o.sci[i];
-      if (o.sck) t *= o.sck[k];
+    const bool cols = o.kind == SSD_COLS;
+    const float *src = cols ? o.p + i + k * o.ld : o.p + i * o.ld + k;
+    const int lim = cols ? o.ni - i : o.nk - k; /* elements of the quad inside the operand */
+    const bool row_in = cols ? k < o.nk : i < o.ni;
+    float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (row_in && lim >= 4 && o.vec) {
+      q = *(const float4 *)src;
+    } else if (row_in) {
+      q.x = lim > 0 ? src[0] : 0.0f;
+      q.y = lim > 1 ? src[1] : 0.0f;
+      q.z = lim > 2 ? src[2] : 0.0f;
+      q.w = lim > 3 ? src[3] : 0.0f;
     }
-    v[m] = t;
-  }
-}
-
-/* Stores a fetched share as S[kk][i]. */
-static __device__ __forceinline__ void ssd_put(const ssd_opd &o, const float (&v)[SSD_PER], float *S) {
+    float e[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-  for (int m = 0; m < SSD_PER; m++) {
-    int i, kk;
-    ssd_pos(o, m, i, kk);
-    S[kk * SSD_LD + i] = v[m];
+    for (int u = 0; u < 4; u++) {
+      if (o.sci) e[u] *= o.sci[cols ? i + u : i];
+      if (o.sck) e[u] *= o.sck[cols ? k : k + u];
+      v[4 * m + u] = e[u];
+    }
   }
 }
 
-/* acc[r][q] += sum_k a(ty*4 + r, k) b(tx*4 + q, k) over k < a.nk (== b.nk): a 64 x 64 tile.
- * The next columns are fetched while the current ones are multiplied. Starts with a
- * barrier, so shared memory written before the call (operands, scales) is visible to it. */
-static __device__ __forceinline__ void ssd_mm(float (&acc)[4][4], const ssd_opd &a, const ssd_opd &b, float *As,
-                                              float *Bs) {
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  float va[SSD_PER], vb[SSD_PER];
+/* v rounded to TF32 (10 mantissa bits), as a float */
+static __device__ __forceinline__ float ssd_tf32(float v) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+  return __uint_as_float(r);
+}
+
+/* (hi, lo): v's TF32 rounding and the TF32 rounding of the rest, so that
+ * hi hi' + hi lo' + lo hi' carries about 21 bits of each product. */
+static __device__ __forceinline__ float2 ssd_split(float v) {
+  const float hi = ssd_tf32(v);
+  return make_float2(hi, ssd_tf32(v - hi));
+}
+
+/* Stores the fetched quads as split pairs, 4 consecutive pairs (32 bytes) per quad, in two
+ * 16-byte stores. Eight consecutive threads write 8 consecutive quads; the upper four write
+ * their second half first, so that each store instruction's 8 threads cover all 32 banks. */
+static __device__ __forceinline__ void ssd_put(const ssd_opd &o, const float (&v)[4 * SSD_QUADS], float2 *S) {
+  if (o.kind == SSD_SMAT) return;
+  const int sw = (threadIdx.x >> 2) & 1;
+#pragma unroll
+  for (int m = 0; m < SSD_QUADS; m++) {
+    int i, kk;
+    ssd_quad(o, m, i, kk);
+    const float2 e0 = ssd_split(v[4 * m]), e1 = ssd_split(v[4 * m + 1]);
+    const float2 e2 = ssd_split(v[4 * m + 2]), e3 = ssd_split(v[4 * m + 3]);
+    const float4 h0 = make_float4(e0.x, e0.y, e1.x, e1.y), h1 = make_float4(e2.x, e2.y, e3.x, e3.y);
+    float4 *d = (float4 *)(S + (o.kind == SSD_COLS ? kk * SSD_LDK + i : i * SSD_LDI + kk));
+    d[sw] = sw ? h1 : h0;
+    d[sw ^ 1] = sw ? h0 : h1;
+  }
+}
+
+/* Element (i, k) of the operand as a split pair, for k in the current round [k0, k0 + SSD_KT)
+ * (kk = k - k0): from its staging buffer, or read and split from its shared matrix. */
+static __device__ __forceinline__ float2 ssd_elem(const ssd_opd &o, const float2 *S, int i, int k0, int kk) {
+  if (o.kind == SSD_COLS) return S[kk * SSD_LDK + i];
+  if (o.kind == SSD_ROWS) return S[i * SSD_LDI + kk];
+  const int k = k0 + kk;
+  const float v = i < o.ni && k < o.nk ? o.p[o.trans ? i + k * o.ld : i * o.ld + k] : 0.0f;
+  return ssd_split(v);
+}
+
+/* d += a b for one 16 x 8 x 8 tile in TF32 (fp32 accumulation) */
+static __device__ __forceinline__ void ssd_mma(float (&d)[4], float a0, float a1, float a2, float a3, float b0,
+                                               float b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(__float_as_uint(a0)), "r"(__float_as_uint(a1)), "r"(__float_as_uint(a2)), "r"(__float_as_uint(a3)),
+        "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
+}
+
+/* The tile element (i, j) that acc[r][q] holds: the mma accumulator layout, n-tile r of the
+ * warp's 16 x 32 block, fragment entry q (rows g, g + 8; columns 2t, 2t + 1). */
+static __device__ __forceinline__ void ssd_ij(int r, int q, int &i, int &j) {
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  i = (w & 3) * 16 + (lane >> 2) + 8 * (q >> 1);
+  j = (w >> 2) * 32 + r * 8 + 2 * (lane & 3) + (q & 1);
+}
+
+/* acc += the 64 x 64 tile sum_k a(i, k) b(j, k) over k < a.nk (== b.nk), in the layout of
+ * ssd_ij, on tensor cores in split TF32. Staged operands' next columns are fetched while
+ * the current ones are multiplied. Starts with a barrier, so shared memory written before
+ * the call (matrices, scales) is visible to it. */
+static __device__ __forceinline__ void ssd_mm(float (&acc)[4][4], const ssd_opd &a, const ssd_opd &b, float2 *As,
+                                              float2 *Bs) {
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane >> 2, t = lane & 3;
+  const int m0 = (w & 3) * 16 + g, n0 = (w >> 2) * 32 + g;
+  float va[4 * SSD_QUADS], vb[4 * SSD_QUADS];
   __syncthreads();
   ssd_fetch(a, 0, va);
   ssd_fetch(b, 0, vb);
@@ -121,27 +219,29 @@ static __device__ __forceinline__ void ssd_mm(float (&acc)[4][4], const ssd_opd 
       ssd_fetch(a, k0 + SSD_KT, va);
       ssd_fetch(b, k0 + SSD_KT, vb);
     }
-#pragma unroll 8
-    for (int kk = 0; kk < SSD_KT; kk++) {
-      const float4 av = *(const float4 *)&As[kk * SSD_LD + ty * 4];
-      const float4 bv = *(const float4 *)&Bs[kk * SSD_LD + tx * 4];
-      const float ar[4] = {av.x, av.y, av.z, av.w}, br[4] = {bv.x, bv.y, bv.z, bv.w};
 #pragma unroll
-      for (int r = 0; r < 4; r++)
+    for (int k8 = 0; k8 < SSD_KT; k8 += 8) {
+      const float2 a0 = ssd_elem(a, As, m0, k0, k8 + t), a1 = ssd_elem(a, As, m0 + 8, k0, k8 + t);
+      const float2 a2 = ssd_elem(a, As, m0, k0, k8 + t + 4), a3 = ssd_elem(a, As, m0 + 8, k0, k8 + t + 4);
 #pragma unroll
-        for (int q = 0; q < 4; q++) acc[r][q] = fmaf(ar[r], br[q], acc[r][q]);
+      for (int r = 0; r < 4; r++) {
+        const float2 b0 = ssd_elem(b, Bs, n0 + 8 * r, k0, k8 + t), b1 = ssd_elem(b, Bs, n0 + 8 * r, k0, k8 + t + 4);
+        ssd_mma(acc[r], a0.y, a1.y, a2.y, a3.y, b0.x, b1.x);
+        ssd_mma(acc[r], a0.x, a1.x, a2.x, a3.x, b0.y, b1.y);
+        ssd_mma(acc[r], a0.x, a1.x, a2.x, a3.x, b0.x, b1.x);
+      }
     }
   }
 }
 
 /* o[i ld + j] = acc for the thread's outputs with i < rows, j < cols */
 static __device__ __forceinline__ void ssd_store(const float (&acc)[4][4], float *o, int64_t ld, int rows, int cols) {
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
 #pragma unroll
   for (int r = 0; r < 4; r++)
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-      const int i = ty * 4 + r, j = tx * 4 + q;
+      int i, j;
+      ssd_ij(r, q, i, j);
       if (i < rows && j < cols) o[i * ld + j] = acc[r][q];
     }
 }
@@ -153,34 +253,37 @@ static __device__ __forceinline__ void ssd_zero(float (&acc)[4][4]) {
     for (int q = 0; q < 4; q++) acc[r][q] = 0.0f;
 }
 
-/* Sum over the 16 threads (tx) that share a row group ty. */
-static __device__ __forceinline__ float ssd_rowsum(float v) {
-  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-/* out[j] += scale[j] * (row j of X, columns p0 .. p0 + np, dotted with the tile T that this
- * thread holds), for the rows j < len of the thread's row group: each thread sums its four
- * columns, the group sums over its 16 threads, the tx == 0 thread adds (scale NULL: 1). */
+/* out[j] += scale[j] * (row j of X, columns p0 .. p0 + np, dotted with row j of the tile T
+ * held as in ssd_ij), for j < len (scale NULL: 1). A row's 64 columns lie in two warps: each
+ * sums its half over the four lanes that share the row, the halves meet in red (2 x SSD_L
+ * floats of shared memory) and are added in a fixed order. Every thread must call it. */
 static __device__ __forceinline__ void ssd_row_dots(float *out, const float *scale, const float *X, int xs, int p0,
-                                                    int len, int np, const float (&T)[4][4], int tx, int ty) {
+                                                    int len, int np, const float (&T)[4][4], float *red) {
+  float part[2] = {0.0f, 0.0f};
+  int i = 0, p = 0;
 #pragma unroll
-  for (int r = 0; r < 4; r++) {
-    const int j = ty * 4 + r;
-    float part = 0.0f;
+  for (int r = 0; r < 4; r++)
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-      const int p = tx * 4 + q;
-      if (j < len && p < np) part += X[j * xs + p0 + p] * T[r][q];
+      ssd_ij(r, q, i, p);
+      if (i < len && p < np) part[q >> 1] += X[i * xs + p0 + p] * T[r][q];
     }
-    part = ssd_rowsum(part);
-    if (tx == 0) out[j] += (scale ? scale[j] : 1.0f) * part;
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    part[h] += __shfl_xor_sync(0xffffffffu, part[h], 1);
+    part[h] += __shfl_xor_sync(0xffffffffu, part[h], 2);
+    if ((lane & 3) == 0) red[(w >> 2) * SSD_L + (w & 3) * 16 + (lane >> 2) + 8 * h] = part[h];
   }
+  __syncthreads();
+  const int j = threadIdx.x;
+  if (j < len) out[j] += (scale ? scale[j] : 1.0f) * (red[j] + red[SSD_L + j]);
+  __syncthreads();
 }
 
-/* Shared memory of a chunk block, in floats: the two staging buffers, cum (double), vectors
+/* Shared memory of a chunk block, in floats: the two staging buffers of (hi, lo) pairs, cum (double), vectors
  * of SSD_L, then SSD_MS-strided L x L matrices. */
-#define SSD_OFF_CUM (2 * SSD_KT * SSD_LD)
+#define SSD_OFF_CUM (2 * 2 * SSD_STAGE)
 #define SSD_OFF_VEC (SSD_OFF_CUM + 2 * SSD_L)
 #define SSD_NVEC 10
 #define SSD_OFF_MAT (SSD_OFF_VEC + SSD_NVEC * SSD_L + SSD_THREADS)
@@ -243,7 +346,8 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_STATES)
     k_ssd_states(const float *X, const float *Bm, const float *dt, const float *A_log, int T, int Hm, int P, int N,
                  int nch, int rev, float *out, float *tot) {
   extern __shared__ float4 ssd_sm4[];
-  float *sm = (float *)ssd_sm4, *As = sm, *Bs = sm + SSD_KT * SSD_LD;
+  float *sm = (float *)ssd_sm4;
+  float2 *As = (float2 *)sm, *Bs = As + SSD_STAGE;
   const ssd_chunk k = ssd_setup(sm, dt, A_log, blockIdx.x + rev, T, Hm, nch);
   float *w = k.ew + SSD_L;
   if (threadIdx.x < SSD_L) w[threadIdx.x] = rev ? k.ec[threadIdx.x] : k.ew[threadIdx.x] * k.dt[threadIdx.x];
@@ -254,8 +358,8 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_STATES)
     for (int n0 = 0; n0 < N; n0 += SSD_L) {
       float acc[4][4];
       ssd_zero(acc);
-      ssd_mm(acc, ssd_op(Xc + p0, 1, xs, min(SSD_L, P - p0), k.len, nullptr, w),
-             ssd_op(Bc + n0, 1, N, min(SSD_L, N - n0), k.len), As, Bs);
+      ssd_mm(acc, ssd_cols(Xc + p0, xs, min(SSD_L, P - p0), k.len, nullptr, w),
+             ssd_cols(Bc + n0, N, min(SSD_L, N - n0), k.len), As, Bs);
       ssd_store(acc, o + (int64_t)p0 * N + n0, N, P - p0, N - n0);
     }
   if (threadIdx.x == 0) tot[k.idx] = (float)k.cum[SSD_L - 1];
@@ -297,34 +401,37 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_FWD)
     k_ssd_y(const float *x, const float *dt, const float *A_log, const float *B, const float *C, const float *D,
             const float *states, int T, int Hm, int P, int N, int nch, float *y) {
   extern __shared__ float4 ssd_sm4[];
-  float *sm = (float *)ssd_sm4, *As = sm, *Bs = sm + SSD_KT * SSD_LD, *sM = sm + SSD_OFF_MAT;
+  float *sm = (float *)ssd_sm4;
+  float2 *As = (float2 *)sm, *Bs = As + SSD_STAGE;
+  float *sM = sm + SSD_OFF_MAT;
   const ssd_chunk k = ssd_setup(sm, dt, A_log, blockIdx.x, T, Hm, nch);
   const int64_t xs = (int64_t)Hm * P;
   const float *xc = x + k.row0 * xs + (int64_t)k.h * P, *Bc = B + k.row0 * N, *Cc = C + k.row0 * N;
   const float *S0 = states + k.idx * P * N;
   float *yc = y + k.row0 * xs + (int64_t)k.h * P;
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   float acc[4][4];
   ssd_zero(acc);
-  ssd_mm(acc, ssd_op(Cc, N, 1, k.len, N), ssd_op(Bc, N, 1, k.len, N), As, Bs);
+  ssd_mm(acc, ssd_rows(Cc, N, k.len, N), ssd_rows(Bc, N, k.len, N), As, Bs);
 #pragma unroll
   for (int r = 0; r < 4; r++)
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-      const int i = ty * 4 + r, j = tx * 4 + q;
-      sM[i * SSD_MS + j] = acc[r][q] * ssd_decay(k, i, j);
+      int i, j;
+      ssd_ij(r, q, i, j);
+      sM[i * SSD_MS + j] = acc[r][q] * ssd_decay(k, i, j) * k.dt[j];
     }
   const float Dh = D[k.h];
   for (int p0 = 0; p0 < P; p0 += SSD_L) {
     const int np = min(SSD_L, P - p0);
     ssd_zero(acc);
-    if (k.c > 0) ssd_mm(acc, ssd_op(Cc, N, 1, k.len, N, k.ec), ssd_op(S0 + (int64_t)p0 * N, N, 1, np, N), As, Bs);
-    ssd_mm(acc, ssd_op(sM, SSD_MS, 1, k.len, k.len, nullptr, k.dt), ssd_op(xc + p0, 1, xs, np, k.len), As, Bs);
+    if (k.c > 0) ssd_mm(acc, ssd_rows(Cc, N, k.len, N, k.ec), ssd_rows(S0 + (int64_t)p0 * N, N, np, N), As, Bs);
+    ssd_mm(acc, ssd_smat(sM, SSD_MS, false, k.len, k.len), ssd_cols(xc + p0, xs, np, k.len), As, Bs);
 #pragma unroll
     for (int r = 0; r < 4; r++)
 #pragma unroll
       for (int q = 0; q < 4; q++) {
-        const int i = ty * 4 + r, p = tx * 4 + q;
+        int i, p;
+        ssd_ij(r, q, i, p);
         if (i < k.len && p < np) yc[i * xs + p0 + p] = acc[r][q] + Dh * xc[i * xs + p0 + p];
       }
   }
@@ -338,12 +445,13 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_BWD)
               const float *dy, const float *states, const float *dstates, int T, int Hm, int P, int N, int nch,
               float *dx, float *ddt, float *partB, float *partC, double *partAD) {
   extern __shared__ float4 ssd_sm4[];
-  float *sm = (float *)ssd_sm4, *As = sm, *Bs = sm + SSD_KT * SSD_LD;
+  float *sm = (float *)ssd_sm4;
+  float2 *As = (float2 *)sm, *Bs = As + SSD_STAGE;
   float *sG = sm + SSD_OFF_MAT, *sK = sG + SSD_L * SSD_MS, *sQ = sK + SSD_L * SSD_MS;
   const ssd_chunk k = ssd_setup(sm, dt, A_log, blockIdx.x, T, Hm, nch);
   float *ewdt = k.ew + SSD_L, *sv = ewdt + SSD_L, *sR = sv + SSD_L, *sdir = sR + SSD_L, *sdd = sdir + SSD_L,
         *sda = sdd + SSD_L, *sred = sda + SSD_L;
-  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int tid = threadIdx.x;
   if (tid < SSD_L) {
     ewdt[tid] = k.ew[tid] * k.dt[tid];
     sv[tid] = sR[tid] = 0.0f;
@@ -356,19 +464,21 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_BWD)
   const bool has_in = k.c > 0, has_out = k.c < nch - 1;
   float acc[4][4], db[4][4];
 
-  /* G = C B^T, then K = (dY X^T) o decay, M = G o decay (over G), and K o G */
+  /* G = C B^T, then K = (dY X^T) o decay (kept as K_ij dt_j), M = G o decay (over G), and K o G */
   ssd_zero(acc);
-  ssd_mm(acc, ssd_op(Cc, N, 1, k.len, N), ssd_op(Bc, N, 1, k.len, N), As, Bs);
+  ssd_mm(acc, ssd_rows(Cc, N, k.len, N), ssd_rows(Bc, N, k.len, N), As, Bs);
   ssd_store(acc, sG, SSD_MS, SSD_L, SSD_L);
   ssd_zero(acc);
-  ssd_mm(acc, ssd_op(dyc, xs, 1, k.len, P), ssd_op(xc, xs, 1, k.len, P), As, Bs);
+  ssd_mm(acc, ssd_rows(dyc, xs, k.len, P), ssd_rows(xc, xs, k.len, P), As, Bs);
 #pragma unroll
   for (int r = 0; r < 4; r++)
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-      const int i = ty * 4 + r, j = tx * 4 + q, o = i * SSD_MS + j;
+      int i, j;
+      ssd_ij(r, q, i, j);
+      const int o = i * SSD_MS + j;
       const float d = ssd_decay(k, i, j), kk = acc[r][q] * d, g = sG[o];
-      sK[o] = kk;
+      sK[o] = kk * k.dt[j]; /* both products with K take it times dt of its column */
       sQ[o] = kk * g;
       sG[o] = g * d;
       if (i == j) sdd[i] = acc[r][q]; /* dy_i . x_i, for dD */
@@ -389,15 +499,16 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_BWD)
     const int np = min(SSD_L, P - p0);
     /* DB = B dS_out^T, its dot with x for ddt and da, then dx */
     ssd_zero(db);
-    if (has_out) ssd_mm(db, ssd_op(Bc, N, 1, k.len, N), ssd_op(dSo + (int64_t)p0 * N, N, 1, np, N), As, Bs);
-    ssd_row_dots(sv, NULL, xc, xs, p0, k.len, np, db, tx, ty);
+    if (has_out) ssd_mm(db, ssd_rows(Bc, N, k.len, N), ssd_rows(dSo + (int64_t)p0 * N, N, np, N), As, Bs);
+    ssd_row_dots(sv, NULL, xc, xs, p0, k.len, np, db, sred);
     ssd_zero(acc);
-    ssd_mm(acc, ssd_op(sG, 1, SSD_MS, k.len, k.len), ssd_op(dyc + p0, 1, xs, np, k.len), As, Bs);
+    ssd_mm(acc, ssd_smat(sG, SSD_MS, true, k.len, k.len), ssd_cols(dyc + p0, xs, np, k.len), As, Bs);
 #pragma unroll
     for (int r = 0; r < 4; r++)
 #pragma unroll
       for (int q = 0; q < 4; q++) {
-        const int j = ty * 4 + r, p = tx * 4 + q;
+        int j, p;
+        ssd_ij(r, q, j, p);
         if (j < k.len && p < np) {
           const int64_t o = j * xs + p0 + p;
           dxc[o] += k.dt[j] * acc[r][q] + ewdt[j] * db[r][q] + Dh * dyc[o];
@@ -406,8 +517,8 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_BWD)
     /* R_i = e^{cum_i} dy_i . (S_in C_i) */
     if (has_in) {
       ssd_zero(acc);
-      ssd_mm(acc, ssd_op(Cc, N, 1, k.len, N), ssd_op(S0 + (int64_t)p0 * N, N, 1, np, N), As, Bs);
-      ssd_row_dots(sR, k.ec, dyc, xs, p0, k.len, np, acc, tx, ty);
+      ssd_mm(acc, ssd_rows(Cc, N, k.len, N), ssd_rows(S0 + (int64_t)p0 * N, N, np, N), As, Bs);
+      ssd_row_dots(sR, k.ec, dyc, xs, p0, k.len, np, acc, sred);
     }
   }
 
@@ -415,12 +526,12 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_BWD)
   for (int n0 = 0; n0 < N; n0 += SSD_L) {
     const int nn = min(SSD_L, N - n0);
     ssd_zero(acc);
-    ssd_mm(acc, ssd_op(sK, SSD_MS, 1, k.len, k.len, nullptr, k.dt), ssd_op(Bc + n0, 1, N, nn, k.len), As, Bs);
-    if (has_in) ssd_mm(acc, ssd_op(dyc, xs, 1, k.len, P, k.ec), ssd_op(S0 + n0, 1, N, nn, P), As, Bs);
+    ssd_mm(acc, ssd_smat(sK, SSD_MS, false, k.len, k.len), ssd_cols(Bc + n0, N, nn, k.len), As, Bs);
+    if (has_in) ssd_mm(acc, ssd_rows(dyc, xs, k.len, P, k.ec), ssd_cols(S0 + n0, N, nn, P), As, Bs);
     ssd_store(acc, pC + n0, N, k.len, nn);
     ssd_zero(acc);
-    ssd_mm(acc, ssd_op(sK, 1, SSD_MS, k.len, k.len, k.dt), ssd_op(Cc + n0, 1, N, nn, k.len), As, Bs);
-    if (has_out) ssd_mm(acc, ssd_op(xc, xs, 1, k.len, P, ewdt), ssd_op(dSo + n0, 1, N, nn, P), As, Bs);
+    ssd_mm(acc, ssd_smat(sK, SSD_MS, true, k.len, k.len), ssd_cols(Cc + n0, N, nn, k.len), As, Bs);
+    if (has_out) ssd_mm(acc, ssd_rows(xc, xs, k.len, P, ewdt), ssd_cols(dSo + n0, N, nn, P), As, Bs);
     ssd_store(acc, pB + n0, N, k.len, nn);
   }
 
@@ -487,6 +598,12 @@ static int ssd_args_ok(mc_backend *be, const char *op, int n_seq, int T, int Hm,
   if (N <= 0 || n_seq > 65535 || Hm > 65535) {
     mc_cuda_fail(be, "%s: unsupported shape n_seq=%d heads=%d state=%d (n_seq, heads <= 65535, state >= 1)", op,
                  n_seq, Hm, N);
+    return 0;
+  }
+  /* tile offsets inside a chunk are ints (ssd_opd) */
+  if ((int64_t)SSD_L * Hm * P > INT32_MAX || (int64_t)P * N > INT32_MAX || (int64_t)SSD_L * N > INT32_MAX) {
+    mc_cuda_fail(be, "%s: unsupported shape heads=%d head_dim=%d state=%d (64 x heads x head_dim and head_dim x state "
+                 "must stay below 2^31)", op, Hm, P, N);
     return 0;
   }
   return 1;
