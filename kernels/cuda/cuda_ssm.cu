@@ -83,12 +83,14 @@ static __device__ __forceinline__ ssd_opd ssd_smat(const float *p, int ld, bool 
   return o;
 }
 
-/* Staging buffers hold (hi, lo) pairs: k-major rows of SSD_LDK pairs (ssd_cols) or i-major
- * rows of SSD_LDI pairs (ssd_rows). Both strides put a fragment read's 32 lanes (8 i x 4 k)
- * and a quad store's lanes in distinct banks. */
-#define SSD_LDK 68
+/* A staging buffer is two planes, the hi parts then the lo parts (ssd_split), each k-major
+ * rows of SSD_LDK floats (ssd_cols) or i-major rows of SSD_LDI floats (ssd_rows). Both
+ * strides put a fragment read's 32 lanes (8 i x 4 k) in distinct banks, and a quad is one
+ * 16-byte store per plane. Separate planes let each fragment load straight into the
+ * registers the mma reads. */
+#define SSD_LDK 72
 #define SSD_LDI 36
-#define SSD_STAGE (SSD_L * SSD_LDI) /* pairs per staging buffer (>= SSD_KT * SSD_LDK) */
+#define SSD_STAGE (SSD_L * SSD_LDI) /* floats per plane (>= SSD_KT * SSD_LDK) */
 #define SSD_QUADS (SSD_L * SSD_KT / 4 / SSD_THREADS) /* quads per thread and operand per round */
 static_assert(SSD_L == 64 && SSD_KT == 32 && SSD_THREADS == 256 && SSD_QUADS == 2,
               "the quad and warp tilings assume these");
@@ -138,11 +140,10 @@ static __device__ __forceinline__ void ssd_fetch(const ssd_opd &o, int k0, float
   }
 }
 
-/* v rounded to TF32 (10 mantissa bits), as a float */
+/* v rounded to TF32 (10 mantissa bits; to nearest, ties away from zero, as cvt.rna.tf32.f32
+ * for finite v, in two integer operations), as a float */
 static __device__ __forceinline__ float ssd_tf32(float v) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
-  return __uint_as_float(r);
+  return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xffffe000u);
 }
 
 /* (hi, lo): v's TF32 rounding and the TF32 rounding of the rest, so that
@@ -152,30 +153,28 @@ static __device__ __forceinline__ float2 ssd_split(float v) {
   return make_float2(hi, ssd_tf32(v - hi));
 }
 
-/* Stores the fetched quads as split pairs, 4 consecutive pairs (32 bytes) per quad, in two
- * 16-byte stores. Eight consecutive threads write 8 consecutive quads; the upper four write
- * their second half first, so that each store instruction's 8 threads cover all 32 banks. */
-static __device__ __forceinline__ void ssd_put(const ssd_opd &o, const float (&v)[4 * SSD_QUADS], float2 *S) {
+/* Stores the fetched quads split, one 16-byte store per plane and quad. */
+static __device__ __forceinline__ void ssd_put(const ssd_opd &o, const float (&v)[4 * SSD_QUADS], float *S) {
   if (o.kind == SSD_SMAT) return;
-  const int sw = (threadIdx.x >> 2) & 1;
 #pragma unroll
   for (int m = 0; m < SSD_QUADS; m++) {
     int i, kk;
     ssd_quad(o, m, i, kk);
     const float2 e0 = ssd_split(v[4 * m]), e1 = ssd_split(v[4 * m + 1]);
     const float2 e2 = ssd_split(v[4 * m + 2]), e3 = ssd_split(v[4 * m + 3]);
-    const float4 h0 = make_float4(e0.x, e0.y, e1.x, e1.y), h1 = make_float4(e2.x, e2.y, e3.x, e3.y);
-    float4 *d = (float4 *)(S + (o.kind == SSD_COLS ? kk * SSD_LDK + i : i * SSD_LDI + kk));
-    d[sw] = sw ? h1 : h0;
-    d[sw ^ 1] = sw ? h0 : h1;
+    float *d = S + (o.kind == SSD_COLS ? kk * SSD_LDK + i : i * SSD_LDI + kk);
+    *(float4 *)d = make_float4(e0.x, e1.x, e2.x, e3.x);
+    *(float4 *)(d + SSD_STAGE) = make_float4(e0.y, e1.y, e2.y, e3.y);
   }
 }
 
 /* Element (i, k) of the operand as a split pair, for k in the current round [k0, k0 + SSD_KT)
  * (kk = k - k0): from its staging buffer, or read and split from its shared matrix. */
-static __device__ __forceinline__ float2 ssd_elem(const ssd_opd &o, const float2 *S, int i, int k0, int kk) {
-  if (o.kind == SSD_COLS) return S[kk * SSD_LDK + i];
-  if (o.kind == SSD_ROWS) return S[i * SSD_LDI + kk];
+static __device__ __forceinline__ float2 ssd_elem(const ssd_opd &o, const float *S, int i, int k0, int kk) {
+  if (o.kind != SSD_SMAT) {
+    const float *e = S + (o.kind == SSD_COLS ? kk * SSD_LDK + i : i * SSD_LDI + kk);
+    return make_float2(e[0], e[SSD_STAGE]);
+  }
   const int k = k0 + kk;
   const float v = i < o.ni && k < o.nk ? o.p[o.trans ? i + k * o.ld : i * o.ld + k] : 0.0f;
   return ssd_split(v);
@@ -202,8 +201,8 @@ static __device__ __forceinline__ void ssd_ij(int r, int q, int &i, int &j) {
  * ssd_ij, on tensor cores in split TF32. Staged operands' next columns are fetched while
  * the current ones are multiplied. Starts with a barrier, so shared memory written before
  * the call (matrices, scales) is visible to it. */
-static __device__ __forceinline__ void ssd_mm(float (&acc)[4][4], const ssd_opd &a, const ssd_opd &b, float2 *As,
-                                              float2 *Bs) {
+static __device__ __forceinline__ void ssd_mm(float (&acc)[4][4], const ssd_opd &a, const ssd_opd &b, float *As,
+                                              float *Bs) {
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane >> 2, t = lane & 3;
   const int m0 = (w & 3) * 16 + g, n0 = (w >> 2) * 32 + g;
   float va[4 * SSD_QUADS], vb[4 * SSD_QUADS];
@@ -223,13 +222,17 @@ static __device__ __forceinline__ void ssd_mm(float (&acc)[4][4], const ssd_opd 
     for (int k8 = 0; k8 < SSD_KT; k8 += 8) {
       const float2 a0 = ssd_elem(a, As, m0, k0, k8 + t), a1 = ssd_elem(a, As, m0 + 8, k0, k8 + t);
       const float2 a2 = ssd_elem(a, As, m0, k0, k8 + t + 4), a3 = ssd_elem(a, As, m0 + 8, k0, k8 + t + 4);
+      float2 b0[4], b1[4];
 #pragma unroll
-      for (int r = 0; r < 4; r++) {
-        const float2 b0 = ssd_elem(b, Bs, n0 + 8 * r, k0, k8 + t), b1 = ssd_elem(b, Bs, n0 + 8 * r, k0, k8 + t + 4);
-        ssd_mma(acc[r], a0.y, a1.y, a2.y, a3.y, b0.x, b1.x);
-        ssd_mma(acc[r], a0.x, a1.x, a2.x, a3.x, b0.y, b1.y);
-        ssd_mma(acc[r], a0.x, a1.x, a2.x, a3.x, b0.x, b1.x);
-      }
+      for (int r = 0; r < 4; r++)
+        b0[r] = ssd_elem(b, Bs, n0 + 8 * r, k0, k8 + t), b1[r] = ssd_elem(b, Bs, n0 + 8 * r, k0, k8 + t + 4);
+      /* the small terms first; the four n-tiles between dependent products */
+#pragma unroll
+      for (int r = 0; r < 4; r++) ssd_mma(acc[r], a0.y, a1.y, a2.y, a3.y, b0[r].x, b1[r].x);
+#pragma unroll
+      for (int r = 0; r < 4; r++) ssd_mma(acc[r], a0.x, a1.x, a2.x, a3.x, b0[r].y, b1[r].y);
+#pragma unroll
+      for (int r = 0; r < 4; r++) ssd_mma(acc[r], a0.x, a1.x, a2.x, a3.x, b0[r].x, b1[r].x);
     }
   }
 }
@@ -347,7 +350,7 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_STATES)
                  int nch, int rev, float *out, float *tot) {
   extern __shared__ float4 ssd_sm4[];
   float *sm = (float *)ssd_sm4;
-  float2 *As = (float2 *)sm, *Bs = As + SSD_STAGE;
+  float *As = sm, *Bs = sm + 2 * SSD_STAGE;
   const ssd_chunk k = ssd_setup(sm, dt, A_log, blockIdx.x + rev, T, Hm, nch);
   float *w = k.ew + SSD_L;
   if (threadIdx.x < SSD_L) w[threadIdx.x] = rev ? k.ec[threadIdx.x] : k.ew[threadIdx.x] * k.dt[threadIdx.x];
@@ -402,7 +405,7 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_FWD)
             const float *states, int T, int Hm, int P, int N, int nch, float *y) {
   extern __shared__ float4 ssd_sm4[];
   float *sm = (float *)ssd_sm4;
-  float2 *As = (float2 *)sm, *Bs = As + SSD_STAGE;
+  float *As = sm, *Bs = sm + 2 * SSD_STAGE;
   float *sM = sm + SSD_OFF_MAT;
   const ssd_chunk k = ssd_setup(sm, dt, A_log, blockIdx.x, T, Hm, nch);
   const int64_t xs = (int64_t)Hm * P;
@@ -446,7 +449,7 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_BWD)
               float *dx, float *ddt, float *partB, float *partC, double *partAD) {
   extern __shared__ float4 ssd_sm4[];
   float *sm = (float *)ssd_sm4;
-  float2 *As = (float2 *)sm, *Bs = As + SSD_STAGE;
+  float *As = sm, *Bs = sm + 2 * SSD_STAGE;
   float *sG = sm + SSD_OFF_MAT, *sK = sG + SSD_L * SSD_MS, *sQ = sK + SSD_L * SSD_MS;
   const ssd_chunk k = ssd_setup(sm, dt, A_log, blockIdx.x, T, Hm, nch);
   float *ewdt = k.ew + SSD_L, *sv = ewdt + SSD_L, *sR = sv + SSD_L, *sdir = sR + SSD_L, *sdd = sdir + SSD_L,
