@@ -12,7 +12,10 @@
 # LAYOUTS=medium instead runs configs/nam-medium.json's own layout (dp2 x ep2, ZeRO 1, bf16,
 # train.recompute=full as the config says; RECOMPUTE=none|selective overrides it) on 2 GPUs
 # and dp4 x ep2 / dp4 x ep4 on 4, scaled against the 2-GPU run per GPU.
-# LAYOUTS=zero runs one GPU and dp2 with ZeRO 0, 1 and 3 (the config's dtype: bf16 for nam-small).
+# LAYOUTS=zero runs one GPU and dp2 with ZeRO 0, 1 and 3 (the config's dtype: bf16 for nam-small);
+# with PEER=1 also the PyTorch peer (bench/torch_hybrid.py, compiled) on one GPU and on 2 under
+# torchrun as DDP and as FSDP2, each rank with the one-GPU step, scaled against the peer's
+# one-GPU run. MICRO=M sets train.micro_batch on both sides (the peer is host-bound at 2).
 # Usage (repository root, on the GPU machine): OUT=DIR MEGAC_BIN=DIR [CONFIG=configs/nam-small.json]
 #   [LAYOUTS=small|medium|zero] [SAVES=1] [UNTIL=10] [MC_COMMIT=SHA] bash bench/multi_gpu.sh
 set -u
@@ -23,6 +26,7 @@ LAYOUTS=${LAYOUTS:-small}
 if [ "$LAYOUTS" = medium ]; then CONFIG=${CONFIG:-configs/nam-medium.json}; else CONFIG=${CONFIG:-configs/nam-small.json}; fi
 EXTRA=()
 [ -n "${RECOMPUTE:-}" ] && EXTRA=(--set train.recompute="$RECOMPUTE")
+[ -n "${MICRO:-}" ] && EXTRA+=(--set train.micro_batch="$MICRO")
 UNTIL=${UNTIL:-10}
 NGPU=$(nvidia-smi -L | grep -c '^GPU')
 W=$(mktemp -d)
@@ -78,9 +82,33 @@ if [ "$LAYOUTS" = medium ]; then
   run dp4_ep4_zero1 4 4 --set parallel.ep=4 --set parallel.zero=1
   exit 0
 fi
-if [ "$LAYOUTS" = zero ]; then # bf16 ZeRO stages on 2 GPUs: what sharding costs (calls block: no overlap)
+# peer NAME N DIST: the PyTorch peer on N GPUs (DIST none, ddp or fsdp), a row of the same table
+pbase=0
+peer() {
+  local name=$1 n=$2 kind=$3
+  [ "$n" -le "$NGPU" ] || { echo "$name: skipped ($n GPUs, $NGPU here)" | tee -a "$OUT/multi_gpu.txt"; return; }
+  local launch=(python3) dtype
+  [ "$n" -gt 1 ] && launch=(torchrun --standalone --nproc-per-node "$n")
+  dtype=$(python3 -c "import json; print(json.load(open('$CONFIG'))['train'].get('dtype', 'fp32'))")
+  timeout 400 "${launch[@]}" bench/torch_hybrid.py --config "$CONFIG" --dtype "$dtype" --mode compile --dist "$kind" \
+    ${MICRO:+--micro-batch "$MICRO"} --flops-per-token "$flop" --peak-tflops "$peak" --json-out "$W/$name.json" \
+    > "$OUT/run_$name.log" 2>&1 || { echo "$name: FAILED ($(tail -1 "$OUT/run_$name.log"))" | tee -a "$OUT/multi_gpu.txt"; return; }
+  python3 - "$W/$name.json" "$name" "$n" "$pbase" <<'PY' | tee -a "$OUT/multi_gpu.txt"
+import json, sys
+r, name, n, base = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+scal = r["tokens_per_s"] / (n * base) if base > 0 else 1.0
+print(f"{name:<28} {n:>4} {r['tokens_per_s']:>12.0f} {100 * r.get('mfu', 0):>6.1f}% {100 * scal:>7.1f}% {'-':>10} {r['step_s_median']:.4f}")
+PY
+  [ "$pbase" = 0 ] && pbase=$(python3 -c "import json; print(json.load(open('$W/$name.json'))['tokens_per_s'])")
+}
+if [ "$LAYOUTS" = zero ]; then # bf16 ZeRO stages on 2 GPUs: what sharding costs
   run 1gpu 1 1
   for z in 0 1 3; do run dp2_zero$z 2 2 --set parallel.zero=$z; done
+  if [ "${PEER:-0}" = 1 ]; then
+    peer peer_1gpu 1 none
+    peer peer_ddp2 2 ddp
+    peer peer_fsdp2 2 fsdp
+  fi
   exit 0
 fi
 run 1gpu 1 1

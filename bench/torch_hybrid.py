@@ -33,9 +33,19 @@ the learning rate is held at train.lr (the schedule's cost is nil). Tokens are s
 (uniform random). fp32 runs use IEEE fp32 products (no TF32), like MegaC's fp32 mode; bf16 runs
 use torch.autocast(bfloat16) over fp32 master weights.
 
+Data-parallel (issue 14's peer; under torchrun, one process per GPU): --dist ddp wraps the
+model in DistributedDataParallel (gradients all-reduced in buckets during the last
+micro-batch's backward, no_sync before it); --dist fsdp applies FSDP2's fully_shard to each
+block and then to the whole model (bf16 parameter gathers and fp32 gradient reduce-scatters
+in bf16 runs, MixedPrecisionPolicy as torchtitan sets it; parameters resharded after each
+forward, gradients reduce-scattered after every micro-batch's backward, as MegaC's ZeRO 3).
+Every rank runs global_batch sequences of its own random tokens, so a step is world x
+global_batch sequences (as bench/multi_gpu.sh scales MegaC's global batch with dp).
+
 Usage (on a CUDA machine; bench/run_bench.sh drives it, with MegaC's runs):
   torch_hybrid.py --config configs/nam-small.json --dtype bf16 --mode compile \
       [--flops-per-token F] [--peak-tflops P] [--json-out FILE]
+  torchrun --nproc-per-node 2 torch_hybrid.py --config C --mode compile --dist ddp|fsdp ...
   torch_hybrid.py --selfcheck       # scans, dispatch, conv, attention against plain references
   torch_hybrid.py --count-params --config C   # needs no torch: the family shapes' total
   torch_hybrid.py --summarize DIR [--json-out FILE]   # table of the runs' JSON files
@@ -43,6 +53,7 @@ Usage (on a CUDA machine; bench/run_bench.sh drives it, with MegaC's runs):
   torch_hybrid.py --crosscheck OUT.npz   # this model's loss on MegaC's weights vs mceval's LOSS
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -523,6 +534,35 @@ def set_fp32_ieee():
     torch.set_float32_matmul_precision("highest")
 
 
+def dist_setup(kind):
+    """(rank, world, device) of this process: torchrun's environment under --dist, else one GPU."""
+    if kind == "none":
+        return 0, 1, torch.device("cuda")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        if var not in os.environ:
+            raise SystemExit(f"torch_hybrid.py: --dist {kind} runs under torchrun ({var} is not set)")
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    torch.distributed.init_process_group("nccl", device_id=dev)
+    return torch.distributed.get_rank(), torch.distributed.get_world_size(), dev
+
+
+def dist_wrap(model, kind, dtype, dev):
+    """The module the step calls: the model itself, DDP around it, or the model sharded in place."""
+    if kind == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(model, device_ids=[dev.index])
+    if kind == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if dtype == "bf16" else MixedPrecisionPolicy()
+        for blk in model.blocks:
+            fully_shard(blk, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+    return model
+
+
 def bench(args):
     cfg = load_config(args.config)
     m, tr = cfg["model"], cfg["train"]
@@ -534,7 +574,9 @@ def bench(args):
     if gb % mb:
         raise SystemExit(f"{args.config}: micro_batch={mb} does not divide global_batch={gb}")
     accum = gb // mb
-    dev = torch.device("cuda")
+    if args.dist != "none" and (args.block_times or args.profile):
+        raise SystemExit("torch_hybrid.py: --block-times and --profile run on one GPU (not with --dist)")
+    rank, world, dev = dist_setup(args.dist)
     set_fp32_ieee()
     torch.manual_seed(0)
     model = HybridLM(m, dev)
@@ -548,9 +590,10 @@ def bench(args):
         for blk in model.blocks:
             blk.compile()
         model.head.compile()
+    net = dist_wrap(model, args.dist, args.dtype, dev)
     opt = make_optimizer(model, tr)
     params = list(model.parameters())
-    g = torch.Generator(device=dev).manual_seed(42)
+    g = torch.Generator(device=dev).manual_seed(42 + rank)
     data = torch.randint(0, m["vocab_size"], (accum, mb, T + 1), generator=g, device=dev)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=(args.dtype == "bf16"))
 
@@ -558,12 +601,15 @@ def bench(args):
         loss_sum = 0.0
         for i in range(accum):
             tok, tgt = data[i, :, :-1], data[i, :, 1:]
-            with autocast:
-                ce, aux = model(tok, tgt, timer)
-                obj = (ce + aux) / accum
-            if timer:
-                timer.mark("head bwd")
-            obj.backward()
+            # DDP all-reduces in the last micro-batch's backward only
+            sync = args.dist != "ddp" or i == accum - 1
+            with contextlib.nullcontext() if sync else net.no_sync():
+                with autocast:
+                    ce, aux = net(tok, tgt, timer)
+                    obj = (ce + aux) / accum
+                if timer:
+                    timer.mark("head bwd")
+                obj.backward()
             loss_sum = loss_sum + ce.detach() / accum
         if timer:
             timer.mark("optimizer")
@@ -584,14 +630,16 @@ def bench(args):
         dt = time.perf_counter() - t0
         times.append(dt)
         losses.append(float(loss))
-        print(f"  step {s + 1}/{total} {'(warm-up) ' if s < args.warmup else ''}loss {losses[-1]:.4f} "
-              f"{dt * 1e3:.1f} ms", flush=True)
+        if rank == 0:
+            print(f"  step {s + 1}/{total} {'(warm-up) ' if s < args.warmup else ''}loss {losses[-1]:.4f} "
+                  f"{dt * 1e3:.1f} ms", flush=True)
     timed = times[args.warmup:]
     med = statistics.median(timed)
-    tokens = gb * T
+    tokens = gb * T * world
+    mode = args.mode if args.dist == "none" else f"{args.mode}+{args.dist}x{world}"
     res = {
         "config": os.path.basename(args.config).removesuffix(".json"),
-        "mode": args.mode, "dtype": args.dtype, "params": n_params, "impl": dict(OPTS),
+        "mode": mode, "dist": args.dist, "world": world, "dtype": args.dtype, "params": n_params, "impl": dict(OPTS),
         "micro_batch": mb, "global_batch": gb, "seq_len": T, "tokens_per_step": tokens,
         "first_step_s": times[0], "step_s_median": med, "step_s_min": min(timed), "step_s_max": max(timed),
         "timed_steps": len(timed), "tokens_per_s": tokens / med,
@@ -599,9 +647,13 @@ def bench(args):
         "max_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
         "torch": torch.__version__, "card": torch.cuda.get_device_name(),
     }
-    add_model_flops(res, args.flops_per_token, args.peak_tflops)
+    add_model_flops(res, args.flops_per_token, args.peak_tflops * world)
     if not all(math.isfinite(x) for x in losses):
         raise SystemExit(f"non-finite loss: {losses}")
+    if args.dist != "none":
+        torch.distributed.destroy_process_group()
+        if rank != 0:
+            return
     print(result_line(res), flush=True)
     if args.block_times:
         res["blocks"] = block_times(step, m["pattern"].replace("|", ""), accum, med)
@@ -935,6 +987,8 @@ def main():
                     help="SDPA's enable_gqa, or K/V heads repeated first")
     ap.add_argument("--rec-scan", choices=("hillis", "assoc"), default=OPTS["rec_scan"],
                     help="R recurrence: log-depth elementwise scan, or torch's associative_scan")
+    ap.add_argument("--dist", choices=("none", "ddp", "fsdp"), default="none",
+                    help="data-parallel under torchrun: DistributedDataParallel or FSDP2 (fully_shard)")
     ap.add_argument("--selfcheck", action="store_true")
     ap.add_argument("--count-params", action="store_true")
     ap.add_argument("--summarize", metavar="DIR", help="print the table of the run JSONs in DIR")
