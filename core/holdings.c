@@ -310,9 +310,14 @@ static int multi_member_groups(const mc_geometry *g, int rank, int multi[2]) {
 /* A pack of n floats as the collectives carve it (train/dist_sync.c stage_take: at least one). */
 static int64_t pack_bytes(int64_t floats) { return mc_mem_footprint((floats > 0 ? floats : 1) * 4); }
 
-int mc_zero3_slots_of(const mc_geometry *g, int rank, const mc_hold_opts *o, mc_zero3_slots *out) {
+/* The largest gather set of the rank's stage (train/net.c set_params; the ZeRO 3 slots'
+ * unit, and the unit of ZeRO 0/1's reduction in the step's last backward): out->weights,
+ * grads as ZeRO 3's slots hold them, and out->reduce the packs of the set's gradient
+ * reduction (train/dist_sync.c mc_dist_reduce_start: per group of several members the
+ * slices, and under ZeRO >= 1 this rank's rows; partial sums over TP first, through one
+ * pack given back before them). */
+static int largest_set(const mc_geometry *g, int rank, const mc_hold_opts *o, mc_zero3_slots *out) {
   memset(out, 0, sizeof *out);
-  if (g->layout.zero != 3) return 0;
   /* per set s, group kind gk (0: the dp group; 1: the expert-DP group) and weight kind wk (0:
    * fp32, 1: bf16): params, elements of their local slices and of this rank's shards */
   enum { GK = 2, WK = 2 };
@@ -355,9 +360,9 @@ int mc_zero3_slots_of(const mc_geometry *g, int rank, const mc_hold_opts *o, mc_
           gathers += pack_bytes(wk ? (t->shards[gk][wk] + 1) / 2 : t->shards[gk][wk]) +
                      pack_bytes(wk ? (t->slices[gk][wk] + 1) / 2 : t->slices[gk][wk]);
       }
-      /* the gradients' fp32 reduce-scatter, one per group: the slices member-major and this
-       * rank's reduced rows */
-      if (multi[gk] && n) reduce += pack_bytes(slices) + pack_bytes(shards);
+      /* the gradients' fp32 reduction, one per group: the slices member-major and (ZeRO >= 1:
+       * a reduce-scatter) this rank's reduced rows */
+      if (multi[gk] && n) reduce += pack_bytes(slices) + (g->layout.zero > 0 ? pack_bytes(shards) : 0);
     }
     /* the partial sums over TP go first, through a pack given back before the buckets' */
     if (t->tp_sum > 0 && pack_bytes(t->tp_sum) > reduce) reduce = pack_bytes(t->tp_sum);
@@ -367,6 +372,11 @@ int mc_zero3_slots_of(const mc_geometry *g, int rank, const mc_hold_opts *o, mc_
   }
   free(set);
   return rc;
+}
+
+int mc_zero3_slots_of(const mc_geometry *g, int rank, const mc_hold_opts *o, mc_zero3_slots *out) {
+  memset(out, 0, sizeof *out);
+  return g->layout.zero == 3 ? largest_set(g, rank, o, out) : 0;
 }
 
 int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts *o) {
@@ -399,7 +409,13 @@ int mc_dist_staging_chunk(const mc_geometry *g, int rank, const mc_hold_opts *o,
 
 int64_t mc_dist_staging_bytes(const mc_geometry *g, int rank, const mc_hold_opts *o) {
   int64_t chunk;
-  return mc_dist_staging_chunk(g, rank, o, &chunk) ? -1 : mc_dist_staging_bytes_of(chunk);
+  mc_zero3_slots set;
+  if (mc_dist_staging_chunk(g, rank, o, &chunk)) return -1;
+  if (!chunk) return 0;
+  /* the step's last backward reduces one set at a time through the same arena */
+  if (largest_set(g, rank, o, &set)) return -1;
+  const int64_t chunks = mc_dist_staging_bytes_of(chunk);
+  return set.reduce > chunks ? set.reduce : chunks;
 }
 
 int64_t mc_muon_ns_work_floats(int64_t rows, int64_t cols) {

@@ -209,6 +209,10 @@ int mc_dist_staging_chunk(const mc_geometry *g, int rank, const mc_hold_opts *o,
  * most 2 x chunk floats with 4 alignment paddings (the partial sums over TP go first, through
  * one pack of at most chunk floats given back before them). */
 static inline int64_t mc_dist_staging_bytes_of(int64_t chunk) { return chunk ? 2 * chunk * 4 + 4 * MC_MEM_ALIGN : 0; }
+/* The dist.staging allocation: the larger of a chunk's packs and the packs of the largest
+ * gather set's gradient reduction (the step's last backward reduces each layer's gradients
+ * as the layer's backward ends, one set at a time: train/net.h mc_net_reduce_in_backward);
+ * 0 with no chunk. */
 int64_t mc_dist_staging_bytes(const mc_geometry *g, int rank, const mc_hold_opts *o);
 /* Bytes of the zero3.buffers allocation: 2 weight slots, the gradient slot, the reduction slot. */
 int64_t mc_zero3_buffer_bytes(const mc_geometry *g, int rank, const mc_hold_opts *o);

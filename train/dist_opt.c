@@ -148,12 +148,19 @@ static int all_params(mc_net *net, int **idx, float ***a, float ***b) {
 int mc_dist_sync_grads(mc_dist_opt *d) {
   mc_net *net = d->net;
   if (net->par.zero == 3) return 0;
-  int *idx;
+  /* the sets reduced during the last backward (mc_net_reduce_in_backward): the last one's
+   * reduction finished here; the params not among them reduced now */
+  if (mc_dist_reduce_flush(&net->par)) return -1;
+  int *idx, n = 0;
   float **g, **out;
   if (all_params(net, &idx, &g, &out)) return -1;
-  for (int i = 0; i < net->n_params; i++) g[i] = net->params[i].g, out[i] = g[i] + net->params[i].z_off;
+  for (int i = 0; i < net->n_params; i++) {
+    mc_dist_param *dp = &net->par.dist[i];
+    if (!dp->reduced) idx[n] = i, g[n] = net->params[i].g, out[n++] = net->params[i].g + net->params[i].z_off;
+    dp->reduced = 0;
+  }
   int rc = mc_dist_reduce_chunked(&net->par, net->be, &net->arenas.a[MC_MEM_DIST_STAGING], net->dist_chunk,
-                                  net->params, idx, net->n_params, g, out);
+                                  net->params, idx, n, g, out);
   free(idx), free(g), free(out);
   return rc;
 }

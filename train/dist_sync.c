@@ -48,6 +48,8 @@ int mc_dist_setup(mc_net_par *par, const mc_geometry *geo, int rank, const mc_ne
 }
 
 void mc_dist_free(mc_net_par *par, int n_params) {
+  mc_dist_job_drop(par->set_reduce); /* after a failure: not finished, not wanted */
+  par->set_reduce = NULL;
   if (!par->dist) return;
   for (int i = 0; i < n_params; i++) free(par->dist[i].counts), par->dist[i].counts = NULL;
 }
@@ -379,6 +381,28 @@ int mc_dist_gather_chunked(const mc_net_par *par, mc_backend *be, mc_arena *stag
     mc_arena_restart(stage);
     if (gather_now(par, be, stage, params, idx + i0, i1 - i0, shard + i0, full + i0, bf16)) return -1;
   }
+  return 0;
+}
+
+int mc_dist_reduce_flush(mc_net_par *par) {
+  const int rc = mc_dist_job_finish(par->set_reduce);
+  par->set_reduce = NULL;
+  return rc ? mc_error_context("reducing a layer's gradients") : 0;
+}
+
+int mc_dist_reduce_set(mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params, const int *idx,
+                       int n) {
+  float *g[MC_ROLE_COUNT + 1], *out[MC_ROLE_COUNT + 1];
+  if (n > MC_ROLE_COUNT + 1) return mc_error("gradient reduction: %d parameters in one set", n);
+  if (mc_dist_reduce_flush(par)) return -1;
+  mc_arena_restart(stage); /* the set before's packs were read out */
+  par->n_set_reduce++;
+  for (int k = 0; k < n; k++) {
+    g[k] = params[idx[k]].g, out[k] = g[k] + params[idx[k]].z_off;
+    par->dist[idx[k]].reduced = 1;
+  }
+  if (mc_dist_reduce_start(par, be, stage, params, idx, n, g, out, 0, 1, &par->set_reduce))
+    return mc_error_context("reducing a layer's gradients");
   return 0;
 }
 

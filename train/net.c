@@ -179,8 +179,8 @@ static int open_zero3_buffers(mc_net *net) {
 static int open_dist_staging(mc_net *net) {
   if (mc_dist_staging_chunk(&net->geo, net->rank, &net->hold, &net->dist_chunk)) return -1;
   mc_arena *a = &net->arenas.a[MC_MEM_DIST_STAGING];
-  a->cap = mc_dist_staging_bytes_of(net->dist_chunk);
-  return mc_arena_open(a, net->be, MC_MEM_DIST_STAGING);
+  a->cap = net->dist_chunk ? mc_dist_staging_bytes(&net->geo, net->rank, &net->hold) : 0;
+  return a->cap < 0 ? -1 : mc_arena_open(a, net->be, MC_MEM_DIST_STAGING);
 }
 
 /* ZeRO 3's gather sets of this stage, numbered in forward order: SET_EMBED the embedding
@@ -203,9 +203,18 @@ static int acquire(mc_net *net, int set, int for_backward) {
   return mc_zero3_acquire(&net->par, net->be, net->params, idx, n, for_backward, next, n_next);
 }
 
+/* ... and under ZeRO 0/1 in the step's last backward, the start of the set's gradient
+ * reduction (mc_dist_reduce_set). */
 static int release(mc_net *net, int set, int after_backward) {
   int idx[MC_ROLE_COUNT];
-  return mc_zero3_release(&net->par, net->be, net->params, idx, set_params(net, set, idx), after_backward);
+  const int n = set_params(net, set, idx);
+  if (mc_zero3_release(&net->par, net->be, net->params, idx, n, after_backward)) return -1;
+  if (!after_backward || !net->reduce_in_bwd || n == 0) return 0;
+  return mc_dist_reduce_set(&net->par, net->be, &net->arenas.a[MC_MEM_DIST_STAGING], net->params, idx, n);
+}
+
+void mc_net_reduce_in_backward(mc_net *net, int on) {
+  net->reduce_in_bwd = on && net->par.zero < 3 && net->dist_chunk > 0;
 }
 
 mc_net *mc_net_create(const mc_geometry *geo, int rank, uint64_t seed) {

@@ -79,6 +79,15 @@ int mc_net_load_param(mc_net *net, int i, const float *host);
  * activations if they were already placed. Returns 0 or -1 with mc_error. */
 int mc_net_set_recompute(mc_net *net, mc_recompute r);
 
+/* With on = 1 before the step's last micro-batch (ZeRO 0/1; nothing under ZeRO 3 or where
+ * no data-parallel or TP reduction packs): as each layer's backward ends, its gradients are
+ * final on this rank and their reduction over the data-parallel groups starts on the side
+ * queue (comm/comm.h), running during the next layer's backward; mc_dist_sync_grads
+ * (train/dist.h) finishes it and reduces only what is left. The results are those of
+ * reducing after the backward (the same sums per element). Off (0) for the other
+ * micro-batches, whose gradients are not final. */
+void mc_net_reduce_in_backward(mc_net *net, int on);
+
 /* Sizes and allocates the activations for micro-batches of up to n_seq sequences now (the
  * trainer calls it at start-up with train.micro_batch); otherwise the first pass does. */
 int mc_net_reserve(mc_net *net, int n_seq);

@@ -75,6 +75,8 @@ struct mc_net {
   mc_hold_opts hold;
   int64_t dist_chunk; /* ZeRO 0/1: elements per chunk of the step's reduction and gather, packed
                          in the dist.staging arena (core/holdings.h mc_dist_staging_chunk; 0: none) */
+  int reduce_in_bwd;   /* ZeRO 0/1: each set's gradients reduced as its backward ends
+                          (mc_net_reduce_in_backward) */
   unsigned nb16;       /* bit MC_NB_x set: network buffer x is bf16, as placed under hold */
   uint64_t seed;       /* of the parameter initialisation (mc_net_param_initial redraws it) */
   /* One allocation per category: working params by placement class, gradients and (once

@@ -23,6 +23,7 @@ typedef struct {
   int tp_sum;       /* the gradient is partial over TP (mc_family.tp_partial_grad) */
   int contribute;   /* 0: an identical copy is contributed by TP rank 0 (experts without SP) */
   float *g_acc;     /* ZeRO 3: the gradient shard while a backward uses a whole-slice buffer */
+  int reduced;      /* ZeRO 0/1: reduced in this step's last backward (mc_dist_reduce_set) */
 } mc_dist_param;
 
 typedef struct {
@@ -52,6 +53,8 @@ typedef struct {
                                    arena (train/dist_ep.c, mc_ep_reserve) */
   int64_t ep_peak_rows; /* the most rows one exchange of this rank sent or received so far */
   struct mc_zero3 *zero3; /* ZeRO 3's slots and jobs in flight (train/zero3.c); NULL below ZeRO 3 */
+  struct mc_dist_job *set_reduce; /* ZeRO 0/1: the reduction of the set released last, in flight */
+  int64_t n_set_reduce;           /* mc_dist_reduce_set calls so far (a count for tests) */
 } mc_net_par;
 
 /* ---- tensor / sequence parallel pieces (train/dist_tp.c); each returns 0 or -1. The
@@ -158,6 +161,17 @@ int mc_dist_reduce_chunked(const mc_net_par *par, mc_backend *be, mc_arena *stag
 int mc_dist_gather_chunked(const mc_net_par *par, mc_backend *be, mc_arena *stage, int64_t chunk,
                            const mc_net_param *params, const int *idx, int n, float *const *shard, void *const *full,
                            int bf16);
+
+/* ZeRO 0/1 in the step's last backward (mc_net_reduce_in_backward): once a gather set's
+ * backward ends its gradients are final on this rank, and their reduction (as
+ * mc_dist_reduce_grads with add = 0: g[k] = p->g, out[k] = p->g + z_off) starts on the side
+ * queue, to run during the next set's backward. mc_dist_reduce_set first finishes the set
+ * before (mc_dist_reduce_flush): both carve `stage` from its start (the dist.staging arena,
+ * sized for the largest set by core/holdings.h mc_dist_staging_bytes). Each param it reduces
+ * is marked (mc_dist_param.reduced), so that mc_dist_sync_grads reduces only the rest. */
+int mc_dist_reduce_set(mc_net_par *par, mc_backend *be, mc_arena *stage, const mc_net_param *params, const int *idx,
+                       int n);
+int mc_dist_reduce_flush(mc_net_par *par);
 
 /* ---- ZeRO 3's layer-by-layer working weights (train/zero3.c). A pass (a forward or a
  * backward of one micro-batch on this stage) takes its gather sets in order: the embedding,

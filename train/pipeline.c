@@ -58,11 +58,14 @@ static int fwd(mc_net *net, const int32_t *tok, int mb, int n_seq, mc_net_stats 
   return 0;
 }
 
-static int bwd(mc_net *net, const int32_t *tok, int mb, int n_seq, double ce_weight, double seq_weight) {
+/* The backward of micro-batch mb; the step's last (mb = n_micro - 1) starts each layer's
+ * gradient reduction as the layer's backward ends (mc_net_reduce_in_backward). */
+static int bwd(mc_net *net, const int32_t *tok, int mb, int n_micro, int n_seq, double ce_weight, double seq_weight) {
   use_slot(net, mb % (net->n_slots > 1 ? net->n_slots : 1));
-  if (mc_net_stage_backward(net, tok, n_seq, ce_weight, seq_weight))
-    return mc_error_context("pipeline stage %d, micro-batch %d backward", net->stage, mb);
-  return 0;
+  mc_net_reduce_in_backward(net, mb == n_micro - 1);
+  const int rc = mc_net_stage_backward(net, tok, n_seq, ce_weight, seq_weight);
+  mc_net_reduce_in_backward(net, 0);
+  return rc ? mc_error_context("pipeline stage %d, micro-batch %d backward", net->stage, mb) : 0;
 }
 
 int mc_net_pipeline_step(mc_net *net, const int32_t *tokens, int n_micro, int n_seq, double ce_weight,
@@ -73,7 +76,10 @@ int mc_net_pipeline_step(mc_net *net, const int32_t *tokens, int n_micro, int n_
     for (int m = 0; m < n_micro; m++) {
       mc_net_stats st;
       memset(&st, 0, sizeof st);
-      if (mc_net_forward_backward(net, tokens + m * row, n_seq, ce_weight, seq_weight, &st)) return -1;
+      mc_net_reduce_in_backward(net, m == n_micro - 1);
+      const int rc = mc_net_forward_backward(net, tokens + m * row, n_seq, ce_weight, seq_weight, &st);
+      mc_net_reduce_in_backward(net, 0);
+      if (rc) return -1;
       add_stats(stats, &st);
     }
     return 0;
@@ -94,7 +100,7 @@ int mc_net_pipeline_step(mc_net *net, const int32_t *tokens, int n_micro, int n_
     const int i = w + j;
     if (fwd(net, TOK(i), i, n_seq, stats)) return -1;
     if (!last && (p2p(net, 1, ACT, i, n_seq) || p2p(net, 0, GRAD, j, n_seq))) return -1;
-    if (bwd(net, TOK(j), j, n_seq, ce_weight, seq_weight)) return -1;
+    if (bwd(net, TOK(j), j, M, n_seq, ce_weight, seq_weight)) return -1;
     if (!first) {
       if (j < M - w - 1 && p2p(net, 0, ACT, i + 1, n_seq)) return -1;
       if (p2p(net, 1, GRAD, j, n_seq)) return -1;
@@ -102,7 +108,7 @@ int mc_net_pipeline_step(mc_net *net, const int32_t *tokens, int n_micro, int n_
   }
   for (int j = M - w; j < M; j++) { /* cool-down backwards */
     if (!last && p2p(net, 0, GRAD, j, n_seq)) return -1;
-    if (bwd(net, TOK(j), j, n_seq, ce_weight, seq_weight)) return -1;
+    if (bwd(net, TOK(j), j, M, n_seq, ce_weight, seq_weight)) return -1;
     if (!first && p2p(net, 1, GRAD, j, n_seq)) return -1;
   }
 #undef TOK

@@ -521,11 +521,14 @@ static int train_step(run *r, int64_t s, mc_metrics_rec *rec) {
     if (mc_data_read_train(&r->data, t->seed, first, mb, r->tokens) != 0) return -1;
     mc_net_stats st;
     memset(&st, 0, sizeof st);
+    /* the last micro-batch's backward starts each layer's gradient reduction (ZeRO 0/1) */
+    mc_net_reduce_in_backward(r->net, m == G / dp / mb - 1);
     if (mc_net_forward_backward(r->net, r->tokens, mb, 1.0 / ((double)G * T), 1.0 / G, &st) != 0)
       return mc_error_context("step %lld, micro-batch %d", (long long)s + 1, m);
     tot.ce_sum += st.ce_sum, tot.aux_sum += st.aux_sum;
     tot.n_tokens += st.n_tokens, tot.n_seqs += st.n_seqs;
   }
+  mc_net_reduce_in_backward(r->net, 0);
   /* the global batch's loss; gradients summed over TP/DP; the norm over every element once */
   be->scope = "optimizer";
   double norm = 0;

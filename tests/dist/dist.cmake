@@ -44,6 +44,15 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
   mc_dist_test(dist.dp2_ep2_empty_expert 2 $<TARGET_FILE:dist_train> 1 2 0 0 --ep 2 --moe 8 1 0 --mb 1 --empty)
   mc_dist_test(dist.dp2_ep2_capacity 2 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2 --moe 4 2 1.0)
   mc_dist_test(dist.tp2_sp_ep2_capacity 2 $<TARGET_FILE:dist_train> 2 1 1 0 --ep 2 --moe 4 2 1.0)
+  # ZeRO 0/1 reducing each layer's gradients as its backward ends in a step's last
+  # micro-batch, against reducing them all after it: bit for bit, in groups of two members
+  # (dp, expert-DP, with TP's partial sums first), fp32 and bf16.
+  mc_dist_test(dist.late_reduce_dp2_zero0 2 $<TARGET_FILE:dist_train> 1 2 0 0 --late-reduce)
+  mc_dist_test(dist.late_reduce_dp2_zero1 2 $<TARGET_FILE:dist_train> 1 2 0 1 --late-reduce)
+  mc_dist_test(dist.late_reduce_dp2_zero1_bf16 2 $<TARGET_FILE:dist_train> 1 2 0 1 --bf16 --late-reduce)
+  mc_dist_test(dist.late_reduce_tp2_sp_dp2_zero1 4 $<TARGET_FILE:dist_train> 2 2 1 1 --late-reduce)
+  mc_dist_test(dist.late_reduce_dp2_ep2_zero1 2 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2 --late-reduce)
+  mc_dist_test(dist.late_reduce_tp2_sp_dp2_ep2_zero0 4 $<TARGET_FILE:dist_train> 2 2 1 0 --ep 2 --late-reduce)
   # Activation recomputation (train.recompute, train/net.c): each layout run under none and
   # under selective or full: losses, gradient norms and final master weights bitwise equal,
   # every rank's activations arena equal to mcplan's figure (dist_train --recompute P).

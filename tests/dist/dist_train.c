@@ -18,6 +18,14 @@
  *                                            Both run steps 6..10 on the same data: losses
  *                                            bitwise equal, and within 1e-4 relative of
  *                                            DIR/losses.txt.
+ *   dist_train TP DP SP ZERO --late-reduce   steps 1..10 under the layout (pp = 1) twice:
+ *                                            every gradient reduced after the step's
+ *                                            backward, and each layer's reduced as its
+ *                                            backward ends in the last micro-batch (what
+ *                                            the trainer does; every other mode runs so):
+ *                                            every step's loss and gradient norm and the
+ *                                            final master weights bitwise equal, and the
+ *                                            dist.staging arena equal to mcplan's figure.
  *   dist_train TP DP SP ZERO --recompute P   steps 1..10 under the layout twice, with
  *                                            train.recompute=none and =P (selective, full;
  *                                            the working set poisoned before every rebuild):
@@ -72,6 +80,11 @@ typedef struct {
  * row, and dropped assignments. */
 static int64_t g_empty, g_dropped;
 
+/* Whether a step's last micro-batch reduces each layer's gradients as its backward ends
+ * (mc_net_reduce_in_backward, as the trainer does; pp <= 1 here, the pipeline sets it
+ * itself): 0 only for the reference run of --late-reduce. */
+static int g_early = 1;
+
 static void make_setup(setup *s, int E, int k, double cf, int mb) {
   mc_config_default(&s->cfg);
   s->m = dc_model(PATTERN);
@@ -121,7 +134,10 @@ static int run_steps(const setup *S, mc_net *net, mc_dist_opt *d, const mc_layou
     for (int mi = 0; l->pp <= 1 && mi < n_micro; mi++) {
       dc_samples(&S->m, mc_data_first_sample(s, G, l->dp, c.dp_rank, mb, mi), mb, tok);
       mc_net_stats st;
-      if (mc_net_forward_backward(net, tok, mb, 1.0 / ((double)G * T), 1.0 / G, &st)) goto fail;
+      mc_net_reduce_in_backward(net, g_early && mi == n_micro - 1);
+      const int rc = mc_net_forward_backward(net, tok, mb, 1.0 / ((double)G * T), 1.0 / G, &st);
+      mc_net_reduce_in_backward(net, 0);
+      if (rc) goto fail;
       g_dropped += st.dropped;
       for (int L = 0; net->par.ep > 1 && L < net->n_layers; L++) {
         if (!net->layers[L].bk->routes) continue;
@@ -239,6 +255,54 @@ static void compare_weights(trainee *e, float **ref, int rank, uint64_t seed) {
   }
   CHECK(moved > 100 * PTOL, "training moved the weights by only %.3g", moved);
   if (rank == 0) printf("  final weights: max |w - w_1| = %.3g (tolerance %g; training moved them by up to %.3g)\n", all, PTOL, moved);
+}
+
+/* --late-reduce: the same layout with every gradient reduced after the backward (a) and with
+ * each layer's reduced as its backward ends in the last micro-batch (b): losses, gradient
+ * norms and final master weights bitwise equal (the same sums per element; for groups of
+ * two members whatever the collective's algorithm). */
+static void compare_late_reduce(setup *S, const mc_layout *l, int rank, const mc_comm_groups *grp) {
+  trainee a, b;
+  const int ok = trainee_make(&a, S, l, rank, grp) == 0 && trainee_make(&b, S, l, rank, grp) == 0;
+  CHECK(ok, "rank %d: %s", rank, mc_errmsg());
+  double la[2 * STEPS], lb[2 * STEPS];
+  memset(la, 0, sizeof la);
+  memset(lb, 0, sizeof lb);
+  if (ok) {
+    g_early = 0;
+    CHECK_OK(run_steps(S, a.net, &a.d, l, rank, 0, STEPS, la));
+    g_early = 1;
+    CHECK_OK(run_steps(S, b.net, &b.d, l, rank, 0, STEPS, lb));
+    for (int s = 0; s < STEPS; s++) {
+      CHECK(la[s] == lb[s] && la[STEPS + s] == lb[STEPS + s],
+            "step %d: reduced during the backward: loss %.17g, gradient norm %.17g; after it %.17g, %.17g", s + 1, lb[s],
+            lb[STEPS + s], la[s], la[STEPS + s]);
+      if (rank == 0) printf("  step %2d  loss %.9f  |g| %.9f  (after the backward: %.9f, %.9f)\n", s + 1, lb[s], lb[STEPS + s], la[s], la[STEPS + s]);
+    }
+    int differ = 0;
+    for (int i = 0; i < a.d.opt.n; i++) {
+      const mc_optim_slot *x = &a.d.opt.slots[i], *y = &b.d.opt.slots[i];
+      if (x->numel && memcmp(x->master, y->master, sizeof(float) * (size_t)x->numel)) differ++;
+    }
+    CHECK(differ == 0, "rank %d: %d master weight tensors differ", rank, differ);
+    /* the early path ran (every set of every step) in b only */
+    const int64_t sets = (int64_t)STEPS * (b.net->n_layers + 2);
+    CHECK(a.net->par.n_set_reduce == 0 && b.net->par.n_set_reduce == sets,
+          "rank %d: %lld and %lld sets reduced during the backward, want 0 and %lld", rank,
+          (long long)a.net->par.n_set_reduce, (long long)b.net->par.n_set_reduce, (long long)sets);
+    /* the dist.staging arena holds the largest set's packs (mcplan's figure) */
+    int64_t have[MC_MEM_COUNT] = {0}, plan[MC_MEM_COUNT] = {0};
+    mc_hold_opts o;
+    mc_net_mem_bytes(b.net, have);
+    CHECK_OK(mc_hold_opts_of(&b.geo, &S->t, &o) || mc_holdings_of(&b.geo, rank, &o, plan));
+    CHECK(have[MC_MEM_DIST_STAGING] == plan[MC_MEM_DIST_STAGING], "rank %d: dist.staging %lld bytes, mcplan %lld", rank,
+          (long long)have[MC_MEM_DIST_STAGING], (long long)plan[MC_MEM_DIST_STAGING]);
+    if (rank == 0)
+      printf("  reduced during the last backward: losses, gradient norms and final master weights bitwise equal "
+             "(dist.staging %lld bytes = mcplan)\n", (long long)have[MC_MEM_DIST_STAGING]);
+  }
+  trainee_free(&b);
+  trainee_free(&a);
 }
 
 /* --recompute: the same layout under none (a) and policy r (b), bitwise. */
@@ -484,14 +548,14 @@ int main(int argc, char **argv) {
   if (mc_comm_mpi_init(&argc, &argv, &world)) return fprintf(stderr, "%s\n", mc_errmsg()), 1;
   if (argc < 5) {
     fprintf(stderr, "usage: dist_train TP DP SP ZERO [--ep N] [--moe E K CF] [--mb N] [--empty] [--pp N] [--split S] "
-                    "[--pattern P] [--groups OPTIM_GROUPS] [--bf16] [--recompute P | --save DIR | [--round-bytes N] [--replicas F] [--corrupt | --corrupt-last] --resume DIR]\n");
+                    "[--pattern P] [--groups OPTIM_GROUPS] [--bf16] [--late-reduce | --recompute P | --save DIR | [--round-bytes N] [--replicas F] [--corrupt | --corrupt-last] --resume DIR]\n");
     mc_comm_mpi_finalize();
     world->ops->destroy(world);
     return 2;
   }
   mc_layout l = dc_layout(atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
   const char *save = NULL, *resume = NULL, *recompute = NULL, *groups = NULL;
-  int E = 4, k = 2, mb = 2, want_empty = 0, replicas = 0, corrupt = 0;
+  int E = 4, k = 2, mb = 2, want_empty = 0, replicas = 0, corrupt = 0, late_reduce = 0;
   int64_t round_bytes = 1000;
   double cf = 0.0;
   for (int a = 5; a < argc; a++) {
@@ -506,6 +570,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[a], "--corrupt")) corrupt = 1;
     else if (!strcmp(argv[a], "--corrupt-last")) corrupt = 2;
     else if (!strcmp(argv[a], "--recompute") && a + 1 < argc) recompute = argv[++a];
+    else if (!strcmp(argv[a], "--late-reduce")) late_reduce = 1;
     else if (!strcmp(argv[a], "--groups") && a + 1 < argc) groups = argv[++a];
     else if (!strcmp(argv[a], "--bf16")) BE = mc_backend_cpu_bf16();
     else if (!strcmp(argv[a], "--pp") && a + 1 < argc) l.pp = atoi(argv[++a]);
@@ -559,7 +624,10 @@ int main(int argc, char **argv) {
   int made = trainee_make(&e, &S, &l, rank, &grp) == 0;
   CHECK(made, "rank %d: %s", rank, mc_errmsg());
   char path[1200];
-  if (made && recompute) {
+  if (made && late_reduce) {
+    CHECK(l.pp <= 1, "--late-reduce compares layouts without pipeline stages (pp=%d)", l.pp);
+    if (l.pp <= 1) compare_late_reduce(&S, &l, rank, &grp);
+  } else if (made && recompute) {
     const int r = mc_recompute_parse(recompute);
     CHECK(r > 0, "--recompute %s: selective or full", recompute);
     setenv("MC_RECOMPUTE_POISON", "1", 1);
