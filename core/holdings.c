@@ -390,7 +390,7 @@ int mc_dist_staging_chunk(const mc_geometry *g, int rank, const mc_hold_opts *o,
   if (g->layout.zero == 3) return 0; /* its collectives run through zero3.buffers */
   int multi[2] = {0, 0};
   if (multi_member_groups(g, rank, multi)) return -1;
-  int64_t largest = 0;
+  int64_t largest = 0, total = 0;
   int packs = 0;
   for (int fi = 0; fi < g->fams.n; fi++) {
     const mc_family *f = &g->fams.f[fi];
@@ -402,8 +402,11 @@ int mc_dist_staging_chunk(const mc_geometry *g, int rank, const mc_hold_opts *o,
     const int expert = f->place == MC_PLACE_EP;
     packs |= expert ? multi[1] : multi[0] || (f->tp_partial_grad && g->layout.tp > 1);
     if (h.local_numel > largest) largest = h.local_numel;
+    total += h.local_numel;
   }
-  if (packs) *chunk = largest > MC_DIST_STAGING_CHUNK ? largest : MC_DIST_STAGING_CHUNK;
+  /* no chunk beyond the whole stage: a small model's chunk is the model */
+  const int64_t want = largest > MC_DIST_STAGING_CHUNK ? largest : MC_DIST_STAGING_CHUNK;
+  if (packs) *chunk = want < total ? want : total;
   return 0;
 }
 

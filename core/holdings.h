@@ -200,9 +200,10 @@ static inline int64_t mc_zero3_slots_bytes(const mc_zero3_slots *z) { return 2 *
 /* ZeRO 0 and 1: the once-a-step gradient reduction and (ZeRO 1) weight gather of every
  * parameter go in chunks of whole parameters of at most `chunk` local-slice elements,
  * packed through the dist.staging allocation (train/dist_sync.c): chunk = the larger of
- * MC_DIST_STAGING_CHUNK and the largest local slice of the rank's stage, or 0 where nothing
- * is packed (ZeRO 3, or every group of one member and no partial sums over TP). Bytes:
- * 2 x chunk x 4 plus 4 alignment units (0 with no chunk). */
+ * MC_DIST_STAGING_CHUNK and the largest local slice of the rank's stage, but no more than
+ * the stage's local slices together, or 0 where nothing is packed (ZeRO 3, or every group of
+ * one member and no partial sums over TP). Bytes: 2 x chunk x 4 plus 4 alignment units (0
+ * with no chunk). */
 #define MC_DIST_STAGING_CHUNK ((int64_t)16 << 20) /* elements: 64 MiB of fp32 */
 int mc_dist_staging_chunk(const mc_geometry *g, int rank, const mc_hold_opts *o, int64_t *chunk);
 /* A chunk's packs: per group (dp, expert-DP) the slices member-major and this rank's rows, at
