@@ -202,14 +202,16 @@ static inline int64_t mc_zero3_slots_bytes(const mc_zero3_slots *z) { return 2 *
  * packed through the dist.staging allocation (train/dist_sync.c): chunk = the larger of
  * MC_DIST_STAGING_CHUNK and the largest local slice of the rank's stage, but no more than
  * the stage's local slices together, or 0 where nothing is packed (ZeRO 3, or every group of
- * one member and no partial sums over TP). Bytes: 2 x chunk x 4 plus 4 alignment units (0
- * with no chunk). */
+ * one member and no partial sums over TP). Bytes: 2 x chunk x 4 rounded up to MC_MEM_ALIGN,
+ * plus 4 alignment units (0 with no chunk). */
 #define MC_DIST_STAGING_CHUNK ((int64_t)16 << 20) /* elements: 64 MiB of fp32 */
 int mc_dist_staging_chunk(const mc_geometry *g, int rank, const mc_hold_opts *o, int64_t *chunk);
 /* A chunk's packs: per group (dp, expert-DP) the slices member-major and this rank's rows, at
- * most 2 x chunk floats with 4 alignment paddings (the partial sums over TP go first, through
- * one pack of at most chunk floats given back before them). */
-static inline int64_t mc_dist_staging_bytes_of(int64_t chunk) { return chunk ? 2 * chunk * 4 + 4 * MC_MEM_ALIGN : 0; }
+ * most 2 x chunk floats (their footprint) with 4 alignment paddings (the partial sums over TP
+ * go first, through one pack of at most chunk floats given back before them). */
+static inline int64_t mc_dist_staging_bytes_of(int64_t chunk) {
+  return chunk ? mc_mem_footprint(2 * chunk * 4) + 4 * MC_MEM_ALIGN : 0;
+}
 /* The dist.staging allocation: the larger of a chunk's packs and the packs of the largest
  * gather set's gradient reduction (the step's last backward reduces each layer's gradients
  * as the layer's backward ends, one set at a time: train/net.h mc_net_reduce_in_backward);
