@@ -257,6 +257,23 @@ static void compare_weights(trainee *e, float **ref, int rank, uint64_t seed) {
   if (rank == 0) printf("  final weights: max |w - w_1| = %.3g (tolerance %g; training moved them by up to %.3g)\n", all, PTOL, moved);
 }
 
+/* Run b against run a of the same layout (b_name, a_name say how each ran): every step's
+ * loss and gradient norm and the final master weights bitwise equal. */
+static void check_same_run(const trainee *a, const trainee *b, const double *la, const double *lb, int rank,
+                           const char *b_name, const char *a_name) {
+  for (int s = 0; s < STEPS; s++) {
+    CHECK(la[s] == lb[s] && la[STEPS + s] == lb[STEPS + s], "step %d: %s loss %.17g, gradient norm %.17g; %s %.17g, %.17g",
+          s + 1, b_name, lb[s], lb[STEPS + s], a_name, la[s], la[STEPS + s]);
+    if (rank == 0) printf("  step %2d  loss %.9f  |g| %.9f  (%s: %.9f, %.9f)\n", s + 1, lb[s], lb[STEPS + s], a_name, la[s], la[STEPS + s]);
+  }
+  int differ = 0;
+  for (int i = 0; i < a->d.opt.n; i++) {
+    const mc_optim_slot *x = &a->d.opt.slots[i], *y = &b->d.opt.slots[i];
+    if (x->numel && memcmp(x->master, y->master, sizeof(float) * (size_t)x->numel)) differ++;
+  }
+  CHECK(differ == 0, "rank %d: %d master weight tensors differ", rank, differ);
+}
+
 /* --late-reduce: the same layout with every gradient reduced after the backward (a) and with
  * each layer's reduced as its backward ends in the last micro-batch (b): losses, gradient
  * norms and final master weights bitwise equal (the same sums per element; for groups of
@@ -273,18 +290,7 @@ static void compare_late_reduce(setup *S, const mc_layout *l, int rank, const mc
     CHECK_OK(run_steps(S, a.net, &a.d, l, rank, 0, STEPS, la));
     g_early = 1;
     CHECK_OK(run_steps(S, b.net, &b.d, l, rank, 0, STEPS, lb));
-    for (int s = 0; s < STEPS; s++) {
-      CHECK(la[s] == lb[s] && la[STEPS + s] == lb[STEPS + s],
-            "step %d: reduced during the backward: loss %.17g, gradient norm %.17g; after it %.17g, %.17g", s + 1, lb[s],
-            lb[STEPS + s], la[s], la[STEPS + s]);
-      if (rank == 0) printf("  step %2d  loss %.9f  |g| %.9f  (after the backward: %.9f, %.9f)\n", s + 1, lb[s], lb[STEPS + s], la[s], la[STEPS + s]);
-    }
-    int differ = 0;
-    for (int i = 0; i < a.d.opt.n; i++) {
-      const mc_optim_slot *x = &a.d.opt.slots[i], *y = &b.d.opt.slots[i];
-      if (x->numel && memcmp(x->master, y->master, sizeof(float) * (size_t)x->numel)) differ++;
-    }
-    CHECK(differ == 0, "rank %d: %d master weight tensors differ", rank, differ);
+    check_same_run(&a, &b, la, lb, rank, "reduced during the backward:", "after the backward");
     /* the early path ran (every set of every step) in b only */
     const int64_t sets = (int64_t)STEPS * (b.net->n_layers + 2);
     CHECK(a.net->par.n_set_reduce == 0 && b.net->par.n_set_reduce == sets,
@@ -317,18 +323,9 @@ static void compare_recompute(setup *S, const mc_layout *l, int rank, const mc_c
   if (ok) {
     CHECK_OK(run_steps(S, a.net, &a.d, l, rank, 0, STEPS, la));
     CHECK_OK(run_steps(S, b.net, &b.d, l, rank, 0, STEPS, lb));
-    for (int s = 0; s < STEPS; s++) {
-      CHECK(la[s] == lb[s] && la[STEPS + s] == lb[STEPS + s],
-            "step %d: recompute=%s loss %.17g, gradient norm %.17g; none %.17g, %.17g", s + 1, mc_recompute_name(r), lb[s],
-            lb[STEPS + s], la[s], la[STEPS + s]);
-      if (rank == 0) printf("  step %2d  loss %.9f  |g| %.9f  (none: %.9f, %.9f)\n", s + 1, lb[s], lb[STEPS + s], la[s], la[STEPS + s]);
-    }
-    int differ = 0;
-    for (int i = 0; i < a.d.opt.n; i++) {
-      const mc_optim_slot *x = &a.d.opt.slots[i], *y = &b.d.opt.slots[i];
-      if (x->numel && memcmp(x->master, y->master, sizeof(float) * (size_t)x->numel)) differ++;
-    }
-    CHECK(differ == 0, "rank %d: %d master weight tensors differ", rank, differ);
+    char name[64];
+    snprintf(name, sizeof name, "recompute=%s", mc_recompute_name(r));
+    check_same_run(&a, &b, la, lb, rank, name, "none");
     /* the activations and moe.scratch arenas against mcplan's figures for this rank, under each
      * policy: row = none's arena and plan, then the policy's, for activations and moe.scratch */
     int64_t row[8] = {0}, have[MC_MEM_COUNT] = {0}, plan[MC_MEM_COUNT] = {0};
