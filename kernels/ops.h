@@ -204,13 +204,16 @@ struct mc_backend {
   void (*attn_bwd)(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, mc_operand out, const float *lse,
                    mc_operand dout, int n_seq, int T, int H, int KV, int hd, float *dq, float *dk, float *dv);
 
-  /* ---- causal depthwise conv over time within each sequence, x [n, c], w [c, K], b [c]:
-   * y_t[ch] = b[ch] + sum_j w[ch, j] * x_{t-K+1+j}[ch] (zeros before the sequence start).
-   * No activation (the model applies SiLU with act_fwd). */
-  void (*conv_fwd)(mc_backend *be, const float *x, const float *w, const float *b, int n_seq,
-                   int T, int c, int K, float *y);
-  void (*conv_bwd)(mc_backend *be, const float *x, const float *w, const float *dy, int n_seq,
-                   int T, int c, int K, float *dx, float *dw, float *db);
+  /* ---- causal depthwise conv over time within each sequence followed by SiLU (the Mamba
+   * input convolutions), x [n, c], w [c, K], b [c]:
+   * pre_t[ch] = b[ch] + sum_j w[ch, j] * x_{t-K+1+j}[ch] (zeros before the sequence start),
+   * y_t[ch] = silu(pre_t[ch]). The backward recomputes pre from x (nothing but x is kept) and
+   * adds into dx (as stored: a bf16 dx is written), dw and db; dy is the gradient of y. */
+  void (*conv_silu_fwd)(mc_backend *be, const float *x, const float *w, const float *b, int n_seq,
+                        int T, int c, int K, float *y);
+  void (*conv_silu_bwd)(mc_backend *be, const float *x, const float *w, const float *b,
+                        const float *dy, int n_seq, int T, int c, int K, mc_dst dx, float *dw,
+                        float *db);
 
   /* ---- Mamba-2 selective scan, per sequence, head h, channel p, state n (state starts at
    * zero): A = -exp(A_log[h]), S_t = exp(dt_t[h] A) S_{t-1} + dt_t[h] x_t[h,p] B_t[n],
@@ -253,19 +256,21 @@ struct mc_backend {
   void (*moe_route_bwd)(mc_backend *be, const float *probs, const int32_t *idx,
                         const float *gate, const float *dgate, const float *f, int n_seq, int T,
                         int E, int k, float aux_scale, float *dlogits);
-  /* xp[slot[r,j], :] = x[r, :] for every kept assignment. */
+  /* xp[slot[r,j], :] = x[r, :] for every kept assignment; xp as stored (a bf16 xp holds the
+   * rows rounded: the experts' products read them). */
   void (*moe_permute)(mc_backend *be, const float *x, const int32_t *slot, int n, int k, int d,
-                      float *xp);
+                      mc_dst xp);
   /* dx[r, :] += sum over kept j of dxp[slot[r,j], :]. */
   void (*moe_permute_bwd)(mc_backend *be, const float *dxp, const int32_t *slot, int n, int k,
                           int d, float *dx);
   /* y[r, :] += sum over kept j of gate[r,j] * yp[slot[r,j], :]. */
   void (*moe_unpermute)(mc_backend *be, const float *yp, const int32_t *slot, const float *gate,
                         int n, int k, int d, float *y);
-  /* dyp[slot, :] += gate * dy[r, :]; dgate[r,j] += dy[r, :] . yp[slot, :] (kept only). */
+  /* dyp[slot, :] += gate * dy[r, :] (a bf16 dyp is written: each slot has one assignment);
+   * dgate[r,j] += dy[r, :] . yp[slot, :] (kept only). */
   void (*moe_unpermute_bwd)(mc_backend *be, const float *dy, const float *yp,
                             const int32_t *slot, const float *gate, int n, int k, int d,
-                            float *dyp, float *dgate);
+                            mc_dst dyp, float *dgate);
 
   /* ---- vocab-masked cross-entropy: logits [n, Vp], columns >= V are padding and count as
    * -inf. loss[r] = logsumexp(logits[r, :V]) - logits[r, target[r]]; lse[r] is saved.

@@ -1,10 +1,11 @@
 /* M block: Mamba-2 style mixer.
  *   z = u wz^T, xr = u wx^T, Br = u wB^T, Cr = u wC^T, dt = softplus(u wdt^T + dt_bias)
- *   xc, Bc, Cc = silu(causal depthwise conv(xr | Br | Cr) + bias)
+ *   xc, Bc, Cc = silu(causal depthwise conv(xr | Br | Cr) + bias)  (one op each: conv_silu)
  *   y = selective scan(xc, dt, A = -exp(A_log), Bc, Cc) + D xc
  *   g = y * silu(z), gn = RMSNorm per head (group hdm) of g times norm.weight, x += gn wout^T
- * Under mc_act16 z and gn (they feed only the gate and products) and dz are kept in bf16; the
- * conv, scan and norm inputs stay fp32.
+ * Under mc_act16 z and gn (they feed only the gate and products) and the gradients of the
+ * projections' outputs (dz, dx, dB, dC) are kept in bf16; the conv, scan and norm inputs stay
+ * fp32.
  * The buffers are the M row of core/blocks.h. */
 #include "train/net_blocks.h"
 
@@ -18,12 +19,9 @@ static int mamba_inner(struct mc_net *net, mc_layer *L, int n_seq) {
   const int N = m->ssm_state, K = m->conv_width;
   float **f = L->f;
   be->act_fwd(be, MC_ACT_SOFTPLUS, f[MC_M_DTP], f[MC_M_DT], (int64_t)n * hm);
-  be->conv_fwd(be, f[MC_M_XR], mc_w(net, L, MC_ROLE_SSM_CONVX_W), mc_w(net, L, MC_ROLE_SSM_CONVX_B), n_seq, T, di, K, f[MC_M_XCP]);
-  be->conv_fwd(be, f[MC_M_BR], mc_w(net, L, MC_ROLE_SSM_CONVB_W), mc_w(net, L, MC_ROLE_SSM_CONVB_B), n_seq, T, N, K, f[MC_M_BCP]);
-  be->conv_fwd(be, f[MC_M_CR], mc_w(net, L, MC_ROLE_SSM_CONVC_W), mc_w(net, L, MC_ROLE_SSM_CONVC_B), n_seq, T, N, K, f[MC_M_CCP]);
-  be->act_fwd(be, MC_ACT_SILU, f[MC_M_XCP], f[MC_M_XC], (int64_t)n * di);
-  be->act_fwd(be, MC_ACT_SILU, f[MC_M_BCP], f[MC_M_BC], (int64_t)n * N);
-  be->act_fwd(be, MC_ACT_SILU, f[MC_M_CCP], f[MC_M_CC], (int64_t)n * N);
+  be->conv_silu_fwd(be, f[MC_M_XR], mc_w(net, L, MC_ROLE_SSM_CONVX_W), mc_w(net, L, MC_ROLE_SSM_CONVX_B), n_seq, T, di, K, f[MC_M_XC]);
+  be->conv_silu_fwd(be, f[MC_M_BR], mc_w(net, L, MC_ROLE_SSM_CONVB_W), mc_w(net, L, MC_ROLE_SSM_CONVB_B), n_seq, T, N, K, f[MC_M_BC]);
+  be->conv_silu_fwd(be, f[MC_M_CR], mc_w(net, L, MC_ROLE_SSM_CONVC_W), mc_w(net, L, MC_ROLE_SSM_CONVC_B), n_seq, T, N, K, f[MC_M_CC]);
   be->ssm_fwd(be, f[MC_M_XC], f[MC_M_DT], mc_w(net, L, MC_ROLE_SSM_A_LOG), f[MC_M_BC], f[MC_M_CC], mc_w(net, L, MC_ROLE_SSM_D), n_seq, T,
               hm, m->mamba_head_dim, N, f[MC_M_Y]);
   be->glu_fwd(be, MC_ACT_SILU, mc_saved_in(L, MC_M_Z), mc_f32(f[MC_M_Y]), mc_o32(f[MC_M_G]), (int64_t)n * di);
@@ -49,15 +47,13 @@ static int mamba_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   return 0;
 }
 
-/* conv + SiLU backward for one of the three conv branches: dpre -> (dxin, dw, db). */
-static void conv_silu_bwd(struct mc_net *net, mc_layer *L, int n_seq, int c, const float *xin, const float *pre,
-                          const float *dout, float *dpre, float *dxin, mc_role w, mc_role b) {
-  mc_backend *be = net->be;
+/* conv + SiLU backward for one of the three conv branches: dout (the gradient of the SiLU output)
+ * -> (the gradient of the conv's input, scratch buffer dxin, and of the conv's w and b). */
+static void conv_silu_bwd(struct mc_net *net, mc_layer *L, int n_seq, int c, const float *xin, const float *dout, int dxin,
+                          mc_role w, mc_role b) {
   const int T = net->m.seq_len;
-  const int64_t cnt = (int64_t)n_seq * T * c;
-  be->act_bwd(be, MC_ACT_SILU, pre, dout, mc_zeroed(be, dpre, cnt), cnt);
-  be->conv_bwd(be, xin, mc_w(net, L, w), dpre, n_seq, T, c, net->m.conv_width, mc_zeroed(be, dxin, cnt),
-               mc_g(net, L, w), mc_g(net, L, b));
+  net->be->conv_silu_bwd(net->be, xin, mc_w(net, L, w), mc_w(net, L, b), dout, n_seq, T, c, net->m.conv_width,
+                         mc_scratch_grad(net, L, dxin, (int64_t)n_seq * T * c), mc_g(net, L, w), mc_g(net, L, b));
 }
 
 static int mamba_backward(struct mc_net *net, mc_layer *L, int n_seq, const float *dy, float *du,
@@ -81,14 +77,14 @@ static int mamba_backward(struct mc_net *net, mc_layer *L, int n_seq, const floa
               mc_g(net, L, MC_ROLE_SSM_D));
   be->act_bwd(be, MC_ACT_SOFTPLUS, f[MC_M_DTP], g[MC_M_DDT], mc_zeroed(be, g[MC_M_DDTP], nh), nh);
   be->bias_bwd(be, g[MC_M_DDTP], n, hm, mc_g(net, L, MC_ROLE_SSM_DT_BIAS));
-  conv_silu_bwd(net, L, n_seq, di, f[MC_M_XR], f[MC_M_XCP], g[MC_M_DXC], g[MC_M_DXCP], g[MC_M_DXR], MC_ROLE_SSM_CONVX_W, MC_ROLE_SSM_CONVX_B);
-  conv_silu_bwd(net, L, n_seq, N, f[MC_M_BR], f[MC_M_BCP], g[MC_M_DBC], g[MC_M_DBCP], g[MC_M_DBR], MC_ROLE_SSM_CONVB_W, MC_ROLE_SSM_CONVB_B);
-  conv_silu_bwd(net, L, n_seq, N, f[MC_M_CR], f[MC_M_CCP], g[MC_M_DCC], g[MC_M_DCCP], g[MC_M_DCR], MC_ROLE_SSM_CONVC_W, MC_ROLE_SSM_CONVC_B);
+  conv_silu_bwd(net, L, n_seq, di, f[MC_M_XR], g[MC_M_DXC], MC_M_DXR, MC_ROLE_SSM_CONVX_W, MC_ROLE_SSM_CONVX_B);
+  conv_silu_bwd(net, L, n_seq, N, f[MC_M_BR], g[MC_M_DBC], MC_M_DBR, MC_ROLE_SSM_CONVB_W, MC_ROLE_SSM_CONVB_B);
+  conv_silu_bwd(net, L, n_seq, N, f[MC_M_CR], g[MC_M_DCC], MC_M_DCR, MC_ROLE_SSM_CONVC_W, MC_ROLE_SSM_CONVC_B);
   mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WZ), mc_scratch_in(net, L, MC_M_DZ), n, d, di, mc_o32(du), 0.0f,
                 mc_g(net, L, MC_ROLE_SSM_WZ));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WX), mc_f32(g[MC_M_DXR]), n, d, di, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WX));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WB), mc_f32(g[MC_M_DBR]), n, d, N, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WB));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WC), mc_f32(g[MC_M_DCR]), n, d, N, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WC));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WX), mc_scratch_in(net, L, MC_M_DXR), n, d, di, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WX));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WB), mc_scratch_in(net, L, MC_M_DBR), n, d, N, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WB));
+  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WC), mc_scratch_in(net, L, MC_M_DCR), n, d, N, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WC));
   mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WDT), mc_f32(g[MC_M_DDTP]), n, d, hm, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WDT));
   return 0;
 }

@@ -174,7 +174,7 @@ static int experts_forward_ep(struct mc_net *net, mc_layer *L, int n) {
   if (!r || mc_ep_plan(par, r, L->counts_host, E)) return -1;
   const int64_t R = mc_ep_rows(r);
   if (mc_ep_scratch(par, &stage, &xl, &yr, NULL, NULL, NULL)) return -1;
-  be->moe_permute(be, L->u, L->i[MC_E_SLOT], n, k, d, xl);
+  be->moe_permute(be, L->u, L->i[MC_E_SLOT], n, k, d, mc_o32(xl));
   if (mc_ep_dispatch(par, be, r, xl, mc_ep_saved(r, 0), d, stage, "dispatching the routed rows")) return -1;
   const expert_bufs B = {mc_ep_saved(r, 1), mc_ep_saved(r, 2), mc_ep_saved(r, 3), NULL, NULL, NULL, 0, 0};
   if (experts_forward(net, L, E / par->ep, mc_ep_counts(r), R, &B, mc_f32(mc_ep_saved(r, 0)), yr)) return -1;
@@ -224,10 +224,8 @@ static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
     if (x) be->moe_unpermute(be, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d, x);
     return 0;
   }
-  const int act16 = mc_saved_bf16(L, MC_E_XP);
-  float *xp = act16 ? net->g[MC_E_DXP] : f[MC_E_XP];
-  be->moe_permute(be, L->u, iv[MC_E_SLOT], n, k, d, xp);
-  const mc_operand xpo = act16 ? mc_to16(be, xp, (mc_bf16 *)f[MC_E_XP], rows * d) : mc_f32(xp);
+  be->moe_permute(be, L->u, iv[MC_E_SLOT], n, k, d, mc_saved_out(L, MC_E_XP));
+  const mc_operand xpo = mc_saved_in(L, MC_E_XP);
   const expert_bufs B = layer_bufs(net, L);
   if (experts_forward(net, L, E, L->counts_host, rows, &B, xpo, f[MC_E_YP])) return -1;
   if (x) be->moe_unpermute(be, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d, x);
@@ -245,15 +243,16 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   const int32_t *c = L->counts_host;
   int64_t rows = 0;
   for (int e = 0; e < E; e++) rows += c[e];
-  be->moe_unpermute_bwd(be, dy, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d, mc_zeroed(be, g[MC_E_DYP], rows * d),
+  /* act16: dyp feeds only the two products, so it is written in bf16 into DXP (read by those
+   * products before the input-gradient products write DXP); else the fp32 rows of DYP */
+  const int dyp16 = net->par.ep == 1 && mc_saved_bf16(L, MC_E_XP);
+  be->moe_unpermute_bwd(be, dy, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d,
+                        dyp16 ? mc_o16(g[MC_E_DXP]) : mc_o32(mc_zeroed(be, g[MC_E_DYP], rows * d)),
                         mc_zeroed(be, g[MC_E_DGATE], (int64_t)n * k));
   if (net->par.ep > 1) {
     if (experts_backward_ep(net, L)) return -1;
   } else {
-    /* act16: dyp feeds two products, rounded once into DXP (read by those two products
-     * before the input-gradient products write DXP) */
-    const mc_operand dyp =
-        mc_saved_bf16(L, MC_E_XP) ? mc_to16(be, g[MC_E_DYP], (mc_bf16 *)g[MC_E_DXP], rows * d) : mc_f32(g[MC_E_DYP]);
+    const mc_operand dyp = dyp16 ? mc_b16(g[MC_E_DXP]) : mc_f32(g[MC_E_DYP]);
     const expert_bufs B = layer_bufs(net, L);
     if (experts_backward(net, L, E, c, rows, &B, mc_saved_in(L, MC_E_XP), dyp, g[MC_E_DXP])) return -1;
   }

@@ -110,7 +110,7 @@ int mc_vp_embed_fwd(mc_net_par *par, mc_backend *be, const float *embed_w, const
 }
 
 int mc_vp_embed_bwd(const mc_net_par *par, mc_backend *be, const float *dfull, int n, int d, float *embed_g) {
-  be->moe_permute(be, dfull, par->emb_slot, n, 1, d, par->emb_rows);
+  be->moe_permute(be, dfull, par->emb_slot, n, 1, d, (mc_dst){par->emb_rows, NULL});
   be->embed_bwd(be, par->emb_tok, par->emb_cnt, d, par->emb_rows, embed_g);
   return 0;
 }

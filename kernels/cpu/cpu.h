@@ -63,11 +63,10 @@ void mc_cpu_attn_fwd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, i
 void mc_cpu_attn_bwd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, mc_operand out, const float *lse,
                      mc_operand dout, int n_seq, int T, int H, int KV, int hd, float *dq, float *dk, float *dv);
 
-void mc_cpu_conv_fwd(mc_backend *be, const float *x, const float *w, const float *b, int n_seq,
-                     int T, int c, int K, float *y);
-void mc_cpu_conv_bwd(mc_backend *be, const float *x, const float *w, const float *dy, int n_seq,
-                     int T, int c, int K, float *dx, float *dw, float *db);
-
+void mc_cpu_conv_silu_fwd(mc_backend *be, const float *x, const float *w, const float *b, int n_seq,
+                          int T, int c, int K, float *y);
+void mc_cpu_conv_silu_bwd(mc_backend *be, const float *x, const float *w, const float *b, const float *dy,
+                          int n_seq, int T, int c, int K, mc_dst dx, float *dw, float *db);
 void mc_cpu_ssm_fwd(mc_backend *be, const float *x, const float *dt, const float *A_log,
                     const float *B, const float *C, const float *D, int n_seq, int T, int Hm,
                     int P, int N, float *y);
@@ -89,14 +88,14 @@ void mc_cpu_moe_route_bwd(mc_backend *be, const float *probs, const int32_t *idx
                           const float *gate, const float *dgate, const float *f, int n_seq, int T,
                           int E, int k, float aux_scale, float *dlogits);
 void mc_cpu_moe_permute(mc_backend *be, const float *x, const int32_t *slot, int n, int k, int d,
-                        float *xp);
+                        mc_dst xp);
 void mc_cpu_moe_permute_bwd(mc_backend *be, const float *dxp, const int32_t *slot, int n, int k,
                             int d, float *dx);
 void mc_cpu_moe_unpermute(mc_backend *be, const float *yp, const int32_t *slot, const float *gate,
                           int n, int k, int d, float *y);
 void mc_cpu_moe_unpermute_bwd(mc_backend *be, const float *dy, const float *yp,
                               const int32_t *slot, const float *gate, int n, int k, int d,
-                              float *dyp, float *dgate);
+                              mc_dst dyp, float *dgate);
 
 void mc_cpu_xent_fwd(mc_backend *be, const float *logits, const int32_t *target, int n, int V,
                      int Vp, float *loss, float *lse);
@@ -117,5 +116,10 @@ const float *mc_cpu_widen(mc_operand x, int64_t n, float **owned, const char *op
 /* Scalar activation math shared by the elementwise ops and the scans. */
 static inline float mc_sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
 static inline float mc_softplusf(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+/* d silu(v) / dv */
+static inline float mc_silu_df(float v) {
+  float s = mc_sigmoidf(v);
+  return s * (1.0f + v * (1.0f - s));
+}
 
 #endif

@@ -17,10 +17,7 @@ static inline float act_f(mc_act act, float v) {
 /* d act(v) / dv */
 static inline float act_df(mc_act act, float v) {
   switch (act) {
-  case MC_ACT_SILU: {
-    float s = mc_sigmoidf(v);
-    return s * (1.0f + v * (1.0f - s));
-  }
+  case MC_ACT_SILU: return mc_silu_df(v);
   case MC_ACT_GELU:
     return 0.5f * (1.0f + erff(v * 0.70710678118654752f)) +
            v * 0.39894228040143268f * expf(-0.5f * v * v);

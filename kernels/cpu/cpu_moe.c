@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/bf16.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/route_row.h"
 
@@ -102,13 +103,16 @@ void mc_cpu_moe_route_bwd(mc_backend *be, const float *probs, const int32_t *idx
 }
 
 void mc_cpu_moe_permute(mc_backend *be, const float *x, const int32_t *slot, int n, int k, int d,
-                        float *xp) {
+                        mc_dst xp) {
   (void)be;
 #pragma omp parallel for if ((int64_t)n * k * d > MC_CPU_PAR_MIN)
   for (int r = 0; r < n; r++)
     for (int j = 0; j < k; j++) {
       int sl = slot[(int64_t)r * k + j];
-      if (sl >= 0) memcpy(xp + (int64_t)sl * d, x + (int64_t)r * d, (size_t)d * sizeof(float));
+      if (sl < 0) continue;
+      if (xp.f) memcpy(xp.f + (int64_t)sl * d, x + (int64_t)r * d, (size_t)d * sizeof(float));
+      else
+        for (int c = 0; c < d; c++) xp.h[(int64_t)sl * d + c] = mc_bf16_from_float(x[(int64_t)r * d + c]);
     }
 }
 
@@ -139,7 +143,7 @@ void mc_cpu_moe_unpermute(mc_backend *be, const float *yp, const int32_t *slot, 
 
 void mc_cpu_moe_unpermute_bwd(mc_backend *be, const float *dy, const float *yp,
                               const int32_t *slot, const float *gate, int n, int k, int d,
-                              float *dyp, float *dgate) {
+                              mc_dst dyp, float *dgate) {
   (void)be;
 #pragma omp parallel for if ((int64_t)n * k * d > MC_CPU_PAR_MIN)
   for (int r = 0; r < n; r++)
@@ -149,7 +153,8 @@ void mc_cpu_moe_unpermute_bwd(mc_backend *be, const float *dy, const float *yp,
       float g = gate[(int64_t)r * k + j];
       double dot = 0.0;
       for (int c = 0; c < d; c++) {
-        dyp[(int64_t)sl * d + c] += g * dy[(int64_t)r * d + c];
+        if (dyp.f) dyp.f[(int64_t)sl * d + c] += g * dy[(int64_t)r * d + c];
+        else dyp.h[(int64_t)sl * d + c] = mc_bf16_from_float(g * dy[(int64_t)r * d + c]);
         dot += (double)dy[(int64_t)r * d + c] * yp[(int64_t)sl * d + c];
       }
       dgate[(int64_t)r * k + j] += (float)dot;

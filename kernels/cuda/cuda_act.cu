@@ -37,10 +37,7 @@ static __device__ __forceinline__ float act_f(int act, float v) {
 
 static __device__ __forceinline__ float act_df(int act, float v) {
   switch (act) {
-  case MC_ACT_SILU: {
-    float s = mc_d_sigmoid(v);
-    return s * (1.0f + v * (1.0f - s));
-  }
+  case MC_ACT_SILU: return mc_d_silu_df(v);
   case MC_ACT_GELU:
     return 0.5f * (1.0f + erff(v * 0.70710678118654752f)) + v * 0.39894228040143268f * expf(-0.5f * v * v);
   case MC_ACT_SIGMOID: {

@@ -1,7 +1,8 @@
 /* MoE routing and the token permutation, by the routing contract of kernels/cpu/cpu_moe.c:
  * softmax and top-k per row (one thread per row), then capacity, statistics and slots per
  * (sequence, expert) from each assignment's rank in token order, so the decisions are
- * exactly the CPU's. Permutations are gathers or one-writer scatters (slots are unique): no atomics. */
+ * exactly the CPU's. Permutations are gathers or one-writer scatters (slots are unique): no atomics,
+ * one block per row. */
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/route_row.h"
 
@@ -187,93 +188,152 @@ static void cu_moe_route_bwd(mc_backend *be, const float *probs, const int32_t *
   mc_cuda_check(be, "moe_route_bwd");
 }
 
-__global__ void k_permute(const float *x, const int32_t *slot, int n, int k, int d, float *xp) {
-  MC_CU_FOR(i, (int64_t)n * k * d) {
-    const int64_t rj = i / d;
-    const int c = (int)(i % d), sl = slot[rj];
-    if (sl >= 0) xp[(int64_t)sl * d + c] = x[(rj / k) * d + c];
+/* ---- the permutations: one block of PERM_THREADS per row (an assignment, or a token for the
+ * gathers), its columns W at a time (W = 4: 16-byte loads, where d and the pointers allow). */
+#define PERM_THREADS 128
+
+/* W consecutive floats of a row as one access */
+template <int W> struct fvec {
+  float v[W];
+};
+template <int W> static __device__ __forceinline__ fvec<W> ld_row(const float *p) {
+  fvec<W> r;
+  if constexpr (W == 4) {
+    const float4 q = *(const float4 *)p;
+    r.v[0] = q.x, r.v[1] = q.y, r.v[2] = q.z, r.v[3] = q.w;
+  } else {
+    for (int u = 0; u < W; u++) r.v[u] = p[u];
+  }
+  return r;
+}
+template <int W> static __device__ __forceinline__ void st_row(float *p, const fvec<W> &r) {
+  if constexpr (W == 4) *(float4 *)p = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+  else
+    for (int u = 0; u < W; u++) p[u] = r.v[u];
+}
+/* stored into dst at element i: fp32, or rounded into bf16 (W = 4: one 8-byte store) */
+template <int W> static __device__ __forceinline__ void st_dst(mc_dst dst, int64_t i, const fvec<W> &r) {
+  if (!dst.h) {
+    st_row<W>(dst.f + i, r);
+  } else if constexpr (W == 4) {
+    __nv_bfloat162 a = __floats2bfloat162_rn(r.v[0], r.v[1]), b = __floats2bfloat162_rn(r.v[2], r.v[3]);
+    uint2 u;
+    u.x = *(unsigned *)&a, u.y = *(unsigned *)&b;
+    *(uint2 *)((__nv_bfloat16 *)dst.h + i) = u;
+  } else {
+    for (int u = 0; u < W; u++) ((__nv_bfloat16 *)dst.h)[i + u] = __float2bfloat16_rn(r.v[u]);
   }
 }
 
-__global__ void k_permute_bwd(const float *dxp, const int32_t *slot, int n, int k, int d, float *dx) {
-  MC_CU_FOR(i, (int64_t)n * d) {
-    const int64_t r = i / d;
-    const int c = (int)(i % d);
-    float acc = dx[i];
-    for (int j = 0; j < k; j++) {
-      const int sl = slot[r * k + j];
-      if (sl >= 0) acc += dxp[(int64_t)sl * d + c];
-    }
-    dx[i] = acc;
-  }
-}
+#define PERM_ROWS(row, rows) for (int64_t row = blockIdx.x; row < (rows); row += gridDim.x)
+#define PERM_COLS(c, d) for (int c = threadIdx.x * W; c < (d); c += PERM_THREADS * W)
 
-__global__ void k_unpermute(const float *yp, const int32_t *slot, const float *gate, int n, int k, int d, float *y) {
-  MC_CU_FOR(i, (int64_t)n * d) {
-    const int64_t r = i / d;
-    const int c = (int)(i % d);
-    float acc = y[i];
-    for (int j = 0; j < k; j++) {
-      const int sl = slot[r * k + j];
-      if (sl >= 0) acc += gate[r * k + j] * yp[(int64_t)sl * d + c];
-    }
-    y[i] = acc;
-  }
-}
-
-__global__ void k_unpermute_bwd_dyp(const float *dy, const int32_t *slot, const float *gate, int n, int k, int d,
-                                    float *dyp) {
-  MC_CU_FOR(i, (int64_t)n * k * d) {
-    const int64_t rj = i / d;
-    const int c = (int)(i % d), sl = slot[rj];
-    if (sl >= 0) dyp[(int64_t)sl * d + c] += gate[rj] * dy[(rj / k) * d + c];
-  }
-}
-
-/* dgate[r, j] += dy[r, :] . yp[slot, :]: one warp per assignment, double accumulation. */
-__global__ void k_unpermute_bwd_dgate(const float *dy, const float *yp, const int32_t *slot, int n, int k, int d,
-                                      float *dgate) {
-  const int lane = threadIdx.x % 32;
-  for (int64_t rj = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; rj < (int64_t)n * k;
-       rj += (int64_t)gridDim.x * (blockDim.x / 32)) {
+template <int W>
+__global__ void __launch_bounds__(PERM_THREADS) k_permute(const float *x, const int32_t *slot, int n, int k, int d, mc_dst xp) {
+  PERM_ROWS(rj, (int64_t)n * k) {
     const int sl = slot[rj];
     if (sl < 0) continue;
-    const float *a = dy + (rj / k) * d, *b = yp + (int64_t)sl * d;
-    double s = 0.0;
-    for (int c = lane; c < d; c += 32) s += (double)a[c] * b[c];
-    s = mc_d_warp_sumd(s);
-    if (lane == 0) dgate[rj] += (float)s;
+    PERM_COLS(c, d) st_dst<W>(xp, (int64_t)sl * d + c, ld_row<W>(x + (rj / k) * d + c));
   }
 }
 
-static void cu_moe_permute(mc_backend *be, const float *x, const int32_t *slot, int n, int k, int d, float *xp) {
-  if ((int64_t)n * k * d <= 0) return;
-  k_permute<<<mc_cu_grid((int64_t)n * k * d), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(x, slot, n, k, d, xp);
+/* per token: y[r, :] += sum over kept j of gate[r, j] * rows[slot[r, j], :] (gate NULL: 1, the
+ * permutation's backward; 1 * v is v exactly), the assignments added in order as on the CPU */
+template <int W>
+__global__ void __launch_bounds__(PERM_THREADS) k_gather(const float *rows, const int32_t *slot, const float *gate, int n, int k, int d, float *y) {
+  PERM_ROWS(r, n) {
+    PERM_COLS(c, d) {
+      fvec<W> acc = ld_row<W>(y + r * d + c);
+      for (int j = 0; j < k; j++) {
+        const int sl = slot[r * k + j];
+        if (sl < 0) continue;
+        const float g = gate ? gate[r * k + j] : 1.0f;
+        const fvec<W> v = ld_row<W>(rows + (int64_t)sl * d + c);
+#pragma unroll
+        for (int u = 0; u < W; u++) acc.v[u] += g * v.v[u];
+      }
+      st_row<W>(y + r * d + c, acc);
+    }
+  }
+}
+
+/* per assignment: dyp[slot, :] += gate * dy[r, :] (bf16: written) and dgate += dy[r, :] .
+ * yp[slot, :], the dot in double, reduced in a fixed order (lanes, then warps in order) */
+template <int W>
+__global__ void __launch_bounds__(PERM_THREADS) k_unpermute_bwd(const float *dy, const float *yp, const int32_t *slot, const float *gate, int n, int k, int d,
+                                mc_dst dyp, float *dgate) {
+  __shared__ double part[PERM_THREADS / 32];
+  PERM_ROWS(rj, (int64_t)n * k) {
+    const int sl = slot[rj];
+    if (sl < 0) continue;
+    const float g = gate[rj];
+    const float *a = dy + (rj / k) * d, *b = yp + (int64_t)sl * d;
+    double s = 0.0;
+    PERM_COLS(c, d) {
+      const fvec<W> av = ld_row<W>(a + c), bv = ld_row<W>(b + c);
+      fvec<W> o;
+      if (!dyp.h) o = ld_row<W>(dyp.f + (int64_t)sl * d + c);
+#pragma unroll
+      for (int u = 0; u < W; u++) {
+        o.v[u] = dyp.h ? g * av.v[u] : o.v[u] + g * av.v[u];
+        s += (double)av.v[u] * bv.v[u];
+      }
+      st_dst<W>(dyp, (int64_t)sl * d + c, o);
+    }
+    s = mc_d_warp_sumd(s);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double t = 0.0;
+      for (int w = 0; w < PERM_THREADS / 32; w++) t += part[w];
+      dgate[rj] += (float)t;
+    }
+    __syncthreads();
+  }
+}
+
+/* W = 4 where d is a multiple of 4 and every row pointer is 16-byte aligned (8 for bf16) */
+static bool perm_vec(int d, const void *a, const void *b, const void *c, mc_dst o) {
+  const uintptr_t m = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)o.f | ((uintptr_t)o.h << 1);
+  return d % 4 == 0 && (m & 15) == 0;
+}
+static unsigned perm_grid(int64_t rows) { return (unsigned)(rows < (1 << 20) ? rows : (1 << 20)); }
+
+static void cu_moe_permute(mc_backend *be, const float *x, const int32_t *slot, int n, int k, int d, mc_dst xp) {
+  const int64_t rows = (int64_t)n * k;
+  if (rows * d <= 0) return;
+  cudaStream_t st = mc_cu_stream(be);
+  if (perm_vec(d, x, NULL, NULL, xp)) k_permute<4><<<perm_grid(rows), PERM_THREADS, 0, st>>>(x, slot, n, k, d, xp);
+  else k_permute<1><<<perm_grid(rows), PERM_THREADS, 0, st>>>(x, slot, n, k, d, xp);
   mc_cuda_check(be, "moe_permute");
 }
 
-static void cu_moe_permute_bwd(mc_backend *be, const float *dxp, const int32_t *slot, int n, int k, int d, float *dx) {
+static void gather(mc_backend *be, const float *rows, const int32_t *slot, const float *gate, int n, int k, int d,
+                   float *y, const char *op) {
   if ((int64_t)n * d <= 0) return;
-  k_permute_bwd<<<mc_cu_grid((int64_t)n * d), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(dxp, slot, n, k, d, dx);
-  mc_cuda_check(be, "moe_permute_bwd");
+  cudaStream_t st = mc_cu_stream(be);
+  if (perm_vec(d, rows, y, NULL, mc_dst{NULL, NULL})) k_gather<4><<<perm_grid(n), PERM_THREADS, 0, st>>>(rows, slot, gate, n, k, d, y);
+  else k_gather<1><<<perm_grid(n), PERM_THREADS, 0, st>>>(rows, slot, gate, n, k, d, y);
+  mc_cuda_check(be, op);
+}
+
+static void cu_moe_permute_bwd(mc_backend *be, const float *dxp, const int32_t *slot, int n, int k, int d, float *dx) {
+  gather(be, dxp, slot, NULL, n, k, d, dx, "moe_permute_bwd");
 }
 
 static void cu_moe_unpermute(mc_backend *be, const float *yp, const int32_t *slot, const float *gate, int n, int k,
                              int d, float *y) {
-  if ((int64_t)n * d <= 0) return;
-  k_unpermute<<<mc_cu_grid((int64_t)n * d), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(yp, slot, gate, n, k, d, y);
-  mc_cuda_check(be, "moe_unpermute");
+  gather(be, yp, slot, gate, n, k, d, y, "moe_unpermute");
 }
 
 static void cu_moe_unpermute_bwd(mc_backend *be, const float *dy, const float *yp, const int32_t *slot,
-                                 const float *gate, int n, int k, int d, float *dyp, float *dgate) {
-  const int64_t items = (int64_t)n * k;
-  if (items * d <= 0) return;
+                                 const float *gate, int n, int k, int d, mc_dst dyp, float *dgate) {
+  const int64_t rows = (int64_t)n * k;
+  if (rows * d <= 0) return;
   cudaStream_t st = mc_cu_stream(be);
-  k_unpermute_bwd_dyp<<<mc_cu_grid(items * d), MC_CUDA_THREADS, 0, st>>>(dy, slot, gate, n, k, d, dyp);
-  int64_t blocks = (items + 7) / 8;
-  k_unpermute_bwd_dgate<<<(unsigned)(blocks < (1 << 20) ? blocks : (1 << 20)), 256, 0, st>>>(dy, yp, slot, n, k, d,
-                                                                                             dgate);
+  if (perm_vec(d, dy, yp, NULL, dyp))
+    k_unpermute_bwd<4><<<perm_grid(rows), PERM_THREADS, 0, st>>>(dy, yp, slot, gate, n, k, d, dyp, dgate);
+  else k_unpermute_bwd<1><<<perm_grid(rows), PERM_THREADS, 0, st>>>(dy, yp, slot, gate, n, k, d, dyp, dgate);
   mc_cuda_check(be, "moe_unpermute_bwd");
 }
 

@@ -233,8 +233,8 @@ static void wrap_all(mc_backend *be, prof_state *p) {
   W(22, rope_bwd);
   W(23, attn_fwd);
   W(24, attn_bwd);
-  W(25, conv_fwd);
-  W(26, conv_bwd);
+  W(25, conv_silu_fwd);
+  W(26, conv_silu_bwd);
   W(27, ssm_fwd);
   W(28, ssm_bwd);
   W(29, rglru_fwd);

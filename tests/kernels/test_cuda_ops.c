@@ -379,23 +379,51 @@ static void attn_case(int n_seq, int T, int H, int KV, int hd) {
 }
 
 /* ------------------------------------------------------------------ conv, ssm, rg-lru */
-static void test_conv(void) {
-  const int n_seq = 3, T = 37, c = 70, K = 4;
+static void ulp_cmp(mc_backend *be, const char *what, const mc_bf16 *dev, const mc_bf16 *ref, int64_t n, int exact);
+static mc_bf16 *dev16(mc_backend *be, const mc_bf16 *h, int64_t n);
+static mc_bf16 *host16(const float *x, int64_t n);
+
+/* conv + SiLU: widths on each register window (4, 8, 16), sequences shorter and longer than
+ * one chunk of 64 steps (the backward's gradient window crosses chunk ends), channel counts
+ * below and above one block, and a bf16 dx (written: the CPU's fp32 sum rounded) */
+static void conv_case(int n_seq, int T, int c, int K) {
   const int64_t n = (int64_t)n_seq * T * c;
+  char what[96];
   float *x = hrand(n, 1), *w = hrand((int64_t)c * K, 1), *b = hrand(c, 1), *y = hzeros(n), *g = hrand(n, 1);
   float *dx = hrand(n, 1), *dw = hrand((int64_t)c * K, 1), *db = hrand(c, 1);
-  float *xd = up(x, n), *wd = up(w, (int64_t)c * K), *yd = dnan(n);
+  float *xd = up(x, n), *wd = up(w, (int64_t)c * K), *bd = up(b, c), *gd = up(g, n), *yd = dnan(n);
   float *dxd = up(dx, n), *dwd = up(dw, (int64_t)c * K), *dbd = up(db, c);
-  cpu->conv_fwd(cpu, x, w, b, n_seq, T, c, K, y);
-  gpu->conv_fwd(gpu, xd, wd, up(b, c), n_seq, T, c, K, yd);
-  cmp("conv_fwd", yd, y, n, TOL_EXACT);
-  cpu->conv_bwd(cpu, x, w, g, n_seq, T, c, K, dx, dw, db);
-  gpu->conv_bwd(gpu, xd, wd, up(g, n), n_seq, T, c, K, dxd, dwd, dbd);
-  cmp("conv_bwd dx", dxd, dx, n, TOL_EXACT);
-  cmp("conv_bwd dw", dwd, dw, (int64_t)c * K, TOL_CPU_FSUM);
-  cmp("conv_bwd db", dbd, db, c, TOL_SUM);
+  cpu->conv_silu_fwd(cpu, x, w, b, n_seq, T, c, K, y);
+  gpu->conv_silu_fwd(gpu, xd, wd, bd, n_seq, T, c, K, yd);
+  snprintf(what, sizeof what, "conv_silu_fwd T=%d c=%d K=%d", T, c, K);
+  cmp(what, yd, y, n, TOL_EXACT);
+  cpu->conv_silu_bwd(cpu, x, w, b, g, n_seq, T, c, K, (mc_dst){dx, NULL}, dw, db);
+  gpu->conv_silu_bwd(gpu, xd, wd, bd, gd, n_seq, T, c, K, (mc_dst){dxd, NULL}, dwd, dbd);
+  snprintf(what, sizeof what, "conv_silu_bwd dx T=%d c=%d K=%d", T, c, K);
+  cmp(what, dxd, dx, n, TOL_EXACT);
+  snprintf(what, sizeof what, "conv_silu_bwd dw T=%d c=%d K=%d", T, c, K);
+  cmp(what, dwd, dw, (int64_t)c * K, TOL_CPU_FSUM);
+  snprintf(what, sizeof what, "conv_silu_bwd db T=%d c=%d K=%d", T, c, K);
+  cmp(what, dbd, db, c, TOL_SUM);
+  mc_bf16 *h = malloc((size_t)n * sizeof(mc_bf16));
+  for (int64_t i = 0; i < n; i++) h[i] = 0x7fc0; /* NaN: every element must be written */
+  mc_bf16 *hd = dev16(gpu, h, n);
+  cpu->conv_silu_bwd(cpu, x, w, b, g, n_seq, T, c, K, (mc_dst){NULL, h}, dw, db);
+  gpu->conv_silu_bwd(gpu, xd, wd, bd, gd, n_seq, T, c, K, (mc_dst){NULL, hd}, dwd, dbd);
+  snprintf(what, sizeof what, "conv_silu_bwd bf16 dx T=%d c=%d K=%d", T, c, K);
+  ulp_cmp(gpu, what, hd, h, n, 0);
+  gpu->free(gpu, hd);
+  free(h);
   synced("conv");
   case_end();
+}
+
+static void test_conv(void) {
+  conv_case(3, 37, 70, 4);
+  conv_case(2, 150, 33, 4);
+  conv_case(2, 130, 200, 1);
+  conv_case(1, 129, 16, 6);
+  conv_case(2, 70, 9, 13);
 }
 
 static void ssm_case(int n_seq, int T, int Hm, int P, int N) {
@@ -448,8 +476,9 @@ static void test_rglru(void) {
 }
 
 /* ------------------------------------------------------------------ MoE */
-static void moe_case(int capacity) {
-  const int n_seq = 3, T = 40, E = 6, k = 2, d = 33, n = n_seq * T;
+/* d = 33: the per-column kernels; d = 64: the 16-byte ones */
+static void moe_case(int capacity, int d) {
+  const int n_seq = 3, T = 40, E = 6, k = 2, n = n_seq * T;
   float *logits = hrand((int64_t)n * E, 1.5f), *probs = hzeros((int64_t)n * E), *gate = hzeros((int64_t)n * k);
   float *f = hzeros((int64_t)n_seq * E), *aux = hzeros(n_seq);
   int32_t idx[240], slot[240], counts[6], dropped = -1;
@@ -481,9 +510,15 @@ static void moe_case(int capacity) {
   int32_t *slotc = upi(slot, (int64_t)n * k);
   float *gatec = up(gate, (int64_t)n * k);
   float *x = hrand((int64_t)n * d, 1), *xp = hzeros((int64_t)rows * d), *xpd = dnan((int64_t)rows * d);
-  cpu->moe_permute(cpu, x, slot, n, k, d, xp);
-  gpu->moe_permute(gpu, up(x, (int64_t)n * d), slotc, n, k, d, xpd);
-  cmp("moe_permute", xpd, xp, (int64_t)rows * d, 0.0);
+  float *xd = up(x, (int64_t)n * d);
+  cpu->moe_permute(cpu, x, slot, n, k, d, (mc_dst){xp, NULL});
+  gpu->moe_permute(gpu, xd, slotc, n, k, d, (mc_dst){xpd, NULL});
+  snprintf(what, sizeof what, "moe_permute d=%d", d);
+  cmp(what, xpd, xp, (int64_t)rows * d, 0.0);
+  mc_bf16 *xp16 = host16(xp, (int64_t)rows * d), *xp16d = dev16(gpu, xp16, (int64_t)rows * d);
+  gpu->fill(gpu, (float *)xp16d, (int64_t)rows * d / 2, NAN); /* every element must be written */
+  gpu->moe_permute(gpu, xd, slotc, n, k, d, (mc_dst){NULL, xp16d});
+  ulp_cmp(gpu, "moe_permute into bf16", xp16d, xp16, (int64_t)rows * d, 1);
   float *dxp = hrand((int64_t)rows * d, 1), *dx = hrand((int64_t)n * d, 1), *dxd = up(dx, (int64_t)n * d);
   cpu->moe_permute_bwd(cpu, dxp, slot, n, k, d, dx);
   gpu->moe_permute_bwd(gpu, up(dxp, (int64_t)rows * d), slotc, n, k, d, dxd);
@@ -495,10 +530,19 @@ static void moe_case(int capacity) {
   cmp("moe_unpermute", yd, y, (int64_t)n * d, TOL_EXACT);
   float *dy = hrand((int64_t)n * d, 1), *dyp = hrand((int64_t)rows * d, 1), *dg = hrand((int64_t)n * k, 1);
   float *dypd = up(dyp, (int64_t)rows * d), *dgd = up(dg, (int64_t)n * k);
-  cpu->moe_unpermute_bwd(cpu, dy, yp, slot, gate, n, k, d, dyp, dg);
-  gpu->moe_unpermute_bwd(gpu, up(dy, (int64_t)n * d), ypd, slotc, gatec, n, k, d, dypd, dgd);
+  float *dyd = up(dy, (int64_t)n * d);
+  cpu->moe_unpermute_bwd(cpu, dy, yp, slot, gate, n, k, d, (mc_dst){dyp, NULL}, dg);
+  gpu->moe_unpermute_bwd(gpu, dyd, ypd, slotc, gatec, n, k, d, (mc_dst){dypd, NULL}, dgd);
   cmp("moe_unpermute_bwd dyp", dypd, dyp, (int64_t)rows * d, TOL_EXACT);
   cmp("moe_unpermute_bwd dgate", dgd, dg, (int64_t)n * k, TOL_SUM);
+  mc_bf16 *dyp16 = calloc((size_t)rows * d, sizeof(mc_bf16)), *dyp16d = dev16(gpu, dyp16, (int64_t)rows * d);
+  gpu->fill(gpu, (float *)dyp16d, (int64_t)rows * d / 2, NAN);
+  cpu->moe_unpermute_bwd(cpu, dy, yp, slot, gate, n, k, d, (mc_dst){NULL, dyp16}, dg);
+  gpu->moe_unpermute_bwd(gpu, dyd, ypd, slotc, gatec, n, k, d, (mc_dst){NULL, dyp16d}, dgd);
+  ulp_cmp(gpu, "moe_unpermute_bwd into bf16", dyp16d, dyp16, (int64_t)rows * d, 0);
+  cmp("moe_unpermute_bwd dgate (second)", dgd, dg, (int64_t)n * k, TOL_SUM);
+  gpu->free(gpu, xp16d), gpu->free(gpu, dyp16d);
+  free(xp16), free(dyp16);
   synced("moe");
   case_end();
 }
@@ -1245,14 +1289,15 @@ static void shapes_misc(void) {
     float *dx = hzeros(m), *dw = hzeros((int64_t)c * K), *db = hzeros(c);
     float *xd = up(x, m), *wd = up(w, (int64_t)c * K), *bd = up(b, c), *yd = dnan(m), *gd = up(g, m);
     float *dxd = up(dx, m), *dwd = up(dw, (int64_t)c * K), *dbd = up(db, c);
-    cpu->conv_fwd(cpu, x, w, b, n_seq, T, c, K, y);
-    gpu->conv_fwd(gpu, xd, wd, bd, n_seq, T, c, K, yd);
-    cmp("conv_fwd nam-small", yd, y, m, TOL_EXACT);
-    cpu->conv_bwd(cpu, x, w, g, n_seq, T, c, K, dx, dw, db);
-    gpu->conv_bwd(gpu, xd, wd, gd, n_seq, T, c, K, dxd, dwd, dbd);
-    cmp("conv_bwd dw nam-small", dwd, dw, (int64_t)c * K, TOL_CPU_FSUM);
-    TIME_GPU("conv_fwd nam-small", 0, gpu->conv_fwd(gpu, xd, wd, bd, n_seq, T, c, K, yd));
-    TIME_GPU("conv_bwd nam-small", 0, gpu->conv_bwd(gpu, xd, wd, gd, n_seq, T, c, K, dxd, dwd, dbd));
+    cpu->conv_silu_fwd(cpu, x, w, b, n_seq, T, c, K, y);
+    gpu->conv_silu_fwd(gpu, xd, wd, bd, n_seq, T, c, K, yd);
+    cmp("conv_silu_fwd nam-small", yd, y, m, TOL_EXACT);
+    cpu->conv_silu_bwd(cpu, x, w, b, g, n_seq, T, c, K, (mc_dst){dx, NULL}, dw, db);
+    gpu->conv_silu_bwd(gpu, xd, wd, bd, gd, n_seq, T, c, K, (mc_dst){dxd, NULL}, dwd, dbd);
+    cmp("conv_silu_bwd dw nam-small", dwd, dw, (int64_t)c * K, TOL_CPU_FSUM);
+    TIME_GPU("conv_silu_fwd nam-small", 0, gpu->conv_silu_fwd(gpu, xd, wd, bd, n_seq, T, c, K, yd));
+    TIME_GPU("conv_silu_bwd nam-small", 0,
+             gpu->conv_silu_bwd(gpu, xd, wd, bd, gd, n_seq, T, c, K, (mc_dst){dxd, NULL}, dwd, dbd));
     case_end();
   }
   /* RMSNorm full width, and per head over mamba_inner */
@@ -1312,7 +1357,12 @@ static void shapes_misc(void) {
     int rows = 0;
     for (int e = 0; e < E; e++) rows += counts[e];
     float *x = hrand((int64_t)n * d, 1), *xd = up(x, (int64_t)n * d), *xpd = dnan((int64_t)rows * d);
-    TIME_GPU("moe_permute d=1024", 0, gpu->moe_permute(gpu, xd, slotd, n, k, d, xpd));
+    TIME_GPU("moe_permute d=1024", 0, gpu->moe_permute(gpu, xd, slotd, n, k, d, (mc_dst){xpd, NULL}));
+    TIME_GPU("moe_permute d=1024 into bf16", 0, gpu->moe_permute(gpu, xd, slotd, n, k, d, (mc_dst){NULL, (mc_bf16 *)xpd}));
+    float *dgt = dnan((int64_t)n * k), *dypt = dnan((int64_t)rows * d);
+    TIME_GPU("moe_unpermute_bwd d=1024", 0,
+             gpu->moe_unpermute_bwd(gpu, xd, xpd, slotd, gd, n, k, d, (mc_dst){dypt, NULL}, dgt));
+    TIME_GPU("moe_permute_bwd d=1024", 0, gpu->moe_permute_bwd(gpu, xpd, slotd, n, k, d, xd));
     TIME_GPU("moe_unpermute d=1024", 0, gpu->moe_unpermute(gpu, xpd, slotd, gd, n, k, d, xd));
     case_end();
   }
@@ -1545,8 +1595,10 @@ int main(int argc, char **argv) {
   ssm_case(1, 37, 2, 9, 100); /* 4 states per lane, partly masked */
   ssm_case(2, 21, 1, 8, 256); /* a wide state (more than one tile of the chunked scan) */
   test_rglru();
-  moe_case(0);
-  moe_case(12);
+  moe_case(0, 33);
+  moe_case(12, 33);
+  moe_case(0, 64);
+  moe_case(12, 64);
   test_failures();
   test_bf16();
   if (argc > 1 && strcmp(argv[1], "--shapes") == 0) run_shapes();

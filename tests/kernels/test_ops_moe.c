@@ -3,6 +3,7 @@
  * and the permutation to and from the expert-sorted buffer (tolerance in kcheck.h). */
 #include <string.h>
 
+#include "kernels/bf16.h"
 #include "tests/kernels/kcheck.h"
 
 static mc_backend *be;
@@ -101,7 +102,7 @@ typedef struct {
 
 static double perm_loss(void *p) {
   perm_ctx *c = p;
-  be->moe_permute(be, c->x, c->slot, c->n, c->k, c->d, c->xp);
+  be->moe_permute(be, c->x, c->slot, c->n, c->k, c->d, (mc_dst){c->xp, NULL});
   memset(c->y, 0, (size_t)c->n * c->d * sizeof(float));
   be->moe_unpermute(be, c->xp, c->slot, c->gate, c->n, c->k, c->d, c->y);
   return kc_dot(c->y, c->R, (int64_t)c->n * c->d);
@@ -118,11 +119,22 @@ static void test_permute(void) {
     CHECK_CLOSE(c.y[d + j], c.gate[3] * c.x[d + j], 1e-6); /* row 1 keeps only its second choice */
   }
   float *dxp = kc_zeros(6 * d), *dgate = kc_zeros(n * k), *dx = kc_zeros(n * d);
-  be->moe_unpermute_bwd(be, c.R, c.xp, slot, c.gate, n, k, d, dxp, dgate);
+  be->moe_unpermute_bwd(be, c.R, c.xp, slot, c.gate, n, k, d, (mc_dst){dxp, NULL}, dgate);
   be->moe_permute_bwd(be, dxp, slot, n, k, d, dx);
   CHECK(dgate[2] == 0.0f && dgate[7] == 0.0f, "dropped assignments get no gate gradient");
   kc_gradcheck("permute.x", c.x, dx, n * d, perm_loss, &c, 1000);
   kc_gradcheck("unpermute.gate", c.gate, dgate, n * k, perm_loss, &c, 1000);
+  /* bf16 outputs: the fp32 values rounded once (a bf16 dyp is written, not added) */
+  mc_bf16 xp16[6 * 3], dxp16[6 * 3];
+  float *dxp2 = kc_zeros(6 * d), *dgate2 = kc_zeros(n * k);
+  be->moe_permute(be, c.x, slot, n, k, d, (mc_dst){NULL, xp16});
+  be->moe_unpermute_bwd(be, c.R, c.xp, slot, c.gate, n, k, d, (mc_dst){NULL, dxp16}, dgate2);
+  be->moe_unpermute_bwd(be, c.R, c.xp, slot, c.gate, n, k, d, (mc_dst){dxp2, NULL}, dgate2);
+  int same = 1;
+  for (int i = 0; i < 6 * d; i++)
+    same &= xp16[i] == mc_bf16_from_float(c.xp[i]) && dxp16[i] == mc_bf16_from_float(dxp2[i]);
+  CHECK(same, "moe_permute and moe_unpermute_bwd into bf16: the fp32 rows rounded");
+  free(dxp2), free(dgate2);
   free(c.x), free(c.xp), free(c.gate), free(c.y), free(c.R), free(dxp), free(dgate), free(dx);
 }
 

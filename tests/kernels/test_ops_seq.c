@@ -89,7 +89,7 @@ static void test_attn_bf16(void) {
   free(lse16), free(dq), free(dk), free(dv), free(dq16), free(dk16), free(dv16);
 }
 
-/* ------------------------------------------------------------------ conv */
+/* ------------------------------------------------------------------ conv + SiLU */
 typedef struct {
   float *x, *w, *b, *y, *R;
   int n_seq, T, c, K;
@@ -97,26 +97,40 @@ typedef struct {
 
 static double conv_loss(void *p) {
   conv_ctx *c = p;
-  be->conv_fwd(be, c->x, c->w, c->b, c->n_seq, c->T, c->c, c->K, c->y);
+  be->conv_silu_fwd(be, c->x, c->w, c->b, c->n_seq, c->T, c->c, c->K, c->y);
   return kc_dot(c->y, c->R, (int64_t)c->n_seq * c->T * c->c);
 }
 
+static double silu(double v) { return v / (1.0 + exp(-v)); }
+
 static void test_conv(void) {
-  /* by hand: w = (1, 2, 3), b = 0.5, x = (1, 10, 100); w[K-1] multiplies the current step */
-  float x[3] = {1, 10, 100}, w[3] = {1, 2, 3}, b[1] = {0.5f}, y[3];
-  be->conv_fwd(be, x, w, b, 1, 3, 1, 3, y);
-  CHECK(y[0] == 3.5f && y[1] == 32.5f && y[2] == 321.5f, "conv %g %g %g", y[0], y[1], y[2]);
-  be->conv_fwd(be, x, w, b, 3, 1, 1, 3, y); /* three sequences of one step: no history */
-  CHECK(y[0] == 3.5f && y[1] == 30.5f && y[2] == 300.5f, "conv per sequence %g %g %g", y[0], y[1], y[2]);
+  /* by hand: w = (0.1, 0.2, 0.3), b = 0.05, x = (1, 2, 3); w[K-1] multiplies the current step:
+   * pre = (0.35, 0.85, 1.45), then SiLU */
+  float x[3] = {1, 2, 3}, w[3] = {0.1f, 0.2f, 0.3f}, b[1] = {0.05f}, y[3];
+  be->conv_silu_fwd(be, x, w, b, 1, 3, 1, 3, y);
+  CHECK(fabs(y[0] - silu(0.35)) < 1e-6 && fabs(y[1] - silu(0.85)) < 1e-6 && fabs(y[2] - silu(1.45)) < 1e-6,
+        "conv %g %g %g", y[0], y[1], y[2]);
+  be->conv_silu_fwd(be, x, w, b, 3, 1, 1, 3, y); /* three sequences of one step: no history */
+  CHECK(fabs(y[0] - silu(0.35)) < 1e-6 && fabs(y[1] - silu(0.65)) < 1e-6 && fabs(y[2] - silu(0.95)) < 1e-6,
+        "conv per sequence %g %g %g", y[0], y[1], y[2]);
 
   const int n_seq = 2, T = 6, C = 3, K = 4, n = n_seq * T;
   conv_ctx c = {kc_rand(n * C, 70, 1), kc_rand(C * K, 71, 1), kc_rand(C, 72, 1), kc_zeros(n * C),
                 kc_rand(n * C, 73, 1), n_seq, T, C, K};
   float *dx = kc_zeros(n * C), *dw = kc_zeros(C * K), *db = kc_zeros(C);
-  be->conv_bwd(be, c.x, c.w, c.R, n_seq, T, C, K, dx, dw, db);
+  be->conv_silu_bwd(be, c.x, c.w, c.b, c.R, n_seq, T, C, K, (mc_dst){dx, NULL}, dw, db);
   kc_gradcheck("conv.x", c.x, dx, n * C, conv_loss, &c, 1000);
   kc_gradcheck("conv.w", c.w, dw, C * K, conv_loss, &c, 1000);
   kc_gradcheck("conv.b", c.b, db, C, conv_loss, &c, 1000);
+  /* a bf16 dx is written: the fp32 gradient (formed from zero) rounded once */
+  mc_bf16 *dx16 = malloc((size_t)n * C * sizeof *dx16);
+  float *dw2 = kc_zeros(C * K), *db2 = kc_zeros(C);
+  for (int i = 0; i < n * C; i++) dx16[i] = 0x7fc0; /* NaN: every element must be written */
+  be->conv_silu_bwd(be, c.x, c.w, c.b, c.R, n_seq, T, C, K, (mc_dst){NULL, dx16}, dw2, db2);
+  int same = memcmp(dw, dw2, sizeof(float) * C * K) == 0 && memcmp(db, db2, sizeof(float) * C) == 0;
+  for (int i = 0; i < n * C; i++) same &= dx16[i] == mc_bf16_from_float(dx[i]);
+  CHECK(same, "conv_silu_bwd into a bf16 dx: dx rounds the fp32 one, dw and db unchanged");
+  free(dx16), free(dw2), free(db2);
   free(c.x), free(c.w), free(c.b), free(c.y), free(c.R), free(dx), free(dw), free(db);
 }
 

@@ -51,8 +51,8 @@ static void run_ops(result *r, int threads) {
   float *a = kc_rand((int64_t)NT2 * C, 12, 1), *g = kc_rand((int64_t)NT2 * C, 13, 1), *w = kc_rand((int64_t)C * 4, 14, 1);
   float *b = kc_rand(C, 15, 1), *out = kc_zeros((int64_t)NT2 * C), *da = kc_zeros((int64_t)NT2 * C);
   float *dw = kc_zeros((int64_t)C * 4), *db = kc_zeros(C), *rs = kc_zeros((int64_t)NT2 * C / 64);
-  be->conv_fwd(be, a, w, b, S2, T, C, 4, out);
-  be->conv_bwd(be, a, w, g, S2, T, C, 4, da, dw, db);
+  be->conv_silu_fwd(be, a, w, b, S2, T, C, 4, out);
+  be->conv_silu_bwd(be, a, w, b, g, S2, T, C, 4, (mc_dst){da, NULL}, dw, db);
   be->act_fwd(be, MC_ACT_SIGMOID, g, g, (int64_t)NT2 * C);
   be->rglru_fwd(be, a, g, b, S2, T, C, out);
   be->rglru_bwd(be, a, g, b, out, a, S2, T, C, da, da, db);
