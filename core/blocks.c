@@ -126,18 +126,17 @@ static const mc_block_family mamba_fams[] = {
     FAM(SSM_NORM, T_, 0, ONES, DI, NONE, NONE),       FAM(SSM_WOUT, T_, 1, NORMAL_OUT, D, DI, NONE),
 };
 /* z and norm(g) feed only the gate and products (bf16 under act16); the conv, scan and norm
- * inputs stay fp32 (the conv's backward recomputes its pre-activation from x). Selective
- * recomputation keeps the projections' outputs. The gradients of the projections' outputs
- * (dz, dx, dB, dC) feed only products. */
+ * inputs stay fp32 (the conv's backward recomputes its pre-activation from x, the gated
+ * norm's recomputes g = y silu(z)). Selective recomputation keeps the projections' outputs.
+ * The gradients of the projections' outputs (dz, dx, dB, dC) feed only products. */
 static const mc_act_buf mamba_saved[MC_M_NSAVED] = {
     [MC_M_Z] = TOK("z", DI, PROD, 1),         [MC_M_XR] = TOK("x", DI, F32, 1),      [MC_M_XC] = TOK("x_conv", DI, F32, 0),
     [MC_M_BR] = TOK("B", N, F32, 1),          [MC_M_BC] = TOK("B_conv", N, F32, 0),  [MC_M_CR] = TOK("C", N, F32, 1),
     [MC_M_CC] = TOK("C_conv", N, F32, 0),     [MC_M_DTP] = TOK("dt_pre", HM, F32, 1), [MC_M_DT] = TOK("dt", HM, F32, 0),
-    [MC_M_Y] = TOK("y", DI, F32, 0),          [MC_M_G] = TOK("g", DI, F32, 0),       [MC_M_GN] = TOK("norm_g", DI, PROD, 0),
-    [MC_M_GRSTD] = TOK("g_rstd", HM, F32, 0),
+    [MC_M_Y] = TOK("y", DI, F32, 0),          [MC_M_GN] = TOK("norm_g", DI, PROD, 0), [MC_M_GRSTD] = TOK("g_rstd", HM, F32, 0),
 };
 static const mc_act_buf mamba_grads[MC_M_NGRADS] = {
-    [MC_M_DGN] = TOK("d_norm_g", DI, F32, 0), [MC_M_DG] = TOK("dg", DI, F32, 0),       [MC_M_DZ] = TOK("dz", DI, PROD, 0),
+    [MC_M_DGN] = TOK("d_norm_g", DI, F32, 0), [MC_M_DZ] = TOK("dz", DI, PROD, 0),
     [MC_M_DY] = TOK("dy", DI, F32, 0),        [MC_M_DXC] = TOK("dx_conv", DI, F32, 0), [MC_M_DXR] = TOK("dx", DI, PROD, 0),
     [MC_M_DBC] = TOK("dB_conv", N, F32, 0),   [MC_M_DBR] = TOK("dB", N, PROD, 0),      [MC_M_DCC] = TOK("dC_conv", N, F32, 0),
     [MC_M_DCR] = TOK("dC", N, PROD, 0),       [MC_M_DDT] = TOK("ddt", HM, F32, 0),     [MC_M_DDTP] = TOK("ddt_pre", HM, F32, 0),

@@ -111,10 +111,10 @@ typedef struct {
  * L->i and net->g with these. */
 enum { MC_A_Q, MC_A_K, MC_A_V, MC_A_O, MC_A_LSE, MC_A_NSAVED };
 enum { MC_A_DO, MC_A_DQ, MC_A_DK, MC_A_DV, MC_A_DQP, MC_A_DKP, MC_A_DV16, MC_A_NGRADS };
-enum { MC_M_Z, MC_M_XR, MC_M_XC, MC_M_BR, MC_M_BC, MC_M_CR, MC_M_CC, MC_M_DTP, MC_M_DT, MC_M_Y, MC_M_G, MC_M_GN,
-       MC_M_GRSTD, MC_M_NSAVED };
-enum { MC_M_DGN, MC_M_DG, MC_M_DZ, MC_M_DY, MC_M_DXC, MC_M_DXR, MC_M_DBC, MC_M_DBR, MC_M_DCC, MC_M_DCR, MC_M_DDT,
-       MC_M_DDTP, MC_M_NGRADS };
+enum { MC_M_Z, MC_M_XR, MC_M_XC, MC_M_BR, MC_M_BC, MC_M_CR, MC_M_CC, MC_M_DTP, MC_M_DT, MC_M_Y, MC_M_GN, MC_M_GRSTD,
+       MC_M_NSAVED };
+enum { MC_M_DGN, MC_M_DZ, MC_M_DY, MC_M_DXC, MC_M_DXR, MC_M_DBC, MC_M_DBR, MC_M_DCC, MC_M_DCR, MC_M_DDT, MC_M_DDTP,
+       MC_M_NGRADS };
 /* E: floats, then int32 (indexed separately, L->i) */
 enum { MC_E_LOGITS, MC_E_PROBS, MC_E_GATE, MC_E_FR, MC_E_AUX, MC_E_XP, MC_E_H1, MC_E_H3, MC_E_A, MC_E_YP, MC_E_NSAVED };
 enum { MC_E_IDX, MC_E_SLOT, MC_E_COUNTS, MC_E_DROPPED, MC_E_NSAVED_I32 };

@@ -189,6 +189,16 @@ struct mc_backend {
   void (*rmsnorm_bwd)(mc_backend *be, const float *x, const float *w, const float *rstd,
                       const float *dy, int n, int d, int group, float *dx, float *dw);
 
+  /* ---- gated RMSNorm (the Mamba output norm): the RMSNorm above of g = y * silu(z), g never
+   * stored: out = g / sqrt(mean_group(g^2) + eps) * w, rstd saved. z may be stored in bf16, out
+   * too. The backward recomputes g from y and z, adds into dy and dw, and gives dz as stored (a
+   * bf16 dz is written). */
+  void (*gated_rmsnorm_fwd)(mc_backend *be, const float *y, mc_operand z, const float *w, int n, int d,
+                            int group, float eps, mc_dst out, float *rstd);
+  void (*gated_rmsnorm_bwd)(mc_backend *be, const float *y, mc_operand z, const float *w,
+                            const float *rstd, const float *dout, int n, int d, int group, float *dy,
+                            mc_dst dz, float *dw);
+
   /* ---- RoPE, rotate-half: x is [n, heads*hd]; pair (i, i + hd/2), i < hd/2, at position
    * t = r % T is rotated by t * theta^(-2i/hd). In place, on x as stored (fp32 or bf16); the
    * backward rotates dy back into dx (dx != dy: added into fp32, written into bf16). */

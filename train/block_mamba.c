@@ -3,6 +3,7 @@
  *   xc, Bc, Cc = silu(causal depthwise conv(xr | Br | Cr) + bias)  (one op each: conv_silu)
  *   y = selective scan(xc, dt, A = -exp(A_log), Bc, Cc) + D xc
  *   g = y * silu(z), gn = RMSNorm per head (group hdm) of g times norm.weight, x += gn wout^T
+ *   (g is never stored: gated_rmsnorm recomputes it from y and z)
  * Under mc_act16 z and gn (they feed only the gate and products) and the gradients of the
  * projections' outputs (dz, dx, dB, dC) are kept in bf16; the conv, scan and norm inputs stay
  * fp32.
@@ -10,7 +11,7 @@
 #include "train/net_blocks.h"
 
 /* Everything after the projections (and dt's bias): softplus, the convs and their SiLU, the
- * scan, the gate and the gated norm, from z, x, B, C and dt_pre (what selective recomputation
+ * scan and the gated norm, from z, x, B, C and dt_pre (what selective recomputation
  * rebuilds). */
 static int mamba_inner(struct mc_net *net, mc_layer *L, int n_seq) {
   mc_backend *be = net->be;
@@ -24,9 +25,8 @@ static int mamba_inner(struct mc_net *net, mc_layer *L, int n_seq) {
   be->conv_silu_fwd(be, f[MC_M_CR], mc_w(net, L, MC_ROLE_SSM_CONVC_W), mc_w(net, L, MC_ROLE_SSM_CONVC_B), n_seq, T, N, K, f[MC_M_CC]);
   be->ssm_fwd(be, f[MC_M_XC], f[MC_M_DT], mc_w(net, L, MC_ROLE_SSM_A_LOG), f[MC_M_BC], f[MC_M_CC], mc_w(net, L, MC_ROLE_SSM_D), n_seq, T,
               hm, m->mamba_head_dim, N, f[MC_M_Y]);
-  be->glu_fwd(be, MC_ACT_SILU, mc_saved_in(L, MC_M_Z), mc_f32(f[MC_M_Y]), mc_o32(f[MC_M_G]), (int64_t)n * di);
-  be->rmsnorm_fwd(be, f[MC_M_G], mc_w(net, L, MC_ROLE_SSM_NORM), n, di, m->mamba_head_dim, (float)m->norm_eps,
-                  mc_saved_out(L, MC_M_GN), f[MC_M_GRSTD]);
+  be->gated_rmsnorm_fwd(be, f[MC_M_Y], mc_saved_in(L, MC_M_Z), mc_w(net, L, MC_ROLE_SSM_NORM), n, di, m->mamba_head_dim,
+                        (float)m->norm_eps, mc_saved_out(L, MC_M_GN), f[MC_M_GRSTD]);
   return 0;
 }
 
@@ -67,10 +67,9 @@ static int mamba_backward(struct mc_net *net, mc_layer *L, int n_seq, const floa
   float **f = L->f, **g = net->g;
   mc_linear_bwd(be, mc_saved_in(L, MC_M_GN), mc_wm(net, L, MC_ROLE_SSM_WOUT), mc_dy_in(net, dy, (int64_t)n * d), n, di, d,
                 mc_o32(g[MC_M_DGN]), 0.0f, mc_g(net, L, MC_ROLE_SSM_WOUT));
-  be->rmsnorm_bwd(be, f[MC_M_G], mc_w(net, L, MC_ROLE_SSM_NORM), f[MC_M_GRSTD], g[MC_M_DGN], n, di, m->mamba_head_dim,
-                  mc_zeroed(be, g[MC_M_DG], nd), mc_g(net, L, MC_ROLE_SSM_NORM));
-  be->glu_bwd(be, MC_ACT_SILU, mc_saved_in(L, MC_M_Z), mc_f32(f[MC_M_Y]), mc_f32(g[MC_M_DG]), mc_scratch_grad(net, L, MC_M_DZ, nd),
-              mc_o32(mc_zeroed(be, g[MC_M_DY], nd)), nd);
+  be->gated_rmsnorm_bwd(be, f[MC_M_Y], mc_saved_in(L, MC_M_Z), mc_w(net, L, MC_ROLE_SSM_NORM), f[MC_M_GRSTD], g[MC_M_DGN], n,
+                        di, m->mamba_head_dim, mc_zeroed(be, g[MC_M_DY], nd), mc_scratch_grad(net, L, MC_M_DZ, nd),
+                        mc_g(net, L, MC_ROLE_SSM_NORM));
   be->ssm_bwd(be, f[MC_M_XC], f[MC_M_DT], mc_w(net, L, MC_ROLE_SSM_A_LOG), f[MC_M_BC], f[MC_M_CC], mc_w(net, L, MC_ROLE_SSM_D), g[MC_M_DY],
               n_seq, T, hm, m->mamba_head_dim, N, mc_zeroed(be, g[MC_M_DXC], nd), mc_zeroed(be, g[MC_M_DDT], nh),
               mc_g(net, L, MC_ROLE_SSM_A_LOG), mc_zeroed(be, g[MC_M_DBC], nn), mc_zeroed(be, g[MC_M_DCC], nn),

@@ -54,6 +54,10 @@ void mc_cpu_rmsnorm_fwd(mc_backend *be, const float *x, const float *w, int n, i
                         float eps, mc_dst y, float *rstd);
 void mc_cpu_rmsnorm_bwd(mc_backend *be, const float *x, const float *w, const float *rstd,
                         const float *dy, int n, int d, int group, float *dx, float *dw);
+void mc_cpu_gated_rmsnorm_fwd(mc_backend *be, const float *y, mc_operand z, const float *w, int n, int d, int group,
+                              float eps, mc_dst out, float *rstd);
+void mc_cpu_gated_rmsnorm_bwd(mc_backend *be, const float *y, mc_operand z, const float *w, const float *rstd,
+                              const float *dout, int n, int d, int group, float *dy, mc_dst dz, float *dw);
 
 void mc_cpu_rope_fwd(mc_backend *be, mc_dst x, int n, int T, int heads, int hd, double theta);
 void mc_cpu_rope_bwd(mc_backend *be, mc_operand dy, mc_dst dx, int n, int T, int heads, int hd, double theta);

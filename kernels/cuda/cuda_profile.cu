@@ -254,6 +254,8 @@ static void wrap_all(mc_backend *be, prof_state *p) {
   W(43, sumsq_multi);
   W(44, copy_2d);
   W(45, copy_bf16);
+  W(46, gated_rmsnorm_fwd);
+  W(47, gated_rmsnorm_bwd);
 }
 
 void mc_cuda_install_profile(mc_backend *be) {

@@ -1,9 +1,25 @@
-/* Grouped RMSNorm (kernels/ops.h rmsnorm_fwd, rmsnorm_bwd; formulas as in
- * kernels/cpu/cpu_rmsnorm.c). Sums along a row run in double like the CPU reference. A vector
- * path (float4 loads and stores, taken when widths are multiples of 4 and buffers aligned) and
- * a scalar one for the rest; no atomics, so results are the same bits run to run. */
+/* Grouped RMSNorm (kernels/ops.h rmsnorm_fwd, rmsnorm_bwd, and the gated form
+ * gated_rmsnorm_fwd, gated_rmsnorm_bwd; formulas as in kernels/cpu/cpu_rmsnorm.c). Sums along
+ * a row run in double like the CPU reference. A vector path (float4 loads and stores, taken
+ * when widths are multiples of 4 and buffers aligned) and a scalar one for the rest; no
+ * atomics, so results are the same bits run to run. Every kernel takes GATED as a template
+ * parameter: the gated form normalises g = y * silu(z) (x = y), recomputed where it is
+ * loaded, and splits the input gradient by the gate (dx is dy, added; dz as stored). */
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_vec.h"
+
+/* the gate, in the CPU's order: silu(z) * y */
+static __device__ __forceinline__ float gate_of(float y, float z) { return z * mc_d_sigmoid(z) * y; }
+/* the normalised input at element o */
+template <bool GATED>
+static __device__ __forceinline__ float in_at(const float *x, mc_operand z, int64_t o) {
+  return GATED ? gate_of(x[o], mc_d_ld(z, o)) : x[o];
+}
+/* the gated form's input gradient dg at element o, split: dy += dg silu(z), dz gets dg y silu'(z) */
+static __device__ __forceinline__ void gate_split(float dg, float y, float z, float *dy, mc_dst dz, int64_t o) {
+  mc_d_acc(dz, o, dg * y * mc_d_silu_df(z));
+  dy[o] += dg * (z * mc_d_sigmoid(z));
+}
 
 /* ---- RMSNorm: the scalar path, one warp per (row, group), for shapes or buffers the vector
  * path below does not take */
@@ -18,34 +34,43 @@ static unsigned warp_grid(int64_t items) {
   for (int64_t it = (int64_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32; it < (int64_t)(items); \
        it += (int64_t)gridDim.x * WARPS_PER_BLOCK)
 
-__global__ void k_rmsnorm_fwd(const float *x, const float *w, int n, int d, int group, float eps, mc_dst y,
-                              float *rstd) {
+template <bool GATED>
+__global__ void k_rmsnorm_fwd(const float *x, mc_operand z, const float *w, int n, int d, int group, float eps,
+                              mc_dst y, float *rstd) {
   const int ng = d / group, lane = threadIdx.x % 32;
   MC_WARP_FOR(it, (int64_t)n * ng) {
     int gi = (int)(it % ng);
-    const float *xr = x + it * group; /* rows are d = ng * group wide, so (r, gi) starts at it*group */
+    const int64_t o = it * group; /* rows are d = ng * group wide, so (r, gi) starts at it*group */
     double ss = 0.0;
-    for (int j = lane; j < group; j += 32) ss += (double)xr[j] * xr[j];
+    for (int j = lane; j < group; j += 32) {
+      const float v = in_at<GATED>(x, z, o + j);
+      ss += (double)v * v;
+    }
     ss = mc_d_warp_sumd(ss);
     float rs = (float)(1.0 / sqrt(ss / group + eps));
     if (lane == 0) rstd[it] = rs;
     const float *wr = w + (int64_t)gi * group;
-    for (int j = lane; j < group; j += 32) mc_d_st(y, it * group + j, xr[j] * rs * wr[j]);
+    for (int j = lane; j < group; j += 32) mc_d_st(y, o + j, in_at<GATED>(x, z, o + j) * rs * wr[j]);
   }
 }
 
-__global__ void k_rmsnorm_bwd_dx(const float *x, const float *w, const float *rstd, const float *dy, int n, int d,
-                                 int group, float *dx) {
+template <bool GATED>
+__global__ void k_rmsnorm_bwd_dx(const float *x, mc_operand z, const float *w, const float *rstd, const float *dy, int n,
+                                 int d, int group, float *dx, mc_dst dz) {
   const int ng = d / group, lane = threadIdx.x % 32;
   MC_WARP_FOR(it, (int64_t)n * ng) {
     int64_t o = it * group;
     const float *wr = w + (int64_t)(it % ng) * group;
     float rs = rstd[it];
     double dot = 0.0;
-    for (int j = lane; j < group; j += 32) dot += (double)dy[o + j] * wr[j] * x[o + j];
+    for (int j = lane; j < group; j += 32) dot += (double)dy[o + j] * wr[j] * in_at<GATED>(x, z, o + j);
     dot = mc_d_warp_sumd(dot);
     float c = (float)(dot / group) * rs * rs;
-    for (int j = lane; j < group; j += 32) dx[o + j] += rs * (dy[o + j] * wr[j] - x[o + j] * c);
+    for (int j = lane; j < group; j += 32) {
+      const float dg = rs * (dy[o + j] * wr[j] - in_at<GATED>(x, z, o + j) * c);
+      if (GATED) gate_split(dg, x[o + j], mc_d_ld(z, o + j), dx, dz, o + j);
+      else dx[o + j] += dg;
+    }
   }
 }
 
@@ -92,19 +117,34 @@ __device__ __forceinline__ void group_sums(double (&v)[CPT], int g4, double (*sh
 static __device__ __forceinline__ float4 ld4(const float *p, int c, int C) {
   return c < C ? ((const float4 *)p)[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
+/* chunk c of the row at element `row` of z as stored (bf16: one 8-byte load) */
+static __device__ __forceinline__ float4 ldz4(mc_operand z, int64_t row, int c, int C) {
+  if (c >= C) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (!z.h) return ((const float4 *)(z.f + row))[c];
+  const uint2 u = ((const uint2 *)(z.h + row))[c];
+  const float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+/* the normalised input's chunk from x's (and z's) */
+template <bool GATED>
+static __device__ __forceinline__ float4 in4(float4 x, float4 z) {
+  return GATED ? make_float4(gate_of(x.x, z.x), gate_of(x.y, z.y), gate_of(x.z, z.z), gate_of(x.w, z.w)) : x;
+}
 
 /* y and rstd per row; the next row's x is loaded before this row's reduction, to keep more
  * loads in flight. */
-template <int CPT>
+template <int CPT, bool GATED>
 __global__ void __launch_bounds__(ROWS_MAX_THREADS)
-    k_rmsnorm_fwd4(const float *x, const float *w, int n, int d, int group, int g4, float eps, mc_dst y, float *rstd) {
+    k_rmsnorm_fwd4(const float *x, mc_operand z, const float *w, int n, int d, int group, int g4, float eps, mc_dst y,
+                   float *rstd) {
   __shared__ double sh[2][32];
   const int C = d / 4, ng = d / group;
   float4 wv[CPT], xv[CPT];
 #pragma unroll
   for (int k = 0; k < CPT; k++) {
-    wv[k] = ld4(w, threadIdx.x + k * blockDim.x, C);
-    xv[k] = ld4(x + (int64_t)blockIdx.x * d, threadIdx.x + k * blockDim.x, C);
+    const int c = threadIdx.x + k * blockDim.x;
+    wv[k] = ld4(w, c, C);
+    xv[k] = in4<GATED>(ld4(x + (int64_t)blockIdx.x * d, c, C), GATED ? ldz4(z, (int64_t)blockIdx.x * d, c, C) : float4{});
   }
   int par = 0;
   for (int r = blockIdx.x; r < n; r += gridDim.x, par ^= 1) {
@@ -113,7 +153,8 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS)
     double ss[CPT];
 #pragma unroll
     for (int k = 0; k < CPT; k++) {
-      if (rn < n) xn[k] = ld4(x + (int64_t)rn * d, threadIdx.x + k * blockDim.x, C);
+      const int c = threadIdx.x + k * blockDim.x;
+      if (rn < n) xn[k] = in4<GATED>(ld4(x + (int64_t)rn * d, c, C), GATED ? ldz4(z, (int64_t)rn * d, c, C) : float4{});
       const float4 a = xv[k];
       ss[k] = (double)a.x * a.x + (double)a.y * a.y + (double)a.z * a.z + (double)a.w * a.w;
     }
@@ -134,14 +175,15 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS)
 
 /* dx per row as k_rmsnorm_bwd_dx, and the weight gradient's column sums of dy * x * rstd over
  * the block's rows into part[blockIdx.x][d] (summed in order by k_sum_parts). The next row's
- * x and dy are loaded before this row's reduction, to keep more loads in flight. */
-template <int CPT>
+ * x and dy are loaded before this row's reduction, to keep more loads in flight. GATED: x is
+ * y, the normalised input is recomputed from y and z, and dx (dy) and dz get the split. */
+template <int CPT, bool GATED>
 __global__ void __launch_bounds__(ROWS_MAX_THREADS)
-    k_rmsnorm_bwd4(const float *x, const float *w, const float *rstd, const float *dy, int n, int d, int group, int g4,
-                   float *dx, double *part) {
+    k_rmsnorm_bwd4(const float *x, mc_operand z, const float *w, const float *rstd, const float *dy, int n, int d,
+                   int group, int g4, float *dx, mc_dst dz, double *part) {
   __shared__ double sh[2][32];
   const int C = d / 4, ng = d / group;
-  float4 wv[CPT], xv[CPT], gv[CPT];
+  float4 wv[CPT], xv[CPT], zv[CPT], gv[CPT];
   double pv[CPT][4];
 #pragma unroll
   for (int k = 0; k < CPT; k++) {
@@ -150,13 +192,14 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS)
     pv[k][0] = pv[k][1] = pv[k][2] = pv[k][3] = 0.0;
     if (blockIdx.x < n) {
       xv[k] = ld4(x + (int64_t)blockIdx.x * d, c, C);
+      if (GATED) zv[k] = ldz4(z, (int64_t)blockIdx.x * d, c, C);
       gv[k] = ld4(dy + (int64_t)blockIdx.x * d, c, C);
     }
   }
   int par = 0;
   for (int r = blockIdx.x; r < n; r += gridDim.x, par ^= 1) {
     const int rn = r + gridDim.x;
-    float4 dxv[CPT], xn[CPT], gn[CPT];
+    float4 dxv[CPT], xn[CPT], zn[CPT], gn[CPT];
     float rs[CPT];
     double dot[CPT];
 #pragma unroll
@@ -166,9 +209,10 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS)
       rs[k] = c < C ? rstd[(int64_t)r * ng + 4 * c / group] : 0.0f;
       if (rn < n) {
         xn[k] = ld4(x + (int64_t)rn * d, c, C);
+        if (GATED) zn[k] = ldz4(z, (int64_t)rn * d, c, C);
         gn[k] = ld4(dy + (int64_t)rn * d, c, C);
       }
-      const float4 a = xv[k], g = gv[k], b = wv[k];
+      const float4 a = in4<GATED>(xv[k], zv[k]), g = gv[k], b = wv[k];
       dot[k] = (double)g.x * b.x * a.x + (double)g.y * b.y * a.y + (double)g.z * b.z * a.z + (double)g.w * b.w * a.w;
     }
     group_sums<CPT>(dot, g4, sh, par);
@@ -177,19 +221,39 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS)
       const int c = threadIdx.x + k * blockDim.x;
       if (c < C) {
         const float s = rs[k], cc = (float)(dot[k] / group) * s * s;
-        const float4 a = xv[k], g = gv[k], b = wv[k];
+        const float4 a = in4<GATED>(xv[k], zv[k]), g = gv[k], b = wv[k];
+        const float4 dg = make_float4(s * (g.x * b.x - a.x * cc), s * (g.y * b.y - a.y * cc), s * (g.z * b.z - a.z * cc),
+                                      s * (g.w * b.w - a.w * cc));
         float4 o = dxv[k];
-        o.x += s * (g.x * b.x - a.x * cc);
-        o.y += s * (g.y * b.y - a.y * cc);
-        o.z += s * (g.z * b.z - a.z * cc);
-        o.w += s * (g.w * b.w - a.w * cc);
+        if (GATED) {
+          const float4 y = xv[k], zz = zv[k];
+          const int64_t e = (int64_t)r * d + 4 * c;
+          const float4 dzv = make_float4(dg.x * y.x * mc_d_silu_df(zz.x), dg.y * y.y * mc_d_silu_df(zz.y),
+                                         dg.z * y.z * mc_d_silu_df(zz.z), dg.w * y.w * mc_d_silu_df(zz.w));
+          if (dz.h) {
+            st4(dz, e, dzv);
+          } else {
+            float4 t = reinterpret_cast<const float4 *>(dz.f + (int64_t)r * d)[c];
+            t.x += dzv.x, t.y += dzv.y, t.z += dzv.z, t.w += dzv.w;
+            reinterpret_cast<float4 *>(dz.f + (int64_t)r * d)[c] = t;
+          }
+          o.x += dg.x * (zz.x * mc_d_sigmoid(zz.x));
+          o.y += dg.y * (zz.y * mc_d_sigmoid(zz.y));
+          o.z += dg.z * (zz.z * mc_d_sigmoid(zz.z));
+          o.w += dg.w * (zz.w * mc_d_sigmoid(zz.w));
+        } else {
+          o.x += dg.x, o.y += dg.y, o.z += dg.z, o.w += dg.w;
+        }
         reinterpret_cast<float4 *>(dx + (int64_t)r * d)[c] = o;
         pv[k][0] += (double)g.x * a.x * s;
         pv[k][1] += (double)g.y * a.y * s;
         pv[k][2] += (double)g.z * a.z * s;
         pv[k][3] += (double)g.w * a.w * s;
       }
-      if (rn < n) xv[k] = xn[k], gv[k] = gn[k];
+      if (rn < n) {
+        xv[k] = xn[k], gv[k] = gn[k];
+        if (GATED) zv[k] = zn[k];
+      }
     }
   }
 #pragma unroll
@@ -221,12 +285,15 @@ __global__ void k_sum_parts(const double *part, int parts, int cols, float *out)
   }
 }
 
+template <bool GATED>
 struct rms_dw {
-  const float *dy, *x, *rstd;
+  const float *dy, *x;
+  mc_operand z;
+  const float *rstd;
   int d, group, ng;
   __device__ double operator()(int r, int j) const {
     int64_t o = (int64_t)r * d + j;
-    return (double)dy[o] * x[o] * rstd[(int64_t)r * ng + j / group];
+    return (double)dy[o] * in_at<GATED>(x, z, o) * rstd[(int64_t)r * ng + j / group];
   }
 };
 
@@ -267,72 +334,103 @@ static int device_blocks(mc_backend *be, const void *k, int threads, long long *
 
 /* Both vector kernels run on a persistent grid: as many blocks as fit the device at once
  * (at most one per row). */
-template <int CPT>
-static void rmsnorm_fwd4(mc_backend *be, rows_shape rs, const float *x, const float *w, int n, int d, int group,
-                         float eps, mc_dst y, float *rstd) {
+template <int CPT, bool GATED>
+static void rmsnorm_fwd4(mc_backend *be, rows_shape rs, const float *x, mc_operand z, const float *w, int n, int d,
+                         int group, float eps, mc_dst y, float *rstd) {
   static long long cache[16];
-  int blocks = device_blocks(be, (const void *)k_rmsnorm_fwd4<CPT>, rs.threads, cache);
+  int blocks = device_blocks(be, (const void *)k_rmsnorm_fwd4<CPT, GATED>, rs.threads, cache);
   if (blocks > n) blocks = n;
-  k_rmsnorm_fwd4<CPT><<<blocks, rs.threads, 0, mc_cu_stream(be)>>>(x, w, n, d, group, rs.g4, eps, y, rstd);
+  k_rmsnorm_fwd4<CPT, GATED><<<blocks, rs.threads, 0, mc_cu_stream(be)>>>(x, z, w, n, d, group, rs.g4, eps, y, rstd);
 }
 
-static void cu_rmsnorm_fwd(mc_backend *be, const float *x, const float *w, int n, int d, int group, float eps,
-                           mc_dst y, float *rstd) {
+/* z aligned for the vector path (bf16: 8 bytes, fp32: 16), or absent */
+static int z_aligned(mc_operand z) { return z.h ? aligned(z.h, 8) : !z.f || aligned(z.f, 16); }
+
+template <bool GATED>
+static void norm_fwd(mc_backend *be, const char *op, const float *x, mc_operand z, const float *w, int n, int d,
+                     int group, float eps, mc_dst y, float *rstd) {
   if (n <= 0 || d <= 0) return;
   if (group <= 0 || d % group) {
-    mc_cuda_fail(be, "rmsnorm_fwd: width %d is not a multiple of the group %d", d, group);
+    mc_cuda_fail(be, "%s: width %d is not a multiple of the group %d", op, d, group);
     return;
   }
   const rows_shape rs = rows_shape_of(d, group);
-  if (rs.cpt && aligned(x, 16) && aligned(w, 16) && dst_aligned(y)) {
+  if (rs.cpt && aligned(x, 16) && z_aligned(z) && aligned(w, 16) && dst_aligned(y)) {
     switch (rs.cpt) {
-      case 1: rmsnorm_fwd4<1>(be, rs, x, w, n, d, group, eps, y, rstd); break;
-      case 2: rmsnorm_fwd4<2>(be, rs, x, w, n, d, group, eps, y, rstd); break;
-      default: rmsnorm_fwd4<4>(be, rs, x, w, n, d, group, eps, y, rstd); break;
+      case 1: rmsnorm_fwd4<1, GATED>(be, rs, x, z, w, n, d, group, eps, y, rstd); break;
+      case 2: rmsnorm_fwd4<2, GATED>(be, rs, x, z, w, n, d, group, eps, y, rstd); break;
+      default: rmsnorm_fwd4<4, GATED>(be, rs, x, z, w, n, d, group, eps, y, rstd); break;
     }
   } else {
-    k_rmsnorm_fwd<<<warp_grid((int64_t)n * (d / group)), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(x, w, n, d, group,
-                                                                                                eps, y, rstd);
+    k_rmsnorm_fwd<GATED><<<warp_grid((int64_t)n * (d / group)), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(
+        x, z, w, n, d, group, eps, y, rstd);
   }
-  mc_cuda_check(be, "rmsnorm_fwd");
+  mc_cuda_check(be, op);
 }
 
-template <int CPT>
-static void rmsnorm_bwd4(mc_backend *be, rows_shape rs, const float *x, const float *w, const float *rstd,
-                         const float *dy, int n, int d, int group, float *dx, float *dw) {
+template <int CPT, bool GATED>
+static void rmsnorm_bwd4(mc_backend *be, const char *op, rows_shape rs, const float *x, mc_operand z, const float *w,
+                         const float *rstd, const float *dy, int n, int d, int group, float *dx, mc_dst dz, float *dw) {
   static long long cache[16];
-  int blocks = device_blocks(be, (const void *)k_rmsnorm_bwd4<CPT>, rs.threads, cache);
+  int blocks = device_blocks(be, (const void *)k_rmsnorm_bwd4<CPT, GATED>, rs.threads, cache);
   if (blocks > n) blocks = n;
-  double *part = (double *)mc_cuda_scratch(be, (size_t)blocks * d * sizeof(double), "rmsnorm_bwd");
+  double *part = (double *)mc_cuda_scratch(be, (size_t)blocks * d * sizeof(double), op);
   if (!part) return;
-  k_rmsnorm_bwd4<CPT><<<blocks, rs.threads, 0, mc_cu_stream(be)>>>(x, w, rstd, dy, n, d, group, rs.g4, dx, part);
+  k_rmsnorm_bwd4<CPT, GATED><<<blocks, rs.threads, 0, mc_cu_stream(be)>>>(x, z, w, rstd, dy, n, d, group, rs.g4, dx,
+                                                                          dz, part);
   k_sum_parts<<<(d + 31) / 32, dim3(32, SUM_STRIPES), 0, mc_cu_stream(be)>>>(part, blocks, d, dw);
-  mc_cuda_check(be, "rmsnorm_bwd");
+  mc_cuda_check(be, op);
+}
+
+template <bool GATED>
+static void norm_bwd(mc_backend *be, const char *op, const float *x, mc_operand z, const float *w, const float *rstd,
+                     const float *dy, int n, int d, int group, float *dx, mc_dst dz, float *dw) {
+  if (n <= 0 || d <= 0) return;
+  if (group <= 0 || d % group) {
+    mc_cuda_fail(be, "%s: width %d is not a multiple of the group %d", op, d, group);
+    return;
+  }
+  const rows_shape rs = rows_shape_of(d, group);
+  if (rs.cpt && aligned(x, 16) && z_aligned(z) && aligned(w, 16) && aligned(dy, 16) && aligned(dx, 16) &&
+      (!GATED || dst_aligned(dz))) {
+    switch (rs.cpt) {
+      case 1: rmsnorm_bwd4<1, GATED>(be, op, rs, x, z, w, rstd, dy, n, d, group, dx, dz, dw); break;
+      case 2: rmsnorm_bwd4<2, GATED>(be, op, rs, x, z, w, rstd, dy, n, d, group, dx, dz, dw); break;
+      default: rmsnorm_bwd4<4, GATED>(be, op, rs, x, z, w, rstd, dy, n, d, group, dx, dz, dw); break;
+    }
+    return;
+  }
+  k_rmsnorm_bwd_dx<GATED><<<warp_grid((int64_t)n * (d / group)), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(
+      x, z, w, rstd, dy, n, d, group, dx, dz);
+  mc_cuda_check(be, op);
+  mc_cuda_colsum(be, rms_dw<GATED>{dy, x, z, rstd, d, group, d / group}, n, d, dw, op);
+}
+
+static const mc_operand no_gate = {NULL, NULL};
+
+static void cu_rmsnorm_fwd(mc_backend *be, const float *x, const float *w, int n, int d, int group, float eps,
+                           mc_dst y, float *rstd) {
+  norm_fwd<false>(be, "rmsnorm_fwd", x, no_gate, w, n, d, group, eps, y, rstd);
 }
 
 static void cu_rmsnorm_bwd(mc_backend *be, const float *x, const float *w, const float *rstd, const float *dy, int n,
                            int d, int group, float *dx, float *dw) {
-  if (n <= 0 || d <= 0) return;
-  if (group <= 0 || d % group) {
-    mc_cuda_fail(be, "rmsnorm_bwd: width %d is not a multiple of the group %d", d, group);
-    return;
-  }
-  const rows_shape rs = rows_shape_of(d, group);
-  if (rs.cpt && aligned(x, 16) && aligned(w, 16) && aligned(dy, 16) && aligned(dx, 16)) {
-    switch (rs.cpt) {
-      case 1: rmsnorm_bwd4<1>(be, rs, x, w, rstd, dy, n, d, group, dx, dw); break;
-      case 2: rmsnorm_bwd4<2>(be, rs, x, w, rstd, dy, n, d, group, dx, dw); break;
-      default: rmsnorm_bwd4<4>(be, rs, x, w, rstd, dy, n, d, group, dx, dw); break;
-    }
-    return;
-  }
-  k_rmsnorm_bwd_dx<<<warp_grid((int64_t)n * (d / group)), MC_CUDA_THREADS, 0, mc_cu_stream(be)>>>(x, w, rstd, dy, n,
-                                                                                                 d, group, dx);
-  mc_cuda_check(be, "rmsnorm_bwd");
-  mc_cuda_colsum(be, rms_dw{dy, x, rstd, d, group, d / group}, n, d, dw, "rmsnorm_bwd (weight)");
+  norm_bwd<false>(be, "rmsnorm_bwd", x, no_gate, w, rstd, dy, n, d, group, dx, mc_dst{NULL, NULL}, dw);
+}
+
+static void cu_gated_rmsnorm_fwd(mc_backend *be, const float *y, mc_operand z, const float *w, int n, int d, int group,
+                                 float eps, mc_dst out, float *rstd) {
+  norm_fwd<true>(be, "gated_rmsnorm_fwd", y, z, w, n, d, group, eps, out, rstd);
+}
+
+static void cu_gated_rmsnorm_bwd(mc_backend *be, const float *y, mc_operand z, const float *w, const float *rstd,
+                                 const float *dout, int n, int d, int group, float *dy, mc_dst dz, float *dw) {
+  norm_bwd<true>(be, "gated_rmsnorm_bwd", y, z, w, rstd, dout, n, d, group, dy, dz, dw);
 }
 
 void mc_cuda_install_rmsnorm(mc_backend *be) {
   be->rmsnorm_fwd = cu_rmsnorm_fwd;
   be->rmsnorm_bwd = cu_rmsnorm_bwd;
+  be->gated_rmsnorm_fwd = cu_gated_rmsnorm_fwd;
+  be->gated_rmsnorm_bwd = cu_gated_rmsnorm_bwd;
 }

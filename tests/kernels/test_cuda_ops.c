@@ -283,6 +283,11 @@ static void test_gemm(void) {
 }
 
 /* ------------------------------------------------------------------ rows: embed, norm, rope, xent */
+/* bf16 helpers (defined with the bf16 output checks below) */
+static void ulp_cmp(mc_backend *be, const char *what, const mc_bf16 *dev, const mc_bf16 *ref, int64_t n, int exact);
+static mc_bf16 *dev16(mc_backend *be, const mc_bf16 *h, int64_t n);
+static mc_bf16 *host16(const float *x, int64_t n);
+
 static void test_rows(void) {
   /* embedding with repeated tokens */
   const int V = 50, n = 300, d = 24;
@@ -349,6 +354,53 @@ static void test_rows(void) {
   case_end();
 }
 
+/* the gated RMSNorm (the Mamba output norm): the vector path (width 192, groups of 64 and the
+ * whole row) and the per-warp one (width 30, groups of 10), z and dz in fp32 and in bf16 */
+static void gated_norm_case(int rows, int width, int grp, int z16) {
+  const int ng = width / grp;
+  const int64_t nd = (int64_t)rows * width;
+  char what[80];
+  float *y = hrand(nd, 1.5f), *z = hrand(nd, 1.5f), *w = hrand(width, 1), *out = hzeros(nd);
+  float *rs = hzeros((int64_t)rows * ng), *dout = hrand(nd, 1), *dy = hrand(nd, 1), *dw = hrand(width, 1);
+  if (z16)
+    for (int64_t i = 0; i < nd; i++) z[i] = mc_bf16_to_float(mc_bf16_from_float(z[i]));
+  mc_bf16 *zh = host16(z, nd), *zhd = dev16(gpu, zh, nd);
+  float *yd = up(y, nd), *zd = up(z, nd), *wd = up(w, width), *outd = dnan(nd), *rsd = dnan((int64_t)rows * ng);
+  const mc_operand zc = {z, NULL}, zg = z16 ? (mc_operand){NULL, zhd} : (mc_operand){zd, NULL};
+  cpu->gated_rmsnorm_fwd(cpu, y, zc, w, rows, width, grp, 1e-5f, (mc_dst){out, NULL}, rs);
+  gpu->gated_rmsnorm_fwd(gpu, yd, zg, wd, rows, width, grp, 1e-5f, (mc_dst){outd, NULL}, rsd);
+  snprintf(what, sizeof what, "gated_rmsnorm_fwd %dx%d group=%d%s", rows, width, grp, z16 ? " z bf16" : "");
+  cmp(what, outd, out, nd, TOL_EXACT);
+  cmp("gated_rmsnorm_fwd rstd", rsd, rs, (int64_t)rows * ng, TOL_EXACT);
+  float *dz = hrand(nd, 1), *dyd = up(dy, nd), *dzd = up(dz, nd), *dwd = up(dw, width), *doutd = up(dout, nd);
+  mc_bf16 *dzh = calloc((size_t)nd, sizeof(mc_bf16)), *dzhd = dev16(gpu, dzh, nd);
+  cpu->gated_rmsnorm_bwd(cpu, y, zc, w, rs, dout, rows, width, grp, dy, z16 ? (mc_dst){NULL, dzh} : (mc_dst){dz, NULL}, dw);
+  gpu->gated_rmsnorm_bwd(gpu, yd, zg, wd, rsd, doutd, rows, width, grp, dyd,
+                         z16 ? (mc_dst){NULL, dzhd} : (mc_dst){dzd, NULL}, dwd);
+  snprintf(what, sizeof what, "gated_rmsnorm_bwd dy group=%d", grp);
+  cmp(what, dyd, dy, nd, TOL_SUM);
+  if (z16) {
+    ulp_cmp(gpu, "gated_rmsnorm_bwd dz (bf16)", dzhd, dzh, nd, 0);
+  } else {
+    snprintf(what, sizeof what, "gated_rmsnorm_bwd dz group=%d", grp);
+    cmp(what, dzd, dz, nd, TOL_SUM);
+  }
+  snprintf(what, sizeof what, "gated_rmsnorm_bwd dw group=%d", grp);
+  cmp(what, dwd, dw, width, TOL_SUM);
+  gpu->free(gpu, zhd), gpu->free(gpu, dzhd);
+  free(zh), free(dzh);
+  synced("gated rmsnorm");
+  case_end();
+}
+
+static void test_gated_norm(void) {
+  gated_norm_case(333, 192, 64, 0);
+  gated_norm_case(333, 192, 64, 1);
+  gated_norm_case(100, 192, 192, 0);
+  gated_norm_case(77, 30, 10, 0);
+  gated_norm_case(77, 30, 10, 1);
+}
+
 /* ------------------------------------------------------------------ attention */
 static void attn_case(int n_seq, int T, int H, int KV, int hd) {
   const int64_t n = (int64_t)n_seq * T, nq = n * H * hd, nk = n * KV * hd;
@@ -379,10 +431,6 @@ static void attn_case(int n_seq, int T, int H, int KV, int hd) {
 }
 
 /* ------------------------------------------------------------------ conv, ssm, rg-lru */
-static void ulp_cmp(mc_backend *be, const char *what, const mc_bf16 *dev, const mc_bf16 *ref, int64_t n, int exact);
-static mc_bf16 *dev16(mc_backend *be, const mc_bf16 *h, int64_t n);
-static mc_bf16 *host16(const float *x, int64_t n);
-
 /* conv + SiLU: widths on each register window (4, 8, 16), sequences shorter and longer than
  * one chunk of 64 steps (the backward's gradient window crosses chunk ends), channel counts
  * below and above one block, and a bf16 dx (written: the CPU's fp32 sum rounded) */
@@ -1315,6 +1363,13 @@ static void shapes_misc(void) {
     cmp("rmsnorm_bwd dw group=64", dwd, dw, c, TOL_SUM);
     TIME_GPU("rmsnorm_fwd 4096x2048 group=64", 0, gpu->rmsnorm_fwd(gpu, xd, wd, n, c, 64, 1e-5f, (mc_dst){yd, NULL}, rsd));
     TIME_GPU("rmsnorm_bwd 4096x2048 group=64", 0, gpu->rmsnorm_bwd(gpu, xd, wd, rsd, gd, n, c, 64, dxd, dwd));
+    mc_bf16 *zh = host16(x, m), *zhd = dev16(gpu, zh, m), *dzhd = dev16(gpu, zh, m);
+    TIME_GPU("gated_rmsnorm_fwd 4096x2048 group=64 z bf16", 0,
+             gpu->gated_rmsnorm_fwd(gpu, xd, (mc_operand){NULL, zhd}, wd, n, c, 64, 1e-5f, (mc_dst){NULL, (mc_bf16 *)yd}, rsd));
+    TIME_GPU("gated_rmsnorm_bwd 4096x2048 group=64 z bf16", 0,
+             gpu->gated_rmsnorm_bwd(gpu, xd, (mc_operand){NULL, zhd}, wd, rsd, gd, n, c, 64, dxd, (mc_dst){NULL, dzhd}, dwd));
+    gpu->free(gpu, zhd), gpu->free(gpu, dzhd);
+    free(zh);
     TIME_GPU("rmsnorm_fwd 4096x2048 full", 0, gpu->rmsnorm_fwd(gpu, xd, wd, n, c, c, 1e-5f, (mc_dst){yd, NULL}, rsd));
     case_end();
   }
@@ -1583,6 +1638,7 @@ int main(int argc, char **argv) {
   test_elementwise();
   test_gemm();
   test_rows();
+  test_gated_norm();
   attn_case(2, 70, 4, 2, 40);   /* ragged tiles, GQA groups of 2 */
   attn_case(1, 130, 4, 1, 128); /* head_dim 128 (48+ KB of shared memory), MQA */
   attn_case(3, 17, 2, 2, 16);   /* the tiny config's head size */

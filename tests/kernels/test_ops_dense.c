@@ -318,6 +318,57 @@ static void test_rmsnorm(void) {
   }
 }
 
+/* ------------------------------------------------------------------ gated rmsnorm */
+typedef struct {
+  float *y, *z, *w, *out, *rstd, *R;
+  int n, d, group;
+} gnorm_ctx;
+
+static double gnorm_loss(void *p) {
+  gnorm_ctx *c = p;
+  be->gated_rmsnorm_fwd(be, c->y, (mc_operand){c->z, NULL}, c->w, c->n, c->d, c->group, 1e-5f, (mc_dst){c->out, NULL},
+                        c->rstd);
+  return kc_dot(c->out, c->R, (int64_t)c->n * c->d);
+}
+
+static void test_gated_rmsnorm(void) {
+  /* against the two ops it replaces: g = silu(z) * y by glu_fwd, then rmsnorm_fwd and its
+   * backward, then glu_bwd: the same bits (the same float operations in the same order) */
+  const int n = 3, d = 8, group = 4, m = n * d;
+  gnorm_ctx c = {kc_rand(m, 40, 1), kc_rand(m, 41, 1), kc_rand(d, 42, 1), kc_zeros(m), kc_zeros(n * 2),
+                 kc_rand(m, 43, 1), n, d, group};
+  float *g = kc_zeros(m), *ref = kc_zeros(m), *rs2 = kc_zeros(n * 2);
+  gnorm_loss(&c);
+  be->glu_fwd(be, MC_ACT_SILU, (mc_operand){c.z, NULL}, (mc_operand){c.y, NULL}, (mc_dst){g, NULL}, m);
+  be->rmsnorm_fwd(be, g, c.w, n, d, group, 1e-5f, (mc_dst){ref, NULL}, rs2);
+  CHECK(memcmp(ref, c.out, sizeof(float) * m) == 0 && memcmp(rs2, c.rstd, sizeof(float) * n * 2) == 0,
+        "gated_rmsnorm_fwd equals glu_fwd then rmsnorm_fwd bit for bit");
+  float *dy = kc_zeros(m), *dz = kc_zeros(m), *dw = kc_zeros(d);
+  float *dg = kc_zeros(m), *dy2 = kc_zeros(m), *dz2 = kc_zeros(m), *dw2 = kc_zeros(d);
+  be->gated_rmsnorm_bwd(be, c.y, (mc_operand){c.z, NULL}, c.w, c.rstd, c.R, n, d, group, dy, (mc_dst){dz, NULL}, dw);
+  be->rmsnorm_bwd(be, g, c.w, rs2, c.R, n, d, group, dg, dw2);
+  be->glu_bwd(be, MC_ACT_SILU, (mc_operand){c.z, NULL}, (mc_operand){c.y, NULL}, (mc_operand){dg, NULL},
+              (mc_dst){dz2, NULL}, (mc_dst){dy2, NULL}, m);
+  CHECK(memcmp(dy, dy2, sizeof(float) * m) == 0 && memcmp(dz, dz2, sizeof(float) * m) == 0 &&
+            memcmp(dw, dw2, sizeof(float) * d) == 0,
+        "gated_rmsnorm_bwd equals rmsnorm_bwd then glu_bwd bit for bit");
+  kc_gradcheck("gated_rmsnorm.y", c.y, dy, m, gnorm_loss, &c, 1000);
+  kc_gradcheck("gated_rmsnorm.z", c.z, dz, m, gnorm_loss, &c, 1000);
+  kc_gradcheck("gated_rmsnorm.w", c.w, dw, d, gnorm_loss, &c, 1000);
+  /* z and dz in bf16: z widened, dz written (the fp32 one rounded) */
+  mc_bf16 z16[24], dz16[24];
+  float zw[24], *dyb = kc_zeros(m), *dwb = kc_zeros(d), *dzf = kc_zeros(m), *dyf = kc_zeros(m), *dwf = kc_zeros(d);
+  for (int i = 0; i < m; i++) z16[i] = mc_bf16_from_float(c.z[i]), zw[i] = mc_bf16_to_float(z16[i]);
+  be->gated_rmsnorm_bwd(be, c.y, (mc_operand){NULL, z16}, c.w, c.rstd, c.R, n, d, group, dyb, (mc_dst){NULL, dz16}, dwb);
+  be->gated_rmsnorm_bwd(be, c.y, (mc_operand){zw, NULL}, c.w, c.rstd, c.R, n, d, group, dyf, (mc_dst){dzf, NULL}, dwf);
+  int same = memcmp(dyb, dyf, sizeof(float) * m) == 0 && memcmp(dwb, dwf, sizeof(float) * d) == 0;
+  for (int i = 0; i < m; i++) same &= dz16[i] == mc_bf16_from_float(dzf[i]);
+  CHECK(same, "gated_rmsnorm_bwd on bf16 z and dz: the fp32 op on the widened z, dz rounded");
+  free(c.y), free(c.z), free(c.w), free(c.out), free(c.rstd), free(c.R), free(g), free(ref), free(rs2);
+  free(dy), free(dz), free(dw), free(dg), free(dy2), free(dz2), free(dw2), free(dyb), free(dwb), free(dzf), free(dyf),
+      free(dwf);
+}
+
 /* ------------------------------------------------------------------ rope */
 typedef struct {
   float *x, *y, *R;
@@ -473,6 +524,7 @@ int main(void) {
   test_act();
   test_embed();
   test_rmsnorm();
+  test_gated_rmsnorm();
   test_rope();
   test_xent();
   test_misc();

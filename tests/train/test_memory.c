@@ -68,11 +68,11 @@ static void oracle_sizes(const mc_net *net, char kind, int n_seq, sizes *s) {
     s->g[MC_A_DK] = s->g[MC_A_DV] = s->g[MC_A_DKP] = n * kv;
   } else if (kind == 'M') {
     const int64_t di = m->mamba_inner, hm = m->mamba_inner / m->mamba_head_dim, N = m->ssm_state;
-    const int fdi[] = {MC_M_Z, MC_M_XR, MC_M_XC, MC_M_Y, MC_M_G, MC_M_GN};
+    const int fdi[] = {MC_M_Z, MC_M_XR, MC_M_XC, MC_M_Y, MC_M_GN};
     const int fn[] = {MC_M_BR, MC_M_BC, MC_M_CR, MC_M_CC};
-    const int gdi[] = {MC_M_DGN, MC_M_DG, MC_M_DZ, MC_M_DY, MC_M_DXC, MC_M_DXR};
+    const int gdi[] = {MC_M_DGN, MC_M_DZ, MC_M_DY, MC_M_DXC, MC_M_DXR};
     const int gn[] = {MC_M_DBC, MC_M_DBR, MC_M_DCC, MC_M_DCR};
-    for (int k = 0; k < 6; k++) s->f[fdi[k]] = s->g[gdi[k]] = n * di;
+    for (int k = 0; k < 5; k++) s->f[fdi[k]] = s->g[gdi[k]] = n * di;
     for (int k = 0; k < 4; k++) s->f[fn[k]] = s->g[gn[k]] = n * N;
     s->f[MC_M_DTP] = s->f[MC_M_DT] = s->f[MC_M_GRSTD] = s->g[MC_M_DDT] = s->g[MC_M_DDTP] = n * hm;
   } else if (kind == 'E') {
