@@ -503,8 +503,8 @@ static void ssm_case(int n_seq, int T, int Hm, int P, int N) {
   case_end();
 }
 
-static void test_rglru(void) {
-  const int n_seq = 3, T = 45, c = 77;
+/* T = 45: one chunk of the GPU's scan; T = 200: four (64 steps each), the carries chained */
+static void rglru_case(int n_seq, int T, int c) {
   const int64_t n = (int64_t)n_seq * T * c;
   float *gx = hrand(n, 1), *r = hrand(n, 1), *lam = hrand(c, 1), *h = hzeros(n), *dh = hrand(n, 1);
   for (int64_t i = 0; i < n; i++) r[i] = 1.0f / (1.0f + expf(-r[i])); /* a gate in (0, 1) */
@@ -513,14 +513,24 @@ static void test_rglru(void) {
   float *dgxd = up(dgx, n), *drd = up(dr, n), *dld = up(dl, c);
   cpu->rglru_fwd(cpu, gx, r, lam, n_seq, T, c, h);
   gpu->rglru_fwd(gpu, gxd, rd, ld, n_seq, T, c, hd);
-  cmp("rglru_fwd", hd, h, n, TOL_SCAN);
+  char what[64];
+  snprintf(what, sizeof what, "rglru_fwd T=%d", T);
+  cmp(what, hd, h, n, TOL_SCAN);
   cpu->rglru_bwd(cpu, gx, r, lam, h, dh, n_seq, T, c, dgx, dr, dl);
   gpu->rglru_bwd(gpu, gxd, rd, ld, up(h, n), up(dh, n), n_seq, T, c, dgxd, drd, dld);
-  cmp("rglru_bwd dgx", dgxd, dgx, n, TOL_SCAN);
-  cmp("rglru_bwd dr", drd, dr, n, TOL_SCAN);
-  cmp("rglru_bwd dlambda", dld, dl, c, TOL_SCAN);
+  snprintf(what, sizeof what, "rglru_bwd dgx T=%d", T);
+  cmp(what, dgxd, dgx, n, TOL_SCAN);
+  snprintf(what, sizeof what, "rglru_bwd dr T=%d", T);
+  cmp(what, drd, dr, n, TOL_SCAN);
+  snprintf(what, sizeof what, "rglru_bwd dlambda T=%d", T);
+  cmp(what, dld, dl, c, TOL_SCAN);
   synced("rglru");
   case_end();
+}
+
+static void test_rglru(void) {
+  rglru_case(3, 45, 77);
+  rglru_case(2, 200, 33);
 }
 
 /* ------------------------------------------------------------------ MoE */
