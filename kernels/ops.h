@@ -170,8 +170,8 @@ struct mc_backend {
   void (*act_fwd)(mc_backend *be, mc_act act, const float *x, float *y, int64_t n);
   void (*act_bwd)(mc_backend *be, mc_act act, const float *x, const float *dy, float *dx,
                   int64_t n);
-  /* Gated unit: y = act(a) * b (SwiGLU with MC_ACT_SILU, the Mamba gate, the RG-LRU output
-   * gate with MC_ACT_GELU). Every tensor may be stored in bf16 (SwiGLU under
+  /* Gated unit: y = act(a) * b (SwiGLU with MC_ACT_SILU, the RG-LRU input gate with
+   * MC_ACT_SIGMOID and output gate with MC_ACT_GELU). Every tensor may be stored in bf16 (SwiGLU under
    * train.dtype=bf16); da and db are then written (see the conventions). */
   void (*glu_fwd)(mc_backend *be, mc_act act, mc_operand a, mc_operand b, mc_dst y, int64_t n);
   void (*glu_bwd)(mc_backend *be, mc_act act, mc_operand a, mc_operand b, mc_operand dy, mc_dst da,
