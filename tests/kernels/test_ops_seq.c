@@ -134,6 +134,45 @@ static void test_conv(void) {
   free(c.x), free(c.w), free(c.b), free(c.y), free(c.R), free(dx), free(dw), free(db);
 }
 
+/* conv + SiLU against a direct double-precision evaluation of its formulas (kernels/ops.h) on
+ * 40 random shapes, T below and above K, K = 1 included: y, dx, dw, db within float rounding */
+static void test_conv_shapes(void) {
+  int bad = 0;
+  double worst = 0.0;
+  for (int cs = 0; cs < 40; cs++) {
+    const int n_seq = 1 + cs % 3, T = 1 + (cs * 7) % 13, c = 1 + (cs * 5) % 9, K = 1 + cs % 5, n = n_seq * T * c;
+    float *x = kc_rand(n, 200 + cs, 1), *w = kc_rand(c * K, 300 + cs, 1), *b = kc_rand(c, 400 + cs, 1);
+    float *dy = kc_rand(n, 500 + cs, 1), *y = kc_zeros(n), *dx = kc_zeros(n), *dw = kc_zeros(c * K), *db = kc_zeros(c);
+    be->conv_silu_fwd(be, x, w, b, n_seq, T, c, K, y);
+    be->conv_silu_bwd(be, x, w, b, dy, n_seq, T, c, K, (mc_dst){dx, NULL}, dw, db);
+    double *rdx = calloc((size_t)n, sizeof(double)), *rdw = calloc((size_t)(c * K), sizeof(double));
+    double *rdb = calloc((size_t)c, sizeof(double));
+    for (int s = 0; s < n_seq; s++)
+      for (int t = 0; t < T; t++)
+        for (int ch = 0; ch < c; ch++) {
+          double pre = b[ch];
+          for (int j = 0; j < K; j++)
+            if (t - K + 1 + j >= 0) pre += (double)w[ch * K + j] * x[((s * T) + t - K + 1 + j) * c + ch];
+          const double sg = 1.0 / (1.0 + exp(-pre)), o = (s * T + t) * c + ch;
+          const double g = dy[(int64_t)o] * sg * (1.0 + pre * (1.0 - sg));
+          double e = fabs(y[(int64_t)o] - pre * sg) / (1.0 + fabs(pre * sg));
+          worst = e > worst ? e : worst, bad += e > 1e-5;
+          rdb[ch] += g;
+          for (int j = 0; j < K; j++) {
+            const int tt = t - K + 1 + j;
+            if (tt < 0) continue;
+            rdx[(s * T + tt) * c + ch] += w[ch * K + j] * g;
+            rdw[ch * K + j] += g * x[(s * T + tt) * c + ch];
+          }
+        }
+    for (int i = 0; i < n; i++) bad += fabs(dx[i] - rdx[i]) > 1e-5 * (1.0 + fabs(rdx[i]));
+    for (int i = 0; i < c * K; i++) bad += fabs(dw[i] - rdw[i]) > 1e-5 * (1.0 + fabs(rdw[i]));
+    for (int i = 0; i < c; i++) bad += fabs(db[i] - rdb[i]) > 1e-5 * (1.0 + fabs(rdb[i]));
+    free(x), free(w), free(b), free(dy), free(y), free(dx), free(dw), free(db), free(rdx), free(rdw), free(rdb);
+  }
+  CHECK(bad == 0, "conv_silu on 40 random shapes: %d values off the double-precision formulas (worst y %.2e)", bad, worst);
+}
+
 /* ------------------------------------------------------------------ selective scan */
 typedef struct {
   float *x, *dt, *A_log, *B, *C, *D, *y, *R;
@@ -214,6 +253,7 @@ int main(void) {
   test_attn();
   test_attn_bf16();
   test_conv();
+  test_conv_shapes();
   test_ssm();
   test_rglru();
   CHECK(be->sync(be) == 0, "sync: %s", mc_errmsg());
