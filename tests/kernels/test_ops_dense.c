@@ -369,6 +369,44 @@ static void test_gated_rmsnorm(void) {
       free(dwf);
 }
 
+/* gated_rmsnorm against a direct double-precision evaluation of its formulas on 30 random
+ * shapes (one group, several, groups of one column): out, dy, dz, dw within float rounding */
+static void test_gated_rmsnorm_shapes(void) {
+  int bad = 0;
+  for (int cs = 0; cs < 30; cs++) {
+    const int group = 1 + cs % 6, ng = 1 + (cs * 7) % 4, d = group * ng, n = 1 + (cs * 5) % 7, m = n * d;
+    float *y = kc_rand(m, 600 + cs, 1), *z = kc_rand(m, 700 + cs, 1), *w = kc_rand(d, 800 + cs, 1);
+    float *dout = kc_rand(m, 900 + cs, 1), *out = kc_zeros(m), *rs = kc_zeros(n * ng);
+    float *dy = kc_zeros(m), *dz = kc_zeros(m), *dw = kc_zeros(d);
+    be->gated_rmsnorm_fwd(be, y, (mc_operand){z, NULL}, w, n, d, group, 1e-5f, (mc_dst){out, NULL}, rs);
+    be->gated_rmsnorm_bwd(be, y, (mc_operand){z, NULL}, w, rs, dout, n, d, group, dy, (mc_dst){dz, NULL}, dw);
+    double *rdw = calloc((size_t)d, sizeof(double));
+    for (int r = 0; r < n; r++)
+      for (int gi = 0; gi < ng; gi++) {
+        const int o = r * d + gi * group;
+        double g[6], ss = 0.0, dot = 0.0;
+        for (int j = 0; j < group; j++) {
+          g[j] = z[o + j] / (1.0 + exp(-(double)z[o + j])) * y[o + j];
+          ss += g[j] * g[j];
+          dot += (double)dout[o + j] * w[gi * group + j] * g[j];
+        }
+        const double rstd = 1.0 / sqrt(ss / group + 1e-5);
+        for (int j = 0; j < group; j++) {
+          const double zj = z[o + j], sg = 1.0 / (1.0 + exp(-zj));
+          const double dg = rstd * (dout[o + j] * w[gi * group + j] - g[j] * rstd * rstd * dot / group);
+          const double ry = g[j] * rstd * w[gi * group + j], rdy = dg * zj * sg, rdz = dg * y[o + j] * sg * (1.0 + zj * (1.0 - sg));
+          bad += fabs(out[o + j] - ry) > 1e-5 * (1.0 + fabs(ry));
+          bad += fabs(dy[o + j] - rdy) > 1e-5 * (1.0 + fabs(rdy));
+          bad += fabs(dz[o + j] - rdz) > 1e-5 * (1.0 + fabs(rdz));
+          rdw[gi * group + j] += dout[o + j] * g[j] * rstd;
+        }
+      }
+    for (int j = 0; j < d; j++) bad += fabs(dw[j] - rdw[j]) > 1e-5 * (1.0 + fabs(rdw[j]));
+    free(y), free(z), free(w), free(dout), free(out), free(rs), free(dy), free(dz), free(dw), free(rdw);
+  }
+  CHECK(bad == 0, "gated_rmsnorm on 30 random shapes: %d values off the double-precision formulas", bad);
+}
+
 /* ------------------------------------------------------------------ rope */
 typedef struct {
   float *x, *y, *R;
@@ -525,6 +563,7 @@ int main(void) {
   test_embed();
   test_rmsnorm();
   test_gated_rmsnorm();
+  test_gated_rmsnorm_shapes();
   test_rope();
   test_xent();
   test_misc();
