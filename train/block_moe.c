@@ -243,9 +243,10 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   const int32_t *c = L->counts_host;
   int64_t rows = 0;
   for (int e = 0; e < E; e++) rows += c[e];
-  /* act16: dyp feeds only the two products, so it is written in bf16 into DXP (read by those
-   * products before the input-gradient products write DXP); else the fp32 rows of DYP */
-  const int dyp16 = net->par.ep == 1 && mc_saved_bf16(L, MC_E_XP);
+  /* act16 (one rank, so ep = 1): dyp feeds only the two products, so it is written in bf16 into
+   * DXP (read by those products before the input-gradient products write DXP); else the fp32
+   * rows of DYP */
+  const int dyp16 = mc_saved_bf16(L, MC_E_XP);
   be->moe_unpermute_bwd(be, dy, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d,
                         dyp16 ? mc_o16(g[MC_E_DXP]) : mc_o32(mc_zeroed(be, g[MC_E_DYP], rows * d)),
                         mc_zeroed(be, g[MC_E_DGATE], (int64_t)n * k));

@@ -120,6 +120,7 @@ const float *mc_cpu_widen(mc_operand x, int64_t n, float **owned, const char *op
 /* Scalar activation math shared by the elementwise ops and the scans. */
 static inline float mc_sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
 static inline float mc_softplusf(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+static inline float mc_siluf(float v) { return v * mc_sigmoidf(v); }
 /* d silu(v) / dv */
 static inline float mc_silu_df(float v) {
   float s = mc_sigmoidf(v);

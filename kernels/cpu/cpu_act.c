@@ -6,7 +6,7 @@
 
 static inline float act_f(mc_act act, float v) {
   switch (act) {
-  case MC_ACT_SILU: return v * mc_sigmoidf(v);
+  case MC_ACT_SILU: return mc_siluf(v);
   case MC_ACT_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
   case MC_ACT_SIGMOID: return mc_sigmoidf(v);
   case MC_ACT_SOFTPLUS: return mc_softplusf(v);

@@ -28,7 +28,7 @@ void mc_cpu_conv_silu_fwd(mc_backend *be, const float *x, const float *w, const 
     for (int s = 0; s < n_seq; s++)
       for (int t = 0; t < T; t++) {
         float pre = conv_pre(x, w, b, (int64_t)s * T, t, c, K, ch);
-        y[((int64_t)s * T + t) * c + ch] = pre * mc_sigmoidf(pre);
+        y[((int64_t)s * T + t) * c + ch] = mc_siluf(pre);
       }
 }
 

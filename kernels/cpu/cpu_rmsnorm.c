@@ -12,7 +12,7 @@
 static inline float norm_in(const float *x, mc_operand z, int64_t o) {
   if (!z.f && !z.h) return x[o];
   const float zv = mc_operand_at(z, o);
-  return zv * mc_sigmoidf(zv) * x[o];
+  return mc_siluf(zv) * x[o];
 }
 
 static void norm_fwd(const float *x, mc_operand z, const float *w, int n, int d, int group, float eps, mc_dst y,
@@ -57,7 +57,7 @@ static void norm_bwd(const float *x, mc_operand z, const float *w, const float *
         }
         const float zv = mc_operand_at(z, o + j);
         mc_dst_acc(dz, o + j, dg * x[o + j] * mc_silu_df(zv));
-        dx[o + j] += dg * (zv * mc_sigmoidf(zv));
+        dx[o + j] += dg * mc_siluf(zv);
       }
     }
   }

@@ -27,7 +27,7 @@ static void cu_bias_bwd(mc_backend *be, const float *dy, int n, int c, float *db
 
 static __device__ __forceinline__ float act_f(int act, float v) {
   switch (act) {
-  case MC_ACT_SILU: return v * mc_d_sigmoid(v);
+  case MC_ACT_SILU: return mc_d_silu(v);
   case MC_ACT_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
   case MC_ACT_SIGMOID: return mc_d_sigmoid(v);
   case MC_ACT_SOFTPLUS: return mc_d_softplus(v);

@@ -97,6 +97,7 @@ void mc_cuda_install_profile(mc_backend *be);
 /* ---- device math: the same formulas as kernels/cpu/cpu.h and cpu_act.c */
 static __device__ __forceinline__ float mc_d_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 static __device__ __forceinline__ float mc_d_softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+static __device__ __forceinline__ float mc_d_silu(float v) { return v * mc_d_sigmoid(v); }
 static __device__ __forceinline__ float mc_d_silu_df(float v) {
   float s = mc_d_sigmoid(v);
   return s * (1.0f + v * (1.0f - s));

@@ -65,7 +65,7 @@ __global__ void k_conv_silu_fwd(const float *x, const float *w, const float *b, 
       conv_push(xw, xv[u]);
       if (t >= q.t0 && t < q.t1) {
         const float pre = conv_pre(wr, xw, off, bias);
-        y[(q.base + t) * c + ch] = pre * mc_d_sigmoid(pre);
+        y[(q.base + t) * c + ch] = mc_d_silu(pre);
       }
     }
   }

@@ -4,6 +4,7 @@
  * exactly the CPU's. Permutations are gathers or one-writer scatters (slots are unique): no atomics,
  * one block per row. */
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/cuda_vec.h"
 #include "kernels/route_row.h"
 
 __global__ void k_route_rows(const float *logits, int n, int E, int k, float *probs, int32_t *idx, float *gate) {
@@ -211,18 +212,11 @@ template <int W> static __device__ __forceinline__ void st_row(float *p, const f
   else
     for (int u = 0; u < W; u++) p[u] = r.v[u];
 }
-/* stored into dst at element i: fp32, or rounded into bf16 (W = 4: one 8-byte store) */
+/* stored into dst at element i as stored (cuda_vec.h st4: one 16- or 8-byte store) */
 template <int W> static __device__ __forceinline__ void st_dst(mc_dst dst, int64_t i, const fvec<W> &r) {
-  if (!dst.h) {
-    st_row<W>(dst.f + i, r);
-  } else if constexpr (W == 4) {
-    __nv_bfloat162 a = __floats2bfloat162_rn(r.v[0], r.v[1]), b = __floats2bfloat162_rn(r.v[2], r.v[3]);
-    uint2 u;
-    u.x = *(unsigned *)&a, u.y = *(unsigned *)&b;
-    *(uint2 *)((__nv_bfloat16 *)dst.h + i) = u;
-  } else {
-    for (int u = 0; u < W; u++) ((__nv_bfloat16 *)dst.h)[i + u] = __float2bfloat16_rn(r.v[u]);
-  }
+  if constexpr (W == 4) st4(dst, i, make_float4(r.v[0], r.v[1], r.v[2], r.v[3]));
+  else
+    for (int u = 0; u < W; u++) mc_d_st(dst, i + u, r.v[u]);
 }
 
 #define PERM_ROWS(row, rows) for (int64_t row = blockIdx.x; row < (rows); row += gridDim.x)
@@ -292,10 +286,10 @@ __global__ void __launch_bounds__(PERM_THREADS) k_unpermute_bwd(const float *dy,
   }
 }
 
-/* W = 4 where d is a multiple of 4 and every row pointer is 16-byte aligned (8 for bf16) */
-static bool perm_vec(int d, const void *a, const void *b, const void *c, mc_dst o) {
-  const uintptr_t m = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)o.f | ((uintptr_t)o.h << 1);
-  return d % 4 == 0 && (m & 15) == 0;
+/* W = 4 where d is a multiple of 4 and every row pointer is 16-byte aligned (8 for bf16; an
+ * absent one counts as aligned) */
+static bool perm_vec(int d, const void *a, const void *b, mc_dst o) {
+  return d % 4 == 0 && aligned(a, 16) && aligned(b, 16) && dst_aligned(o);
 }
 static unsigned perm_grid(int64_t rows) { return (unsigned)(rows < (1 << 20) ? rows : (1 << 20)); }
 
@@ -303,7 +297,7 @@ static void cu_moe_permute(mc_backend *be, const float *x, const int32_t *slot, 
   const int64_t rows = (int64_t)n * k;
   if (rows * d <= 0) return;
   cudaStream_t st = mc_cu_stream(be);
-  if (perm_vec(d, x, NULL, NULL, xp)) k_permute<4><<<perm_grid(rows), PERM_THREADS, 0, st>>>(x, slot, n, k, d, xp);
+  if (perm_vec(d, x, NULL, xp)) k_permute<4><<<perm_grid(rows), PERM_THREADS, 0, st>>>(x, slot, n, k, d, xp);
   else k_permute<1><<<perm_grid(rows), PERM_THREADS, 0, st>>>(x, slot, n, k, d, xp);
   mc_cuda_check(be, "moe_permute");
 }
@@ -312,7 +306,7 @@ static void gather(mc_backend *be, const float *rows, const int32_t *slot, const
                    float *y, const char *op) {
   if ((int64_t)n * d <= 0) return;
   cudaStream_t st = mc_cu_stream(be);
-  if (perm_vec(d, rows, y, NULL, mc_dst{NULL, NULL})) k_gather<4><<<perm_grid(n), PERM_THREADS, 0, st>>>(rows, slot, gate, n, k, d, y);
+  if (perm_vec(d, rows, y, mc_dst{NULL, NULL})) k_gather<4><<<perm_grid(n), PERM_THREADS, 0, st>>>(rows, slot, gate, n, k, d, y);
   else k_gather<1><<<perm_grid(n), PERM_THREADS, 0, st>>>(rows, slot, gate, n, k, d, y);
   mc_cuda_check(be, op);
 }
@@ -331,7 +325,7 @@ static void cu_moe_unpermute_bwd(mc_backend *be, const float *dy, const float *y
   const int64_t rows = (int64_t)n * k;
   if (rows * d <= 0) return;
   cudaStream_t st = mc_cu_stream(be);
-  if (perm_vec(d, dy, yp, NULL, dyp))
+  if (perm_vec(d, dy, yp, dyp))
     k_unpermute_bwd<4><<<perm_grid(rows), PERM_THREADS, 0, st>>>(dy, yp, slot, gate, n, k, d, dyp, dgate);
   else k_unpermute_bwd<1><<<perm_grid(rows), PERM_THREADS, 0, st>>>(dy, yp, slot, gate, n, k, d, dyp, dgate);
   mc_cuda_check(be, "moe_unpermute_bwd");

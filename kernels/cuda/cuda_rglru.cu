@@ -21,11 +21,11 @@
 
 /* k = -8 softplus(lambda): a_t = exp(k r_t), m_t = sqrt(1 - a_t^2) */
 struct rg_gate {
-  float a, m, l;
+  float a, m;
 };
 static __device__ __forceinline__ rg_gate rg_gate_of(float k, float r) {
   const float l = k * r;
-  return rg_gate{expf(l), sqrtf(-expm1f(2.0f * l)), l};
+  return rg_gate{expf(l), sqrtf(-expm1f(2.0f * l))};
 }
 
 /* The forward recurrence over steps [t0, t1) of the sequence whose row 0 is `base`, channel

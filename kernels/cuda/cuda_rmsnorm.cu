@@ -9,16 +9,18 @@
 #include "kernels/cuda/cuda_vec.h"
 
 /* the gate, in the CPU's order: silu(z) * y */
-static __device__ __forceinline__ float gate_of(float y, float z) { return z * mc_d_sigmoid(z) * y; }
+static __device__ __forceinline__ float gate_of(float y, float z) { return mc_d_silu(z) * y; }
 /* the normalised input at element o */
 template <bool GATED>
 static __device__ __forceinline__ float in_at(const float *x, mc_operand z, int64_t o) {
   return GATED ? gate_of(x[o], mc_d_ld(z, o)) : x[o];
 }
-/* the gated form's input gradient dg at element o, split: dy += dg silu(z), dz gets dg y silu'(z) */
+/* the gated form's input gradient dg split by the gate: dz = dg y silu'(z), dy += dg silu(z) */
+static __device__ __forceinline__ float gate_dz(float dg, float y, float z) { return dg * y * mc_d_silu_df(z); }
+static __device__ __forceinline__ float gate_dy(float dg, float z) { return dg * mc_d_silu(z); }
 static __device__ __forceinline__ void gate_split(float dg, float y, float z, float *dy, mc_dst dz, int64_t o) {
-  mc_d_acc(dz, o, dg * y * mc_d_silu_df(z));
-  dy[o] += dg * (z * mc_d_sigmoid(z));
+  mc_d_acc(dz, o, gate_dz(dg, y, z));
+  dy[o] += gate_dy(dg, z);
 }
 
 /* ---- RMSNorm: the scalar path, one warp per (row, group), for shapes or buffers the vector
@@ -228,8 +230,8 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS)
         if (GATED) {
           const float4 y = xv[k], zz = zv[k];
           const int64_t e = (int64_t)r * d + 4 * c;
-          const float4 dzv = make_float4(dg.x * y.x * mc_d_silu_df(zz.x), dg.y * y.y * mc_d_silu_df(zz.y),
-                                         dg.z * y.z * mc_d_silu_df(zz.z), dg.w * y.w * mc_d_silu_df(zz.w));
+          const float4 dzv = make_float4(gate_dz(dg.x, y.x, zz.x), gate_dz(dg.y, y.y, zz.y), gate_dz(dg.z, y.z, zz.z),
+                                         gate_dz(dg.w, y.w, zz.w));
           if (dz.h) {
             st4(dz, e, dzv);
           } else {
@@ -237,10 +239,7 @@ __global__ void __launch_bounds__(ROWS_MAX_THREADS)
             t.x += dzv.x, t.y += dzv.y, t.z += dzv.z, t.w += dzv.w;
             reinterpret_cast<float4 *>(dz.f + (int64_t)r * d)[c] = t;
           }
-          o.x += dg.x * (zz.x * mc_d_sigmoid(zz.x));
-          o.y += dg.y * (zz.y * mc_d_sigmoid(zz.y));
-          o.z += dg.z * (zz.z * mc_d_sigmoid(zz.z));
-          o.w += dg.w * (zz.w * mc_d_sigmoid(zz.w));
+          o.x += gate_dy(dg.x, zz.x), o.y += gate_dy(dg.y, zz.y), o.z += gate_dy(dg.z, zz.z), o.w += gate_dy(dg.w, zz.w);
         } else {
           o.x += dg.x, o.y += dg.y, o.z += dg.z, o.w += dg.w;
         }

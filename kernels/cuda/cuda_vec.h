@@ -1,5 +1,6 @@
 /* Helpers shared by the row ops' vector paths (cuda_rmsnorm.cu, cuda_rope.cu, cuda_xent.cu):
- * pointer alignment tests and the 4-wide store of an op output as stored (mc_dst). C++ (nvcc)
+ * pointer alignment tests and the 4-wide store of an op output as stored (mc_dst), also used by
+ * cuda_moe.cu's row kernels. C++ (nvcc)
  * only. */
 #ifndef MC_KERNELS_CUDA_VEC_H
 #define MC_KERNELS_CUDA_VEC_H
