@@ -390,12 +390,33 @@ static void cu_gemm_ex(mc_backend *be, int ta, int tb, int M, int N, int K, floa
   }
 }
 
+/* The order to queue a chunk's products in and the lane of each (cuda_gemm_lt.h): the
+ * largest first, each to the lane with the least work so far, so that the lanes finish near
+ * together (ties: the lower index). */
+static void plan_lanes(const chunk *ch, const int *M, const int *N, const int *K, int lanes, int *order, int *lane) {
+  double macs[GROUP_CHUNK], load[GROUP_CHUNK] = {0};
+  for (int i = 0; i < ch->n; i++) {
+    const int g = ch->g[i];
+    macs[i] = (double)M[g] * N[g] * K[g], order[i] = i;
+  }
+  for (int i = 1; i < ch->n; i++) /* insertion sort, stable, largest first */
+    for (int j = i; j > 0 && macs[order[j]] > macs[order[j - 1]]; j--) {
+      const int t = order[j];
+      order[j] = order[j - 1], order[j - 1] = t;
+    }
+  for (int i = 0; i < ch->n; i++) {
+    int best = 0;
+    for (int l = 1; l < lanes; l++) best = load[l] < load[best] ? l : best;
+    lane[order[i]] = best, load[best] += macs[order[i]];
+  }
+}
+
 /* bf16, large groups: both operands rounded once over their whole span (a bf16 B is used as
  * stored), then one product per group straight into C with alpha and beta: no padding, no
  * pointer arrays, no fold-back pass. Each product goes through cuBLASLt with its algorithm
  * cached per shape class (cuda_gemm_lt.cu: the row counts change every micro-batch, and
- * cublasGemmEx would choose afresh on the host for each), or cublasGemmEx where that path
- * is off or refuses. */
+ * cublasGemmEx would choose afresh on the host for each), spread over its lanes, or
+ * cublasGemmEx on the backend's stream where that path is off or refuses. */
 static void grouped_bf16_each(mc_backend *be, const chunk *ch, int ta, int tb, const int *M, const int *N,
                               const int *K, float alpha, mc_operand A, const int64_t *a_off, int lda, mc_operand B,
                               const int64_t *b_off, int ldb, float beta, mc_dst C, const int64_t *c_off, int ldc) {
@@ -409,11 +430,14 @@ static void grouped_bf16_each(mc_backend *be, const chunk *ch, int ta, int tb, c
   const __nv_bfloat16 *Ah, *Bh;
   if (operands_bf16(be, A, na, B, nb, &Ah, &Bh, "gemm_grouped (bf16)")) return;
   const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  for (int i = 0; i < ch->n; i++) {
-    const int g = ch->g[i];
+  int order[GROUP_CHUNK], lane[GROUP_CHUNK];
+  const int lanes = mc_cuda_lt_fork(be);
+  plan_lanes(ch, M, N, K, lanes, order, lane);
+  for (int j = 0; j < ch->n; j++) {
+    const int i = order[j], g = ch->g[i];
     void *Cg = dst_ptr(dst_at(C, c_off[g]));
-    if (!mc_cuda_lt_gemm_bf16(be, opb, opa, N[g], M[g], K[g], alpha, Bh + b_off[g], ldb, Ah + a_off[g], lda, beta, Cg,
-                              dst_type(C), ldc))
+    if (!mc_cuda_lt_gemm_bf16(be, lane[i], opb, opa, N[g], M[g], K[g], alpha, Bh + b_off[g], ldb, Ah + a_off[g], lda,
+                              beta, Cg, dst_type(C), ldc))
       continue;
     cublasStatus_t st = cublasGemmEx(mc_cu(be)->blas, opb, opa, N[g], M[g], K[g], &alpha, Bh + b_off[g], CUDA_R_16BF,
                                      ldb, Ah + a_off[g], CUDA_R_16BF, lda, &beta, Cg, dst_type(C), ldc,
@@ -421,9 +445,10 @@ static void grouped_bf16_each(mc_backend *be, const chunk *ch, int ta, int tb, c
     if (st != CUBLAS_STATUS_SUCCESS) {
       mc_cuda_fail(be, "gemm_grouped (bf16) group %d: M=%d N=%d K=%d: cuBLAS %s", g, M[g], N[g], K[g],
                    cublasGetStatusString(st));
-      return;
+      break;
     }
   }
+  mc_cuda_lt_join(be, lanes);
 }
 
 /* Mean multiply-adds per group of a chunk from which grouped_bf16_each is used instead of the

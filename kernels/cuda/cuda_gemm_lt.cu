@@ -9,7 +9,15 @@
  * algorithm that cuBLASLt refuses for the exact problem is replaced by a fresh query for it.
  * The product is the same cuBLAS computation (bf16 operands, fp32 accumulation, fp32 or bf16
  * output, alpha and beta); only which kernel runs it may differ from cublasGemmEx's choice.
- * MC_CUDA_LT=0 turns the path off (every call then returns -1: the caller's cublasGemmEx). */
+ * MC_CUDA_LT=0 turns the path off (every call then returns -1: the caller's cublasGemmEx).
+ *
+ * Lanes: the products of one grouped call (an MoE layer's experts) may run side by side on
+ * LT_LANES streams, lane 0 being the backend's stream: the routing leaves some experts a few
+ * rows, whose products alone fill a fraction of the GPU. mc_cuda_lt_fork makes the side
+ * lanes wait for the backend's stream, mc_cuda_lt_join makes it wait for them. Each lane has
+ * its own part of the workspace, and a class's algorithm does not depend on the lane, so the
+ * results are the same bits on any lane. MC_CUDA_LT_LANES (1 to LT_LANES, read once) sets how
+ * many are used (1: every product on the backend's stream; for measuring). */
 #include <cublasLt.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +26,9 @@
 #include "kernels/cuda/cuda_gemm_lt.h"
 
 #define LT_SLOTS 512              /* shape classes remembered (then the oldest is replaced) */
-#define LT_WORKSPACE (32u << 20)  /* bytes of workspace for split-K algorithms */
+#define LT_WORKSPACE (32u << 20)  /* bytes of workspace for split-K algorithms, over all lanes */
+#define LT_LANES 4
+#define LT_LANE_WS (LT_WORKSPACE / LT_LANES)
 #define LT_KEY 12
 
 /* The descriptors of one problem (column-major, cuBLAS's convention). */
@@ -37,7 +47,10 @@ typedef struct {
 
 struct mc_cuda_lt {
   cublasLtHandle_t handle;
-  void *workspace;
+  void *workspace;                      /* LT_LANES parts of LT_LANE_WS bytes */
+  int lanes;                            /* lanes in use (MC_CUDA_LT_LANES) */
+  cudaStream_t side[LT_LANES];          /* lanes 1.. (side[0] unused: lane 0 is the backend's) */
+  cudaEvent_t fork, join[LT_LANES];
   lt_slot slot[LT_SLOTS];
   int n, next; /* slots in use; the one replaced next when full */
 };
@@ -66,6 +79,25 @@ static int alignment(const void *p) {
   return al;
 }
 
+static int lanes_wanted(void) {
+  const char *e = getenv("MC_CUDA_LT_LANES");
+  const int v = e && *e ? atoi(e) : LT_LANES;
+  return v < 1 ? 1 : v > LT_LANES ? LT_LANES : v;
+}
+
+/* The side lanes' streams and events; on failure every product runs on lane 0. */
+static void lanes_make(mc_cuda_lt *s) {
+  s->lanes = lanes_wanted();
+  if (s->lanes > 1 && cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming) != cudaSuccess) s->lanes = 1;
+  for (int i = 1; i < s->lanes; i++)
+    if (cudaStreamCreateWithFlags(&s->side[i], cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&s->join[i], cudaEventDisableTiming) != cudaSuccess) {
+      s->lanes = i; /* the lanes made so far */
+      break;
+    }
+  cudaGetLastError();
+}
+
 static mc_cuda_lt *lt_state(mc_backend *be) {
   mc_cuda_ctx *c = mc_cu(be);
   if (c->lt) return c->lt;
@@ -81,8 +113,30 @@ static mc_cuda_lt *lt_state(mc_backend *be) {
     free(s);
     return NULL;
   }
+  lanes_make(s);
   c->lt = s;
   return s;
+}
+
+int mc_cuda_lt_fork(mc_backend *be) {
+  mc_cuda_lt *s = lt_enabled() ? lt_state(be) : NULL;
+  if (!s || s->lanes < 2) return 1;
+  if (cudaEventRecord(s->fork, mc_cu_stream(be)) != cudaSuccess) return cudaGetLastError(), 1;
+  for (int i = 1; i < s->lanes; i++)
+    if (cudaStreamWaitEvent(s->side[i], s->fork, 0) != cudaSuccess) return cudaGetLastError(), 1;
+  return s->lanes;
+}
+
+void mc_cuda_lt_join(mc_backend *be, int lanes) {
+  mc_cuda_lt *s = mc_cu(be)->lt;
+  for (int i = 1; s && i < lanes; i++) {
+    if (cudaEventRecord(s->join[i], s->side[i]) == cudaSuccess &&
+        cudaStreamWaitEvent(mc_cu_stream(be), s->join[i], 0) == cudaSuccess)
+      continue;
+    /* the backend's stream could not be ordered after this lane: wait for it here */
+    cudaGetLastError();
+    cudaStreamSynchronize(s->side[i]);
+  }
 }
 
 static void problem_free(lt_problem *p) {
@@ -130,7 +184,7 @@ static int problem_resize(lt_problem *p, cublasOperation_t opa, cublasOperation_
 static int query(mc_cuda_lt *s, const lt_problem *p, const int al[3], cublasLtMatmulAlgo_t *algo) {
   cublasLtMatmulPreference_t pref;
   if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return -1;
-  size_t ws = LT_WORKSPACE;
+  size_t ws = LT_LANE_WS;
   uint32_t a = (uint32_t)al[0], b = (uint32_t)al[1], c = (uint32_t)al[2];
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a, sizeof a);
@@ -146,8 +200,8 @@ static int query(mc_cuda_lt *s, const lt_problem *p, const int al[3], cublasLtMa
   return 0;
 }
 
-int mc_cuda_lt_gemm_bf16(mc_backend *be, cublasOperation_t opa, cublasOperation_t opb, int m, int n, int k,
-                         float alpha, const void *A, int lda, const void *B, int ldb, float beta, void *C,
+int mc_cuda_lt_gemm_bf16(mc_backend *be, int lane, cublasOperation_t opa, cublasOperation_t opb, int m, int n,
+                         int k, float alpha, const void *A, int lda, const void *B, int ldb, float beta, void *C,
                          cudaDataType_t ctype, int ldc) {
   if (!lt_enabled()) return -1;
   mc_cuda_lt *s = lt_state(be);
@@ -177,10 +231,13 @@ int mc_cuda_lt_gemm_bf16(mc_backend *be, cublasOperation_t opa, cublasOperation_
     memcpy(hit->key, key, sizeof key);
     hit->algo = algo, hit->p = p;
   }
+  if (lane < 0 || lane >= s->lanes) lane = 0;
+  cudaStream_t st = lane ? s->side[lane] : mc_cu_stream(be);
+  void *ws = (char *)s->workspace + (size_t)lane * LT_LANE_WS;
   for (int attempt = 0; attempt < 2; attempt++) {
     if (attempt == 1 && query(s, &hit->p, al, &hit->algo)) return -1; /* the cached choice refused this problem */
     if (cublasLtMatmul(s->handle, hit->p.op, &alpha, A, hit->p.a, B, hit->p.b, &beta, C, hit->p.c, C, hit->p.c,
-                       &hit->algo, s->workspace, LT_WORKSPACE, mc_cu_stream(be)) == CUBLAS_STATUS_SUCCESS)
+                       &hit->algo, ws, LT_LANE_WS, st) == CUBLAS_STATUS_SUCCESS)
       return 0;
   }
   return -1;
