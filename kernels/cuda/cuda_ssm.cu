@@ -1,7 +1,10 @@
 /* The Mamba-2 selective scan (kernels/ops.h ssm_fwd, ssm_bwd; formulas as in
  * kernels/cpu/cpu_ssm.c) in chunked, state-space-duality form. fp32 data; the 64 x 64 tile
- * products run on tensor cores in split TF32 (each operand as a TF32 value plus its TF32
- * rest, three mma products per tile step: about fp32 accuracy, fp32 accumulation).
+ * products run on tensor cores, fp32 accumulation. On the fp32 instance in split TF32 (each
+ * operand as a TF32 value plus its TF32 rest, three mma products per tile step: about fp32
+ * accuracy); on the bf16 instance, whose matrix products take bf16 operands, in plain TF32
+ * (one mma product per tile step, operands rounded to 10 mantissa bits, still 3 more than
+ * bf16): the kernels are templated on SPLIT.
  *
  * Time is cut into chunks of SSD_L = 64 steps. Within a chunk, with a_t = dt_t A and
  * cum_i = a_0 + ... + a_i (summed in double, so that the differences cum_i - cum_j lose
@@ -153,31 +156,40 @@ static __device__ __forceinline__ float2 ssd_split(float v) {
   return make_float2(hi, ssd_tf32(v - hi));
 }
 
-/* Stores the fetched quads split, one 16-byte store per plane and quad. */
+/* v as a (hi, lo) pair: split (SPLIT), or its TF32 rounding and 0 */
+template <bool SPLIT> static __device__ __forceinline__ float2 ssd_pair(float v) {
+  return SPLIT ? ssd_split(v) : make_float2(ssd_tf32(v), 0.0f);
+}
+
+/* Stores the fetched quads, one 16-byte store per plane and quad (the lo plane only when
+ * SPLIT). */
+template <bool SPLIT>
 static __device__ __forceinline__ void ssd_put(const ssd_opd &o, const float (&v)[4 * SSD_QUADS], float *S) {
   if (o.kind == SSD_SMAT) return;
 #pragma unroll
   for (int m = 0; m < SSD_QUADS; m++) {
     int i, kk;
     ssd_quad(o, m, i, kk);
-    const float2 e0 = ssd_split(v[4 * m]), e1 = ssd_split(v[4 * m + 1]);
-    const float2 e2 = ssd_split(v[4 * m + 2]), e3 = ssd_split(v[4 * m + 3]);
+    const float2 e0 = ssd_pair<SPLIT>(v[4 * m]), e1 = ssd_pair<SPLIT>(v[4 * m + 1]);
+    const float2 e2 = ssd_pair<SPLIT>(v[4 * m + 2]), e3 = ssd_pair<SPLIT>(v[4 * m + 3]);
     float *d = S + (o.kind == SSD_COLS ? kk * SSD_LDK + i : i * SSD_LDI + kk);
     *(float4 *)d = make_float4(e0.x, e1.x, e2.x, e3.x);
-    *(float4 *)(d + SSD_STAGE) = make_float4(e0.y, e1.y, e2.y, e3.y);
+    if (SPLIT) *(float4 *)(d + SSD_STAGE) = make_float4(e0.y, e1.y, e2.y, e3.y);
   }
 }
 
-/* Element (i, k) of the operand as a split pair, for k in the current round [k0, k0 + SSD_KT)
- * (kk = k - k0): from its staging buffer, or read and split from its shared matrix. */
+/* Element (i, k) of the operand as a (hi, lo) pair, for k in the current round
+ * [k0, k0 + SSD_KT) (kk = k - k0): from its staging buffer, or read and rounded from its
+ * shared matrix. Without SPLIT lo is 0 and never read. */
+template <bool SPLIT>
 static __device__ __forceinline__ float2 ssd_elem(const ssd_opd &o, const float *S, int i, int k0, int kk) {
   if (o.kind != SSD_SMAT) {
     const float *e = S + (o.kind == SSD_COLS ? kk * SSD_LDK + i : i * SSD_LDI + kk);
-    return make_float2(e[0], e[SSD_STAGE]);
+    return make_float2(e[0], SPLIT ? e[SSD_STAGE] : 0.0f);
   }
   const int k = k0 + kk;
   const float v = i < o.ni && k < o.nk ? o.p[o.trans ? i + k * o.ld : i * o.ld + k] : 0.0f;
-  return ssd_split(v);
+  return ssd_pair<SPLIT>(v);
 }
 
 /* d += a b for one 16 x 8 x 8 tile in TF32 (fp32 accumulation) */
@@ -198,9 +210,10 @@ static __device__ __forceinline__ void ssd_ij(int r, int q, int &i, int &j) {
 }
 
 /* acc += the 64 x 64 tile sum_k a(i, k) b(j, k) over k < a.nk (== b.nk), in the layout of
- * ssd_ij, on tensor cores in split TF32. Staged operands' next columns are fetched while
- * the current ones are multiplied. Starts with a barrier, so shared memory written before
- * the call (matrices, scales) is visible to it. */
+ * ssd_ij, on tensor cores in split TF32 (SPLIT) or TF32. Staged operands' next columns are
+ * fetched while the current ones are multiplied. Starts with a barrier, so shared memory
+ * written before the call (matrices, scales) is visible to it. */
+template <bool SPLIT>
 static __device__ __forceinline__ void ssd_mm(float (&acc)[4][4], const ssd_opd &a, const ssd_opd &b, float *As,
                                               float *Bs) {
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane >> 2, t = lane & 3;
@@ -211,8 +224,8 @@ static __device__ __forceinline__ void ssd_mm(float (&acc)[4][4], const ssd_opd 
   ssd_fetch(b, 0, vb);
   for (int k0 = 0; k0 < a.nk; k0 += SSD_KT) {
     __syncthreads();
-    ssd_put(a, va, As);
-    ssd_put(b, vb, Bs);
+    ssd_put<SPLIT>(a, va, As);
+    ssd_put<SPLIT>(b, vb, Bs);
     __syncthreads();
     if (k0 + SSD_KT < a.nk) {
       ssd_fetch(a, k0 + SSD_KT, va);
@@ -220,17 +233,20 @@ static __device__ __forceinline__ void ssd_mm(float (&acc)[4][4], const ssd_opd 
     }
 #pragma unroll 1 /* no faster unrolled (0.608-0.612 against 0.615 ms), and fewer registers */
     for (int k8 = 0; k8 < SSD_KT; k8 += 8) {
-      const float2 a0 = ssd_elem(a, As, m0, k0, k8 + t), a1 = ssd_elem(a, As, m0 + 8, k0, k8 + t);
-      const float2 a2 = ssd_elem(a, As, m0, k0, k8 + t + 4), a3 = ssd_elem(a, As, m0 + 8, k0, k8 + t + 4);
+      const float2 a0 = ssd_elem<SPLIT>(a, As, m0, k0, k8 + t), a1 = ssd_elem<SPLIT>(a, As, m0 + 8, k0, k8 + t);
+      const float2 a2 = ssd_elem<SPLIT>(a, As, m0, k0, k8 + t + 4);
+      const float2 a3 = ssd_elem<SPLIT>(a, As, m0 + 8, k0, k8 + t + 4);
       float2 b0[4], b1[4];
 #pragma unroll
       for (int r = 0; r < 4; r++)
-        b0[r] = ssd_elem(b, Bs, n0 + 8 * r, k0, k8 + t), b1[r] = ssd_elem(b, Bs, n0 + 8 * r, k0, k8 + t + 4);
+        b0[r] = ssd_elem<SPLIT>(b, Bs, n0 + 8 * r, k0, k8 + t), b1[r] = ssd_elem<SPLIT>(b, Bs, n0 + 8 * r, k0, k8 + t + 4);
       /* the small terms first; the four n-tiles between dependent products */
+      if (SPLIT) {
 #pragma unroll
-      for (int r = 0; r < 4; r++) ssd_mma(acc[r], a0.y, a1.y, a2.y, a3.y, b0[r].x, b1[r].x);
+        for (int r = 0; r < 4; r++) ssd_mma(acc[r], a0.y, a1.y, a2.y, a3.y, b0[r].x, b1[r].x);
 #pragma unroll
-      for (int r = 0; r < 4; r++) ssd_mma(acc[r], a0.x, a1.x, a2.x, a3.x, b0[r].y, b1[r].y);
+        for (int r = 0; r < 4; r++) ssd_mma(acc[r], a0.x, a1.x, a2.x, a3.x, b0[r].y, b1[r].y);
+      }
 #pragma unroll
       for (int r = 0; r < 4; r++) ssd_mma(acc[r], a0.x, a1.x, a2.x, a3.x, b0[r].x, b1[r].x);
     }
@@ -345,6 +361,7 @@ static __device__ __forceinline__ float ssd_decay(const ssd_chunk &k, int i, int
  * with w_j = e^{cum_last - cum_j} dt_j (rev = 0: X = x, Bm = B) or w_j = e^{cum_j}
  * (rev = 1: X = dy, Bm = C, the adjoint's chunk-local part). Also the chunk's total
  * exponent tot = cum_last. */
+template <bool SPLIT>
 __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_STATES)
     k_ssd_states(const float *X, const float *Bm, const float *dt, const float *A_log, int T, int Hm, int P, int N,
                  int nch, int rev, float *out, float *tot) {
@@ -361,7 +378,7 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_STATES)
     for (int n0 = 0; n0 < N; n0 += SSD_L) {
       float acc[4][4];
       ssd_zero(acc);
-      ssd_mm(acc, ssd_cols(Xc + p0, xs, min(SSD_L, P - p0), k.len, nullptr, w),
+      ssd_mm<SPLIT>(acc, ssd_cols(Xc + p0, xs, min(SSD_L, P - p0), k.len, nullptr, w),
              ssd_cols(Bc + n0, N, min(SSD_L, N - n0), k.len), As, Bs);
       ssd_store(acc, o + (int64_t)p0 * N + n0, N, P - p0, N - n0);
     }
@@ -400,6 +417,7 @@ __global__ void k_ssd_pass(float *buf, const float *tot, int nch, int64_t PN, in
 }
 
 /* y of one chunk: e^{cum_i} C_i S_in^T + ((C B^T) o decay) (dt o x) + D x. */
+template <bool SPLIT>
 __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_FWD)
     k_ssd_y(const float *x, const float *dt, const float *A_log, const float *B, const float *C, const float *D,
             const float *states, int T, int Hm, int P, int N, int nch, float *y) {
@@ -414,7 +432,7 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_FWD)
   float *yc = y + k.row0 * xs + (int64_t)k.h * P;
   float acc[4][4];
   ssd_zero(acc);
-  ssd_mm(acc, ssd_rows(Cc, N, k.len, N), ssd_rows(Bc, N, k.len, N), As, Bs);
+  ssd_mm<SPLIT>(acc, ssd_rows(Cc, N, k.len, N), ssd_rows(Bc, N, k.len, N), As, Bs);
 #pragma unroll
   for (int r = 0; r < 4; r++)
 #pragma unroll
@@ -427,8 +445,8 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_FWD)
   for (int p0 = 0; p0 < P; p0 += SSD_L) {
     const int np = min(SSD_L, P - p0);
     ssd_zero(acc);
-    if (k.c > 0) ssd_mm(acc, ssd_rows(Cc, N, k.len, N, k.ec), ssd_rows(S0 + (int64_t)p0 * N, N, np, N), As, Bs);
-    ssd_mm(acc, ssd_smat(sM, SSD_MS, false, k.len, k.len), ssd_cols(xc + p0, xs, np, k.len), As, Bs);
+    if (k.c > 0) ssd_mm<SPLIT>(acc, ssd_rows(Cc, N, k.len, N, k.ec), ssd_rows(S0 + (int64_t)p0 * N, N, np, N), As, Bs);
+    ssd_mm<SPLIT>(acc, ssd_smat(sM, SSD_MS, false, k.len, k.len), ssd_cols(xc + p0, xs, np, k.len), As, Bs);
 #pragma unroll
     for (int r = 0; r < 4; r++)
 #pragma unroll
@@ -443,6 +461,7 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_FWD)
 /* The gradient of one chunk (formulas at the top), given the state entering it (S0) and the
  * adjoint leaving it (dSo). dx and ddt are added in place; dB and dC go to this head's
  * partial rows, dA_log and dD to this chunk's partial pair. */
+template <bool SPLIT>
 __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_BWD)
     k_ssd_bwd(const float *x, const float *dt, const float *A_log, const float *B, const float *C, const float *D,
               const float *dy, const float *states, const float *dstates, int T, int Hm, int P, int N, int nch,
@@ -469,10 +488,10 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_BWD)
 
   /* G = C B^T, then K = (dY X^T) o decay (kept as K_ij dt_j), M = G o decay (over G), and K o G */
   ssd_zero(acc);
-  ssd_mm(acc, ssd_rows(Cc, N, k.len, N), ssd_rows(Bc, N, k.len, N), As, Bs);
+  ssd_mm<SPLIT>(acc, ssd_rows(Cc, N, k.len, N), ssd_rows(Bc, N, k.len, N), As, Bs);
   ssd_store(acc, sG, SSD_MS, SSD_L, SSD_L);
   ssd_zero(acc);
-  ssd_mm(acc, ssd_rows(dyc, xs, k.len, P), ssd_rows(xc, xs, k.len, P), As, Bs);
+  ssd_mm<SPLIT>(acc, ssd_rows(dyc, xs, k.len, P), ssd_rows(xc, xs, k.len, P), As, Bs);
 #pragma unroll
   for (int r = 0; r < 4; r++)
 #pragma unroll
@@ -502,10 +521,10 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_BWD)
     const int np = min(SSD_L, P - p0);
     /* DB = B dS_out^T, its dot with x for ddt and da, then dx */
     ssd_zero(db);
-    if (has_out) ssd_mm(db, ssd_rows(Bc, N, k.len, N), ssd_rows(dSo + (int64_t)p0 * N, N, np, N), As, Bs);
+    if (has_out) ssd_mm<SPLIT>(db, ssd_rows(Bc, N, k.len, N), ssd_rows(dSo + (int64_t)p0 * N, N, np, N), As, Bs);
     ssd_row_dots(sv, NULL, xc, xs, p0, k.len, np, db, sred);
     ssd_zero(acc);
-    ssd_mm(acc, ssd_smat(sG, SSD_MS, true, k.len, k.len), ssd_cols(dyc + p0, xs, np, k.len), As, Bs);
+    ssd_mm<SPLIT>(acc, ssd_smat(sG, SSD_MS, true, k.len, k.len), ssd_cols(dyc + p0, xs, np, k.len), As, Bs);
 #pragma unroll
     for (int r = 0; r < 4; r++)
 #pragma unroll
@@ -520,7 +539,7 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_BWD)
     /* R_i = e^{cum_i} dy_i . (S_in C_i) */
     if (has_in) {
       ssd_zero(acc);
-      ssd_mm(acc, ssd_rows(Cc, N, k.len, N), ssd_rows(S0 + (int64_t)p0 * N, N, np, N), As, Bs);
+      ssd_mm<SPLIT>(acc, ssd_rows(Cc, N, k.len, N), ssd_rows(S0 + (int64_t)p0 * N, N, np, N), As, Bs);
       ssd_row_dots(sR, k.ec, dyc, xs, p0, k.len, np, acc, sred);
     }
   }
@@ -529,12 +548,12 @@ __global__ void __launch_bounds__(SSD_THREADS, SSD_MINB_BWD)
   for (int n0 = 0; n0 < N; n0 += SSD_L) {
     const int nn = min(SSD_L, N - n0);
     ssd_zero(acc);
-    ssd_mm(acc, ssd_smat(sK, SSD_MS, false, k.len, k.len), ssd_cols(Bc + n0, N, nn, k.len), As, Bs);
-    if (has_in) ssd_mm(acc, ssd_rows(dyc, xs, k.len, P, k.ec), ssd_cols(S0 + n0, N, nn, P), As, Bs);
+    ssd_mm<SPLIT>(acc, ssd_smat(sK, SSD_MS, false, k.len, k.len), ssd_cols(Bc + n0, N, nn, k.len), As, Bs);
+    if (has_in) ssd_mm<SPLIT>(acc, ssd_rows(dyc, xs, k.len, P, k.ec), ssd_cols(S0 + n0, N, nn, P), As, Bs);
     ssd_store(acc, pC + n0, N, k.len, nn);
     ssd_zero(acc);
-    ssd_mm(acc, ssd_smat(sK, SSD_MS, true, k.len, k.len), ssd_cols(Cc + n0, N, nn, k.len), As, Bs);
-    if (has_out) ssd_mm(acc, ssd_rows(xc, xs, k.len, P, ewdt), ssd_cols(dSo + n0, N, nn, P), As, Bs);
+    ssd_mm<SPLIT>(acc, ssd_smat(sK, SSD_MS, true, k.len, k.len), ssd_cols(Cc + n0, N, nn, k.len), As, Bs);
+    if (has_out) ssd_mm<SPLIT>(acc, ssd_rows(xc, xs, k.len, P, ewdt), ssd_cols(dSo + n0, N, nn, P), As, Bs);
     ssd_store(acc, pB + n0, N, k.len, nn);
   }
 
@@ -626,33 +645,36 @@ static int ssd_allow(mc_backend *be, const void *kernel, size_t smem, const char
 
 /* Chunk-local parts of chunks [rev, nch - 1 + rev) and the pass over chunks: buf ends up with
  * the state entering each chunk (rev = 0) or the adjoint leaving it (rev = 1). */
+template <bool SPLIT>
 static void ssd_carry(mc_backend *be, const float *X, const float *Bm, const float *dt, const float *A_log, int n_seq,
                       int T, int Hm, int P, int N, int nch, int rev, float *buf, float *tot) {
   cudaStream_t st = mc_cu_stream(be);
   const int64_t PN = (int64_t)P * N;
   if (nch > 1)
-    k_ssd_states<<<dim3((unsigned)(nch - 1), (unsigned)Hm, (unsigned)n_seq), SSD_THREADS, ssd_smem(0), st>>>(
+    k_ssd_states<SPLIT><<<dim3((unsigned)(nch - 1), (unsigned)Hm, (unsigned)n_seq), SSD_THREADS, ssd_smem(0), st>>>(
         X, Bm, dt, A_log, T, Hm, P, N, nch, rev, buf, tot);
   k_ssd_pass<<<dim3((unsigned)((PN + 255) / 256), (unsigned)Hm, (unsigned)n_seq), 256, 0, st>>>(buf, tot, nch, PN,
                                                                                                 rev);
 }
 
-static void cu_ssm_fwd(mc_backend *be, const float *x, const float *dt, const float *A_log, const float *B,
+template <bool SPLIT>
+static void ssm_fwd(mc_backend *be, const float *x, const float *dt, const float *A_log, const float *B,
                        const float *C, const float *D, int n_seq, int T, int Hm, int P, int N, float *y) {
   if (!ssd_args_ok(be, "ssm_fwd", n_seq, T, Hm, P, N)) return;
   const int nch = (T + SSD_L - 1) / SSD_L;
   const size_t nsc = (size_t)n_seq * Hm * nch;
   const size_t sb = ssd_round(nsc * P * N * sizeof(float));
   char *scr = (char *)mc_cuda_scratch(be, sb + nsc * sizeof(float), "ssm_fwd");
-  if (!scr || !ssd_allow(be, (const void *)k_ssd_y, ssd_smem(1), "ssm_fwd")) return;
+  if (!scr || !ssd_allow(be, (const void *)k_ssd_y<SPLIT>, ssd_smem(1), "ssm_fwd")) return;
   float *states = (float *)scr, *tot = (float *)(scr + sb);
-  if (nch > 1) ssd_carry(be, x, B, dt, A_log, n_seq, T, Hm, P, N, nch, 0, states, tot);
-  k_ssd_y<<<dim3((unsigned)nch, (unsigned)Hm, (unsigned)n_seq), SSD_THREADS, ssd_smem(1), mc_cu_stream(be)>>>(
+  if (nch > 1) ssd_carry<SPLIT>(be, x, B, dt, A_log, n_seq, T, Hm, P, N, nch, 0, states, tot);
+  k_ssd_y<SPLIT><<<dim3((unsigned)nch, (unsigned)Hm, (unsigned)n_seq), SSD_THREADS, ssd_smem(1), mc_cu_stream(be)>>>(
       x, dt, A_log, B, C, D, states, T, Hm, P, N, nch, y);
   mc_cuda_check(be, "ssm_fwd");
 }
 
-static void cu_ssm_bwd(mc_backend *be, const float *x, const float *dt, const float *A_log, const float *B,
+template <bool SPLIT>
+static void ssm_bwd(mc_backend *be, const float *x, const float *dt, const float *A_log, const float *B,
                        const float *C, const float *D, const float *dy, int n_seq, int T, int Hm, int P, int N,
                        float *dx, float *ddt, float *dA_log, float *dB, float *dC, float *dD) {
   if (!ssd_args_ok(be, "ssm_bwd", n_seq, T, Hm, P, N)) return;
@@ -661,20 +683,33 @@ static void cu_ssm_bwd(mc_backend *be, const float *x, const float *dt, const fl
   const size_t sb = ssd_round(nsc * P * N * sizeof(float)), tb = ssd_round(nsc * sizeof(float));
   const size_t pb = ssd_round((size_t)Hm * rowsN * sizeof(float)), ab = ssd_round(2 * nsc * sizeof(double));
   char *scr = (char *)mc_cuda_scratch(be, 2 * sb + tb + 2 * pb + ab, "ssm_bwd");
-  if (!scr || !ssd_allow(be, (const void *)k_ssd_bwd, ssd_smem(3), "ssm_bwd")) return;
+  if (!scr || !ssd_allow(be, (const void *)k_ssd_bwd<SPLIT>, ssd_smem(3), "ssm_bwd")) return;
   float *states = (float *)scr, *dstates = (float *)(scr + sb), *tot = (float *)(scr + 2 * sb);
   float *partB = (float *)(scr + 2 * sb + tb), *partC = (float *)(scr + 2 * sb + tb + pb);
   double *partAD = (double *)(scr + 2 * sb + tb + 2 * pb);
   cudaStream_t st = mc_cu_stream(be);
   if (nch > 1) {
-    ssd_carry(be, x, B, dt, A_log, n_seq, T, Hm, P, N, nch, 0, states, tot);
-    ssd_carry(be, dy, C, dt, A_log, n_seq, T, Hm, P, N, nch, 1, dstates, tot);
+    ssd_carry<SPLIT>(be, x, B, dt, A_log, n_seq, T, Hm, P, N, nch, 0, states, tot);
+    ssd_carry<SPLIT>(be, dy, C, dt, A_log, n_seq, T, Hm, P, N, nch, 1, dstates, tot);
   }
-  k_ssd_bwd<<<dim3((unsigned)nch, (unsigned)Hm, (unsigned)n_seq), SSD_THREADS, ssd_smem(3), st>>>(
+  k_ssd_bwd<SPLIT><<<dim3((unsigned)nch, (unsigned)Hm, (unsigned)n_seq), SSD_THREADS, ssd_smem(3), st>>>(
       x, dt, A_log, B, C, D, dy, states, dstates, T, Hm, P, N, nch, dx, ddt, partB, partC, partAD);
   k_ssd_rows<<<mc_cu_grid((int64_t)rowsN), MC_CUDA_THREADS, 0, st>>>(partB, partC, (int64_t)rowsN, Hm, dB, dC);
   k_ssd_heads<<<(unsigned)Hm, 32, 0, st>>>(partAD, n_seq, Hm, nch, dA_log, dD);
   mc_cuda_check(be, "ssm_bwd");
+}
+
+/* Split TF32 on the fp32 instance, TF32 on the bf16 one (the header says why). */
+static void cu_ssm_fwd(mc_backend *be, const float *x, const float *dt, const float *A_log, const float *B,
+                       const float *C, const float *D, int n_seq, int T, int Hm, int P, int N, float *y) {
+  (mc_cu(be)->bf16_gemm ? ssm_fwd<false> : ssm_fwd<true>)(be, x, dt, A_log, B, C, D, n_seq, T, Hm, P, N, y);
+}
+
+static void cu_ssm_bwd(mc_backend *be, const float *x, const float *dt, const float *A_log, const float *B,
+                       const float *C, const float *D, const float *dy, int n_seq, int T, int Hm, int P, int N,
+                       float *dx, float *ddt, float *dA_log, float *dB, float *dC, float *dD) {
+  (mc_cu(be)->bf16_gemm ? ssm_bwd<false> : ssm_bwd<true>)(be, x, dt, A_log, B, C, D, dy, n_seq, T, Hm, P, N, dx, ddt,
+                                                          dA_log, dB, dC, dD);
 }
 
 void mc_cuda_install_ssm(mc_backend *be) {

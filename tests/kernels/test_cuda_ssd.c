@@ -2,11 +2,13 @@
  * forward y (NaN-poisoned on the GPU, so every element must be written) and every gradient
  * of the backward (dx, ddt, dA_log, dB, dC, dD start from the same random values on both
  * sides, since the backward adds), by the norm-wise relative error |gpu - cpu| / |cpu|
- * against TOL_SCAN, the tolerance test_cuda_ops.c uses for the scans. Shapes cover a single
+ * against TOL_SCAN, the tolerance test_cuda_ops.c uses for the scans, on the fp32 instance
+ * (split TF32 products), then against TOL_SCAN16 on the bf16 instance (mc_backend_cuda_bf16:
+ * plain TF32 products, operands rounded to 10 mantissa bits). Shapes cover a single
  * step, partial, exact and several chunks, one and two sequences; dt is positive
  * (softplus of normals), A_log is the model's init log(1 + h % 16); two more cases take
  * large dt (per-step decays near 0) and tiny dt (decays near 1).
- * `test_cuda_ssd --time` also checks and times nam-small's shape (2 x 2048, 32 heads,
+ * `test_cuda_ssd --time` also checks and times nam-small's shape on both instances (2 x 2048, 32 heads,
  * P 64, N 64). The backend's stream is private to it, so the time of one call is taken as
  * the host time of a batch of back-to-back calls between two syncs, divided by the batch
  * (launches are queued ahead, so the device stays busy); the median of 11 batches after a
@@ -20,8 +22,14 @@
 #include "kernels/backend_cuda.h"
 
 #define TOL_SCAN 1e-5
+#define TOL_SCAN16 3e-3
+/* The bf16 instance's per-head sums (dA_log, dD): each is one number summed over every row
+ * of its sequences from TF32 products, and with few rows the terms cancel (T = 5, one head:
+ * 1.0e-2 on the H100, results/gpu/ssd_tf32_2026-11-27.txt) */
+#define TOL_SCAN16_HEAD 3e-2
 
-static mc_backend *cpu, *gpu;
+static mc_backend *cpu, *gpu; /* gpu: the instance under test */
+static double tol = TOL_SCAN;
 static uint64_t stream_no = 7000;
 static double worst_ratio = 0.0;
 
@@ -46,7 +54,7 @@ static float *nan_dev(int64_t n) {
 static float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 
 /* Relative error of the device result against the reference; non-finite mismatches fail. */
-static double cmp(const char *what, const float *d, const float *ref, int64_t n) {
+static double cmp_tol(const char *what, const float *d, const float *ref, int64_t n, double limit) {
   float *g = malloc((size_t)(n ? n : 1) * sizeof(float));
   gpu->to_host(gpu, g, d, (size_t)n * sizeof(float));
   double num = 0.0, den = 0.0;
@@ -62,10 +70,14 @@ static double cmp(const char *what, const float *d, const float *ref, int64_t n)
   }
   free(g);
   double rel = bad ? INFINITY : (den > 0 ? sqrt(num / den) : sqrt(num));
-  if (rel / TOL_SCAN > worst_ratio) worst_ratio = rel / TOL_SCAN;
-  CHECK(rel <= TOL_SCAN, "%s: relative error %.3e above %.0e (%lld non-finite)", what, rel, TOL_SCAN,
-        (long long)bad);
+  if (rel / limit > worst_ratio) worst_ratio = rel / limit;
+  CHECK(rel <= limit, "%s: relative error %.3e above %.0e (%lld non-finite)", what, rel, limit, (long long)bad);
   return rel;
+}
+static double cmp(const char *what, const float *d, const float *ref, int64_t n) { return cmp_tol(what, d, ref, n, tol); }
+/* dA_log and dD, one value per head */
+static double cmp_head(const char *what, const float *d, const float *ref, int64_t n) {
+  return cmp_tol(what, d, ref, n, tol == TOL_SCAN16 ? TOL_SCAN16_HEAD : tol);
 }
 
 typedef struct {
@@ -120,14 +132,14 @@ static void ssm_check(const char *label, int n_seq, int T, int Hm, int P, int N,
   e[0] = cmp(what, s.yd, y, nx);
   e[1] = cmp(what, s.dxd, s.dx, nx);
   e[2] = cmp(what, s.ddtd, s.ddt, n * Hm);
-  e[3] = cmp(what, s.dAd, s.dA, Hm);
+  e[3] = cmp_head(what, s.dAd, s.dA, Hm);
   e[4] = cmp(what, s.dBd, s.dB, n * N);
   e[5] = cmp(what, s.dCd, s.dC, n * N);
-  e[6] = cmp(what, s.dDd, s.dD, Hm);
-  double w = 0.0;
-  for (int i = 0; i < 7; i++) w = e[i] > w ? e[i] : w;
+  e[6] = cmp_head(what, s.dDd, s.dD, Hm);
+  int fail = 0;
+  for (int i = 0; i < 7; i++) fail |= e[i] > (tol == TOL_SCAN16 && (i == 3 || i == 6) ? TOL_SCAN16_HEAD : tol);
   printf("%-7s %d %4d %2d %3d %3d  %.1e %.1e %.1e %.1e %.1e %.1e %.1e  %s\n", label, n_seq, T, Hm, P, N, e[0], e[1],
-         e[2], e[3], e[4], e[5], e[6], w <= TOL_SCAN ? "ok" : "FAIL");
+         e[2], e[3], e[4], e[5], e[6], fail ? "FAIL" : "ok");
   free(y);
   ssm_free(&s);
 }
@@ -186,25 +198,31 @@ int main(int argc, char **argv) {
   gpu = mc_backend_cuda(0);
   CHECK(gpu != NULL, "a device exists but the backend failed: %s", mc_errmsg());
   if (!gpu) return mc_check_exit("test_cuda_ssd");
-  const int timing = argc > 1 && strcmp(argv[1], "--time") == 0;
-  if (argc > 1 && strcmp(argv[1], "--nam") == 0) {
-    time_nam_small();
-    return mc_check_exit("test_cuda_ssd");
+  const int timing = argc > 1 && strcmp(argv[1], "--time") == 0, nam = argc > 1 && strcmp(argv[1], "--nam") == 0;
+  mc_backend *inst[2] = {gpu, mc_backend_cuda_bf16(0)};
+  CHECK(inst[1] != NULL, "the bf16 instance failed: %s", mc_errmsg());
+  for (int b = 0; b < 2 && inst[b]; b++) {
+    gpu = inst[b], tol = b ? TOL_SCAN16 : TOL_SCAN, worst_ratio = 0.0;
+    printf("%s instance\n", b ? "bf16" : "fp32");
+    if (nam) {
+      time_nam_small();
+      continue;
+    }
+    printf("relative error vs the CPU reference (tolerance %.0e%s)\n", tol, b ? ", dA_log and dD 3e-2" : "");
+    printf("case  seq    T  H   P   N  y       dx      ddt     dA_log  dB      dC      dD\n");
+    static const int Ts[] = {1, 5, 63, 64, 65, 130, 300};
+    static const int shapes[][3] = {{2, 8, 16}, {3, 64, 64}, {1, 16, 128}};
+    for (int k = 0; k < 3; k++)
+      for (int ns = 1; ns <= 2; ns++)
+        for (size_t t = 0; t < sizeof Ts / sizeof *Ts; t++)
+          ssm_check("dt", ns, Ts[t], shapes[k][0], shapes[k][1], shapes[k][2], 0.0f);
+    ssm_check("big-dt", 2, 130, 3, 64, 64, 4.0f);   /* dt ~ 4: exp(dt A) down to e^-60 */
+    ssm_check("tiny-dt", 2, 300, 3, 64, 64, -9.0f); /* dt ~ 1e-4: decays within 1e-3 of 1 */
+    ssm_check("odd", 2, 77, 5, 40, 200, 0.0f);      /* P and N not multiples of the tiles */
+    ssm_check("wide", 1, 70, 2, 256, 256, 0.0f);    /* the widest P and N named by the contract */
+    if (timing) time_nam_small();
+    printf("worst error/tolerance: %.3f\n", worst_ratio);
   }
-  printf("relative error vs the CPU reference (tolerance %.0e)\n", TOL_SCAN);
-  printf("case  seq    T  H   P   N  y       dx      ddt     dA_log  dB      dC      dD\n");
-  static const int Ts[] = {1, 5, 63, 64, 65, 130, 300};
-  static const int shapes[][3] = {{2, 8, 16}, {3, 64, 64}, {1, 16, 128}};
-  for (int k = 0; k < 3; k++)
-    for (int ns = 1; ns <= 2; ns++)
-      for (size_t t = 0; t < sizeof Ts / sizeof *Ts; t++)
-        ssm_check("dt", ns, Ts[t], shapes[k][0], shapes[k][1], shapes[k][2], 0.0f);
-  ssm_check("big-dt", 2, 130, 3, 64, 64, 4.0f);   /* dt ~ 4: exp(dt A) down to e^-60 */
-  ssm_check("tiny-dt", 2, 300, 3, 64, 64, -9.0f); /* dt ~ 1e-4: decays within 1e-3 of 1 */
-  ssm_check("odd", 2, 77, 5, 40, 200, 0.0f);      /* P and N not multiples of the tiles */
-  ssm_check("wide", 1, 70, 2, 256, 256, 0.0f);    /* the widest P and N named by the contract */
-  if (timing) time_nam_small();
-  printf("worst error/tolerance: %.3f\n", worst_ratio);
   return mc_check_exit("test_cuda_ssd");
 #endif
 }
