@@ -23,9 +23,11 @@
 
 #define TOL_SCAN 1e-5
 #define TOL_SCAN16 3e-3
-/* The bf16 instance's per-head sums (dA_log, dD): each is one number summed over every row
- * of its sequences from TF32 products, and with few rows the terms cancel (T = 5, one head:
- * 1.0e-2 on the H100, results/gpu/ssd_tf32_2026-11-27.txt) */
+/* The bf16 instance's dA_log: one number per head summed over every row of its sequences
+ * from TF32 products; with few rows the terms cancel (T = 63, one head: 5.9e-3 on the H100,
+ * results/gpu/ssd_tf32_2026-11-27.txt). dD (a sum of the rows' dy . x) is judged instead
+ * against the size of its terms, sum |dy_i . x_i| per head (dD_scale): its sum cancels too
+ * (2 x 65 steps, one head: 3.5e-2 of |dD|, results/gpu/ssd_dd_2026-11-27.txt). */
 #define TOL_SCAN16_HEAD 3e-2
 
 static mc_backend *cpu, *gpu; /* gpu: the instance under test */
@@ -53,8 +55,10 @@ static float *nan_dev(int64_t n) {
 
 static float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 
-/* Relative error of the device result against the reference; non-finite mismatches fail. */
-static double cmp_tol(const char *what, const float *d, const float *ref, int64_t n, double limit) {
+/* Relative error of the device result against the reference, |gpu - cpu| / |scale| (scale
+ * NULL: the reference itself); non-finite mismatches fail. */
+static double cmp_scaled(const char *what, const float *d, const float *ref, const double *scale, int64_t n,
+                         double limit) {
   float *g = malloc((size_t)(n ? n : 1) * sizeof(float));
   gpu->to_host(gpu, g, d, (size_t)n * sizeof(float));
   double num = 0.0, den = 0.0;
@@ -64,9 +68,9 @@ static double cmp_tol(const char *what, const float *d, const float *ref, int64_
       bad++;
       continue;
     }
-    double e = (double)g[i] - ref[i];
+    double e = (double)g[i] - ref[i], r = scale ? scale[i] : ref[i];
     num += e * e;
-    den += (double)ref[i] * ref[i];
+    den += r * r;
   }
   free(g);
   double rel = bad ? INFINITY : (den > 0 ? sqrt(num / den) : sqrt(num));
@@ -74,10 +78,24 @@ static double cmp_tol(const char *what, const float *d, const float *ref, int64_
   CHECK(rel <= limit, "%s: relative error %.3e above %.0e (%lld non-finite)", what, rel, limit, (long long)bad);
   return rel;
 }
-static double cmp(const char *what, const float *d, const float *ref, int64_t n) { return cmp_tol(what, d, ref, n, tol); }
-/* dA_log and dD, one value per head */
+static double cmp(const char *what, const float *d, const float *ref, int64_t n) {
+  return cmp_scaled(what, d, ref, NULL, n, tol);
+}
+/* dA_log, one value per head */
 static double cmp_head(const char *what, const float *d, const float *ref, int64_t n) {
-  return cmp_tol(what, d, ref, n, tol == TOL_SCAN16 ? TOL_SCAN16_HEAD : tol);
+  return cmp_scaled(what, d, ref, NULL, n, tol == TOL_SCAN16 ? TOL_SCAN16_HEAD : tol);
+}
+
+/* sum over rows of |dy_i . x_i| per head: the size of dD's terms */
+static double *dD_scale(const float *x, const float *dy, int64_t rows, int Hm, int P) {
+  double *s = calloc((size_t)Hm, sizeof *s);
+  for (int64_t r = 0; r < rows; r++)
+    for (int h = 0; h < Hm; h++) {
+      double dot = 0.0;
+      for (int p = 0; p < P; p++) dot += (double)dy[(r * Hm + h) * P + p] * x[(r * Hm + h) * P + p];
+      s[h] += fabs(dot);
+    }
+  return s;
 }
 
 typedef struct {
@@ -135,9 +153,11 @@ static void ssm_check(const char *label, int n_seq, int T, int Hm, int P, int N,
   e[3] = cmp_head(what, s.dAd, s.dA, Hm);
   e[4] = cmp(what, s.dBd, s.dB, n * N);
   e[5] = cmp(what, s.dCd, s.dC, n * N);
-  e[6] = cmp_head(what, s.dDd, s.dD, Hm);
+  double *dds = tol == TOL_SCAN16 ? dD_scale(s.x, s.dy, n, Hm, P) : NULL;
+  e[6] = cmp_scaled(what, s.dDd, s.dD, dds, Hm, tol);
+  free(dds);
   int fail = 0;
-  for (int i = 0; i < 7; i++) fail |= e[i] > (tol == TOL_SCAN16 && (i == 3 || i == 6) ? TOL_SCAN16_HEAD : tol);
+  for (int i = 0; i < 7; i++) fail |= e[i] > (tol == TOL_SCAN16 && i == 3 ? TOL_SCAN16_HEAD : tol);
   printf("%-7s %d %4d %2d %3d %3d  %.1e %.1e %.1e %.1e %.1e %.1e %.1e  %s\n", label, n_seq, T, Hm, P, N, e[0], e[1],
          e[2], e[3], e[4], e[5], e[6], fail ? "FAIL" : "ok");
   free(y);
@@ -208,7 +228,7 @@ int main(int argc, char **argv) {
       time_nam_small();
       continue;
     }
-    printf("relative error vs the CPU reference (tolerance %.0e%s)\n", tol, b ? ", dA_log and dD 3e-2" : "");
+    printf("relative error vs the CPU reference (tolerance %.0e%s)\n", tol, b ? ", dA_log 3e-2, dD against sum |dy . x|" : "");
     printf("case  seq    T  H   P   N  y       dx      ddt     dA_log  dB      dC      dD\n");
     static const int Ts[] = {1, 5, 63, 64, 65, 130, 300};
     static const int shapes[][3] = {{2, 8, 16}, {3, 64, 64}, {1, 16, 128}};
