@@ -9,7 +9,7 @@ import sys
 def load(path):
     ops = {}
     for line in open(path):
-        m = re.match(r'\s*([\d.]+)\s+[\d.]+%\s+(\d+)\s+[\d.]+\s+(\w+)', line)
+        m = re.match(r'\s*([\d.]+)\s+[\d.]+%\s+(\d+)\s+[\d.\s]*\s([a-z_0-9]+)\s*$', line)
         if m:
             ops[m.group(3)] = (float(m.group(1)), int(m.group(2)))
     return ops

@@ -4,7 +4,9 @@
  * time is the GPU time of its own kernels and copies (a cuBLAS call included), not the host's.
  * Events are read back at each sync() (and when the pool fills); at exit the totals per op
  * are written: milliseconds, calls, share of the profiled time, and the span from the first
- * to the last event, whose excess over the sum is time the GPU waited for the host.
+ * to the last event, whose excess over the sum is time the GPU waited for the host; that idle
+ * time is also booked to the op that ended it (the gap from the previous op's end to this
+ * op's start: where the GPU waits, e.g. after a sync, while the host prepares the next op).
  * A wrapper is made per table member from the member's own type (a template), so adding an
  * op to kernels/ops.h needs one line in wrap_all(). Each op's time is also booked to the
  * model part the network was in when it was queued (mc_backend.scope: "A fwd", "optimizer",
@@ -34,7 +36,9 @@ struct prof_state {
   cudaEvent_t start[PROF_POOL], end[PROF_POOL];
   int op_of[PROF_POOL], scope_of[PROF_POOL];
   int pending;
-  double ms[PROF_MAX_OPS], host_ms[PROF_MAX_OPS];
+  double ms[PROF_MAX_OPS], host_ms[PROF_MAX_OPS], idle_ms[PROF_MAX_OPS];
+  cudaEvent_t prev_end; /* the end of the last op read back, for the idle time before the next */
+  int have_prev;
   int64_t calls[PROF_MAX_OPS];
   int64_t step_from, step_to; /* MC_CUDA_PROFILE_STEPS (0, 0: every op) */
   const char *scopes[PROF_MAX_SCOPES]; /* scope 0: none set */
@@ -54,15 +58,22 @@ static void flush(prof_state *p) {
   if (!p->pending) return;
   cudaEventSynchronize(p->end[p->pending - 1]);
   for (int i = 0; i < p->pending; i++) {
-    float ms = 0.0f;
+    float ms = 0.0f, gap = 0.0f;
     if (cudaEventElapsedTime(&ms, p->start[i], p->end[i]) == cudaSuccess) {
       p->ms[p->op_of[i]] += ms;
       p->scope_ms[p->scope_of[i]][p->op_of[i]] += ms;
     }
+    const cudaEvent_t before = i ? p->end[i - 1] : p->prev_end;
+    if ((i || p->have_prev) && cudaEventElapsedTime(&gap, before, p->start[i]) == cudaSuccess && gap > 0.0f)
+      p->idle_ms[p->op_of[i]] += gap;
     p->calls[p->op_of[i]]++;
     p->scope_calls[p->scope_of[i]]++;
   }
   cudaGetLastError();
+  /* keep the last end for the next read-back's first gap (the handles swap; both are idle) */
+  const cudaEvent_t t = p->prev_end;
+  p->prev_end = p->end[p->pending - 1], p->end[p->pending - 1] = t;
+  p->have_prev = 1;
   p->pending = 0;
 }
 
@@ -156,7 +167,7 @@ static void report(void) {
               (long long)p->step_to);
     const char *rank = getenv("RANK") ? getenv("RANK") : getenv("OMPI_COMM_WORLD_RANK");
     if (rank) fprintf(f, "# process %ld, rank %s (the launcher's RANK or OMPI_COMM_WORLD_RANK)\n", (long)getpid(), rank);
-    fprintf(f, "%12s %7s %10s %9s %9s  %s\n", "ms", "%", "calls", "us/call", "host us", "op");
+    fprintf(f, "%12s %7s %10s %9s %9s %9s  %s\n", "ms", "%", "calls", "us/call", "host us", "idle us", "op");
     int order[PROF_MAX_OPS];
     for (int i = 0; i < p->n_names; i++) order[i] = i;
     for (int i = 1; i < p->n_names; i++) /* by time, descending */
@@ -167,9 +178,9 @@ static void report(void) {
     for (int i = 0; i < p->n_names; i++) {
       int o = order[i];
       if (!p->calls[o]) continue;
-      fprintf(f, "%12.3f %6.1f%% %10lld %9.1f %9.1f  %s\n", p->ms[o], total > 0 ? 100.0 * p->ms[o] / total : 0.0,
+      fprintf(f, "%12.3f %6.1f%% %10lld %9.1f %9.1f %9.1f  %s\n", p->ms[o], total > 0 ? 100.0 * p->ms[o] / total : 0.0,
               (long long)p->calls[o], 1e3 * p->ms[o] / (double)p->calls[o], 1e3 * p->host_ms[o] / (double)p->calls[o],
-              p->names[o]);
+              1e3 * p->idle_ms[o] / (double)p->calls[o], p->names[o]);
     }
     /* by model part: "scope" lines (ms, share, op calls, label) and the part's three largest ops */
     fprintf(f, "# GPU time by model part (mc_backend.scope), with each part's largest ops\n");
@@ -276,8 +287,9 @@ void mc_cuda_install_profile(mc_backend *be) {
     free(p);
     return;
   }
-  for (int i = 0; i < PROF_POOL; i++)
-    if (cudaEventCreate(&p->start[i]) != cudaSuccess || cudaEventCreate(&p->end[i]) != cudaSuccess) {
+  for (int i = 0; i <= PROF_POOL; i++)
+    if (i == PROF_POOL ? cudaEventCreate(&p->prev_end) != cudaSuccess
+                       : cudaEventCreate(&p->start[i]) != cudaSuccess || cudaEventCreate(&p->end[i]) != cudaSuccess) {
       fprintf(stderr, "MC_CUDA_PROFILE: cudaEventCreate failed; profiling off\n");
       cudaGetLastError();
       free(p);
