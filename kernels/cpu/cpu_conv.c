@@ -1,6 +1,8 @@
 /* Causal depthwise convolution over time followed by SiLU, per sequence:
  * pre_t[ch] = b[ch] + sum_j w[ch, j] x_{t-K+1+j}[ch] (zeros before the sequence start),
  * y_t[ch] = silu(pre_t[ch]). The backward recomputes pre from x. */
+#include <stdlib.h>
+
 #include "kernels/bf16.h"
 #include "kernels/cpu/cpu.h"
 
@@ -41,10 +43,14 @@ void mc_cpu_conv_silu_bwd(mc_backend *be, const float *x, const float *w, const 
 #pragma omp parallel for if ((int64_t)n_seq * T * c * K > MC_CPU_PAR_MIN)
   for (int ch = 0; ch < c; ch++) {
     double gb = 0.0;
+    /* a bf16 dx reads each step's pre-activation gradient K times: formed once per sequence
+     * (NULL when out of memory: formed again where read, the same values) */
+    float *gs = dx.h ? malloc((size_t)T * sizeof(float)) : NULL;
     for (int s = 0; s < n_seq; s++) {
       const int64_t base = (int64_t)s * T;
       for (int t = 0; t < T; t++) {
         float g = conv_dpre(x, w, b, dy, base, t, c, K, ch);
+        if (gs) gs[t] = g;
         gb += g;
         for (int j = 0; j < K; j++) {
           int tt = t - K + 1 + j;
@@ -59,11 +65,12 @@ void mc_cpu_conv_silu_bwd(mc_backend *be, const float *x, const float *w, const 
           float acc = 0.0f;
           for (int j = K - 1; j >= 0; j--) {
             int t = tt + K - 1 - j;
-            if (t < T) acc += w[(int64_t)ch * K + j] * conv_dpre(x, w, b, dy, base, t, c, K, ch);
+            if (t < T) acc += w[(int64_t)ch * K + j] * (gs ? gs[t] : conv_dpre(x, w, b, dy, base, t, c, K, ch));
           }
           dx.h[(base + tt) * c + ch] = mc_bf16_from_float(acc);
         }
     }
+    free(gs);
     db[ch] += (float)gb;
   }
 }
