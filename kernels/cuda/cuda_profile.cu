@@ -287,14 +287,15 @@ void mc_cuda_install_profile(mc_backend *be) {
     free(p);
     return;
   }
-  for (int i = 0; i <= PROF_POOL; i++)
-    if (i == PROF_POOL ? cudaEventCreate(&p->prev_end) != cudaSuccess
-                       : cudaEventCreate(&p->start[i]) != cudaSuccess || cudaEventCreate(&p->end[i]) != cudaSuccess) {
-      fprintf(stderr, "MC_CUDA_PROFILE: cudaEventCreate failed; profiling off\n");
-      cudaGetLastError();
-      free(p);
-      return;
-    }
+  int made = cudaEventCreate(&p->prev_end) == cudaSuccess;
+  for (int i = 0; made && i < PROF_POOL; i++)
+    made = cudaEventCreate(&p->start[i]) == cudaSuccess && cudaEventCreate(&p->end[i]) == cudaSuccess;
+  if (!made) {
+    fprintf(stderr, "MC_CUDA_PROFILE: cudaEventCreate failed; profiling off\n");
+    cudaGetLastError();
+    free(p);
+    return;
+  }
   const char *steps = getenv("MC_CUDA_PROFILE_STEPS");
   long long a = 0, b = 0;
   char tail = 0;
