@@ -36,6 +36,7 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -246,25 +247,53 @@ static int product(way w, kind kd, int E, const int *cnt, cudaStream_t st) {
   return 0;
 }
 
-static int arg(int argc, char **argv, const char *name, int def) {
-  for (int i = 1; i + 1 < argc; i++)
-    if (!strcmp(argv[i], name)) return atoi(argv[i + 1]);
-  return def;
+/* The options, each a flag and its value; an unknown flag, a missing value or one that is not
+ * a whole number is refused (exit 2). */
+static const char *const k_int_flags[] = {"--experts", "--rows", "--d", "--h", "--reps", "--seed", "--streams",
+                                          "--backlog"};
+enum { N_INT_FLAGS = sizeof k_int_flags / sizeof k_int_flags[0] };
+
+static int parse_args(int argc, char **argv, int val[N_INT_FLAGS], const char **counts_file) {
+  for (int i = 1; i < argc; i += 2) {
+    if (i + 1 >= argc) {
+      fprintf(stderr, "bench_expert_gemm: %s needs a value\n", argv[i]);
+      return -1;
+    }
+    if (!strcmp(argv[i], "--counts")) {
+      *counts_file = argv[i + 1];
+      continue;
+    }
+    int f = 0;
+    while (f < N_INT_FLAGS && strcmp(argv[i], k_int_flags[f])) f++;
+    if (f == N_INT_FLAGS) {
+      fprintf(stderr, "bench_expert_gemm: unknown option %s (see the file's header)\n", argv[i]);
+      return -1;
+    }
+    char *end = NULL;
+    const long v = strtol(argv[i + 1], &end, 10);
+    if (!*argv[i + 1] || *end || v < INT_MIN || v > INT_MAX) {
+      fprintf(stderr, "bench_expert_gemm: %s %s: not a whole number\n", argv[i], argv[i + 1]);
+      return -1;
+    }
+    val[f] = (int)v;
+  }
+  return 0;
 }
 
 int main(int argc, char **argv) {
-  const int E = arg(argc, argv, "--experts", 8), R = arg(argc, argv, "--rows", 32768);
-  d_ = arg(argc, argv, "--d", 1024), h_ = arg(argc, argv, "--h", 2048);
-  int reps = arg(argc, argv, "--reps", 40);
-  const int seed = arg(argc, argv, "--seed", 1);
-  n_side = arg(argc, argv, "--streams", 4);
-  const int backlog = arg(argc, argv, "--backlog", 0);
+  int val[N_INT_FLAGS] = {8, 32768, 1024, 2048, 40, 1, 4, 0}; /* the defaults, in k_int_flags' order */
   const char *counts_file = NULL;
-  for (int i = 1; i + 1 < argc; i++)
-    if (!strcmp(argv[i], "--counts")) counts_file = argv[i + 1];
-  if (E < 1 || E > MAX_E || R < 2 * E || d_ < 1 || h_ < 1 || reps < 1 || n_side < 1 ||
-      n_side > MAX_STREAMS) {
-    fprintf(stderr, "bench_expert_gemm: need 1 <= experts <= %d, rows >= 2 experts, d, h, reps >= 1, 1 <= streams <= %d\n",
+  if (parse_args(argc, argv, val, &counts_file)) return 2;
+  const int E = val[0], R = val[1];
+  d_ = val[2], h_ = val[3];
+  const int reps = val[4], seed = val[5];
+  n_side = val[6];
+  const int backlog = val[7];
+  if (E < 1 || E > MAX_E || R < 2 * E || d_ < 1 || h_ < 1 || reps < 1 || n_side < 1 || n_side > MAX_STREAMS ||
+      backlog < 0) {
+    fprintf(stderr,
+            "bench_expert_gemm: need 1 <= experts <= %d, rows >= 2 experts, d, h, reps >= 1, 1 <= streams <= %d, "
+            "backlog >= 0\n",
             MAX_E, MAX_STREAMS);
     return 2;
   }
