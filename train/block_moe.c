@@ -13,7 +13,9 @@
  * permuted input exists only while the forward makes it, in the DXP gradient scratch (free
  * during a forward). The buffers are the E row of core/blocks.h. Under expert parallelism
  * (net->par.ep > 1) the rank's routed rows run on the EP ranks owning their experts and come
- * back by all-to-all (experts_forward_ep / experts_backward_ep, train/dist_ep.c). */
+ * back by all-to-all (experts_forward_ep / experts_backward_ep, train/dist_ep.c), in the same
+ * storage: under mc_act16 the input rows and the output rows' gradient travel in bf16 and the
+ * experts keep h1, h3, the SwiGLU output, da, dh1 and dh3 in bf16, as on one rank. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -67,7 +69,8 @@ int mc_moe_is_dense(const struct mc_net *net) {
 
 /* Where the experts keep h1, h3 and the SwiGLU output (saved for the backward) and the
  * gradients da, dh1, dh3 (scratch): the layer's buffers and the network's gradient scratch
- * in their storage, or under EP the fp32 rows of what this rank's experts received. */
+ * in their storage, or under EP the rows of what this rank's experts received (train/dist_ep.c,
+ * bf16 under mc_act16). */
 typedef struct {
   float *h1, *h3, *a, *da, *dh1, *dh3;
   int s16, g16; /* the saved / scratch ones are bf16 */
@@ -162,9 +165,10 @@ static int ep_slot(const struct mc_net *net) { return net->n_slots > 1 ? net->cu
 
 /* Expert parallelism (train/dist_ep.c): the rank's expert-sorted rows go to the EP ranks
  * owning their experts, this rank's E/ep experts run on what arrived (the received input,
- * h1, h3 and the SwiGLU output are saved with the layer's exchange plan, in fp32, in the
- * moe.scratch arena sized for the most rows routing can send there), and their
- * outputs come back into the layer's expert-output rows, in this rank's expert-sorted order. */
+ * h1, h3 and the SwiGLU output are saved with the layer's exchange plan, bf16 under
+ * mc_act16, in the moe.scratch arena sized for the most rows routing can send there), and
+ * their fp32 outputs come back into the layer's expert-output rows, in this rank's
+ * expert-sorted order. */
 static int experts_forward_ep(struct mc_net *net, mc_layer *L, int n) {
   mc_backend *be = net->be;
   mc_net_par *par = &net->par;
@@ -174,17 +178,19 @@ static int experts_forward_ep(struct mc_net *net, mc_layer *L, int n) {
   if (!r || mc_ep_plan(par, r, L->counts_host, E)) return -1;
   const int64_t R = mc_ep_rows(r);
   if (mc_ep_scratch(par, &stage, &xl, &yr, NULL, NULL, NULL)) return -1;
-  be->moe_permute(be, L->u, L->i[MC_E_SLOT], n, k, d, mc_o32(xl));
-  if (mc_ep_dispatch(par, be, r, xl, mc_ep_saved(r, 0), d, stage, "dispatching the routed rows")) return -1;
-  const expert_bufs B = {mc_ep_saved(r, 1), mc_ep_saved(r, 2), mc_ep_saved(r, 3), NULL, NULL, NULL, 0, 0};
-  if (experts_forward(net, L, E / par->ep, mc_ep_counts(r), R, &B, mc_f32(mc_ep_saved(r, 0)), yr)) return -1;
-  return mc_ep_combine(par, be, r, yr, L->f[MC_E_YP], d, stage, "returning the expert outputs");
+  const int b16 = mc_ep_bf16(par);
+  be->moe_permute(be, L->u, L->i[MC_E_SLOT], n, k, d, buf_out(xl, b16));
+  if (mc_ep_dispatch(par, be, r, xl, mc_ep_saved(r, 0), d, b16, stage, "dispatching the routed rows")) return -1;
+  const expert_bufs B = {mc_ep_saved(r, 1), mc_ep_saved(r, 2), mc_ep_saved(r, 3), NULL, NULL, NULL, b16, b16};
+  if (experts_forward(net, L, E / par->ep, mc_ep_counts(r), R, &B, buf_in(mc_ep_saved(r, 0), b16), yr)) return -1;
+  return mc_ep_combine(par, be, r, yr, L->f[MC_E_YP], d, 0, stage, "returning the expert outputs");
 }
 
-/* Its backward from the expert-output rows' gradient (net->g[MC_E_DYP], this rank's
- * expert-sorted order): dispatched like the input, the experts' backward on the received
- * rows, the input rows' gradient returned into net->g[MC_E_DXP]. */
-static int experts_backward_ep(struct mc_net *net, mc_layer *L) {
+/* Its backward from the expert-output rows' gradient (dyp, this rank's expert-sorted order,
+ * bf16 where mc_ep_bf16): dispatched like the input, the experts' backward on the received
+ * rows, the input rows' gradient returned into net->g[MC_E_DXP] (after dyp was sent: dyp may
+ * live there). */
+static int experts_backward_ep(struct mc_net *net, mc_layer *L, const float *dyp) {
   mc_backend *be = net->be;
   mc_net_par *par = &net->par;
   const int d = net->m.d_model, E = net->m.n_experts;
@@ -192,12 +198,14 @@ static int experts_backward_ep(struct mc_net *net, mc_layer *L) {
   if (!r) return -1;
   const int64_t R = mc_ep_rows(r);
   float *stage, *dyr, *dxr;
-  expert_bufs B = {mc_ep_saved(r, 1), mc_ep_saved(r, 2), mc_ep_saved(r, 3), NULL, NULL, NULL, 0, 0};
+  const int b16 = mc_ep_bf16(par);
+  expert_bufs B = {mc_ep_saved(r, 1), mc_ep_saved(r, 2), mc_ep_saved(r, 3), NULL, NULL, NULL, b16, b16};
   if (mc_ep_scratch(par, &stage, &dyr, &dxr, &B.da, &B.dh1, &B.dh3) ||
-      mc_ep_dispatch(par, be, r, net->g[MC_E_DYP], dyr, d, stage, "dispatching the expert-output gradients") ||
-      experts_backward(net, L, E / par->ep, mc_ep_counts(r), R, &B, mc_f32(mc_ep_saved(r, 0)), mc_f32(dyr), dxr))
+      mc_ep_dispatch(par, be, r, dyp, dyr, d, b16, stage, "dispatching the expert-output gradients") ||
+      experts_backward(net, L, E / par->ep, mc_ep_counts(r), R, &B, buf_in(mc_ep_saved(r, 0), b16), buf_in(dyr, b16),
+                       dxr))
     return -1;
-  return mc_ep_combine(par, be, r, dxr, net->g[MC_E_DXP], d, stage, "returning the input-row gradients");
+  return mc_ep_combine(par, be, r, dxr, net->g[MC_E_DXP], d, 0, stage, "returning the input-row gradients");
 }
 
 static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
@@ -243,15 +251,15 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   const int32_t *c = L->counts_host;
   int64_t rows = 0;
   for (int e = 0; e < E; e++) rows += c[e];
-  /* act16 (one rank, so ep = 1): dyp feeds only the two products, so it is written in bf16 into
-   * DXP (read by those products before the input-gradient products write DXP); else the fp32
-   * rows of DYP */
+  /* act16: dyp feeds only the two products (under EP: the dispatch to them), so it is written
+   * in bf16 into DXP (read by those products, or sent, before the input-row gradient is
+   * written into DXP); else the fp32 rows of DYP */
   const int dyp16 = mc_saved_bf16(L, MC_E_XP);
   be->moe_unpermute_bwd(be, dy, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d,
                         dyp16 ? mc_o16(g[MC_E_DXP]) : mc_o32(mc_zeroed(be, g[MC_E_DYP], rows * d)),
                         mc_zeroed(be, g[MC_E_DGATE], (int64_t)n * k));
   if (net->par.ep > 1) {
-    if (experts_backward_ep(net, L)) return -1;
+    if (experts_backward_ep(net, L, dyp16 ? g[MC_E_DXP] : g[MC_E_DYP])) return -1;
   } else {
     const mc_operand dyp = dyp16 ? mc_b16(g[MC_E_DXP]) : mc_f32(g[MC_E_DYP]);
     const expert_bufs B = layer_bufs(net, L);

@@ -9,7 +9,10 @@
  * source-major and are reordered expert-major (local expert e: its rows from source 0, then
  * from source 1, ...), which is the layout the grouped expert products read. The combine is
  * the exact reverse. The backward moves the output rows' gradient with the dispatch and the
- * input rows' gradient with the combine, over the same plan. */
+ * input rows' gradient with the combine, over the same plan. Under mc_act16 the rows the
+ * expert products read (the input rows, the output rows' gradient) travel and are kept in
+ * bf16, so the experts compute exactly what they compute on one rank (train/block_moe.c);
+ * the products' fp32 outputs travel in fp32. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,7 +28,8 @@ struct mc_ep_route {
   int32_t *recv_cnt;             /* [ep * El] rows from source s for local expert e */
   int32_t *counts;               /* [El] rows per local expert (sum over sources) */
   int64_t R, cap;                /* rows received; rows the saved buffers hold */
-  float *x, *h1, *h3, *a;        /* saved, in moe.scratch: received input rows [cap, d], h1, h3, SwiGLU [cap, F] */
+  float *x, *h1, *h3, *a;        /* saved, in moe.scratch: received input rows [cap, d], h1, h3, SwiGLU [cap, F]
+                                    (bf16 where the state's b16) */
 };
 
 /* The rank's EP state: the routes of each (micro-batch slot, E layer of the stage) and the
@@ -37,12 +41,14 @@ struct mc_ep_route {
  * rows the routing rule allows, so an exchange never allocates. */
 struct mc_ep_state {
   int n_layers, n_slots;
+  int b16;                    /* mc_act16: the rows the products read, and their saved forms, are bf16 */
   struct mc_ep_route **route; /* [n_slots * n_layers] slot-major, NULL: not an E layer of the stage */
   int64_t cap_rows;           /* rows every buffer holds (mc_stage_hold.moe_assignments) */
   int64_t balanced;           /* rows an exchange receives under balanced routing (for reports) */
-  float *stage;               /* [cap, d] source-major staging of the all-to-alls */
-  float *rows_a, *rows_b;     /* [cap, d] received-row gradients / outputs */
-  float *da, *dh1, *dh3;      /* [cap, F] */
+  float *stage;               /* [cap, d] fp32, source-major staging of the all-to-alls */
+  float *rows_a;              /* [cap, d] the local input rows, then the received output-row gradients (b16) */
+  float *rows_b;              /* [cap, d] fp32 expert outputs, then input-row gradients */
+  float *da, *dh1, *dh3;      /* [cap, F] (b16) */
 };
 
 static void route_free(struct mc_ep_route *r) {
@@ -73,13 +79,13 @@ static struct mc_ep_route *route_new(int ep, int layer) {
   return r;
 }
 
-/* One buffer of n floats in the moe.scratch arena: counted (count = 1) or carved. */
-static float *place(mc_arena *a, int count, int64_t n, int *ok) {
+/* One buffer of n elements of es bytes in the moe.scratch arena: counted (count = 1) or carved. */
+static float *place(mc_arena *a, int count, int64_t n, int64_t es, int *ok) {
   if (count) {
-    mc_arena_count(a, n * (int64_t)sizeof(float));
+    mc_arena_count(a, n * es);
     return NULL;
   }
-  float *p = mc_arena_take(a, n * (int64_t)sizeof(float), MC_MEM_MOE_SCRATCH);
+  float *p = mc_arena_take(a, n * es, MC_MEM_MOE_SCRATCH);
   *ok = *ok && p;
   return p;
 }
@@ -88,7 +94,7 @@ static float *place(mc_arena *a, int count, int64_t n, int *ok) {
  * slot and E layer the saved rows (shared = 1, full recomputation: one set for all, each
  * layer's forward rebuilds its rows just before its backward), then the shared scratch. */
 static int place_all(struct mc_ep_state *s, mc_arena *a, int count, int d, int F, int shared) {
-  const int64_t R = s->cap_rows;
+  const int64_t R = s->cap_rows, es = s->b16 ? (int64_t)sizeof(mc_bf16) : (int64_t)sizeof(float), f32 = sizeof(float);
   int ok = 1;
   const struct mc_ep_route *first = NULL;
   for (int k = 0; k < s->n_slots * s->n_layers; k++) {
@@ -100,12 +106,13 @@ static int place_all(struct mc_ep_state *s, mc_arena *a, int count, int d, int F
       continue;
     }
     first = r;
-    r->x = place(a, count, R * d, &ok), r->h1 = place(a, count, R * F, &ok);
-    r->h3 = place(a, count, R * F, &ok), r->a = place(a, count, R * F, &ok);
+    r->x = place(a, count, R * d, es, &ok), r->h1 = place(a, count, R * F, es, &ok);
+    r->h3 = place(a, count, R * F, es, &ok), r->a = place(a, count, R * F, es, &ok);
   }
-  float **rows_d[] = {&s->stage, &s->rows_a, &s->rows_b}, **rows_f[] = {&s->da, &s->dh1, &s->dh3};
-  for (int i = 0; i < 3; i++) *rows_d[i] = place(a, count, R * d, &ok);
-  for (int i = 0; i < 3; i++) *rows_f[i] = place(a, count, R * F, &ok);
+  s->stage = place(a, count, R * d, f32, &ok), s->rows_a = place(a, count, R * d, es, &ok);
+  s->rows_b = place(a, count, R * d, f32, &ok);
+  float **rows_f[] = {&s->da, &s->dh1, &s->dh3};
+  for (int i = 0; i < 3; i++) *rows_f[i] = place(a, count, R * F, es, &ok);
   return ok ? 0 : -1;
 }
 
@@ -127,7 +134,7 @@ int mc_ep_reserve(mc_net *net, int n_seq, int n_slots) {
     return mc_error("expert parallelism: out of memory");
   }
   par->ep_state = s;
-  s->n_layers = net->n_layers, s->n_slots = n_slots;
+  s->n_layers = net->n_layers, s->n_slots = n_slots, s->b16 = mc_act16(net);
   s->cap_rows = h.moe_assignments, s->balanced = h.moe_balanced;
   for (int k = 0; k < n_slots; k++)
     for (int L = net->L0; L < net->L1; L++)
@@ -199,6 +206,7 @@ int mc_ep_plan(mc_net_par *par, struct mc_ep_route *r, const int32_t *counts, in
 }
 
 int64_t mc_ep_rows(const struct mc_ep_route *r) { return r->R; }
+int mc_ep_bf16(const mc_net_par *par) { return par->ep_state && par->ep_state->b16; }
 const int32_t *mc_ep_counts(const struct mc_ep_route *r) { return r->counts; }
 float *mc_ep_saved(struct mc_ep_route *r, int which) {
   return which == 0 ? r->x : which == 1 ? r->h1 : which == 2 ? r->h3 : r->a;
@@ -217,8 +225,8 @@ int mc_ep_scratch(mc_net_par *par, float **stage, float **a, float **b, float **
 }
 
 /* Copies between the source-major staging and the expert-major rows (to_expert = 1: staging
- * -> expert-major, else back). */
-static void reorder(mc_backend *be, const struct mc_ep_route *r, float *stage, float *em, int d, int to_expert) {
+ * -> expert-major, else back), rows of d bf16 (b16) or fp32 elements. */
+static void reorder(mc_backend *be, const struct mc_ep_route *r, float *stage, float *em, int d, int b16, int to_expert) {
   const int ep = r->ep, El = r->El;
   int64_t eo = 0; /* expert-major offset of (e, s) */
   for (int e = 0; e < El; e++)
@@ -226,7 +234,11 @@ static void reorder(mc_backend *be, const struct mc_ep_route *r, float *stage, f
       int64_t so = r->recv_off[s];
       for (int e2 = 0; e2 < e; e2++) so += r->recv_cnt[s * El + e2];
       const int64_t n = r->recv_cnt[s * El + e];
-      if (n) {
+      if (n && b16) {
+        mc_bf16 *e16 = (mc_bf16 *)em + eo * d, *s16 = (mc_bf16 *)stage + so * d;
+        if (to_expert) be->copy_bf16(be, e16, s16, n * d);
+        else be->copy_bf16(be, s16, e16, n * d);
+      } else if (n) {
         if (to_expert) be->copy(be, em + eo * d, stage + so * d, n * d);
         else be->copy(be, stage + so * d, em + eo * d, n * d);
       }
@@ -235,26 +247,27 @@ static void reorder(mc_backend *be, const struct mc_ep_route *r, float *stage, f
 }
 
 static int exchange(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, const float *send, int64_t *sr,
-                    int64_t *so, float *recv, int64_t *rr, int64_t *ro, int d, const char *what) {
+                    int64_t *so, float *recv, int64_t *rr, int64_t *ro, int d, int b16, const char *what) {
   const int ep = r->ep;
   int64_t *c = malloc(sizeof(int64_t) * (size_t)ep * 4);
   if (!c) return mc_error("expert parallelism: out of memory");
   for (int j = 0; j < ep; j++)
     c[j] = sr[j] * d, c[ep + j] = so[j] * d, c[2 * ep + j] = rr[j] * d, c[3 * ep + j] = ro[j] * d;
-  int rc = be->sync(be) || mc_alltoallv(par->comm->ep, send, c, c + ep, recv, c + 2 * ep, c + 3 * ep, MC_DT_F32);
+  int rc = mc_dist_settle(par->comm->ep, be) ||
+           mc_alltoallv(par->comm->ep, send, c, c + ep, recv, c + 2 * ep, c + 3 * ep, b16 ? MC_DT_BF16 : MC_DT_F32);
   free(c);
   return rc ? mc_error_context("%s over the ep group (%d members)", what, ep) : 0;
 }
 
 int mc_ep_dispatch(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, const float *local, float *em,
-                   int d, float *stage, const char *what) {
-  if (exchange(par, be, r, local, r->send_rows, r->send_off, stage, r->recv_rows, r->recv_off, d, what)) return -1;
-  reorder(be, r, stage, em, d, 1);
+                   int d, int b16, float *stage, const char *what) {
+  if (exchange(par, be, r, local, r->send_rows, r->send_off, stage, r->recv_rows, r->recv_off, d, b16, what)) return -1;
+  reorder(be, r, stage, em, d, b16, 1);
   return 0;
 }
 
 int mc_ep_combine(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, float *em, float *local,
-                  int d, float *stage, const char *what) {
-  reorder(be, r, stage, em, d, 0);
-  return exchange(par, be, r, stage, r->recv_rows, r->recv_off, local, r->send_rows, r->send_off, d, what);
+                  int d, int b16, float *stage, const char *what) {
+  reorder(be, r, stage, em, d, b16, 0);
+  return exchange(par, be, r, stage, r->recv_rows, r->recv_off, local, r->send_rows, r->send_off, d, b16, what);
 }

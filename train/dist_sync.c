@@ -99,11 +99,6 @@ static void free_buckets(bucket *bk, int n_bk) {
   for (int b = 0; b < n_bk; b++) free(bk[b].at), free(bk[b].counts);
 }
 
-/* Before a collective reads what the backend computed, and after it wrote what the backend
- * reads next: a stream-ordered communicator (comm/comm.h) is ordered with the backend's work
- * already, anything else needs the backend's queue finished. */
-static int settle(const mc_comm *group, mc_backend *be) { return mc_comm_ordered(group) ? 0 : be->sync(be); }
-
 /* Where a collective's packs live: carved from the caller's arena (ZeRO 3's slots in
  * zero3.buffers, sized for them, so the layer loop allocates nothing; a cudaMalloc/cudaFree
  * pair per collective cost more than the collective; the caller empties the arena), or
@@ -200,7 +195,7 @@ static mc_dist_job *job_new(const mc_net_par *par, mc_backend *be, mc_arena *are
 /* Queues one bucket's collective, on the side queue with side = 1 (comm/comm.h). */
 static int queue(mc_dist_job *j, int b, int side, int (*call)(mc_dist_job *, int)) {
   mc_comm *g = j->bk[b].group;
-  if (settle(g, j->be)) return -1;
+  if (mc_dist_settle(g, j->be)) return -1;
   if (!side) return call(j, b);
   if (mc_comm_side_begin(g)) return -1;
   const int rc = call(j, b);
@@ -236,7 +231,7 @@ int mc_dist_reduce_start(const mc_net_par *par, mc_backend *be, mc_arena *stage,
     int64_t pos = 0;
     for (int k = 0; pack && k < n; k++)
       if (par->dist[idx[k]].tp_sum) be->copy(be, pack + pos, g[k], params[idx[k]].numel), pos += params[idx[k]].numel;
-    int rc = !pack || settle(par->comm->tp, be) || mc_allreduce_sum(par->comm->tp, pack, tp_total, MC_DT_F32);
+    int rc = !pack || mc_dist_settle(par->comm->tp, be) || mc_allreduce_sum(par->comm->tp, pack, tp_total, MC_DT_F32);
     pos = 0;
     for (int k = 0; !rc && k < n; k++)
       if (par->dist[idx[k]].tp_sum) be->copy(be, g[k], pack + pos, params[idx[k]].numel), pos += params[idx[k]].numel;
@@ -342,7 +337,7 @@ int mc_dist_job_finish(mc_dist_job *j) {
   const mc_net_par *par = j->par;
   mc_backend *be = j->be;
   job_free(j);
-  return rc ? -1 : settle(par->comm ? par->comm->world : NULL, be);
+  return rc ? -1 : mc_dist_settle(par->comm ? par->comm->world : NULL, be);
 }
 
 void mc_dist_job_drop(mc_dist_job *j) { job_free(j); }

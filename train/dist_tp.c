@@ -9,12 +9,13 @@
 #include "train/net_par.h"
 #include "util/error.h"
 
-/* Queued backend work must be finished before a collective reads or writes its buffers. */
+/* Queued backend work must be finished before the host reads what it wrote (the collectives
+ * on backend buffers settle instead: mc_dist_settle). */
 static int ready(mc_backend *be) { return be->sync(be); }
 
 int mc_tp_allreduce(const mc_net_par *par, mc_backend *be, float *buf, int64_t count) {
   if (par->tp <= 1) return 0;
-  if (ready(be) || mc_allreduce_sum(par->comm->tp, buf, count, MC_DT_F32)) return mc_error_context("TP all-reduce");
+  if (mc_dist_settle(par->comm->tp, be) || mc_allreduce_sum(par->comm->tp, buf, count, MC_DT_F32)) return mc_error_context("TP all-reduce");
   return 0;
 }
 
@@ -42,7 +43,7 @@ static int64_t *equal_counts(int n, int64_t each) {
 int mc_sp_gather(const mc_net_par *par, mc_backend *be, const float *shard, float *full, int n_seq, int d) {
   int64_t *counts = equal_counts(par->tp, (int64_t)n_seq * par->T_res * d);
   if (!counts) return mc_error("SP all-gather: out of memory");
-  int rc = ready(be) || mc_allgather(par->comm->tp, shard, par->pack, counts, MC_DT_F32);
+  int rc = mc_dist_settle(par->comm->tp, be) || mc_allgather(par->comm->tp, shard, par->pack, counts, MC_DT_F32);
   free(counts);
   if (rc) return mc_error_context("SP all-gather of %d sequence shards", par->tp);
   sp_permute(par, be, full, par->pack, n_seq, d, 1);
@@ -53,7 +54,7 @@ int mc_sp_reduce_scatter(const mc_net_par *par, mc_backend *be, const float *ful
   int64_t *counts = equal_counts(par->tp, (int64_t)n_seq * par->T_res * d);
   if (!counts) return mc_error("SP reduce-scatter: out of memory");
   sp_permute(par, be, (float *)full, par->pack, n_seq, d, 0);
-  int rc = ready(be) || mc_reduce_scatter_sum(par->comm->tp, par->pack, shard, counts, MC_DT_F32);
+  int rc = mc_dist_settle(par->comm->tp, be) || mc_reduce_scatter_sum(par->comm->tp, par->pack, shard, counts, MC_DT_F32);
   free(counts);
   if (rc) return mc_error_context("SP reduce-scatter into %d sequence shards", par->tp);
   return 0;

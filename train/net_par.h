@@ -57,6 +57,13 @@ typedef struct {
   int64_t n_set_reduce;           /* mc_dist_reduce_set calls so far (a count for tests) */
 } mc_net_par;
 
+/* Before a collective reads what the backend computed, and after it wrote what the backend
+ * reads next: a stream-ordered communicator (comm/comm.h) is ordered with the backend's work
+ * already, anything else needs the backend's queue finished. */
+static inline int mc_dist_settle(const mc_comm *group, mc_backend *be) {
+  return mc_comm_ordered(group) ? 0 : be->sync(be);
+}
+
 /* ---- tensor / sequence parallel pieces (train/dist_tp.c); each returns 0 or -1. The
  * collectives first finish the backend's queued work on their buffers. */
 /* Sum over the TP group, in place (nothing when tp = 1). */
@@ -96,8 +103,12 @@ int mc_sp_moe_aux(const mc_net_par *par, mc_backend *be, int E, const float *pro
  * expert-sorted buffer (counts [E], peer-major since EP rank j owns experts
  * [j*E/ep, (j+1)*E/ep)) over the ep group, and fails naming the layer if the rows exceed the
  * reserved bound (a bug in the bound); mc_ep_dispatch sends the local expert-sorted rows
- * (width d) to their owners and leaves what arrived expert-major in em (the rows of local
- * expert e from source 0, 1, ...); mc_ep_combine is its reverse. stage: mc_ep_scratch's. */
+ * (width d, bf16 where b16 = 1, else fp32) to their owners and leaves what arrived
+ * expert-major in em (the rows of local expert e from source 0, 1, ...); mc_ep_combine is its
+ * reverse. stage: mc_ep_scratch's. Under mc_act16 (mc_ep_bf16) the rows the expert products
+ * read go as bf16: the input rows and the output rows' gradient; the saved input, h1, h3 and
+ * SwiGLU output and the backward's da, dh1, dh3 are bf16, as on one rank; the products'
+ * fp32 outputs (expert outputs, input-row gradients) come back in fp32. */
 struct mc_ep_route;
 int mc_ep_reserve(mc_net *net, int n_seq, int n_slots);
 void mc_ep_free(mc_net_par *par);
@@ -107,15 +118,18 @@ struct mc_ep_route *mc_ep_route_of(mc_net_par *par, int n_layers, int layer, int
 int mc_ep_plan(mc_net_par *par, struct mc_ep_route *r, const int32_t *counts, int E);
 int64_t mc_ep_rows(const struct mc_ep_route *r);          /* rows received (R) */
 const int32_t *mc_ep_counts(const struct mc_ep_route *r); /* [E/ep] rows per local expert */
-/* The layer's saved rows: 0 the received input [R, d], 1 h1, 2 h3, 3 the SwiGLU output [R, F]. */
+/* The layer's saved rows: 0 the received input [R, d], 1 h1, 2 h3, 3 the SwiGLU output [R, F]
+ * (bf16 where mc_ep_bf16). */
 float *mc_ep_saved(struct mc_ep_route *r, int which);
-/* The shared scratch (NULL outputs are not wanted): stage, a and b [rows, d], da, dh1, dh3
- * [rows, F], rows the reserved bound. */
+/* The shared scratch (NULL outputs are not wanted): stage (fp32), a (bf16 where mc_ep_bf16)
+ * and b (fp32) [rows, d], da, dh1, dh3 [rows, F] (bf16 where mc_ep_bf16), rows the reserved
+ * bound. */
+int mc_ep_bf16(const mc_net_par *par); /* the expert rows are bf16 (the network's mc_act16) */
 int mc_ep_scratch(mc_net_par *par, float **stage, float **a, float **b, float **da, float **dh1, float **dh3);
 int mc_ep_dispatch(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, const float *local, float *em,
-                   int d, float *stage, const char *what);
+                   int d, int b16, float *stage, const char *what);
 int mc_ep_combine(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, float *em, float *local, int d,
-                  float *stage, const char *what);
+                  int b16, float *stage, const char *what);
 
 /* ---- gradient combination and ZeRO (train/dist_sync.c), over the network's params. The
  * collectives move rows through packs: carved from `stage` (ZeRO 3's slots of zero3.buffers,
