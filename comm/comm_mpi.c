@@ -128,8 +128,53 @@ static int mpi_allgather(mc_comm *c, const void *send, void *recv, const int64_t
   return err ? -1 : 0;
 }
 
-static int mpi_alltoallv(mc_comm *c, const void *send, const int64_t *sc, const int64_t *sd, void *recv, const int64_t *rc,
-                         const int64_t *rd, mc_dtype t) {
+/* Member j's n_seg segments (counts cnt, displacements displ, [j * n_seg + k]) as one indexed
+ * datatype of t, for MPI_Ialltoallw. */
+static int seg_type(mc_comm *c, mc_dtype t, int n_seg, const int64_t *cnt, const int64_t *displ, int *len, int *at,
+                    MPI_Datatype *out) {
+  for (int k = 0; k < n_seg; k++) {
+    if (fits_int(c, "alltoallv", cnt[k]) || fits_int(c, "alltoallv", displ[k])) return -1;
+    len[k] = (int)cnt[k], at[k] = (int)displ[k];
+  }
+  if (check_mpi(MPI_Type_indexed(n_seg, len, at, mpi_type(t), out), c, "alltoallv")) return -1;
+  if (check_mpi(MPI_Type_commit(out), c, "alltoallv")) {
+    MPI_Type_free(out);
+    return -1;
+  }
+  return 0;
+}
+
+/* Several segments per member: one MPI_Ialltoallw whose per-member types pick the segments. */
+static int mpi_alltoallv_segs(mc_comm *c, const void *send, int n_seg, const int64_t *sc, const int64_t *sd, void *recv,
+                              const int64_t *rc, const int64_t *rd, mc_dtype t) {
+  const int n = c->size;
+  MPI_Datatype *ty = malloc(sizeof(MPI_Datatype) * 2 * (size_t)n);
+  int *v = malloc(sizeof(int) * (2 * (size_t)n + 2 * (size_t)n_seg));
+  if (!ty || !v) {
+    free(ty), free(v);
+    return mc_error("out of memory in alltoallv");
+  }
+  int made = 0, err = 0;
+  for (int j = 0; j < n && !err; j++, made++)
+    err = seg_type(c, t, n_seg, sc + (size_t)j * n_seg, sd + (size_t)j * n_seg, v + 2 * n, v + 2 * n + n_seg, &ty[j]);
+  for (int j = 0; j < n && !err; j++, made++)
+    err = seg_type(c, t, n_seg, rc + (size_t)j * n_seg, rd + (size_t)j * n_seg, v + 2 * n, v + 2 * n + n_seg, &ty[n + j]);
+  if (err) made--; /* the failed one was not made */
+  for (int j = 0; j < n; j++) v[j] = 1, v[n + j] = 0; /* one of each member's type, at byte 0 */
+  if (!err) {
+    MPI_Request req;
+    err = check_mpi(wait_req(MPI_Ialltoallw(send, v, v + n, ty, recv, v, v + n, ty + n, handle(c), &req), &req, c,
+                             "alltoallv"),
+                    c, "alltoallv");
+  }
+  for (int j = 0; j < made; j++) MPI_Type_free(&ty[j]); /* ty[0, n): send types, then the receive types */
+  free(ty), free(v);
+  return err ? -1 : 0;
+}
+
+static int mpi_alltoallv(mc_comm *c, const void *send, int n_seg, const int64_t *sc, const int64_t *sd, void *recv,
+                         const int64_t *rc, const int64_t *rd, mc_dtype t) {
+  if (n_seg > 1) return mpi_alltoallv_segs(c, send, n_seg, sc, sd, recv, rc, rd, t);
   MPI_Request req;
   int n = c->size, err = 0;
   int *v = malloc(sizeof(int) * 4 * (size_t)n);

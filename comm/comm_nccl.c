@@ -360,13 +360,17 @@ static int nc_allgather(mc_comm *c, const void *send, void *recv, const int64_t 
   return finish(c, op, on_device(send) && on_device(recv));
 }
 
-static int nc_alltoallv(mc_comm *c, const void *send, const int64_t *sc, const int64_t *sd, void *recv,
+/* Segments in one group: NCCL matches the sends and receives of a pair of members in the
+ * order they are issued, so segment k of i -> j meets segment k of j's receives from i (the
+ * empty ones skipped on both sides alike, their lengths being equal). */
+static int nc_alltoallv(mc_comm *c, const void *send, int n_seg, const int64_t *sc, const int64_t *sd, void *recv,
                         const int64_t *rc, const int64_t *rd, mc_dtype t) {
   const char *op = "alltoallv";
   if (alive(c, op)) return -1;
   const size_t es = mc_dtype_size(t);
+  const int64_t ns = (int64_t)c->size * n_seg;
   int64_t s_end = 0, r_end = 0;
-  for (int i = 0; i < c->size; i++) {
+  for (int64_t i = 0; i < ns; i++) {
     if (sc[i] > 0 && sd[i] + sc[i] > s_end) s_end = sd[i] + sc[i];
     if (rc[i] > 0 && rd[i] + rc[i] > r_end) r_end = rd[i] + rc[i];
   }
@@ -380,13 +384,16 @@ static int nc_alltoallv(mc_comm *c, const void *send, const int64_t *sc, const i
     if (!s_dev && copy(c, st, send, (size_t)s_end * es, op)) return -1;
   }
   int err = check_nccl(ncclGroupStart(), c, op);
-  for (int i = 0; !err && i < c->size; i++) {
-    if (sc[i] > 0) err = check_nccl(ncclSend(st + (size_t)sd[i] * es, (size_t)sc[i], nccl_type(t), i, handle(c), P.stream), c, op);
-    if (!err && rc[i] > 0)
-      err = check_nccl(ncclRecv(rt + (size_t)rd[i] * es, (size_t)rc[i], nccl_type(t), i, handle(c), P.stream), c, op);
-  }
+  for (int i = 0; !err && i < c->size; i++)
+    for (int64_t k = (int64_t)i * n_seg; !err && k < (int64_t)(i + 1) * n_seg; k++) {
+      if (sc[k] > 0) err = check_nccl(ncclSend(st + (size_t)sd[k] * es, (size_t)sc[k], nccl_type(t), i, handle(c), P.stream), c, op);
+      if (!err && rc[k] > 0)
+        err = check_nccl(ncclRecv(rt + (size_t)rd[k] * es, (size_t)rc[k], nccl_type(t), i, handle(c), P.stream), c, op);
+    }
   if (check_nccl(ncclGroupEnd(), c, op)) err = -1;
-  if (!err && !r_dev && copy(c, recv, rt, (size_t)r_end * es, op)) err = -1;
+  /* host memory: back segment by segment (what lies between them is the caller's) */
+  for (int64_t k = 0; !err && !r_dev && k < ns; k++)
+    if (rc[k] > 0 && copy(c, (char *)recv + (size_t)rd[k] * es, rt + (size_t)rd[k] * es, (size_t)rc[k] * es, op)) err = -1;
   return err ? -1 : finish(c, op, s_dev && r_dev);
 }
 

@@ -227,10 +227,10 @@ int64_t mc_act_net_bytes(const mc_act_shape *s) { return list_bytes(mc_net_bufs,
  * a source sends at most n_seq x El x min(C, T). The balanced figure (every expert equally
  * loaded) is kept for the report. The saved rows are kept per E layer and per micro-batch in
  * flight (pipeline slots), or under full recomputation once (the layers rebuild them in
- * turn); the exchange scratch, which also stages the rank's own routed rows (at most n x k,
+ * turn); the exchange scratch, which also holds the rank's own routed rows (at most n x k,
  * never more than the bound), is shared. Under act16 the rows the expert products read and
  * their saved forms are bf16 (the input rows and their gradient, h1, h3, SwiGLU, da, dh1,
- * dh3); the fp32 staging and the returned rows stay fp32. */
+ * dh3); the returned rows stay fp32. */
 static void moe_ep_buffers(const mc_geometry *g, const mc_act_shape *s, int n_moe_layers, int inflight,
                            mc_recompute r, mc_stage_hold *h) {
   const mc_model *m = &g->model;
@@ -255,7 +255,7 @@ static void moe_ep_buffers(const mc_geometry *g, const mc_act_shape *s, int n_mo
   const int64_t sets = r == MC_RECOMPUTE_FULL ? 1 : (int64_t)inflight * n_moe_layers;
   const int64_t per_layer = mc_add_sat_i64(rows_d, mc_mul_sat_i64(3, rows_f));
   h->moe_layers = mc_mul_sat_i64(sets, per_layer);
-  h->moe_exchange = mc_add_sat_i64(mc_add_sat_i64(mc_mul_sat_i64(2, rows_d32), rows_d), mc_mul_sat_i64(3, rows_f));
+  h->moe_exchange = mc_add_sat_i64(mc_add_sat_i64(rows_d32, rows_d), mc_mul_sat_i64(3, rows_f));
   h->moe_scratch = mc_add_sat_i64(h->moe_layers, h->moe_exchange);
 }
 

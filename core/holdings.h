@@ -144,15 +144,15 @@ typedef struct {
    * choice) rows the routing rule lets this rank's experts receive per micro-batch (dropless:
    * ep x tokens x min(top_k, E/ep); a capacity factor bounds it further), so no routing overruns
    * it; per E layer the received input rows [R, d] and the expert activations h1, h3, SwiGLU
-   * [R, F], kept for the backward (for each micro-batch in flight); once, the exchange staging
-   * [R, d] (fp32), the local input and received gradient rows [R, d], the returned rows [R, d]
-   * (fp32) and the backward's da, dh1, dh3 [R, F]. The rows the expert products read are bf16
+   * [R, F], kept for the backward (for each micro-batch in flight); once, the local input and
+   * received gradient rows [R, d], the returned rows [R, d] (fp32) and the backward's da, dh1,
+   * dh3 [R, F] (the all-to-alls move rows straight between these, no staging). The rows the expert products read are bf16
    * under act16 (es = 2), else fp32 (es = 4). Every tensor at its footprint. */
   int64_t moe_assignments; /* R, the bound the buffers are sized for */
   int64_t moe_balanced;    /* rows received under balanced routing, tokens x top_k (x cf): for reports */
   int64_t moe_layers;      /* in-flight micro-batches x E layers of the stage x (fp(R d es) + 3 fp(R F es)); under
                               full recomputation one set (fp(R d es) + 3 fp(R F es)), shared by them all */
-  int64_t moe_exchange;    /* 2 fp(R d 4) + fp(R d es) + 3 fp(R F es) */
+  int64_t moe_exchange;    /* fp(R d 4) + fp(R d es) + 3 fp(R F es) */
   int64_t moe_scratch;     /* moe_layers + moe_exchange */
 } mc_stage_hold;
 

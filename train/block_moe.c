@@ -174,16 +174,16 @@ static int experts_forward_ep(struct mc_net *net, mc_layer *L, int n) {
   mc_net_par *par = &net->par;
   const int d = net->m.d_model, E = net->m.n_experts, k = net->m.top_k;
   struct mc_ep_route *r = mc_ep_route_of(par, net->n_layers, L->layer, ep_slot(net));
-  float *stage, *xl, *yr;
+  float *xl, *yr;
   if (!r || mc_ep_plan(par, r, L->counts_host, E)) return -1;
   const int64_t R = mc_ep_rows(r);
-  if (mc_ep_scratch(par, &stage, &xl, &yr, NULL, NULL, NULL)) return -1;
+  if (mc_ep_scratch(par, &xl, &yr, NULL, NULL, NULL)) return -1;
   const int b16 = mc_ep_bf16(par);
   be->moe_permute(be, L->u, L->i[MC_E_SLOT], n, k, d, buf_out(xl, b16));
-  if (mc_ep_dispatch(par, be, r, xl, mc_ep_saved(r, 0), d, b16, stage, "dispatching the routed rows")) return -1;
+  if (mc_ep_dispatch(par, be, r, xl, mc_ep_saved(r, 0), d, b16, "dispatching the routed rows")) return -1;
   const expert_bufs B = {mc_ep_saved(r, 1), mc_ep_saved(r, 2), mc_ep_saved(r, 3), NULL, NULL, NULL, b16, b16};
   if (experts_forward(net, L, E / par->ep, mc_ep_counts(r), R, &B, buf_in(mc_ep_saved(r, 0), b16), yr)) return -1;
-  return mc_ep_combine(par, be, r, yr, L->f[MC_E_YP], d, 0, stage, "returning the expert outputs");
+  return mc_ep_combine(par, be, r, yr, L->f[MC_E_YP], d, 0, "returning the expert outputs");
 }
 
 /* Its backward from the expert-output rows' gradient (dyp, this rank's expert-sorted order,
@@ -197,15 +197,15 @@ static int experts_backward_ep(struct mc_net *net, mc_layer *L, const float *dyp
   struct mc_ep_route *r = mc_ep_route_of(par, net->n_layers, L->layer, ep_slot(net));
   if (!r) return -1;
   const int64_t R = mc_ep_rows(r);
-  float *stage, *dyr, *dxr;
+  float *dyr, *dxr;
   const int b16 = mc_ep_bf16(par);
   expert_bufs B = {mc_ep_saved(r, 1), mc_ep_saved(r, 2), mc_ep_saved(r, 3), NULL, NULL, NULL, b16, b16};
-  if (mc_ep_scratch(par, &stage, &dyr, &dxr, &B.da, &B.dh1, &B.dh3) ||
-      mc_ep_dispatch(par, be, r, dyp, dyr, d, b16, stage, "dispatching the expert-output gradients") ||
+  if (mc_ep_scratch(par, &dyr, &dxr, &B.da, &B.dh1, &B.dh3) ||
+      mc_ep_dispatch(par, be, r, dyp, dyr, d, b16, "dispatching the expert-output gradients") ||
       experts_backward(net, L, E / par->ep, mc_ep_counts(r), R, &B, buf_in(mc_ep_saved(r, 0), b16), buf_in(dyr, b16),
                        dxr))
     return -1;
-  return mc_ep_combine(par, be, r, dxr, net->g[MC_E_DXP], d, 0, stage, "returning the input-row gradients");
+  return mc_ep_combine(par, be, r, dxr, net->g[MC_E_DXP], d, 0, "returning the input-row gradients");
 }
 
 static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {

@@ -1,18 +1,18 @@
-/* Expert parallelism on CPU ranks (docs/parallel.md, "Expert parallelism"): the all-to-all
- * dispatch and combine of an E block's routed rows over the EP group.
+/* Expert parallelism (docs/parallel.md, "Expert parallelism"): the all-to-all dispatch and
+ * combine of an E block's routed rows over the EP group, on CPU ranks (MPI) and GPUs (NCCL).
  *
  * Every rank routes its own tokens over all E experts (the router is replicated); the
  * routing kernel's expert-sorted buffer (experts in order, tokens in row order inside an
  * expert) is already peer-major, because EP rank j owns the contiguous experts
  * [j*El, (j+1)*El), El = E/ep. The plan of one forward (mc_ep_route) records, for each source
- * s of the EP group and local expert e, how many rows s sends to e; the rows arrive
- * source-major and are reordered expert-major (local expert e: its rows from source 0, then
- * from source 1, ...), which is the layout the grouped expert products read. The combine is
- * the exact reverse. The backward moves the output rows' gradient with the dispatch and the
- * input rows' gradient with the combine, over the same plan. Under mc_act16 the rows the
- * expert products read (the input rows, the output rows' gradient) travel and are kept in
- * bf16, so the experts compute exactly what they compute on one rank (train/block_moe.c);
- * the products' fp32 outputs travel in fp32. */
+ * s of the EP group and local expert e, how many rows s sends to e; the all-to-all moves them
+ * in El segments per peer, one per expert, and each lands where the grouped expert products
+ * read it: expert-major (local expert e: its rows from source 0, then from source 1, ...),
+ * with no staging copy. The combine is the exact reverse. The backward moves the output rows'
+ * gradient with the dispatch and the input rows' gradient with the combine, over the same
+ * plan. Under mc_act16 the rows the expert products read (the input rows, the output rows'
+ * gradient) travel and are kept in bf16, so the experts compute exactly what they compute on
+ * one rank (train/block_moe.c); the products' fp32 outputs travel in fp32. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,8 +23,10 @@
  * backward (R rows: what this rank's experts received). */
 struct mc_ep_route {
   int ep, El, layer;
-  int64_t *send_rows, *send_off; /* [ep] rows of the local expert-sorted buffer for peer j */
-  int64_t *recv_rows, *recv_off; /* [ep] rows arriving from source s, source-major offsets */
+  /* [ep * El], rows: segment (j, e) of the dispatch, the rows of peer j's expert e at
+   * send_at in the local expert-sorted buffer; segment (s, e) received, source s's rows for
+   * local expert e at recv_at in the expert-major buffer */
+  int64_t *send_rows, *send_at, *recv_rows, *recv_at;
   int32_t *recv_cnt;             /* [ep * El] rows from source s for local expert e */
   int32_t *counts;               /* [El] rows per local expert (sum over sources) */
   int64_t R, cap;                /* rows received; rows the saved buffers hold */
@@ -45,7 +47,6 @@ struct mc_ep_state {
   struct mc_ep_route **route; /* [n_slots * n_layers] slot-major, NULL: not an E layer of the stage */
   int64_t cap_rows;           /* rows every buffer holds (mc_stage_hold.moe_assignments) */
   int64_t balanced;           /* rows an exchange receives under balanced routing (for reports) */
-  float *stage;               /* [cap, d] fp32, source-major staging of the all-to-alls */
   float *rows_a;              /* [cap, d] the local input rows, then the received output-row gradients (b16) */
   float *rows_b;              /* [cap, d] fp32 expert outputs, then input-row gradients */
   float *da, *dh1, *dh3;      /* [cap, F] (b16) */
@@ -53,7 +54,7 @@ struct mc_ep_state {
 
 static void route_free(struct mc_ep_route *r) {
   if (!r) return;
-  free(r->send_rows), free(r->send_off), free(r->recv_rows), free(r->recv_off), free(r->recv_cnt), free(r->counts);
+  free(r->send_rows), free(r->recv_cnt), free(r->counts); /* send_rows holds the four segment tables */
   free(r);
 }
 
@@ -69,13 +70,7 @@ void mc_ep_free(mc_net_par *par) {
 static struct mc_ep_route *route_new(int ep, int layer) {
   struct mc_ep_route *r = calloc(1, sizeof *r);
   if (!r) return NULL;
-  r->ep = ep, r->layer = layer;
-  r->send_rows = calloc((size_t)ep, sizeof(int64_t)), r->send_off = calloc((size_t)ep, sizeof(int64_t));
-  r->recv_rows = calloc((size_t)ep, sizeof(int64_t)), r->recv_off = calloc((size_t)ep, sizeof(int64_t));
-  if (!r->send_rows || !r->send_off || !r->recv_rows || !r->recv_off) { /* recv_cnt, counts: mc_ep_plan */
-    route_free(r);
-    return NULL;
-  }
+  r->ep = ep, r->layer = layer; /* the tables: mc_ep_plan, once E is known */
   return r;
 }
 
@@ -109,7 +104,7 @@ static int place_all(struct mc_ep_state *s, mc_arena *a, int count, int d, int F
     r->x = place(a, count, R * d, es, &ok), r->h1 = place(a, count, R * F, es, &ok);
     r->h3 = place(a, count, R * F, es, &ok), r->a = place(a, count, R * F, es, &ok);
   }
-  s->stage = place(a, count, R * d, f32, &ok), s->rows_a = place(a, count, R * d, es, &ok);
+  s->rows_a = place(a, count, R * d, es, &ok);
   s->rows_b = place(a, count, R * d, f32, &ok);
   float **rows_f[] = {&s->da, &s->dh1, &s->dh3};
   for (int i = 0; i < 3; i++) *rows_f[i] = place(a, count, R * F, es, &ok);
@@ -170,11 +165,15 @@ int mc_ep_plan(mc_net_par *par, struct mc_ep_route *r, const int32_t *counts, in
   const int ep = r->ep, El = E / ep;
   mc_comm *g = par->comm->ep;
   if (g->size != ep || E % ep) return mc_error("expert parallelism: EP group of %d members for ep=%d, E=%d", g->size, ep, E);
+  const size_t ns = (size_t)ep * (size_t)El;
   if (r->El != El) {
-    free(r->recv_cnt), free(r->counts);
-    r->recv_cnt = malloc(sizeof(int32_t) * (size_t)ep * (size_t)El);
+    free(r->send_rows), free(r->recv_cnt), free(r->counts);
+    r->send_rows = malloc(sizeof(int64_t) * 4 * ns);
+    r->recv_cnt = malloc(sizeof(int32_t) * ns);
     r->counts = malloc(sizeof(int32_t) * (size_t)El);
-    if (!r->recv_cnt || !r->counts) return mc_error("expert parallelism: out of memory");
+    r->El = 0;
+    if (!r->send_rows || !r->recv_cnt || !r->counts) return mc_error("expert parallelism: out of memory");
+    r->send_at = r->send_rows + ns, r->recv_rows = r->send_rows + 2 * ns, r->recv_at = r->send_rows + 3 * ns;
     r->El = El;
   }
   /* per-expert counts: peer j gets this rank's counts of its experts */
@@ -187,13 +186,17 @@ int mc_ep_plan(mc_net_par *par, struct mc_ep_route *r, const int32_t *counts, in
     return mc_error_context("exchanging the routed row counts over the ep group");
   }
   free(cnt);
+  /* sent: the local buffer is expert-sorted, so peer j's expert e follows the experts before
+   * it; received: expert-major, expert e's rows from source s after those of the experts
+   * before e and of the sources before s */
   int64_t so = 0, ro = 0;
-  for (int e = 0; e < El; e++) r->counts[e] = 0;
-  for (int j = 0; j < ep; j++) {
-    int64_t sr = 0, rr = 0;
-    for (int e = 0; e < El; e++) sr += counts[j * El + e], rr += r->recv_cnt[j * El + e], r->counts[e] += r->recv_cnt[j * El + e];
-    r->send_rows[j] = sr, r->send_off[j] = so, so += sr;
-    r->recv_rows[j] = rr, r->recv_off[j] = ro, ro += rr;
+  for (size_t k = 0; k < ns; k++) r->send_rows[k] = counts[k], r->send_at[k] = so, so += counts[k];
+  for (int e = 0; e < El; e++) {
+    r->counts[e] = 0;
+    for (int s = 0; s < ep; s++) {
+      const size_t k = (size_t)s * El + e;
+      r->recv_rows[k] = r->recv_cnt[k], r->recv_at[k] = ro, ro += r->recv_cnt[k], r->counts[e] += r->recv_cnt[k];
+    }
   }
   r->R = ro;
   const int64_t most = ro > so ? ro : so;
@@ -212,10 +215,9 @@ float *mc_ep_saved(struct mc_ep_route *r, int which) {
   return which == 0 ? r->x : which == 1 ? r->h1 : which == 2 ? r->h3 : r->a;
 }
 
-int mc_ep_scratch(mc_net_par *par, float **stage, float **a, float **b, float **da, float **dh1, float **dh3) {
+int mc_ep_scratch(mc_net_par *par, float **a, float **b, float **da, float **dh1, float **dh3) {
   struct mc_ep_state *s = par->ep_state;
   if (!s) return mc_error("expert parallelism: no exchange scratch reserved");
-  if (stage) *stage = s->stage;
   if (a) *a = s->rows_a;
   if (b) *b = s->rows_b;
   if (da) *da = s->da;
@@ -224,50 +226,29 @@ int mc_ep_scratch(mc_net_par *par, float **stage, float **a, float **b, float **
   return 0;
 }
 
-/* Copies between the source-major staging and the expert-major rows (to_expert = 1: staging
- * -> expert-major, else back), rows of d bf16 (b16) or fp32 elements. */
-static void reorder(mc_backend *be, const struct mc_ep_route *r, float *stage, float *em, int d, int b16, int to_expert) {
-  const int ep = r->ep, El = r->El;
-  int64_t eo = 0; /* expert-major offset of (e, s) */
-  for (int e = 0; e < El; e++)
-    for (int s = 0; s < ep; s++) {
-      int64_t so = r->recv_off[s];
-      for (int e2 = 0; e2 < e; e2++) so += r->recv_cnt[s * El + e2];
-      const int64_t n = r->recv_cnt[s * El + e];
-      if (n && b16) {
-        mc_bf16 *e16 = (mc_bf16 *)em + eo * d, *s16 = (mc_bf16 *)stage + so * d;
-        if (to_expert) be->copy_bf16(be, e16, s16, n * d);
-        else be->copy_bf16(be, s16, e16, n * d);
-      } else if (n) {
-        if (to_expert) be->copy(be, em + eo * d, stage + so * d, n * d);
-        else be->copy(be, stage + so * d, em + eo * d, n * d);
-      }
-      eo += n;
-    }
-}
-
-static int exchange(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, const float *send, int64_t *sr,
-                    int64_t *so, float *recv, int64_t *rr, int64_t *ro, int d, int b16, const char *what) {
-  const int ep = r->ep;
-  int64_t *c = malloc(sizeof(int64_t) * (size_t)ep * 4);
+/* One all-to-all over the route's segments (rows of d bf16 or fp32 elements): from the
+ * segments (sr, sa) of send to those (rr, ra) of recv. */
+static int exchange(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, const float *send,
+                    const int64_t *sr, const int64_t *sa, float *recv, const int64_t *rr, const int64_t *ra, int d, int b16,
+                    const char *what) {
+  const size_t ns = (size_t)r->ep * (size_t)r->El;
+  int64_t *c = malloc(sizeof(int64_t) * ns * 4);
   if (!c) return mc_error("expert parallelism: out of memory");
-  for (int j = 0; j < ep; j++)
-    c[j] = sr[j] * d, c[ep + j] = so[j] * d, c[2 * ep + j] = rr[j] * d, c[3 * ep + j] = ro[j] * d;
+  for (size_t k = 0; k < ns; k++)
+    c[k] = sr[k] * d, c[ns + k] = sa[k] * d, c[2 * ns + k] = rr[k] * d, c[3 * ns + k] = ra[k] * d;
   int rc = mc_dist_settle(par->comm->ep, be) ||
-           mc_alltoallv(par->comm->ep, send, c, c + ep, recv, c + 2 * ep, c + 3 * ep, b16 ? MC_DT_BF16 : MC_DT_F32);
+           mc_alltoallv_seg(par->comm->ep, send, r->El, c, c + ns, recv, c + 2 * ns, c + 3 * ns,
+                            b16 ? MC_DT_BF16 : MC_DT_F32);
   free(c);
-  return rc ? mc_error_context("%s over the ep group (%d members)", what, ep) : 0;
+  return rc ? mc_error_context("%s over the ep group (%d members)", what, r->ep) : 0;
 }
 
 int mc_ep_dispatch(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, const float *local, float *em,
-                   int d, int b16, float *stage, const char *what) {
-  if (exchange(par, be, r, local, r->send_rows, r->send_off, stage, r->recv_rows, r->recv_off, d, b16, what)) return -1;
-  reorder(be, r, stage, em, d, b16, 1);
-  return 0;
+                   int d, int b16, const char *what) {
+  return exchange(par, be, r, local, r->send_rows, r->send_at, em, r->recv_rows, r->recv_at, d, b16, what);
 }
 
-int mc_ep_combine(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, float *em, float *local,
-                  int d, int b16, float *stage, const char *what) {
-  reorder(be, r, stage, em, d, b16, 0);
-  return exchange(par, be, r, stage, r->recv_rows, r->recv_off, local, r->send_rows, r->send_off, d, b16, what);
+int mc_ep_combine(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, const float *em, float *local,
+                  int d, int b16, const char *what) {
+  return exchange(par, be, r, em, r->recv_rows, r->recv_at, local, r->send_rows, r->send_at, d, b16, what);
 }

@@ -103,9 +103,8 @@ int mc_sp_moe_aux(const mc_net_par *par, mc_backend *be, int E, const float *pro
  * expert-sorted buffer (counts [E], peer-major since EP rank j owns experts
  * [j*E/ep, (j+1)*E/ep)) over the ep group, and fails naming the layer if the rows exceed the
  * reserved bound (a bug in the bound); mc_ep_dispatch sends the local expert-sorted rows
- * (width d, bf16 where b16 = 1, else fp32) to their owners and leaves what arrived
- * expert-major in em (the rows of local expert e from source 0, 1, ...); mc_ep_combine is its
- * reverse. stage: mc_ep_scratch's. Under mc_act16 (mc_ep_bf16) the rows the expert products
+ * (width d, bf16 where b16 = 1, else fp32) to their owners, where they land expert-major in em
+ * (the rows of local expert e from source 0, 1, ...); mc_ep_combine is its reverse. Under mc_act16 (mc_ep_bf16) the rows the expert products
  * read go as bf16: the input rows and the output rows' gradient; the saved input, h1, h3 and
  * SwiGLU output and the backward's da, dh1, dh3 are bf16, as on one rank; the products'
  * fp32 outputs (expert outputs, input-row gradients) come back in fp32. */
@@ -121,15 +120,14 @@ const int32_t *mc_ep_counts(const struct mc_ep_route *r); /* [E/ep] rows per loc
 /* The layer's saved rows: 0 the received input [R, d], 1 h1, 2 h3, 3 the SwiGLU output [R, F]
  * (bf16 where mc_ep_bf16). */
 float *mc_ep_saved(struct mc_ep_route *r, int which);
-/* The shared scratch (NULL outputs are not wanted): stage (fp32), a (bf16 where mc_ep_bf16)
- * and b (fp32) [rows, d], da, dh1, dh3 [rows, F] (bf16 where mc_ep_bf16), rows the reserved
- * bound. */
+/* The shared scratch (NULL outputs are not wanted): a (bf16 where mc_ep_bf16) and b (fp32)
+ * [rows, d], da, dh1, dh3 [rows, F] (bf16 where mc_ep_bf16), rows the reserved bound. */
 int mc_ep_bf16(const mc_net_par *par); /* the expert rows are bf16 (the network's mc_act16) */
-int mc_ep_scratch(mc_net_par *par, float **stage, float **a, float **b, float **da, float **dh1, float **dh3);
+int mc_ep_scratch(mc_net_par *par, float **a, float **b, float **da, float **dh1, float **dh3);
 int mc_ep_dispatch(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, const float *local, float *em,
-                   int d, int b16, float *stage, const char *what);
-int mc_ep_combine(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, float *em, float *local, int d,
-                  int b16, float *stage, const char *what);
+                   int d, int b16, const char *what);
+int mc_ep_combine(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, const float *em, float *local,
+                  int d, int b16, const char *what);
 
 /* ---- gradient combination and ZeRO (train/dist_sync.c), over the network's params. The
  * collectives move rows through packs: carved from `stage` (ZeRO 3's slots of zero3.buffers,

@@ -70,6 +70,38 @@ static void check_collectives(mc_comm *c) {
   CHECK_OK(mc_alltoallv(c, sbuf, sc, sd, rbuf, rc, rd, MC_DT_I32));
   for (int i = 0; i < n; i++)
     for (int j = 0; j < i + 1; j++) CHECK(rbuf[rd[i] + j] == 10 * i + r, "%s alltoallv from %d", c->label, i);
+  /* in 3 segments: segment k of r -> i holds (r + i + k) % 3 values 1000 r + 100 i + 10 k + j,
+   * sent from descending offsets, received in segment-major order with a one-element gap after
+   * each; the gaps (-7) must stay untouched; empty segments included */
+  enum { NS = 3 };
+  int64_t ssc[64 * NS], ssd[64 * NS], src[64 * NS], srd[64 * NS];
+  int32_t sb[512], rb[512];
+  int o = 0;
+  for (int i = n - 1; i >= 0; i--)
+    for (int k = NS - 1; k >= 0; k--) {
+      const int len = (r + i + k) % 3;
+      ssc[i * NS + k] = len, ssd[i * NS + k] = o;
+      for (int j = 0; j < len; j++) sb[o++] = 1000 * r + 100 * i + 10 * k + j;
+    }
+  o = 0;
+  for (int k = 0; k < NS; k++)
+    for (int i = 0; i < n; i++) {
+      const int len = (i + r + k) % 3;
+      src[i * NS + k] = len, srd[i * NS + k] = o;
+      o += len + 1;
+    }
+  for (int j = 0; j < o; j++) rb[j] = -7;
+  CHECK_OK(mc_alltoallv_seg(c, sb, NS, ssc, ssd, rb, src, srd, MC_DT_I32));
+  int gaps_ok = 1;
+  for (int k = 0; k < NS; k++)
+    for (int i = 0; i < n; i++) {
+      for (int j = 0; j < src[i * NS + k]; j++)
+        CHECK(rb[srd[i * NS + k] + j] == 1000 * i + 100 * r + 10 * k + j, "%s alltoallv segment %d from %d", c->label, k, i);
+      gaps_ok = gaps_ok && rb[srd[i * NS + k] + src[i * NS + k]] == -7;
+    }
+  CHECK(gaps_ok, "%s alltoallv segments wrote between segments", c->label);
+  CHECK(mc_alltoallv_seg(c, sb, 0, ssc, ssd, rb, src, srd, MC_DT_I32) != 0 && strstr(mc_errmsg(), "0 segments"),
+        "%s alltoallv with 0 segments: %s", c->label, mc_errmsg());
   /* broadcast and ring send/recv */
   int64_t b = r == n - 1 ? 4242 : 0;
   CHECK_OK(mc_bcast(c, &b, 1, MC_DT_I64, n - 1));

@@ -546,12 +546,25 @@ static void test_block_formulas(void) {
   CHECK(s->moe_assignments == (int64_t)(tok * 2 * 0.5), "assignments with cf=0.5: %lld", (long long)s->moe_assignments);
   /* two E layers (AEMRAEMR): their received rows with the expert activations, and the exchange */
   const int64_t rows_in = s->moe_assignments, ne = 2;
-  CHECK(s->moe_layers == ne * rows_in * (64 + 3 * 128) * 4 && s->moe_exchange == rows_in * (3 * 64 + 3 * 128) * 4,
+  CHECK(s->moe_layers == ne * rows_in * (64 + 3 * 128) * 4 && s->moe_exchange == rows_in * (2 * 64 + 3 * 128) * 4,
         "EP buffers");
   CHECK(s->moe_scratch == s->moe_layers + s->moe_exchange && s->moe_scratch > 0 &&
             p.ranks[0].bytes[MC_MEM_MOE_SCRATCH] == s->moe_scratch,
         "scratch total");
   drop(&g, &p);
+  /* bf16 product tensors (tp = 1): the rows the expert products read are bf16, the returned
+   * rows fp32 (dp 2 x ep 2, no SP: each source routes its 96 tokens, x cf 0.5 per sequence) */
+  strcpy(t.dtype, "bf16");
+  CHECK_OK(make_plan(&m, layout(1, 2, 1, 2, 0, 0), &t, &g, &p));
+  if (!p.ranks) return;
+  s = &p.ranks[0].act;
+  const int64_t r16 = s->moe_assignments;
+  CHECK(r16 > 0 && s->moe_layers == ne * r16 * (64 + 3 * 128) * 2 &&
+            s->moe_exchange == r16 * 64 * 4 + r16 * (64 + 3 * 128) * 2,
+        "EP buffers under bf16: layers %lld, exchange %lld for %lld rows", (long long)s->moe_layers,
+        (long long)s->moe_exchange, (long long)r16);
+  drop(&g, &p);
+  strcpy(t.dtype, "fp32");
   /* dropless: the buffers hold the most rows routing can send one rank, ep sources x their
    * tokens (the SP shard, 3 x 32) x min(top_k, E/ep) = 2 x 96 x 2, twice the balanced 96 x 2 */
   m.capacity_factor = 0;
