@@ -108,10 +108,11 @@ static int experts_forward(struct mc_net *net, mc_layer *L, int E, const int32_t
                       mc_o32(out), d, xr);
 }
 
-/* Backward of experts_forward from dyp (the output rows' gradient): adds the expert weights'
- * gradients and writes the input rows' gradient to dxp. */
-static int experts_backward(struct mc_net *net, mc_layer *L, int E, const int32_t *c, int64_t rows,
-                            const expert_bufs *B, mc_operand xpo, mc_operand dyp, float *dxp) {
+/* Backward of experts_forward from dyp (the output rows' gradient), first part: adds dW2,
+ * forms dh1, dh3 and writes the input rows' gradient to dxp (which EP sends back while the
+ * second part runs). */
+static int experts_backward_dx(struct mc_net *net, mc_layer *L, int E, const int32_t *c, int64_t rows,
+                               const expert_bufs *B, mc_operand dyp, float *dxp) {
   mc_backend *be = net->be;
   const int d = net->m.d_model, F = net->m.expert_hidden;
   const off_rule xr = {d, 0}, fr = {F, 0}, w13 = {0, (int64_t)F * d};
@@ -124,17 +125,28 @@ static int experts_backward(struct mc_net *net, mc_layer *L, int E, const int32_
   be->glu_bwd(be, MC_ACT_SILU, buf_in(B->h1, B->s16), buf_in(B->h3, B->s16), buf_in(B->da, B->g16),
               grad_out(be, B->dh1, B->g16, rows * F), grad_out(be, B->dh3, B->g16, rows * F), rows * F);
   const mc_operand dh1i = buf_in(B->dh1, B->g16), dh3i = buf_in(B->dh3, B->g16);
-  /* w1[e], w3[e] are [F, d]: dW += dh_e^T xp_e, dxp_e = dh1_e w1[e] + dh3_e w3[e] */
-  if (experts_gemm(be, E, c, 1, 0, F, d, -1, dh1i, F, fr, xpo, d, xr, 1.0f, mc_o32(mc_g(net, L, MC_ROLE_MOE_W1)), d,
-                   w13) ||
-      experts_gemm(be, E, c, 1, 0, F, d, -1, dh3i, F, fr, xpo, d, xr, 1.0f, mc_o32(mc_g(net, L, MC_ROLE_MOE_W3)), d,
-                   w13) ||
-      experts_gemm(be, E, c, 0, 0, -1, d, F, dh1i, F, fr, mc_wm(net, L, MC_ROLE_MOE_W1), d, w13, 0.0f, mc_o32(dxp), d,
-                   xr) ||
-      experts_gemm(be, E, c, 0, 0, -1, d, F, dh3i, F, fr, mc_wm(net, L, MC_ROLE_MOE_W3), d, w13, 1.0f, mc_o32(dxp), d,
-                   xr))
-    return -1;
-  return 0;
+  /* w1[e], w3[e] are [F, d]: dxp_e = dh1_e w1[e] + dh3_e w3[e] */
+  return experts_gemm(be, E, c, 0, 0, -1, d, F, dh1i, F, fr, mc_wm(net, L, MC_ROLE_MOE_W1), d, w13, 0.0f, mc_o32(dxp),
+                      d, xr) ||
+         experts_gemm(be, E, c, 0, 0, -1, d, F, dh3i, F, fr, mc_wm(net, L, MC_ROLE_MOE_W3), d, w13, 1.0f, mc_o32(dxp),
+                      d, xr);
+}
+
+/* Second part: dW1[e] += dh1_e^T xp_e, dW3[e] += dh3_e^T xp_e. */
+static int experts_backward_dw13(struct mc_net *net, mc_layer *L, int E, const int32_t *c, const expert_bufs *B,
+                                 mc_operand xpo) {
+  mc_backend *be = net->be;
+  const int d = net->m.d_model, F = net->m.expert_hidden;
+  const off_rule xr = {d, 0}, fr = {F, 0}, w13 = {0, (int64_t)F * d};
+  return experts_gemm(be, E, c, 1, 0, F, d, -1, buf_in(B->dh1, B->g16), F, fr, xpo, d, xr, 1.0f,
+                      mc_o32(mc_g(net, L, MC_ROLE_MOE_W1)), d, w13) ||
+         experts_gemm(be, E, c, 1, 0, F, d, -1, buf_in(B->dh3, B->g16), F, fr, xpo, d, xr, 1.0f,
+                      mc_o32(mc_g(net, L, MC_ROLE_MOE_W3)), d, w13);
+}
+
+static int experts_backward(struct mc_net *net, mc_layer *L, int E, const int32_t *c, int64_t rows,
+                            const expert_bufs *B, mc_operand xpo, mc_operand dyp, float *dxp) {
+  return experts_backward_dx(net, L, E, c, rows, B, dyp, dxp) || experts_backward_dw13(net, L, E, c, B, xpo) ? -1 : 0;
 }
 
 /* The plain path: all n rows go to the one expert, the input is the layer's u (u16 under
@@ -189,7 +201,8 @@ static int experts_forward_ep(struct mc_net *net, mc_layer *L, int n) {
 /* Its backward from the expert-output rows' gradient (dyp, this rank's expert-sorted order,
  * bf16 where mc_ep_bf16): dispatched like the input, the experts' backward on the received
  * rows, the input rows' gradient returned into net->g[MC_E_DXP] (after dyp was sent: dyp may
- * live there). */
+ * live there). The return travels on the side queue (comm/comm.h) while dW1 and dW3 are
+ * formed, and the compute stream waits for it before anything reads DXP. */
 static int experts_backward_ep(struct mc_net *net, mc_layer *L, const float *dyp) {
   mc_backend *be = net->be;
   mc_net_par *par = &net->par;
@@ -200,12 +213,18 @@ static int experts_backward_ep(struct mc_net *net, mc_layer *L, const float *dyp
   float *dyr, *dxr;
   const int b16 = mc_ep_bf16(par);
   expert_bufs B = {mc_ep_saved(r, 1), mc_ep_saved(r, 2), mc_ep_saved(r, 3), NULL, NULL, NULL, b16, b16};
+  const int El = E / par->ep;
   if (mc_ep_scratch(par, &dyr, &dxr, &B.da, &B.dh1, &B.dh3) ||
       mc_ep_dispatch(par, be, r, dyp, dyr, d, b16, "dispatching the expert-output gradients") ||
-      experts_backward(net, L, E / par->ep, mc_ep_counts(r), R, &B, buf_in(mc_ep_saved(r, 0), b16), buf_in(dyr, b16),
-                       dxr))
+      experts_backward_dx(net, L, El, mc_ep_counts(r), R, &B, buf_in(dyr, b16), dxr))
     return -1;
-  return mc_ep_combine(par, be, r, dxr, net->g[MC_E_DXP], d, 0, "returning the input-row gradients");
+  mc_comm *g = par->comm->ep;
+  int ticket = -1;
+  if (mc_comm_side_begin(g)) return -1;
+  int rc = mc_ep_combine(par, be, r, dxr, net->g[MC_E_DXP], d, 0, "returning the input-row gradients");
+  if (mc_comm_side_end(g, &ticket) || rc) return -1;
+  rc = experts_backward_dw13(net, L, El, mc_ep_counts(r), &B, buf_in(mc_ep_saved(r, 0), b16));
+  return mc_comm_side_wait(g, ticket) || rc ? -1 : 0;
 }
 
 static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
