@@ -183,14 +183,17 @@ static const mc_block_family moe_fams[] = {
 };
 /* Router logits and probabilities (fp32), gates, routing fractions and aux per sequence; the
  * expert-sorted input and output of a routed block (a plain one reads u and adds its output
- * through gradient scratch); h1, h3 and the SwiGLU output (bf16 under act16). */
+ * through gradient scratch); h1, h3 and the SwiGLU output (bf16 under act16). Under expert
+ * parallelism the experts' rows (their input, h1, h3, SwiGLU and the gradients da, dh1, dh3)
+ * are what the rank's experts received, kept in moe.scratch (train/dist_ep.c), so the layer
+ * has none of its own. */
 static const mc_act_buf moe_saved[MC_E_NSAVED] = {
     [MC_E_LOGITS] = TOK("router_logits", E, F32, 1), [MC_E_PROBS] = TOK("router_probs", E, F32, 1),
     [MC_E_GATE] = TOK("gates", K, F32, 1),           [MC_E_FR] = BUF("route_fractions", SEQS, E, F32, ALWAYS, 1),
     [MC_E_AUX] = BUF("aux", SEQS, ONE, F32, ALWAYS, 1),
-    [MC_E_XP] = BUF("dispatched_input", TOKENS, KD, PROD, ROUTED, 1),
-    [MC_E_H1] = TOK("h1", KF, PROD, 1),              [MC_E_H3] = TOK("h3", KF, PROD, 1),
-    [MC_E_A] = TOK("swiglu", KF, PROD, 0),
+    [MC_E_XP] = BUF("dispatched_input", TOKENS, KD, PROD, ROUTED_NO_EP, 1),
+    [MC_E_H1] = BUF("h1", TOKENS, KF, PROD, NO_EP, 1), [MC_E_H3] = BUF("h3", TOKENS, KF, PROD, NO_EP, 1),
+    [MC_E_A] = BUF("swiglu", TOKENS, KF, PROD, NO_EP, 0),
     [MC_E_YP] = BUF("expert_output", TOKENS, KD, F32, ROUTED, 1),
 };
 static const mc_act_buf moe_saved_i32[MC_E_NSAVED_I32] = {
@@ -198,8 +201,8 @@ static const mc_act_buf moe_saved_i32[MC_E_NSAVED_I32] = {
     [MC_E_COUNTS] = BUF("counts", ONE, E, I32, ALWAYS, 1), [MC_E_DROPPED] = BUF("dropped", ONE, ONE, I32, ALWAYS, 1),
 };
 static const mc_act_buf moe_grads[MC_E_NGRADS] = {
-    [MC_E_DYP] = TOK("d_expert_output", KD, F32, 0), [MC_E_DA] = TOK("d_swiglu", KF, PROD, 0),
-    [MC_E_DH1] = TOK("dh1", KF, PROD, 0),            [MC_E_DH3] = TOK("dh3", KF, PROD, 0),
+    [MC_E_DYP] = TOK("d_expert_output", KD, F32, 0), [MC_E_DA] = BUF("d_swiglu", TOKENS, KF, PROD, NO_EP, 0),
+    [MC_E_DH1] = BUF("dh1", TOKENS, KF, PROD, NO_EP, 0), [MC_E_DH3] = BUF("dh3", TOKENS, KF, PROD, NO_EP, 0),
     [MC_E_DXP] = TOK("d_dispatched_input", KD, F32, 0), [MC_E_DGATE] = TOK("d_gates", K, F32, 0),
     [MC_E_DLOGITS] = TOK("d_router_logits", E, F32, 0),
 };

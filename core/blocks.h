@@ -91,6 +91,9 @@ enum {
   MC_IF_SP = 16,        /* sequence parallelism (tp > 1) */
   MC_IF_FIRST = 32,     /* the stage holds the embedding */
   MC_IF_LAST = 64,      /* the stage holds the final norm, head and loss */
+  MC_IF_NO_EP = 128,    /* ep = 1: under expert parallelism an E block's expert rows live with
+                           its exchange plan in moe.scratch (train/dist_ep.c) instead */
+  MC_IF_ROUTED_NO_EP = MC_IF_ROUTED | MC_IF_NO_EP,
 };
 
 typedef struct {

@@ -91,6 +91,7 @@ void mc_act_shape_of(const mc_geometry *g, int stage, const mc_hold_opts *o, int
   s->tp = l->tp > 0 ? l->tp : 1;
   s->local = mc_model_local(&g->model, s->tp);
   s->sp = l->sp && s->tp > 1;
+  s->ep = l->ep > 0 ? l->ep : 1;
   s->n_seq = n_seq;
   s->T_res = s->sp ? g->model.seq_len / s->tp : g->model.seq_len;
   s->act16 = o->act16;
@@ -106,7 +107,7 @@ static int exists_in(const mc_act_buf *b, const mc_act_shape *s, int routes) {
   const int routed = routes && s->routed;
   return !((w & MC_IF_ROUTED) && !routed) && !((w & MC_IF_NOT_ROUTED) && routed) && !((w & MC_IF_ACT16) && !s->act16) &&
          !((w & MC_IF_TP) && s->tp <= 1) && !((w & MC_IF_SP) && !s->sp) && !((w & MC_IF_FIRST) && !s->first) &&
-         !((w & MC_IF_LAST) && !s->last);
+         !((w & MC_IF_LAST) && !s->last) && !((w & MC_IF_NO_EP) && s->ep > 1);
 }
 
 int mc_act_buf_exists(const mc_act_buf *b, const mc_act_shape *s, const mc_block_kind *k) {

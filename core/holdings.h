@@ -82,6 +82,7 @@ int mc_param_hold_of(const mc_geometry *g, int fam, int rank, const mc_hold_opts
 typedef struct {
   mc_model local;   /* the model the rank computes with (mc_model_local) */
   int tp, sp;       /* sp: sequence parallelism in effect (sp and tp > 1) */
+  int ep;           /* expert-parallel group size */
   int n_seq;        /* sequences of the micro-batch */
   int T_res;        /* positions per sequence in the residual stream: T, or T / tp under SP */
   int act16;

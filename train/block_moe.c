@@ -273,7 +273,7 @@ static int moe_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   /* act16: dyp feeds only the two products (under EP: the dispatch to them), so it is written
    * in bf16 into DXP (read by those products, or sent, before the input-row gradient is
    * written into DXP); else the fp32 rows of DYP */
-  const int dyp16 = mc_saved_bf16(L, MC_E_XP);
+  const int dyp16 = mc_act16(net);
   be->moe_unpermute_bwd(be, dy, f[MC_E_YP], iv[MC_E_SLOT], f[MC_E_GATE], n, k, d,
                         dyp16 ? mc_o16(g[MC_E_DXP]) : mc_o32(mc_zeroed(be, g[MC_E_DYP], rows * d)),
                         mc_zeroed(be, g[MC_E_DGATE], (int64_t)n * k));
