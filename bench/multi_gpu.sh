@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Multi-GPU speed of mctrain (issue 14): one configuration (default configs/nam-small.json,
 # bf16) on 1, 2 and 4 GPUs in several layouts, each started by mctrain --nproc-per-node N.
-# Per run: tokens/s (median of steps 4..UNTIL, each step logged), MFU against the bf16 matmul
+# Per run: tokens/s (median of steps FROM..UNTIL, default 4..10, each step logged; FROM=21
+# UNTIL=30 times steady steps, after the routing and cuBLASLt's shape classes settle), MFU against the bf16 matmul
 # peak measured in the same invocation (bench/torch_peak.py) times N, scaling efficiency
 # (tokens/s over N x the one-GPU tokens/s; data-parallel runs scale the global batch with dp,
 # so every replica runs the one-GPU step), and rank 0's communication time per step (the
@@ -17,7 +18,7 @@
 # torchrun as DDP and as FSDP2, each rank with the one-GPU step, scaled against the peer's
 # one-GPU run. MICRO=M sets train.micro_batch on both sides (the peer is host-bound at 2).
 # Usage (repository root, on the GPU machine): OUT=DIR MEGAC_BIN=DIR [CONFIG=configs/nam-small.json]
-#   [LAYOUTS=small|medium|zero] [SAVES=1] [UNTIL=10] [MC_COMMIT=SHA] bash bench/multi_gpu.sh
+#   [LAYOUTS=small|medium|zero] [SAVES=1] [FROM=4] [UNTIL=10] [MC_COMMIT=SHA] bash bench/multi_gpu.sh
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:?}
@@ -28,6 +29,8 @@ EXTRA=()
 [ -n "${RECOMPUTE:-}" ] && EXTRA=(--set train.recompute="$RECOMPUTE")
 [ -n "${MICRO:-}" ] && EXTRA+=(--set train.micro_batch="$MICRO")
 UNTIL=${UNTIL:-10}
+FROM=${FROM:-4}
+[ "$FROM" -ge 1 ] && [ "$FROM" -le "$UNTIL" ] 2>/dev/null || { echo "multi_gpu.sh: FROM=$FROM must be in 1..UNTIL=$UNTIL" >&2; exit 2; }
 NGPU=$(nvidia-smi -L | grep -c '^GPU')
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
@@ -36,7 +39,7 @@ export NCCL_NVLS_ENABLE=0
   echo "# date: $(date -u +%FT%TZ)"
   echo "# commit: ${MC_COMMIT:-unknown}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/# card: /'
-  echo "# config: $CONFIG (train.dtype and device as there), steps 1..$UNTIL, median of steps 4..$UNTIL"
+  echo "# config: $CONFIG (train.dtype and device as there), steps 1..$UNTIL, median of steps $FROM..$UNTIL"
 } | tee -a "$OUT/multi_gpu.txt"
 python3 bench/torch_peak.py --json-out "$W/peak.json" > "$W/peak.log" 2>&1 || cat "$W/peak.log"
 peak=$(python3 -c "import json; print(json.load(open('$W/peak.json'))['bf16']['tflops'])" 2>/dev/null || echo 0)
@@ -59,11 +62,12 @@ run() {
     --set checkpoint.dir="$dir" --set checkpoint.every=0 --set train.log_every=1 --set train.eval_every=0 \
     --set train.global_batch=$((gb * dp)) --set parallel.dp="$dp" --until "$UNTIL" "${EXTRA[@]}" "$@" > "$OUT/run_$name.log" 2>&1 \
     || { echo "$name: FAILED ($(tail -1 "$OUT/run_$name.log"))" | tee -a "$OUT/multi_gpu.txt"; return; }
-  python3 - "$dir/metrics.jsonl" "$name" "$n" "$peak" "$flop" "$base" "$UNTIL" <<'PY' | tee -a "$OUT/multi_gpu.txt"
+  python3 - "$dir/metrics.jsonl" "$name" "$n" "$peak" "$flop" "$base" "$UNTIL" "$FROM" <<'PY' | tee -a "$OUT/multi_gpu.txt"
 import json, statistics, sys
 path, name, n, peak, flop, base, until = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5] or 0), float(sys.argv[6]), int(sys.argv[7])
+first = int(sys.argv[8])
 recs = [json.loads(l) for l in open(path) if '"step"' in l]
-st = [r for r in recs if 4 <= r["step"] <= until]
+st = [r for r in recs if first <= r["step"] <= until]
 tps = statistics.median(r["tokens_per_s"] for r in st)
 comm = statistics.median(r.get("comm_s", 0.0) for r in st)
 tok_step = recs[-1]["tokens"] / recs[-1]["step"]
@@ -72,7 +76,7 @@ scal = tps / (n * base) if base > 0 else 1.0  # base: tokens/s per GPU of the fi
 print(f"{name:<28} {n:>4} {tps:>12.0f} {100*mfu:>6.1f}% {100*scal:>7.1f}% {comm:>10.4f} {tok_step/tps:.4f}")
 PY
   if [ "$base" = 0 ]; then
-    base=$(python3 -c "import json,statistics; r=[json.loads(l) for l in open('$dir/metrics.jsonl') if '\"step\"' in l]; print(statistics.median(x['tokens_per_s'] for x in r if 4 <= x['step'] <= $UNTIL) / $n)")
+    base=$(python3 -c "import json,statistics; r=[json.loads(l) for l in open('$dir/metrics.jsonl') if '\"step\"' in l]; print(statistics.median(x['tokens_per_s'] for x in r if $FROM <= x['step'] <= $UNTIL) / $n)")
   fi
 }
 if [ "$LAYOUTS" = medium ]; then
@@ -115,11 +119,13 @@ run 1gpu 1 1
 run dp2 2 2
 run tp2 2 1 --set parallel.tp=2
 run pp2 2 1 --set parallel.pp=2 --set parallel.pp_split=weighted
+run pp2_gb4x 2 1 --set parallel.pp=2 --set parallel.pp_split=weighted --set train.global_batch=$((gb * 4)) # 4x the micro-batches: a smaller 1F1B bubble
 run dp2_ep2 2 2 --set parallel.ep=2
 run dp4 4 4
 run tp2_dp2 4 2 --set parallel.tp=2
 run pp2_dp2 4 2 --set parallel.pp=2 --set parallel.pp_split=weighted
 run dp4_ep4 4 4 --set parallel.ep=4
+run dp4_ep2 4 4 --set parallel.ep=2
 run tp2_pp2 4 1 --set parallel.tp=2 --set parallel.pp=2 --set parallel.pp_split=weighted
 [ "${SAVES:-1}" = 1 ] || exit 0
 # periodic async saves from every rank at once
