@@ -277,6 +277,11 @@ static mc_backend *create(int device, int bf16_gemm) {
   }
   c->device = device;
   c->bf16_gemm = bf16_gemm;
+  if (mc_backend_env_check()) { /* a knob of this backend set to what it does not take */
+    mc_error_context("cuda backend");
+    free(be), free(c);
+    return NULL;
+  }
   const char *step = "cudaSetDevice";
   e = cudaSetDevice(device);
   if (e == cudaSuccess) step = "cudaStreamCreate", e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);

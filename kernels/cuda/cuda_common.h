@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 extern "C" {
+#include "kernels/backend_env.h"
 #include "kernels/ops.h"
 #include "util/error.h"
 }

@@ -452,18 +452,12 @@ static void grouped_bf16_each(mc_backend *be, const chunk *ch, int ta, int tb, c
 }
 
 /* Mean multiply-adds per group of a chunk from which grouped_bf16_each is used instead of the
- * padded batched call (which wins for many tiny groups). The environment variable
- * MC_CUDA_GROUP_EACH_MACS replaces it (read once; for measuring one path against the other). */
-#define GROUP_EACH_MACS (1 << 22)
+ * padded batched call (which wins for many tiny groups): 2^22, or MC_CUDA_GROUP_EACH_MACS
+ * (kernels/backend_env.c; read once; for measuring one path against the other). */
 
 static double each_threshold(void) {
   static double t = -1.0;
-  if (t < 0.0) {
-    const char *e = getenv("MC_CUDA_GROUP_EACH_MACS");
-    char *end = NULL;
-    const double v = e && *e ? strtod(e, &end) : -1.0;
-    t = e && *e && end && !*end && v >= 0.0 ? v : (double)GROUP_EACH_MACS;
-  }
+  if (t < 0.0) t = mc_backend_env(MC_ENV_CUDA_GROUP_EACH_MACS);
   return t;
 }
 

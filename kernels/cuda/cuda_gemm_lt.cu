@@ -27,7 +27,7 @@
 
 #define LT_SLOTS 512              /* shape classes remembered (then the oldest is replaced) */
 #define LT_WORKSPACE (32u << 20)  /* bytes of workspace for split-K algorithms, over all lanes */
-#define LT_LANES 4
+#define LT_LANES 4                /* the most lanes; kernels/backend_env.c bounds MC_CUDA_LT_LANES by it */
 #define LT_LANE_WS (LT_WORKSPACE / LT_LANES)
 #define LT_KEY 12
 
@@ -57,10 +57,7 @@ struct mc_cuda_lt {
 
 static int lt_enabled(void) {
   static int on = -1;
-  if (on < 0) {
-    const char *e = getenv("MC_CUDA_LT");
-    on = !(e && !strcmp(e, "0"));
-  }
+  if (on < 0) on = mc_backend_env(MC_ENV_CUDA_LT) != 0.0;
   return on;
 }
 
@@ -79,9 +76,9 @@ static int alignment(const void *p) {
   return al;
 }
 
+/* MC_CUDA_LT_LANES: 1 to LT_LANES, refused otherwise (kernels/backend_env.c) */
 static int lanes_wanted(void) {
-  const char *e = getenv("MC_CUDA_LT_LANES");
-  const int v = e && *e ? atoi(e) : LT_LANES;
+  const int v = (int)mc_backend_env(MC_ENV_CUDA_LT_LANES);
   return v < 1 ? 1 : v > LT_LANES ? LT_LANES : v;
 }
 

@@ -297,14 +297,8 @@ void mc_cuda_install_profile(mc_backend *be) {
     return;
   }
   const char *steps = getenv("MC_CUDA_PROFILE_STEPS");
-  long long a = 0, b = 0;
-  char tail = 0;
-  if (steps && *steps) {
-    if (sscanf(steps, "%lld:%lld%c", &a, &b, &tail) != 2 || a < 1 || b < a)
-      fprintf(stderr, "MC_CUDA_PROFILE_STEPS=%s: expected A:B with 1 <= A <= B; profiling every op\n", steps);
-    else
-      p->step_from = a, p->step_to = b;
-  }
+  long long a = 0, b = 0; /* a bad range was refused by the backend's set-up (mc_backend_env_check) */
+  if (steps && *steps && mc_env_step_range("MC_CUDA_PROFILE_STEPS", steps, &a, &b) == 0) p->step_from = a, p->step_to = b;
   cudaEventCreate(&p->first);
   cudaEventCreate(&p->last);
   p->orig = *be;
