@@ -49,7 +49,7 @@ mc_backend *mc_train_backend(const char *device, const char *dtype, int gpu) {
   if (!be) {
     char why[MC_ERRMSG_MAX];
     snprintf(why, sizeof why, "%s", mc_errmsg());
-    mc_error("train.device=cuda but no CUDA device is available: %s", why);
+    mc_error("train.device=cuda: the CUDA backend on device %d did not start: %s", gpu, why);
   }
   return be;
 #else
