@@ -94,12 +94,14 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
 
   # bf16 weights (train.dtype=bf16) on the CPU's bf16 instance, against the single-rank bf16
   # run: ZeRO 1 and ZeRO 3 (fp32 master shards, each gather rounded to bf16), with pipeline
-  # stages and with Muon; a bf16 ZeRO 3 checkpoint resumed as one rank and as pp2 x dp2 ZeRO 1.
-  # Layouts without TP or EP only: under TP the product activations stay fp32 (dist_train
-  # refuses --bf16 with tp > 1), and under EP the exchanged expert rows and their h1, h3 and
-  # SwiGLU stay fp32 (train/dist_ep.c keeps them in moe.scratch) where one rank keeps them in
-  # bf16, so the runs differ by about 1e-4 from step 1.
+  # stages and with Muon; a bf16 ZeRO 3 checkpoint resumed as one rank and as pp2 x dp2 ZeRO 1;
+  # expert parallelism, whose exchanged expert rows are bf16 as one rank's are (dp2 x ep2 at
+  # ZeRO 1 and 3: bitwise equal losses observed; pp2 x dp2 x ep2 within 7e-6). Not TP: under
+  # TP the product activations stay fp32 (dist_train refuses --bf16 with tp > 1).
   mc_dist_test(dist.bf16_dp2_zero1 2 $<TARGET_FILE:dist_train> 1 2 0 1 --bf16)
+  mc_dist_test(dist.bf16_dp2_ep2_zero1 2 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2 --bf16)
+  mc_dist_test(dist.bf16_dp2_ep2_zero3 2 $<TARGET_FILE:dist_train> 1 2 0 3 --ep 2 --bf16)
+  mc_dist_test(dist.bf16_pp2_dp2_ep2_zero1 4 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2 --pp 2 --split AE|MR --bf16)
   mc_dist_test(dist.bf16_dp2_zero3 2 $<TARGET_FILE:dist_train> 1 2 0 3 --bf16)
   mc_dist_test(dist.bf16_pp2_dp2_zero3 4 $<TARGET_FILE:dist_train> 1 2 0 3 --pp 2 --split AE|MR --bf16)
   mc_dist_test(dist.bf16_muon_dp2_zero3 2 $<TARGET_FILE:dist_train> 1 2 0 3 --bf16 ${MC_MUON})

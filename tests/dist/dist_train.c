@@ -608,6 +608,10 @@ int main(int argc, char **argv) {
     snprintf(S.t.optim.groups, sizeof S.t.optim.groups, "%s", groups);
     S.cfg.train = S.t;
   }
+  if (BE->bf16_weights) { /* the run's dtype, so the planner's holdings are the bf16 ones */
+    snprintf(S.t.dtype, sizeof S.t.dtype, "bf16");
+    S.cfg.train = S.t;
+  }
   if (rank == 0)
     printf("layout tp=%d dp=%d sp=%d ep=%d zero=%d pp=%d (split %s%s%s), pattern %s, E=%d k=%d cf=%g, G=%d, micro-batch "
            "%d, optim.groups %s%s%s\n", l.tp, l.dp, l.sp, l.ep, l.zero, l.pp, mc_split_name(l.split), l.split == MC_SPLIT_EXPLICIT ? " " : "",
