@@ -12,6 +12,8 @@
 #include "util/checked.h"
 #include "util/error.h"
 
+int mc_act16_of(int bf16_weights, const mc_layout *l) { return bf16_weights && !(l->sp && l->tp > 1); }
+
 int mc_hold_opts_of(const mc_geometry *g, const mc_train_cfg *t, mc_hold_opts *o) {
   memset(o, 0, sizeof *o);
   if (!strcmp(t->dtype, "bf16")) o->bf16_weights = 1;
@@ -23,8 +25,7 @@ int mc_hold_opts_of(const mc_geometry *g, const mc_train_cfg *t, mc_hold_opts *o
   if (t->micro_batch <= 0 || l->dp <= 0 || t->global_batch % ((int64_t)t->micro_batch * l->dp) != 0)
     return mc_error("train.global_batch=%d is not a multiple of train.micro_batch=%d * parallel.dp=%d", t->global_batch,
                     t->micro_batch, l->dp);
-  /* product tensors in bf16 need whole rows on one rank: no TP (and so no SP) */
-  o->act16 = o->bf16_weights && l->tp == 1;
+  o->act16 = mc_act16_of(o->bf16_weights, l);
   o->micro_batch = t->micro_batch;
   o->n_micro = (int)(t->global_batch / ((int64_t)t->micro_batch * l->dp));
   o->moe_dense = 1;

@@ -171,12 +171,12 @@ int mc_vp_xent_fwd(mc_net_par *par, mc_backend *be, const float *logits, const i
 }
 
 int mc_vp_xent_bwd(const mc_net_par *par, mc_backend *be, const float *logits, int n, float scale, int32_t *tgt_dev,
-                   const float *lse_dev, float *dlogits) {
+                   const float *lse_dev, mc_dst dlogits) {
   int32_t *tl = malloc(sizeof(int32_t) * (size_t)n);
   if (!tl) return mc_error("vocab-parallel cross-entropy: out of memory");
   local_targets(par, par->tgt_host, n, -1, tl); /* -1: no onehot term on this rank */
   be->from_host(be, tgt_dev, tl, sizeof(int32_t) * (size_t)n);
-  be->xent_bwd(be, logits, tgt_dev, lse_dev, n, par->Vl, par->Vpl, scale, (mc_dst){dlogits, NULL});
+  be->xent_bwd(be, logits, tgt_dev, lse_dev, n, par->Vl, par->Vpl, scale, dlogits);
   int rc = ready(be); /* tl is read by the upload */
   free(tl);
   return rc;

@@ -267,7 +267,7 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
   net->L1 = net->L0 + geo->stages.count[co.pp_rank];
   net->first = co.pp_rank == 0;
   net->last = co.pp_rank == lay->pp - 1;
-  net->hold = (mc_hold_opts){.bf16_weights = be->bf16_weights, .act16 = be->bf16_weights && lay->tp == 1, .moe_dense = 1};
+  net->hold = (mc_hold_opts){.bf16_weights = be->bf16_weights, .act16 = mc_act16_of(be->bf16_weights, lay), .moe_dense = 1};
   net->n_layers = geo->model.n_layers;
   net->layers = calloc((size_t)(net->n_layers ? net->n_layers : 1), sizeof(mc_layer));
   net->params = calloc((size_t)geo->fams.n, sizeof(mc_net_param));
@@ -846,12 +846,12 @@ static int head_backward(mc_net *net, int n_seq, double ce_weight) {
   const int n = n_seq * T, nl = n_seq * par->T_res;
   mc_backend *be = net->be;
   if (acquire(net, m->n_layers, 1)) return -1;
+  /* under mc_act16 dlogits feeds only the head's two products: written in bf16 */
+  const mc_dst dlogits = mc_netbuf_out(net, MC_NB_DLOGITS, net->dlogits);
   if (par->tp > 1) {
-    if (mc_vp_xent_bwd(par, be, net->logits, n, (float)ce_weight, net->tok_tgt, net->lse, net->dlogits)) return -1;
+    if (mc_vp_xent_bwd(par, be, net->logits, n, (float)ce_weight, net->tok_tgt, net->lse, dlogits)) return -1;
   } else {
-    /* under mc_act16 dlogits feeds only the head's two products: written in bf16 */
-    be->xent_bwd(be, net->logits, net->tok_tgt, net->lse, n, V, Vp, (float)ce_weight,
-                 mc_netbuf_out(net, MC_NB_DLOGITS, net->dlogits));
+    be->xent_bwd(be, net->logits, net->tok_tgt, net->lse, n, V, Vp, (float)ce_weight, dlogits);
   }
   /* d(hf): full rows, partial over TP (the head is vocab-parallel) */
   float *dh = net->full, *dh_res = net->full;

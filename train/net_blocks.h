@@ -69,8 +69,8 @@ int mc_moe_is_dense(const struct mc_net *net);
 struct mc_net {
   mc_backend *be;
   /* ---- precision (core/holdings.h): what this rank keeps in bf16 */
-  /* bf16 matrix weights on a backend with bf16_weights, bf16 product activations (act16) on
-   * one rank without TP; moe_dense 1 (default): an E block of one expert and one choice that
+  /* bf16 matrix weights on a backend with bf16_weights, bf16 product activations (act16) with
+   * them but under SP (mc_act16_of); moe_dense 1 (default): an E block of one expert and one choice that
    * cannot drop runs as the plain SwiGLU (train/block_moe.c), 0: always routed. */
   mc_hold_opts hold;
   int64_t dist_chunk; /* ZeRO 0/1: elements per chunk of the step's reduction and gather, packed
@@ -118,8 +118,8 @@ struct mc_net {
   float *loss, *lse;   /* [n] */
   float *dx;           /* [nl, d] running residual gradient */
   float *du;           /* [n, d] gradient of a block's input (whole rows for a split block) */
-  float *y;            /* [n, d] a block's partial output under TP; under mc_act16 (no TP) the
-                          bf16 copy of a block's output gradient (mc_dy_in) */
+  float *y;            /* [n, d] a block's partial output under TP (forward); under mc_act16
+                          the bf16 copy of a block's output gradient (mc_dy_in, backward) */
   float *full;         /* [n, d] whole rows: the final norm output's gradient; under TP also
                           gathered or to-be-scattered rows */
   float *dlogits;      /* [n, Vpl] */
@@ -150,7 +150,7 @@ static inline mc_dst mc_o32(float *x) { return (mc_dst){x, NULL}; }
 static inline mc_dst mc_o16(void *x) { return (mc_dst){NULL, (mc_bf16 *)x}; }
 /* Whether the activations and gradients that feed only products, gated units, RoPE or
  * attention are kept in bf16 (docs/cuda.md): bf16 working weights (the products round their
- * inputs anyway), one rank without TP/SP. Set once at creation (net->hold). */
+ * inputs anyway), not under SP (core/holdings.h mc_act16_of). Set once at creation (net->hold). */
 static inline int mc_act16(const struct mc_net *net) { return net->hold.act16; }
 /* A layer's saved buffer i and the gradient scratch i as that layer uses them, in the storage
  * set when they were placed (L->f16, L->g16): as an op input, as an op output, and as a

@@ -84,12 +84,13 @@ int mc_vp_embed_fwd(mc_net_par *par, mc_backend *be, const float *embed_w, const
 int mc_vp_embed_bwd(const mc_net_par *par, mc_backend *be, const float *dfull, int n, int d, float *embed_g);
 /* Vocab-parallel cross-entropy over the local logits [n, Vpl] (backend memory): loss_host[r]
  * and the global log-normaliser, left in lse_dev [n] for the backward, which writes dlogits
- * = scale * (softmax - onehot), zero on padding. tgt_dev [n] and loss_dev [n] are backend
+ * = scale * (softmax - onehot), zero on padding (bf16 under mc_act16: it feeds only the
+ * head's products). tgt_dev [n] and loss_dev [n] are backend
  * scratch (the network's target and loss rows). */
 int mc_vp_xent_fwd(mc_net_par *par, mc_backend *be, const float *logits, const int32_t *tgt_host, int n,
                    int32_t *tgt_dev, float *loss_dev, float *lse_dev, float *loss_host);
 int mc_vp_xent_bwd(const mc_net_par *par, mc_backend *be, const float *logits, int n, float scale, int32_t *tgt_dev,
-                   const float *lse_dev, float *dlogits);
+                   const float *lse_dev, mc_dst dlogits);
 /* MoE under SP: replaces the shard's routing fractions fr [n_seq, E] with the sequence's (TP
  * mean), and sets aux_host [n_seq] from the sequence-wide f and P. */
 int mc_sp_moe_aux(const mc_net_par *par, mc_backend *be, int E, const float *probs, float *fr, int n_seq, int T_l,

@@ -4,10 +4,13 @@
 # equal:  10 steps in one process, then under mpirun for tp2 x dp2 zero 1, tp2+sp x dp2 zero 3
 #         and dp2 x ep2 zero 1 (expert parallelism):
 #         every step's loss and gradient norm, and val_loss at steps 5 and 10, within 1e-4
-#         relative of the one-process run. Then train.dtype=bf16 (bf16 expert rows, travelling
-#         in bf16 under EP) as one process and as dp2 x ep2: losses within 2e-4 relative,
+#         relative of the one-process run. Then train.dtype=bf16 (bf16 product tensors, the
+#         expert rows travelling in bf16 under EP) as one process, as dp2 x ep2, as tp2 and as
+#         tp2 x dp2 zero 1 (bf16 product tensors under TP without SP): losses within 2e-4 relative,
 #         gradient norms within 5e-3 (bf16 roundings flip as the DP sums' order differs; a
-#         stale expert-gradient buffer, as 299a2c5 had, moved the losses by 3e-3 by step 3).
+#         stale expert-gradient buffer, as 299a2c5 had, moved the losses by 3e-3 by step 3);
+#         under TP, whose products split their sums over the ranks, within 1e-3 and 1e-2
+#         (observed up to 4.7e-4 by step 8).
 # resume: tp2 x dp2 zero 1 saves step 5 (and runs to 10); resuming step 5 as one process, as
 #         dp4 zero 3 and as dp4 zero 0 gives steps 6-10 within 1e-4 relative of the
 #         uninterrupted run; the logged load reads the checkpoint's bytes once under mpirun
@@ -130,7 +133,13 @@ equal)
   "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${COMMON[@]}" --set train.dtype=bf16 --set checkpoint.dir=c16 \
     --set parallel.dp=2 --set parallel.ep=2 > c16.log 2>&1 || { cat c16.log; die "bf16 dp2 x ep2 failed"; }
   same_losses one16/metrics.jsonl c16/metrics.jsonl 1 10 2e-4 5e-3
-  echo "bf16 losses at step 10: one process $(field one16/metrics.jsonl loss 10), dp2 x ep2 $(field c16/metrics.jsonl loss 10)"
+  "$MPIRUN" --oversubscribe -np 2 "$B/mctrain" "${COMMON[@]}" --set train.dtype=bf16 --set checkpoint.dir=t16 \
+    --set parallel.tp=2 > t16.log 2>&1 || { cat t16.log; die "bf16 tp2 failed"; }
+  same_losses one16/metrics.jsonl t16/metrics.jsonl 1 10 1e-3 1e-2
+  "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set train.dtype=bf16 --set checkpoint.dir=a16 \
+    --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero=1 > a16.log 2>&1 || { cat a16.log; die "bf16 tp2 x dp2 zero 1 failed"; }
+  same_losses one16/metrics.jsonl a16/metrics.jsonl 1 10 1e-3 1e-2
+  echo "bf16 losses at step 10: one process $(field one16/metrics.jsonl loss 10), dp2 x ep2 $(field c16/metrics.jsonl loss 10), tp2 $(field t16/metrics.jsonl loss 10), tp2 x dp2 zero 1 $(field a16/metrics.jsonl loss 10)"
   ;;
 resume)
   "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=a --set parallel.tp=2 \

@@ -552,7 +552,7 @@ static void test_block_formulas(void) {
             p.ranks[0].bytes[MC_MEM_MOE_SCRATCH] == s->moe_scratch,
         "scratch total");
   drop(&g, &p);
-  /* bf16 product tensors (tp = 1): the rows the expert products read are bf16, the returned
+  /* bf16 product tensors (no SP): the rows the expert products read are bf16, the returned
    * rows fp32 (dp 2 x ep 2, no SP: each source routes its 96 tokens, x cf 0.5 per sequence) */
   strcpy(t.dtype, "bf16");
   CHECK_OK(make_plan(&m, layout(1, 2, 1, 2, 0, 0), &t, &g, &p));
@@ -1008,7 +1008,34 @@ static void test_bubble(void) {
   drop(&g, &p);
 }
 
+/* bf16 product tensors: with bf16 weights under every layout but sequence parallelism */
+static void test_act16_rule(void) {
+  for (int bf = 0; bf <= 1; bf++)
+    for (int tp = 1; tp <= 2; tp++)
+      for (int sp = 0; sp <= 1; sp++)
+        for (int ep = 1; ep <= 2; ep++) {
+          const mc_layout l = layout(tp, 2, 1, ep, sp, 1);
+          CHECK(mc_act16_of(bf, &l) == (bf && !(sp && tp > 1)), "act16 for bf16=%d tp=%d sp=%d ep=%d", bf, tp, sp, ep);
+        }
+  mc_model m;
+  tiny_model(&m);
+  mc_train_cfg t;
+  base_train(&t);
+  strcpy(t.dtype, "bf16");
+  mc_geometry g;
+  mc_plan p;
+  CHECK_OK(make_plan(&m, layout(2, 1, 1, 1, 0, 0), &t, &g, &p));
+  if (!p.ranks) return;
+  CHECK(p.hold.act16, "bf16 under tp 2 without sp keeps product activations in bf16");
+  drop(&g, &p);
+  CHECK_OK(make_plan(&m, layout(2, 1, 1, 1, 1, 0), &t, &g, &p));
+  if (!p.ranks) return;
+  CHECK(!p.hold.act16, "bf16 under sp keeps them in fp32");
+  drop(&g, &p);
+}
+
 int main(void) {
+  test_act16_rule();
   test_totals_grid();
   test_tp_halves();
   test_zero_shards_optimizer();
