@@ -12,7 +12,10 @@
 #include "util/checked.h"
 #include "util/error.h"
 
-int mc_act16_of(int bf16_weights, const mc_layout *l) { return bf16_weights && !(l->sp && l->tp > 1); }
+int mc_act16_of(int bf16_weights, const mc_layout *l) {
+  (void)l; /* every layout: under SP the shards of bf16 tensors are gathered in bf16 (train/dist_tp.c) */
+  return bf16_weights;
+}
 
 int mc_hold_opts_of(const mc_geometry *g, const mc_train_cfg *t, mc_hold_opts *o) {
   memset(o, 0, sizeof *o);

@@ -30,13 +30,13 @@ typedef struct {
 } mc_hold_opts;
 
 /* The settings a training configuration implies: train.dtype=bf16 keeps bf16 matrix weights
- * and, but under SP, bf16 product activations (mc_act16_of). Fails (message naming the key)
+ * and bf16 product activations (mc_act16_of). Fails (message naming the key)
  * on an unknown dtype or recompute policy, or a batch that does not divide. */
 int mc_hold_opts_of(const mc_geometry *g, const mc_train_cfg *t, mc_hold_opts *o);
 
-/* Whether product tensors are kept in bf16: with bf16 weights, except under sequence
- * parallelism (its gathers and reduce-scatters move a block's fp32 input and output rows
- * between sequence shards). The one rule the trainer and the planner use. */
+/* Whether product tensors are kept in bf16: with bf16 weights, under every layout (TP's
+ * vocab-parallel cross-entropy writes dlogits in the head's storage; SP gathers the shards of
+ * bf16 tensors in bf16). The one rule the trainer and the planner use. */
 int mc_act16_of(int bf16_weights, const mc_layout *l);
 
 /* ------------------------------------------------------------------ parameters */

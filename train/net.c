@@ -607,13 +607,17 @@ static block_rows rows_of(const mc_net *net, const mc_layer *l) {
 static int with_whole_input(mc_net *net, mc_layer *l, int n_seq, block_rows how, const float *dy, double seq_weight,
                             float *out) {
   float *shard = l->u;
+  mc_bf16 *shard16 = l->u16; /* under mc_act16 a block whose u feeds only products has it in bf16 */
   if (net->par.sp && how != ROWS_LOCAL) {
-    if (mc_sp_gather(&net->par, net->be, shard, net->par.ufull, n_seq, net->m.d_model)) return -1;
-    l->u = net->par.ufull;
+    if (mc_sp_gather(&net->par, net->be, shard16 ? (const void *)shard16 : shard, net->par.ufull, n_seq,
+                     net->m.d_model, shard16 != NULL))
+      return -1;
+    if (shard16) l->u16 = (mc_bf16 *)net->par.ufull;
+    else l->u = net->par.ufull;
   }
   int rc = !dy ? block_ops(l->kind)->forward(net, l, n_seq, out)
                : block_ops(l->kind)->backward(net, l, n_seq, dy, net->du, seq_weight);
-  l->u = shard;
+  l->u = shard, l->u16 = shard16;
   return rc;
 }
 
@@ -758,10 +762,11 @@ int mc_net_stage_forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_s
   be->scope = "head fwd";
   if (!rc && net->last) rc = acquire(net, fin, 0);
   if (!rc && net->last) {
-    /* under mc_act16 hf feeds only the head's products: kept in bf16 */
-    const mc_dst hf = par->sp ? mc_o32(par->ush) : mc_netbuf_out(net, MC_NB_HF, net->hf);
+    /* under mc_act16 hf feeds only the head's products: kept in bf16 (under SP the shard's
+     * rows too, gathered as they are) */
+    const mc_dst hf = mc_netbuf_out(net, MC_NB_HF, par->sp ? par->ush : net->hf);
     be->rmsnorm_fwd(be, net->x, net->params[net->fam_final_norm].w, nl, d, d, (float)m->norm_eps, hf, net->rstd_f);
-    if (par->sp) rc = mc_sp_gather(par, be, par->ush, net->hf, n_seq, d);
+    if (par->sp) rc = mc_sp_gather(par, be, par->ush, net->hf, n_seq, d, hf.h != NULL);
   }
   if (!rc && net->last) {
     mc_linear_fwd(be, hf_in(net), mc_param_mat(&net->params[net->fam_head]), n, d, Vp, 0.0f, mc_o32(net->logits));
@@ -806,7 +811,7 @@ static int block_backward(mc_net *net, mc_layer *l, int n_seq, double seq_weight
     mc_sp_place(par, be, net->dx, net->full, n_seq, d);
     dy = net->full;
   } else if (how == ROWS_SPLIT && par->sp) {
-    if (mc_sp_gather(par, be, net->dx, net->full, n_seq, d)) return -1;
+    if (mc_sp_gather(par, be, net->dx, net->full, n_seq, d, 0)) return -1;
     dy = net->full;
   }
   if (with_whole_input(net, l, n_seq, how, dy, seq_weight, NULL)) return -1;
@@ -899,7 +904,7 @@ int mc_net_stage_backward(mc_net *net, const int32_t *tokens, int n_seq, double 
   if (par->tp > 1) {
     const float *dfull = net->dx;
     if (par->sp) {
-      if (mc_sp_gather(par, be, net->dx, net->full, n_seq, d)) return -1;
+      if (mc_sp_gather(par, be, net->dx, net->full, n_seq, d, 0)) return -1;
       dfull = net->full;
     }
     if (mc_vp_embed_bwd(par, be, dfull, n, d, net->params[net->fam_embed].g)) return -1;

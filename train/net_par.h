@@ -68,8 +68,9 @@ static inline int mc_dist_settle(const mc_comm *group, mc_backend *be) {
  * collectives first finish the backend's queued work on their buffers. */
 /* Sum over the TP group, in place (nothing when tp = 1). */
 int mc_tp_allreduce(const mc_net_par *par, mc_backend *be, float *buf, int64_t count);
-/* SP: the TP members' sequence shards [n_seq * T/tp, d] -> the token-major rows [n_seq * T, d]. */
-int mc_sp_gather(const mc_net_par *par, mc_backend *be, const float *shard, float *full, int n_seq, int d);
+/* SP: the TP members' sequence shards [n_seq * T/tp, d] -> the token-major rows [n_seq * T, d],
+ * fp32, or bf16 where b16 (a layer's u16, the final norm's bf16 output under mc_act16). */
+int mc_sp_gather(const mc_net_par *par, mc_backend *be, const void *shard, void *full, int n_seq, int d, int b16);
 /* SP: sums full rows [n_seq * T, d] over TP and keeps this rank's sequence shard. */
 int mc_sp_reduce_scatter(const mc_net_par *par, mc_backend *be, const float *full, float *shard, int n_seq, int d);
 /* SP, no communication: this rank's shard rows of full rows (take), or full rows that are

@@ -581,9 +581,8 @@ int main(int argc, char **argv) {
   }
   if (!BE) BE = mc_backend_cpu();
   /* under TP the products' sums split over the ranks and their bf16-rounded outputs then
-   * differ from the oracle's by ~1e-4 after a few steps (and under SP the product
-   * activations stay fp32, mc_act16_of): beyond this harness's 1e-4; mctrain_mpi.sh's equal
-   * mode compares bf16 tp2 with its own band */
+   * differ from the oracle's by ~1e-4 after a few steps: beyond this harness's 1e-4;
+   * mctrain_mpi.sh's equal mode compares bf16 TP layouts with its own band */
   if (BE->bf16_weights && l.tp > 1) {
     fprintf(stderr, "dist_train: --bf16 compares layouts without TP only (tp=%d)\n", l.tp);
     mc_comm_mpi_finalize();

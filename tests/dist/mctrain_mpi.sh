@@ -5,8 +5,9 @@
 #         and dp2 x ep2 zero 1 (expert parallelism):
 #         every step's loss and gradient norm, and val_loss at steps 5 and 10, within 1e-4
 #         relative of the one-process run. Then train.dtype=bf16 (bf16 product tensors, the
-#         expert rows travelling in bf16 under EP) as one process, as dp2 x ep2, as tp2 and as
-#         tp2 x dp2 zero 1 (bf16 product tensors under TP without SP): losses within 2e-4 relative,
+#         expert rows travelling in bf16 under EP) as one process, as dp2 x ep2, as tp2, as
+#         tp2 x dp2 zero 1 and as tp2+sp x dp2 zero 3 (bf16 product tensors under TP, their SP
+#         shards gathered in bf16): losses within 2e-4 relative,
 #         gradient norms within 5e-3 (bf16 roundings flip as the DP sums' order differs; a
 #         stale expert-gradient buffer, as 299a2c5 had, moved the losses by 3e-3 by step 3);
 #         under TP, whose products split their sums over the ranks, within 1e-3 and 1e-2
@@ -139,7 +140,11 @@ equal)
   "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set train.dtype=bf16 --set checkpoint.dir=a16 \
     --set parallel.tp=2 --set parallel.dp=2 --set parallel.zero=1 > a16.log 2>&1 || { cat a16.log; die "bf16 tp2 x dp2 zero 1 failed"; }
   same_losses one16/metrics.jsonl a16/metrics.jsonl 1 10 1e-3 1e-2
-  echo "bf16 losses at step 10: one process $(field one16/metrics.jsonl loss 10), dp2 x ep2 $(field c16/metrics.jsonl loss 10), tp2 $(field t16/metrics.jsonl loss 10), tp2 x dp2 zero 1 $(field a16/metrics.jsonl loss 10)"
+  "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set train.dtype=bf16 --set checkpoint.dir=b16 \
+    --set parallel.tp=2 --set parallel.sp=true --set parallel.dp=2 --set parallel.zero=3 > b16.log 2>&1 \
+    || { cat b16.log; die "bf16 tp2+sp x dp2 zero 3 failed"; }
+  same_losses one16/metrics.jsonl b16/metrics.jsonl 1 10 1e-3 1e-2
+  echo "bf16 losses at step 10: one process $(field one16/metrics.jsonl loss 10), dp2 x ep2 $(field c16/metrics.jsonl loss 10), tp2 $(field t16/metrics.jsonl loss 10), tp2 x dp2 zero 1 $(field a16/metrics.jsonl loss 10), tp2+sp x dp2 zero 3 $(field b16/metrics.jsonl loss 10)"
   ;;
 resume)
   "$MPIRUN" --oversubscribe -np 4 "$B/mctrain" "${COMMON[@]}" --set checkpoint.dir=a --set parallel.tp=2 \
