@@ -18,12 +18,16 @@
 # torchrun as DDP and as FSDP2, each rank with the one-GPU step, scaled against the peer's
 # one-GPU run. MICRO=M sets train.micro_batch on both sides (the peer is host-bound at 2).
 # Usage (repository root, on the GPU machine): OUT=DIR MEGAC_BIN=DIR [CONFIG=configs/nam-small.json]
-#   [LAYOUTS=small|medium|zero] [SAVES=1] [FROM=4] [UNTIL=10] [MC_COMMIT=SHA] bash bench/multi_gpu.sh
+#   [LAYOUTS=small|medium|zero|tp] [SAVES=1] [SPLIT=0] [FROM=4] [UNTIL=10] [MC_COMMIT=SHA] bash bench/multi_gpu.sh
+# LAYOUTS=tp runs one GPU and the tensor-parallel rows only: tp2, tp2+sp, tp2+sp x ep2 (2 GPUs),
+# tp2 x dp2, tp2 x pp2 (4 GPUs).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:?}
 B=${MEGAC_BIN:?}
 LAYOUTS=${LAYOUTS:-small}
+case "$LAYOUTS" in small | medium | zero | tp) ;; *) echo "multi_gpu.sh: LAYOUTS=$LAYOUTS: expected small, medium, zero or tp" >&2; exit 2 ;; esac
+case "${SPLIT:-0}" in 0 | 1) ;; *) echo "multi_gpu.sh: SPLIT=$SPLIT: expected 0 or 1" >&2; exit 2 ;; esac
 if [ "$LAYOUTS" = medium ]; then CONFIG=${CONFIG:-configs/nam-medium.json}; else CONFIG=${CONFIG:-configs/nam-small.json}; fi
 EXTRA=()
 [ -n "${RECOMPUTE:-}" ] && EXTRA=(--set train.recompute="$RECOMPUTE")
@@ -53,15 +57,30 @@ gb=$(python3 -c "import json; print(json.load(open('$CONFIG'))['train']['global_
 
 base=0 # tokens/s per GPU of the first run: the scaling reference
 printf '%-28s %4s %12s %7s %8s %10s %s\n' layout gpus tokens/s MFU scaling comm_s/step step_s | tee -a "$OUT/multi_gpu.txt"
-# run NAME N DP ARGS...: global batch = the config's x DP
+# train DIR LOG N DP ARGS...: one mctrain job of N workers, global batch = the config's x DP
+train() {
+  local dir=$1 log=$2 n=$3 dp=$4; shift 4
+  timeout 300 "$B/mctrain" --nproc-per-node "$n" --config "$CONFIG" --set data.path="$W/corpus.h5" \
+    --set checkpoint.dir="$dir" --set checkpoint.every=0 --set train.log_every=1 --set train.eval_every=0 \
+    --set train.global_batch=$((gb * dp)) --set parallel.dp="$dp" --until "$UNTIL" "${EXTRA[@]}" "$@" > "$log" 2>&1
+}
+# run NAME N DP ARGS...: the timed run; with SPLIT=1 then a second run profiled on steps
+# FROM..UNTIL (MC_CUDA_PROFILE, one file per worker), each rank's step split into GPU time in
+# ops and the rest (exposed communication, pipeline bubble, host waits: bench/step_split.py)
 run() {
   local name=$1 n=$2 dp=$3; shift 3
   [ "$n" -le "$NGPU" ] || { echo "$name: skipped ($n GPUs, $NGPU here)" | tee -a "$OUT/multi_gpu.txt"; return; }
   local dir="$W/$name"
-  timeout 300 "$B/mctrain" --nproc-per-node "$n" --config "$CONFIG" --set data.path="$W/corpus.h5" \
-    --set checkpoint.dir="$dir" --set checkpoint.every=0 --set train.log_every=1 --set train.eval_every=0 \
-    --set train.global_batch=$((gb * dp)) --set parallel.dp="$dp" --until "$UNTIL" "${EXTRA[@]}" "$@" > "$OUT/run_$name.log" 2>&1 \
+  train "$dir" "$OUT/run_$name.log" "$n" "$dp" "$@" \
     || { echo "$name: FAILED ($(tail -1 "$OUT/run_$name.log"))" | tee -a "$OUT/multi_gpu.txt"; return; }
+  if [ "${SPLIT:-0}" = 1 ]; then
+    if MC_CUDA_PROFILE="$W/prof_${name}_%p.txt" MC_CUDA_PROFILE_STEPS="$FROM:$UNTIL" \
+      train "$W/${name}_prof" "$OUT/run_${name}_prof.log" "$n" "$dp" "$@"; then
+      python3 bench/step_split.py "$name" "$W"/prof_"$name"_*.txt | tee -a "$OUT/multi_gpu.txt"
+    else
+      echo "$name: profiled run FAILED ($(tail -1 "$OUT/run_${name}_prof.log"))" | tee -a "$OUT/multi_gpu.txt"
+    fi
+  fi
   python3 - "$dir/metrics.jsonl" "$name" "$n" "$peak" "$flop" "$base" "$UNTIL" "$FROM" <<'PY' | tee -a "$OUT/multi_gpu.txt"
 import json, statistics, sys
 path, name, n, peak, flop, base, until = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5] or 0), float(sys.argv[6]), int(sys.argv[7])
@@ -105,6 +124,15 @@ print(f"{name:<28} {n:>4} {r['tokens_per_s']:>12.0f} {100 * r.get('mfu', 0):>6.1
 PY
   [ "$pbase" = 0 ] && pbase=$(python3 -c "import json; print(json.load(open('$W/$name.json'))['tokens_per_s'])")
 }
+if [ "$LAYOUTS" = tp ]; then # tensor parallelism alone and with SP, EP, DP and PP
+  run 1gpu 1 1
+  run tp2 2 1 --set parallel.tp=2
+  run tp2_sp 2 1 --set parallel.tp=2 --set parallel.sp=true
+  run tp2_sp_ep2 2 1 --set parallel.tp=2 --set parallel.sp=true --set parallel.ep=2
+  run tp2_dp2 4 2 --set parallel.tp=2
+  run tp2_pp2 4 1 --set parallel.tp=2 --set parallel.pp=2 --set parallel.pp_split=weighted
+  exit 0
+fi
 if [ "$LAYOUTS" = zero ]; then # bf16 ZeRO stages on 2 GPUs: what sharding costs
   run 1gpu 1 1
   for z in 0 1 3; do run dp2_zero$z 2 2 --set parallel.zero=$z; done
