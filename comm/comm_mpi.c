@@ -144,9 +144,10 @@ static int seg_type(mc_comm *c, mc_dtype t, int n_seg, const int64_t *cnt, const
   return 0;
 }
 
-/* Several segments per member: one MPI_Ialltoallw whose per-member types pick the segments. */
-static int mpi_alltoallv_segs(mc_comm *c, const void *send, int n_seg, const int64_t *sc, const int64_t *sd, void *recv,
-                              const int64_t *rc, const int64_t *rd, mc_dtype t) {
+/* One MPI_Ialltoallw whose per-member types pick the member's segments (one segment per
+ * member is MPI's alltoallv). */
+static int mpi_alltoallv(mc_comm *c, const void *send, int n_seg, const int64_t *sc, const int64_t *sd, void *recv,
+                         const int64_t *rc, const int64_t *rd, mc_dtype t) {
   const int n = c->size;
   MPI_Datatype *ty = malloc(sizeof(MPI_Datatype) * 2 * (size_t)n);
   int *v = malloc(sizeof(int) * (2 * (size_t)n + 2 * (size_t)n_seg));
@@ -169,30 +170,6 @@ static int mpi_alltoallv_segs(mc_comm *c, const void *send, int n_seg, const int
   }
   for (int j = 0; j < made; j++) MPI_Type_free(&ty[j]); /* ty[0, n): send types, then the receive types */
   free(ty), free(v);
-  return err ? -1 : 0;
-}
-
-static int mpi_alltoallv(mc_comm *c, const void *send, int n_seg, const int64_t *sc, const int64_t *sd, void *recv,
-                         const int64_t *rc, const int64_t *rd, mc_dtype t) {
-  if (n_seg > 1) return mpi_alltoallv_segs(c, send, n_seg, sc, sd, recv, rc, rd, t);
-  MPI_Request req;
-  int n = c->size, err = 0;
-  int *v = malloc(sizeof(int) * 4 * (size_t)n);
-  if (!v) return mc_error("out of memory in alltoallv");
-  for (int i = 0; i < n && !err; i++)
-    err = fits_int(c, "alltoallv", sc[i]) || fits_int(c, "alltoallv", sd[i]) || fits_int(c, "alltoallv", rc[i]) ||
-          fits_int(c, "alltoallv", rd[i]);
-  for (int i = 0; i < n && !err; i++) {
-    v[i] = (int)sc[i];
-    v[n + i] = (int)sd[i];
-    v[2 * n + i] = (int)rc[i];
-    v[3 * n + i] = (int)rd[i];
-  }
-  if (!err)
-    err = check_mpi(wait_req(MPI_Ialltoallv(send, v, v + n, mpi_type(t), recv, v + 2 * n, v + 3 * n, mpi_type(t), handle(c), &req),
-                             &req, c, "alltoallv"),
-                    c, "alltoallv");
-  free(v);
   return err ? -1 : 0;
 }
 

@@ -12,11 +12,6 @@
 #include "util/checked.h"
 #include "util/error.h"
 
-int mc_act16_of(int bf16_weights, const mc_layout *l) {
-  (void)l; /* every layout: under SP the shards of bf16 tensors are gathered in bf16 (train/dist_tp.c) */
-  return bf16_weights;
-}
-
 int mc_hold_opts_of(const mc_geometry *g, const mc_train_cfg *t, mc_hold_opts *o) {
   memset(o, 0, sizeof *o);
   if (!strcmp(t->dtype, "bf16")) o->bf16_weights = 1;
@@ -28,7 +23,9 @@ int mc_hold_opts_of(const mc_geometry *g, const mc_train_cfg *t, mc_hold_opts *o
   if (t->micro_batch <= 0 || l->dp <= 0 || t->global_batch % ((int64_t)t->micro_batch * l->dp) != 0)
     return mc_error("train.global_batch=%d is not a multiple of train.micro_batch=%d * parallel.dp=%d", t->global_batch,
                     t->micro_batch, l->dp);
-  o->act16 = mc_act16_of(o->bf16_weights, l);
+  /* every layout: under TP the vocab-parallel dlogits follow the head's storage, under SP the
+   * shards of bf16 tensors are gathered in bf16 (train/dist_tp.c) */
+  o->act16 = o->bf16_weights;
   o->micro_batch = t->micro_batch;
   o->n_micro = (int)(t->global_batch / ((int64_t)t->micro_batch * l->dp));
   o->moe_dense = 1;

@@ -21,7 +21,7 @@
 /* The training settings that change what a rank holds. */
 typedef struct {
   int bf16_weights;  /* matrix weights (mc_role_is_matmul) kept in bf16, with an fp32 master copy */
-  int act16;         /* MC_STORE_PROD activations kept in bf16 (mc_act16_of) */
+  int act16;         /* MC_STORE_PROD activations kept in bf16: with bf16 weights, under every layout */
   int micro_batch;   /* sequences per micro-batch */
   int n_micro;       /* micro-batches per optimizer step per DP rank */
   mc_recompute recompute;
@@ -30,14 +30,10 @@ typedef struct {
 } mc_hold_opts;
 
 /* The settings a training configuration implies: train.dtype=bf16 keeps bf16 matrix weights
- * and bf16 product activations (mc_act16_of). Fails (message naming the key)
+ * and bf16 product activations. Fails (message naming the key)
  * on an unknown dtype or recompute policy, or a batch that does not divide. */
 int mc_hold_opts_of(const mc_geometry *g, const mc_train_cfg *t, mc_hold_opts *o);
 
-/* Whether product tensors are kept in bf16: with bf16 weights, under every layout (TP's
- * vocab-parallel cross-entropy writes dlogits in the head's storage; SP gathers the shards of
- * bf16 tensors in bf16). The one rule the trainer and the planner use. */
-int mc_act16_of(int bf16_weights, const mc_layout *l);
 
 /* ------------------------------------------------------------------ parameters */
 

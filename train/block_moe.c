@@ -190,7 +190,7 @@ static int experts_forward_ep(struct mc_net *net, mc_layer *L, int n) {
   if (!r || mc_ep_plan(par, r, L->counts_host, E)) return -1;
   const int64_t R = mc_ep_rows(r);
   if (mc_ep_scratch(par, &xl, &yr, NULL, NULL, NULL)) return -1;
-  const int b16 = mc_ep_bf16(par);
+  const int b16 = mc_act16(net);
   be->moe_permute(be, L->u, L->i[MC_E_SLOT], n, k, d, buf_out(xl, b16));
   if (mc_ep_dispatch(par, be, r, xl, mc_ep_saved(r, 0), d, b16, "dispatching the routed rows")) return -1;
   const expert_bufs B = {mc_ep_saved(r, 1), mc_ep_saved(r, 2), mc_ep_saved(r, 3), NULL, NULL, NULL, b16, b16};
@@ -199,7 +199,7 @@ static int experts_forward_ep(struct mc_net *net, mc_layer *L, int n) {
 }
 
 /* Its backward from the expert-output rows' gradient (dyp, this rank's expert-sorted order,
- * bf16 where mc_ep_bf16): dispatched like the input, the experts' backward on the received
+ * bf16 under mc_act16): dispatched like the input, the experts' backward on the received
  * rows, the input rows' gradient returned into net->g[MC_E_DXP] (after dyp was sent: dyp may
  * live there). The return travels on the side queue (comm/comm.h) while dW1 and dW3 are
  * formed, and the compute stream waits for it before anything reads DXP. */
@@ -211,7 +211,7 @@ static int experts_backward_ep(struct mc_net *net, mc_layer *L, const float *dyp
   if (!r) return -1;
   const int64_t R = mc_ep_rows(r);
   float *dyr, *dxr;
-  const int b16 = mc_ep_bf16(par);
+  const int b16 = mc_act16(net);
   expert_bufs B = {mc_ep_saved(r, 1), mc_ep_saved(r, 2), mc_ep_saved(r, 3), NULL, NULL, NULL, b16, b16};
   const int El = E / par->ep;
   if (mc_ep_scratch(par, &dyr, &dxr, &B.da, &B.dh1, &B.dh3) ||

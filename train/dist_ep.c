@@ -23,11 +23,11 @@
  * backward (R rows: what this rank's experts received). */
 struct mc_ep_route {
   int ep, El, layer;
-  /* [ep * El], rows: segment (j, e) of the dispatch, the rows of peer j's expert e at
-   * send_at in the local expert-sorted buffer; segment (s, e) received, source s's rows for
-   * local expert e at recv_at in the expert-major buffer */
-  int64_t *send_rows, *send_at, *recv_rows, *recv_at;
-  int32_t *recv_cnt;             /* [ep * El] rows from source s for local expert e */
+  /* [ep * El] segments: (j, e) of the dispatch, send_cnt rows of peer j's expert e at send_at
+   * in the local expert-sorted buffer; (s, e) received, recv_cnt rows from source s for local
+   * expert e at recv_at in the expert-major buffer */
+  int32_t *send_cnt, *recv_cnt; /* one block: send_cnt, then recv_cnt */
+  int64_t *send_at, *recv_at;   /* one block: send_at, then recv_at */
   int32_t *counts;               /* [El] rows per local expert (sum over sources) */
   int64_t R, cap;                /* rows received; rows the saved buffers hold */
   float *x, *h1, *h3, *a;        /* saved, in moe.scratch: received input rows [cap, d], h1, h3, SwiGLU [cap, F]
@@ -54,7 +54,7 @@ struct mc_ep_state {
 
 static void route_free(struct mc_ep_route *r) {
   if (!r) return;
-  free(r->send_rows), free(r->recv_cnt), free(r->counts); /* send_rows holds the four segment tables */
+  free(r->send_cnt), free(r->send_at), free(r->counts);
   free(r);
 }
 
@@ -167,13 +167,13 @@ int mc_ep_plan(mc_net_par *par, struct mc_ep_route *r, const int32_t *counts, in
   if (g->size != ep || E % ep) return mc_error("expert parallelism: EP group of %d members for ep=%d, E=%d", g->size, ep, E);
   const size_t ns = (size_t)ep * (size_t)El;
   if (r->El != El) {
-    free(r->send_rows), free(r->recv_cnt), free(r->counts);
-    r->send_rows = malloc(sizeof(int64_t) * 4 * ns);
-    r->recv_cnt = malloc(sizeof(int32_t) * ns);
+    free(r->send_cnt), free(r->send_at), free(r->counts);
+    r->send_cnt = malloc(sizeof(int32_t) * 2 * ns);
+    r->send_at = malloc(sizeof(int64_t) * 2 * ns);
     r->counts = malloc(sizeof(int32_t) * (size_t)El);
     r->El = 0;
-    if (!r->send_rows || !r->recv_cnt || !r->counts) return mc_error("expert parallelism: out of memory");
-    r->send_at = r->send_rows + ns, r->recv_rows = r->send_rows + 2 * ns, r->recv_at = r->send_rows + 3 * ns;
+    if (!r->send_cnt || !r->send_at || !r->counts) return mc_error("expert parallelism: out of memory");
+    r->recv_cnt = r->send_cnt + ns, r->recv_at = r->send_at + ns;
     r->El = El;
   }
   /* per-expert counts: peer j gets this rank's counts of its experts */
@@ -190,12 +190,12 @@ int mc_ep_plan(mc_net_par *par, struct mc_ep_route *r, const int32_t *counts, in
    * it; received: expert-major, expert e's rows from source s after those of the experts
    * before e and of the sources before s */
   int64_t so = 0, ro = 0;
-  for (size_t k = 0; k < ns; k++) r->send_rows[k] = counts[k], r->send_at[k] = so, so += counts[k];
+  for (size_t k = 0; k < ns; k++) r->send_cnt[k] = counts[k], r->send_at[k] = so, so += counts[k];
   for (int e = 0; e < El; e++) {
     r->counts[e] = 0;
     for (int s = 0; s < ep; s++) {
       const size_t k = (size_t)s * El + e;
-      r->recv_rows[k] = r->recv_cnt[k], r->recv_at[k] = ro, ro += r->recv_cnt[k], r->counts[e] += r->recv_cnt[k];
+      r->recv_at[k] = ro, ro += r->recv_cnt[k], r->counts[e] += r->recv_cnt[k];
     }
   }
   r->R = ro;
@@ -209,7 +209,6 @@ int mc_ep_plan(mc_net_par *par, struct mc_ep_route *r, const int32_t *counts, in
 }
 
 int64_t mc_ep_rows(const struct mc_ep_route *r) { return r->R; }
-int mc_ep_bf16(const mc_net_par *par) { return par->ep_state && par->ep_state->b16; }
 const int32_t *mc_ep_counts(const struct mc_ep_route *r) { return r->counts; }
 float *mc_ep_saved(struct mc_ep_route *r, int which) {
   return which == 0 ? r->x : which == 1 ? r->h1 : which == 2 ? r->h3 : r->a;
@@ -229,13 +228,13 @@ int mc_ep_scratch(mc_net_par *par, float **a, float **b, float **da, float **dh1
 /* One all-to-all over the route's segments (rows of d bf16 or fp32 elements): from the
  * segments (sr, sa) of send to those (rr, ra) of recv. */
 static int exchange(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, const float *send,
-                    const int64_t *sr, const int64_t *sa, float *recv, const int64_t *rr, const int64_t *ra, int d, int b16,
+                    const int32_t *sr, const int64_t *sa, float *recv, const int32_t *rr, const int64_t *ra, int d, int b16,
                     const char *what) {
   const size_t ns = (size_t)r->ep * (size_t)r->El;
   int64_t *c = malloc(sizeof(int64_t) * ns * 4);
   if (!c) return mc_error("expert parallelism: out of memory");
   for (size_t k = 0; k < ns; k++)
-    c[k] = sr[k] * d, c[ns + k] = sa[k] * d, c[2 * ns + k] = rr[k] * d, c[3 * ns + k] = ra[k] * d;
+    c[k] = (int64_t)sr[k] * d, c[ns + k] = sa[k] * d, c[2 * ns + k] = (int64_t)rr[k] * d, c[3 * ns + k] = ra[k] * d;
   int rc = mc_dist_settle(par->comm->ep, be) ||
            mc_alltoallv_seg(par->comm->ep, send, r->El, c, c + ns, recv, c + 2 * ns, c + 3 * ns,
                             b16 ? MC_DT_BF16 : MC_DT_F32);
@@ -245,10 +244,10 @@ static int exchange(const mc_net_par *par, mc_backend *be, const struct mc_ep_ro
 
 int mc_ep_dispatch(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, const float *local, float *em,
                    int d, int b16, const char *what) {
-  return exchange(par, be, r, local, r->send_rows, r->send_at, em, r->recv_rows, r->recv_at, d, b16, what);
+  return exchange(par, be, r, local, r->send_cnt, r->send_at, em, r->recv_cnt, r->recv_at, d, b16, what);
 }
 
 int mc_ep_combine(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, const float *em, float *local,
                   int d, int b16, const char *what) {
-  return exchange(par, be, r, em, r->recv_rows, r->recv_at, local, r->send_rows, r->send_at, d, b16, what);
+  return exchange(par, be, r, em, r->recv_cnt, r->recv_at, local, r->send_cnt, r->send_at, d, b16, what);
 }

@@ -267,7 +267,7 @@ mc_net *mc_net_create_dist_on(const mc_geometry *geo, int rank, uint64_t seed, c
   net->L1 = net->L0 + geo->stages.count[co.pp_rank];
   net->first = co.pp_rank == 0;
   net->last = co.pp_rank == lay->pp - 1;
-  net->hold = (mc_hold_opts){.bf16_weights = be->bf16_weights, .act16 = mc_act16_of(be->bf16_weights, lay), .moe_dense = 1};
+  net->hold = (mc_hold_opts){.bf16_weights = be->bf16_weights, .act16 = be->bf16_weights, .moe_dense = 1};
   net->n_layers = geo->model.n_layers;
   net->layers = calloc((size_t)(net->n_layers ? net->n_layers : 1), sizeof(mc_layer));
   net->params = calloc((size_t)geo->fams.n, sizeof(mc_net_param));

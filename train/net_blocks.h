@@ -70,7 +70,7 @@ struct mc_net {
   mc_backend *be;
   /* ---- precision (core/holdings.h): what this rank keeps in bf16 */
   /* bf16 matrix weights on a backend with bf16_weights, bf16 product activations (act16) with
-   * them (mc_act16_of); moe_dense 1 (default): an E block of one expert and one choice that
+   * them under every layout (mc_hold_opts.act16); moe_dense 1 (default): an E block of one expert and one choice that
    * cannot drop runs as the plain SwiGLU (train/block_moe.c), 0: always routed. */
   mc_hold_opts hold;
   int64_t dist_chunk; /* ZeRO 0/1: elements per chunk of the step's reduction and gather, packed
@@ -150,7 +150,7 @@ static inline mc_dst mc_o32(float *x) { return (mc_dst){x, NULL}; }
 static inline mc_dst mc_o16(void *x) { return (mc_dst){NULL, (mc_bf16 *)x}; }
 /* Whether the activations and gradients that feed only products, gated units, RoPE or
  * attention are kept in bf16 (docs/cuda.md): bf16 working weights (the products round their
- * inputs anyway), under every layout (core/holdings.h mc_act16_of). Set once at creation (net->hold). */
+ * inputs anyway), under every layout (core/holdings.h mc_hold_opts.act16). Set once at creation (net->hold). */
 static inline int mc_act16(const struct mc_net *net) { return net->hold.act16; }
 /* A layer's saved buffer i and the gradient scratch i as that layer uses them, in the storage
  * set when they were placed (L->f16, L->g16): as an op input, as an op output, and as a

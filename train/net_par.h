@@ -106,7 +106,7 @@ int mc_sp_moe_aux(const mc_net_par *par, mc_backend *be, int E, const float *pro
  * [j*E/ep, (j+1)*E/ep)) over the ep group, and fails naming the layer if the rows exceed the
  * reserved bound (a bug in the bound); mc_ep_dispatch sends the local expert-sorted rows
  * (width d, bf16 where b16 = 1, else fp32) to their owners, where they land expert-major in em
- * (the rows of local expert e from source 0, 1, ...); mc_ep_combine is its reverse. Under mc_act16 (mc_ep_bf16) the rows the expert products
+ * (the rows of local expert e from source 0, 1, ...); mc_ep_combine is its reverse. Under mc_act16 the rows the expert products
  * read go as bf16: the input rows and the output rows' gradient; the saved input, h1, h3 and
  * SwiGLU output and the backward's da, dh1, dh3 are bf16, as on one rank; the products'
  * fp32 outputs (expert outputs, input-row gradients) come back in fp32. */
@@ -120,11 +120,10 @@ int mc_ep_plan(mc_net_par *par, struct mc_ep_route *r, const int32_t *counts, in
 int64_t mc_ep_rows(const struct mc_ep_route *r);          /* rows received (R) */
 const int32_t *mc_ep_counts(const struct mc_ep_route *r); /* [E/ep] rows per local expert */
 /* The layer's saved rows: 0 the received input [R, d], 1 h1, 2 h3, 3 the SwiGLU output [R, F]
- * (bf16 where mc_ep_bf16). */
+ * (bf16 under mc_act16). */
 float *mc_ep_saved(struct mc_ep_route *r, int which);
-/* The shared scratch (NULL outputs are not wanted): a (bf16 where mc_ep_bf16) and b (fp32)
- * [rows, d], da, dh1, dh3 [rows, F] (bf16 where mc_ep_bf16), rows the reserved bound. */
-int mc_ep_bf16(const mc_net_par *par); /* the expert rows are bf16 (the network's mc_act16) */
+/* The shared scratch (NULL outputs are not wanted): a (bf16 under mc_act16) and b (fp32)
+ * [rows, d], da, dh1, dh3 [rows, F] (bf16 under mc_act16), rows the reserved bound. */
 int mc_ep_scratch(mc_net_par *par, float **a, float **b, float **da, float **dh1, float **dh3);
 int mc_ep_dispatch(const mc_net_par *par, mc_backend *be, const struct mc_ep_route *r, const float *local, float *em,
                    int d, int b16, const char *what);

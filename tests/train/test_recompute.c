@@ -134,7 +134,7 @@ static void test_split(void) {
   int n = 0;
   for (int tp = 1; tp <= 2; tp++)
     for (int sp = 0; sp <= tp - 1; sp++)
-      for (int act16 = 0; act16 <= 1; act16++) /* bf16 products under every layout (mc_act16_of) */
+      for (int act16 = 0; act16 <= 1; act16++) /* bf16 products under every layout */
         for (int dense = 0; dense <= 1; dense++) {
           mc_model mm = m;
           if (dense) mm.n_experts = 1, mm.top_k = 1;
