@@ -27,11 +27,15 @@ typedef struct mc_comm mc_comm;
 typedef struct {
   const char *name; /* "mpi", "nccl" */
   int (*allreduce_sum)(mc_comm *c, void *buf, int64_t count, mc_dtype t);
-  /* Member i receives the sum over members of send[displ(i) .. displ(i)+counts[i]), where
-   * displ(i) = sum of counts[0..i). Counts may differ and may be zero (ZeRO chunks). */
-  int (*reduce_scatter_sum)(mc_comm *c, const void *send, void *recv, const int64_t *counts, mc_dtype t);
-  /* Gathers counts[i] elements from member i into recv in member order. */
-  int (*allgather)(mc_comm *c, const void *send, void *recv, const int64_t *counts, mc_dtype t);
+  /* With n_seg = 1: member i receives the sum over members of send[displ(i) .. displ(i)+counts[i]),
+   * where displ(i) = sum of counts[0..i). Counts may differ and may be zero (ZeRO chunks).
+   * With n_seg > 1 the member-ordered buffer is n_seg such blocks one after another (block k
+   * at k * total) and member i's recv holds its n_seg results one after another (segment k at
+   * k * counts[i]): the sequence shards of SP, whose whole sequences interleave the members. */
+  int (*reduce_scatter_sum)(mc_comm *c, const void *send, int n_seg, void *recv, const int64_t *counts, mc_dtype t);
+  /* Gathers counts[i] elements from member i into recv in member order; with n_seg > 1, n_seg
+   * times: segment k of every member's send (at k * counts[i]) into block k of recv (at k * total). */
+  int (*allgather)(mc_comm *c, const void *send, int n_seg, void *recv, const int64_t *counts, mc_dtype t);
   /* What member i sends member j is n_seg segments in order: segment k has send_counts[j * n_seg + k]
    * elements at send_displs[j * n_seg + k]; what it receives from j lands likewise at
    * recv_counts / recv_displs [j * n_seg + k]. Segment k of what i sends j has the length of
@@ -115,6 +119,11 @@ void mc_comm_free_groups(mc_comm_groups *g);
     (c)->busy_s += mc_now_s() - t0_;                \
     return rc_;                                     \
   } while (0)
+static inline int64_t mc_counts_total(const int64_t *counts, int n) {
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) total += counts[i];
+  return total;
+}
 static inline int mc_comm_no_bf16_sum(const mc_comm *c, const char *op) {
   return mc_error("%s on the %s group: bf16 is moved, never summed (sums run in fp32)", op, c->label);
 }
@@ -122,12 +131,20 @@ static inline int mc_allreduce_sum(mc_comm *c, void *buf, int64_t n, mc_dtype t)
   if (t == MC_DT_BF16) return mc_comm_no_bf16_sum(c, "allreduce");
   MC_COMM_TIMED(c, c->ops->allreduce_sum(c, buf, n, t));
 }
-static inline int mc_reduce_scatter_sum(mc_comm *c, const void *s, void *r, const int64_t *counts, mc_dtype t) {
+static inline int mc_reduce_scatter_sum_seg(mc_comm *c, const void *s, int n_seg, void *r, const int64_t *counts, mc_dtype t) {
   if (t == MC_DT_BF16) return mc_comm_no_bf16_sum(c, "reduce_scatter");
-  MC_COMM_TIMED(c, c->ops->reduce_scatter_sum(c, s, r, counts, t));
+  if (n_seg < 1) return mc_error("reduce_scatter on the %s group: %d segments", c->label, n_seg);
+  MC_COMM_TIMED(c, c->ops->reduce_scatter_sum(c, s, n_seg, r, counts, t));
+}
+static inline int mc_reduce_scatter_sum(mc_comm *c, const void *s, void *r, const int64_t *counts, mc_dtype t) {
+  return mc_reduce_scatter_sum_seg(c, s, 1, r, counts, t);
+}
+static inline int mc_allgather_seg(mc_comm *c, const void *s, int n_seg, void *r, const int64_t *counts, mc_dtype t) {
+  if (n_seg < 1) return mc_error("allgather on the %s group: %d segments", c->label, n_seg);
+  MC_COMM_TIMED(c, c->ops->allgather(c, s, n_seg, r, counts, t));
 }
 static inline int mc_allgather(mc_comm *c, const void *s, void *r, const int64_t *counts, mc_dtype t) {
-  MC_COMM_TIMED(c, c->ops->allgather(c, s, r, counts, t));
+  return mc_allgather_seg(c, s, 1, r, counts, t);
 }
 static inline int mc_alltoallv(mc_comm *c, const void *s, const int64_t *sc, const int64_t *sd, void *r, const int64_t *rc,
                                const int64_t *rd, mc_dtype t) {

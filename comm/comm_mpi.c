@@ -107,21 +107,30 @@ static int mpi_allreduce(mc_comm *c, void *buf, int64_t count, mc_dtype t) {
   return 0;
 }
 
-static int mpi_reduce_scatter(mc_comm *c, const void *send, void *recv, const int64_t *counts, mc_dtype t) {
+/* Segments (comm.h) one collective after another: the CPU reference path. */
+
+static int mpi_reduce_scatter(mc_comm *c, const void *send, int n_seg, void *recv, const int64_t *counts, mc_dtype t) {
   MPI_Request req;
+  const size_t es = mc_dtype_size(t), block = (size_t)mc_counts_total(counts, c->size) * es, mine = (size_t)counts[c->rank] * es;
   int *rc = malloc(sizeof(int) * (size_t)c->size);
   int err = !rc || to_int_counts(c, "reduce_scatter", counts, rc, NULL);
-  if (!err) err = check_mpi(wait_req(MPI_Ireduce_scatter(send, recv, rc, mpi_type(t), MPI_SUM, handle(c), &req), &req, c, "reduce_scatter"), c, "reduce_scatter");
+  for (int k = 0; !err && k < n_seg; k++)
+    err = check_mpi(wait_req(MPI_Ireduce_scatter((const char *)send + k * block, (char *)recv + k * mine, rc, mpi_type(t),
+                                                 MPI_SUM, handle(c), &req),
+                             &req, c, "reduce_scatter"),
+                    c, "reduce_scatter");
   free(rc);
   return err ? -1 : 0;
 }
 
-static int mpi_allgather(mc_comm *c, const void *send, void *recv, const int64_t *counts, mc_dtype t) {
+static int mpi_allgather(mc_comm *c, const void *send, int n_seg, void *recv, const int64_t *counts, mc_dtype t) {
   MPI_Request req;
+  const size_t es = mc_dtype_size(t), block = (size_t)mc_counts_total(counts, c->size) * es, mine = (size_t)counts[c->rank] * es;
   int *rc = malloc(sizeof(int) * 2 * (size_t)c->size);
   int err = !rc || to_int_counts(c, "allgather", counts, rc, rc + c->size);
-  if (!err)
-    err = check_mpi(wait_req(MPI_Iallgatherv(send, rc[c->rank], mpi_type(t), recv, rc, rc + c->size, mpi_type(t), handle(c), &req),
+  for (int k = 0; !err && k < n_seg; k++)
+    err = check_mpi(wait_req(MPI_Iallgatherv((const char *)send + k * mine, rc[c->rank], mpi_type(t), (char *)recv + k * block,
+                                             rc, rc + c->size, mpi_type(t), handle(c), &req),
                              &req, c, "allgather"),
                     c, "allgather");
   free(rc);

@@ -315,47 +315,66 @@ static int nc_allreduce(mc_comm *c, void *buf, int64_t count, mc_dtype t) {
   return finish(c, op, d == buf);
 }
 
-static int nc_reduce_scatter(mc_comm *c, const void *send, void *recv, const int64_t *counts, mc_dtype t) {
+/* Segments (comm.h): on device buffers with equal counts, NCCL's collectives on each segment
+ * in one group (one launch; each segment's block already in member order, so no copy);
+ * otherwise segment by segment through the staging scratch (uneven counts, host memory). */
+
+static int nc_reduce_scatter(mc_comm *c, const void *send, int n_seg, void *recv, const int64_t *counts, mc_dtype t) {
   const char *op = "reduce_scatter";
   if (alive(c, op)) return -1;
   int equal = 0;
   const int64_t m = max_count(counts, c->size, &equal);
   if (m == 0) return 0;
-  const size_t es = mc_dtype_size(t), mine = (size_t)counts[c->rank] * es;
+  const size_t es = mc_dtype_size(t), mine = (size_t)counts[c->rank] * es, block = (size_t)mc_counts_total(counts, c->size) * es;
   if (equal && on_device(send) && on_device(recv)) {
-    if (check_nccl(ncclReduceScatter(send, recv, (size_t)m, nccl_type(t), ncclSum, handle(c), P.stream), c, op)) return -1;
-    return finish(c, op, 1);
+    int err = check_nccl(ncclGroupStart(), c, op);
+    for (int k = 0; !err && k < n_seg; k++)
+      err = check_nccl(ncclReduceScatter((const char *)send + k * block, (char *)recv + k * mine, (size_t)m, nccl_type(t),
+                                         ncclSum, handle(c), P.stream),
+                       c, op);
+    if (check_nccl(ncclGroupEnd(), c, op)) err = -1;
+    return err ? -1 : finish(c, op, 1);
   }
   char *in = scratch(c, (size_t)m * es * ((size_t)c->size + 1), op), *out = in ? in + (size_t)m * es * c->size : NULL;
   if (!in) return -1;
-  size_t at = 0;
-  for (int i = 0; i < c->size; i++) {
-    if (copy(c, in + (size_t)i * m * es, (const char *)send + at, (size_t)counts[i] * es, op)) return -1;
-    at += (size_t)counts[i] * es;
+  for (int k = 0; k < n_seg; k++) {
+    size_t at = k * block;
+    for (int i = 0; i < c->size; i++) {
+      if (copy(c, in + (size_t)i * m * es, (const char *)send + at, (size_t)counts[i] * es, op)) return -1;
+      at += (size_t)counts[i] * es;
+    }
+    if (check_nccl(ncclReduceScatter(in, out, (size_t)m, nccl_type(t), ncclSum, handle(c), P.stream), c, op)) return -1;
+    if (copy(c, (char *)recv + k * mine, out, mine, op)) return -1;
   }
-  if (check_nccl(ncclReduceScatter(in, out, (size_t)m, nccl_type(t), ncclSum, handle(c), P.stream), c, op)) return -1;
-  if (copy(c, recv, out, mine, op)) return -1;
   return finish(c, op, on_device(send) && on_device(recv));
 }
 
-static int nc_allgather(mc_comm *c, const void *send, void *recv, const int64_t *counts, mc_dtype t) {
+static int nc_allgather(mc_comm *c, const void *send, int n_seg, void *recv, const int64_t *counts, mc_dtype t) {
   const char *op = "allgather";
   if (alive(c, op)) return -1;
   int equal = 0;
   const int64_t m = max_count(counts, c->size, &equal);
   if (m == 0) return 0;
-  const size_t es = mc_dtype_size(t);
+  const size_t es = mc_dtype_size(t), mine = (size_t)counts[c->rank] * es, block = (size_t)mc_counts_total(counts, c->size) * es;
   if (equal && on_device(send) && on_device(recv)) {
-    if (check_nccl(ncclAllGather(send, recv, (size_t)m, nccl_type(t), handle(c), P.stream), c, op)) return -1;
-    return finish(c, op, 1);
+    int err = check_nccl(ncclGroupStart(), c, op);
+    for (int k = 0; !err && k < n_seg; k++)
+      err = check_nccl(ncclAllGather((const char *)send + k * mine, (char *)recv + k * block, (size_t)m, nccl_type(t),
+                                     handle(c), P.stream),
+                       c, op);
+    if (check_nccl(ncclGroupEnd(), c, op)) err = -1;
+    return err ? -1 : finish(c, op, 1);
   }
   char *in = scratch(c, (size_t)m * es * ((size_t)c->size + 1), op), *out = in ? in + (size_t)m * es : NULL;
-  if (!in || copy(c, in, send, (size_t)counts[c->rank] * es, op)) return -1;
-  if (check_nccl(ncclAllGather(in, out, (size_t)m, nccl_type(t), handle(c), P.stream), c, op)) return -1;
-  size_t at = 0;
-  for (int i = 0; i < c->size; i++) {
-    if (copy(c, (char *)recv + at, out + (size_t)i * m * es, (size_t)counts[i] * es, op)) return -1;
-    at += (size_t)counts[i] * es;
+  if (!in) return -1;
+  for (int k = 0; k < n_seg; k++) {
+    if (copy(c, in, (const char *)send + k * mine, mine, op)) return -1;
+    if (check_nccl(ncclAllGather(in, out, (size_t)m, nccl_type(t), handle(c), P.stream), c, op)) return -1;
+    size_t at = k * block;
+    for (int i = 0; i < c->size; i++) {
+      if (copy(c, (char *)recv + at, out + (size_t)i * m * es, (size_t)counts[i] * es, op)) return -1;
+      at += (size_t)counts[i] * es;
+    }
   }
   return finish(c, op, on_device(send) && on_device(recv));
 }

@@ -108,7 +108,7 @@ extern const mc_act_buf mc_layer_bufs[MC_L_NBUFS];
  * the TP/SP staging rows), held once whatever the depth. */
 enum {
   MC_NB_TOK_IN, MC_NB_TOK_TGT, MC_NB_X, MC_NB_HF, MC_NB_RSTD_F, MC_NB_LOGITS, MC_NB_LOSS, MC_NB_LSE, MC_NB_DX, MC_NB_DU,
-  MC_NB_Y, MC_NB_FULL, MC_NB_DLOGITS, MC_NB_USH, MC_NB_UFULL, MC_NB_PACK, MC_NB_EMB_TOK, MC_NB_EMB_SLOT, MC_NB_EMB_ROWS,
+  MC_NB_Y, MC_NB_FULL, MC_NB_DLOGITS, MC_NB_USH, MC_NB_UFULL, MC_NB_EMB_TOK, MC_NB_EMB_SLOT, MC_NB_EMB_ROWS,
   MC_NB_EMB_GATE, MC_NB_COUNT
 };
 extern const mc_act_buf mc_net_bufs[MC_NB_COUNT];

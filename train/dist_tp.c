@@ -20,27 +20,10 @@ int mc_tp_allreduce(const mc_net_par *par, mc_backend *be, float *buf, int64_t c
 }
 
 /* Row blocks: member q's shard holds, for each sequence s, positions [q*Tl, (q+1)*Tl); the
- * collectives move member-major blocks [q][s][Tl rows], the model wants rows s*T + t.
- * Elements are fp32, or bf16 where b16. */
-static void sp_permute(const mc_net_par *par, mc_backend *be, void *full, void *packed, int n_seq, int d, int b16,
-                       int to_full) {
-  const int tp = par->tp, Tl = par->T_res, T = par->T;
-  const int64_t blk = (int64_t)Tl * d;
-  for (int q = 0; q < tp; q++)
-    for (int s = 0; s < n_seq; s++) {
-      const int64_t pk = ((int64_t)q * n_seq + s) * blk, fl = ((int64_t)s * T + (int64_t)q * Tl) * d;
-      if (b16) {
-        mc_bf16 *p16 = (mc_bf16 *)packed + pk, *f16 = (mc_bf16 *)full + fl;
-        if (to_full) be->copy_bf16(be, f16, p16, blk);
-        else be->copy_bf16(be, p16, f16, blk);
-      } else {
-        float *p32 = (float *)packed + pk, *f32 = (float *)full + fl;
-        if (to_full) be->copy(be, f32, p32, blk);
-        else be->copy(be, p32, f32, blk);
-      }
-    }
-}
-
+ * model wants rows s*T + t. So the collectives run per sequence (one segment each,
+ * comm.h): sequence s's block of whole rows is its members' shards in member order, and the
+ * rows land where the model reads them without a permuting copy. Elements are fp32, or bf16
+ * where b16. */
 static int64_t *equal_counts(int n, int64_t each) {
   int64_t *c = malloc(sizeof(int64_t) * (size_t)n);
   if (c)
@@ -49,21 +32,19 @@ static int64_t *equal_counts(int n, int64_t each) {
 }
 
 int mc_sp_gather(const mc_net_par *par, mc_backend *be, const void *shard, void *full, int n_seq, int d, int b16) {
-  int64_t *counts = equal_counts(par->tp, (int64_t)n_seq * par->T_res * d);
+  int64_t *counts = equal_counts(par->tp, (int64_t)par->T_res * d);
   if (!counts) return mc_error("SP all-gather: out of memory");
   int rc = mc_dist_settle(par->comm->tp, be) ||
-           mc_allgather(par->comm->tp, shard, par->pack, counts, b16 ? MC_DT_BF16 : MC_DT_F32);
+           mc_allgather_seg(par->comm->tp, shard, n_seq, full, counts, b16 ? MC_DT_BF16 : MC_DT_F32);
   free(counts);
   if (rc) return mc_error_context("SP all-gather of %d sequence shards", par->tp);
-  sp_permute(par, be, full, par->pack, n_seq, d, b16, 1);
   return 0;
 }
 
 int mc_sp_reduce_scatter(const mc_net_par *par, mc_backend *be, const float *full, float *shard, int n_seq, int d) {
-  int64_t *counts = equal_counts(par->tp, (int64_t)n_seq * par->T_res * d);
+  int64_t *counts = equal_counts(par->tp, (int64_t)par->T_res * d);
   if (!counts) return mc_error("SP reduce-scatter: out of memory");
-  sp_permute(par, be, (float *)full, par->pack, n_seq, d, 0, 0);
-  int rc = mc_dist_settle(par->comm->tp, be) || mc_reduce_scatter_sum(par->comm->tp, par->pack, shard, counts, MC_DT_F32);
+  int rc = mc_dist_settle(par->comm->tp, be) || mc_reduce_scatter_sum_seg(par->comm->tp, full, n_seq, shard, counts, MC_DT_F32);
   free(counts);
   if (rc) return mc_error_context("SP reduce-scatter into %d sequence shards", par->tp);
   return 0;

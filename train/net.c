@@ -369,7 +369,7 @@ static void free_activations(mc_net *net) {
   }
   mc_net_par *par = &net->par;
   float **bufs[] = {&net->x,    &net->hf,  &net->rstd_f, &net->logits, &net->loss,     &net->lse,
-                    &net->dx,   &net->du,  &net->y,      &par->ush,    &net->full,     &par->pack,     &par->ufull,
+                    &net->dx,   &net->du,  &net->y,      &par->ush,    &net->full,     &par->ufull,
                     &net->dlogits, &par->emb_rows, &par->emb_gate};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) *bufs[i] = NULL;
   for (int i = 0; i < MC_NET_GBUFS; i++) net->g[i] = NULL;
@@ -527,7 +527,7 @@ static int place_activations(mc_net *net, int n_seq, int n_slots, int count) {
   net->dx = nb[MC_NB_DX], net->du = nb[MC_NB_DU], net->y = nb[MC_NB_Y], net->full = nb[MC_NB_FULL];
   net->dlogits = nb[MC_NB_DLOGITS];
   mc_net_par *par = &net->par;
-  par->ush = nb[MC_NB_USH], par->ufull = nb[MC_NB_UFULL], par->pack = nb[MC_NB_PACK];
+  par->ush = nb[MC_NB_USH], par->ufull = nb[MC_NB_UFULL];
   par->emb_tok = nb[MC_NB_EMB_TOK], par->emb_slot = nb[MC_NB_EMB_SLOT];
   par->emb_rows = nb[MC_NB_EMB_ROWS], par->emb_gate = nb[MC_NB_EMB_GATE];
   /* host-side staging (not backend memory) */

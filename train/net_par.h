@@ -39,7 +39,6 @@ typedef struct {
   /* Staging rows in the activations arena (placed with the network's buffers, NULL where the
    * layout needs none: core/holdings.h mc_net_bufs). */
   float *ush;          /* [nl, d] a sequence shard (SP) */
-  float *pack;         /* [n, d] member-major staging of the SP collectives */
   float *ufull;        /* [n, d] SP: a layer's normed input gathered for its block */
   int32_t *emb_tok, *emb_slot; /* vocab-parallel embedding: local ids of in-range tokens, */
   float *emb_rows, *emb_gate; /* their rows, unit gates; slot = row or -1 */

@@ -102,6 +102,33 @@ static void check_collectives(mc_comm *c) {
   CHECK(gaps_ok, "%s alltoallv segments wrote between segments", c->label);
   CHECK(mc_alltoallv_seg(c, sb, 0, ssc, ssd, rb, src, srd, MC_DT_I32) != 0 && strstr(mc_errmsg(), "0 segments"),
         "%s alltoallv with 0 segments: %s", c->label, mc_errmsg());
+  /* segmented gather and reduce-scatter (the SP layout): member i's segment k is L elements
+   * 1000 * i + 10 * k + j; block k of the member-ordered buffer holds segment k of every member */
+  {
+    enum { SG = 3, L = 2 };
+    int64_t eq[64];
+    for (int i = 0; i < n; i++) eq[i] = L;
+    int32_t seg_mine[SG * L], seg_all[SG * 64 * L];
+    float fs_all[SG * 64 * L], fs_mine[SG * L];
+    for (int k = 0; k < SG; k++)
+      for (int j = 0; j < L; j++) seg_mine[k * L + j] = 1000 * r + 10 * k + j;
+    CHECK_OK(mc_allgather_seg(c, seg_mine, SG, seg_all, eq, MC_DT_I32));
+    for (int k = 0; k < SG; k++)
+      for (int i = 0; i < n; i++)
+        for (int j = 0; j < L; j++)
+          CHECK(seg_all[(k * n + i) * L + j] == 1000 * i + 10 * k + j, "%s allgather segment %d of %d", c->label, k, i);
+    /* every member sends value (block k, member slot i, j) + r: the sum is n * value + n(n-1)/2 */
+    for (int k = 0; k < SG; k++)
+      for (int i = 0; i < n; i++)
+        for (int j = 0; j < L; j++) fs_all[(k * n + i) * L + j] = (float)(100 * k + 10 * i + j + r);
+    CHECK_OK(mc_reduce_scatter_sum_seg(c, fs_all, SG, fs_mine, eq, MC_DT_F32));
+    for (int k = 0; k < SG; k++)
+      for (int j = 0; j < L; j++)
+        CHECK(fs_mine[k * L + j] == (float)(n * (100 * k + 10 * r + j) + n * (n - 1) / 2), "%s reduce_scatter segment %d",
+              c->label, k);
+    CHECK(mc_allgather_seg(c, seg_mine, 0, seg_all, eq, MC_DT_I32) != 0 && strstr(mc_errmsg(), "0 segments"),
+          "%s allgather with 0 segments: %s", c->label, mc_errmsg());
+  }
   /* broadcast and ring send/recv */
   int64_t b = r == n - 1 ? 4242 : 0;
   CHECK_OK(mc_bcast(c, &b, 1, MC_DT_I64, n - 1));

@@ -526,7 +526,7 @@ static void test_block_formulas(void) {
   CHECK(mc_act_scratch_bytes("AR", &sh) == 8 * fp(tok * 32 * 4), "scratch of A and R");
   const int64_t vpl = 256 / 2;
   CHECK(mc_act_net_bytes(&sh) == 2 * r + x + x + r + fp(tok * vpl * 4) + 2 * r + 4 * x + fp(tok * vpl * 4) + /* one stage */
-                                     2 * x + 2 * r + x + r, /* tp > 1: shard and staging rows, embedding lists */
+                                     2 * r + x + r, /* tp > 1: the embedding lists (shard rows only under sp) */
         "network buffers, tp 2 without sp");
   drop(&g, &p);
   /* SP: the residual rows split over tp */
