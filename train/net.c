@@ -810,11 +810,20 @@ static int block_backward(mc_net *net, mc_layer *l, int n_seq, double seq_weight
   if (how == ROWS_GATHERED) {
     mc_sp_place(par, be, net->dx, net->full, n_seq, d);
     dy = net->full;
+  } else if (how == ROWS_SPLIT && par->sp && mc_act16(net)) {
+    /* a split block reads its output gradient only as a product operand (mc_dy_in): the
+     * shard rounded to bf16 (in the free ush) and gathered so, half the bytes of fp32 rows
+     * and the values one rank rounds */
+    be->to_bf16(be, net->dx, (mc_bf16 *)par->ush, (int64_t)nl * d);
+    if (mc_sp_gather(par, be, par->ush, net->y, n_seq, d, 1)) return -1;
+    net->dy_in_y = 1;
   } else if (how == ROWS_SPLIT && par->sp) {
     if (mc_sp_gather(par, be, net->dx, net->full, n_seq, d, 0)) return -1;
     dy = net->full;
   }
-  if (with_whole_input(net, l, n_seq, how, dy, seq_weight, NULL)) return -1;
+  const int rc = with_whole_input(net, l, n_seq, how, dy, seq_weight, NULL);
+  net->dy_in_y = 0;
+  if (rc) return -1;
   if (par->sp && how != ROWS_LOCAL) {
     if (mc_sp_reduce_scatter(par, be, net->du, par->ush, n_seq, d)) return -1;
     du_res = par->ush;

@@ -120,6 +120,8 @@ struct mc_net {
   float *du;           /* [n, d] gradient of a block's input (whole rows for a split block) */
   float *y;            /* [n, d] a block's partial output under TP (forward); under mc_act16
                           the bf16 copy of a block's output gradient (mc_dy_in, backward) */
+  int dy_in_y;         /* set around a block's backward when its output gradient is already
+                          in y as bf16 (SP gathered it so): mc_dy_in reads it there */
   float *full;         /* [n, d] whole rows: the final norm output's gradient; under TP also
                           gathered or to-be-scattered rows */
   float *dlogits;      /* [n, Vpl] */
@@ -212,6 +214,7 @@ static inline void mc_linear_bwd(mc_backend *be, mc_operand u, mc_operand W, mc_
 /* A block's output gradient as its products read it: under mc_act16 rounded once into the
  * free net->y (used as the TP partial output only) for blocks that multiply it twice. */
 static inline mc_operand mc_dy_in(struct mc_net *net, const float *dy, int64_t n) {
+  if (net->dy_in_y) return (mc_operand){NULL, (mc_bf16 *)net->y};
   return mc_act16(net) ? mc_to16(net->be, dy, (mc_bf16 *)net->y, n) : mc_f32(dy);
 }
 

@@ -11,7 +11,7 @@
 # muon:     optim.groups=muon:matrices,adamw:all: tp2, tp2+sp, dp2 zero 1 and 3, pp2 against
 #           the one-GPU Muon run within MUON_BAND (1e-4, see below); a dp2 zero 1 step 5 resumed on one GPU (4 GPUs:
 #           tp2 x dp2 zero 1 too).
-# bf16:     train.dtype=bf16: tp2, dp2, pp2, dp2 x ep2, dp2 zero 1 and 3, pp2 zero 3 (and on 4
+# bf16:     train.dtype=bf16: tp2, tp2+sp, dp2, pp2, dp2 x ep2, dp2 zero 1 and 3, pp2 zero 3 (and on 4
 #           GPUs tp2 x dp2 zero 1, tp2+sp x dp2 zero 3) against the one-GPU bf16 run, losses
 #           within BF16_BAND (relative; default 1e-2); the dp2 zero 1 and zero 3 runs' step-5
 #           checkpoints resumed on one GPU continue their losses.
@@ -143,6 +143,7 @@ muon)
 bf16)
   "$B/mctrain" "${COMMON[@]}" --set train.dtype=bf16 --set checkpoint.dir=one > one.log 2>&1 || { cat one.log; die "one-GPU bf16 run failed"; }
   launch 2 tp2 tp2.log --set train.dtype=bf16 --set parallel.tp=2
+  launch 2 tp2sp tp2sp.log --set train.dtype=bf16 --set parallel.tp=2 --set parallel.sp=true
   launch 2 dp2 dp2.log --set train.dtype=bf16 --set parallel.dp=2
   launch 2 pp2 pp2.log --set train.dtype=bf16 --set parallel.pp=2
   launch 2 dp2ep2 dp2ep2.log --set train.dtype=bf16 --set parallel.dp=2 --set parallel.ep=2
@@ -151,7 +152,7 @@ bf16)
   launch 2 dp2z3 dp2z3.log --set train.dtype=bf16 --set parallel.dp=2 --set parallel.zero=3 --set checkpoint.every=5 \
     --set checkpoint.async_save=false
   launch 2 pp2z3 pp2z3.log --set train.dtype=bf16 --set parallel.pp=2 --set parallel.zero=3
-  for r in tp2 dp2 pp2 dp2ep2 dp2z1 dp2z3 pp2z3; do same "bf16 $r" one/metrics.jsonl $r/metrics.jsonl 1 10 "$BF16_BAND" loss; done
+  for r in tp2 tp2sp dp2 pp2 dp2ep2 dp2z1 dp2z3 pp2z3; do same "bf16 $r" one/metrics.jsonl $r/metrics.jsonl 1 10 "$BF16_BAND" loss; done
   # ZeRO 1 keeps each rank's rows of the fp32 master, ZeRO 3 its fp32 shard: their step-5
   # checkpoints resumed on one GPU
   for z in 1 3; do
