@@ -255,12 +255,12 @@ struct mc_backend {
    * Outputs (backend memory): probs [n, E], idx [n, k], gate [n, k], slot [n, k] = row of the
    * assignment in the expert-sorted buffer (experts in order, tokens in row order inside an
    * expert), counts [E] rows per expert over the whole micro-batch, f [n_seq, E] = fraction
-   * of the sequence's k*T assignments (before dropping) that went to e, aux [n_seq] =
-   * E * sum_e f_e P_e with P_e the sequence's mean probability of e, dropped [1] = number of
-   * dropped assignments. */
+   * of the sequence's k*T assignments (before dropping) that went to e, pbar [n_seq, E] =
+   * P_e, the sequence's mean probability of e (NULL: not written), aux [n_seq] =
+   * E * sum_e f_e P_e, dropped [1] = number of dropped assignments. */
   void (*moe_route)(mc_backend *be, const float *logits, int n_seq, int T, int E, int k,
                     int capacity, float *probs, int32_t *idx, float *gate, int32_t *slot,
-                    int32_t *counts, float *f, float *aux, int32_t *dropped);
+                    int32_t *counts, float *f, float *pbar, float *aux, int32_t *dropped);
   /* dlogits += softmax backward of (gate gradients through the renormalisation, plus
    * aux_scale * E * f_e / T on every probability of e), aux_scale = d(objective)/d(aux). */
   void (*moe_route_bwd)(mc_backend *be, const float *probs, const int32_t *idx,

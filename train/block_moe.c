@@ -235,15 +235,18 @@ static int moe_forward(struct mc_net *net, mc_layer *L, int n_seq, float *x) {
   float **f = L->f;
   int32_t **iv = L->i;
   mc_linear_fwd(be, mc_f32(L->u), mc_wm(net, L, MC_ROLE_MOE_ROUTER), n, d, E, 0.0f, mc_o32(f[MC_E_LOGITS]));
+  /* under SP on shards the statistics are completed over TP: the shard's mean probabilities
+   * go to the router-logit gradient scratch, free in the forward ([n, E] >= [n_seq, E]) */
+  const int sp_stats = net->par.moe_T != m->seq_len;
+  float *pbar = sp_stats ? net->g[MC_E_DLOGITS] : NULL;
   be->moe_route(be, f[MC_E_LOGITS], n_seq, T, E, k, mc_moe_capacity(m), f[MC_E_PROBS], iv[MC_E_IDX], f[MC_E_GATE], iv[MC_E_SLOT], iv[MC_E_COUNTS],
-                f[MC_E_FR], f[MC_E_AUX], iv[MC_E_DROPPED]);
+                f[MC_E_FR], pbar, f[MC_E_AUX], iv[MC_E_DROPPED]);
+  if (sp_stats && mc_sp_moe_aux(&net->par, be, E, f[MC_E_FR], pbar, n_seq, L->aux_host)) return -1;
   int32_t dropped = 0;
   be->to_host(be, L->counts_host, iv[MC_E_COUNTS], (size_t)E * sizeof(int32_t));
-  be->to_host(be, L->aux_host, f[MC_E_AUX], (size_t)n_seq * sizeof(float));
+  if (!sp_stats) be->to_host(be, L->aux_host, f[MC_E_AUX], (size_t)n_seq * sizeof(float));
   be->to_host(be, &dropped, iv[MC_E_DROPPED], sizeof(int32_t));
   L->dropped = dropped;
-  if (net->par.moe_T != m->seq_len && mc_sp_moe_aux(&net->par, be, E, f[MC_E_PROBS], f[MC_E_FR], n_seq, T, L->aux_host))
-    return -1;
   int64_t rows = 0;
   for (int e = 0; e < E; e++) rows += L->counts_host[e];
   if (net->par.ep > 1) {

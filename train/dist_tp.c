@@ -174,34 +174,25 @@ int mc_vp_xent_bwd(const mc_net_par *par, mc_backend *be, const float *logits, i
 
 /* ------------------------------------------------------------------ MoE statistics under SP */
 
-int mc_sp_moe_aux(const mc_net_par *par, mc_backend *be, int E, const float *probs, float *fr, int n_seq, int T_l,
-                  float *aux_host) {
+int mc_sp_moe_aux(const mc_net_par *par, mc_backend *be, int E, float *fr, float *pbar, int n_seq, float *aux_host) {
   const int tp = par->tp;
   const int64_t se = (int64_t)n_seq * E;
-  float *p = malloc(sizeof(float) * (size_t)n_seq * T_l * E), *fp = malloc(sizeof(float) * 2 * (size_t)se);
-  if (!p || !fp) {
-    free(p), free(fp);
-    return mc_error("MoE under SP: out of memory");
+  float *fp = malloc(sizeof(float) * 2 * (size_t)se);
+  if (!fp) return mc_error("MoE under SP: out of memory");
+  int rc = mc_dist_settle(par->comm->tp, be) || mc_allreduce_sum(par->comm->tp, fr, se, MC_DT_F32) ||
+           mc_allreduce_sum(par->comm->tp, pbar, se, MC_DT_F32);
+  if (!rc) {
+    be->scale(be, fr, se, 1.0f / (float)tp);
+    be->scale(be, pbar, se, 1.0f / (float)tp);
+    be->to_host(be, fp, fr, sizeof(float) * (size_t)se);
+    be->to_host(be, fp + se, pbar, sizeof(float) * (size_t)se);
+    rc = ready(be);
   }
-  be->to_host(be, p, probs, sizeof(float) * (size_t)n_seq * T_l * E);
-  be->to_host(be, fp, fr, sizeof(float) * (size_t)se);
-  int rc = ready(be);
-  /* [f | P] of the shard; every shard has T_l positions, so the sequence's are TP means. */
-  for (int64_t i = 0; i < se; i++) fp[se + i] = 0.0f;
-  for (int s = 0; s < n_seq && !rc; s++)
-    for (int t = 0; t < T_l; t++)
-      for (int e = 0; e < E; e++) fp[se + (int64_t)s * E + e] += p[((int64_t)s * T_l + t) * E + e] / (float)T_l;
-  if (!rc) rc = mc_allreduce_sum(par->comm->tp, fp, 2 * se, MC_DT_F32);
   for (int s = 0; s < n_seq && !rc; s++) {
     double a = 0.0;
-    for (int e = 0; e < E; e++) {
-      float *f = &fp[(int64_t)s * E + e], P = fp[se + (int64_t)s * E + e] / (float)tp;
-      *f /= (float)tp;
-      a += (double)*f * P;
-    }
+    for (int e = 0; e < E; e++) a += (double)fp[(int64_t)s * E + e] * fp[se + (int64_t)s * E + e];
     aux_host[s] = (float)(E * a);
   }
-  if (!rc) be->from_host(be, fr, fp, sizeof(float) * (size_t)se);
-  free(p), free(fp);
+  free(fp);
   return rc ? mc_error_context("MoE routing statistics over %d TP ranks", tp) : 0;
 }

@@ -87,7 +87,7 @@ void mc_cpu_rglru_bwd(mc_backend *be, const float *gx, const float *r, const flo
 
 void mc_cpu_moe_route(mc_backend *be, const float *logits, int n_seq, int T, int E, int k,
                       int capacity, float *probs, int32_t *idx, float *gate, int32_t *slot,
-                      int32_t *counts, float *f, float *aux, int32_t *dropped);
+                      int32_t *counts, float *f, float *pbar, float *aux, int32_t *dropped);
 void mc_cpu_moe_route_bwd(mc_backend *be, const float *probs, const int32_t *idx,
                           const float *gate, const float *dgate, const float *f, int n_seq, int T,
                           int E, int k, float aux_scale, float *dlogits);

@@ -11,7 +11,7 @@
 
 void mc_cpu_moe_route(mc_backend *be, const float *logits, int n_seq, int T, int E, int k,
                       int capacity, float *probs, int32_t *idx, float *gate, int32_t *slot,
-                      int32_t *counts, float *f, float *aux, int32_t *dropped) {
+                      int32_t *counts, float *f, float *pbar, float *aux, int32_t *dropped) {
   (void)be;
   const int n = n_seq * T;
   /* softmax, top-k (strict > keeps the lower index on ties), renormalised gates */
@@ -50,6 +50,7 @@ void mc_cpu_moe_route(mc_backend *be, const float *logits, int n_seq, int T, int
       double P = 0.0;
       for (int t = 0; t < T; t++) P += probs[((int64_t)s * T + t) * E + e];
       P /= T;
+      if (pbar) pbar[(int64_t)s * E + e] = (float)P;
       float fe = (float)((double)seen[e] / ((double)k * T));
       f[(int64_t)s * E + e] = fe;
       a += fe * P;

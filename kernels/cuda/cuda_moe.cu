@@ -44,7 +44,7 @@ static __device__ void route_span(int T, int *t0, int *t1) {
 /* Per (sequence, expert): assignments seen, kept, dropped; f and the mean probability. */
 __global__ void __launch_bounds__(ROUTE_THREADS)
     k_route_seq(const float *probs, const int32_t *idx, int T, int E, int k, int capacity, float *f, int32_t *keep,
-                int32_t *drop, double *pbar) {
+                int32_t *drop, double *pbar, float *pbar_out) {
   __shared__ int shi[ROUTE_THREADS];
   __shared__ double shd[ROUTE_THREADS];
   const int s = blockIdx.x / E, e = blockIdx.x % E;
@@ -68,6 +68,7 @@ __global__ void __launch_bounds__(ROUTE_THREADS)
     const int kept = capacity > 0 && seen > capacity ? capacity : seen;
     f[blockIdx.x] = (float)((double)seen / ((double)k * T));
     pbar[blockIdx.x] = shd[0] / T;
+    if (pbar_out) pbar_out[blockIdx.x] = (float)(shd[0] / T);
     keep[blockIdx.x] = kept;
     drop[blockIdx.x] = seen - kept;
   }
@@ -125,8 +126,8 @@ __global__ void __launch_bounds__(ROUTE_THREADS)
 }
 
 static void cu_moe_route(mc_backend *be, const float *logits, int n_seq, int T, int E, int k, int capacity,
-                         float *probs, int32_t *idx, float *gate, int32_t *slot, int32_t *counts, float *f, float *aux,
-                         int32_t *dropped) {
+                         float *probs, int32_t *idx, float *gate, int32_t *slot, int32_t *counts, float *f, float *pbar_out,
+                         float *aux, int32_t *dropped) {
   const int n = n_seq * T;
   if (n <= 0 || E <= 0) return;
   if (k <= 0 || k > E) {
@@ -145,7 +146,7 @@ static void cu_moe_route(mc_backend *be, const float *logits, int n_seq, int T, 
     mc_cuda_fail(be, "moe_route: %lld (sequence, expert) pairs exceed one launch", (long long)se);
     return;
   }
-  k_route_seq<<<(unsigned)se, ROUTE_THREADS, 0, st>>>(probs, idx, T, E, k, capacity, f, keep, drop, pbar);
+  k_route_seq<<<(unsigned)se, ROUTE_THREADS, 0, st>>>(probs, idx, T, E, k, capacity, f, keep, drop, pbar, pbar_out);
   k_route_totals<<<1, MC_CUDA_THREADS, (size_t)E * sizeof(int32_t), st>>>(keep, drop, f, pbar, n_seq, E, counts, base,
                                                                           aux, dropped);
   k_route_slots<<<(unsigned)se, ROUTE_THREADS, 0, st>>>(idx, base, T, E, k, capacity, slot);

@@ -538,19 +538,20 @@ static void test_rglru(void) {
 static void moe_case(int capacity, int d) {
   const int n_seq = 3, T = 40, E = 6, k = 2, n = n_seq * T;
   float *logits = hrand((int64_t)n * E, 1.5f), *probs = hzeros((int64_t)n * E), *gate = hzeros((int64_t)n * k);
-  float *f = hzeros((int64_t)n_seq * E), *aux = hzeros(n_seq);
+  float *f = hzeros((int64_t)n_seq * E), *pbar = hzeros((int64_t)n_seq * E), *aux = hzeros(n_seq);
   int32_t idx[240], slot[240], counts[6], dropped = -1;
   float *lgd = up(logits, (int64_t)n * E), *probsd = dnan((int64_t)n * E), *gated = dnan((int64_t)n * k);
-  float *fd = dnan((int64_t)n_seq * E), *auxd = dnan(n_seq);
+  float *fd = dnan((int64_t)n_seq * E), *pbard = dnan((int64_t)n_seq * E), *auxd = dnan(n_seq);
   int32_t *idxd = dalloc(sizeof idx), *slotd = dalloc(sizeof slot), *countsd = dalloc(sizeof counts),
           *droppedd = dalloc(sizeof(int32_t));
-  cpu->moe_route(cpu, logits, n_seq, T, E, k, capacity, probs, idx, gate, slot, counts, f, aux, &dropped);
-  gpu->moe_route(gpu, lgd, n_seq, T, E, k, capacity, probsd, idxd, gated, slotd, countsd, fd, auxd, droppedd);
+  cpu->moe_route(cpu, logits, n_seq, T, E, k, capacity, probs, idx, gate, slot, counts, f, pbar, aux, &dropped);
+  gpu->moe_route(gpu, lgd, n_seq, T, E, k, capacity, probsd, idxd, gated, slotd, countsd, fd, pbard, auxd, droppedd);
   char what[64];
   snprintf(what, sizeof what, "moe_route cap=%d probs", capacity);
   cmp(what, probsd, probs, (int64_t)n * E, TOL_EXACT);
   cmp("moe_route gate", gated, gate, (int64_t)n * k, TOL_EXACT);
   cmp("moe_route f", fd, f, (int64_t)n_seq * E, 0.0);
+  cmp("moe_route pbar", pbard, pbar, (int64_t)n_seq * E, TOL_EXACT);
   cmp("moe_route aux", auxd, aux, n_seq, TOL_EXACT);
   cmpi("moe_route idx", idxd, idx, (int64_t)n * k);
   cmpi("moe_route slot", slotd, slot, (int64_t)n * k);
@@ -1413,12 +1414,12 @@ static void shapes_misc(void) {
     int32_t *idxd = dalloc((size_t)n * k * 4), *slotd = dalloc((size_t)n * k * 4), *cd = dalloc(sizeof counts),
             *dd = dalloc(4);
     const int cap = (int)(1.25 * k * T / E);
-    cpu->moe_route(cpu, lg, n_seq, T, E, k, cap, probs, idx, gate, slot, counts, f, aux, &dropped);
-    gpu->moe_route(gpu, lgd, n_seq, T, E, k, cap, pd, idxd, gd, slotd, cd, fd, ad, dd);
+    cpu->moe_route(cpu, lg, n_seq, T, E, k, cap, probs, idx, gate, slot, counts, f, NULL, aux, &dropped);
+    gpu->moe_route(gpu, lgd, n_seq, T, E, k, cap, pd, idxd, gd, slotd, cd, fd, NULL, ad, dd);
     cmpi("moe_route slot nam-small", slotd, slot, (int64_t)n * k);
     cmpi("moe_route counts", cd, counts, E);
     TIME_GPU("moe_route 4096 tokens E=8 k=2", 0,
-             gpu->moe_route(gpu, lgd, n_seq, T, E, k, cap, pd, idxd, gd, slotd, cd, fd, ad, dd));
+             gpu->moe_route(gpu, lgd, n_seq, T, E, k, cap, pd, idxd, gd, slotd, cd, fd, NULL, ad, dd));
     int rows = 0;
     for (int e = 0; e < E; e++) rows += counts[e];
     float *x = hrand((int64_t)n * d, 1), *xd = up(x, (int64_t)n * d), *xpd = dnan((int64_t)rows * d);

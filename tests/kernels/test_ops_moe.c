@@ -10,25 +10,25 @@ static mc_backend *be;
 
 typedef struct {
   int n_seq, T, E, k, cap;
-  float *logits, *probs, *gate, *f, *aux, *Rg;
+  float *logits, *probs, *gate, *f, *pbar, *aux, *Rg;
   int32_t *idx, *slot, *counts, dropped;
   float aux_scale;
 } route_ctx;
 
 static void route(route_ctx *c) {
   be->moe_route(be, c->logits, c->n_seq, c->T, c->E, c->k, c->cap, c->probs, c->idx, c->gate,
-                c->slot, c->counts, c->f, c->aux, &c->dropped);
+                c->slot, c->counts, c->f, c->pbar, c->aux, &c->dropped);
 }
 
 static route_ctx route_new(int n_seq, int T, int E, int k, int cap) {
   int n = n_seq * T;
   route_ctx c = {n_seq, T, E, k, cap, kc_zeros(n * E), kc_zeros(n * E), kc_zeros(n * k), kc_zeros(n_seq * E),
-                 kc_zeros(n_seq), kc_rand(n * k, 100, 1), malloc(n * k * 4), malloc(n * k * 4), malloc(E * 4), 0, 0.7f};
+                 kc_zeros(n_seq * E), kc_zeros(n_seq), kc_rand(n * k, 100, 1), malloc(n * k * 4), malloc(n * k * 4), malloc(E * 4), 0, 0.7f};
   return c;
 }
 
 static void route_free(route_ctx *c) {
-  free(c->logits), free(c->probs), free(c->gate), free(c->f), free(c->aux), free(c->Rg);
+  free(c->logits), free(c->probs), free(c->gate), free(c->f), free(c->pbar), free(c->aux), free(c->Rg);
   free(c->idx), free(c->slot), free(c->counts);
 }
 
@@ -60,6 +60,7 @@ static void test_route(void) {
   double P[4];
   for (int e = 0; e < 4; e++) P[e] = (c.probs[e] + c.probs[4 + e]) / 2;
   CHECK_CLOSE(c.aux[0], 4 * (0.25 * P[0] + 0.5 * P[1] + 0.25 * P[2]), 1e-6);
+  for (int e = 0; e < 4; e++) CHECK_CLOSE(c.pbar[e], P[e], 1e-7);
   route_free(&c);
 
   /* capacity: 2 sequences of 4 tokens, E = 2, k = 1, every token prefers expert 0 except the
