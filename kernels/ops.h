@@ -84,7 +84,11 @@ struct mc_backend {
   /* Zero-filled allocation in backend memory; NULL with mc_error set on failure. */
   void *(*alloc)(mc_backend *be, size_t bytes);
   void (*free)(mc_backend *be, void *p);
+  /* Waits for the queued work, then copies. */
   void (*to_host)(mc_backend *be, void *host_dst, const void *src, size_t bytes);
+  /* Ordered after the queued work and before the work queued after it; host_src may be
+   * reused as soon as the call returns (CUDA copies synchronously: a queued copy from pinned
+   * slots was measured and gained nothing, results/gpu/queued_uploads_2026-11-28.txt). */
   void (*from_host)(mc_backend *be, void *dst, const void *host_src, size_t bytes);
   /* Waits for queued work; returns 0, or -1 with the first recorded failure in mc_error. */
   int (*sync)(mc_backend *be);

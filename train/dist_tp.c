@@ -167,9 +167,8 @@ int mc_vp_xent_bwd(const mc_net_par *par, mc_backend *be, const float *logits, i
   local_targets(par, par->tgt_host, n, -1, tl); /* -1: no onehot term on this rank */
   be->from_host(be, tgt_dev, tl, sizeof(int32_t) * (size_t)n);
   be->xent_bwd(be, logits, tgt_dev, lse_dev, n, par->Vl, par->Vpl, scale, dlogits);
-  int rc = ready(be); /* tl is read by the upload */
-  free(tl);
-  return rc;
+  free(tl); /* from_host took its copy */
+  return 0;
 }
 
 /* ------------------------------------------------------------------ MoE statistics under SP */

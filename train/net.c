@@ -94,9 +94,8 @@ static int upload_working(mc_net *net, mc_net_param *p, const float *host) {
   if (!h16) return mc_error("out of memory converting %s to bf16", net->geo.fams.f[p->fam].name);
   for (int64_t i = 0; i < p->numel; i++) h16[i] = mc_bf16_from_float(host[i]);
   be->from_host(be, p->w16, h16, (size_t)p->numel * sizeof(mc_bf16));
-  int rc = be->sync(be); /* the host buffer is freed next */
-  free(h16);
-  return rc;
+  free(h16); /* from_host took its copy */
+  return be->sync(be); /* a failed upload surfaces here, at set-up */
 }
 
 static int init_param(mc_net *net, mc_net_param *p) {
@@ -846,8 +845,7 @@ static int restage_tokens(mc_net *net, const int32_t *tokens, int n_seq) {
     for (int t = 0; t < T; t++) in[s * T + t] = tokens[(int64_t)s * (T + 1) + t];
   be->from_host(be, net->tok_in, in, (size_t)n * sizeof(int32_t));
   int rc = net->par.tp > 1 ? mc_vp_embed_fwd(&net->par, be, net->params[net->fam_embed].w, in, n, d, net->full) : 0;
-  if (!rc) rc = be->sync(be);
-  free(in);
+  free(in); /* from_host took its copy */
   return rc;
 }
 
