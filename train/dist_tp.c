@@ -181,15 +181,14 @@ int mc_sp_moe_aux(const mc_net_par *par, mc_backend *be, int E, float *fr, float
   int rc = mc_dist_settle(par->comm->tp, be) || mc_allreduce_sum(par->comm->tp, fr, se, MC_DT_F32) ||
            mc_allreduce_sum(par->comm->tp, pbar, se, MC_DT_F32);
   if (!rc) {
-    be->scale(be, fr, se, 1.0f / (float)tp);
-    be->scale(be, pbar, se, 1.0f / (float)tp);
+    be->scale(be, fr, se, 1.0f / (float)tp); /* the backward reads the sequence's f */
     be->to_host(be, fp, fr, sizeof(float) * (size_t)se);
     be->to_host(be, fp + se, pbar, sizeof(float) * (size_t)se);
     rc = ready(be);
   }
   for (int s = 0; s < n_seq && !rc; s++) {
     double a = 0.0;
-    for (int e = 0; e < E; e++) a += (double)fp[(int64_t)s * E + e] * fp[se + (int64_t)s * E + e];
+    for (int e = 0; e < E; e++) a += (double)fp[(int64_t)s * E + e] * (fp[se + (int64_t)s * E + e] / (float)tp);
     aux_host[s] = (float)(E * a);
   }
   free(fp);

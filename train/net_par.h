@@ -91,10 +91,10 @@ int mc_vp_xent_fwd(mc_net_par *par, mc_backend *be, const float *logits, const i
                    int32_t *tgt_dev, float *loss_dev, float *lse_dev, float *loss_host);
 int mc_vp_xent_bwd(const mc_net_par *par, mc_backend *be, const float *logits, int n, float scale, int32_t *tgt_dev,
                    const float *lse_dev, mc_dst dlogits);
-/* MoE under SP: replaces the shard's routing fractions fr [n_seq, E] with the sequence's and
- * pbar [n_seq, E] (the shard's mean probabilities, moe_route's) with the sequence's (TP means:
- * every shard has T/tp positions), on the device, and sets aux_host [n_seq] = E sum_e f_e P_e
- * from them. */
+/* MoE under SP: replaces the shard's routing fractions fr [n_seq, E] with the sequence's (TP
+ * mean: every shard has T/tp positions) on the device, sums pbar [n_seq, E] (the shard's mean
+ * probabilities, moe_route's) over TP in place, and sets aux_host [n_seq] = E sum_e f_e P_e
+ * with P the TP mean of pbar. */
 int mc_sp_moe_aux(const mc_net_par *par, mc_backend *be, int E, float *fr, float *pbar, int n_seq, float *aux_host);
 
 /* ---- expert parallelism (train/dist_ep.c), ep > 1. mc_ep_reserve places every EP buffer
