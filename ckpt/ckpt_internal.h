@@ -91,20 +91,30 @@ typedef struct {
   void *dst;
   char *err; /* out: complete()'s message if it failed (malloc'd; the caller frees) */
 } mc_stream_shard;
-/* Called once per shard, by the thread that landed its last byte, with its bytes (dst or the
- * temporary buffer): 0, or -1 with mc_error set, which is kept in shards[k].err and does not
- * stop the stream (the caller decides which error of a file to report first). */
-typedef int (*mc_stream_complete_fn)(void *user, int k, const void *data);
+/* The size of a one-pass read: the unit of hashing and copying between the disk's reads, so
+ * about what is left to hash when the last byte arrives, and the size of each reading thread's
+ * buffer (it was the piece, 64 MiB by default). */
+#define MC_STREAM_READ_BYTES ((int64_t)8 << 20)
+/* Called once per shard, by the thread that hashed its last byte, with its bytes (dst or the
+ * temporary buffer) and their SHA-256 (hex): 0, or -1 with mc_error set, which is kept in
+ * shards[k].err and does not stop the stream (the caller decides which error of a file to
+ * report first). */
+typedef int (*mc_stream_complete_fn)(void *user, int k, const void *data, const char hex[65]);
+/* Called on the caller's thread, in file order, for each file every piece of which was read and
+ * matched its digest, while the stream goes on with later files (so the file may be parsed). */
+typedef void (*mc_stream_file_fn)(void *user, int file);
 /* Verify-and-read in one pass: every piece of files[0..n_files) (format 5 piece digests) is
- * read whole into a per-thread buffer (on 2 x `threads` threads, since reads block: at most that
- * many buffers of the largest piece), hashed
- * and compared with its recorded digest, and then the bytes of every shard overlapping it are
- * copied out; a shard complete calls complete(). The first failing piece of a file is in its
- * `err` (mc_pieces_verify's message), and reading stops at the first failure. Shards of one
- * file must not overlap (refused naming both). Returns 0 if every piece matched, else -1 with
- * the message of a failing piece. */
+ * read once, `read_bytes` at a time (rounded down to a divisor of the piece size), on 2 x
+ * `threads` threads (reads block); each read is added to its piece's hash and the bytes of
+ * every shard it overlaps are copied out and added to that shard's hash in order, so a shard
+ * completes (complete()) as soon as its last byte is read and hashed. A piece's digest is
+ * compared after its last read: the bytes of a piece that then fails may already be in dst.
+ * The first failing piece of a file is in its `err` (mc_pieces_verify's message), and reading
+ * stops at the first failure. Shards of one file must not overlap (refused naming both).
+ * file_done (may be NULL): see its type. Returns 0 if every piece matched, else -1 with the
+ * message of a failing piece. */
 int mc_stream_files(mc_piece_file *files, int n_files, mc_stream_shard *shards, int n_shards, int threads,
-                    mc_stream_complete_fn complete, void *user);
+                    int64_t read_bytes, mc_stream_complete_fn complete, mc_stream_file_fn file_done, void *user);
 
 /* ---------------------------------------------------------------- files (ckpt_fs.c) */
 /* mc_path_exists, mc_fsync_path, mc_rmtree: ckpt/format.h. */

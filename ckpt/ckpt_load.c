@@ -800,19 +800,22 @@ typedef struct {
   read_ctx *c;
   int *task_of;         /* per stream shard: its task */
   unsigned char *direct; /* per stream shard: landed in its one request's buffer (no scatter) */
+  const mc_stream_shard *ss;
+  int n_ss;
+  const int *sf;        /* the manifest file of each stream file */
+  char *parse_err;      /* the first failure of check_streamed_file (malloc'd) */
 } stream_glue;
 
 /* A stream shard complete: its hash checked, its requests filled and reported. */
-static int stream_complete(void *user, int k, const void *data) {
+static int stream_complete(void *user, int k, const void *data, const char hex[65]) {
   stream_glue *g = user;
   read_ctx *c = g->c;
   mc_ckpt *ck = c->ck;
   const int t = g->task_of[k], si = c->shard_of_task[t];
   const mc_ckpt_shard *s = &ck->m.shards[si];
   const int64_t bytes = s->numel * (int64_t)sizeof(float);
-  char where[MC_PATH_MAX], hex[65];
+  char where[MC_PATH_MAX];
   if (mc_path_join(where, ck->step_dir, s->file) != 0) return -1;
-  mc_sha256_hex(data, (size_t)bytes, hex);
   count_io(ck, bytes, bytes);
   if (check_shard_hash(where, s, hex) != 0) return -1;
   ck->verified[si] = 1;
@@ -821,34 +824,47 @@ static int stream_complete(void *user, int k, const void *data) {
   return 0;
 }
 
-/* Once the stream has verified every piece of its files: HDF5 opens them, and every shard
- * streamed (ss[0..n)) must pass the attribute checks and lie where the manifest said (a lying
- * offset is named as such, before the hash failure it also causes); then the shards' own hash
- * failures, if any. */
-static int check_streamed(read_ctx *c, const mc_stream_shard *ss, const int *task_of, int n) {
+/* Once the stream has verified every piece of stream file `file` (while it goes on with later
+ * files): the file is marked verified, HDF5 opens it, and every shard streamed from it must
+ * pass the attribute checks and lie where the manifest said (a lying offset is named as such,
+ * before the hash failure it also causes). The first failure is kept in g->parse_err. */
+static void check_streamed_file(void *user, int file) {
+  stream_glue *g = user;
+  read_ctx *c = g->c;
   mc_ckpt *ck = c->ck;
-  for (int k = 0; k < n; k++) {
-    const int si = c->shard_of_task[task_of[k]];
+  if (g->parse_err) return;
+  pthread_mutex_lock(&ck->mu);
+  ck->file_state[g->sf[file]] = 2;
+  pthread_cond_broadcast(&ck->cv);
+  pthread_mutex_unlock(&ck->mu);
+  int rc = 0;
+  for (int k = 0; k < g->n_ss && rc == 0; k++) {
+    if (g->ss[k].file != file) continue;
+    const int si = c->shard_of_task[g->task_of[k]];
     const mc_ckpt_shard *s = &ck->m.shards[si];
     const mc_ckpt_family *f = &ck->m.fams[s->family_index];
     char where[MC_PATH_MAX];
     int64_t fid = -1, shape[MC_CKPT_MAX_DIM];
-    if (mc_path_join(where, ck->step_dir, s->file) != 0 || get_fid(ck, s, &fid, 1) != 0) return -1;
+    if (mc_path_join(where, ck->step_dir, s->file) != 0 || get_fid(ck, s, &fid, 1) != 0) {
+      rc = -1;
+      break;
+    }
     mc_state_shape(f->ndim, f->shape, s->state, shape);
-    if (!ck->checked[si] && mc_h5_check_attrs(fid, where, s, shape) != 0) return -1;
+    if (!ck->checked[si] && mc_h5_check_attrs(fid, where, s, shape) != 0) {
+      rc = -1;
+      break;
+    }
     ck->checked[si] = 1;
     const int64_t at = mc_h5_data_offset(fid, s->dataset);
     if (at < 0)
-      return mc_error("%s: dataset %s: HDF5 stores it without one data range (chunked or compressed) but the manifest "
-                      "records offset %" PRId64 " (the manifest does not describe this file: refused)", where, s->dataset,
-                      s->offset);
-    if (at != s->offset)
-      return mc_error("%s: dataset %s: HDF5 places its data at byte %" PRId64 " but the manifest records offset %" PRId64
-                      " (the manifest does not describe this file: refused)", where, s->dataset, at, s->offset);
+      rc = mc_error("%s: dataset %s: HDF5 stores it without one data range (chunked or compressed) but the manifest "
+                    "records offset %" PRId64 " (the manifest does not describe this file: refused)", where, s->dataset,
+                    s->offset);
+    else if (at != s->offset)
+      rc = mc_error("%s: dataset %s: HDF5 places its data at byte %" PRId64 " but the manifest records offset %" PRId64
+                    " (the manifest does not describe this file: refused)", where, s->dataset, at, s->offset);
   }
-  for (int k = 0; k < n; k++)
-    if (ss[k].err) return mc_error("%s", ss[k].err);
-  return 0;
+  if (rc != 0) g->parse_err = strdup(mc_errmsg());
 }
 
 /* Claims the files to stream: format 6, verified reads, piece digests, not yet checked by this
@@ -877,7 +893,7 @@ static int stream_files(read_ctx *c, int n_tasks, const int *sf, int n) {
   mc_piece_file *pf = calloc(nn, sizeof *pf);
   char(*paths)[MC_PATH_MAX] = malloc(nn * MC_PATH_MAX);
   mc_stream_shard *ss = calloc(nt, sizeof *ss);
-  stream_glue g = {c, malloc(nt * sizeof(int)), calloc(nt, 1)};
+  stream_glue g = {c, malloc(nt * sizeof(int)), calloc(nt, 1), ss, 0, sf, NULL};
   int rc = 0, ns = 0;
   if (!pos_of || !pf || !paths || !ss || !g.task_of || !g.direct) rc = mc_error("%s: out of memory planning the read", ck->step_dir);
   for (int i = 0; rc == 0 && i < ck->m.n_files; i++) pos_of[i] = -1;
@@ -899,7 +915,10 @@ static int stream_files(read_ctx *c, int n_tasks, const int *sf, int n) {
     ss[ns++] = (mc_stream_shard){pos, s->offset, s->numel * (int64_t)sizeof(float), s->dataset, only ? only->out : NULL, NULL};
     c->streamed[t] = 1;
   }
-  const int src = rc == 0 ? mc_stream_files(pf, n, ss, ns, ck->hash_threads, stream_complete, &g) : -1;
+  g.n_ss = ns;
+  const int src = rc == 0 ? mc_stream_files(pf, n, ss, ns, ck->hash_threads, MC_STREAM_READ_BYTES, stream_complete,
+                                            check_streamed_file, &g)
+                          : -1;
   for (int k = 0; rc == 0 && k < n; k++) count_checked(ck, &pf[k]);
   /* a file is verified when the stream got through all of it; one it did not finish is checked again if asked */
   pthread_mutex_lock(&ck->mu);
@@ -910,7 +929,10 @@ static int stream_files(read_ctx *c, int n_tasks, const int *sf, int n) {
   pthread_cond_broadcast(&ck->cv);
   pthread_mutex_unlock(&ck->mu);
   if (rc == 0) rc = src;
-  if (rc == 0) rc = check_streamed(c, ss, g.task_of, ns);
+  if (rc == 0 && g.parse_err) rc = mc_error("%s", g.parse_err);
+  for (int k = 0; rc == 0 && k < ns; k++)
+    if (ss[k].err) rc = mc_error("%s", ss[k].err);
+  free(g.parse_err);
   for (int k = 0; k < ns; k++) free(ss[k].err);
   free(pos_of);
   free(pf);
