@@ -370,6 +370,10 @@ void mc_ckpt_io_bytes(mc_ckpt *ck, int64_t *read, int64_t *hashed);
 int64_t mc_ckpt_checked_bytes(mc_ckpt *ck);
 /* 1 if this handle hash-verifies what it reads (mc_ckpt_open_opts.verify). */
 int mc_ckpt_verifies(const mc_ckpt *ck);
+/* The threads the handle hashes on: io_threads (mc_ckpt_open_opts), at least 2, not clamped
+ * for an HDF5 library that is not thread-safe; for a load's other work that makes no HDF5
+ * call (train/load_shared.c's copies). */
+int mc_ckpt_io_threads(const mc_ckpt *ck);
 /* Verify before parsing (docs/reliability.md): checks rank file `file` (a name the manifest
  * lists) against the size and the digests the manifest records: format 5, the SHA-256 of
  * each piece (files[].pieces), the pieces hashed on io_threads threads (at least 2); format

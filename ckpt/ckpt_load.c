@@ -557,6 +557,7 @@ int64_t mc_ckpt_checked_bytes(mc_ckpt *ck) {
 }
 
 int mc_ckpt_verifies(const mc_ckpt *ck) { return ck->opts.verify != 0; }
+int mc_ckpt_io_threads(const mc_ckpt *ck) { return ck->hash_threads; }
 
 /* Reads shard si whole into buf: contiguous fp32 data with plain preads (outside the HDF5
  * lock, so threads read in parallel), anything else through HDF5. */

@@ -3,6 +3,7 @@
 #include "train/load_shared.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 
 void mc_load_opts_default(mc_load_opts *o) {
   o->round_bytes = MC_LOAD_ROUND_BYTES;
+  o->copy_bytes = MC_LOAD_COPY_BYTES;
   o->per_rank = 0;
   o->serial = 0;
 }
@@ -435,12 +437,93 @@ static int64_t offsets(const plan *p, int k, int send, int64_t *count, int64_t *
   return total;
 }
 
+/* The copies of a round (own parts, packing, unpacking) as tasks of about copy_bytes
+ * (mc_load_opts; a band cut by dim-0 rows), spread over the checkpoint's io_threads threads:
+ * they ran on one. */
+typedef struct {
+  const float *src;
+  mc_box src_box;
+  float *dst;
+  mc_box dst_box, band;
+} copy_task;
+
+typedef struct {
+  copy_task *t;
+  int n, cap;
+  int64_t task_bytes;
+  atomic_int next;
+} copy_list;
+
+/* Adds the copy of `band` (inside both boxes) from src to dst, cut into tasks by dim-0 rows
+ * (each task names the same boxes; mc_box_copy finds its rows in them). */
+static int add_copy(copy_list *l, const float *src, const mc_box *sb, float *dst, const mc_box *db, const mc_box *band) {
+  const int64_t n = mc_box_numel(band), rows = band->count[0];
+  const int64_t row = rows > 0 ? n / rows : 0;
+  int64_t step = row > 0 ? l->task_bytes / (row * (int64_t)sizeof(float)) : rows;
+  if (step < 1) step = 1;
+  for (int64_t r = 0; r < rows; r += step) {
+    if (l->n == l->cap) {
+      const int cap = l->cap ? 2 * l->cap : 64;
+      copy_task *t = realloc(l->t, sizeof *t * (size_t)cap);
+      if (!t) return mc_error("out of memory planning the load's copies");
+      l->t = t, l->cap = cap;
+    }
+    copy_task *t = &l->t[l->n++];
+    *t = (copy_task){src, *sb, dst, *db, *band};
+    t->band.start[0] += r;
+    t->band.count[0] = rows - r < step ? rows - r : step;
+  }
+  return 0;
+}
+
+static void *copy_worker(void *arg) {
+  copy_list *l = arg;
+  for (int i; (i = atomic_fetch_add(&l->next, 1)) < l->n;) {
+    const copy_task *t = &l->t[i];
+    mc_box_copy(t->src, &t->src_box, t->dst, &t->dst_box, &t->band);
+  }
+  return NULL;
+}
+
+/* Runs the list's copies on up to `threads` threads (this one included), then empties it. */
+static void run_copies(copy_list *l, int threads) {
+  enum { MAX_COPY_THREADS = 64 };
+  pthread_t th[MAX_COPY_THREADS];
+  int started = 0;
+  atomic_store(&l->next, 0);
+  if (threads > MAX_COPY_THREADS) threads = MAX_COPY_THREADS;
+  for (int k = 1; k < threads && k < l->n; k++)
+    if (pthread_create(&th[started], NULL, copy_worker, l) == 0) started++;
+  copy_worker(l);
+  for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
+  l->n = 0;
+}
+
+/* The exchange's buffer (a round's send, then its receive part), grown to the largest round
+ * and kept: a fresh block is mapped anew and costs its page faults and zeroing every round
+ * (15 rounds of about 400 MB for dense-a on 2 ranks). */
+typedef struct {
+  float *buf;
+  int64_t n;
+  copy_list copies;
+  int threads;
+} xbufs;
+
+static float *grow(float **b, int64_t *have, int64_t want) {
+  if (want < 1) want = 1; /* a round with nothing to send still has a buffer */
+  if (want <= *have) return *b;
+  free(*b);
+  *b = malloc(sizeof(float) * (size_t)want);
+  *have = *b ? want : 0;
+  return *b;
+}
+
 /* Round k after its reads (read_rc: their result): copy own parts, pack, agree, exchange,
  * unpack, free the shards served. Both sides walk the round's items in the same order, so a
  * peer's items line up. ahead: the next round's shards are being read meanwhile (they count
  * as held). */
 static int exchange_round(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_request *reqs, int k, served *sv,
-                          int read_rc, int ahead, int64_t peak[2]) {
+                          xbufs *x, int read_rc, int ahead, int64_t peak[2]) {
   float **buf = sv->buf;
   const int W = p->W;
   int64_t *v = malloc(sizeof(int64_t) * 5 * (size_t)W);
@@ -449,7 +532,8 @@ static int exchange_round(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_c
   int64_t *sc = v, *sd = v + W, *rcn = v + 2 * W, *rd = v + 3 * W, *cur = v + 4 * W;
   if (rc == 0) {
     const int64_t ns = offsets(p, k, 1, sc, sd), nr = offsets(p, k, 0, rcn, rd);
-    send = malloc(sizeof(float) * (size_t)(ns + 1)), recv = malloc(sizeof(float) * (size_t)(nr + 1));
+    /* one element apart: never the same address, which MPI would take for one buffer */
+    send = grow(&x->buf, &x->n, ns + nr + 1), recv = send ? send + ns + 1 : NULL;
     int64_t held = 0; /* the shards this rank serves in this round, and those of the next being read */
     for (int u = 0; u < p->n_needs; u++)
       if (p->needs[u].reader == p->me && p->needs[u].first_round <= k + ahead && k <= p->needs[u].last_round)
@@ -466,12 +550,13 @@ static int exchange_round(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_c
     const mc_box sb = shard_box(mc_ckpt_shard_at(ck, p->needs[it->need].shard));
     const greq *g = &p->g[p->pieces[it->piece].req];
     if (it->dst != p->me) {
-      mc_box_copy(buf[it->need], &sb, send + cur[it->dst], &it->band, &it->band);
+      rc = add_copy(&x->copies, buf[it->need], &sb, send + cur[it->dst], &it->band, &it->band);
       cur[it->dst] += mc_box_numel(&it->band);
     } else if (buf[it->need] != reqs[g->local].out) {
-      mc_box_copy(buf[it->need], &sb, reqs[g->local].out, &g->box, &it->band);
+      rc = add_copy(&x->copies, buf[it->need], &sb, reqs[g->local].out, &g->box, &it->band);
     }
   }
+  run_copies(&x->copies, x->threads);
   if (mc_load_agree(world, rc == 0) != 0) rc = -1;
   if (rc == 0 && p->exchanges[k]) rc = mc_alltoallv(world, send, sc, sd, recv, rcn, rd, MC_DT_F32);
   if (rc == 0) memcpy(cur, rd, sizeof(int64_t) * (size_t)W);
@@ -479,12 +564,13 @@ static int exchange_round(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_c
     const item *it = &p->items[i];
     if (it->dst != p->me || it->src == p->me) continue;
     const greq *g = &p->g[p->pieces[it->piece].req];
-    mc_box_copy(recv + cur[it->src], &it->band, reqs[g->local].out, &g->box, &it->band);
+    rc = add_copy(&x->copies, recv + cur[it->src], &it->band, reqs[g->local].out, &g->box, &it->band);
     cur[it->src] += mc_box_numel(&it->band);
   }
+  run_copies(&x->copies, x->threads);
   for (int u = 0; u < p->n_needs; u++)
     if (p->needs[u].reader == p->me && p->needs[u].last_round == k) served_give(sv, u);
-  free(send), free(recv), free(v);
+  free(v);
   return rc;
 }
 
@@ -516,6 +602,7 @@ static void *ahead_main(void *arg) {
 static int execute(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_request *reqs, const mc_load_opts *o,
                    int64_t peak[2], double secs[2]) {
   served sv;
+  xbufs x = {.threads = mc_ckpt_io_threads(ck), .copies.task_bytes = o->copy_bytes};
   /* every rank goes through every round's agreement, so a failure anywhere ends all alike */
   int rc = mc_load_agree(world, served_open(&sv, p, o->round_bytes) == 0);
   double t = mc_now_s();
@@ -526,7 +613,7 @@ static int execute(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_req
     pthread_t th;
     const int ahead = !o->serial && read_rc == 0 && k + 1 < p->n_rounds && pthread_create(&th, NULL, ahead_main, &a) == 0;
     t = mc_now_s();
-    rc = exchange_round(ck, world, p, reqs, k, &sv, read_rc, ahead, peak);
+    rc = exchange_round(ck, world, p, reqs, k, &sv, &x, read_rc, ahead, peak);
     secs[1] += mc_now_s() - t;
     t = mc_now_s();
     if (ahead) {
@@ -538,6 +625,7 @@ static int execute(mc_ckpt *ck, mc_comm *world, const plan *p, const mc_ckpt_req
     secs[0] += mc_now_s() - t;
   }
   served_close(&sv, p);
+  free(x.buf), free(x.copies.t);
   return rc;
 }
 
@@ -569,6 +657,7 @@ int mc_load_shared(mc_ckpt *ck, mc_comm *world, const mc_ckpt_request *reqs, int
   if (opts) o = *opts;
   else mc_load_opts_default(&o);
   if (o.round_bytes <= 0) o.round_bytes = MC_LOAD_ROUND_BYTES;
+  if (o.copy_bytes <= 0) o.copy_bytes = MC_LOAD_COPY_BYTES;
   plan p;
   memset(&p, 0, sizeof p);
   p.W = world ? world->size : 1;

@@ -11,9 +11,9 @@
  * in the whole job, where every rank reading its own boxes would read a shard once per rank
  * that needs it (ZeRO 0 replicas, load-time resharding).
  *
- * Memory: in one round a rank holds at most round_bytes of exchange buffers (what it sends
- * plus what it receives; one dim-0 row of a piece is never split, so a row larger than that
- * goes alone) and at most round_bytes of shards it has read and still serves, except that a
+ * Memory: in one round a rank holds at most round_bytes of exchange buffer (what it sends
+ * plus what it receives, in one block kept from round to round at the largest round's size;
+ * one dim-0 row of a piece is never split, so a row larger than that goes alone) and at most round_bytes of shards it has read and still serves, except that a
  * shard larger than that is held alone, whole (its SHA-256 covers it whole); with the next
  * round read meanwhile, the shards of two rounds: at most twice that. Buffers of shards
  * served are kept for later rounds' shards of about their size (a fresh large block costs its
@@ -38,8 +38,13 @@
 /* The default bound of a round (see above): 256 MiB. */
 #define MC_LOAD_ROUND_BYTES (256LL << 20)
 
+/* The default size of one task of a round's copies (packing, unpacking; spread over the
+ * checkpoint's io_threads threads): 4 MiB. */
+#define MC_LOAD_COPY_BYTES (4LL << 20)
+
 typedef struct {
   int64_t round_bytes; /* the bound of a round; <= 0: MC_LOAD_ROUND_BYTES (tests pass small ones) */
+  int64_t copy_bytes;  /* the size of a copy task (cut by rows); <= 0: MC_LOAD_COPY_BYTES (tests pass small ones) */
   int per_rank;        /* 1: every rank reads its own requests (for comparisons and figures) */
   int serial;          /* 1: each round's reads wait for the exchange before (for comparisons) */
 } mc_load_opts;

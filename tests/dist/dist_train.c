@@ -424,7 +424,8 @@ static int save_ckpt(const setup *S, trainee *e, const mc_comm_groups *grp, cons
 }
 
 /* Loads the checkpoint at `dir` into a (each rank reading its own boxes) and b (shared load,
- * rounds of round_bytes, the next round read during each exchange) through two handles, so
+ * rounds of round_bytes, the next round read during each exchange, copies in tasks of 256
+ * bytes) through two handles, so
  * each load reads and hashes for itself; checks the states bitwise and the bytes read; then
  * the shared load with serial rounds into a through a third handle, bitwise equal again. */
 static int load_both(const setup *S, trainee *a, trainee *b, const char *dir, int64_t round_bytes, int replicas, int rank) {
@@ -438,6 +439,7 @@ static int load_both(const setup *S, trainee *a, trainee *b, const char *dir, in
   mc_load_opts_default(&oa);
   mc_load_opts_default(&ob);
   oa.per_rank = 1, ob.round_bytes = round_bytes;
+  ob.copy_bytes = 256; /* a few rows per copy task: the bands are cut and copied on several threads */
   mc_load_stats sa, sb;
   if (rc == 0) rc = mc_dist_load(&a->d, ka, &oa, &sa) || mc_dist_load(&b->d, kb, &ob, &sb);
   CHECK(rc == 0, "rank %d: loading %s: %s", rank, dir, mc_errmsg());
