@@ -41,7 +41,8 @@ typedef struct {
    * recv_counts / recv_displs [j * n_seg + k]. Segment k of what i sends j has the length of
    * segment k of what j receives from i (empty segments move nothing). n_seg = 1 is MPI's
    * alltoallv; more segments scatter the rows where the receiver wants them (the expert-major
-   * order of train/dist_ep.c) without a staging copy. */
+   * order of train/dist_ep.c) without a staging copy. send and recv are different buffers
+   * (MPI's rule: Open MPI hung on one address even with nothing to send; refused by name). */
   int (*alltoallv)(mc_comm *c, const void *send, int n_seg, const int64_t *send_counts, const int64_t *send_displs,
                    void *recv, const int64_t *recv_counts, const int64_t *recv_displs, mc_dtype t);
   int (*send)(mc_comm *c, const void *buf, int64_t count, mc_dtype t, int peer, int tag);
@@ -146,14 +147,15 @@ static inline int mc_allgather_seg(mc_comm *c, const void *s, int n_seg, void *r
 static inline int mc_allgather(mc_comm *c, const void *s, void *r, const int64_t *counts, mc_dtype t) {
   return mc_allgather_seg(c, s, 1, r, counts, t);
 }
-static inline int mc_alltoallv(mc_comm *c, const void *s, const int64_t *sc, const int64_t *sd, void *r, const int64_t *rc,
-                               const int64_t *rd, mc_dtype t) {
-  MC_COMM_TIMED(c, c->ops->alltoallv(c, s, 1, sc, sd, r, rc, rd, t));
-}
 static inline int mc_alltoallv_seg(mc_comm *c, const void *s, int n_seg, const int64_t *sc, const int64_t *sd, void *r,
                                    const int64_t *rc, const int64_t *rd, mc_dtype t) {
   if (n_seg < 1) return mc_error("alltoallv on the %s group: %d segments per member", c->label, n_seg);
+  if (s && s == r) return mc_error("alltoallv on the %s group: send and receive are one buffer", c->label);
   MC_COMM_TIMED(c, c->ops->alltoallv(c, s, n_seg, sc, sd, r, rc, rd, t));
+}
+static inline int mc_alltoallv(mc_comm *c, const void *s, const int64_t *sc, const int64_t *sd, void *r, const int64_t *rc,
+                               const int64_t *rd, mc_dtype t) {
+  return mc_alltoallv_seg(c, s, 1, sc, sd, r, rc, rd, t);
 }
 static inline int mc_send(mc_comm *c, const void *b, int64_t n, mc_dtype t, int peer, int tag) { MC_COMM_TIMED(c, c->ops->send(c, b, n, t, peer, tag)); }
 static inline int mc_recv(mc_comm *c, void *b, int64_t n, mc_dtype t, int peer, int tag) { MC_COMM_TIMED(c, c->ops->recv(c, b, n, t, peer, tag)); }

@@ -102,6 +102,8 @@ static void check_collectives(mc_comm *c) {
   CHECK(gaps_ok, "%s alltoallv segments wrote between segments", c->label);
   CHECK(mc_alltoallv_seg(c, sb, 0, ssc, ssd, rb, src, srd, MC_DT_I32) != 0 && strstr(mc_errmsg(), "0 segments"),
         "%s alltoallv with 0 segments: %s", c->label, mc_errmsg());
+  CHECK(mc_alltoallv(c, sb, ssc, ssd, sb, src, srd, MC_DT_I32) != 0 && strstr(mc_errmsg(), "one buffer"),
+        "%s alltoallv with send = receive: %s", c->label, mc_errmsg());
   /* segmented gather and reduce-scatter (the SP layout): member i's segment k is L elements
    * 1000 * i + 10 * k + j; block k of the member-ordered buffer holds segment k of every member */
   {
