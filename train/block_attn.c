@@ -45,13 +45,11 @@ static int attn_backward(struct mc_net *net, mc_layer *L, int n_seq, const float
   be->rope_bwd(be, mc_f32(g[MC_A_DQ]), mc_scratch_grad(net, L, MC_A_DQP, nq), n, T, H, hd, m->rope_theta);
   be->rope_bwd(be, mc_f32(g[MC_A_DK]), mc_scratch_grad(net, L, MC_A_DKP, nkv), n, T, KV, hd, m->rope_theta);
   const mc_operand dv = mc_scratch_bf16(L, MC_A_DV16) ? mc_to16(be, g[MC_A_DV], (mc_bf16 *)g[MC_A_DV16], nkv) : mc_f32(g[MC_A_DV]);
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WQ), mc_scratch_in(net, L, MC_A_DQP), n, d, H * hd, mc_o32(du), 0.0f,
-                mc_g(net, L, MC_ROLE_ATTN_WQ));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WK), mc_scratch_in(net, L, MC_A_DKP), n, d, KV * hd, mc_o32(du), 1.0f,
-                mc_g(net, L, MC_ROLE_ATTN_WK));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_ATTN_WV), dv, n, d, KV * hd, mc_o32(du), 1.0f,
-                mc_g(net, L, MC_ROLE_ATTN_WV));
-  return 0;
+  const mc_in_proj in[] = {
+      {mc_wm(net, L, MC_ROLE_ATTN_WQ), mc_scratch_in(net, L, MC_A_DQP), H * hd, mc_g(net, L, MC_ROLE_ATTN_WQ)},
+      {mc_wm(net, L, MC_ROLE_ATTN_WK), mc_scratch_in(net, L, MC_A_DKP), KV * hd, mc_g(net, L, MC_ROLE_ATTN_WK)},
+      {mc_wm(net, L, MC_ROLE_ATTN_WV), dv, KV * hd, mc_g(net, L, MC_ROLE_ATTN_WV)}};
+  return mc_in_projs_bwd(net, L, in, 3, n, du);
 }
 
 const mc_block_ops mc_block_attn = {'A', attn_forward, attn_backward, attn_core};

@@ -79,13 +79,13 @@ static int mamba_backward(struct mc_net *net, mc_layer *L, int n_seq, const floa
   conv_silu_bwd(net, L, n_seq, di, f[MC_M_XR], g[MC_M_DXC], MC_M_DXR, MC_ROLE_SSM_CONVX_W, MC_ROLE_SSM_CONVX_B);
   conv_silu_bwd(net, L, n_seq, N, f[MC_M_BR], g[MC_M_DBC], MC_M_DBR, MC_ROLE_SSM_CONVB_W, MC_ROLE_SSM_CONVB_B);
   conv_silu_bwd(net, L, n_seq, N, f[MC_M_CR], g[MC_M_DCC], MC_M_DCR, MC_ROLE_SSM_CONVC_W, MC_ROLE_SSM_CONVC_B);
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WZ), mc_scratch_in(net, L, MC_M_DZ), n, d, di, mc_o32(du), 0.0f,
-                mc_g(net, L, MC_ROLE_SSM_WZ));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WX), mc_scratch_in(net, L, MC_M_DXR), n, d, di, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WX));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WB), mc_scratch_in(net, L, MC_M_DBR), n, d, N, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WB));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WC), mc_scratch_in(net, L, MC_M_DCR), n, d, N, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WC));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_SSM_WDT), mc_f32(g[MC_M_DDTP]), n, d, hm, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_SSM_WDT));
-  return 0;
+  const mc_in_proj in[] = {
+      {mc_wm(net, L, MC_ROLE_SSM_WZ), mc_scratch_in(net, L, MC_M_DZ), di, mc_g(net, L, MC_ROLE_SSM_WZ)},
+      {mc_wm(net, L, MC_ROLE_SSM_WX), mc_scratch_in(net, L, MC_M_DXR), di, mc_g(net, L, MC_ROLE_SSM_WX)},
+      {mc_wm(net, L, MC_ROLE_SSM_WB), mc_scratch_in(net, L, MC_M_DBR), N, mc_g(net, L, MC_ROLE_SSM_WB)},
+      {mc_wm(net, L, MC_ROLE_SSM_WC), mc_scratch_in(net, L, MC_M_DCR), N, mc_g(net, L, MC_ROLE_SSM_WC)},
+      {mc_wm(net, L, MC_ROLE_SSM_WDT), mc_f32(g[MC_M_DDTP]), hm, mc_g(net, L, MC_ROLE_SSM_WDT)}};
+  return mc_in_projs_bwd(net, L, in, 5, n, du);
 }
 
 const mc_block_ops mc_block_mamba = {'M', mamba_forward, mamba_backward, mamba_inner};

@@ -56,13 +56,12 @@ static int rec_backward(struct mc_net *net, mc_layer *L, int n_seq, const float 
   be->act_bwd(be, MC_ACT_SIGMOID, f[MC_R_RP], g[MC_R_DR], mc_zeroed(be, g[MC_R_DRP], nd), nd);
   be->bias_bwd(be, g[MC_R_DRP], n, dr, mc_g(net, L, MC_ROLE_REC_BR));
   be->bias_bwd(be, g[MC_R_DIP], n, dr, mc_g(net, L, MC_ROLE_REC_BI));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WX), mc_scratch_in(net, L, MC_R_DXB), n, d, dr, mc_o32(du), 0.0f,
-                mc_g(net, L, MC_ROLE_REC_WX));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WGATE), mc_scratch_in(net, L, MC_R_DGP), n, d, dr, mc_o32(du), 1.0f,
-                mc_g(net, L, MC_ROLE_REC_WGATE));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WR), mc_f32(g[MC_R_DRP]), n, d, dr, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_REC_WR));
-  mc_linear_bwd(be, mc_uin(L), mc_wm(net, L, MC_ROLE_REC_WI), mc_f32(g[MC_R_DIP]), n, d, dr, mc_o32(du), 1.0f, mc_g(net, L, MC_ROLE_REC_WI));
-  return 0;
+  const mc_in_proj in[] = {
+      {mc_wm(net, L, MC_ROLE_REC_WX), mc_scratch_in(net, L, MC_R_DXB), dr, mc_g(net, L, MC_ROLE_REC_WX)},
+      {mc_wm(net, L, MC_ROLE_REC_WGATE), mc_scratch_in(net, L, MC_R_DGP), dr, mc_g(net, L, MC_ROLE_REC_WGATE)},
+      {mc_wm(net, L, MC_ROLE_REC_WR), mc_f32(g[MC_R_DRP]), dr, mc_g(net, L, MC_ROLE_REC_WR)},
+      {mc_wm(net, L, MC_ROLE_REC_WI), mc_f32(g[MC_R_DIP]), dr, mc_g(net, L, MC_ROLE_REC_WI)}};
+  return mc_in_projs_bwd(net, L, in, 4, n, du);
 }
 
 const mc_block_ops mc_block_rec = {'R', rec_forward, rec_backward, rec_inner};

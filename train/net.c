@@ -598,26 +598,68 @@ static block_rows rows_of(const mc_net *net, const mc_layer *l) {
   return par->sp && par->moe_T != par->T_res ? ROWS_GATHERED : ROWS_LOCAL;
 }
 
+/* Rows [n_seq * T, d] that are partial over TP, summed: under SP reduce-scattered into the
+ * shard par->ush, else all-reduced in place. Returns the summed residual rows, or NULL. With
+ * a ticket the sum runs on the side queue (comm/comm.h) and *ticket is what to wait for. */
+static float *tp_sum(mc_net *net, float *full, int n_seq, int *ticket) {
+  mc_net_par *par = &net->par;
+  mc_comm *g = par->comm->tp;
+  const int d = net->m.d_model;
+  if (ticket && mc_comm_side_begin(g)) return NULL;
+  const int rc = par->sp ? mc_sp_reduce_scatter(par, net->be, full, par->ush, n_seq, d)
+                         : mc_tp_allreduce(par, net->be, full, (int64_t)n_seq * net->m.seq_len * d);
+  if (ticket && (mc_comm_side_end(g, ticket) || rc)) return NULL;
+  return rc ? NULL : par->sp ? par->ush : full;
+}
+
 /* Runs a block's forward into out (dy NULL; out NULL: the saved buffers only) or its
  * backward from the output gradient dy into net->du (seq_weight scales the aux loss). Under
  * SP the layer keeps only its shard of the normed input; a block that needs whole sequences
  * sees them all-gathered into a shared buffer for the call, before the forward and again
- * before the backward (so only shards are kept per layer). */
+ * for the backward (so only shards are kept per layer). A split block's backward reads them
+ * only in its weight products (mc_in_projs_bwd), so there the gather runs on the side queue
+ * under the block's earlier work, and the layer's u is NULL until those products wait for it. */
 static int with_whole_input(mc_net *net, mc_layer *l, int n_seq, block_rows how, const float *dy, double seq_weight,
                             float *out) {
   float *shard = l->u;
   mc_bf16 *shard16 = l->u16; /* under mc_act16 a block whose u feeds only products has it in bf16 */
   if (net->par.sp && how != ROWS_LOCAL) {
-    if (mc_sp_gather(&net->par, net->be, shard16 ? (const void *)shard16 : shard, net->par.ufull, n_seq,
-                     net->m.d_model, shard16 != NULL))
-      return -1;
+    const int side = dy && how == ROWS_SPLIT;
+    mc_comm *g = net->par.comm->tp;
+    int rc = side && mc_comm_side_begin(g);
+    rc = rc || mc_sp_gather(&net->par, net->be, shard16 ? (const void *)shard16 : shard, net->par.ufull, n_seq,
+                            net->m.d_model, shard16 != NULL);
+    if (side && (mc_comm_side_end(g, &net->u_side.ticket) || rc)) return -1;
+    if (rc) return -1;
     if (shard16) l->u16 = (mc_bf16 *)net->par.ufull;
     else l->u = net->par.ufull;
+    if (side) {
+      net->u_side.pending = 1, net->u_side.u = l->u, net->u_side.u16 = l->u16;
+      l->u = NULL, l->u16 = NULL;
+    }
   }
   int rc = !dy ? block_ops(l->kind)->forward(net, l, n_seq, out)
                : block_ops(l->kind)->backward(net, l, n_seq, dy, net->du, seq_weight);
+  if (!rc && net->u_side.pending) rc = mc_error("layer %c's backward never read its input (mc_in_projs_bwd)", l->kind);
+  net->u_side.pending = 0;
   l->u = shard, l->u16 = shard16;
   return rc;
+}
+
+int mc_in_projs_bwd(mc_net *net, mc_layer *L, const mc_in_proj *p, int k, int n, float *du) {
+  mc_backend *be = net->be;
+  const int d = net->m.d_model;
+  for (int i = 0; i < k; i++) mc_linear_bwd_x(be, p[i].W, p[i].dp, n, d, p[i].out, mc_o32(du), i ? 1.0f : 0.0f);
+  if (net->du_sum.wanted && !net->du_sum.started) {
+    if (!tp_sum(net, du, net->du_sum.n_seq, &net->du_sum.ticket)) return -1;
+    net->du_sum.started = 1;
+  }
+  if (net->u_side.pending) {
+    if (mc_comm_side_wait(net->par.comm->tp, net->u_side.ticket)) return -1;
+    L->u = net->u_side.u, L->u16 = net->u_side.u16, net->u_side.pending = 0;
+  }
+  for (int i = 0; i < k; i++) mc_linear_bwd_w(be, mc_uin(L), p[i].dp, n, d, p[i].out, p[i].dW);
+  return 0;
 }
 
 /* The profiler's label (mc_backend.scope) of a block kind's forward or backward. */
@@ -641,16 +683,10 @@ static int block_forward(mc_net *net, mc_layer *l, int n_seq) {
   if (how == ROWS_LOCAL) return block_ops(l->kind)->forward(net, l, n_seq, net->x);
   be->fill(be, net->y, (int64_t)n * d, 0.0f);
   if (with_whole_input(net, l, n_seq, how, NULL, 0.0, net->y)) return -1;
-  if (how == ROWS_GATHERED) {
-    mc_sp_take(par, be, net->y, par->ush, n_seq, d);
-    be->axpy(be, net->x, par->ush, (int64_t)nl * d, 1.0f);
-  } else if (how == ROWS_SPLIT && par->sp) {
-    if (mc_sp_reduce_scatter(par, be, net->y, par->ush, n_seq, d)) return -1;
-    be->axpy(be, net->x, par->ush, (int64_t)nl * d, 1.0f);
-  } else { /* split over TP without SP: the partial outputs summed */
-    if (mc_tp_allreduce(par, be, net->y, (int64_t)n * d)) return -1;
-    be->axpy(be, net->x, net->y, (int64_t)nl * d, 1.0f);
-  }
+  const float *sum = par->ush;
+  if (how == ROWS_GATHERED) mc_sp_take(par, be, net->y, par->ush, n_seq, d);
+  else if (!(sum = tp_sum(net, net->y, n_seq, NULL))) return -1; /* a split block's partial outputs */
+  be->axpy(be, net->x, sum, (int64_t)nl * d, 1.0f);
   return 0;
 }
 
@@ -802,7 +838,7 @@ int mc_net_stage_forward(mc_net *net, const int32_t *tokens, int n_seq, mc_net_s
 static int block_backward(mc_net *net, mc_layer *l, int n_seq, double seq_weight) {
   mc_backend *be = net->be;
   const mc_net_par *par = &net->par;
-  const int d = net->m.d_model, n = n_seq * net->m.seq_len, nl = n_seq * par->T_res;
+  const int d = net->m.d_model, nl = n_seq * par->T_res;
   const block_rows how = rows_of(net, l);
   const float *dy = net->dx;
   float *du_res = net->du; /* the normed input's gradient, residual rows */
@@ -820,13 +856,17 @@ static int block_backward(mc_net *net, mc_layer *l, int n_seq, double seq_weight
     if (mc_sp_gather(par, be, net->dx, net->full, n_seq, d, 0)) return -1;
     dy = net->full;
   }
+  /* a split block's input gradient is summed over TP on the side queue once formed
+   * (mc_in_projs_bwd), beside its weight products */
+  net->du_sum.wanted = how == ROWS_SPLIT, net->du_sum.started = 0, net->du_sum.ticket = -1, net->du_sum.n_seq = n_seq;
   const int rc = with_whole_input(net, l, n_seq, how, dy, seq_weight, NULL);
-  net->dy_in_y = 0;
+  const int started = net->du_sum.started;
+  net->dy_in_y = 0, net->du_sum.wanted = 0, net->du_sum.started = 0;
   if (rc) return -1;
-  if (par->sp && how != ROWS_LOCAL) {
-    if (mc_sp_reduce_scatter(par, be, net->du, par->ush, n_seq, d)) return -1;
-    du_res = par->ush;
-  } else if (how == ROWS_SPLIT && mc_tp_allreduce(par, be, net->du, (int64_t)n * d)) {
+  if (started) {
+    if (mc_comm_side_wait(par->comm->tp, net->du_sum.ticket)) return -1;
+    du_res = par->sp ? par->ush : net->du;
+  } else if (how != ROWS_LOCAL && !(du_res = tp_sum(net, net->du, n_seq, NULL))) {
     return -1;
   }
   be->rmsnorm_bwd(be, l->x_in, mc_w(net, l, MC_ROLE_NORM), l->rstd, du_res, nl, d, d, net->dx, mc_g(net, l, MC_ROLE_NORM));
@@ -868,14 +908,12 @@ static int head_backward(mc_net *net, int n_seq, double ce_weight) {
   /* d(hf): full rows, partial over TP (the head is vocab-parallel) */
   float *dh = net->full, *dh_res = net->full;
   const mc_operand dlg = mc_netbuf_in(net, MC_NB_DLOGITS, net->dlogits);
-  mc_linear_bwd(be, hf_in(net), mc_param_mat(&net->params[net->fam_head]), dlg, n, d, Vp, mc_o32(dh), 0.0f,
-                net->params[net->fam_head].g);
-  if (par->sp) {
-    if (mc_sp_reduce_scatter(par, be, dh, par->ush, n_seq, d)) return -1;
-    dh_res = par->ush;
-  } else if (mc_tp_allreduce(par, be, dh, (int64_t)n * d)) {
-    return -1;
-  }
+  /* the input gradient first: its sum over TP runs on the side queue beside the weight product */
+  mc_linear_bwd_x(be, mc_param_mat(&net->params[net->fam_head]), dlg, n, d, Vp, mc_o32(dh), 0.0f);
+  int ticket = -1;
+  if (par->tp > 1 && !(dh_res = tp_sum(net, dh, n_seq, &ticket))) return -1;
+  mc_linear_bwd_w(be, hf_in(net), dlg, n, d, Vp, net->params[net->fam_head].g);
+  if (par->tp > 1 && mc_comm_side_wait(par->comm->tp, ticket)) return -1;
   /* final norm: its input is the last residual state, still in net->x */
   be->fill(be, net->dx, (int64_t)nl * d, 0.0f);
   be->rmsnorm_bwd(be, net->x, net->params[net->fam_final_norm].w, net->rstd_f, dh_res, nl, d, d, net->dx,

@@ -122,6 +122,13 @@ struct mc_net {
                           the bf16 copy of a block's output gradient (mc_dy_in, backward) */
   int dy_in_y;         /* set around a block's backward when its output gradient is already
                           in y as bf16 (SP gathered it so): mc_dy_in reads it there */
+  /* A split block's backward under TP (train/net.c, mc_in_projs_bwd): its input gradient's sum
+   * over the group is started on the side queue once the input products have formed it
+   * (du_sum: wanted, started, ticket), and under SP the gather of its whole normed input runs
+   * on the side queue from the block's start (u_side: pending, ticket, where it lands), the
+   * layer's u and u16 being NULL until the weight products wait for it. */
+  struct { int wanted, started, ticket, n_seq; } du_sum;
+  struct { int pending, ticket; float *u; mc_bf16 *u16; } u_side;
   float *full;         /* [n, d] whole rows: the final norm output's gradient; under TP also
                           gathered or to-be-scattered rows */
   float *dlogits;      /* [n, Vpl] */
@@ -203,13 +210,36 @@ static inline void mc_linear_fwd(mc_backend *be, mc_operand u, mc_operand W, int
   mc_gemm_m(be, 0, 1, n, out, in, 1.0f, u, in, W, in, beta, y, out);
 }
 
-/* dW[out, in] += dy^T u;  du[n, in] = dy W + du_beta * du, du as stored (du_beta 0 for the
- * first contribution to du, 1 to add; a bf16 du takes 0). */
-static inline void mc_linear_bwd(mc_backend *be, mc_operand u, mc_operand W, mc_operand dy, int n, int in, int out,
-                                 mc_dst du, float du_beta, float *dW) {
+/* dW[out, in] += dy^T u */
+static inline void mc_linear_bwd_w(mc_backend *be, mc_operand u, mc_operand dy, int n, int in, int out, float *dW) {
   mc_gemm_m(be, 1, 0, out, in, n, 1.0f, dy, out, u, in, 1.0f, mc_o32(dW), in);
+}
+/* du[n, in] = dy W + du_beta * du, du as stored (du_beta 0 for the first contribution to du,
+ * 1 to add; a bf16 du takes 0) */
+static inline void mc_linear_bwd_x(mc_backend *be, mc_operand W, mc_operand dy, int n, int in, int out, mc_dst du,
+                                   float du_beta) {
   mc_gemm_m(be, 0, 0, n, in, out, 1.0f, dy, out, W, in, du_beta, du, in);
 }
+/* Both: dW[out, in] += dy^T u;  du[n, in] = dy W + du_beta * du. */
+static inline void mc_linear_bwd(mc_backend *be, mc_operand u, mc_operand W, mc_operand dy, int n, int in, int out,
+                                 mc_dst du, float du_beta, float *dW) {
+  mc_linear_bwd_w(be, u, dy, n, in, out, dW);
+  mc_linear_bwd_x(be, W, dy, n, in, out, du, du_beta);
+}
+
+/* One input projection of a column-parallel block (A, M, R): p = u W^T [n, out] from the
+ * block's normed input u [n, d]; dp its output gradient, as the block formed it. */
+typedef struct {
+  mc_operand W, dp;
+  int out;
+  float *dW;
+} mc_in_proj;
+/* The backward of a block's input projections, in list order: du = sum_i dp_i W_i (fp32),
+ * then dW_i += dp_i^T u. The input gradient is finished first so that under TP its sum over
+ * the group runs on the side queue beside the weight products, and under SP those products
+ * are the only readers of the whole input u, gathered on the side queue meanwhile
+ * (train/net.c). The values are those of mc_linear_bwd on each projection in turn. */
+int mc_in_projs_bwd(struct mc_net *net, mc_layer *L, const mc_in_proj *p, int k, int n, float *du);
 
 /* A block's output gradient as its products read it: under mc_act16 rounded once into the
  * free net->y (used as the TP partial output only) for blocks that multiply it twice. */
