@@ -94,6 +94,11 @@ print("%-10s %-5s %10.2f %9.4f %22s %10.1f%% / %8.1f%% %16s" % (cfg, tag, size /
 for s in sorted(pause):  # where the excess sits: the first steps after each save, in ms
     print("#   after the save at step %d: steps %s ms (steady %.1f)" % (s, " ".join(
         "%d:%.1f" % (k, 1e3 * dt[k]) for k in range(s + 1, s + 6) if k in dt), 1e3 * steady))
+# each async save's time from its call to its durable commit (metrics.jsonl's save_s) and the
+# rate it wrote the checkpoint's bytes at
+for c in (json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))):
+    if "checkpoint" in c and c.get("save_s", 0) > 0:
+        print("#   save at step %d: %.2f s call to commit, %.2f GB/s" % (c["checkpoint"], c["save_s"], size / 1e9 / c["save_s"]))
 PY
   # RESUME=1: the run's last checkpoint loaded by a new mctrain with its pages dropped first
   # (verified, as the trainer's default), its load time as mctrain reports it
