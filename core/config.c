@@ -143,7 +143,8 @@ static const cfg_key k_keys[] = {
     BOOL_KEY("checkpoint", "verify", checkpoint.verify, "Hash-verify every read."),
     INT_KEY("checkpoint", "io_threads", checkpoint.io_threads, 0, 256, NULL,
             "Threads for hashing and I/O, per rank; 0 = the host's online cores divided among the job's ranks on it "
-            "(LOCAL_WORLD_SIZE, or OMPI_COMM_WORLD_LOCAL_SIZE under mpirun), at least 2 and at most 16 (docs/checkpoint.md, Threads)."),
+            "(LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE or SLURM_STEP_TASKS_PER_NODE), at least 2 and at most 16 "
+            "(docs/checkpoint.md, Threads)."),
     ENUM_KEY("checkpoint", "compress", checkpoint.compress, "none|deflate",
              "Rank-file datasets: none stores them contiguous; deflate stores them in chunks of whole rows through "
              "HDF5's shuffle and deflate (zlib level 1) filters. Hashes stay over the raw fp32 bytes; readers accept "

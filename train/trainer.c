@@ -185,9 +185,11 @@ static int resumable(const mc_config *cfg, const mc_geometry *geo, mc_ckpt *ck, 
  * (results/bench/ckpt_stall_threads_2026-11-28.txt). */
 static int ckpt_io_threads(const mc_config *cfg) {
   if (cfg->checkpoint.io_threads > 0) return cfg->checkpoint.io_threads;
-  const char *names[2] = {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"};
+  /* ranks on this host: torchrun and mctrain --nproc-per-node, mpirun, srun ("4(x2)": the
+   * first node's count) */
+  const char *names[3] = {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_STEP_TASKS_PER_NODE"};
   long local = 1;
-  for (int i = 0; i < 2 && local == 1; i++) {
+  for (int i = 0; i < 3 && local == 1; i++) {
     const char *v = getenv(names[i]);
     const long n = v ? strtol(v, NULL, 10) : 0;
     if (n > 1) local = n;

@@ -57,8 +57,16 @@ resume)
   "$B/mctrain" "${common[@]}" --set checkpoint.dir=b --until 6 > b1.log 2>&1 || { cat b1.log; die "first half failed"; }
   [ -d b/step_6 ] || die "--until 6 did not leave b/step_6"
   [ ! -d b/step_8 ] || die "--until 6 ran past step 6"
-  "$B/mctrain" "${common[@]}" --set checkpoint.dir=b --resume latest > b2.log 2>&1 || { cat b2.log; die "resume failed"; }
+  # the second half on 5 I/O threads (the values do not depend on them)
+  "$B/mctrain" "${common[@]}" --set checkpoint.dir=b --set checkpoint.io_threads=5 --resume latest > b2.log 2>&1 \
+    || { cat b2.log; die "resume failed"; }
   grep -q "resumed from .*step_6 at step 6" b2.log || die "resume did not start at step 6"
+  # checkpoint.io_threads 0 (the default): the host's cores over its ranks, 2 to 16
+  n=$(getconf _NPROCESSORS_ONLN); n=$((n < 2 ? 2 : n > 16 ? 16 : n))
+  grep -q "(I/O on $n threads)" a.log || die "default io_threads on $(getconf _NPROCESSORS_ONLN) cores: $(grep -o '(I/O on [0-9]* threads)' a.log), want $n"
+  grep -q "(I/O on 5 threads)" b2.log || die "checkpoint.io_threads=5: $(grep -o '(I/O on [0-9]* threads)' b2.log)"
+  LOCAL_WORLD_SIZE=100000 "$B/mctrain" "${common[@]}" --set checkpoint.dir=c --until 1 > c.log 2>&1 || { cat c.log; die "run with LOCAL_WORLD_SIZE failed"; }
+  grep -q "(I/O on 2 threads)" c.log || die "100000 ranks a host: $(grep -o '(I/O on [0-9]* threads)' c.log), want 2"
   for s in $(seq 1 12); do
     for k in loss aux_loss grad_norm lr; do
       x=$(field a/metrics.jsonl $k $s); y=$(field b/metrics.jsonl $k $s)
