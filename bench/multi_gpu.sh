@@ -20,7 +20,7 @@
 # Usage (repository root, on the GPU machine): OUT=DIR MEGAC_BIN=DIR [CONFIG=configs/nam-small.json]
 #   [LAYOUTS=small|medium|zero|tp] [SAVES=1] [SPLIT=0] [FROM=4] [UNTIL=10] [MC_COMMIT=SHA] bash bench/multi_gpu.sh
 # LAYOUTS=tp runs one GPU and the tensor-parallel rows only: tp2, tp2+sp, tp2+sp x ep2 (2 GPUs),
-# tp2 x dp2, tp2 x pp2 (4 GPUs).
+# tp2 x dp2, tp2+sp x dp2, tp2 x pp2 (4 GPUs).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:?}
@@ -130,6 +130,7 @@ if [ "$LAYOUTS" = tp ]; then # tensor parallelism alone and with SP, EP, DP and 
   run tp2_sp 2 1 --set parallel.tp=2 --set parallel.sp=true
   run tp2_sp_ep2 2 1 --set parallel.tp=2 --set parallel.sp=true --set parallel.ep=2
   run tp2_dp2 4 2 --set parallel.tp=2
+  run tp2_sp_dp2 4 2 --set parallel.tp=2 --set parallel.sp=true
   run tp2_pp2 4 1 --set parallel.tp=2 --set parallel.pp=2 --set parallel.pp_split=weighted
   exit 0
 fi
