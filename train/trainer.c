@@ -179,10 +179,10 @@ static int resumable(const mc_config *cfg, const mc_geometry *geo, mc_ckpt *ck, 
 }
 
 /* checkpoint.io_threads, with 0 resolved: the host's online cores divided among the job's
- * ranks on it, 2 to 16. On a 16-core host with one rank, the trainer's async saves wrote at
- * 0.72-0.94 GB/s on 2 threads, 1.23-1.68 on 8 and 1.67-1.96 on 16 against a 1.34 GB/s raw
- * direct write, the steps beside them within 1.4-5.9% of steady throughout
- * (results/bench/ckpt_stall_threads_2026-11-28.txt). */
+ * ranks on it, 2 to 16. With one rank on a host, the trainer's async saves wrote at 0.72-0.94
+ * GB/s on 2 threads and 1.67-1.96 on 16 (16 cores), 1.23-1.68 on 8 (32 cores), against a
+ * 1.34-1.35 GB/s raw direct write, the steps beside them within 1.4-5.9% of steady throughout
+ * (docs/checkpoint.md, Threads). */
 static int ckpt_io_threads(const mc_config *cfg) {
   if (cfg->checkpoint.io_threads > 0) return cfg->checkpoint.io_threads;
   /* ranks on this host: torchrun and mctrain --nproc-per-node, mpirun, srun ("4(x2)": the
