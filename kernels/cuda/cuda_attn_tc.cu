@@ -1,34 +1,33 @@
 /* Causal GQA attention on bf16 tensor cores, for the bf16 instance (mc_backend_cuda_bf16),
  * head_dim 64 or 128; cuda_attn.cu dispatches here and keeps its fp32 kernels for the rest.
- * FlashAttention-2 structure with mma.sync m16n8k16 (bf16 operands, fp32 accumulation),
- * operands read from shared memory by ldmatrix, tiles brought in by cp.async (the next tile
- * loads during a tile's products; one barrier per tile), in an XOR-swizzled layout (16-byte
- * chunk c of row r sits at c ^ (r & 7)) so that ldmatrix's eight row reads hit eight
- * different bank groups.
- * - Forward: a block owns 128 query rows of one head and walks the key/value tiles up to its
- *   diagonal. head_dim 64: 8 warps of 16 rows (q fragments kept in registers), 64-key tiles;
- *   head_dim 128: 4 warps of 32 rows (two m16 tiles sharing every k and v fragment, q read
- *   from shared memory), 64-key tiles. Online softmax in fp32 (exp2 with the scale folded
+ * FlashAttention-2's structure on Hopper's warpgroup products (wgmma, kernels/cuda/cuda_wgmma.h:
+ * bf16 operands, fp32 accumulation): each warpgroup of 4 warps owns 64 rows of a tile, its
+ * products read their shared operands from shared memory once per warpgroup (mma.sync read
+ * them once per warp), and probabilities and score gradients feed the next product from
+ * registers. Tiles come in by cp.async in the 128-byte-swizzled "halves" layout the products
+ * read (the next tile loads during a tile's products; one barrier per tile).
+ * - Forward: a block of FW_WG warpgroups owns 64 FW_WG query rows of one head and walks the
+ *   key/value tiles up to its diagonal. Online softmax in fp32 (exp2 with the scale folded
  *   in), probabilities rounded to bf16 for the P V product. An fp32 q is converted while it
  *   is loaded (read once); k and v are read once per query tile, so one pre-pass rounds fp32
  *   ones to bf16 into scratch.
  * - Backward: one pre-pass (one launch) rounds the fp32 ones of q, k, v, dout to bf16 and
- *   computes D = rowsum(out * dout) in fp32 (fp32 k and v are left to the dk/dv kernel where
- *   its blocks read each k, v row once: it rounds them while loading them, writes the bf16
- *   rows for dq and runs first); then one kernel owns dq (per block 64 query rows at
- *   head_dim 64, 128 at 128 with 32 per warp; walking key tiles) and one owns dk, dv (64
- *   keys of a kv head per block, walking the query tiles of every head of its group, or of
- *   one head when such blocks would be too few, the group's partial sums then added in order
- *   by k_tc_parts), both recomputing p = exp(s - lse) from the saved lse: no atomics, so the
- *   result does not depend on timing. Seven products instead of five (s and dp twice).
+ *   computes D = rowsum(out * dout) in fp32; then one kernel owns dk, dv (64 keys of a kv head
+ *   per block, walking the query tiles of every head of its group, or of one head when such
+ *   blocks would be too few, the group's partial sums then added in order by k_tc_parts) and
+ *   one owns dq (64 DQ_WG query rows per block, walking key tiles), both recomputing
+ *   p = exp(s - lse) from the saved lse: no atomics, so the result does not depend on timing.
+ *   Seven products instead of five (s and dp twice).
  * Operands come stored in fp32 or bf16 (the _ex entry points; the fp32 ones wrap them): bf16
  * ones are read as they are, which skips their share of the rounding pre-passes and gives the
  * bits the fp32 entry points give on the same values. out may be written in bf16.
  * Softmax statistics, lse, D and every output stay fp32; backward ADDS, as the op contract
- * says. Formulas as in kernels/cpu/cpu_attn.c. */
+ * says. Formulas as in kernels/cpu/cpu_attn.c. The kernels need sm_90a (CMakeLists.txt); built
+ * for anything else they trap. */
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/cuda_wgmma.h"
 
 typedef __nv_bfloat16 bf16;
 
@@ -59,25 +58,6 @@ static __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-static __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-/* d += a b for one 16x8x16 tile: a row-major 16x16, b 16x8, d 16x8 fp32. */
-static __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* 2^x in one MUFU instruction (ex2.approx: about 2 ulp; 2^-inf = 0). */
 static __device__ __forceinline__ float ex2(float x) {
   float y;
@@ -95,103 +75,8 @@ static __device__ __forceinline__ float2 unpack_bf16(uint32_t u) {
   return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
 }
 
-/* Byte offset of 16-byte chunk c of row r in a swizzled tile with HD bf16 per row. */
-template <int HD>
-static __device__ __forceinline__ uint32_t sw(int r, int c) {
-  return (uint32_t)(r * (HD * 2) + ((c ^ (r & 7)) << 4));
-}
-
-/* ------------------------------------------------------------------ fragment helpers
- * Accumulator layout of m16n8 (lane = 4 g + t): c[0], c[1] at row g, columns 2t, 2t+1;
- * c[2], c[3] at row g + 8. An A fragment of k-step kk is the accumulators of n-tiles 2kk and
- * 2kk + 1, which is how the probabilities become the next product's operand in registers. */
-
-/* A fragment (16 rows from row r0, 16 columns from chunk 2 kk) of a swizzled tile. */
-template <int HD>
-static __device__ __forceinline__ void lda_frag(uint32_t (&a)[4], uint32_t tile, int r0, int kk, int lane) {
-  ldsm_x4(a, tile + sw<HD>(r0 + (lane & 15), 2 * kk + (lane >> 4)));
-}
-/* B fragments of two n-tiles (rows n0 .. n0+15 of the tile are the n index, columns of
- * k-step kk the k index): b[0], b[1] for rows n0..n0+7, b[2], b[3] for rows n0+8..n0+15. */
-template <int HD>
-static __device__ __forceinline__ void ldb_rows(uint32_t (&b)[4], uint32_t tile, int n0, int kk, int lane) {
-  ldsm_x4(b, tile + sw<HD>(n0 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)));
-}
-/* B fragments where the tile's rows are the k index (rows 16 kk ..) and its columns the n
- * index (chunks 2 np, 2 np + 1): b[0], b[1] for columns 16 np .., b[2], b[3] for 16 np + 8 ... */
-template <int HD>
-static __device__ __forceinline__ void ldb_cols(uint32_t (&b)[4], uint32_t tile, int kk, int np, int lane) {
-  ldsm_x4_t(b, tile + sw<HD>(16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3), 2 * np + (lane >> 4)));
-}
-
-/* acc[mt][16 x 8 NT] = A (16 rows from r0 + 16 mt of tile a, HD columns) times rows n0 ..
- * n0 + 8 NT of tile b, transposed: scores from q and k rows, or dp from dout and v rows.
- * Each b fragment is loaded once for the MT m-tiles. */
-template <int HD, int MT, int NT>
-static __device__ __forceinline__ void mma_rows(float (&acc)[MT][NT][4], uint32_t ta, int r0, uint32_t tb, int lane) {
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int j = 0; j < NT; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
-#pragma unroll
-  for (int kk = 0; kk < HD / 16; kk++) {
-    uint32_t a[MT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) lda_frag<HD>(a[mt], ta, r0 + 16 * mt, kk, lane);
-#pragma unroll
-    for (int np = 0; np < NT / 2; np++) {
-      uint32_t b[4];
-      ldb_rows<HD>(b, tb, 16 * np, kk, lane);
-#pragma unroll
-      for (int mt = 0; mt < MT; mt++) {
-        mma16816(acc[mt][2 * np], a[mt], b[0], b[1]);
-        mma16816(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
-      }
-    }
-  }
-}
-
-/* o[mt][16 x HD] += P[mt] (16 x 8 NT, fp32 accumulators, rounded to bf16 here) times the
- * tile's first 8 NT rows (HD columns), each b fragment loaded once for the MT m-tiles. */
-template <int HD, int MT, int NT>
-static __device__ __forceinline__ void mma_pv(float (&o)[MT][HD / 8][4], const float (&p)[MT][NT][4], uint32_t tb,
-                                              int lane) {
-#pragma unroll
-  for (int kk = 0; kk < NT / 2; kk++) {
-    uint32_t a[MT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-      a[mt][0] = pack_bf16(p[mt][2 * kk][0], p[mt][2 * kk][1]);
-      a[mt][1] = pack_bf16(p[mt][2 * kk][2], p[mt][2 * kk][3]);
-      a[mt][2] = pack_bf16(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
-      a[mt][3] = pack_bf16(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
-    }
-#pragma unroll
-    for (int np = 0; np < HD / 16; np++) {
-      uint32_t b[4];
-      ldb_cols<HD>(b, tb, kk, np, lane);
-#pragma unroll
-      for (int mt = 0; mt < MT; mt++) {
-        mma16816(o[mt][2 * np], a[mt], b[0], b[1]);
-        mma16816(o[mt][2 * np + 1], a[mt], b[2], b[3]);
-      }
-    }
-  }
-}
-
-/* The one-m-tile forms (the dk/dv kernel). */
-template <int HD, int NT>
-static __device__ __forceinline__ void mma_rows(float (&acc)[NT][4], uint32_t ta, int r0, uint32_t tb, int lane) {
-  mma_rows<HD, 1, NT>(reinterpret_cast<float(&)[1][NT][4]>(acc), ta, r0, tb, lane);
-}
-template <int HD, int NT>
-static __device__ __forceinline__ void mma_pv(float (&o)[HD / 8][4], const float (&p)[NT][4], uint32_t tb, int lane) {
-  mma_pv<HD, 1, NT>(reinterpret_cast<float(&)[1][HD / 8][4]>(o), reinterpret_cast<const float(&)[1][NT][4]>(p), tb,
-                    lane);
-}
-
 /* Rows [r0, r0 + rows) of head `head` from a bf16 tensor (row stride `stride` elements) into
- * a swizzled tile, asynchronously; rows at or past T are zero. */
+ * a halves tile (cuda_wgmma.h), asynchronously; rows at or past T are zero. */
 template <int HD>
 static __device__ __forceinline__ void tile_async(uint32_t tile, const bf16 *src, int64_t seq_row0, int r0, int rows,
                                                   int T, int64_t stride, int head) {
@@ -199,17 +84,16 @@ static __device__ __forceinline__ void tile_async(uint32_t tile, const bf16 *src
   for (int idx = threadIdx.x; idx < rows * CH; idx += blockDim.x) {
     const int r = idx / CH, c = idx % CH, t = r0 + r;
     const bf16 *p = src + (seq_row0 + (t < T ? t : 0)) * stride + (int64_t)head * HD + 8 * c;
-    cp_async16(tile + sw<HD>(r, c), p, t < T);
+    cp_async16(tile + wg_off(rows, r, c), p, t < T);
   }
 }
 
 /* The same rows (ROWS from r0, by THREADS threads) from an fp32 tensor rounded to bf16 into a
- * swizzled tile (generic pointer), synchronously: for tiles read once per block. Up to 8 chunks
- * per thread are loaded before the first is stored, so their latencies overlap. With `copy`
- * set, the rounded rows (those < T) are also written there, laid out as src. */
+ * halves tile (generic pointer), synchronously: for tiles read once per block. Up to 8 chunks
+ * per thread are loaded before the first is stored, so their latencies overlap. */
 template <int HD, int ROWS, int THREADS>
 static __device__ __forceinline__ void tile_convert(char *tile, const float *src, int64_t seq_row0, int r0, int T,
-                                                    int64_t stride, int head, bf16 *copy = NULL) {
+                                                    int64_t stride, int head) {
   constexpr int CH = HD / 8, N = ROWS * CH / THREADS, B = N < 8 ? N : 8;
   static_assert(N * THREADS == ROWS * CH && N % B == 0, "tile_convert: chunks must split evenly over the threads");
 #pragma unroll
@@ -226,11 +110,9 @@ static __device__ __forceinline__ void tile_convert(char *tile, const float *src
     }
 #pragma unroll
     for (int u = 0; u < B; u++) {
-      const int idx = threadIdx.x + (n0 + u) * THREADS, r = idx / CH, c = idx % CH, t = r0 + r;
-      const uint4 val = make_uint4(pack_bf16(a[u].x, a[u].y), pack_bf16(a[u].z, a[u].w), pack_bf16(b[u].x, b[u].y),
-                                   pack_bf16(b[u].z, b[u].w));
-      *(uint4 *)(tile + sw<HD>(r, c)) = val;
-      if (copy && t < T) *(uint4 *)(copy + (seq_row0 + t) * stride + (int64_t)head * HD + 8 * c) = val;
+      const int idx = threadIdx.x + (n0 + u) * THREADS, r = idx / CH, c = idx % CH;
+      *(uint4 *)(tile + wg_off(ROWS, r, c)) = make_uint4(pack_bf16(a[u].x, a[u].y), pack_bf16(a[u].z, a[u].w),
+                                                         pack_bf16(b[u].x, b[u].y), pack_bf16(b[u].z, b[u].w));
     }
   }
 }
@@ -241,72 +123,53 @@ static __device__ __forceinline__ void tile_convert(char *tile, const float *src
  * the end (largest first), instead of each head's long tiles coming in turn. */
 
 /* ------------------------------------------------------------------ forward */
-/* Shape knobs per head_dim: MT m16 tiles (16 MT query rows) per warp, W warps per block,
- * BK keys per tile, MINB blocks per multiprocessor the register allocation must allow, QSM 1:
- * q fragments read from shared memory per tile instead of kept in registers (MT 2 always
- * reads them: 64 more registers would not fit). A warp of 2 m-tiles loads each k and v
- * fragment once for both, halving the shared-memory reads per product. The defaults are the
- * fastest measured (results/gpu/cuda_attn_tc_2026-11-26.txt). */
-#ifndef FW_MT64
-#define FW_MT64 1
-#endif
-#ifndef FW_W64
-#define FW_W64 8
+/* FW_WG warpgroups per block, each owning 64 query rows (16 per warp), walk the key/value
+ * tiles of BK keys up to the block's diagonal: s = q k^T by wgmma from shared memory (both
+ * K-major), the online softmax on the accumulators, then o += p v with p as register A
+ * fragments (rounded to bf16) and the v tile read MN-major. */
+#ifndef FW_WG
+#define FW_WG 2
 #endif
 #ifndef FW_BK64
 #define FW_BK64 64
 #endif
-#ifndef FW_MINB64
-#define FW_MINB64 2
-#endif
-#ifndef FW_QSMEM64
-#define FW_QSMEM64 0
-#endif
-#ifndef FW_MT128
-#define FW_MT128 2
-#endif
-#ifndef FW_W128
-#define FW_W128 4
-#endif
 #ifndef FW_BK128
-#define FW_BK128 64
-#endif
-#ifndef FW_MINB128
-#define FW_MINB128 1
-#endif
-#ifndef FW_QSMEM128
-#define FW_QSMEM128 0
+#define FW_BK128 128
 #endif
 /* k, v tiles in flight: NS buffers each, the tile NS - 1 ahead loaded during a tile's products */
 #ifndef FW_NS
 #define FW_NS 2
 #endif
 
-template <int HD, int MT, int W, int BK>
+template <int HD>
+static constexpr __host__ __device__ int fw_bk() {
+  return HD == 128 ? FW_BK128 : FW_BK64;
+}
+
+template <int HD>
 static constexpr size_t fwd_smem() {
-  return (size_t)(16 * MT * W + 2 * FW_NS * BK) * HD * 2; /* q, then FW_NS k and FW_NS v tiles */
+  return 1024 + (size_t)(64 * FW_WG + 2 * FW_NS * fw_bk<HD>()) * HD * 2; /* slack, q, FW_NS k and FW_NS v tiles */
 }
 
 /* q from fp32 (q32, rounded while loaded) or bf16 (qh) storage, by QB; out to fp32 (out) or,
  * where out is NULL, to bf16 (outh, rounded to nearest even). */
-template <int HD, int MT, int W, int BK, int MINB, bool QSM, bool QB>
-__global__ void __launch_bounds__(W * 32, MINB)
+template <int HD, bool QB>
+__global__ void __launch_bounds__(FW_WG * 128, 1)
     k_fa_fwd(const float *__restrict__ q32, const bf16 *__restrict__ qh, const bf16 *__restrict__ kb,
              const bf16 *__restrict__ vb, int T, int H, int KV, float sl2, float *__restrict__ out,
              bf16 *__restrict__ outh, float *__restrict__ lse) {
-  constexpr int BQ = 16 * MT * W; /* query rows per block */
-  constexpr bool qsm = QSM || MT > 1;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BQ = 64 * FW_WG, BK = fw_bk<HD>(), NS = FW_NS; /* query rows per block */
   extern __shared__ uint4 smem_fwd[];
-  const uint32_t sQ = smem_addr(smem_fwd), sK0 = sQ + BQ * HD * 2;
+  const uint32_t raw = smem_addr(smem_fwd), sQ = (raw + 1023) & ~1023u, sK0 = sQ + BQ * HD * 2;
   constexpr uint32_t KVB = BK * HD * 2; /* bytes of one k or v tile */
   const unsigned per_tile = gridDim.x / (unsigned)((T + BQ - 1) / BQ); /* H n_seq */
   const int hs = (int)(blockIdx.x % per_tile), h = hs % H, s = hs / H, kh = h / (H / KV);
   const int q0 = ((T + BQ - 1) / BQ - 1 - (int)(blockIdx.x / per_tile)) * BQ;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3, wg = warp / 4;
   const int64_t qs = (int64_t)H * HD, ks = (int64_t)KV * HD, row0 = (int64_t)s * T;
   const int nkt = (min(q0 + BQ, T) - 1) / BK + 1; /* key tiles up to the block's last row */
 
-  constexpr int NS = FW_NS;
   /* k tile kt in buffer kt % NS at sK0 + (kt % NS) KVB, v's NS buffers after k's */
   auto load_kv = [&](int kt) {
     if (kt < nkt) {
@@ -315,128 +178,109 @@ __global__ void __launch_bounds__(W * 32, MINB)
     }
     cp_async_commit(); /* one group per tile, empty past the end, so the wait below counts tiles */
   };
-  if (QB) { /* q's own group, waited for before the k, v tiles' */
-    tile_async<HD>(sQ, qh, row0, q0, BQ, T, qs, h);
-    cp_async_commit();
-  }
+  if (QB) tile_async<HD>(sQ, qh, row0, q0, BQ, T, qs, h); /* in tile 0's group */
 #pragma unroll
   for (int kt = 0; kt < NS - 1; kt++) load_kv(kt);
-  if (QB) cp_async_wait<NS - 1>();
-  else tile_convert<HD, BQ, W * 32>((char *)smem_fwd, q32, row0, q0, T, qs, h); /* q is read once */
-  __syncthreads();
-  const int i0 = q0 + warp * 16 * MT; /* this warp's first row; m-tile mt's lane rows are i0 + 16 mt + g (+ 8) */
-  uint32_t qf[qsm ? 1 : HD / 16][4];
-  if (!qsm)
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) lda_frag<HD>(qf[qsm ? 0 : kk], sQ, warp * 16, kk, lane);
+  if (!QB) tile_convert<HD, BQ, FW_WG * 128>((char *)smem_fwd + (sQ - raw), q32, row0, q0, T, qs, h); /* read once */
+  const int iw = q0 + warp * 16, ig = q0 + wg * 64; /* the warp's and its warpgroup's first rows */
 
-  float o[MT][HD / 8][4];
+  float o[HD / 2];
 #pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int j = 0; j < HD / 8; j++) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.0f;
-  float m[MT][2], l[MT][2]; /* m: running max of the raw scores q.k */
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
+  for (int j = 0; j < HD / 2; j++) o[j] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* m: running max of the raw scores q.k */
 
   for (int kt = 0; kt < nkt; kt++) {
     const uint32_t sK = sK0 + (kt % NS) * KVB, sV = sK0 + (NS + kt % NS) * KVB;
-    cp_async_wait<NS - 2>(); /* this thread's copies of tile kt have landed */
+    cp_async_wait<NS - 2>(); /* this thread's copies of tile kt (and q) have landed */
+    fence_async_smem();
     /* everyone's have, and everyone is done with tile kt - 1, whose buffers the next load takes */
     __syncthreads();
     load_kv(kt + NS - 1);
     const int k0 = kt * BK;
-    if (k0 <= i0 + 16 * MT - 1) { /* warp-uniform: otherwise every key of the tile is in this warp's future */
-      float sc[MT][BK / 8][4];
+    if (k0 <= ig + 63) { /* warpgroup-uniform: otherwise every key of the tile is in the group's future */
+      float sc[BK / 2];
+      wgmma_fence();
 #pragma unroll
-      for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int j = 0; j < BK / 8; j++) sc[mt][j][0] = sc[mt][j][1] = sc[mt][j][2] = sc[mt][j][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < HD / 16; kk++) {
-        uint32_t qa[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-          if (qsm) lda_frag<HD>(qa[mt], sQ, warp * 16 * MT + 16 * mt, kk, lane);
-          else qa[mt][0] = qf[qsm ? 0 : kk][0], qa[mt][1] = qf[qsm ? 0 : kk][1], qa[mt][2] = qf[qsm ? 0 : kk][2],
-               qa[mt][3] = qf[qsm ? 0 : kk][3];
-        }
-#pragma unroll
-        for (int np = 0; np < BK / 16; np++) {
-          uint32_t b[4];
-          ldb_rows<HD>(b, sK, 16 * np, kk, lane);
-#pragma unroll
-          for (int mt = 0; mt < MT; mt++) {
-            mma16816(sc[mt][2 * np], qa[mt], b[0], b[1]);
-            mma16816(sc[mt][2 * np + 1], qa[mt], b[2], b[3]);
-          }
-        }
-      }
-      float corr[MT][2];
-#pragma unroll
-      for (int mt = 0; mt < MT; mt++) {
-        const int ir = i0 + 16 * mt; /* the m-tile's first row */
-        if (k0 + BK - 1 > ir) {      /* some key of the tile is after some row of the m-tile */
-#pragma unroll
-          for (int j = 0; j < BK / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) /* causal; also every key >= T for rows < T */
-              if (k0 + 8 * j + 2 * t4 + (e & 1) > ir + g + (e >> 1) * 8) sc[mt][j][e] = -INFINITY;
-        }
-        float mx[2] = {m[mt][0], m[mt][1]}, ms[2];
+      for (int kk = 0; kk < HD / 16; kk++) wgmma_ss<0>(sc, wg_kmajor(sQ, BQ, kk, 64 * wg), wg_kmajor(sK, BK, kk), kk);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wg_pin(sc);
+      if (k0 + BK - 1 > iw) { /* some key of the tile is after some row of the warp */
 #pragma unroll
         for (int j = 0; j < BK / 8; j++)
 #pragma unroll
-          for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], sc[mt][j][e]);
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-          /* mx finite: key 0 is in the first tile of every row. The scale is positive, so
-           * the max of the raw scores is the max of the scaled ones. */
-          corr[mt][r] = ex2((m[mt][r] - mx[r]) * sl2);
-          m[mt][r] = mx[r];
-          ms[r] = mx[r] * sl2;
-          l[mt][r] *= corr[mt][r];
-        }
-#pragma unroll
-        for (int j = 0; j < BK / 8; j++)
-#pragma unroll
-          for (int e = 0; e < 4; e++) {
-            const float p = ex2(fmaf(sc[mt][j][e], sl2, -ms[e >> 1]));
-            sc[mt][j][e] = p;
-            l[mt][e >> 1] += p; /* this lane's part; the quad's parts are summed at the end */
-          }
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++) {
-          o[mt][j][0] *= corr[mt][0], o[mt][j][1] *= corr[mt][0];
-          o[mt][j][2] *= corr[mt][1], o[mt][j][3] *= corr[mt][1];
-        }
+          for (int e = 0; e < 4; e++) /* causal; also every key >= T for rows < T */
+            if (k0 + 8 * j + 2 * t4 + (e & 1) > iw + g + (e >> 1) * 8) sc[4 * j + e] = -INFINITY;
       }
-      mma_pv<HD, MT, BK / 8>(o, sc, sV, lane); /* o += P v */
+      float mx[2] = {m[0], m[1]}, ms[2], corr[2];
+#pragma unroll
+      for (int j = 0; j < BK / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], sc[4 * j + e]);
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        /* mx finite: key 0 is in the first tile of every row (a tile wholly in a warp's future
+         * leaves m as it was). The scale is positive, so the max of the raw scores is the max
+         * of the scaled ones. */
+        corr[r] = ex2((m[r] - mx[r]) * sl2);
+        m[r] = mx[r];
+        ms[r] = mx[r] * sl2;
+        l[r] *= corr[r];
+      }
+      uint32_t pa[BK / 16][4];
+#pragma unroll
+      for (int j = 0; j < BK / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float p = ex2(fmaf(sc[4 * j + e], sl2, -ms[e >> 1]));
+          sc[4 * j + e] = p;
+          l[e >> 1] += p; /* this lane's part; the quad's parts are summed at the end */
+        }
+#pragma unroll
+      for (int kq = 0; kq < BK / 16; kq++) {
+        const float *x = sc + 8 * kq;
+        pa[kq][0] = pack_bf16(x[0], x[1]), pa[kq][1] = pack_bf16(x[2], x[3]);
+        pa[kq][2] = pack_bf16(x[4], x[5]), pa[kq][3] = pack_bf16(x[6], x[7]);
+      }
+#pragma unroll
+      for (int j = 0; j < HD / 8; j++) {
+        o[4 * j] *= corr[0], o[4 * j + 1] *= corr[0];
+        o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kq = 0; kq < BK / 16; kq++) wgmma_rs<1>(o, pa[kq], wg_mnmajor(sV, BK, kq), 1); /* o += p v */
+      wgmma_commit();
+      wgmma_wait<0>(); /* before the next load overwrites this v tile's buffer */
+      wg_pin(o);
+#pragma unroll
+      for (int kq = 0; kq < BK / 16; kq++) wg_pin(pa[kq]);
     }
   }
 #pragma unroll
-  for (int mt = 0; mt < MT; mt++)
+  for (int r = 0; r < 2; r++) {
+    float lr = l[r];
+    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+    const int i = iw + g + 8 * r;
+    if (i >= T) continue;
+    const float inv = 1.0f / lr;
+    const int64_t oi = (row0 + i) * qs + (int64_t)h * HD + 2 * t4;
+    if (out)
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-      float lr = l[mt][r];
-      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-      const int i = i0 + 16 * mt + g + 8 * r;
-      if (i >= T) continue;
-      const float inv = 1.0f / lr;
-      const int64_t oi = (row0 + i) * qs + (int64_t)h * HD + 2 * t4;
-      if (out)
+      for (int j = 0; j < HD / 8; j++)
+        *(float2 *)(out + oi + 8 * j) = make_float2(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+    else
 #pragma unroll
-        for (int j = 0; j < HD / 8; j++)
-          *(float2 *)(out + oi + 8 * j) = make_float2(o[mt][j][2 * r] * inv, o[mt][j][2 * r + 1] * inv);
-      else
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++)
-          *(uint32_t *)(outh + oi + 8 * j) = pack_bf16(o[mt][j][2 * r] * inv, o[mt][j][2 * r + 1] * inv);
-      if (t4 == 0) lse[(row0 + i) * H + h] = m[mt][r] * sl2 * TC_LN2 + logf(lr);
-    }
+      for (int j = 0; j < HD / 8; j++)
+        *(uint32_t *)(outh + oi + 8 * j) = pack_bf16(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+    if (t4 == 0) lse[(row0 + i) * H + h] = m[r] * sl2 * TC_LN2 + logf(lr);
+  }
+#else
+  __trap(); /* built for sm_90a only (CMakeLists.txt) */
+#endif
 }
 
 /* ------------------------------------------------------------------ pre-passes */
@@ -500,60 +344,53 @@ __global__ void k_tc_prep(mc_operand q, mc_operand out, mc_operand dout, mc_oper
 }
 
 /* ------------------------------------------------------------------ backward: dq */
-/* Shape knobs as the forward's: MT m-tiles (16 MT query rows) per warp, W warps, BK keys per
- * tile, MINB blocks per multiprocessor for the register allocation. */
-#ifndef DQ_MT64
-#define DQ_MT64 1
-#endif
-#ifndef DQ_W64
-#define DQ_W64 4
+/* WG warpgroups per block, each owning 64 query rows (16 per warp), walk the key tiles of BK
+ * keys up to the block's diagonal: s = q k^T and dp = dout v^T by wgmma from shared memory
+ * (all K-major), ds = p (dp - D), then dq += ds k with ds as register A fragments and the k
+ * tile read MN-major. The k and v tiles are shared by the block's warpgroups. */
+#ifndef DQ_WG
+#define DQ_WG 2
 #endif
 #ifndef DQ_BK64
-#define DQ_BK64 64
-#endif
-#ifndef DQ_MINB64
-#define DQ_MINB64 3
-#endif
-#ifndef DQ_MT128
-#define DQ_MT128 2
-#endif
-#ifndef DQ_W128
-#define DQ_W128 4
+#define DQ_BK64 128
 #endif
 #ifndef DQ_BK128
-#define DQ_BK128 32
-#endif
-#ifndef DQ_MINB128
-#define DQ_MINB128 1
+#define DQ_BK128 64
 #endif
 #ifndef DQ_NS
 #define DQ_NS 2
 #endif
 
-template <int HD, int MT, int W, int BK>
-static constexpr size_t dq_smem() {
-  return (size_t)(2 * 16 * MT * W + 2 * DQ_NS * BK) * HD * 2; /* q, dout, then DQ_NS k and DQ_NS v tiles */
+template <int HD>
+static constexpr __host__ __device__ int dq_bk() {
+  return HD == 128 ? DQ_BK128 : DQ_BK64;
 }
 
-template <int HD, int MT, int W, int BK, int MINB>
-__global__ void __launch_bounds__(W * 32, MINB)
+template <int HD>
+static constexpr size_t dq_smem() {
+  /* alignment slack, q, dout, then DQ_NS k and DQ_NS v tiles */
+  return 1024 + (size_t)(2 * 64 * DQ_WG + 2 * DQ_NS * dq_bk<HD>()) * HD * 2;
+}
+
+template <int HD>
+__global__ void __launch_bounds__(DQ_WG * 128, 1)
     k_fa_dq(const bf16 *__restrict__ qb, const bf16 *__restrict__ kb, const bf16 *__restrict__ vb,
             const bf16 *__restrict__ dob, const float *__restrict__ lse, const float *__restrict__ D, int T, int H,
             int KV, float scale, float *__restrict__ dq) {
-  constexpr int BQ = 16 * MT * W; /* query rows per block */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BQ = 64 * DQ_WG, BK = dq_bk<HD>(), NS = DQ_NS; /* query rows per block */
   extern __shared__ uint4 smem_dq[];
   constexpr uint32_t TB = BK * HD * 2;
-  const uint32_t sQ = smem_addr(smem_dq), sO = sQ + BQ * HD * 2, sK0 = sO + BQ * HD * 2;
+  const uint32_t sQ = (smem_addr(smem_dq) + 1023) & ~1023u, sO = sQ + BQ * HD * 2, sK0 = sO + BQ * HD * 2;
   const unsigned per_tile = gridDim.x / (unsigned)((T + BQ - 1) / BQ); /* H n_seq */
   const int hs = (int)(blockIdx.x % per_tile), h = hs % H, s = hs / H, kh = h / (H / KV);
   const int q0 = ((T + BQ - 1) / BQ - 1 - (int)(blockIdx.x / per_tile)) * BQ;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3, wg = warp / 4;
   const int64_t qs = (int64_t)H * HD, ks = (int64_t)KV * HD, row0 = (int64_t)s * T;
   const int nkt = (min(q0 + BQ, T) - 1) / BK + 1;
   const float sl2 = scale * TC_LOG2E;
 
-  constexpr int NS = DQ_NS;
-  auto load_kv = [&](int kt) { /* as the forward's */
+  auto load_kv = [&](int kt) {
     if (kt < nkt) {
       tile_async<HD>(sK0 + (kt % NS) * TB, kb, row0, kt * BK, BK, T, ks, kh);
       tile_async<HD>(sK0 + (NS + kt % NS) * TB, vb, row0, kt * BK, BK, T, ks, kh);
@@ -565,74 +402,98 @@ __global__ void __launch_bounds__(W * 32, MINB)
 #pragma unroll
   for (int kt = 0; kt < NS - 1; kt++) load_kv(kt);
 
-  const int i0 = q0 + warp * 16 * MT; /* m-tile mt's lane rows: i0 + 16 mt + g (+ 8) */
-  float lr[MT][2], dr[MT][2]; /* the lane's rows' lse (log2 units) and D */
+  const int iw = q0 + warp * 16, ig = q0 + wg * 64; /* the warp's and its warpgroup's first rows */
+  float lr[2], dr[2]; /* the lane's rows' lse (log2 units) and D */
 #pragma unroll
-  for (int mt = 0; mt < MT; mt++)
+  for (int r = 0; r < 2; r++) {
+    const int i = iw + g + 8 * r;
+    lr[r] = i < T ? lse[(row0 + i) * H + h] * TC_LOG2E : INFINITY; /* p = 0 on padding rows */
+    dr[r] = i < T ? D[(row0 + i) * H + h] : 0.0f;
+  }
+  float acc[HD / 2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-      const int i = i0 + 16 * mt + g + 8 * r;
-      lr[mt][r] = i < T ? lse[(row0 + i) * H + h] * TC_LOG2E : INFINITY; /* p = 0 on padding rows */
-      dr[mt][r] = i < T ? D[(row0 + i) * H + h] : 0.0f;
-    }
-  float acc[MT][HD / 8][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int j = 0; j < HD / 8; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
+  for (int j = 0; j < HD / 2; j++) acc[j] = 0.0f;
 
   for (int kt = 0; kt < nkt; kt++) {
     const uint32_t sK = sK0 + (kt % NS) * TB, sV = sK0 + (NS + kt % NS) * TB;
     cp_async_wait<NS - 2>();
+    fence_async_smem();
     __syncthreads(); /* tile kt visible to all; tile kt - 1's buffers free for the next load */
     load_kv(kt + NS - 1);
     const int k0 = kt * BK;
-    if (k0 <= i0 + 16 * MT - 1) { /* warp-uniform: some key of the tile is at or before a row of the warp */
-      float sc[MT][BK / 8][4], dp[MT][BK / 8][4];
-      mma_rows<HD, MT, BK / 8>(sc, sQ, warp * 16 * MT, sK, lane);
-      mma_rows<HD, MT, BK / 8>(dp, sO, warp * 16 * MT, sV, lane);
+    if (k0 <= ig + 63) { /* warpgroup-uniform: some key of the tile is at or before a row of the group */
+      float sc[BK / 2], dp[BK / 2];
+      wgmma_fence();
 #pragma unroll
-      for (int mt = 0; mt < MT; mt++) {
-        const int ir = i0 + 16 * mt;
-        const bool diag = k0 + BK - 1 > ir;
+      for (int kk = 0; kk < HD / 16; kk++) wgmma_ss<0>(sc, wg_kmajor(sQ, BQ, kk, 64 * wg), wg_kmajor(sK, BK, kk), kk);
 #pragma unroll
-        for (int j = 0; j < BK / 8; j++)
+      for (int kk = 0; kk < HD / 16; kk++) wgmma_ss<0>(dp, wg_kmajor(sO, BQ, kk, 64 * wg), wg_kmajor(sV, BK, kk), kk);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wg_pin(sc);
+      wg_pin(dp);
+      const bool diag = k0 + BK - 1 > iw;
+      uint32_t da[BK / 16][4];
 #pragma unroll
-          for (int e = 0; e < 4; e++) {
-            const int row = ir + g + (e >> 1) * 8, key = k0 + 8 * j + 2 * t4 + (e & 1);
-            const float p = diag && key > row ? 0.0f : ex2(fmaf(sc[mt][j][e], sl2, -lr[mt][e >> 1]));
-            sc[mt][j][e] = p * (dp[mt][j][e] - dr[mt][e >> 1]); /* ds / scale */
-          }
+      for (int j = 0; j < BK / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int row = iw + g + (e >> 1) * 8, key = k0 + 8 * j + 2 * t4 + (e & 1);
+          const float p = diag && key > row ? 0.0f : ex2(fmaf(sc[4 * j + e], sl2, -lr[e >> 1]));
+          sc[4 * j + e] = p * (dp[4 * j + e] - dr[e >> 1]); /* ds / scale */
+        }
+#pragma unroll
+      for (int kq = 0; kq < BK / 16; kq++) {
+        const float *x = sc + 8 * kq;
+        da[kq][0] = pack_bf16(x[0], x[1]), da[kq][1] = pack_bf16(x[2], x[3]);
+        da[kq][2] = pack_bf16(x[4], x[5]), da[kq][3] = pack_bf16(x[6], x[7]);
       }
-      mma_pv<HD, MT, BK / 8>(acc, sc, sK, lane); /* dq += ds k */
+      wgmma_fence();
+#pragma unroll
+      for (int kq = 0; kq < BK / 16; kq++) wgmma_rs<1>(acc, da[kq], wg_mnmajor(sK, BK, kq), 1); /* dq += ds k */
+      wgmma_commit();
+      wgmma_wait<0>(); /* before the next load overwrites this k tile's buffer */
+      wg_pin(acc);
+#pragma unroll
+      for (int kq = 0; kq < BK / 16; kq++) wg_pin(da[kq]);
     }
   }
 #pragma unroll
-  for (int mt = 0; mt < MT; mt++)
+  for (int r = 0; r < 2; r++) {
+    const int i = iw + g + 8 * r;
+    if (i >= T) continue;
+    float *di = dq + (row0 + i) * qs + (int64_t)h * HD + 2 * t4;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-      const int i = i0 + 16 * mt + g + 8 * r;
-      if (i >= T) continue;
-      float *di = dq + (row0 + i) * qs + (int64_t)h * HD + 2 * t4;
-#pragma unroll
-      for (int j = 0; j < HD / 8; j++) {
-        float2 v = *(float2 *)(di + 8 * j);
-        v.x += acc[mt][j][2 * r] * scale, v.y += acc[mt][j][2 * r + 1] * scale;
-        *(float2 *)(di + 8 * j) = v;
-      }
+    for (int j = 0; j < HD / 8; j++) {
+      float2 v = *(float2 *)(di + 8 * j);
+      v.x += acc[4 * j + 2 * r] * scale, v.y += acc[4 * j + 2 * r + 1] * scale;
+      *(float2 *)(di + 8 * j) = v;
     }
+  }
+#else
+  __trap(); /* built for sm_90a only (CMakeLists.txt) */
+#endif
 }
 
 /* ------------------------------------------------------------------ backward: dk, dv */
-#ifndef BK_WARPS
-#define BK_WARPS 4
-#endif
-#define BK_KEYS (16 * BK_WARPS) /* keys per block */
+/* One warpgroup (4 warps) per block owns 64 keys of a kv head, 16 per warp, and walks query
+ * tiles of BQ rows; all four products are wgmma: the transposed scores s^T = k q^T and
+ * dp^T = v dout^T with k, v and the query tile from shared memory (both K-major), then
+ * dv += p^T dout and dk += ds^T q with p^T, ds^T as register A fragments (the accumulators of
+ * the first two, rounded to bf16) and dout, q from the same tiles read MN-major. The query
+ * tile's operands are read by the tensor cores once per warpgroup. */
+#define DKV_KEYS 64 /* keys per block: one warpgroup */
 
 /* query rows per tile: fewer for head_dim 128, whose dk and dv accumulators take 128 registers */
+#ifndef DKV_BQ128
+#define DKV_BQ128 64
+#endif
+#ifndef DKV_BQ64
+#define DKV_BQ64 128
+#endif
 template <int HD>
 static constexpr __host__ __device__ int dkv_bq() {
-  return HD == 128 ? 32 : 64;
+  return HD == 128 ? DKV_BQ128 : DKV_BQ64;
 }
 
 #ifndef BK_NS
@@ -641,50 +502,37 @@ static constexpr __host__ __device__ int dkv_bq() {
 
 template <int HD>
 static constexpr size_t dkv_smem() {
-  /* k, v, then BK_NS q and BK_NS dout tiles, then BK_NS rows of lse and of D */
-  return (size_t)(2 * BK_KEYS + 2 * BK_NS * dkv_bq<HD>()) * HD * 2 + 2 * BK_NS * dkv_bq<HD>() * sizeof(float);
+  /* 1024 bytes of alignment slack (the swizzled tiles start 1024-aligned); k, v, then BK_NS q
+   * and BK_NS dout tiles, then BK_NS rows of lse and of D */
+  return 1024 + (size_t)(2 * DKV_KEYS + 2 * BK_NS * dkv_bq<HD>()) * HD * 2 + 2 * BK_NS * dkv_bq<HD>() * sizeof(float);
 }
 
-#ifndef DKV_KV32
-#define DKV_KV32 1
-#endif
-#ifndef BK_MINB64
-#define BK_MINB64 2
-#endif
-#ifndef BK_MINB128
-#define BK_MINB128 2
-#endif
-/* KF: k, v come in fp32 (kf, vf; kb, vb unused), rounded here while loaded, the block of part
- * 0 also writing the rounded rows to kc, vc (the dq kernel's k and v, which then runs after
- * this one): the pre-pass then leaves k and v alone. */
-template <int HD, bool KF>
-__global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : BK_MINB128)
+template <int HD>
+__global__ void __launch_bounds__(128, 1)
     k_fa_dkv(const bf16 *__restrict__ qb, const bf16 *__restrict__ kb, const bf16 *__restrict__ vb,
              const bf16 *__restrict__ dob, const float *__restrict__ lse, const float *__restrict__ D, int T, int H,
-             int KV, int hps, float scale, float *__restrict__ dk, float *__restrict__ dv, const float *__restrict__ kf,
-             const float *__restrict__ vf, bf16 *__restrict__ kc, bf16 *__restrict__ vc) {
-  constexpr int BQ = dkv_bq<HD>();
+             int KV, int hps, float scale, float *__restrict__ dk, float *__restrict__ dv) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BQ = dkv_bq<HD>(), NS = BK_NS;
   constexpr uint32_t TB = BQ * HD * 2;
   extern __shared__ uint4 smem_dkv[];
-  const uint32_t sK = smem_addr(smem_dkv), sV = sK + BK_KEYS * HD * 2, sQ0 = sV + BK_KEYS * HD * 2;
-  constexpr int NS = BK_NS;
-  float *Ls = (float *)((char *)smem_dkv + (2 * BK_KEYS + 2 * NS * BQ) * HD * 2), *Ds = Ls + NS * BQ;
+  const uint32_t raw = smem_addr(smem_dkv), sK = (raw + 1023) & ~1023u, sV = sK + DKV_KEYS * HD * 2,
+                 sQ0 = sV + DKV_KEYS * HD * 2;
+  float *Ls = (float *)((char *)smem_dkv + (sQ0 - raw) + 2 * NS * TB), *Ds = Ls + NS * BQ;
   /* the block takes hps of the grp query heads of kv head kh: all of them (dk, dv added in
    * place), or one part of nsplit (its sums written to per-part rows, added by k_tc_parts) */
   const int grp = H / KV, nsplit = grp / hps;
-  const unsigned per_tile = gridDim.x / (unsigned)((T + BK_KEYS - 1) / BK_KEYS); /* KV nsplit n_seq */
+  const unsigned per_tile = gridDim.x / (unsigned)((T + DKV_KEYS - 1) / DKV_KEYS); /* KV nsplit n_seq */
   const int ys = (int)(blockIdx.x % per_tile), by = ys % (KV * nsplit), s = ys / (KV * nsplit);
-  const int kh = by / nsplit, part = by % nsplit, j0 = (int)(blockIdx.x / per_tile) * BK_KEYS, h0 = kh * grp + part * hps;
+  const int kh = by / nsplit, part = by % nsplit, j0 = (int)(blockIdx.x / per_tile) * DKV_KEYS, h0 = kh * grp + part * hps;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
   const int64_t qs = (int64_t)H * HD, ks = (int64_t)KV * HD, row0 = (int64_t)s * T;
   const float sl2 = scale * TC_LOG2E;
   const int nqt = (T - j0 + BQ - 1) / BQ, n_it = hps * nqt; /* query tiles from j0 on, per head */
 
-  /* stage it's q, dout, lse and D into buffer it % NS, all asynchronously (plain loads and
-   * stores here stalled their warp for the loads' latency every stage, and the block with it
-   * at the next barrier); one commit group per stage, empty past the end. Padding queries
-   * get q = dout = 0 and lse = D = 0: p = 1 there, but ds = p (0 - 0) = 0 and both products
-   * add zero. */
+  /* stage it's q, dout, lse and D into buffer it % NS, all asynchronously; one commit group
+   * per stage, empty past the end. Padding queries get q = dout = 0 and lse = D = 0: p = 1
+   * there, but ds = p (0 - 0) = 0 and both products add zero. */
   auto stage = [&](int it) {
     if (it < n_it) {
       const int b = it % NS, h = h0 + it / nqt, t0 = j0 + (it % nqt) * BQ;
@@ -699,54 +547,69 @@ __global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : BK_MINB1
     }
     cp_async_commit();
   };
-  if (!KF) {
-    tile_async<HD>(sK, kb, row0, j0, BK_KEYS, T, ks, kh); /* in stage 0's group */
-    tile_async<HD>(sV, vb, row0, j0, BK_KEYS, T, ks, kh);
-  }
+  tile_async<HD>(sK, kb, row0, j0, DKV_KEYS, T, ks, kh); /* in stage 0's group */
+  tile_async<HD>(sV, vb, row0, j0, DKV_KEYS, T, ks, kh);
 #pragma unroll
   for (int it = 0; it < NS - 1; it++) stage(it);
-  if (KF) { /* while the first stages load; the loop's first barrier publishes them */
-    tile_convert<HD, BK_KEYS, BK_WARPS * 32>((char *)smem_dkv, kf, row0, j0, T, ks, kh, part ? NULL : kc);
-    tile_convert<HD, BK_KEYS, BK_WARPS * 32>((char *)smem_dkv + BK_KEYS * HD * 2, vf, row0, j0, T, ks, kh,
-                                             part ? NULL : vc);
-  }
 
   const int jw = j0 + warp * 16; /* this warp's first key; the lane's keys are jw + g, jw + g + 8 */
-  float ak[HD / 8][4], av[HD / 8][4];
+  float ak[HD / 2], av[HD / 2]; /* dk, dv of the warp's 16 keys: [HD / 8 n-tiles][4] */
 #pragma unroll
-  for (int j = 0; j < HD / 8; j++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) ak[j][e] = av[j][e] = 0.0f;
+  for (int j = 0; j < HD / 2; j++) ak[j] = av[j] = 0.0f;
 
   for (int it = 0; it < n_it; it++) {
     const int b = it % NS, t0 = j0 + (it % nqt) * BQ;
     const uint32_t sQ = sQ0 + b * TB, sO = sQ0 + (NS + b) * TB;
     cp_async_wait<NS - 2>();
-    /* stage it visible to all; stage it - 1's buffers free */
-    __syncthreads();
+    fence_async_smem(); /* this thread's copies of stage it, to the products */
+    __syncthreads();    /* stage it visible to all; stage it - 1's buffers free */
     stage(it + NS - 1);
-    if (t0 + BQ - 1 >= jw) { /* warp-uniform: some query of the tile is at or after a key of the warp */
-      float sc[BQ / 8][4], dp[BQ / 8][4]; /* transposed: rows are keys, columns queries */
-      mma_rows<HD, BQ / 8>(sc, sK, warp * 16, sQ, lane);
-      mma_rows<HD, BQ / 8>(dp, sV, warp * 16, sO, lane);
-      const float *L = Ls + b * BQ, *Dq = Ds + b * BQ;
-      const bool diag = t0 < jw + 16; /* some query of the tile is before some key of the warp */
+    float sc[BQ / 2], dp[BQ / 2]; /* transposed: rows are keys, columns queries */
+    wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < BQ / 8; j++) {
-        const int c = 8 * j + 2 * t4;
-        const float2 lq = *(const float2 *)(L + c), dq2 = *(const float2 *)(Dq + c);
-        const float lx = lq.x * TC_LOG2E, ly = lq.y * TC_LOG2E; /* lse in log2 units */
+    for (int kk = 0; kk < HD / 16; kk++) wgmma_ss<0>(sc, wg_kmajor(sK, DKV_KEYS, kk), wg_kmajor(sQ, BQ, kk), kk);
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int key = jw + g + (e >> 1) * 8, qry = t0 + c + (e & 1);
-          const float p = diag && qry < key ? 0.0f : ex2(fmaf(sc[j][e], sl2, -((e & 1) ? ly : lx)));
-          sc[j][e] = p;
-          dp[j][e] = p * (dp[j][e] - ((e & 1) ? dq2.y : dq2.x)); /* ds / scale */
-        }
+    for (int kk = 0; kk < HD / 16; kk++) wgmma_ss<0>(dp, wg_kmajor(sV, DKV_KEYS, kk), wg_kmajor(sO, BQ, kk), kk);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wg_pin(sc);
+    wg_pin(dp);
+    const float *L = Ls + b * BQ, *Dq = Ds + b * BQ;
+    const bool diag = t0 < jw + 16; /* some query of the tile is before some key of the warp */
+#pragma unroll
+    for (int j = 0; j < BQ / 8; j++) {
+      const int c = 8 * j + 2 * t4;
+      const float2 lq = *(const float2 *)(L + c), dq2 = *(const float2 *)(Dq + c);
+      const float lx = lq.x * TC_LOG2E, ly = lq.y * TC_LOG2E; /* lse in log2 units */
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int key = jw + g + (e >> 1) * 8, qry = t0 + c + (e & 1);
+        const float p = diag && qry < key ? 0.0f : ex2(fmaf(sc[4 * j + e], sl2, -((e & 1) ? ly : lx)));
+        sc[4 * j + e] = p;
+        dp[4 * j + e] = p * (dp[4 * j + e] - ((e & 1) ? dq2.y : dq2.x)); /* ds / scale */
       }
-      mma_pv<HD, BQ / 8>(av, sc, sO, lane); /* dv += p^T dout */
-      mma_pv<HD, BQ / 8>(ak, dp, sQ, lane); /* dk += ds^T q */
     }
+    /* A fragment kq of p^T (ds^T): accumulator n-tiles 2 kq and 2 kq + 1, rounded to bf16 */
+    uint32_t pa[BQ / 16][4], da[BQ / 16][4];
+#pragma unroll
+    for (int kq = 0; kq < BQ / 16; kq++) {
+      const float *x = sc + 8 * kq, *y = dp + 8 * kq;
+      pa[kq][0] = pack_bf16(x[0], x[1]), pa[kq][1] = pack_bf16(x[2], x[3]);
+      pa[kq][2] = pack_bf16(x[4], x[5]), pa[kq][3] = pack_bf16(x[6], x[7]);
+      da[kq][0] = pack_bf16(y[0], y[1]), da[kq][1] = pack_bf16(y[2], y[3]);
+      da[kq][2] = pack_bf16(y[4], y[5]), da[kq][3] = pack_bf16(y[6], y[7]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kq = 0; kq < BQ / 16; kq++) wgmma_rs<1>(av, pa[kq], wg_mnmajor(sO, BQ, kq), 1); /* dv += p^T dout */
+#pragma unroll
+    for (int kq = 0; kq < BQ / 16; kq++) wgmma_rs<1>(ak, da[kq], wg_mnmajor(sQ, BQ, kq), 1); /* dk += ds^T q */
+    wgmma_commit();
+    wgmma_wait<0>(); /* before the next stage overwrites these tiles' buffers */
+    wg_pin(av);
+    wg_pin(ak);
+#pragma unroll
+    for (int kq = 0; kq < BQ / 16; kq++) wg_pin(pa[kq]), wg_pin(da[kq]);
   }
 #pragma unroll
   for (int r = 0; r < 2; r++) {
@@ -757,8 +620,8 @@ __global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : BK_MINB1
 #pragma unroll
       for (int c = 0; c < HD / 8; c++) {
         float2 x = *(float2 *)(pk + 8 * c), y = *(float2 *)(pv + 8 * c);
-        x.x += ak[c][2 * r] * scale, x.y += ak[c][2 * r + 1] * scale;
-        y.x += av[c][2 * r], y.y += av[c][2 * r + 1];
+        x.x += ak[4 * c + 2 * r] * scale, x.y += ak[4 * c + 2 * r + 1] * scale;
+        y.x += av[4 * c + 2 * r], y.y += av[4 * c + 2 * r + 1];
         *(float2 *)(pk + 8 * c) = x;
         *(float2 *)(pv + 8 * c) = y;
       }
@@ -766,11 +629,14 @@ __global__ void __launch_bounds__(BK_WARPS * 32, HD == 64 ? BK_MINB64 : BK_MINB1
       const int64_t o = ((row0 + j) * KV * nsplit + by) * HD + 2 * t4;
 #pragma unroll
       for (int c = 0; c < HD / 8; c++) {
-        *(float2 *)(dk + o + 8 * c) = make_float2(ak[c][2 * r] * scale, ak[c][2 * r + 1] * scale);
-        *(float2 *)(dv + o + 8 * c) = make_float2(av[c][2 * r], av[c][2 * r + 1]);
+        *(float2 *)(dk + o + 8 * c) = make_float2(ak[4 * c + 2 * r] * scale, ak[4 * c + 2 * r + 1] * scale);
+        *(float2 *)(dv + o + 8 * c) = make_float2(av[4 * c + 2 * r], av[4 * c + 2 * r + 1]);
       }
     }
   }
+#else
+  __trap(); /* built for sm_90a only (CMakeLists.txt) */
+#endif
 }
 
 /* dk[r, kh, c] += the nsplit parts' sums in order (deterministic); one thread per 4 columns. */
@@ -806,14 +672,13 @@ static unsigned blocks_1d(mc_backend *be, int tiles, int heads, int n_seq, const
  * pre-pass's rounding goes there). */
 static const bf16 *bf16_rows(mc_operand x, bf16 *copy) { return x.h ? (const bf16 *)x.h : copy; }
 
-template <int HD, int MT, int W, int BK, int MINB, bool QSM>
-static void fwd_launch(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, int n_seq, int T, int H, int KV,
-                       mc_dst out, float *lse) {
-  constexpr size_t smem = fwd_smem<HD, MT, W, BK>();
-  const void *kern = q.h ? (const void *)k_fa_fwd<HD, MT, W, BK, MINB, QSM, true>
-                         : (const void *)k_fa_fwd<HD, MT, W, BK, MINB, QSM, false>;
+template <int HD>
+static void fwd_hd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, int n_seq, int T, int H, int KV,
+                   mc_dst out, float *lse) {
+  constexpr size_t smem = fwd_smem<HD>();
+  const void *kern = q.h ? (const void *)k_fa_fwd<HD, true> : (const void *)k_fa_fwd<HD, false>;
   if (!mc_cuda_attn_smem_ok(be, kern, smem, "attn_fwd (bf16)")) return;
-  const unsigned grid = blocks_1d(be, (T + 16 * MT * W - 1) / (16 * MT * W), H, n_seq, "attn_fwd (bf16)");
+  const unsigned grid = blocks_1d(be, (T + 64 * FW_WG - 1) / (64 * FW_WG), H, n_seq, "attn_fwd (bf16)");
   if (!grid) return;
   /* k, v are read once per query tile: fp32 ones are rounded once into scratch */
   const int64_t nk = (int64_t)n_seq * T * KV * HD, nkf = k.f ? nk : 0, nvf = v.f ? nk : 0;
@@ -828,29 +693,22 @@ static void fwd_launch(mc_backend *be, mc_operand q, mc_operand k, mc_operand v,
   }
   const float sl2 = TC_LOG2E / sqrtf((float)HD);
   if (q.h)
-    k_fa_fwd<HD, MT, W, BK, MINB, QSM, true><<<grid, W * 32, smem, mc_cu_stream(be)>>>(
+    k_fa_fwd<HD, true><<<grid, FW_WG * 128, smem, mc_cu_stream(be)>>>(
         NULL, (const bf16 *)q.h, bf16_rows(k, kb), bf16_rows(v, vb), T, H, KV, sl2, out.f, (bf16 *)out.h, lse);
   else
-    k_fa_fwd<HD, MT, W, BK, MINB, QSM, false><<<grid, W * 32, smem, mc_cu_stream(be)>>>(
+    k_fa_fwd<HD, false><<<grid, FW_WG * 128, smem, mc_cu_stream(be)>>>(
         q.f, NULL, bf16_rows(k, kb), bf16_rows(v, vb), T, H, KV, sl2, out.f, (bf16 *)out.h, lse);
-}
-
-template <int HD>
-static void fwd_hd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, int n_seq, int T, int H, int KV,
-                   mc_dst out, float *lse) {
-  if (HD == 64) fwd_launch<64, FW_MT64, FW_W64, FW_BK64, FW_MINB64, FW_QSMEM64>(be, q, k, v, n_seq, T, H, KV, out, lse);
-  else fwd_launch<128, FW_MT128, FW_W128, FW_BK128, FW_MINB128, FW_QSMEM128>(be, q, k, v, n_seq, T, H, KV, out, lse);
   mc_cuda_check(be, "attn_fwd (bf16)");
 }
 
-template <int HD, int MT, int W, int BK, int MINB>
+template <int HD>
 static void dq_launch(mc_backend *be, const bf16 *qb, const bf16 *kb, const bf16 *vb, const bf16 *dob,
                       const float *lse, const float *D, int n_seq, int T, int H, int KV, float scale, float *dq) {
-  constexpr size_t smem = dq_smem<HD, MT, W, BK>();
-  if (!mc_cuda_attn_smem_ok(be, (const void *)k_fa_dq<HD, MT, W, BK, MINB>, smem, "attn_bwd (bf16)")) return;
-  const unsigned grid = blocks_1d(be, (T + 16 * MT * W - 1) / (16 * MT * W), H, n_seq, "attn_bwd (bf16)");
+  constexpr size_t smem = dq_smem<HD>();
+  if (!mc_cuda_attn_smem_ok(be, (const void *)k_fa_dq<HD>, smem, "attn_bwd (bf16)")) return;
+  const unsigned grid = blocks_1d(be, (T + 64 * DQ_WG - 1) / (64 * DQ_WG), H, n_seq, "attn_bwd (bf16)");
   if (!grid) return;
-  k_fa_dq<HD, MT, W, BK, MINB><<<grid, W * 32, smem, mc_cu_stream(be)>>>(qb, kb, vb, dob, lse, D, T, H, KV, scale, dq);
+  k_fa_dq<HD><<<grid, DQ_WG * 128, smem, mc_cu_stream(be)>>>(qb, kb, vb, dob, lse, D, T, H, KV, scale, dq);
 }
 
 template <int HD>
@@ -861,7 +719,7 @@ static void bwd_hd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, mc_
    * blocks per multiprocessor (nam-small: 256 on 132), each query head gets its own block
    * instead (more and shorter blocks: the first key tiles are the longest) and the grp
    * partial sums go through scratch. */
-  const int grp = H / KV, kblocks = (T + BK_KEYS - 1) / BK_KEYS;
+  const int grp = H / KV, kblocks = (T + DKV_KEYS - 1) / DKV_KEYS;
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, mc_cu(be)->device);
   const int hps = (int64_t)kblocks * KV * n_seq >= 4 * (int64_t)sms ? grp : 1, nsplit = grp / hps;
@@ -876,16 +734,11 @@ static void bwd_hd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, mc_
   bf16 *qc = (bf16 *)sc, *doc = qc + nqf, *kc = doc + nof, *vc = kc + nkf;
   float *D = (float *)(vc + nvf);
   float *pk = D + nD, *pv = pk + nparts;
-  /* fp32 k and v: rounded by the dk/dv kernel (which then runs first) instead of the pre-pass,
-   * where each k, v row is loaded by one dk/dv block (nsplit 1; with nsplit parts each would
-   * be read nsplit times: nam-small's backward measured 0.325 -> 0.334 ms that way) */
-  const bool kf = DKV_KV32 && k.f && v.f && nsplit == 1;
   const size_t skv = dkv_smem<HD>();
-  const void *kdkv = kf ? (const void *)k_fa_dkv<HD, true> : (const void *)k_fa_dkv<HD, false>;
-  if (!mc_cuda_attn_smem_ok(be, kdkv, skv, "attn_bwd (bf16)")) return;
+  if (!mc_cuda_attn_smem_ok(be, (const void *)k_fa_dkv<HD>, skv, "attn_bwd (bf16)")) return;
   cudaStream_t st = mc_cu_stream(be);
   {
-    const int64_t nki = !kf && (k.f || v.f) ? n * KV : 0; /* kv items only to round fp32 k or v here */
+    const int64_t nki = k.f || v.f ? n * KV : 0; /* kv items only to round fp32 k or v here */
     const int64_t warps = (n * H + nki + 32 / (HD / 4) - 1) / (32 / (HD / 4)); /* 32 / (HD / 4) items per warp */
     k_tc_prep<HD><<<grid_cap((warps + 7) / 8), 256, 0, st>>>(q, out, dout, k, v, n * H, nki, qc, doc, D, kc, vc);
   }
@@ -894,15 +747,8 @@ static void bwd_hd(mc_backend *be, mc_operand q, mc_operand k, mc_operand v, mc_
   const unsigned gk = blocks_1d(be, kblocks, KV * nsplit, n_seq, "attn_bwd (bf16)");
   if (!gk) return;
   float *dk1 = nsplit > 1 ? pk : dk, *dv1 = nsplit > 1 ? pv : dv;
-  if (kf)
-    k_fa_dkv<HD, true><<<gk, BK_WARPS * 32, skv, st>>>(qb, NULL, NULL, dob, lse, D, T, H, KV, hps, scale, dk1, dv1,
-                                                       k.f, v.f, kc, vc);
-  if (HD == 64)
-    dq_launch<64, DQ_MT64, DQ_W64, DQ_BK64, DQ_MINB64>(be, qb, kb, vb, dob, lse, D, n_seq, T, H, KV, scale, dq);
-  else dq_launch<128, DQ_MT128, DQ_W128, DQ_BK128, DQ_MINB128>(be, qb, kb, vb, dob, lse, D, n_seq, T, H, KV, scale, dq);
-  if (!kf)
-    k_fa_dkv<HD, false><<<gk, BK_WARPS * 32, skv, st>>>(qb, kb, vb, dob, lse, D, T, H, KV, hps, scale, dk1, dv1,
-                                                        NULL, NULL, NULL, NULL);
+  k_fa_dkv<HD><<<gk, 128, skv, st>>>(qb, kb, vb, dob, lse, D, T, H, KV, hps, scale, dk1, dv1);
+  dq_launch<HD>(be, qb, kb, vb, dob, lse, D, n_seq, T, H, KV, scale, dq);
   if (nsplit > 1) {
     k_tc_parts<HD><<<mc_cu_grid(n * KV * (HD / 4)), MC_CUDA_THREADS, 0, st>>>(pk, n * KV, nsplit, dk);
     k_tc_parts<HD><<<mc_cu_grid(n * KV * (HD / 4)), MC_CUDA_THREADS, 0, st>>>(pv, n * KV, nsplit, dv);
