@@ -3,13 +3,13 @@
 #include "train/load_shared.h"
 
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/box.h"
 #include "util/clock.h"
+#include "util/pool.h"
 #include "util/error.h"
 #include "util/order.h"
 
@@ -451,7 +451,6 @@ typedef struct {
   copy_task *t;
   int n, cap;
   int64_t task_bytes;
-  atomic_int next;
 } copy_list;
 
 /* Adds the copy of `band` (inside both boxes) from src to dst, cut into tasks by dim-0 rows
@@ -476,26 +475,21 @@ static int add_copy(copy_list *l, const float *src, const mc_box *sb, float *dst
   return 0;
 }
 
-static void *copy_worker(void *arg) {
-  copy_list *l = arg;
-  for (int i; (i = atomic_fetch_add(&l->next, 1)) < l->n;) {
-    const copy_task *t = &l->t[i];
-    mc_box_copy(t->src, &t->src_box, t->dst, &t->dst_box, &t->band);
-  }
-  return NULL;
+static int copy_job(void *arg, int i) {
+  const copy_task *t = &((const copy_list *)arg)->t[i];
+  mc_box_copy(t->src, &t->src_box, t->dst, &t->dst_box, &t->band);
+  return 0;
 }
 
-/* Runs the list's copies on up to `threads` threads (this one included), then empties it. */
+/* Runs the list's copies on up to `threads` worker threads (util/pool.h), then empties it.
+ * It cannot fail, so the ranks stay in step: where no worker could start (or the pool had no
+ * memory), the copies run on this thread (they are idempotent, so any already done by a
+ * worker are simply done again). */
 static void run_copies(copy_list *l, int threads) {
-  enum { MAX_COPY_THREADS = 64 };
-  pthread_t th[MAX_COPY_THREADS];
-  int started = 0;
-  atomic_store(&l->next, 0);
-  if (threads > MAX_COPY_THREADS) threads = MAX_COPY_THREADS;
-  for (int k = 1; k < threads && k < l->n; k++)
-    if (pthread_create(&th[started], NULL, copy_worker, l) == 0) started++;
-  copy_worker(l);
-  for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
+  if (mc_parallel(l->n, threads, copy_job, l) != 0) {
+    mc_error_clear();
+    for (int i = 0; i < l->n; i++) copy_job(l, i);
+  }
   l->n = 0;
 }
 
