@@ -83,7 +83,8 @@ int mc_dist_stage_ready(void *user);
  * and publishes the weights. Collective over the world: the ranks load together
  * (train/load_shared.h: each needed stored byte read and hash-verified once in the job, then
  * handed to the ranks that need it), into the states themselves on the CPU, else into host
- * copies that are then uploaded. opts and stats may be NULL. */
+ * copies that are uploaded (in a one-rank job each as soon as it is complete, while the rest
+ * is read: the reads run on a thread of their own). opts and stats may be NULL. */
 int mc_dist_load(mc_dist_opt *d, mc_ckpt *ck, const mc_load_opts *opts, mc_load_stats *stats);
 /* A barrier callback for mc_ckpt_save over the world communicator (user = the mc_comm). */
 int mc_dist_ckpt_barrier(void *user, int ok);

@@ -5,6 +5,8 @@
 #include "train/dist.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -308,29 +310,116 @@ int mc_dist_stage_ready(void *user) {
   return 0;
 }
 
+/* Uploads of a load into device memory while it reads: the checkpoint's reading threads
+ * report each complete request (mc_load_opts.done), and the thread that owns the device
+ * uploads it from its staging while the rest is still read. */
+typedef struct {
+  mc_ckpt *ck;
+  mc_comm *world;
+  const mc_ckpt_request *reqs;
+  int n;
+  mc_load_opts o;
+  mc_load_stats *stats;
+  int rc;
+  char err[MC_ERRMSG_MAX];
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int *ready, n_ready, finished; /* requests complete and not yet uploaded (a stack) */
+  void (*done)(void *user, int i); /* the caller's mc_load_opts.done, called as well */
+  void *done_user;
+} load_uploads;
+
+static void upload_ready(void *user, int i) {
+  load_uploads *u = user;
+  pthread_mutex_lock(&u->mu);
+  u->ready[u->n_ready++] = i;
+  pthread_cond_signal(&u->cv);
+  pthread_mutex_unlock(&u->mu);
+  if (u->done) u->done(u->done_user, i);
+}
+
+static void *load_main(void *arg) {
+  load_uploads *u = arg;
+  u->rc = mc_load_shared(u->ck, u->world, u->reqs, u->n, &u->o, u->stats);
+  if (u->rc != 0) snprintf(u->err, sizeof u->err, "%s", mc_errmsg());
+  pthread_mutex_lock(&u->mu);
+  u->finished = 1;
+  pthread_cond_signal(&u->cv);
+  pthread_mutex_unlock(&u->mu);
+  return NULL;
+}
+
+/* mc_load_shared of a one-rank job on a thread of its own, each request uploaded here (to
+ * dst[i], from its staging reqs[i].out) as soon as it is complete: the reads, their hashing
+ * and the uploads overlap. A load across ranks (its agreements and exchanges are collectives,
+ * kept on this thread) runs here and uploads after. */
+static int load_and_upload(mc_backend *be, mc_ckpt *ck, mc_comm *world, const mc_ckpt_request *reqs, float *const *dst,
+                           const size_t *bytes, int n, const mc_load_opts *opts, mc_load_stats *stats) {
+  load_uploads u;
+  memset(&u, 0, sizeof u);
+  u.ck = ck, u.world = world, u.reqs = reqs, u.n = n, u.stats = stats;
+  if (opts) u.o = *opts;
+  else mc_load_opts_default(&u.o);
+  const int own_reads = !world || world->size <= 1; /* no collective then: it may run on another thread */
+  u.ready = malloc(sizeof *u.ready * (size_t)(n + 1));
+  if (!u.ready) return mc_error("out of memory");
+  u.done = u.o.done, u.done_user = u.o.done_user;
+  u.o.done = upload_ready, u.o.done_user = &u;
+  pthread_mutex_init(&u.mu, NULL);
+  pthread_cond_init(&u.cv, NULL);
+  pthread_t th;
+  const int threaded = own_reads && pthread_create(&th, NULL, load_main, &u) == 0;
+  if (!threaded) load_main(&u);
+  for (;;) {
+    pthread_mutex_lock(&u.mu);
+    while (!u.n_ready && !u.finished) pthread_cond_wait(&u.cv, &u.mu);
+    const int i = u.n_ready ? u.ready[--u.n_ready] : -1;
+    pthread_mutex_unlock(&u.mu);
+    if (i < 0) break;
+    be->from_host(be, dst[i], reqs[i].out, bytes[i]);
+  }
+  if (threaded) pthread_join(th, NULL);
+  pthread_mutex_destroy(&u.mu);
+  pthread_cond_destroy(&u.cv);
+  free(u.ready);
+  if (u.rc != 0) return mc_error("%s", u.err);
+  return 0;
+}
+
 int mc_dist_load(mc_dist_opt *d, mc_ckpt *ck, const mc_load_opts *opts, mc_load_stats *stats) {
   mc_backend *be = d->net->be;
   if (mc_dist_stage_alloc(d)) return -1;
-  /* this rank's hyperslab of each state, into host memory: the states themselves on the CPU */
-  mc_ckpt_request *reqs = malloc(sizeof *reqs * (size_t)(MC_N_STATES * d->opt.n + 1));
-  if (!reqs) return mc_error("loading %s: out of memory", mc_ckpt_step_dir(ck));
+  /* this rank's hyperslab of each state, into host memory: the states themselves on the CPU,
+   * else the staging, uploaded to dst as each is complete */
+  const size_t cap = (size_t)(MC_N_STATES * d->opt.n + 1);
+  mc_ckpt_request *reqs = malloc(sizeof *reqs * cap);
+  float **dst = malloc(sizeof *dst * cap);
+  size_t *bytes = malloc(sizeof *bytes * cap);
+  if (!reqs || !dst || !bytes) {
+    free(reqs), free(dst), free(bytes);
+    return mc_error("loading %s: out of memory", mc_ckpt_step_dir(ck));
+  }
   int n = 0;
   for (int s = 0; s < d->opt.n; s++) {
     mc_optim_slot *sl = &d->opt.slots[s];
     for (int k = 0; k < MC_N_STATES && sl->numel > 0; k++) {
-      float *dst = mc_optim_state(sl, (mc_state)k);
-      if (!dst) continue;
-      mc_ckpt_request *r = &reqs[n++];
+      float *state = mc_optim_state(sl, (mc_state)k);
+      if (!state) continue;
+      mc_ckpt_request *r = &reqs[n];
       memset(r, 0, sizeof *r);
       r->family = d->geo->fams.f[sl->fam].name;
       r->state = (mc_state)k;
       memcpy(r->start, sl->shard.start, sizeof r->start);
       memcpy(r->count, sl->shard.count, sizeof r->count);
-      r->out = d->stage ? d->stage[MC_N_STATES * s + k] : dst;
+      r->out = d->stage ? d->stage[MC_N_STATES * s + k] : state;
+      dst[n] = state, bytes[n] = (size_t)sl->numel * sizeof(float);
+      n++;
     }
   }
-  int rc = mc_load_shared(ck, d->comm ? d->comm->world : NULL, reqs, n, opts, stats);
-  free(reqs);
+  mc_comm *world = d->comm ? d->comm->world : NULL;
+  int rc = d->stage ? load_and_upload(be, ck, world, reqs, dst, bytes, n, opts, stats)
+                    : mc_load_shared(ck, world, reqs, n, opts, stats);
+  free(reqs), free(dst), free(bytes);
   if (rc != 0) return mc_error_context("loading %s", mc_ckpt_step_dir(ck));
   /* AdamW's step: every holder reads its family's one stored value; a checkpoint of format < 4
    * stores none, and every family then continues from the manifest's adam_step */
@@ -346,13 +435,6 @@ int mc_dist_load(mc_dist_opt *d, mc_ckpt *ck, const mc_load_opts *opts, mc_load_
     if (sh.held && mc_ckpt_family_has_state(ck, mc_ckpt_find_family(ck, name), MC_STATE_STEP) &&
         mc_ckpt_read_i64(ck, name, MC_STATE_STEP, &sl->step) != 0)
       return mc_error_context("loading %s", mc_ckpt_step_dir(ck));
-  }
-  for (int s = 0; d->stage && s < d->opt.n; s++) {
-    mc_optim_slot *sl = &d->opt.slots[s];
-    for (int k = 0; k < MC_N_STATES && sl->numel > 0; k++) {
-      float *dst = mc_optim_state(sl, (mc_state)k);
-      if (dst) be->from_host(be, dst, d->stage[MC_N_STATES * s + k], (size_t)sl->numel * sizeof(float));
-    }
   }
   return mc_dist_publish(d);
 }

@@ -20,6 +20,8 @@ void mc_load_opts_default(mc_load_opts *o) {
   o->copy_bytes = MC_LOAD_COPY_BYTES;
   o->per_rank = 0;
   o->serial = 0;
+  o->done = NULL;
+  o->done_user = NULL;
 }
 
 int mc_load_agree(mc_comm *world, int ok) {
@@ -674,9 +676,10 @@ int mc_load_shared(mc_ckpt *ck, mc_comm *world, const mc_ckpt_request *reqs, int
   secs[0] = mc_now_s() - t0;
   if (rc == 0 && shared) {
     rc = execute(ck, world, &p, reqs, &o, peak, secs + 1);
+    for (int i = 0; rc == 0 && o.done && i < n; i++) o.done(o.done_user, i);
   } else if (rc == 0) {
     t0 = mc_now_s();
-    rc = mc_load_agree(world, mc_ckpt_read_many(ck, reqs, n) == 0);
+    rc = mc_load_agree(world, mc_ckpt_read_many_notify(ck, reqs, n, o.done, o.done_user) == 0);
     secs[1] = mc_now_s() - t0;
   }
   mc_ckpt_io_bytes(ck, &io[0], &io[1]);

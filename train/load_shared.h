@@ -47,6 +47,13 @@ typedef struct {
   int64_t copy_bytes;  /* the size of a copy task (cut by rows); <= 0: MC_LOAD_COPY_BYTES (tests pass small ones) */
   int per_rank;        /* 1: every rank reads its own requests (for comparisons and figures) */
   int serial;          /* 1: each round's reads wait for the exchange before (for comparisons) */
+  /* Called exactly once per request i once reqs[i].out holds its final, verified values:
+   * where this rank reads its own requests, from the checkpoint's reading threads as each
+   * completes, possibly concurrently (mc_ckpt_read_many_notify); after a shared load's
+   * rounds, from the calling thread. A load that fails may have called it for some requests
+   * (each then complete and digest-checked; a check after the data failed). NULL: none. */
+  void (*done)(void *user, int i);
+  void *done_user;
 } mc_load_opts;
 void mc_load_opts_default(mc_load_opts *o);
 

@@ -211,7 +211,7 @@ static int resume_from(run *r, const char *path) {
   /* The ranks load together (train/load_shared.h): all go on, or all stop with one reason. */
   if (r->comm && mc_load_agree(r->comm->world, rc == 0) != 0) rc = -1;
   /* A device's states are read into the pinned staging (allocated here, timed apart: pinning
-   * gigabytes takes a while), then uploaded. */
+   * gigabytes takes a while) and uploaded (in a one-rank job each as soon as it is read). */
   const double t_stage = mc_now_s();
   if (rc == 0 && mc_dist_stage_alloc(&r->opt) != 0) rc = -1;
   const double stage_s = mc_now_s() - t_stage;

@@ -51,6 +51,7 @@
  * mc_dist_grad_norm, clipping, mc_dist_update; samples follow mc_data_first_sample. */
 #define _POSIX_C_SOURCE 200809L /* pread, pwrite (tests/dist/loadcheck.h) */
 #include <mpi.h>
+#include <pthread.h>
 
 #include "core/dtype.h"
 #include "tests/dist/distcheck.h"
@@ -423,6 +424,39 @@ static int save_ckpt(const setup *S, trainee *e, const mc_comm_groups *grp, cons
   return rc;
 }
 
+/* mc_load_opts.done: how often each request was reported complete (from the reading threads
+ * in a per-rank load, hence the lock). */
+typedef struct {
+  pthread_mutex_t mu;
+  int calls[4096], n_calls, bad;
+} done_log;
+
+static void log_done(void *user, int i) {
+  done_log *l = user;
+  pthread_mutex_lock(&l->mu);
+  if (i < 0 || i >= 4096) l->bad++;
+  else l->calls[i]++;
+  l->n_calls++;
+  pthread_mutex_unlock(&l->mu);
+}
+
+/* Every request of the load (0 .. its count - 1) reported exactly once. */
+static void check_done_log(const done_log *l, int n_requests, const char *load, int rank) {
+  int once = 0;
+  for (int i = 0; i < 4096; i++) once += l->calls[i] == 1 && i < n_requests;
+  CHECK(l->bad == 0 && l->n_calls == n_requests && once == n_requests,
+        "rank %d: %s load reported %d completions for %d requests (%d exactly once, %d out of range)", rank, load,
+        l->n_calls, n_requests, once, l->bad);
+}
+
+/* This rank's requests in a load of mc_dist_load: one per state kind of each slot it holds. */
+static int dist_requests(const mc_dist_opt *d) {
+  int n = 0;
+  for (int s = 0; s < d->opt.n; s++)
+    for (int k = 0; k < MC_N_STATES && d->opt.slots[s].numel > 0; k++) n += mc_optim_state(&d->opt.slots[s], (mc_state)k) != NULL;
+  return n;
+}
+
 /* Loads the checkpoint at `dir` into a (each rank reading its own boxes) and b (shared load,
  * rounds of round_bytes, the next round read during each exchange, copies in tasks of 256
  * bytes) through two handles, so
@@ -440,9 +474,17 @@ static int load_both(const setup *S, trainee *a, trainee *b, const char *dir, in
   mc_load_opts_default(&ob);
   oa.per_rank = 1, ob.round_bytes = round_bytes;
   ob.copy_bytes = 256; /* a few rows per copy task: the bands are cut and copied on several threads */
+  static done_log la = {PTHREAD_MUTEX_INITIALIZER, {0}, 0, 0}, lb = {PTHREAD_MUTEX_INITIALIZER, {0}, 0, 0};
+  memset(la.calls, 0, sizeof la.calls), memset(lb.calls, 0, sizeof lb.calls);
+  la.n_calls = la.bad = lb.n_calls = lb.bad = 0;
+  oa.done = ob.done = log_done, oa.done_user = &la, ob.done_user = &lb;
   mc_load_stats sa, sb;
   if (rc == 0) rc = mc_dist_load(&a->d, ka, &oa, &sa) || mc_dist_load(&b->d, kb, &ob, &sb);
   CHECK(rc == 0, "rank %d: loading %s: %s", rank, dir, mc_errmsg());
+  if (rc == 0) {
+    check_done_log(&la, dist_requests(&a->d), "per-rank", rank);
+    check_done_log(&lb, dist_requests(&b->d), "shared", rank);
+  }
   if (rc == 0) {
     a->d.opt.step = b->d.opt.step = st.adam_step;
     const int diff = lc_state_diff(&a->d, &b->d);
