@@ -182,6 +182,28 @@ if(MC_DIST_MPIRUN AND TARGET mc_train)
     set_tests_properties(dist.ckpt_resume_resharded_pp2_dp2_ep2 PROPERTIES FIXTURES_REQUIRED dist_ckpt_ep)
   endif()
 
+  # Issue 20's layout on 8 CPU ranks (its GPU runs wait for an 8-GPU machine; the training
+  # itself against one rank is dist.pp2_tp2_dp2_sp_ep2_zero1, dist_pp.cmake): pp2 x tp2 x dp2
+  # with sp and ep2, ZeRO 1, stages AE|MR, saves at step 5; resumed on 4 ranks (tp2 x dp2
+  # ZeRO 3) and on 2 (pp2, stages AEM|R) by load-time resharding, and resharded offline by
+  # mcreshard to dp2 x ep2 (audited before and after) and resumed there; every resume
+  # continues the uninterrupted run's losses.
+  set(MC_DIST_CKPT8 ${CMAKE_BINARY_DIR}/dist-ckpt8)
+  add_test(NAME dist.ckpt8_clean COMMAND ${CMAKE_COMMAND} -E rm -rf ${MC_DIST_CKPT8} ${MC_DIST_CKPT8}-dp2ep2)
+  set_tests_properties(dist.ckpt8_clean PROPERTIES FIXTURES_SETUP dist_ckpt8_clean)
+  mc_dist_test(dist.ckpt8_save_pp2_tp2_dp2_sp_ep2 8 $<TARGET_FILE:dist_train> 2 2 1 1 --ep 2 --pp 2 --split AE|MR --save ${MC_DIST_CKPT8})
+  set_tests_properties(dist.ckpt8_save_pp2_tp2_dp2_sp_ep2 PROPERTIES FIXTURES_REQUIRED dist_ckpt8_clean FIXTURES_SETUP dist_ckpt8)
+  mc_dist_test(dist.ckpt8_resume_tp2_dp2_zero3 4 $<TARGET_FILE:dist_train> 2 2 0 3 --pattern AEMR --resume ${MC_DIST_CKPT8})
+  mc_dist_test(dist.ckpt8_resume_pp2 2 $<TARGET_FILE:dist_train> 1 1 0 0 --pp 2 --split AEM|R --resume ${MC_DIST_CKPT8})
+  set_tests_properties(dist.ckpt8_resume_tp2_dp2_zero3 dist.ckpt8_resume_pp2 PROPERTIES FIXTURES_REQUIRED dist_ckpt8)
+  if(TARGET mcreshard AND TARGET mcaudit)
+    add_test(NAME dist.ckpt8_mcreshard_dp2_ep2
+             COMMAND sh -c "'$<TARGET_FILE:mcaudit>' '${MC_DIST_CKPT8}' --verify --no-progress && rm -rf '${MC_DIST_CKPT8}-dp2ep2' && '$<TARGET_FILE:mcreshard>' '${MC_DIST_CKPT8}' '${MC_DIST_CKPT8}-dp2ep2' --tp 1 --dp 2 --pp 1 --ep 2 --zero 1 --split equal --no-progress && '$<TARGET_FILE:mcaudit>' '${MC_DIST_CKPT8}-dp2ep2' --verify --no-progress && cp '${MC_DIST_CKPT8}/losses.txt' '${MC_DIST_CKPT8}-dp2ep2/'")
+    set_tests_properties(dist.ckpt8_mcreshard_dp2_ep2 PROPERTIES FIXTURES_REQUIRED dist_ckpt8 FIXTURES_SETUP dist_ckpt8_rs)
+    mc_dist_test(dist.ckpt8_resume_resharded_dp2_ep2 2 $<TARGET_FILE:dist_train> 1 2 0 1 --ep 2 --pattern AEMR --resume ${MC_DIST_CKPT8}-dp2ep2)
+    set_tests_properties(dist.ckpt8_resume_resharded_dp2_ep2 PROPERTIES FIXTURES_REQUIRED dist_ckpt8_rs)
+  endif()
+
   # 16 ranks (oversubscribed): tp2 x dp4 x pp2 ZeRO 1 saves at step 5; resumed on 4 ranks
   # (dp4 ZeRO 3) by load-time resharding, and resharded offline to one rank, audited and
   # resumed there; every resume continues the uninterrupted run's losses.
